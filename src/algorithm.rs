@@ -1,0 +1,211 @@
+//! The algorithms of SPEC.md, one file each, as pure decision rules.
+//!
+//! Each rule is a plain `Copy` value (its parameters) with a function from (state, now, cost)
+//! to (decision, next state). Nothing here touches an atomic: [`crate::state`] stores the states
+//! and runs the compare-and-swap loops, which is what makes the rules testable, fuzzable and
+//! model-checkable on their own.
+
+pub mod fixed_window;
+pub mod gcra;
+mod grid;
+pub mod leaky_queue;
+pub mod sliding_log;
+pub mod sliding_window;
+
+use crate::clock::Nanos;
+use crate::decision::Decision;
+use crate::quota::QuotaError;
+use crate::state::{AtomicWord, LogCell, Words};
+
+pub use self::fixed_window::FixedWindow;
+pub use self::gcra::Gcra;
+pub use self::leaky_queue::LeakyQueue;
+pub use self::sliding_log::SlidingLog;
+pub use self::sliding_window::SlidingWindow;
+
+/// The token bucket is GCRA (SPEC §1): the same decisions, kept as one number.
+pub type TokenBucket = Gcra;
+/// The leaky bucket as a meter decides exactly as GCRA with `B = C` (SPEC §2).
+pub type LeakyBucket = Gcra;
+
+mod sealed {
+    pub trait Sealed {}
+}
+
+/// A rate-limiting algorithm a limiter can run: [`Gcra`] (alias [`TokenBucket`],
+/// [`LeakyBucket`]), [`LeakyQueue`], [`FixedWindow`], [`SlidingWindow`], [`SlidingLog`].
+///
+/// The trait is sealed; its hidden methods are the glue between a rule and its stored state.
+pub trait Algorithm: Copy + Send + Sync + std::fmt::Debug + 'static + sealed::Sealed {
+    /// The SPEC name, e.g. `"gcra"`.
+    const NAME: &'static str;
+
+    /// The per-key state as stored in a limiter.
+    #[doc(hidden)]
+    type Cell: Default + Send + Sync;
+
+    /// `L`, as reported in every decision.
+    fn limit(&self) -> u64;
+
+    /// The largest cost that can ever be admitted (`B`, `C` or `L`).
+    fn capacity(&self) -> u64;
+
+    /// The shortest interval the rule must tell apart: a clock coarser than this is refused.
+    fn period(&self) -> Nanos;
+
+    /// Decides a request of `cost ≤ capacity()` against `cell`, committing it when `commit` and
+    /// it is allowed. `now` is read after the state is loaded, so that a state written by another
+    /// thread never looks newer than the time it is judged at.
+    #[doc(hidden)]
+    fn acquire<F: Fn() -> Nanos>(&self, cell: &Self::Cell, now: F, cost: u64, commit: bool)
+        -> Decision;
+
+    /// Gives back `cost` units admitted earlier, as far as the rule allows.
+    #[doc(hidden)]
+    fn refund<F: Fn() -> Nanos>(&self, cell: &Self::Cell, now: F, cost: u64);
+
+    /// Whether `cell` can no longer be told apart from a fresh key at `now` (safe to evict).
+    #[doc(hidden)]
+    fn is_fresh(&self, cell: &Self::Cell, now: Nanos) -> bool;
+
+    /// The rule that takes over from `previous` at `now` when the quota changes.
+    #[doc(hidden)]
+    fn take_over(self, previous: &Self, now: Nanos) -> Self;
+
+    #[doc(hidden)]
+    fn to_words(&self) -> Words;
+    #[doc(hidden)]
+    fn from_words(words: Words) -> Self;
+}
+
+/// A rule whose whole per-key state is one `u64` (0 = a fresh key).
+pub(crate) trait WordRule: Copy {
+    /// (decision, next state). The next state equals `state` when denied or `cost == 0`.
+    fn decide(&self, state: u64, now: Nanos, cost: u64) -> (Decision, u64);
+    /// The state after giving back `cost` units at `now`.
+    fn refunded(&self, state: u64, now: Nanos, cost: u64) -> u64;
+    /// Whether `state` behaves as a fresh key at `now`.
+    fn is_fresh(&self, state: u64, now: Nanos) -> bool;
+}
+
+macro_rules! word_algorithm {
+    ($ty:ty, $name:literal) => {
+        impl sealed::Sealed for $ty {}
+        impl Algorithm for $ty {
+            const NAME: &'static str = $name;
+            type Cell = AtomicWord;
+
+            fn limit(&self) -> u64 {
+                self.limit()
+            }
+            fn capacity(&self) -> u64 {
+                self.capacity()
+            }
+            fn period(&self) -> Nanos {
+                self.period()
+            }
+            #[inline]
+            fn acquire<F: Fn() -> Nanos>(
+                &self,
+                cell: &AtomicWord,
+                now: F,
+                cost: u64,
+                commit: bool,
+            ) -> Decision {
+                if commit {
+                    cell.update(now, |state, t| WordRule::decide(self, state, t, cost))
+                } else {
+                    WordRule::decide(self, cell.load(), now(), cost).0
+                }
+            }
+            fn refund<F: Fn() -> Nanos>(&self, cell: &AtomicWord, now: F, cost: u64) {
+                cell.update(now, |state, t| ((), WordRule::refunded(self, state, t, cost)))
+            }
+            fn is_fresh(&self, cell: &AtomicWord, now: Nanos) -> bool {
+                WordRule::is_fresh(self, cell.load(), now)
+            }
+            fn take_over(self, previous: &Self, now: Nanos) -> Self {
+                self.take_over(previous, now)
+            }
+            fn to_words(&self) -> Words {
+                self.to_words()
+            }
+            fn from_words(words: Words) -> Self {
+                Self::from_words(words)
+            }
+        }
+    };
+}
+
+word_algorithm!(Gcra, "gcra");
+word_algorithm!(LeakyQueue, "leaky-queue");
+word_algorithm!(FixedWindow, "fixed-window");
+word_algorithm!(SlidingWindow, "sliding-window");
+
+impl sealed::Sealed for SlidingLog {}
+impl Algorithm for SlidingLog {
+    const NAME: &'static str = "sliding-log";
+    type Cell = LogCell;
+
+    fn limit(&self) -> u64 {
+        self.limit()
+    }
+    fn capacity(&self) -> u64 {
+        self.limit()
+    }
+    fn period(&self) -> Nanos {
+        self.window()
+    }
+    fn acquire<F: Fn() -> Nanos>(&self, cell: &LogCell, now: F, cost: u64, commit: bool) -> Decision {
+        cell.with(now, |ring, t| self.decide(ring, t, cost, commit))
+    }
+    fn refund<F: Fn() -> Nanos>(&self, cell: &LogCell, now: F, cost: u64) {
+        cell.with(now, |ring, t| self.refund(ring, t, cost))
+    }
+    fn is_fresh(&self, cell: &LogCell, now: Nanos) -> bool {
+        cell.with(|| now, |ring, t| self.is_empty_at(ring, t))
+    }
+    fn take_over(self, _previous: &Self, _now: Nanos) -> Self {
+        // Entries are absolute times: a new window or limit applies to them as they are.
+        self
+    }
+    fn to_words(&self) -> Words {
+        self.to_words()
+    }
+    fn from_words(words: Words) -> Self {
+        Self::from_words(words)
+    }
+}
+
+/// Refuses a quota with an explicit burst for an algorithm that has none.
+pub(crate) fn no_burst(quota: &crate::Quota, algorithm: &'static str) -> Result<(), QuotaError> {
+    if quota.has_burst() {
+        Err(QuotaError::BurstNotSupported { algorithm })
+    } else {
+        Ok(())
+    }
+}
+
+/// Refuses windows under 1 ms (SPEC: `W ≥ 1 ms` for windows).
+pub(crate) fn window_at_least_1ms(quota: &crate::Quota) -> Result<u64, QuotaError> {
+    let window_nanos = quota.window_nanos();
+    if window_nanos < 1_000_000 {
+        Err(QuotaError::WindowTooShort { window_nanos })
+    } else {
+        Ok(window_nanos)
+    }
+}
+
+/// Refuses a limit above `max`.
+pub(crate) fn limit_at_most(quota: &crate::Quota, max: u64) -> Result<u64, QuotaError> {
+    let limit = quota.limit();
+    if limit > max {
+        Err(QuotaError::TooLarge {
+            what: "limit",
+            value: limit,
+            max,
+        })
+    } else {
+        Ok(limit)
+    }
+}

@@ -1,0 +1,207 @@
+//! Fixed window (SPEC §4): windows `[k·W, (k+1)·W)`, `n` = units admitted in the current one.
+//!
+//! ```text
+//! allow iff n + c ≤ L        then n += c
+//! ```
+
+use crate::algorithm::grid::{lag, Grid, Lag};
+use crate::algorithm::{limit_at_most, no_burst, window_at_least_1ms, WordRule};
+use crate::clock::Nanos;
+use crate::decision::{Decision, Remaining};
+use crate::quota::{Quota, QuotaError};
+use crate::state::Words;
+
+const COUNT_BITS: u32 = 24;
+const INDEX_BITS: u32 = 64 - COUNT_BITS;
+const COUNT_MASK: u64 = (1 << COUNT_BITS) - 1;
+
+/// The largest limit the packed state holds: 2^24 − 1.
+pub const MAX_LIMIT: u64 = COUNT_MASK;
+
+/// Fixed window counter.
+///
+/// # State layout (one `u64`)
+/// ```text
+/// bits 63..24  window index mod 2^40   (2^40 windows ≥ 34 years at W = 1 ms)
+/// bits 23..0   n, units admitted in that window (so L ≤ 2^24 − 1)
+/// ```
+/// A key idle for an exact multiple of 2^40 windows would read its old count as current: a
+/// stricter decision, never an extra admission. Idle keys are evicted long before.
+///
+/// # Examples
+/// ```
+/// use tollgate::{FixedWindow, Quota};
+/// let fw = FixedWindow::new(Quota::per_minute(100)?)?;
+/// assert_eq!(fw.limit(), 100);
+/// # Ok::<(), tollgate::QuotaError>(())
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FixedWindow {
+    limit: u64,
+    grid: Grid,
+}
+
+impl FixedWindow {
+    /// The rule for `quota`: `W ≥ 1 ms`, `L ≤ 2^24 − 1`, no burst.
+    pub fn new(quota: Quota) -> Result<FixedWindow, QuotaError> {
+        no_burst(&quota, "fixed-window")?;
+        let window = window_at_least_1ms(&quota)?;
+        let limit = limit_at_most(&quota, MAX_LIMIT)?;
+        Ok(FixedWindow {
+            limit,
+            grid: Grid::new(window),
+        })
+    }
+
+    /// `L`.
+    pub fn limit(&self) -> u64 {
+        self.limit
+    }
+
+    /// `L`: the largest cost that can ever be admitted.
+    pub fn capacity(&self) -> u64 {
+        self.limit
+    }
+
+    /// `W` in nanoseconds.
+    pub fn window(&self) -> u64 {
+        self.grid.window
+    }
+
+    pub(crate) fn period(&self) -> Nanos {
+        self.grid.window
+    }
+
+    pub(crate) fn take_over(self, previous: &Self, now: Nanos) -> Self {
+        FixedWindow {
+            limit: self.limit,
+            grid: self.grid.take_over(&previous.grid, now),
+        }
+    }
+
+    pub(crate) fn to_words(&self) -> Words {
+        [self.limit, self.grid.window, self.grid.origin, self.grid.first]
+    }
+
+    pub(crate) fn from_words([limit, window, origin, first]: Words) -> Self {
+        FixedWindow {
+            limit,
+            grid: Grid {
+                window,
+                origin,
+                first,
+            },
+        }
+    }
+
+    /// (window index, window start, n) of `state` as seen at `now`.
+    #[inline]
+    fn current(&self, state: u64, now: Nanos) -> (u64, Nanos, u64) {
+        let (index, start) = self.grid.locate(now);
+        let stored = state >> COUNT_BITS;
+        let n = state & COUNT_MASK;
+        match lag(index, stored, INDEX_BITS) {
+            Lag::Behind(0) => (index, start, n),
+            Lag::Behind(_) => (index, start, 0),
+            Lag::Ahead(a) => (
+                index.wrapping_add(a),
+                start.saturating_add(a.saturating_mul(self.grid.window)),
+                n,
+            ),
+        }
+    }
+}
+
+fn pack(index: u64, n: u64) -> u64 {
+    (index << COUNT_BITS) | n
+}
+
+impl WordRule for FixedWindow {
+    #[inline]
+    fn decide(&self, state: u64, now: Nanos, cost: u64) -> (Decision, u64) {
+        let (index, start, n) = self.current(state, now);
+        let to_end = start.saturating_add(self.grid.window).saturating_sub(now);
+        let allowed = n + cost <= self.limit;
+        let n_after = if allowed { n + cost } else { n };
+        let decision = Decision {
+            allowed,
+            limit: self.limit,
+            retry_after: if allowed { 0 } else { to_end },
+            reset_after: if n_after > 0 { to_end } else { 0 },
+            delay: 0,
+            remaining: Remaining::Exact(self.limit.saturating_sub(n_after)),
+        };
+        let next = if allowed && cost > 0 {
+            pack(index, n_after)
+        } else {
+            state
+        };
+        (decision, next)
+    }
+
+    fn refunded(&self, state: u64, now: Nanos, cost: u64) -> u64 {
+        let (index, start, n) = self.current(state, now);
+        let _ = start;
+        if n == 0 {
+            return state;
+        }
+        pack(index, n - n.min(cost))
+    }
+
+    fn is_fresh(&self, state: u64, now: Nanos) -> bool {
+        self.current(state, now).2 == 0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    const MS: u64 = 1_000_000;
+
+    fn rule(limit: u64, window_ms: u64) -> FixedWindow {
+        FixedWindow::new(Quota::new(limit, Duration::from_millis(window_ms)).unwrap()).unwrap()
+    }
+
+    #[test]
+    fn counts_per_aligned_window() {
+        let fw = rule(3, 1000);
+        let mut s = 0;
+        let mut out = vec![];
+        for t in [0, 10, 999, 999, 1000, 1500, 1999, 1999, 2000] {
+            let (d, next) = fw.decide(s, t * MS, 1);
+            out.push(d.allowed());
+            s = next;
+        }
+        assert_eq!(out, [true, true, true, false, true, true, true, false, true]);
+    }
+
+    #[test]
+    fn figures() {
+        let fw = rule(3, 1000);
+        let (d, s) = fw.decide(0, 200 * MS, 2);
+        assert_eq!((d.remaining(), d.reset_after_nanos()), (1, 800 * MS));
+        let (d, _) = fw.decide(s, 300 * MS, 2);
+        assert!(!d.allowed());
+        assert_eq!(d.retry_after_nanos(), 700 * MS);
+        assert_eq!(fw.decide(0, 300 * MS, 0).0.reset_after_nanos(), 0);
+    }
+
+    #[test]
+    fn refuses_bad_quotas() {
+        let q = Quota::new(1 << 24, Duration::from_secs(1)).unwrap();
+        assert!(matches!(FixedWindow::new(q), Err(QuotaError::TooLarge { .. })));
+        let q = Quota::new(1, Duration::from_micros(999)).unwrap();
+        assert!(matches!(FixedWindow::new(q), Err(QuotaError::WindowTooShort { .. })));
+        assert!(FixedWindow::new(Quota::new(MAX_LIMIT, Duration::from_millis(1)).unwrap()).is_ok());
+    }
+
+    #[test]
+    fn a_state_from_a_later_window_is_judged_in_that_window() {
+        let fw = rule(2, 1000);
+        let (_, s) = fw.decide(0, 1500 * MS, 2);
+        // A stale reading from the window before must not see a fresh window.
+        assert!(!fw.decide(s, 900 * MS, 1).0.allowed());
+    }
+}

@@ -1,0 +1,231 @@
+//! GCRA / token bucket (SPEC §1) and the leaky bucket as a meter (SPEC §2).
+//!
+//! State: the theoretical arrival time `TAT`, in nanoseconds since the limiter's origin; a fresh
+//! key is `TAT = 0`, which behaves as `TAT = t` (a full bucket).
+//!
+//! ```text
+//! tat = max(TAT, t)
+//! allow iff tat + c·T − t ≤ B·T          then TAT := tat + c·T
+//! ```
+
+use crate::algorithm::WordRule;
+use crate::clock::Nanos;
+use crate::decision::{Decision, Remaining};
+use crate::quota::{Quota, QuotaError};
+use crate::state::Words;
+
+/// The largest bucket span `B·T` the state can hold: 2^62 ns, about 146 years. Keeping two bits
+/// of headroom means `(TAT − t) + c·T` never overflows.
+pub const MAX_SPAN: u64 = 1 << 62;
+
+/// GCRA: `limit` per `window`, emission interval `T = W / L` rounded to the nearest
+/// nanosecond, burst `B` (default `L`).
+///
+/// # Examples
+/// ```
+/// use tollgate::{Gcra, Quota};
+/// // Capacity 100, refill 10/s: 100 at once, then 10 per second.
+/// let gcra = Gcra::new(Quota::per_second(10)?.with_burst(100)?)?;
+/// assert_eq!(gcra.interval_nanos(), 100_000_000);
+/// assert_eq!(gcra.burst(), 100);
+/// # Ok::<(), tollgate::QuotaError>(())
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Gcra {
+    interval: u64,
+    span: u64,
+    limit: u64,
+    burst: u64,
+}
+
+impl Gcra {
+    /// The rule for `quota`; refuses `W / L < 1 ns` and `B·T > 2^62 ns`.
+    pub fn new(quota: Quota) -> Result<Gcra, QuotaError> {
+        let (window, limit, burst) = (quota.window_nanos(), quota.limit(), quota.burst());
+        if window < limit {
+            return Err(QuotaError::IntervalTooShort {
+                window_nanos: window,
+                limit,
+            });
+        }
+        // Round to nearest: (W + L/2) / L, in 128 bits so W near u64::MAX cannot overflow.
+        let interval = ((window as u128 + (limit / 2) as u128) / limit as u128) as u64;
+        let span = burst
+            .checked_mul(interval)
+            .filter(|span| *span <= MAX_SPAN)
+            .ok_or(QuotaError::SpanOverflow {
+                burst,
+                interval_nanos: interval,
+            })?;
+        Ok(Gcra {
+            interval,
+            span,
+            limit,
+            burst,
+        })
+    }
+
+    /// `T` in nanoseconds.
+    pub fn interval_nanos(&self) -> u64 {
+        self.interval
+    }
+
+    /// `B`.
+    pub fn burst(&self) -> u64 {
+        self.burst
+    }
+
+    /// `L`.
+    pub fn limit(&self) -> u64 {
+        self.limit
+    }
+
+    /// `B`: the largest cost that can ever be admitted.
+    pub fn capacity(&self) -> u64 {
+        self.burst
+    }
+
+    pub(crate) fn period(&self) -> Nanos {
+        self.interval
+    }
+
+    /// Decides a request of `cost ≤ B` at `now` against `tat`. Returns the decision, the next
+    /// state, and the shaping delay `max(TAT, t) − t`.
+    #[inline]
+    pub(crate) fn decide_with_delay(&self, tat: u64, now: Nanos, cost: u64) -> (Decision, u64, u64) {
+        let start = tat.max(now);
+        let debt = start - now; // ≤ an earlier span ≤ 2^62
+        if cost == 0 {
+            return (self.figures(true, debt, debt, 0), tat, 0);
+        }
+        let increment = cost * self.interval; // cost ≤ B, so ≤ B·T ≤ 2^62
+        let debt_after = debt + increment; // ≤ 2^63
+        match start.checked_add(increment) {
+            Some(next) if debt_after <= self.span => {
+                (self.figures(true, debt_after, debt_after, 0), next, debt)
+            }
+            // At the very end of the u64 time range the next TAT cannot be stored: deny, never
+            // over-admit.
+            None => (self.figures(false, debt, debt, u64::MAX), tat, 0),
+            Some(_) => {
+                let retry = debt_after - self.span;
+                (self.figures(false, debt, debt, retry), tat, 0)
+            }
+        }
+    }
+
+    /// The decision's figures from the debt `TAT' − t` after the decision.
+    #[inline]
+    fn figures(&self, allowed: bool, debt: u64, reset: u64, retry_after: u64) -> Decision {
+        Decision {
+            allowed,
+            limit: self.limit,
+            retry_after,
+            reset_after: reset,
+            delay: 0,
+            remaining: Remaining::Floor {
+                num: self.span.saturating_sub(debt),
+                den: self.interval,
+            },
+        }
+    }
+
+    pub(crate) fn take_over(self, _previous: &Self, _now: Nanos) -> Self {
+        // TAT is an absolute time: the debt it records carries over to the new rate as time.
+        self
+    }
+
+    pub(crate) fn to_words(&self) -> Words {
+        [self.interval, self.span, self.limit, self.burst]
+    }
+
+    pub(crate) fn from_words([interval, span, limit, burst]: Words) -> Self {
+        Gcra {
+            interval,
+            span,
+            limit,
+            burst,
+        }
+    }
+}
+
+impl WordRule for Gcra {
+    #[inline]
+    fn decide(&self, tat: u64, now: Nanos, cost: u64) -> (Decision, u64) {
+        let (decision, next, _delay) = self.decide_with_delay(tat, now, cost);
+        (decision, next)
+    }
+
+    fn refunded(&self, tat: u64, now: Nanos, cost: u64) -> u64 {
+        let back = cost.saturating_mul(self.interval);
+        if tat <= now {
+            tat
+        } else {
+            tat.saturating_sub(back).max(now)
+        }
+    }
+
+    fn is_fresh(&self, tat: u64, now: Nanos) -> bool {
+        tat <= now
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    const SEC: u64 = 1_000_000_000;
+
+    #[test]
+    fn spec_worked_example_capacity_100_refill_10_per_second() {
+        let gcra = Gcra::new(Quota::per_second(10).unwrap().with_burst(100).unwrap()).unwrap();
+        let mut tat = 0;
+        let t0 = 5 * SEC;
+        for i in 0..100 {
+            let (d, next) = gcra.decide(tat, t0, 1);
+            assert!(d.allowed(), "request {i} of the burst");
+            tat = next;
+        }
+        assert!(!gcra.decide(tat, t0, 1).0.allowed());
+        // 10 per second afterwards: one every 100 ms.
+        let (d, _) = gcra.decide(tat, t0 + 99_999_999, 1);
+        assert!(!d.allowed());
+        assert_eq!(d.retry_after_nanos(), 1);
+        for k in 1..=10 {
+            let (d, next) = gcra.decide(tat, t0 + k * 100_000_000, 1);
+            assert!(d.allowed(), "refill {k}");
+            tat = next;
+        }
+    }
+
+    #[test]
+    fn figures_follow_spec() {
+        let gcra = Gcra::new(Quota::new(4, Duration::from_secs(4)).unwrap()).unwrap();
+        let (d, tat) = gcra.decide(0, 10 * SEC, 3);
+        assert!(d.allowed());
+        assert_eq!(d.remaining(), 1);
+        assert_eq!(d.reset_after_nanos(), 3 * SEC);
+        let (d, _) = gcra.decide(tat, 10 * SEC, 2);
+        assert!(!d.allowed());
+        assert_eq!(d.retry_after_nanos(), SEC);
+        assert_eq!(d.remaining(), 1);
+    }
+
+    #[test]
+    fn construction_refuses_bad_values() {
+        let q = Quota::new(10, Duration::from_nanos(5)).unwrap();
+        assert!(matches!(Gcra::new(q), Err(QuotaError::IntervalTooShort { .. })));
+        let q = Quota::per_second(1).unwrap().with_burst(u64::MAX).unwrap();
+        assert!(matches!(Gcra::new(q), Err(QuotaError::SpanOverflow { .. })));
+        let q = Quota::new(1, Duration::from_nanos(u64::MAX)).unwrap();
+        assert!(matches!(Gcra::new(q), Err(QuotaError::SpanOverflow { .. })));
+    }
+
+    #[test]
+    fn end_of_time_denies_instead_of_overflowing() {
+        let gcra = Gcra::new(Quota::per_second(1).unwrap()).unwrap();
+        let (d, _) = gcra.decide(0, u64::MAX - 10, 1);
+        assert!(!d.allowed());
+    }
+}

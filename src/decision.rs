@@ -1,0 +1,144 @@
+//! The answer to a check, and the typed errors a check can return.
+
+use std::time::Duration;
+
+use crate::clock::Nanos;
+
+/// The outcome of a check: whether the request may proceed, and the figures HTTP users render
+/// as `Retry-After`, `X-RateLimit-*` or the IETF `RateLimit` fields.
+///
+/// Every figure is computed exactly from the key's state right after the decision, assuming no
+/// other request arrives for the key (SPEC "Result of a decision").
+///
+/// # Examples
+/// ```
+/// use tollgate::{Gcra, Limiter, Quota};
+/// let limiter = Limiter::new(Gcra::new(Quota::per_second(10)?)?);
+/// let d = limiter.check();
+/// assert!(d.allowed());
+/// assert_eq!(d.limit(), 10);
+/// assert!(d.remaining() <= 9);
+/// # Ok::<(), tollgate::QuotaError>(())
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Decision {
+    pub(crate) allowed: bool,
+    pub(crate) limit: u64,
+    pub(crate) retry_after: Nanos,
+    pub(crate) reset_after: Nanos,
+    pub(crate) delay: Nanos,
+    pub(crate) remaining: Remaining,
+}
+
+/// `remaining` is computed on demand: for GCRA and the sliding window counter it needs a
+/// division, which the hot path should not pay for when nobody reads it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Remaining {
+    /// Already known.
+    Exact(u64),
+    /// `floor(num / den)`.
+    Floor { num: u64, den: u64 },
+    /// `max(0, ceil(num / den))`, with `num` possibly negative.
+    Ceil { num: i128, den: u64 },
+}
+
+impl Remaining {
+    fn value(self) -> u64 {
+        match self {
+            Remaining::Exact(n) => n,
+            Remaining::Floor { num, den } => num / den.max(1),
+            Remaining::Ceil { num, den } => {
+                if num <= 0 {
+                    0
+                } else {
+                    let den = den.max(1) as i128;
+                    u64::try_from((num + den - 1) / den).unwrap_or(u64::MAX)
+                }
+            }
+        }
+    }
+}
+
+impl Decision {
+    /// Whether the request may proceed (for a shaper: may proceed after [`Decision::delay`]).
+    #[inline]
+    pub fn allowed(&self) -> bool {
+        self.allowed
+    }
+
+    /// The quota's limit `L` (units per window).
+    #[inline]
+    pub fn limit(&self) -> u64 {
+        self.limit
+    }
+
+    /// How many cost-1 requests in a row would be allowed right now.
+    pub fn remaining(&self) -> u64 {
+        self.remaining.value()
+    }
+
+    /// Zero when allowed; when denied, the shortest wait after which this same request would be
+    /// allowed.
+    pub fn retry_after(&self) -> Duration {
+        Duration::from_nanos(self.retry_after)
+    }
+
+    /// The wait until the key is back to full capacity; zero when it already is.
+    pub fn reset_after(&self) -> Duration {
+        Duration::from_nanos(self.reset_after)
+    }
+
+    /// For the leaky-bucket queue (shaper): how long an admitted request must wait before it
+    /// proceeds. Zero for every other algorithm.
+    pub fn delay(&self) -> Duration {
+        Duration::from_nanos(self.delay)
+    }
+
+    /// [`Decision::retry_after`] in nanoseconds.
+    pub fn retry_after_nanos(&self) -> Nanos {
+        self.retry_after
+    }
+
+    /// [`Decision::reset_after`] in nanoseconds.
+    pub fn reset_after_nanos(&self) -> Nanos {
+        self.reset_after
+    }
+
+    /// [`Decision::delay`] in nanoseconds.
+    pub fn delay_nanos(&self) -> Nanos {
+        self.delay
+    }
+
+    /// The decision for a cost-0 request or a peek of cost 0 on any state: always allowed.
+    pub(crate) fn free(limit: u64, remaining: Remaining, reset_after: Nanos) -> Self {
+        Decision {
+            allowed: true,
+            limit,
+            retry_after: 0,
+            reset_after,
+            delay: 0,
+            remaining,
+        }
+    }
+}
+
+/// Why a check could not be decided. A denial is not an error: it is a [`Decision`] with
+/// `allowed() == false`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum Error {
+    /// The cost can never be admitted: it exceeds the burst / capacity (GCRA, leaky) or the limit
+    /// (windows, log). Nothing was changed.
+    #[error("cost {cost} exceeds the capacity {capacity}: such a request can never be admitted")]
+    CapacityExceeded {
+        /// The requested cost.
+        cost: u64,
+        /// The largest cost this quota can ever admit.
+        capacity: u64,
+    },
+    /// The keyed limiter holds `max_keys` keys and its overflow policy refuses new ones.
+    #[error("the limiter already tracks its maximum of {max_keys} keys")]
+    KeyTableFull {
+        /// The configured bound.
+        max_keys: usize,
+    },
+}

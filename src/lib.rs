@@ -1,0 +1,54 @@
+//! # tollgate
+//!
+//! Exact, lock-free, in-process rate limiting: GCRA / token bucket, leaky bucket (meter and
+//! queue), fixed window, sliding window counter and sliding window log, each deciding exactly
+//! as `SPEC.md` defines.
+//!
+//! ## Quick start
+//! ```
+//! use tollgate::{Gcra, KeyedLimiter, Quota};
+//!
+//! // 10 requests per second per client, bursts of up to 20.
+//! let quota = Quota::per_second(10)?.with_burst(20)?;
+//! let limiter: KeyedLimiter<String, Gcra> = KeyedLimiter::new(Gcra::new(quota)?);
+//!
+//! let decision = limiter.check("203.0.113.7").expect("no key bound set");
+//! if decision.allowed() {
+//!     // serve the request
+//! } else {
+//!     let _retry_after = decision.retry_after(); // render as `Retry-After`
+//! }
+//! # Ok::<(), tollgate::QuotaError>(())
+//! ```
+//!
+//! ## Design
+//! - [`algorithm`]: each algorithm's rule as a pure function (state, now, cost) → (decision,
+//!   state). Nothing there touches an atomic.
+//! - [`state`]: the atomics. GCRA, leaky and both window counters pack a key's state in one
+//!   `u64` updated by a compare-and-swap loop; the sliding log keeps a compact ring buffer.
+//! - [`store`]: the sharded concurrent map of keyed limiters.
+//! - [`limiter`]: [`Limiter`] and [`KeyedLimiter`] wire a [`clock`], a rule and a store.
+//! - [`MultiLimiter`]: several quotas on one key, all or nothing.
+//! - [`replay`]: the trace format of `tollgate replay`.
+
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+pub mod algorithm;
+pub mod clock;
+mod decision;
+pub mod limiter;
+mod multi;
+mod quota;
+pub mod replay;
+pub mod state;
+pub mod store;
+mod sync;
+
+pub use algorithm::{
+    Algorithm, FixedWindow, Gcra, LeakyBucket, LeakyQueue, SlidingLog, SlidingWindow, TokenBucket,
+};
+pub use decision::{Decision, Error};
+pub use limiter::{KeyedLimiter, KeyedLimiterBuilder, Limiter, OverflowPolicy};
+pub use multi::MultiLimiter;
+pub use quota::{Quota, QuotaError};

@@ -1,0 +1,115 @@
+//! Several quotas on one key, all or nothing (e.g. 10/s and 1000/h).
+
+use std::borrow::Borrow;
+use std::hash::Hash;
+
+use crate::algorithm::Algorithm;
+use crate::clock::{Clock, QuantaClock};
+use crate::decision::{Decision, Error};
+use crate::limiter::KeyedLimiter;
+use crate::quota::QuotaError;
+
+/// Several keyed limits checked together: a request is admitted only if every limit admits it,
+/// and a request refused by one limit consumes nothing from the others.
+///
+/// Every limit is first *peeked*; only if all would admit are they charged, in order. If a
+/// concurrent request got in between and one limit now refuses, the limits already charged are
+/// refunded. So no limit ever admits more than it allows on its own; under contention the
+/// refund can make a concurrent request see a limit briefly fuller than it ends up (a stricter
+/// decision, never a looser one).
+///
+/// # Examples
+/// ```
+/// use std::time::Duration;
+/// use tollgate::{Gcra, MultiLimiter, Quota};
+/// let per_second = Gcra::new(Quota::per_second(10)?)?;
+/// let per_hour = Gcra::new(Quota::per_hour(1000)?)?;
+/// let limiter: MultiLimiter<String, Gcra> = MultiLimiter::new([per_second, per_hour]);
+/// assert!(limiter.check("alice").unwrap().allowed());
+/// # Ok::<(), tollgate::QuotaError>(())
+/// ```
+pub struct MultiLimiter<K, A: Algorithm, C: Clock = QuantaClock> {
+    limits: Vec<KeyedLimiter<K, A, C>>,
+}
+
+impl<K: Hash + Eq + Send + Sync, A: Algorithm> MultiLimiter<K, A> {
+    /// One keyed limiter per rule, on the precise default clock.
+    pub fn new(rules: impl IntoIterator<Item = A>) -> Self {
+        MultiLimiter {
+            limits: rules.into_iter().map(KeyedLimiter::new).collect(),
+        }
+    }
+}
+
+impl<K: Hash + Eq + Send + Sync, A: Algorithm, C: Clock + Clone> MultiLimiter<K, A, C> {
+    /// One keyed limiter per rule, all reading `clock`.
+    ///
+    /// # Errors
+    /// [`QuotaError::ClockTooCoarse`] if the clock cannot serve one of the quotas.
+    pub fn with_clock(rules: impl IntoIterator<Item = A>, clock: C) -> Result<Self, QuotaError> {
+        let limits = rules
+            .into_iter()
+            .map(|rule| KeyedLimiter::with_clock(rule, clock.clone()))
+            .collect::<Result<_, _>>()?;
+        Ok(MultiLimiter { limits })
+    }
+}
+
+impl<K: Hash + Eq + Send + Sync, A: Algorithm, C: Clock> MultiLimiter<K, A, C> {
+    /// The limits, in the order they are checked.
+    pub fn limits(&self) -> &[KeyedLimiter<K, A, C>] {
+        &self.limits
+    }
+
+    /// Decides a request of cost 1 (see [`MultiLimiter::check_n`]).
+    ///
+    /// # Errors
+    /// As for [`MultiLimiter::check_n`].
+    pub fn check<Q>(&self, key: &Q) -> Result<Decision, Error>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        self.check_n(key, 1)
+    }
+
+    /// Decides a request of cost `cost` against every limit, all or nothing. Returns the
+    /// refusing limit's decision, or, when admitted, the decision of the limit with the fewest
+    /// units remaining.
+    ///
+    /// # Errors
+    /// [`Error::CapacityExceeded`] if any limit can never admit `cost`; [`Error::KeyTableFull`]
+    /// if a limit's key bound refuses the key. Nothing is consumed in either case.
+    pub fn check_n<Q>(&self, key: &Q, cost: u64) -> Result<Decision, Error>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        let mut tightest: Option<Decision> = None;
+        for limit in &self.limits {
+            let decision = limit.peek(key, cost)?;
+            if !decision.allowed() {
+                return Ok(decision);
+            }
+        }
+        for (charged, limit) in self.limits.iter().enumerate() {
+            let outcome = limit.check_n(key, cost);
+            let refused = match outcome {
+                Ok(decision) if decision.allowed() => {
+                    if tightest.is_none_or(|t| decision.remaining() < t.remaining()) {
+                        tightest = Some(decision);
+                    }
+                    None
+                }
+                other => Some(other),
+            };
+            if let Some(outcome) = refused {
+                for earlier in &self.limits[..charged] {
+                    earlier.refund(key, cost);
+                }
+                return outcome;
+            }
+        }
+        Ok(tightest.unwrap_or_else(|| Decision::free(0, crate::decision::Remaining::Exact(0), 0)))
+    }
+}

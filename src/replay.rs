@@ -1,0 +1,1 @@
+//! Trace replay (filled in below).

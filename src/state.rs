@@ -1,0 +1,14 @@
+//! Where per-key state lives: every atomic of the crate is in this module and in
+//! [`crate::store`].
+//!
+//! - [`AtomicWord`]: one `u64` updated by a compare-and-swap loop around a pure rule.
+//! - [`LogCell`]: the sliding log's ring buffer behind a per-key lock.
+//! - [`ParamCell`]: the limiter's quota, replaceable at run time without a lock on the read path.
+
+mod log;
+mod params;
+mod word;
+
+pub use self::log::LogCell;
+pub use self::params::{ParamCell, Words, WORDS};
+pub use self::word::AtomicWord;

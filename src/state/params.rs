@@ -1,0 +1,73 @@
+use std::marker::PhantomData;
+
+use crate::sync::{fence, AtomicU64, Ordering};
+
+/// How many `u64` words a rule's parameters take.
+pub const WORDS: usize = 4;
+/// A rule's parameters as plain words.
+pub type Words = [u64; WORDS];
+
+/// A rule's parameters, read on every check and replaced by `set_quota`: a sequence lock over
+/// atomic words, so readers never write shared memory and never block.
+///
+/// `seq` is even when the words are stable and odd while a writer is storing them; a reader
+/// retries when `seq` was odd or changed under it. Writers must be serialised by the caller.
+#[derive(Debug)]
+pub struct ParamCell<P> {
+    seq: AtomicU64,
+    words: [AtomicU64; WORDS],
+    _params: PhantomData<P>,
+}
+
+impl<P> ParamCell<P> {
+    /// A cell holding `words`.
+    pub fn new(words: Words) -> Self {
+        ParamCell {
+            seq: AtomicU64::new(0),
+            words: words.map(AtomicU64::new),
+            _params: PhantomData,
+        }
+    }
+
+    /// A consistent snapshot of the words.
+    #[inline]
+    pub fn load(&self) -> Words {
+        loop {
+            // Acquire: pairs with the writer's final Release, so the words it stored are visible.
+            let before = self.seq.load(Ordering::Acquire);
+            if before & 1 == 0 {
+                // Relaxed: the seq re-check below decides whether these reads are kept.
+                let words = [
+                    self.words[0].load(Ordering::Relaxed),
+                    self.words[1].load(Ordering::Relaxed),
+                    self.words[2].load(Ordering::Relaxed),
+                    self.words[3].load(Ordering::Relaxed),
+                ];
+                // Acquire fence: orders the word reads before the re-read of `seq`, so a writer
+                // that started meanwhile is seen (pairs with the writer's Release fence).
+                fence(Ordering::Acquire);
+                // Relaxed: ordered by the fence above.
+                if self.seq.load(Ordering::Relaxed) == before {
+                    return words;
+                }
+            }
+            crate::sync::spin_loop();
+        }
+    }
+
+    /// Replaces the words. Callers serialise writers (the limiter holds a lock).
+    pub fn store(&self, words: Words) {
+        // Relaxed: only writers change `seq`, and they are serialised by the caller's lock.
+        let seq = self.seq.load(Ordering::Relaxed);
+        // Relaxed store + Release fence: readers that see any new word below also see the odd
+        // `seq` (the fence orders this store before the word stores).
+        self.seq.store(seq.wrapping_add(1), Ordering::Relaxed);
+        fence(Ordering::Release);
+        for (slot, word) in self.words.iter().zip(words) {
+            // Relaxed: published by the Release store of `seq` below.
+            slot.store(word, Ordering::Relaxed);
+        }
+        // Release: publishes the words to readers that Acquire-load the even `seq`.
+        self.seq.store(seq.wrapping_add(2), Ordering::Release);
+    }
+}

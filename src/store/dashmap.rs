@@ -1,0 +1,82 @@
+use std::borrow::Borrow;
+use std::hash::Hash;
+
+use dashmap::DashMap;
+
+use super::KeyedStore;
+
+/// The default keyed store: a sharded [`DashMap`] with foldhash, a fast non-cryptographic
+/// hasher seeded per map (so keys chosen by an attacker cannot be aimed at one bucket).
+///
+/// A lookup of an existing key takes its shard's read lock, runs the decision, and releases it:
+/// no allocation, no clone of the key. Only a miss clones the key (`ToOwned`) and takes the
+/// shard's write lock.
+pub struct DashMapStore<K, V> {
+    map: DashMap<K, V, foldhash::fast::RandomState>,
+}
+
+impl<K, V> std::fmt::Debug for DashMapStore<K, V> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DashMapStore").finish_non_exhaustive()
+    }
+}
+
+impl<K: Hash + Eq, V> DashMapStore<K, V> {
+    /// An empty store.
+    pub fn new() -> Self {
+        DashMapStore {
+            map: DashMap::with_hasher(foldhash::fast::RandomState::default()),
+        }
+    }
+}
+
+impl<K: Hash + Eq, V> Default for DashMapStore<K, V> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl<K, V> KeyedStore<K, V> for DashMapStore<K, V>
+where
+    K: Hash + Eq + Send + Sync,
+    V: Default + Send + Sync,
+{
+    #[inline]
+    fn with_existing<Q, R>(&self, key: &Q, f: impl FnOnce(&V) -> R) -> Option<R>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        // The read guard is held while `f` runs: `retain` needs the shard's write lock, so
+        // the cell cannot be evicted under a decision.
+        self.map.get(key).map(|cell| f(cell.value()))
+    }
+
+    fn with_inserted<Q, R>(&self, key: &Q, f: impl FnOnce(&V) -> R) -> (R, bool)
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        match self.map.entry(key.to_owned()) {
+            dashmap::mapref::entry::Entry::Occupied(cell) => (f(cell.get()), false),
+            dashmap::mapref::entry::Entry::Vacant(slot) => {
+                let cell = slot.insert(V::default());
+                (f(cell.value()), true)
+            }
+        }
+    }
+
+    fn retain(&self, mut keep: impl FnMut(&V) -> bool) -> usize {
+        let mut removed = 0;
+        self.map.retain(|_, cell| {
+            let kept = keep(cell);
+            removed += usize::from(!kept);
+            kept
+        });
+        removed
+    }
+
+    fn len(&self) -> usize {
+        self.map.len()
+    }
+}
