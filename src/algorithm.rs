@@ -57,8 +57,13 @@ pub trait Algorithm: Copy + Send + Sync + std::fmt::Debug + 'static + sealed::Se
     /// it is allowed. `now` is read after the state is loaded, so that a state written by another
     /// thread never looks newer than the time it is judged at.
     #[doc(hidden)]
-    fn acquire<F: Fn() -> Nanos>(&self, cell: &Self::Cell, now: F, cost: u64, commit: bool)
-        -> Decision;
+    fn acquire<F: Fn() -> Nanos>(
+        &self,
+        cell: &Self::Cell,
+        now: F,
+        cost: u64,
+        commit: bool,
+    ) -> Decision;
 
     /// Gives back `cost` units admitted earlier, as far as the rule allows.
     #[doc(hidden)]
@@ -78,8 +83,19 @@ pub trait Algorithm: Copy + Send + Sync + std::fmt::Debug + 'static + sealed::Se
     fn from_words(words: Words) -> Self;
 }
 
-/// A rule whose whole per-key state is one `u64` (0 = a fresh key).
-pub(crate) trait WordRule: Copy {
+/// A rule whose whole per-key state is one `u64` (0 = a fresh key): the pure decision
+/// function, usable on its own (tests, simulations, a store of your own).
+///
+/// # Examples
+/// ```
+/// use tollgate::{algorithm::WordRule, FixedWindow, Quota};
+/// let rule = FixedWindow::new(Quota::per_second(1)?)?;
+/// let (first, state) = rule.decide(0, 0, 1);
+/// assert!(first.allowed());
+/// assert!(!rule.decide(state, 10, 1).0.allowed());
+/// # Ok::<(), tollgate::QuotaError>(())
+/// ```
+pub trait WordRule: Copy {
     /// (decision, next state). The next state equals `state` when denied or `cost == 0`.
     fn decide(&self, state: u64, now: Nanos, cost: u64) -> (Decision, u64);
     /// The state after giving back `cost` units at `now`.
@@ -119,7 +135,9 @@ macro_rules! word_algorithm {
                 }
             }
             fn refund<F: Fn() -> Nanos>(&self, cell: &AtomicWord, now: F, cost: u64) {
-                cell.update(now, |state, t| ((), WordRule::refunded(self, state, t, cost)))
+                cell.update(now, |state, t| {
+                    ((), WordRule::refunded(self, state, t, cost))
+                })
             }
             fn is_fresh(&self, cell: &AtomicWord, now: Nanos) -> bool {
                 WordRule::is_fresh(self, cell.load(), now)
@@ -156,7 +174,13 @@ impl Algorithm for SlidingLog {
     fn period(&self) -> Nanos {
         self.window()
     }
-    fn acquire<F: Fn() -> Nanos>(&self, cell: &LogCell, now: F, cost: u64, commit: bool) -> Decision {
+    fn acquire<F: Fn() -> Nanos>(
+        &self,
+        cell: &LogCell,
+        now: F,
+        cost: u64,
+        commit: bool,
+    ) -> Decision {
         cell.with(now, |ring, t| self.decide(ring, t, cost, commit))
     }
     fn refund<F: Fn() -> Nanos>(&self, cell: &LogCell, now: F, cost: u64) {

@@ -80,7 +80,12 @@ impl FixedWindow {
     }
 
     pub(crate) fn to_words(&self) -> Words {
-        [self.limit, self.grid.window, self.grid.origin, self.grid.first]
+        [
+            self.limit,
+            self.grid.window,
+            self.grid.origin,
+            self.grid.first,
+        ]
     }
 
     pub(crate) fn from_words([limit, window, origin, first]: Words) -> Self {
@@ -174,7 +179,10 @@ mod tests {
             out.push(d.allowed());
             s = next;
         }
-        assert_eq!(out, [true, true, true, false, true, true, true, false, true]);
+        assert_eq!(
+            out,
+            [true, true, true, false, true, true, true, false, true]
+        );
     }
 
     #[test]
@@ -191,9 +199,15 @@ mod tests {
     #[test]
     fn refuses_bad_quotas() {
         let q = Quota::new(1 << 24, Duration::from_secs(1)).unwrap();
-        assert!(matches!(FixedWindow::new(q), Err(QuotaError::TooLarge { .. })));
+        assert!(matches!(
+            FixedWindow::new(q),
+            Err(QuotaError::TooLarge { .. })
+        ));
         let q = Quota::new(1, Duration::from_micros(999)).unwrap();
-        assert!(matches!(FixedWindow::new(q), Err(QuotaError::WindowTooShort { .. })));
+        assert!(matches!(
+            FixedWindow::new(q),
+            Err(QuotaError::WindowTooShort { .. })
+        ));
         assert!(FixedWindow::new(Quota::new(MAX_LIMIT, Duration::from_millis(1)).unwrap()).is_ok());
     }
 

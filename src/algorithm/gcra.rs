@@ -92,7 +92,12 @@ impl Gcra {
     /// Decides a request of `cost ≤ B` at `now` against `tat`. Returns the decision, the next
     /// state, and the shaping delay `max(TAT, t) − t`.
     #[inline]
-    pub(crate) fn decide_with_delay(&self, tat: u64, now: Nanos, cost: u64) -> (Decision, u64, u64) {
+    pub(crate) fn decide_with_delay(
+        &self,
+        tat: u64,
+        now: Nanos,
+        cost: u64,
+    ) -> (Decision, u64, u64) {
         let start = tat.max(now);
         let debt = start - now; // ≤ an earlier span ≤ 2^62
         if cost == 0 {
@@ -215,7 +220,10 @@ mod tests {
     #[test]
     fn construction_refuses_bad_values() {
         let q = Quota::new(10, Duration::from_nanos(5)).unwrap();
-        assert!(matches!(Gcra::new(q), Err(QuotaError::IntervalTooShort { .. })));
+        assert!(matches!(
+            Gcra::new(q),
+            Err(QuotaError::IntervalTooShort { .. })
+        ));
         let q = Quota::per_second(1).unwrap().with_burst(u64::MAX).unwrap();
         assert!(matches!(Gcra::new(q), Err(QuotaError::SpanOverflow { .. })));
         let q = Quota::new(1, Duration::from_nanos(u64::MAX)).unwrap();

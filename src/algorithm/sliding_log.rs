@@ -213,8 +213,9 @@ impl SlidingLog {
         u64::try_from(end.saturating_sub(now as u128)).unwrap_or(u64::MAX)
     }
 
-    /// Decides `cost ≤ L` at `now`, appending the entries when `commit` and allowed.
-    pub(crate) fn decide(&self, ring: &mut Ring, now: Nanos, cost: u64, commit: bool) -> Decision {
+    /// Decides `cost ≤ L` at `now`, appending the entries when `commit` and allowed: the pure
+    /// rule over one key's ring (the limiter runs it under the key's lock).
+    pub fn decide(&self, ring: &mut Ring, now: Nanos, cost: u64, commit: bool) -> Decision {
         self.prune(ring, now);
         let count = ring.len as u64;
         let allowed = count + cost <= self.limit;
@@ -257,7 +258,7 @@ impl SlidingLog {
     }
 
     /// Removes up to `cost` of the newest live entries.
-    pub(crate) fn refund(&self, ring: &mut Ring, now: Nanos, cost: u64) {
+    pub fn refund(&self, ring: &mut Ring, now: Nanos, cost: u64) {
         self.prune(ring, now);
         for _ in 0..cost.min(ring.len as u64) {
             ring.pop_back();
@@ -265,7 +266,7 @@ impl SlidingLog {
     }
 
     /// Whether no entry counts at `now`.
-    pub(crate) fn is_empty_at(&self, ring: &mut Ring, now: Nanos) -> bool {
+    pub fn is_empty_at(&self, ring: &mut Ring, now: Nanos) -> bool {
         self.prune(ring, now);
         ring.len == 0
     }

@@ -94,7 +94,12 @@ impl SlidingWindow {
     }
 
     pub(crate) fn to_words(&self) -> Words {
-        [self.limit, self.grid.window, self.grid.origin, self.grid.first]
+        [
+            self.limit,
+            self.grid.window,
+            self.grid.origin,
+            self.grid.first,
+        ]
     }
 
     pub(crate) fn from_words([limit, window, origin, first]: Words) -> Self {

@@ -44,7 +44,12 @@ pub enum OverflowPolicy {
 ///
 /// # Caveats
 /// A sweep takes each shard's write lock in turn; checks on that shard wait for it.
-pub struct KeyedLimiter<K, A: Algorithm, C: Clock = QuantaClock, S = DashMapStore<K, <A as Algorithm>::Cell>> {
+pub struct KeyedLimiter<
+    K,
+    A: Algorithm,
+    C: Clock = QuantaClock,
+    S = DashMapStore<K, <A as Algorithm>::Cell>,
+> {
     core: Core<A, C>,
     store: S,
     /// Keys in the store, counted by this limiter (the map's own `len` locks every shard).
@@ -296,7 +301,13 @@ where
     }
 
     #[cold]
-    fn decide_new_key<Q>(&self, key: &Q, rule: &A, cost: u64, commit: bool) -> Result<Decision, Error>
+    fn decide_new_key<Q>(
+        &self,
+        key: &Q,
+        rule: &A,
+        cost: u64,
+        commit: bool,
+    ) -> Result<Decision, Error>
     where
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
@@ -308,7 +319,8 @@ where
                 .store
                 .with_inserted(key, |cell| rule.acquire(cell, now, cost, commit));
             // Relaxed: a counter; no memory is published through it.
-            self.keys.fetch_add(usize::from(inserted), Ordering::Relaxed);
+            self.keys
+                .fetch_add(usize::from(inserted), Ordering::Relaxed);
             return Ok(decision);
         };
         // Reserve a place first so that racing inserts cannot overshoot the bound.
