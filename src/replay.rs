@@ -1,1 +1,500 @@
-//! Trace replay (filled in below).
+//! `tollgate replay`: deciding a trace of requests, line by line, in the trace's own time.
+//!
+//! The format (SPEC "`tollgate replay`"): one request a line, `t_ms,key[,cost]`; `t_ms` a
+//! non-negative integer of milliseconds, non-decreasing; cost defaults to 1; blank lines and
+//! lines starting with `#` are skipped. The origin is `t = 0` of the trace; no wall clock.
+//!
+//! Everything here streams: a [`Replayer`] holds one keyed limiter whose idle keys are evicted
+//! as it goes, so a trace of millions of lines runs in memory proportional to the keys that
+//! still hold state, not to the trace.
+//!
+//! # Examples
+//! ```
+//! use std::time::Duration;
+//! use tollgate::replay::{AlgorithmName, Replayer, TraceReader};
+//! let trace = "0,alice\n0,alice\n# a comment\n1000,alice,1\n";
+//! let mut replayer = Replayer::new(AlgorithmName::FixedWindow, 1, Duration::from_secs(1), None)?;
+//! let mut out = Vec::new();
+//! for request in TraceReader::new(trace.as_bytes()) {
+//!     let request = request.expect("a valid trace");
+//!     out.push(replayer.decide(&request).to_string());
+//! }
+//! assert_eq!(out, ["allow", "deny", "allow"]);
+//! # Ok::<(), tollgate::QuotaError>(())
+//! ```
+
+use std::fmt;
+use std::io::BufRead;
+use std::str::FromStr;
+use std::time::Duration;
+
+use crate::algorithm::Algorithm;
+use crate::clock::ManualClock;
+use crate::limiter::KeyedLimiter;
+use crate::{FixedWindow, Gcra, LeakyQueue, Quota, QuotaError, SlidingLog, SlidingWindow};
+
+/// The algorithms by their SPEC names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum AlgorithmName {
+    /// `gcra`
+    Gcra,
+    /// `token-bucket` (decides as `gcra`)
+    TokenBucket,
+    /// `leaky-bucket` (decides as `gcra` with `B = C`)
+    LeakyBucket,
+    /// `leaky-queue`
+    LeakyQueue,
+    /// `fixed-window`
+    FixedWindow,
+    /// `sliding-window`
+    SlidingWindow,
+    /// `sliding-log`
+    SlidingLog,
+}
+
+impl AlgorithmName {
+    /// Every algorithm, in the SPEC's order.
+    pub const ALL: [AlgorithmName; 7] = [
+        AlgorithmName::Gcra,
+        AlgorithmName::TokenBucket,
+        AlgorithmName::LeakyBucket,
+        AlgorithmName::LeakyQueue,
+        AlgorithmName::FixedWindow,
+        AlgorithmName::SlidingWindow,
+        AlgorithmName::SlidingLog,
+    ];
+
+    /// The SPEC name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AlgorithmName::Gcra => "gcra",
+            AlgorithmName::TokenBucket => "token-bucket",
+            AlgorithmName::LeakyBucket => "leaky-bucket",
+            AlgorithmName::LeakyQueue => "leaky-queue",
+            AlgorithmName::FixedWindow => "fixed-window",
+            AlgorithmName::SlidingWindow => "sliding-window",
+            AlgorithmName::SlidingLog => "sliding-log",
+        }
+    }
+
+    /// Whether the algorithm takes a burst / capacity.
+    pub fn has_burst(self) -> bool {
+        matches!(
+            self,
+            AlgorithmName::Gcra
+                | AlgorithmName::TokenBucket
+                | AlgorithmName::LeakyBucket
+                | AlgorithmName::LeakyQueue
+        )
+    }
+}
+
+impl fmt::Display for AlgorithmName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for AlgorithmName {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        AlgorithmName::ALL
+            .into_iter()
+            .find(|a| a.as_str() == s)
+            .ok_or_else(|| {
+                let names: Vec<_> = AlgorithmName::ALL.iter().map(|a| a.as_str()).collect();
+                format!("unknown algorithm '{s}' (expected one of: {})", names.join(", "))
+            })
+    }
+}
+
+/// Parses a duration such as `250ms`, `1s`, `60s`, `1m`, `1h` (also `ns`, `us`, `d`).
+///
+/// # Examples
+/// ```
+/// use std::time::Duration;
+/// use tollgate::replay::parse_duration;
+/// assert_eq!(parse_duration("250ms"), Ok(Duration::from_millis(250)));
+/// assert_eq!(parse_duration("1m"), Ok(Duration::from_secs(60)));
+/// assert!(parse_duration("1 parsec").is_err());
+/// ```
+pub fn parse_duration(text: &str) -> Result<Duration, String> {
+    let text = text.trim();
+    let split = text
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(text.len());
+    let (digits, unit) = text.split_at(split);
+    let bad = || format!("invalid duration '{text}' (expected e.g. 250ms, 1s, 60s, 1m, 1h)");
+    if digits.is_empty() {
+        return Err(bad());
+    }
+    let value: u64 = digits.parse().map_err(|_| bad())?;
+    let nanos_per_unit: u64 = match unit {
+        "ns" => 1,
+        "us" | "µs" => 1_000,
+        "ms" => 1_000_000,
+        "s" => 1_000_000_000,
+        "m" => 60_000_000_000,
+        "h" => 3_600_000_000_000,
+        "d" => 86_400_000_000_000,
+        _ => return Err(bad()),
+    };
+    value
+        .checked_mul(nanos_per_unit)
+        .map(Duration::from_nanos)
+        .ok_or_else(|| format!("duration '{text}' is too long (over 584 years)"))
+}
+
+/// The cost field of a request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Cost {
+    /// A cost that fits in `u64`.
+    Units(u64),
+    /// A cost written with more digits than `u64` holds: it can never be admitted.
+    Unbounded,
+}
+
+/// One request of a trace.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Request {
+    /// The line number (from 1) the request came from.
+    pub line: usize,
+    /// Time in milliseconds since the trace's origin.
+    pub t_ms: u64,
+    /// The key.
+    pub key: String,
+    /// The cost.
+    pub cost: Cost,
+}
+
+/// A line that is not a valid request, or a time that went backwards.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TraceError {
+    /// The line number, from 1.
+    pub line: usize,
+    /// What is wrong.
+    pub message: String,
+}
+
+impl fmt::Display for TraceError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "line {}: {}", self.line, self.message)
+    }
+}
+
+impl std::error::Error for TraceError {}
+
+/// Parses one line. `Ok(None)` for a blank line or a comment.
+///
+/// # Examples
+/// ```
+/// use tollgate::replay::{parse_line, Cost};
+/// let r = parse_line("1500,alice,3", 1).unwrap().unwrap();
+/// assert_eq!((r.t_ms, r.key.as_str(), r.cost), (1500, "alice", Cost::Units(3)));
+/// assert_eq!(parse_line("# comment", 2), Ok(None));
+/// assert!(parse_line("soon,alice", 3).is_err());
+/// ```
+pub fn parse_line(line: &str, number: usize) -> Result<Option<Request>, TraceError> {
+    let line = line.strip_suffix('\r').unwrap_or(line);
+    if line.trim().is_empty() || line.starts_with('#') {
+        return Ok(None);
+    }
+    let error = |message: String| TraceError {
+        line: number,
+        message,
+    };
+    let mut fields = line.split(',');
+    let time = fields.next().unwrap_or_default().trim();
+    let key = fields
+        .next()
+        .ok_or_else(|| error(format!("expected 't_ms,key[,cost]', found '{line}'")))?
+        .trim();
+    let cost = fields.next().map(str::trim);
+    if fields.next().is_some() {
+        return Err(error(format!(
+            "too many fields: expected 't_ms,key[,cost]', found '{line}'"
+        )));
+    }
+    let t_ms = parse_count(time)
+        .ok_or_else(|| error(format!("time '{time}' is not a non-negative integer of milliseconds")))?
+        .ok_or_else(|| error(format!("time '{time}' is too large")))?;
+    let cost = match cost {
+        None => Cost::Units(1),
+        Some(text) => match parse_count(text) {
+            Some(Some(units)) => Cost::Units(units),
+            Some(None) => Cost::Unbounded,
+            None => return Err(error(format!("cost '{text}' is not a non-negative integer"))),
+        },
+    };
+    Ok(Some(Request {
+        line: number,
+        t_ms,
+        key: key.to_owned(),
+        cost,
+    }))
+}
+
+/// `None`: not all digits; `Some(None)`: digits that overflow `u64`.
+fn parse_count(text: &str) -> Option<Option<u64>> {
+    if text.is_empty() || !text.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    Some(text.parse().ok())
+}
+
+/// Reads a trace from any `BufRead`, one request at a time, checking that time never goes
+/// backwards. Stops at the first error (the caller reports it and exits).
+#[derive(Debug)]
+pub struct TraceReader<R> {
+    input: R,
+    line: usize,
+    last_ms: u64,
+    buffer: Vec<u8>,
+    failed: bool,
+}
+
+impl<R: BufRead> TraceReader<R> {
+    /// A reader over `input`.
+    pub fn new(input: R) -> Self {
+        TraceReader {
+            input,
+            line: 0,
+            last_ms: 0,
+            buffer: Vec::new(),
+            failed: false,
+        }
+    }
+
+    fn fail(&mut self, message: String) -> Option<Result<Request, TraceError>> {
+        self.failed = true;
+        Some(Err(TraceError {
+            line: self.line,
+            message,
+        }))
+    }
+}
+
+impl<R: BufRead> Iterator for TraceReader<R> {
+    type Item = Result<Request, TraceError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        if self.failed {
+            return None;
+        }
+        loop {
+            self.buffer.clear();
+            self.line += 1;
+            match self.input.read_until(b'\n', &mut self.buffer) {
+                Ok(0) => return None,
+                Ok(_) => {}
+                Err(e) => return self.fail(format!("cannot read the input: {e}")),
+            }
+            let bytes = self.buffer.strip_suffix(b"\n").unwrap_or(&self.buffer);
+            let Ok(text) = std::str::from_utf8(bytes) else {
+                return self.fail("the line is not valid UTF-8".into());
+            };
+            match parse_line(text, self.line) {
+                Ok(None) => continue,
+                Ok(Some(request)) => {
+                    if request.t_ms < self.last_ms {
+                        let message = format!(
+                            "time goes backwards: {} ms after {} ms",
+                            request.t_ms, self.last_ms
+                        );
+                        return self.fail(message);
+                    }
+                    self.last_ms = request.t_ms;
+                    return Some(Ok(request));
+                }
+                Err(e) => {
+                    self.failed = true;
+                    return Some(Err(e));
+                }
+            }
+        }
+    }
+}
+
+/// The decision printed for one request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// Admitted; for `leaky-queue`, with its delay in nanoseconds.
+    Allow {
+        /// The shaping delay, for `leaky-queue` only.
+        delay_nanos: Option<u64>,
+    },
+    /// Denied.
+    Deny,
+    /// The cost can never be admitted.
+    Error,
+}
+
+impl Outcome {
+    /// Whether the request was admitted.
+    pub fn is_allow(&self) -> bool {
+        matches!(self, Outcome::Allow { .. })
+    }
+}
+
+impl fmt::Display for Outcome {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Outcome::Allow { delay_nanos: None } => f.write_str("allow"),
+            Outcome::Allow {
+                delay_nanos: Some(ns),
+            } => {
+                let (ms, rest) = (ns / 1_000_000, ns % 1_000_000);
+                if rest == 0 {
+                    write!(f, "allow {ms}")
+                } else {
+                    let fraction = format!("{rest:06}");
+                    write!(f, "allow {ms}.{}", fraction.trim_end_matches('0'))
+                }
+            }
+            Outcome::Deny => f.write_str("deny"),
+            Outcome::Error => f.write_str("error"),
+        }
+    }
+}
+
+/// One algorithm's keyed limiter on a clock the trace drives.
+#[derive(Debug)]
+struct Engine<A: Algorithm> {
+    limiter: KeyedLimiter<String, A, ManualClock>,
+    clock: ManualClock,
+}
+
+impl<A: Algorithm> Engine<A> {
+    fn new(rule: A) -> Result<Self, QuotaError> {
+        let clock = ManualClock::new();
+        Ok(Engine {
+            limiter: KeyedLimiter::with_clock(rule, clock.clone())?,
+            clock,
+        })
+    }
+
+    fn decide(&self, t_nanos: u64, key: &str, cost: u64, shaper: bool) -> Outcome {
+        self.clock.set(t_nanos);
+        match self.limiter.check_n(key, cost) {
+            Ok(d) if d.allowed() => Outcome::Allow {
+                delay_nanos: shaper.then(|| d.delay_nanos()),
+            },
+            Ok(_) => Outcome::Deny,
+            Err(_) => Outcome::Error,
+        }
+    }
+}
+
+#[derive(Debug)]
+enum AnyEngine {
+    Gcra(Engine<Gcra>),
+    LeakyQueue(Engine<LeakyQueue>),
+    FixedWindow(Engine<FixedWindow>),
+    SlidingWindow(Engine<SlidingWindow>),
+    SlidingLog(Engine<SlidingLog>),
+}
+
+/// Decides requests for one algorithm and quota, in the trace's time.
+#[derive(Debug)]
+pub struct Replayer {
+    algorithm: AlgorithmName,
+    engine: AnyEngine,
+}
+
+impl Replayer {
+    /// A replayer for `algorithm` with `limit` per `window` and an optional burst (`B` / `C`).
+    ///
+    /// # Errors
+    /// Any [`QuotaError`] the algorithm's constructor gives, e.g. a burst for a window
+    /// algorithm or a window under 1 ms.
+    pub fn new(
+        algorithm: AlgorithmName,
+        limit: u64,
+        window: Duration,
+        burst: Option<u64>,
+    ) -> Result<Replayer, QuotaError> {
+        let mut quota = Quota::new(limit, window)?;
+        if let Some(burst) = burst {
+            quota = quota.with_burst(burst)?;
+        }
+        let engine = match algorithm {
+            AlgorithmName::Gcra | AlgorithmName::TokenBucket | AlgorithmName::LeakyBucket => {
+                AnyEngine::Gcra(Engine::new(Gcra::new(quota)?)?)
+            }
+            AlgorithmName::LeakyQueue => AnyEngine::LeakyQueue(Engine::new(LeakyQueue::new(quota)?)?),
+            AlgorithmName::FixedWindow => {
+                AnyEngine::FixedWindow(Engine::new(FixedWindow::new(quota)?)?)
+            }
+            AlgorithmName::SlidingWindow => {
+                AnyEngine::SlidingWindow(Engine::new(SlidingWindow::new(quota)?)?)
+            }
+            AlgorithmName::SlidingLog => AnyEngine::SlidingLog(Engine::new(SlidingLog::new(quota)?)?),
+        };
+        Ok(Replayer { algorithm, engine })
+    }
+
+    /// The algorithm this replayer runs.
+    pub fn algorithm(&self) -> AlgorithmName {
+        self.algorithm
+    }
+
+    /// Decides one request at its trace time.
+    pub fn decide(&mut self, request: &Request) -> Outcome {
+        let Cost::Units(cost) = request.cost else {
+            return Outcome::Error;
+        };
+        // A time past 2^64 ns (584 years) cannot be represented: such a request is judged at
+        // the end of time, where nothing more can be admitted.
+        let t = request.t_ms.saturating_mul(1_000_000);
+        let key = request.key.as_str();
+        match &self.engine {
+            AnyEngine::Gcra(e) => e.decide(t, key, cost, false),
+            AnyEngine::LeakyQueue(e) => e.decide(t, key, cost, true),
+            AnyEngine::FixedWindow(e) => e.decide(t, key, cost, false),
+            AnyEngine::SlidingWindow(e) => e.decide(t, key, cost, false),
+            AnyEngine::SlidingLog(e) => e.decide(t, key, cost, false),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_and_rejects_lines() {
+        assert_eq!(parse_line("", 1), Ok(None));
+        assert_eq!(parse_line("   ", 1), Ok(None));
+        assert_eq!(parse_line("#x,y", 1), Ok(None));
+        let r = parse_line("5,k\r", 1).unwrap().unwrap();
+        assert_eq!((r.t_ms, r.key.as_str(), r.cost), (5, "k", Cost::Units(1)));
+        let r = parse_line("5,k,99999999999999999999999", 1).unwrap().unwrap();
+        assert_eq!(r.cost, Cost::Unbounded);
+        for bad in ["5", "-1,k", "1.5,k", "5,k,-2", "5,k,1,2", "5,k,", ",k", "99999999999999999999999,k"] {
+            let err = parse_line(bad, 7).unwrap_err();
+            assert_eq!(err.line, 7, "{bad}");
+        }
+    }
+
+    #[test]
+    fn reader_refuses_time_going_backwards_and_names_the_line() {
+        let trace = "10,a\n\n# c\n5,a\n20,a\n";
+        let results: Vec<_> = TraceReader::new(trace.as_bytes()).collect();
+        assert_eq!(results.len(), 2);
+        let err = results[1].clone().unwrap_err();
+        assert_eq!(err.line, 4);
+        assert!(err.message.contains("backwards"));
+    }
+
+    #[test]
+    fn delays_print_in_milliseconds() {
+        let allow = |ns| Outcome::Allow {
+            delay_nanos: Some(ns),
+        };
+        assert_eq!(allow(100_000_000).to_string(), "allow 100");
+        assert_eq!(allow(0).to_string(), "allow 0");
+        assert_eq!(allow(1_500_000).to_string(), "allow 1.5");
+        assert_eq!(allow(1).to_string(), "allow 0.000001");
+    }
+}
