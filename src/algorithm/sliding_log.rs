@@ -51,7 +51,7 @@ const MAX_WINDOW_TICKS: u64 = 1 << 31;
 /// ```
 /// use tollgate::{Quota, SlidingLog};
 /// let log = SlidingLog::new(Quota::per_minute(60)?)?;
-/// assert_eq!(log.tick_nanos(), 1_000);
+/// assert_eq!(log.tick_nanos(), 32); // 60 s / 32 ns < 2^31
 /// # Ok::<(), tollgate::QuotaError>(())
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
