@@ -14,8 +14,9 @@
 //! use tollgate::replay::{AlgorithmName, Replayer, TraceReader};
 //! let trace = "0,alice\n0,alice\n# a comment\n1000,alice,1\n";
 //! let mut replayer = Replayer::new(AlgorithmName::FixedWindow, 1, Duration::from_secs(1), None)?;
+//! let mut reader = TraceReader::new(trace.as_bytes());
 //! let mut out = Vec::new();
-//! for request in TraceReader::new(trace.as_bytes()) {
+//! while let Some(request) = reader.next_request() {
 //!     let request = request.expect("a valid trace");
 //!     out.push(replayer.decide(&request).to_string());
 //! }
@@ -104,7 +105,10 @@ impl FromStr for AlgorithmName {
             .find(|a| a.as_str() == s)
             .ok_or_else(|| {
                 let names: Vec<_> = AlgorithmName::ALL.iter().map(|a| a.as_str()).collect();
-                format!("unknown algorithm '{s}' (expected one of: {})", names.join(", "))
+                format!(
+                    "unknown algorithm '{s}' (expected one of: {})",
+                    names.join(", ")
+                )
             })
     }
 }
@@ -155,15 +159,15 @@ pub enum Cost {
     Unbounded,
 }
 
-/// One request of a trace.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Request {
+/// One request of a trace, borrowing its key from the line it was read from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Request<'a> {
     /// The line number (from 1) the request came from.
     pub line: usize,
     /// Time in milliseconds since the trace's origin.
     pub t_ms: u64,
     /// The key.
-    pub key: String,
+    pub key: &'a str,
     /// The cost.
     pub cost: Cost,
 }
@@ -191,11 +195,11 @@ impl std::error::Error for TraceError {}
 /// ```
 /// use tollgate::replay::{parse_line, Cost};
 /// let r = parse_line("1500,alice,3", 1).unwrap().unwrap();
-/// assert_eq!((r.t_ms, r.key.as_str(), r.cost), (1500, "alice", Cost::Units(3)));
+/// assert_eq!((r.t_ms, r.key, r.cost), (1500, "alice", Cost::Units(3)));
 /// assert_eq!(parse_line("# comment", 2), Ok(None));
 /// assert!(parse_line("soon,alice", 3).is_err());
 /// ```
-pub fn parse_line(line: &str, number: usize) -> Result<Option<Request>, TraceError> {
+pub fn parse_line(line: &str, number: usize) -> Result<Option<Request<'_>>, TraceError> {
     let line = line.strip_suffix('\r').unwrap_or(line);
     if line.trim().is_empty() || line.starts_with('#') {
         return Ok(None);
@@ -217,20 +221,28 @@ pub fn parse_line(line: &str, number: usize) -> Result<Option<Request>, TraceErr
         )));
     }
     let t_ms = parse_count(time)
-        .ok_or_else(|| error(format!("time '{time}' is not a non-negative integer of milliseconds")))?
+        .ok_or_else(|| {
+            error(format!(
+                "time '{time}' is not a non-negative integer of milliseconds"
+            ))
+        })?
         .ok_or_else(|| error(format!("time '{time}' is too large")))?;
     let cost = match cost {
         None => Cost::Units(1),
         Some(text) => match parse_count(text) {
             Some(Some(units)) => Cost::Units(units),
             Some(None) => Cost::Unbounded,
-            None => return Err(error(format!("cost '{text}' is not a non-negative integer"))),
+            None => {
+                return Err(error(format!(
+                    "cost '{text}' is not a non-negative integer"
+                )))
+            }
         },
     };
     Ok(Some(Request {
         line: number,
         t_ms,
-        key: key.to_owned(),
+        key,
         cost,
     }))
 }
@@ -244,7 +256,8 @@ fn parse_count(text: &str) -> Option<Option<u64>> {
 }
 
 /// Reads a trace from any `BufRead`, one request at a time, checking that time never goes
-/// backwards. Stops at the first error (the caller reports it and exits).
+/// backwards. Stops at the first error (the caller reports it and exits). Each request borrows
+/// the reader's line buffer, so reading allocates nothing per line.
 #[derive(Debug)]
 pub struct TraceReader<R> {
     input: R,
@@ -266,23 +279,15 @@ impl<R: BufRead> TraceReader<R> {
         }
     }
 
-    fn fail(&mut self, message: String) -> Option<Result<Request, TraceError>> {
-        self.failed = true;
-        Some(Err(TraceError {
-            line: self.line,
-            message,
-        }))
-    }
-}
-
-impl<R: BufRead> Iterator for TraceReader<R> {
-    type Item = Result<Request, TraceError>;
-
-    fn next(&mut self) -> Option<Self::Item> {
+    /// The next request; `None` at the end of the input or after an error.
+    #[allow(clippy::should_implement_trait)] // a lending iterator: items borrow the reader
+    pub fn next_request(&mut self) -> Option<Result<Request<'_>, TraceError>> {
         if self.failed {
             return None;
         }
-        loop {
+        // Find the next line that is not blank or a comment. The request is kept as numbers and
+        // the key's place in the buffer, because a borrow cannot leave this loop.
+        let (t_ms, cost, key) = loop {
             self.buffer.clear();
             self.line += 1;
             match self.input.read_until(b'\n', &mut self.buffer) {
@@ -290,29 +295,46 @@ impl<R: BufRead> Iterator for TraceReader<R> {
                 Ok(_) => {}
                 Err(e) => return self.fail(format!("cannot read the input: {e}")),
             }
-            let bytes = self.buffer.strip_suffix(b"\n").unwrap_or(&self.buffer);
-            let Ok(text) = std::str::from_utf8(bytes) else {
+            let Ok(text) = std::str::from_utf8(&self.buffer) else {
                 return self.fail("the line is not valid UTF-8".into());
             };
+            let text = text.strip_suffix('\n').unwrap_or(text);
             match parse_line(text, self.line) {
                 Ok(None) => continue,
-                Ok(Some(request)) => {
-                    if request.t_ms < self.last_ms {
-                        let message = format!(
-                            "time goes backwards: {} ms after {} ms",
-                            request.t_ms, self.last_ms
-                        );
-                        return self.fail(message);
-                    }
-                    self.last_ms = request.t_ms;
-                    return Some(Ok(request));
+                Ok(Some(request)) if request.t_ms < self.last_ms => {
+                    let message = format!(
+                        "time goes backwards: {} ms after {} ms",
+                        request.t_ms, self.last_ms
+                    );
+                    return self.fail(message);
+                }
+                Ok(Some(r)) => {
+                    let start = r.key.as_ptr() as usize - text.as_ptr() as usize;
+                    break (r.t_ms, r.cost, start..start + r.key.len());
                 }
                 Err(e) => {
                     self.failed = true;
                     return Some(Err(e));
                 }
             }
-        }
+        };
+        self.last_ms = t_ms;
+        // The key's bytes were checked as UTF-8 with the rest of the line.
+        let key = std::str::from_utf8(&self.buffer[key]).unwrap_or_default();
+        Some(Ok(Request {
+            line: self.line,
+            t_ms,
+            key,
+            cost,
+        }))
+    }
+
+    fn fail(&mut self, message: String) -> Option<Result<Request<'static>, TraceError>> {
+        self.failed = true;
+        Some(Err(TraceError {
+            line: self.line,
+            message,
+        }))
     }
 }
 
@@ -422,14 +444,18 @@ impl Replayer {
             AlgorithmName::Gcra | AlgorithmName::TokenBucket | AlgorithmName::LeakyBucket => {
                 AnyEngine::Gcra(Engine::new(Gcra::new(quota)?)?)
             }
-            AlgorithmName::LeakyQueue => AnyEngine::LeakyQueue(Engine::new(LeakyQueue::new(quota)?)?),
+            AlgorithmName::LeakyQueue => {
+                AnyEngine::LeakyQueue(Engine::new(LeakyQueue::new(quota)?)?)
+            }
             AlgorithmName::FixedWindow => {
                 AnyEngine::FixedWindow(Engine::new(FixedWindow::new(quota)?)?)
             }
             AlgorithmName::SlidingWindow => {
                 AnyEngine::SlidingWindow(Engine::new(SlidingWindow::new(quota)?)?)
             }
-            AlgorithmName::SlidingLog => AnyEngine::SlidingLog(Engine::new(SlidingLog::new(quota)?)?),
+            AlgorithmName::SlidingLog => {
+                AnyEngine::SlidingLog(Engine::new(SlidingLog::new(quota)?)?)
+            }
         };
         Ok(Replayer { algorithm, engine })
     }
@@ -447,7 +473,7 @@ impl Replayer {
         // A time past 2^64 ns (584 years) cannot be represented: such a request is judged at
         // the end of time, where nothing more can be admitted.
         let t = request.t_ms.saturating_mul(1_000_000);
-        let key = request.key.as_str();
+        let key = request.key;
         match &self.engine {
             AnyEngine::Gcra(e) => e.decide(t, key, cost, false),
             AnyEngine::LeakyQueue(e) => e.decide(t, key, cost, true),
@@ -468,10 +494,21 @@ mod tests {
         assert_eq!(parse_line("   ", 1), Ok(None));
         assert_eq!(parse_line("#x,y", 1), Ok(None));
         let r = parse_line("5,k\r", 1).unwrap().unwrap();
-        assert_eq!((r.t_ms, r.key.as_str(), r.cost), (5, "k", Cost::Units(1)));
-        let r = parse_line("5,k,99999999999999999999999", 1).unwrap().unwrap();
+        assert_eq!((r.t_ms, r.key, r.cost), (5, "k", Cost::Units(1)));
+        let r = parse_line("5,k,99999999999999999999999", 1)
+            .unwrap()
+            .unwrap();
         assert_eq!(r.cost, Cost::Unbounded);
-        for bad in ["5", "-1,k", "1.5,k", "5,k,-2", "5,k,1,2", "5,k,", ",k", "99999999999999999999999,k"] {
+        for bad in [
+            "5",
+            "-1,k",
+            "1.5,k",
+            "5,k,-2",
+            "5,k,1,2",
+            "5,k,",
+            ",k",
+            "99999999999999999999999,k",
+        ] {
             let err = parse_line(bad, 7).unwrap_err();
             assert_eq!(err.line, 7, "{bad}");
         }
@@ -480,9 +517,10 @@ mod tests {
     #[test]
     fn reader_refuses_time_going_backwards_and_names_the_line() {
         let trace = "10,a\n\n# c\n5,a\n20,a\n";
-        let results: Vec<_> = TraceReader::new(trace.as_bytes()).collect();
-        assert_eq!(results.len(), 2);
-        let err = results[1].clone().unwrap_err();
+        let mut reader = TraceReader::new(trace.as_bytes());
+        assert!(reader.next_request().unwrap().is_ok());
+        let err = reader.next_request().unwrap().unwrap_err();
+        assert!(reader.next_request().is_none());
         assert_eq!(err.line, 4);
         assert!(err.message.contains("backwards"));
     }

@@ -238,7 +238,7 @@ impl SlidingLog {
         };
         let reset_after = if count_after == 0 {
             0
-        } else if ring.len > 0 && (commit || !allowed) {
+        } else if !(allowed && cost > 0 && !commit) {
             self.expires_in(ring, ring.len - 1, now)
         } else {
             // A peek that would append: the new entries would be the newest.

@@ -18,7 +18,11 @@ use clap::{Args, Parser, Subcommand};
 use tollgate::replay::{parse_duration, AlgorithmName, Outcome, Replayer, Request, TraceReader};
 
 #[derive(Parser)]
-#[command(name = "tollgate", version, about = "Exact rate limiting: replay traces, compare algorithms")]
+#[command(
+    name = "tollgate",
+    version,
+    about = "Exact rate limiting: replay traces, compare algorithms"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -96,7 +100,9 @@ fn replay(args: ReplayArgs) -> Result<(), Fatal> {
     if args.compare {
         return compare(&args);
     }
-    let algorithm = args.algorithm.ok_or_else(|| Fatal("--algorithm is required".into()))?;
+    let algorithm = args
+        .algorithm
+        .ok_or_else(|| Fatal("--algorithm is required".into()))?;
     let mut replayer = Replayer::new(algorithm, args.limit, args.window, args.burst)
         .map_err(|e| Fatal(format!("invalid quota for {algorithm}: {e}")))?;
     let input = open(&args.file)?;
@@ -104,7 +110,8 @@ fn replay(args: ReplayArgs) -> Result<(), Fatal> {
     let mut out = BufWriter::with_capacity(1 << 16, stdout.lock());
     let mut summary = args.summary.then(Summary::default);
     let mut failure = None;
-    for request in TraceReader::new(input) {
+    let mut reader = TraceReader::new(input);
+    while let Some(request) = reader.next_request() {
         let request = match request {
             Ok(request) => request,
             Err(e) => {
@@ -152,12 +159,12 @@ struct Summary {
 impl Summary {
     fn add(&mut self, request: &Request, outcome: Outcome) {
         self.total.add(outcome);
-        match self.keys.get_mut(request.key.as_str()) {
+        match self.keys.get_mut(request.key) {
             Some(tally) => tally.add(outcome),
             None => {
                 let mut tally = Tally::default();
                 tally.add(outcome);
-                self.keys.insert(request.key.clone(), tally);
+                self.keys.insert(request.key.to_owned(), tally);
             }
         }
     }
@@ -195,7 +202,8 @@ fn compare(args: &ReplayArgs) -> Result<(), Fatal> {
     let mut disagreements = [0u64; COMPARED.len()];
     let mut requests = 0u64;
     let mut failure = None;
-    for request in TraceReader::new(open(&args.file)?) {
+    let mut reader = TraceReader::new(open(&args.file)?);
+    while let Some(request) = reader.next_request() {
         let request = match request {
             Ok(request) => request,
             Err(e) => {
@@ -235,7 +243,10 @@ fn compare(args: &ReplayArgs) -> Result<(), Fatal> {
             share
         )?;
     }
-    writeln!(out, "{requests} requests; gcra, token-bucket and leaky-bucket decide alike")?;
+    writeln!(
+        out,
+        "{requests} requests; gcra, token-bucket and leaky-bucket decide alike"
+    )?;
     out.flush()?;
     failure.map_or(Ok(()), Err)
 }
