@@ -50,7 +50,8 @@ pub trait Algorithm: Copy + Send + Sync + std::fmt::Debug + 'static + sealed::Se
     /// The largest cost that can ever be admitted (`B`, `C` or `L`).
     fn capacity(&self) -> u64;
 
-    /// The shortest interval the rule must tell apart: a clock coarser than this is refused.
+    /// The interval the rule must resolve: `B·T` for GCRA and the leaky buckets, `W` for the
+    /// windows. A clock whose resolution exceeds a tenth of it is refused.
     fn period(&self) -> Nanos;
 
     /// Decides a request of `cost ≤ capacity()` against `cell`, committing it when `commit` and

@@ -150,15 +150,14 @@ pub enum QuotaError {
         /// The algorithm's name.
         algorithm: &'static str,
     },
-    /// The clock cannot tell instants apart finely enough for this quota.
-    #[error("the clock's resolution ({resolution_nanos} ns) is coarser than this quota's period ({period_nanos} ns); use the precise clock")]
+    /// The clock cannot tell instants apart finely enough for this quota: its resolution must
+    /// be at most a tenth of the quota's period (the bucket span `B·T` for GCRA and the leaky
+    /// buckets, the window `W` otherwise).
+    #[error("the clock's resolution ({resolution_nanos} ns) is over a tenth of this quota's period ({period_nanos} ns); use the precise clock")]
     ClockTooCoarse {
         /// The clock's resolution.
         resolution_nanos: u64,
-        /// The quota's emission interval (GCRA, leaky) or window.
+        /// The quota's period: `B·T` (GCRA, leaky) or `W` (windows, log).
         period_nanos: u64,
     },
-    /// `set_quota` with a quota of another shape (only happens through the multi-limit API).
-    #[error("set_quota needs a quota for the same algorithm")]
-    AlgorithmMismatch,
 }

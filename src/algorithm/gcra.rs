@@ -85,8 +85,10 @@ impl Gcra {
         self.burst
     }
 
+    /// The span `B·T`: a clock's error of one tick shifts admissions by `tick / T` units, which
+    /// is negligible only when the tick is far below the whole bucket's span.
     pub(crate) fn period(&self) -> Nanos {
-        self.interval
+        self.span
     }
 
     /// Decides a request of `cost ≤ B` at `now` against `tat`. Returns the decision, the next

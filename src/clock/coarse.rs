@@ -34,9 +34,9 @@ fn start_upkeep() {
 /// A cheap clock: a reading is one relaxed load of a value that a background thread refreshes
 /// every [`COARSE_TICK`] (1 ms).
 ///
-/// Its resolution is the tick, so it is correct only for quotas whose emission interval (GCRA,
+/// Its resolution is the tick, so it is correct only for quotas whose bucket span `B·T` (GCRA,
 /// leaky) or window is far longer than 1 ms: a 1 ms tick cannot enforce 100 000/s with a burst of
-/// 1. Limiters refuse a clock coarser than the quota's emission interval or window
+/// 1 (a span of 10 µs). Limiters refuse a clock whose tick exceeds a tenth of that span or window
 /// ([`QuotaError::ClockTooCoarse`](crate::QuotaError::ClockTooCoarse)).
 ///
 /// # Caveats
