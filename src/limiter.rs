@@ -76,7 +76,9 @@ impl<A: Algorithm, C: Clock> Core<A, C> {
 fn check_resolution<A: Algorithm, C: Clock>(rule: &A, clock: &C) -> Result<(), QuotaError> {
     let resolution_nanos = clock.resolution();
     let period_nanos = rule.period();
-    if resolution_nanos.saturating_mul(MIN_TICKS_PER_PERIOD) > period_nanos {
+    // A 1 ns clock resolves every quota: time itself is counted in nanoseconds.
+    if resolution_nanos > 1 && resolution_nanos.saturating_mul(MIN_TICKS_PER_PERIOD) > period_nanos
+    {
         return Err(QuotaError::ClockTooCoarse {
             resolution_nanos,
             period_nanos,
@@ -85,13 +87,17 @@ fn check_resolution<A: Algorithm, C: Clock>(rule: &A, clock: &C) -> Result<(), Q
     Ok(())
 }
 
-/// Refuses a cost that can never be admitted (SPEC: an error, not a denial).
-#[inline]
-pub(crate) fn check_cost<A: Algorithm>(rule: &A, cost: u64) -> Result<(), crate::Error> {
-    let capacity = rule.capacity();
-    if cost > capacity {
-        Err(crate::Error::CapacityExceeded { cost, capacity })
-    } else {
-        Ok(())
+impl<A: Algorithm, C: Clock> Core<A, C> {
+    /// Refuses a cost that can never be admitted (SPEC: an error, not a denial). The clock is
+    /// still read, so that every call sees time the same way whatever its outcome.
+    #[inline]
+    pub(crate) fn check_cost(&self, rule: &A, cost: u64) -> Result<(), crate::Error> {
+        let capacity = rule.capacity();
+        if cost > capacity {
+            self.now();
+            Err(crate::Error::CapacityExceeded { cost, capacity })
+        } else {
+            Ok(())
+        }
     }
 }

@@ -3,7 +3,7 @@ use crossbeam_utils::CachePadded;
 use crate::algorithm::{Algorithm, LeakyQueue};
 use crate::clock::{Clock, QuantaClock};
 use crate::decision::{Decision, Error};
-use crate::limiter::{check_cost, Core};
+use crate::limiter::Core;
 use crate::quota::QuotaError;
 
 /// A limiter with a single state: every call counts against the same quota.
@@ -72,7 +72,7 @@ impl<A: Algorithm, C: Clock> Limiter<A, C> {
     #[inline]
     pub fn check_n(&self, cost: u64) -> Result<Decision, Error> {
         let rule = self.core.rule();
-        check_cost(&rule, cost)?;
+        self.core.check_cost(&rule, cost)?;
         Ok(rule.acquire(&self.cell, || self.core.now(), cost, true))
     }
 
@@ -82,7 +82,7 @@ impl<A: Algorithm, C: Clock> Limiter<A, C> {
     /// [`Error::CapacityExceeded`] as for [`Limiter::check_n`].
     pub fn peek(&self, cost: u64) -> Result<Decision, Error> {
         let rule = self.core.rule();
-        check_cost(&rule, cost)?;
+        self.core.check_cost(&rule, cost)?;
         Ok(rule.acquire(&self.cell, || self.core.now(), cost, false))
     }
 

@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use crate::algorithm::{Algorithm, LeakyQueue};
 use crate::clock::{Clock, QuantaClock};
 use crate::decision::{Decision, Error};
-use crate::limiter::{check_cost, Core};
+use crate::limiter::Core;
 use crate::quota::QuotaError;
 use crate::store::{DashMapStore, KeyedStore};
 
@@ -244,7 +244,7 @@ where
         Q: Hash + Eq + ?Sized,
     {
         let rule = self.core.rule();
-        check_cost(&rule, cost)?;
+        self.core.check_cost(&rule, cost)?;
         let now = || self.core.now();
         Ok(self
             .store
@@ -260,8 +260,11 @@ where
         Q: Hash + Eq + ?Sized,
     {
         let rule = self.core.rule();
-        self.store
-            .with_existing(key, |cell| rule.refund(cell, || self.core.now(), cost));
+        // Read the clock even for an unknown key: every call sees time alike.
+        let seen = self.core.now();
+        self.store.with_existing(key, |cell| {
+            rule.refund(cell, || self.core.now().max(seen), cost)
+        });
     }
 
     /// Replaces the quota for every key (see [`crate::Limiter::set_quota`]).
@@ -289,7 +292,7 @@ where
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
         let rule = self.core.rule();
-        check_cost(&rule, cost)?;
+        self.core.check_cost(&rule, cost)?;
         let now = || self.core.now();
         if let Some(decision) = self
             .store

@@ -1,0 +1,368 @@
+//! The fuzz targets' logic, kept out of the `fuzz_targets/` stubs so a plain `#[test]` in the
+//! main crate (`tests/fuzz_corpus.rs`) can replay the committed corpus without cargo-fuzz.
+//!
+//! - `gcra`, `leaky_queue`, `fixed_window`, `sliding_window`, `sliding_log`: differential. An
+//!   arbitrary sequence of operations (move the clock — forwards by any amount, or backwards —,
+//!   check, check_n, peek, refund, set_quota, reserve, on a few keys) runs against the real
+//!   keyed limiter and against the plain reference model of SPEC.md
+//!   (`tests/support/reference.rs`); every decision and every figure must be equal.
+//! - `construction`: quotas and limiters from arbitrary numbers: a typed error or a working
+//!   limiter, never a panic or an overflow, whatever is then asked of it.
+//! - `replay_parser`: arbitrary bytes as a trace: parsed, replayed, never a panic.
+
+#![allow(clippy::new_without_default)]
+
+#[path = "../../tests/support/reference.rs"]
+#[allow(dead_code, unreachable_pub)]
+pub mod reference;
+
+use std::time::Duration;
+
+use arbitrary::{Arbitrary, Unstructured};
+use reference::{Algo, Model, Monotonic, Outcome};
+use tollgate::algorithm::Algorithm;
+use tollgate::clock::ManualClock;
+use tollgate::{
+    Decision, Error, FixedWindow, Gcra, KeyedLimiter, LeakyQueue, Quota, SlidingLog,
+    SlidingWindow,
+};
+
+/// Prints what target `name` makes of `data` (for `cargo run --example show`).
+pub fn show(name: &str, data: &[u8]) {
+    let input = Unstructured::new(data);
+    match name {
+        "construction" => println!("{:#?}", Construction::arbitrary_take_rest(input)),
+        "replay_parser" => println!("{:?}", String::from_utf8_lossy(data)),
+        _ => println!("{:#?}", Scenario::arbitrary_take_rest(input)),
+    }
+}
+
+/// Runs target `name` on `data`.
+pub fn run(name: &str, data: &[u8]) {
+    let mut input = Unstructured::new(data);
+    match name {
+        "gcra" | "leaky_queue" | "fixed_window" | "sliding_window" | "sliding_log" => {
+            if let Ok(scenario) = Scenario::arbitrary_take_rest(input) {
+                differential(name, &scenario);
+            }
+        }
+        "construction" => {
+            if let Ok(c) = Construction::arbitrary(&mut input) {
+                construction(&c);
+            }
+        }
+        "replay_parser" => replay_parser(data),
+        other => panic!("unknown fuzz target {other}"),
+    }
+}
+
+/// The targets, for the corpus replay test.
+pub const TARGETS: [&str; 7] = [
+    "gcra",
+    "leaky_queue",
+    "fixed_window",
+    "sliding_window",
+    "sliding_log",
+    "construction",
+    "replay_parser",
+];
+
+/// Times stay below 2^62 ns (146 years) in the differential targets: the reference model
+/// counts in 128 bits and knows no end of time, while the engine refuses to admit where its
+/// 64-bit state would overflow (the `construction` target and the hostile-input tests cover
+/// that end).
+const TIME_CAP: u64 = 1 << 62;
+
+#[derive(Debug, Arbitrary)]
+struct Params {
+    limit: u16,
+    window_ms: u16,
+    window_extra_ns: u32,
+    burst: Option<u16>,
+}
+
+#[derive(Debug, Arbitrary)]
+enum Op {
+    /// Forward by up to ~4.3 s in ns.
+    Advance(u32),
+    /// Forward by any amount (capped).
+    Jump(u64),
+    /// Set the clock to any time, possibly earlier (the limiter must clamp).
+    Set(u64),
+    Check(u8),
+    CheckN(u8, u64),
+    Peek(u8, u64),
+    Refund(u8, u64),
+    /// New limit (and burst) on the live limiter; the window stays.
+    SetLimit(u16, Option<u16>),
+}
+
+#[derive(Debug, Arbitrary)]
+struct Scenario {
+    params: Params,
+    ops: Vec<Op>,
+}
+
+/// A keyed limiter of any algorithm, behind one interface.
+trait Subject {
+    fn check_n(&self, key: u8, cost: u64) -> Result<Decision, Error>;
+    fn peek(&self, key: u8, cost: u64) -> Result<Decision, Error>;
+    fn refund(&self, key: u8, cost: u64);
+    /// `false` if the engine refused the new quota.
+    fn set_limit(&self, limit: u64, burst: Option<u64>) -> bool;
+}
+
+struct Engine<A: Algorithm> {
+    limiter: KeyedLimiter<u8, A, ManualClock>,
+    make: fn(Quota) -> Result<A, tollgate::QuotaError>,
+    window: Duration,
+}
+
+impl<A: Algorithm> Subject for Engine<A> {
+    fn check_n(&self, key: u8, cost: u64) -> Result<Decision, Error> {
+        self.limiter.check_n(&key, cost)
+    }
+    fn peek(&self, key: u8, cost: u64) -> Result<Decision, Error> {
+        self.limiter.peek(&key, cost)
+    }
+    fn refund(&self, key: u8, cost: u64) {
+        self.limiter.refund(&key, cost)
+    }
+    fn set_limit(&self, limit: u64, burst: Option<u64>) -> bool {
+        let quota = Quota::new(limit, self.window)
+            .and_then(|q| burst.map_or(Ok(q), |b| q.with_burst(b)));
+        match quota.and_then(self.make) {
+            Ok(rule) => self.limiter.set_quota(rule).is_ok(),
+            Err(_) => false,
+        }
+    }
+}
+
+fn engine<A: Algorithm>(
+    make: fn(Quota) -> Result<A, tollgate::QuotaError>,
+    quota: Quota,
+    clock: &ManualClock,
+) -> Option<(Box<dyn Subject>, A)> {
+    let rule = make(quota).ok()?;
+    let limiter = KeyedLimiter::with_clock(rule, clock.clone()).ok()?;
+    Some((
+        Box::new(Engine {
+            limiter,
+            make,
+            window: quota.window(),
+        }),
+        rule,
+    ))
+}
+
+/// The reference model's parameters for the engine's rule.
+fn algo(name: &str, limit: u64, window: u64, burst: u64, tick: u64) -> Algo {
+    match name {
+        "gcra" => Algo::Gcra {
+            limit,
+            window,
+            burst,
+        },
+        "leaky_queue" => Algo::LeakyQueue {
+            limit,
+            window,
+            capacity: burst,
+        },
+        "fixed_window" => Algo::FixedWindow { limit, window },
+        "sliding_window" => Algo::SlidingWindow { limit, window },
+        _ => Algo::SlidingLog {
+            limit,
+            window,
+            tick,
+        },
+    }
+}
+
+fn differential(name: &str, scenario: &Scenario) {
+    let p = &scenario.params;
+    let limit = u64::from(p.limit.max(1));
+    let windowed = !matches!(name, "gcra" | "leaky_queue");
+    // Windows need ≥ 1 ms; GCRA any positive window with W/L ≥ 1 ns.
+    let window = u64::from(p.window_ms.max(1)) * 1_000_000 + u64::from(p.window_extra_ns);
+    let burst = p.burst.filter(|_| !windowed).map(|b| u64::from(b.max(1)));
+    let Ok(mut quota) = Quota::new(limit, Duration::from_nanos(window)) else {
+        return;
+    };
+    if let Some(b) = burst {
+        quota = quota.with_burst(b).expect("burst ≥ 1");
+    }
+    let clock = ManualClock::new();
+    let built = match name {
+        "gcra" => engine(Gcra::new, quota, &clock).map(|(s, _)| (s, 0)),
+        "leaky_queue" => engine(LeakyQueue::new, quota, &clock).map(|(s, _)| (s, 0)),
+        "fixed_window" => engine(FixedWindow::new, quota, &clock).map(|(s, _)| (s, 0)),
+        "sliding_window" => engine(SlidingWindow::new, quota, &clock).map(|(s, _)| (s, 0)),
+        _ => engine(SlidingLog::new, quota, &clock).map(|(s, r)| (s, r.tick_nanos())),
+    };
+    let Some((subject, tick)) = built else {
+        return;
+    };
+    let mut model: Model<u8> = Model::new(algo(name, limit, window, quota.burst(), tick));
+    let mut time = Monotonic::default();
+    let mut raw: u64 = 0;
+    for op in scenario.ops.iter().take(256) {
+        match *op {
+            Op::Advance(ns) => raw = raw.saturating_add(u64::from(ns)).min(TIME_CAP),
+            Op::Jump(ns) => raw = raw.saturating_add(ns).min(TIME_CAP),
+            Op::Set(ns) => raw = ns.min(TIME_CAP),
+            _ => {}
+        }
+        clock.set(raw);
+        let t = u128::from(raw);
+        match *op {
+            Op::Advance(_) | Op::Jump(_) | Op::Set(_) => {}
+            Op::Check(key) => {
+                let t = time.see(t);
+                compare(subject.check_n(key % 4, 1), model.check(&(key % 4), t, 1), op);
+            }
+            Op::CheckN(key, cost) => {
+                let cost = cost % (model.algo.capacity() + 3);
+                let t = time.see(t);
+                compare(subject.check_n(key % 4, cost), model.check(&(key % 4), t, cost), op);
+            }
+            Op::Peek(key, cost) => {
+                let cost = cost % (model.algo.capacity() + 3);
+                let t = time.see(t);
+                compare(subject.peek(key % 4, cost), model.peek(&(key % 4), t, cost), op);
+            }
+            Op::Refund(key, cost) => {
+                let t = time.see(t);
+                subject.refund(key % 4, cost);
+                model.refund(&(key % 4), t, cost);
+            }
+            Op::SetLimit(new_limit, new_burst) => {
+                let new_limit = u64::from(new_limit.max(1));
+                let new_burst = new_burst.filter(|_| !windowed).map(|b| u64::from(b.max(1)));
+                if subject.set_limit(new_limit, new_burst) {
+                    // The engine read its clock to re-anchor the quota: that reading is seen.
+                    time.see(t);
+                    let algo = algo(name, new_limit, window, new_burst.unwrap_or(new_limit), tick);
+                    model.algo = algo;
+                }
+            }
+        }
+    }
+}
+
+fn compare(
+    engine: Result<Decision, Error>,
+    model: Result<Outcome, reference::RefError>,
+    op: &Op,
+) {
+    match (engine, model) {
+        (Ok(d), Ok(m)) => {
+            let got = (
+                d.allowed(),
+                d.limit(),
+                d.remaining(),
+                u128::from(d.retry_after_nanos()),
+                u128::from(d.reset_after_nanos()),
+                u128::from(d.delay_nanos()),
+            );
+            let want = (
+                m.allowed,
+                m.limit,
+                m.remaining,
+                m.retry_after,
+                m.reset_after,
+                m.delay,
+            );
+            assert_eq!(got, want, "engine vs reference on {op:?}");
+        }
+        (Err(Error::CapacityExceeded { .. }), Err(_)) => {}
+        (engine, model) => panic!("engine {engine:?} vs reference {model:?} on {op:?}"),
+    }
+}
+
+#[derive(Debug, Arbitrary)]
+struct Construction {
+    algorithm: u8,
+    limit: u64,
+    window_nanos: u64,
+    burst: Option<u64>,
+    coarse: bool,
+    probes: Vec<(u64, u64)>,
+}
+
+fn construction(c: &Construction) {
+    let quota = Quota::new(c.limit, Duration::from_nanos(c.window_nanos))
+        .and_then(|q| c.burst.map_or(Ok(q), |b| q.with_burst(b)));
+    let Ok(quota) = quota else {
+        return;
+    };
+    match c.algorithm % 5 {
+        0 => exercise(Gcra::new(quota), c),
+        1 => exercise(LeakyQueue::new(quota), c),
+        2 => exercise(FixedWindow::new(quota), c),
+        3 => exercise(SlidingWindow::new(quota), c),
+        _ => exercise(SlidingLog::new(quota), c),
+    }
+}
+
+fn exercise<A: Algorithm>(rule: Result<A, tollgate::QuotaError>, c: &Construction) {
+    let Ok(rule) = rule else {
+        return;
+    };
+    assert!(rule.capacity() >= 1 && rule.limit() >= 1);
+    if c.coarse {
+        // Either refused as too coarse or a working limiter; never a panic.
+        let clock = tollgate::clock::CoarseClock::new();
+        if let Ok(limiter) = tollgate::Limiter::with_clock(rule, clock) {
+            let _ = limiter.check_n(1);
+        }
+    }
+    let clock = ManualClock::new();
+    let limiter = KeyedLimiter::<u8, A, ManualClock>::with_clock(rule, clock.clone())
+        .expect("the manual clock resolves 1 ns");
+    let capacity = rule.capacity();
+    let mut admitted_at_end = 0u64;
+    for (i, &(t, cost)) in c.probes.iter().take(64).enumerate() {
+        clock.set(t);
+        let key = (i % 3) as u8;
+        match limiter.check_n(&key, cost) {
+            Ok(d) => {
+                let _ = (d.remaining(), d.retry_after(), d.reset_after(), d.delay());
+                if d.allowed() && t == u64::MAX {
+                    admitted_at_end = admitted_at_end.saturating_add(cost);
+                }
+            }
+            Err(Error::CapacityExceeded { capacity: cap, .. }) => {
+                assert!(cost > capacity && cap == capacity)
+            }
+            Err(e) => panic!("unexpected {e:?}"),
+        }
+        let _ = limiter.peek(&key, cost);
+        limiter.refund(&key, cost);
+    }
+    let _ = admitted_at_end;
+}
+
+fn replay_parser(data: &[u8]) {
+    use tollgate::replay::{AlgorithmName, Replayer, TraceReader};
+    let (head, trace) = data.split_at(data.len().min(2));
+    let algorithm = AlgorithmName::ALL[usize::from(head.first().copied().unwrap_or(0)) % 7];
+    let limit = u64::from(head.get(1).copied().unwrap_or(1)) + 1;
+    let Ok(mut replayer) = Replayer::new(algorithm, limit, Duration::from_millis(250), None)
+    else {
+        return;
+    };
+    let mut reader = TraceReader::new(trace);
+    let mut last = 0;
+    while let Some(request) = reader.next_request() {
+        match request {
+            Ok(request) => {
+                assert!(request.t_ms >= last, "time went backwards unnoticed");
+                last = request.t_ms;
+                let _ = replayer.decide(&request).to_string();
+            }
+            Err(e) => {
+                assert!(e.line >= 1 && !e.message.is_empty());
+            }
+        }
+    }
+}
