@@ -1,8 +1,10 @@
-//! The `tollgate` command: replay a trace of requests through any algorithm.
+//! The `tollgate` command: replay a trace of requests through any algorithm, or measure the
+//! algorithms on this machine.
 //!
 //! ```text
 //! tollgate replay --algorithm ALGO --limit L --window DUR [--burst B] [--summary] [FILE]
 //! tollgate replay --compare --limit L --window DUR [--burst B] [FILE]
+//! tollgate bench [--threads N] [--keys N] [--distribution uniform|zipf] [--clock precise|coarse]
 //! ```
 //! Exit status 2 on bad input (a malformed line, time going backwards, a bad option), with a
 //! message naming the line on standard error; decisions already printed stay valid.
@@ -14,8 +16,14 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
+mod bench;
+
 use clap::{Args, Parser, Subcommand};
 use tollgate::replay::{parse_duration, AlgorithmName, Outcome, Replayer, Request, TraceReader};
+
+/// Counts allocations, for `tollgate bench`'s bytes per key.
+#[global_allocator]
+static ALLOCATOR: &stats_alloc::StatsAlloc<std::alloc::System> = &stats_alloc::INSTRUMENTED_SYSTEM;
 
 #[derive(Parser)]
 #[command(
@@ -32,6 +40,9 @@ struct Cli {
 enum Command {
     /// Decide a trace (`t_ms,key[,cost]` per line) and print allow / deny / error per request.
     Replay(ReplayArgs),
+    /// Measure this crate's algorithms on this machine: ns/op, Mops/s, ratio to the floor
+    /// (one clock read + one CAS), bytes per key.
+    Bench(bench::BenchArgs),
 }
 
 #[derive(Args)]
@@ -59,12 +70,12 @@ struct ReplayArgs {
     file: Option<PathBuf>,
 }
 
-fn parse_algorithm(text: &str) -> Result<AlgorithmName, String> {
+pub(crate) fn parse_algorithm(text: &str) -> Result<AlgorithmName, String> {
     text.parse()
 }
 
 /// A failure that ends the run with exit status 2.
-struct Fatal(String);
+pub(crate) struct Fatal(String);
 
 impl<E: std::fmt::Display> From<E> for Fatal {
     fn from(e: E) -> Self {
@@ -76,6 +87,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Replay(args) => replay(args),
+        Command::Bench(args) => bench::bench(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
