@@ -396,3 +396,22 @@ where
         self.check_n(key, cost)
     }
 }
+
+#[cfg(test)]
+mod count_tests {
+    use super::*;
+    use crate::clock::ManualClock;
+    use crate::{Gcra, Quota};
+
+    #[test]
+    fn key_count_matches_the_store_through_sweeps() {
+        let clock = ManualClock::new();
+        let rule = Gcra::new(Quota::per_second(64).unwrap()).unwrap();
+        let limiter = KeyedLimiter::<u64, _, _>::with_clock(rule, clock.clone()).unwrap();
+        for key in 0..100_000u64 {
+            clock.advance_nanos(1_000);
+            limiter.check(&key).unwrap();
+        }
+        assert_eq!(limiter.len(), limiter.store.len());
+    }
+}

@@ -1,8 +1,8 @@
 //! `tollgate bench`: this crate's algorithms on the user's own machine.
 //!
 //! Each algorithm runs in a keyed limiter over `--keys` u64 keys, after a warm-up that inserts
-//! every key (the bytes that warm-up leaves allocated, per key the limiter then holds, are the
-//! bytes/key column). Threads then
+//! every key. Bytes/key is measured apart, on a limiter whose clock is frozen so that every key
+//! keeps its state: what the table holds per key, allocator growth included. Threads then
 //! check keys drawn uniformly or from a Zipf distribution for `--duration`. The floor is what no
 //! keyed check can beat: one clock read and one compare-and-swap on the key's own word, found
 //! by plain indexing (no hashing, no map).
@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use clap::{Args, ValueEnum};
 use tollgate::algorithm::Algorithm;
-use tollgate::clock::{Clock, CoarseClock, QuantaClock};
+use tollgate::clock::{Clock, CoarseClock, ManualClock, QuantaClock};
 use tollgate::replay::{parse_duration, AlgorithmName};
 use tollgate::{FixedWindow, Gcra, KeyedLimiter, LeakyQueue, Quota, SlidingLog, SlidingWindow};
 
@@ -253,29 +253,32 @@ fn run_on<A: Algorithm, C: Clock>(
     rule: A,
     clock: C,
 ) -> Result<Row, Fatal> {
-    let region = stats_alloc::Region::new(&ALLOCATOR);
+    let bytes_per_key = bytes_per_key(args, rule);
     let limiter = KeyedLimiter::<u64, A, C>::with_clock(rule, clock)
         .map_err(|e| Fatal(format!("{name}: {e}")))?;
     for key in 0..args.keys {
-        let _ = limiter.peek(&key, 0);
-        let _ = limiter.check_n(&key, 0);
         let _ = limiter.check(&key);
     }
-    let stats = region.change();
-    // Keys that became fresh during the warm-up may have been evicted already: count per key held.
-    let held = limiter.len().max(1) as f64;
-    // Growth by `realloc` is counted apart from fresh allocations.
-    let bytes = stats.bytes_allocated as f64 - stats.bytes_deallocated as f64
-        + stats.bytes_reallocated as f64;
     let result = drive(args, draws, |key| {
         limiter.check(&key).is_ok_and(|d| d.allowed())
     });
-    Ok(row(
-        args,
-        name.to_string(),
-        result,
-        Some(bytes / args.keys as f64),
-    ))
+    Ok(row(args, name.to_string(), result, Some(bytes_per_key)))
+}
+
+/// Bytes a limiter holds per key once every key has state: measured on a frozen manual clock,
+/// so no key turns fresh and gets evicted while the table fills.
+fn bytes_per_key<A: Algorithm>(args: &BenchArgs, rule: A) -> f64 {
+    let region = stats_alloc::Region::new(ALLOCATOR);
+    let limiter = KeyedLimiter::<u64, A, ManualClock>::with_clock(rule, ManualClock::new())
+        .expect("the manual clock resolves 1 ns");
+    for key in 0..args.keys {
+        let _ = limiter.check(&key);
+    }
+    let stats = region.change();
+    drop(limiter);
+    // Growth by `realloc` is counted apart from fresh allocations.
+    (stats.bytes_allocated as f64 - stats.bytes_deallocated as f64 + stats.bytes_reallocated as f64)
+        / args.keys as f64
 }
 
 fn print(args: &BenchArgs, rows: &[Row]) {
