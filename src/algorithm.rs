@@ -5,11 +5,19 @@
 //! and runs the compare-and-swap loops, which is what makes the rules testable, fuzzable and
 //! model-checkable on their own.
 
+// Explicit paths: `loom-tests` includes this file with `#[path]`, which makes rustc look for
+// undecorated child modules beside it (`src/gcra.rs`); these resolve the same from both crates.
+#[path = "algorithm/fixed_window.rs"]
 pub mod fixed_window;
+#[path = "algorithm/gcra.rs"]
 pub mod gcra;
+#[path = "algorithm/grid.rs"]
 mod grid;
+#[path = "algorithm/leaky_queue.rs"]
 pub mod leaky_queue;
+#[path = "algorithm/sliding_log.rs"]
 pub mod sliding_log;
+#[path = "algorithm/sliding_window.rs"]
 pub mod sliding_window;
 
 use crate::clock::Nanos;

@@ -40,6 +40,8 @@ mod decision;
 pub mod limiter;
 mod multi;
 mod quota;
+#[cfg(feature = "redis")]
+pub mod redis;
 pub mod replay;
 pub mod state;
 pub mod store;

@@ -9,6 +9,12 @@ use crate::decision::{Decision, Error};
 use crate::limiter::KeyedLimiter;
 use crate::quota::QuotaError;
 
+// The protocol lives in its own file so that `loom-tests` can compile it without the keyed
+// limiter (dashmap, quanta), which loom cannot see.
+mod all_or_nothing;
+
+use self::all_or_nothing::{all_or_nothing, Limit};
+
 /// Several keyed limits checked together: a request is admitted only if every limit admits it,
 /// and a request refused by one limit consumes nothing from the others.
 ///
@@ -85,31 +91,26 @@ impl<K: Hash + Eq + Send + Sync, A: Algorithm, C: Clock> MultiLimiter<K, A, C> {
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
-        let mut tightest: Option<Decision> = None;
-        for limit in &self.limits {
-            let decision = limit.peek(key, cost)?;
-            if !decision.allowed() {
-                return Ok(decision);
-            }
-        }
-        for (charged, limit) in self.limits.iter().enumerate() {
-            let outcome = limit.check_n(key, cost);
-            let refused = match outcome {
-                Ok(decision) if decision.allowed() => {
-                    if tightest.is_none_or(|t| decision.remaining() < t.remaining()) {
-                        tightest = Some(decision);
-                    }
-                    None
-                }
-                other => Some(other),
-            };
-            if let Some(outcome) = refused {
-                for earlier in &self.limits[..charged] {
-                    earlier.refund(key, cost);
-                }
-                return outcome;
-            }
-        }
-        Ok(tightest.unwrap_or_else(|| Decision::free(0, crate::decision::Remaining::Exact(0), 0)))
+        all_or_nothing(&self.limits, key, cost)
+    }
+}
+
+impl<K, A, C, Q> Limit<Q> for KeyedLimiter<K, A, C>
+where
+    K: Hash + Eq + Send + Sync + Borrow<Q>,
+    A: Algorithm,
+    C: Clock,
+    Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+{
+    fn peek(&self, key: &Q, cost: u64) -> Result<Decision, Error> {
+        KeyedLimiter::peek(self, key, cost)
+    }
+
+    fn charge(&self, key: &Q, cost: u64) -> Result<Decision, Error> {
+        self.check_n(key, cost)
+    }
+
+    fn refund(&self, key: &Q, cost: u64) {
+        KeyedLimiter::refund(self, key, cost);
     }
 }

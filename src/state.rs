@@ -5,8 +5,12 @@
 //! - [`LogCell`]: the sliding log's ring buffer behind a per-key lock.
 //! - [`ParamCell`]: the limiter's quota, replaceable at run time without a lock on the read path.
 
+// Explicit paths: see `algorithm.rs` (the same file is compiled by `loom-tests`).
+#[path = "state/log.rs"]
 mod log;
+#[path = "state/params.rs"]
 mod params;
+#[path = "state/word.rs"]
 mod word;
 
 pub use self::log::LogCell;

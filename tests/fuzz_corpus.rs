@@ -22,5 +22,8 @@ fn committed_corpus_passes_every_target() {
             inputs += 1;
         }
     }
-    assert!(inputs >= fuzz_logic::TARGETS.len(), "every target has seeds");
+    assert!(
+        inputs >= fuzz_logic::TARGETS.len(),
+        "every target has seeds"
+    );
 }

@@ -23,8 +23,7 @@ use reference::{Algo, Model, Monotonic, Outcome};
 use tollgate::algorithm::Algorithm;
 use tollgate::clock::ManualClock;
 use tollgate::{
-    Decision, Error, FixedWindow, Gcra, KeyedLimiter, LeakyQueue, Quota, SlidingLog,
-    SlidingWindow,
+    Decision, Error, FixedWindow, Gcra, KeyedLimiter, LeakyQueue, Quota, SlidingLog, SlidingWindow,
 };
 
 /// Prints what target `name` makes of `data` (for `cargo run --example show`).
@@ -129,8 +128,8 @@ impl<A: Algorithm> Subject for Engine<A> {
         self.limiter.refund(&key, cost)
     }
     fn set_limit(&self, limit: u64, burst: Option<u64>) -> bool {
-        let quota = Quota::new(limit, self.window)
-            .and_then(|q| burst.map_or(Ok(q), |b| q.with_burst(b)));
+        let quota =
+            Quota::new(limit, self.window).and_then(|q| burst.map_or(Ok(q), |b| q.with_burst(b)));
         match quota.and_then(self.make) {
             Ok(rule) => self.limiter.set_quota(rule).is_ok(),
             Err(_) => false,
@@ -218,17 +217,29 @@ fn differential(name: &str, scenario: &Scenario) {
             Op::Advance(_) | Op::Jump(_) | Op::Set(_) => {}
             Op::Check(key) => {
                 let t = time.see(t);
-                compare(subject.check_n(key % 4, 1), model.check(&(key % 4), t, 1), op);
+                compare(
+                    subject.check_n(key % 4, 1),
+                    model.check(&(key % 4), t, 1),
+                    op,
+                );
             }
             Op::CheckN(key, cost) => {
                 let cost = cost % (model.algo.capacity() + 3);
                 let t = time.see(t);
-                compare(subject.check_n(key % 4, cost), model.check(&(key % 4), t, cost), op);
+                compare(
+                    subject.check_n(key % 4, cost),
+                    model.check(&(key % 4), t, cost),
+                    op,
+                );
             }
             Op::Peek(key, cost) => {
                 let cost = cost % (model.algo.capacity() + 3);
                 let t = time.see(t);
-                compare(subject.peek(key % 4, cost), model.peek(&(key % 4), t, cost), op);
+                compare(
+                    subject.peek(key % 4, cost),
+                    model.peek(&(key % 4), t, cost),
+                    op,
+                );
             }
             Op::Refund(key, cost) => {
                 let t = time.see(t);
@@ -241,7 +252,13 @@ fn differential(name: &str, scenario: &Scenario) {
                 if subject.set_limit(new_limit, new_burst) {
                     // The engine read its clock to re-anchor the quota: that reading is seen.
                     time.see(t);
-                    let algo = algo(name, new_limit, window, new_burst.unwrap_or(new_limit), tick);
+                    let algo = algo(
+                        name,
+                        new_limit,
+                        window,
+                        new_burst.unwrap_or(new_limit),
+                        tick,
+                    );
                     model.algo = algo;
                 }
             }
@@ -249,11 +266,7 @@ fn differential(name: &str, scenario: &Scenario) {
     }
 }
 
-fn compare(
-    engine: Result<Decision, Error>,
-    model: Result<Outcome, reference::RefError>,
-    op: &Op,
-) {
+fn compare(engine: Result<Decision, Error>, model: Result<Outcome, reference::RefError>, op: &Op) {
     match (engine, model) {
         (Ok(d), Ok(m)) => {
             let got = (
@@ -347,8 +360,7 @@ fn replay_parser(data: &[u8]) {
     let (head, trace) = data.split_at(data.len().min(2));
     let algorithm = AlgorithmName::ALL[usize::from(head.first().copied().unwrap_or(0)) % 7];
     let limit = u64::from(head.get(1).copied().unwrap_or(1)) + 1;
-    let Ok(mut replayer) = Replayer::new(algorithm, limit, Duration::from_millis(250), None)
-    else {
+    let Ok(mut replayer) = Replayer::new(algorithm, limit, Duration::from_millis(250), None) else {
         return;
     };
     let mut reader = TraceReader::new(trace);

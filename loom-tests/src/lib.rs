@@ -1,1 +1,33 @@
+//! tollgate's lock-free state machines, compiled from the library's own source files against
+//! loom's atomics, for the models in `tests/models/`.
+//!
+//! Every `#[path]` module below is the very file the library compiles; only [`sync`] (loom's
+//! atomics and mutex instead of std's and parking_lot's) and [`clock`] (just the time type:
+//! loom cannot see quanta) are this crate's own. The limiter, the keyed store (dashmap) and the
+//! clocks are left out: loom cannot see their locks or time sources.
 
+#![forbid(unsafe_code)]
+
+pub mod clock {
+    //! The only item of tollgate's `clock` module the state machines use.
+
+    /// Nanoseconds since a limiter's origin.
+    pub type Nanos = u64;
+}
+
+pub(crate) mod sync;
+
+#[path = "../../src/algorithm.rs"]
+pub mod algorithm;
+#[path = "../../src/decision.rs"]
+pub mod decision;
+#[path = "../../src/multi/all_or_nothing.rs"]
+pub mod multi;
+#[path = "../../src/quota.rs"]
+pub mod quota;
+#[path = "../../src/state.rs"]
+pub mod state;
+
+pub use algorithm::{Algorithm, FixedWindow, Gcra, LeakyQueue, SlidingLog, SlidingWindow};
+pub use decision::{Decision, Error};
+pub use quota::{Quota, QuotaError};

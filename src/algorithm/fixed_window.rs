@@ -79,6 +79,9 @@ impl FixedWindow {
         }
     }
 
+    // By reference on purpose: `Algorithm::to_words(&self)` forwards here, and a by-value
+    // inherent method would lose method resolution to the trait method (endless recursion).
+    #[allow(clippy::wrong_self_convention)]
     pub(crate) fn to_words(&self) -> Words {
         [
             self.limit,
@@ -209,6 +212,19 @@ mod tests {
             Err(QuotaError::WindowTooShort { .. })
         ));
         assert!(FixedWindow::new(Quota::new(MAX_LIMIT, Duration::from_millis(1)).unwrap()).is_ok());
+    }
+
+    #[test]
+    fn changing_the_window_carries_the_current_count() {
+        let before = rule(2, 1000);
+        let (_, s) = before.decide(0, 1500 * MS, 2);
+        // Toggle W back and forth at the same instant: no fresh quota appears.
+        let mid = rule(2, 700).take_over(&before, 1500 * MS);
+        assert!(!mid.decide(s, 1500 * MS, 1).0.allowed());
+        let after = rule(2, 1000).take_over(&mid, 1500 * MS);
+        assert!(!after.decide(s, 1500 * MS, 1).0.allowed());
+        // The new window starts at the change and lasts the new W.
+        assert!(after.decide(s, 2500 * MS, 1).0.allowed());
     }
 
     #[test]

@@ -103,7 +103,9 @@ impl Gcra {
         let start = tat.max(now);
         let debt = start - now; // ≤ an earlier span ≤ 2^62
         if cost == 0 {
-            return (self.figures(true, debt, debt, 0), tat, 0);
+            // Always allowed, nothing changes; the shaping delay is still SPEC §3's `tat − t`
+            // (the queue's current wait), not 0.
+            return (self.figures(true, debt, debt, 0), tat, debt);
         }
         let increment = cost * self.interval; // cost ≤ B, so ≤ B·T ≤ 2^62
         let debt_after = debt + increment; // ≤ 2^63
@@ -142,6 +144,9 @@ impl Gcra {
         self
     }
 
+    // By reference on purpose: `Algorithm::to_words(&self)` forwards here, and a by-value
+    // inherent method would lose method resolution to the trait method (endless recursion).
+    #[allow(clippy::wrong_self_convention)]
     pub(crate) fn to_words(&self) -> Words {
         [self.interval, self.span, self.limit, self.burst]
     }

@@ -30,9 +30,10 @@ impl Grid {
         (self.first.wrapping_add(n), self.origin + n * self.window)
     }
 
-    /// The grid that replaces `previous` at `now`. An unchanged window keeps its alignment;
-    /// a new one starts at `now` with an index after the current one, so stored counts become
-    /// "the previous window" of the new grid and indices never go back.
+    /// The grid that replaces `previous` at `now`. An unchanged window keeps its alignment; a
+    /// new one starts at `now` under the *same* index as the current window, so the counts of
+    /// the current window (and, for the sliding counter, of the one before) carry on into the
+    /// first new window: changing `W` never hands out a fresh quota, and indices never go back.
     pub fn take_over(self, previous: &Grid, now: Nanos) -> Grid {
         if self.window == previous.window {
             return *previous;
@@ -41,7 +42,7 @@ impl Grid {
         Grid {
             window: self.window,
             origin: now,
-            first: current.wrapping_add(1),
+            first: current,
         }
     }
 }

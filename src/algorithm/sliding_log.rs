@@ -180,6 +180,9 @@ impl SlidingLog {
         self.tick
     }
 
+    // By reference on purpose: `Algorithm::to_words(&self)` forwards here, and a by-value
+    // inherent method would lose method resolution to the trait method (endless recursion).
+    #[allow(clippy::wrong_self_convention)]
     pub(crate) fn to_words(&self) -> Words {
         [self.limit, self.window, self.tick, 0]
     }

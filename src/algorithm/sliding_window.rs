@@ -93,6 +93,9 @@ impl SlidingWindow {
         }
     }
 
+    // By reference on purpose: `Algorithm::to_words(&self)` forwards here, and a by-value
+    // inherent method would lose method resolution to the trait method (endless recursion).
+    #[allow(clippy::wrong_self_convention)]
     pub(crate) fn to_words(&self) -> Words {
         [
             self.limit,

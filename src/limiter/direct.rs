@@ -98,8 +98,9 @@ impl<A: Algorithm, C: Clock> Limiter<A, C> {
     }
 
     /// Replaces the quota on the live limiter, keeping its state meaningful: GCRA and leaky
-    /// states keep their debt in time; window counters keep their counts (a new window length
-    /// starts a new window at once, with the current counts as its previous window).
+    /// states keep their debt in time; window counters keep their counts. A new window length
+    /// starts its first window now, carrying the current window's counts (so toggling `W` never
+    /// hands out a fresh quota); windows are then aligned to that instant, not the origin.
     ///
     /// # Errors
     /// [`QuotaError::ClockTooCoarse`] if this limiter's clock cannot serve the new quota.

@@ -16,8 +16,9 @@
 //!
 //! Refunds are not part of SPEC.md; [`Model::refund`] follows the engine's documented refund
 //! rules (`Limiter::refund`) so that traces can interleave them.
-
-#![allow(dead_code)]
+//!
+//! Include it with `#[path = ".../reference.rs"] #[allow(dead_code)] mod reference;`: a user
+//! rarely needs every item.
 
 use std::collections::HashMap;
 use std::hash::Hash;
@@ -207,7 +208,9 @@ impl Algo {
     /// Whether `state` is indistinguishable from a fresh key at `t`.
     pub fn is_fresh(&self, state: &KeyState, t: u128) -> bool {
         match *self {
-            Algo::Gcra { .. } | Algo::LeakyQueue { .. } => state.tat.is_none_or(|tat| tat <= t),
+            Algo::Gcra { .. } | Algo::LeakyQueue { .. } => {
+                !matches!(state.tat, Some(tat) if tat > t)
+            }
             Algo::FixedWindow { window, .. } => count(state, Some(t / window as u128)) == 0,
             Algo::SlidingWindow { window, .. } => {
                 let k = t / window as u128;
@@ -431,9 +434,10 @@ impl<K: Hash + Eq + Clone> Model<K> {
 
     /// Whether `key` is indistinguishable from a fresh key at `t`.
     pub fn is_fresh(&self, key: &K, t: u128) -> bool {
-        self.keys
-            .get(key)
-            .is_none_or(|state| self.algo.is_fresh(state, t))
+        match self.keys.get(key) {
+            Some(state) => self.algo.is_fresh(state, t),
+            None => true,
+        }
     }
 }
 

@@ -1,0 +1,25 @@
+//! The criterion benches of issue 4: tollgate against governor 0.10 and against floors, in one
+//! harness. Each module exposes its groups as functions.
+//!
+//! ```text
+//! cargo bench --bench limiters                        # everything (about 8 minutes)
+//! cargo bench --bench limiters -- keyed_gcra/         # one group
+//! cargo bench --bench limiters -- 'keyed_gcra/tollgate/100k'
+//! ```
+//! See `benches/README.md` for the figures and what every row measures.
+
+use criterion::{criterion_group, criterion_main};
+
+mod algos;
+mod common;
+mod direct;
+mod keyed;
+
+criterion_group!(
+    benches,
+    direct::bench_all,
+    keyed::bench_one_thread,
+    keyed::bench_two_threads,
+    algos::bench_all
+);
+criterion_main!(benches);

@@ -1,0 +1,237 @@
+//! Memory per key at 1M keys, for every tollgate algorithm and for governor, measured by a
+//! counting global allocator; then the allocations of 1M checks on keys already held (the hot
+//! path), which should be none.
+//!
+//! ```text
+//! cargo run --release --example memory_per_key            # 1M keys
+//! cargo run --release --example memory_per_key -- 100000  # another key count
+//! ```
+//!
+//! "bytes/key" is (live heap bytes after inserting the keys − live heap bytes before) / keys,
+//! as requested from the allocator: it counts the map's tables at their real capacity (a
+//! table that has just doubled shows it) but not the allocator's own per-block overhead. Every
+//! key is inserted by one admitted check, under a quota that keeps it from being fresh (so
+//! tollgate's automatic sweeps evict nothing). Keys are distinct uniformly random `u64`s.
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::hint::black_box;
+use std::num::NonZeroU32;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use tollgate::algorithm::Algorithm;
+use tollgate::{FixedWindow, Gcra, KeyedLimiter, LeakyQueue, Quota, SlidingLog, SlidingWindow};
+
+/// Wraps the system allocator and counts live bytes and allocation calls.
+struct Counting;
+
+static LIVE: AtomicUsize = AtomicUsize::new(0);
+static CALLS: AtomicUsize = AtomicUsize::new(0);
+
+// SAFETY (whole impl):
+// - every method forwards to `System` with the caller's arguments unchanged, so `System`'s
+//   guarantees are the ones the caller gets;
+// - the counters are plain atomics that never allocate.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        // Relaxed: statistics read by this thread after the work is done.
+        LIVE.fetch_add(layout.size(), Ordering::Relaxed);
+        CALLS.fetch_add(1, Ordering::Relaxed);
+        // SAFETY: forwarded unchanged; the caller upholds `alloc`'s contract.
+        unsafe { System.alloc(layout) }
+    }
+
+    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        LIVE.fetch_add(layout.size(), Ordering::Relaxed);
+        CALLS.fetch_add(1, Ordering::Relaxed);
+        // SAFETY: as for `alloc`.
+        unsafe { System.alloc_zeroed(layout) }
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        LIVE.fetch_sub(layout.size(), Ordering::Relaxed);
+        // SAFETY: `ptr` came from this allocator, hence from `System`, with `layout`.
+        unsafe { System.dealloc(ptr, layout) }
+    }
+
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        CALLS.fetch_add(1, Ordering::Relaxed);
+        // SAFETY: as for `dealloc`; `new_size` is the caller's, checked by its contract.
+        let new = unsafe { System.realloc(ptr, layout, new_size) };
+        if !new.is_null() {
+            LIVE.fetch_sub(layout.size(), Ordering::Relaxed);
+            LIVE.fetch_add(new_size, Ordering::Relaxed);
+        }
+        new
+    }
+}
+
+#[global_allocator]
+static GLOBAL: Counting = Counting;
+
+fn live() -> usize {
+    LIVE.load(Ordering::Relaxed)
+}
+
+fn calls() -> usize {
+    CALLS.load(Ordering::Relaxed)
+}
+
+/// splitmix64 over a counter: distinct, uniformly spread keys.
+fn keys(n: usize) -> Vec<u64> {
+    let mut state = 0x5EED_0000_0000_0000_u64 ^ n as u64;
+    (0..n)
+        .map(|_| {
+            state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
+            let mut z = state;
+            z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+            z ^ (z >> 31)
+        })
+        .collect()
+}
+
+struct Row {
+    name: String,
+    held: usize,
+    bytes_per_key: f64,
+    allocs_per_key: f64,
+    hot_allocs: usize,
+}
+
+/// Builds a subject, inserts every key with `insert`, then checks every key again with `check`.
+fn measure<L>(
+    name: &str,
+    keys: &[u64],
+    build: impl FnOnce() -> L,
+    insert: impl Fn(&L, u64),
+    check: impl Fn(&L, u64),
+    held: impl Fn(&L) -> usize,
+) -> Row {
+    let (bytes_before, calls_before) = (live(), calls());
+    let subject = build();
+    for &key in keys {
+        insert(&subject, key);
+    }
+    let (bytes_after, calls_after) = (live(), calls());
+    for &key in keys {
+        check(&subject, key);
+    }
+    let hot_allocs = calls() - calls_after;
+    let n = keys.len() as f64;
+    let row = Row {
+        name: name.to_owned(),
+        held: held(&subject),
+        bytes_per_key: (bytes_after as f64 - bytes_before as f64) / n,
+        allocs_per_key: (calls_after - calls_before) as f64 / n,
+        hot_allocs,
+    };
+    drop(subject);
+    row
+}
+
+fn tollgate<A: Algorithm>(name: &str, keys: &[u64], rule: A, cost: u64) -> Row {
+    measure(
+        name,
+        keys,
+        || KeyedLimiter::<u64, A>::new(rule),
+        |limiter, key| {
+            let decision = limiter.check_n(&key, cost).expect("no key bound");
+            assert!(decision.allowed());
+        },
+        |limiter, key| {
+            black_box(limiter.check(&key).expect("no key bound"));
+        },
+        |limiter| limiter.len(),
+    )
+}
+
+fn main() {
+    let n: usize = std::env::args()
+        .nth(1)
+        .map(|arg| arg.parse().expect("a key count"))
+        .unwrap_or(1_000_000);
+    let keys = keys(n);
+    let hour = Duration::from_secs(3600);
+    // Ten per hour: one admission leaves GCRA 6 minutes of debt and a window a count of 1, so
+    // no key is fresh while this runs; the hot-path pass is admitted too.
+    let ten = Quota::new(10, hour).expect("valid quota");
+    let sixty_four = Quota::new(64, hour).expect("valid quota");
+
+    let mut rows = vec![
+        tollgate("tollgate gcra", &keys, Gcra::new(ten).expect("valid"), 1),
+        tollgate(
+            "tollgate leaky_queue",
+            &keys,
+            LeakyQueue::new(ten).expect("valid"),
+            1,
+        ),
+        tollgate(
+            "tollgate fixed_window",
+            &keys,
+            FixedWindow::new(ten).expect("valid"),
+            1,
+        ),
+        tollgate(
+            "tollgate sliding_window",
+            &keys,
+            SlidingWindow::new(ten).expect("valid"),
+            1,
+        ),
+        tollgate(
+            "tollgate sliding_log (L=64, 1 entry)",
+            &keys,
+            SlidingLog::new(sixty_four).expect("valid"),
+            1,
+        ),
+    ];
+    // A full log, for the worst case at L = 64; its hot-path checks are denials.
+    rows.push(tollgate(
+        "tollgate sliding_log (L=64, 64 entries)",
+        &keys,
+        SlidingLog::new(sixty_four).expect("valid"),
+        64,
+    ));
+    let governor_quota = governor::Quota::per_hour(NonZeroU32::new(10).expect("non-zero"));
+    rows.push(measure(
+        "governor keyed (default DashMap)",
+        &keys,
+        || governor::RateLimiter::keyed(governor_quota),
+        |limiter, key| assert!(limiter.check_key(&key).is_ok()),
+        |limiter, key| {
+            let _ = black_box(limiter.check_key(&key));
+        },
+        |limiter| limiter.len(),
+    ));
+    // For scale: the least a map of 8-byte keys to 8-byte states can take.
+    rows.push(measure(
+        "floor: HashMap<u64, u64> (foldhash), no shards",
+        &keys,
+        || {
+            std::sync::Mutex::new(std::collections::HashMap::<
+                u64,
+                u64,
+                foldhash::fast::RandomState,
+            >::default())
+        },
+        |map, key| {
+            map.lock().expect("not poisoned").insert(key, 1);
+        },
+        |map, key| {
+            black_box(map.lock().expect("not poisoned").get(&key).copied());
+        },
+        |map| map.lock().expect("not poisoned").len(),
+    ));
+
+    println!("keys: {n}");
+    println!(
+        "| subject | keys held | bytes/key | allocations/key (insert) | allocations in {n} hot-path checks |"
+    );
+    println!("|---|---|---|---|---|");
+    for row in &rows {
+        println!(
+            "| {} | {} | {:.1} | {:.3} | {} |",
+            row.name, row.held, row.bytes_per_key, row.allocs_per_key, row.hot_allocs
+        );
+    }
+}

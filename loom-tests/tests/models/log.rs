@@ -1,0 +1,117 @@
+//! `LogCell`, the sliding log's ring under its per-key mutex.
+
+use std::cell::Cell;
+use std::sync::atomic::{AtomicUsize, Ordering as StdOrdering};
+use std::time::Duration;
+
+use loom::sync::atomic::{AtomicU64, Ordering};
+use loom::sync::Arc;
+use loom::thread;
+use tollgate_loom_tests::clock::Nanos;
+use tollgate_loom_tests::state::LogCell;
+use tollgate_loom_tests::{Algorithm, Quota, SlidingLog};
+
+use crate::{explore, MS};
+
+const LIMIT: u64 = 2;
+const WINDOW: Nanos = MS;
+
+/// A request as the model saw it: its turn at the lock, the time read under the lock, its cost
+/// and whether it was admitted.
+#[derive(Debug, Clone, Copy)]
+struct Entry {
+    turn: usize,
+    t: Nanos,
+    cost: u64,
+    allowed: bool,
+}
+
+fn check(
+    rule: &SlidingLog,
+    cell: &LogCell,
+    clock: &AtomicU64,
+    turns: &AtomicUsize,
+    cost: u64,
+) -> Entry {
+    let seen = Cell::new((0, 0));
+    let now = || {
+        // Runs under the key's lock, so the turn is the lock order. A std atomic: bookkeeping
+        // loom need not see (loom runs one thread at a time).
+        let turn = turns.fetch_add(1, StdOrdering::Relaxed);
+        // Relaxed: a clock reading; the lock orders it after the previous holder's.
+        let t = clock.load(Ordering::Relaxed);
+        seen.set((turn, t));
+        t
+    };
+    let allowed = rule.acquire(cell, now, cost, true).allowed();
+    let (turn, t) = seen.get();
+    Entry {
+        turn,
+        t,
+        cost,
+        allowed,
+    }
+}
+
+/// Two threads append (costs 1, 1 and 2) to a log of L = 2 per 1 ms while a third moves the
+/// clock by exactly W, to where the first entries have just expired (SPEC §6: an entry at
+/// exactly `t − W` no longer counts). Taken in lock order, the decisions are exactly SPEC's, and
+/// no window of length W ever holds more than L admitted units.
+#[test]
+fn log_cell_never_over_limit() {
+    const START: Nanos = 5 * MS;
+    let rule = SlidingLog::new(Quota::new(LIMIT, Duration::from_nanos(WINDOW)).unwrap()).unwrap();
+    explore("log_cell_never_over_limit", move || {
+        let cell = Arc::new(LogCell::default());
+        let clock = Arc::new(AtomicU64::new(START));
+        let turns = Arc::new(AtomicUsize::new(0));
+        let mover = {
+            let clock = Arc::clone(&clock);
+            // Relaxed: see `check`.
+            thread::spawn(move || clock.store(START + WINDOW, Ordering::Relaxed))
+        };
+        let workers = [&[1, 1][..], &[2]].map(|costs| {
+            let (cell, clock, turns) = (Arc::clone(&cell), Arc::clone(&clock), Arc::clone(&turns));
+            thread::spawn(move || {
+                costs
+                    .iter()
+                    .map(|&cost| check(&rule, &cell, &clock, &turns, cost))
+                    .collect::<Vec<_>>()
+            })
+        });
+        let mut entries: Vec<Entry> = workers
+            .into_iter()
+            .flat_map(|w| w.join().unwrap())
+            .collect();
+        mover.join().unwrap();
+        entries.sort_by_key(|e| e.turn);
+
+        // SPEC §6, sequentially, in lock order.
+        let mut log: Vec<Nanos> = Vec::new();
+        for (i, e) in entries.iter().enumerate() {
+            if i > 0 {
+                assert!(
+                    e.t >= entries[i - 1].t,
+                    "time went back under the lock: {entries:?}"
+                );
+            }
+            let count = log.iter().filter(|&&x| x + WINDOW > e.t).count() as u64;
+            let allowed = count + e.cost <= LIMIT;
+            assert_eq!(
+                e.allowed, allowed,
+                "not SPEC's decision for {e:?}: {entries:?}"
+            );
+            if allowed {
+                log.extend((0..e.cost).map(|_| e.t));
+            }
+        }
+        // The invariant itself: every window (x − W, x] ending at an admitted entry.
+        for &x in &log {
+            let held = log.iter().filter(|&&y| y <= x && y + WINDOW > x).count() as u64;
+            assert!(
+                held <= LIMIT,
+                "{held} units in the window ending at {x}: {entries:?}"
+            );
+        }
+    });
+}

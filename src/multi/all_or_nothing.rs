@@ -1,0 +1,61 @@
+//! The all-or-nothing protocol of [`MultiLimiter`](crate::MultiLimiter), over any list of
+//! limits: the library runs it over keyed limiters, and `loom-tests` compiles this same file to
+//! model-check it over bare state cells.
+
+use crate::decision::{Decision, Error, Remaining};
+
+/// One limit as the protocol sees it, for a key of type `Q`.
+pub trait Limit<Q: ?Sized> {
+    /// The decision a request of `cost` would get now; changes nothing.
+    fn peek(&self, key: &Q, cost: u64) -> Result<Decision, Error>;
+    /// Decides a request of `cost`, counting it if allowed.
+    fn charge(&self, key: &Q, cost: u64) -> Result<Decision, Error>;
+    /// Gives back `cost` units this call charged a moment ago.
+    fn refund(&self, key: &Q, cost: u64);
+}
+
+/// Admits `cost` on every limit or on none.
+///
+/// Every limit is first peeked; only if all would admit are they charged, in order. If one now
+/// refuses (a concurrent request got in between), the limits already charged are refunded, so
+/// a refused request leaves no net consumption and no limit ever admits more than it allows on
+/// its own. Meanwhile a concurrent request may see a limit briefly fuller than it ends up: a
+/// stricter decision, never a looser one.
+///
+/// Returns the refusing limit's decision, or, when admitted, the decision of the limit with
+/// the fewest units remaining.
+pub fn all_or_nothing<Q: ?Sized, L: Limit<Q>>(
+    limits: &[L],
+    key: &Q,
+    cost: u64,
+) -> Result<Decision, Error> {
+    for limit in limits {
+        let decision = limit.peek(key, cost)?;
+        if !decision.allowed() {
+            return Ok(decision);
+        }
+    }
+    let mut tightest: Option<Decision> = None;
+    for (charged, limit) in limits.iter().enumerate() {
+        let refused = match limit.charge(key, cost) {
+            Ok(decision) if decision.allowed() => {
+                let tighter = match tightest {
+                    None => true,
+                    Some(t) => decision.remaining() < t.remaining(),
+                };
+                if tighter {
+                    tightest = Some(decision);
+                }
+                None
+            }
+            other => Some(other),
+        };
+        if let Some(outcome) = refused {
+            for earlier in &limits[..charged] {
+                earlier.refund(key, cost);
+            }
+            return outcome;
+        }
+    }
+    Ok(tightest.unwrap_or_else(|| Decision::free(0, Remaining::Exact(0), 0)))
+}

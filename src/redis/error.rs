@@ -1,0 +1,214 @@
+//! The Redis tier's errors, classified by what a caller should do about them.
+
+use std::time::Duration;
+
+use redis::{ErrorKind, ServerErrorKind};
+
+/// Why a Redis check could not be decided. A denial is not an error: it is a
+/// [`Decision`](crate::Decision) with `allowed() == false`.
+///
+/// Every error is one of three classes ([`Error::class`]):
+/// - [`ErrorClass::Request`]: the request itself can never be admitted (SPEC: `c` above the
+///   capacity). Nothing was sent to Redis.
+/// - [`ErrorClass::Transient`]: Redis did not answer in time, the connection was refused or
+///   dropped, or the server or cluster is (re)configuring (`LOADING`, `BUSY`, `MOVED`, `ASK`,
+///   `TRYAGAIN`, `CLUSTERDOWN`, `MASTERDOWN`, `READONLY`). The same call may succeed later; a
+///   failure policy (fail open, fail closed, local) decides meanwhile.
+/// - [`ErrorClass::Fatal`]: retrying will not help: a key holds data these scripts did not
+///   write ([`Error::WrongType`], [`Error::CorruptState`]), a reply breaks the scripts'
+///   contract, or the server refuses the call for good (permissions, out of memory, a
+///   disabled command).
+///
+/// After a [`Error::Timeout`] or a dropped connection the check may or may not have been
+/// counted by Redis: it was sent, and its reply was lost. The error never over-admits (the
+/// caller did not get an admission); it may under-admit by that one request.
+///
+/// # Examples
+/// ```
+/// use std::time::Duration;
+/// use tollgate::redis::{Error, ErrorClass};
+/// let e = Error::Timeout { timeout: Duration::from_millis(50) };
+/// assert!(e.is_transient());
+/// assert_eq!(e.class(), ErrorClass::Transient);
+/// let e = Error::WrongType { key: "tollgate:gcra:{alice}".into() };
+/// assert!(e.is_fatal());
+/// ```
+#[derive(Debug, Clone, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// The cost can never be admitted: it exceeds the rule's capacity (`B`, `C` or `L`).
+    /// Nothing was sent to Redis and nothing changed.
+    #[error("cost {cost} exceeds the capacity {capacity}: such a request can never be admitted")]
+    Capacity {
+        /// The requested cost.
+        cost: u64,
+        /// The largest cost the rule can ever admit.
+        capacity: u64,
+    },
+    /// No reply within the limiter's timeout (transient).
+    #[error("no reply from Redis within {timeout:?}")]
+    Timeout {
+        /// The timeout that expired.
+        timeout: Duration,
+    },
+    /// The connection was refused, dropped or reset, or the server or cluster is not ready to
+    /// serve the key (transient).
+    #[error("Redis is unavailable: {source}")]
+    Unavailable {
+        /// What the client library reported.
+        #[source]
+        source: redis::RedisError,
+    },
+    /// The key holds a Redis value of another type: something other than this limiter wrote
+    /// to it (fatal).
+    #[error("the Redis key {key} holds a value of another type than tollgate's state")]
+    WrongType {
+        /// The Redis key, lossily decoded as UTF-8.
+        key: String,
+    },
+    /// The key holds a value of the right type that tollgate's scripts did not write (fatal).
+    #[error("the Redis key {key} holds a value tollgate's scripts did not write")]
+    CorruptState {
+        /// The Redis key, lossily decoded as UTF-8.
+        key: String,
+    },
+    /// A reply that breaks the scripts' contract (fatal).
+    #[error("unexpected reply from Redis: {detail}")]
+    BadReply {
+        /// What was wrong with it.
+        detail: String,
+    },
+    /// The server refused the call, and retrying will not help: an error in a script, a
+    /// missing permission, no memory, a bad URL… (fatal).
+    #[error("Redis refused the call: {source}")]
+    Server {
+        /// What the client library reported.
+        #[source]
+        source: redis::RedisError,
+    },
+}
+
+/// What kind of failure an [`Error`] is: see [`Error`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ErrorClass {
+    /// The request can never be admitted; Redis is fine.
+    Request,
+    /// Redis may answer if asked again later.
+    Transient,
+    /// Asking again will not help.
+    Fatal,
+}
+
+impl Error {
+    /// The class of this error.
+    pub fn class(&self) -> ErrorClass {
+        match self {
+            Error::Capacity { .. } => ErrorClass::Request,
+            Error::Timeout { .. } | Error::Unavailable { .. } => ErrorClass::Transient,
+            Error::WrongType { .. }
+            | Error::CorruptState { .. }
+            | Error::BadReply { .. }
+            | Error::Server { .. } => ErrorClass::Fatal,
+        }
+    }
+
+    /// Whether the same call may succeed later (timeouts, connection and cluster failures).
+    pub fn is_transient(&self) -> bool {
+        self.class() == ErrorClass::Transient
+    }
+
+    /// Whether retrying cannot help (wrong type, corrupt state, bad reply, refused call).
+    pub fn is_fatal(&self) -> bool {
+        self.class() == ErrorClass::Fatal
+    }
+
+    /// The SPEC error for a cost above the capacity, as the in-process limiters return it.
+    pub fn as_capacity_exceeded(&self) -> Option<crate::Error> {
+        match *self {
+            Error::Capacity { cost, capacity } => {
+                Some(crate::Error::CapacityExceeded { cost, capacity })
+            }
+            _ => None,
+        }
+    }
+
+    pub(crate) fn bad_reply(detail: String) -> Error {
+        Error::BadReply { detail }
+    }
+}
+
+impl From<redis::RedisError> for Error {
+    /// Classifies a client-library error.
+    fn from(source: redis::RedisError) -> Error {
+        if is_transient(&source) {
+            Error::Unavailable { source }
+        } else if source.code() == Some("WRONGTYPE") {
+            Error::WrongType {
+                key: String::from("(unknown)"),
+            }
+        } else if matches!(
+            source.kind(),
+            ErrorKind::Parse | ErrorKind::UnexpectedReturnType
+        ) {
+            Error::BadReply {
+                detail: source.to_string(),
+            }
+        } else {
+            Error::Server { source }
+        }
+    }
+}
+
+fn is_transient(e: &redis::RedisError) -> bool {
+    if e.is_io_error()
+        || e.is_timeout()
+        || e.is_connection_dropped()
+        || e.is_connection_refusal()
+        || e.is_cluster_error()
+    {
+        return true;
+    }
+    match e.kind() {
+        ErrorKind::Server(
+            ServerErrorKind::BusyLoading
+            | ServerErrorKind::MasterDown
+            | ServerErrorKind::ReadOnly
+            | ServerErrorKind::TryAgain
+            | ServerErrorKind::ClusterDown
+            | ServerErrorKind::Moved
+            | ServerErrorKind::Ask,
+        )
+        | ErrorKind::ClusterConnectionNotFound => true,
+        // A script running past `busy-reply-threshold`: the server answers again once it ends.
+        _ => e.code() == Some("BUSY"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn classification() {
+        let io =
+            redis::RedisError::from(std::io::Error::from(std::io::ErrorKind::ConnectionRefused));
+        assert!(Error::from(io).is_transient());
+        let io = redis::RedisError::from(std::io::Error::from(std::io::ErrorKind::BrokenPipe));
+        assert!(Error::from(io).is_transient());
+        let parse = redis::RedisError::from((ErrorKind::Parse, "garbage"));
+        assert!(matches!(Error::from(parse), Error::BadReply { .. }));
+        let config = redis::RedisError::from((ErrorKind::InvalidClientConfig, "bad url"));
+        assert!(Error::from(config).is_fatal());
+        assert_eq!(
+            Error::Capacity {
+                cost: 5,
+                capacity: 4
+            }
+            .as_capacity_exceeded(),
+            Some(crate::Error::CapacityExceeded {
+                cost: 5,
+                capacity: 4
+            })
+        );
+    }
+}

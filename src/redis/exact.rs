@@ -1,0 +1,777 @@
+//! The exact tier: every check is one atomic script on the Redis server.
+
+use std::future::{poll_fn, Future};
+use std::pin::Pin;
+use std::sync::{Arc, OnceLock};
+use std::task::Poll;
+use std::time::Duration;
+
+use redis::aio::{
+    ConnectionLike, ConnectionManager, ConnectionManagerConfig, MultiplexedConnection,
+};
+use redis::cluster::ClusterClientBuilder;
+use redis::cluster_async::ClusterConnection;
+use redis::cluster_routing::Slot;
+use redis::{Script, Value};
+
+use super::rule::{RedisRule, Verdict};
+use super::{scripts as lua, Error};
+use crate::decision::Decision;
+
+/// The default timeout of every Redis call.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_millis(50);
+
+/// The default timeout for establishing the connection in [`RedisLimiterBuilder::connect`].
+pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// The default largest number of checks sent in one script call.
+pub const DEFAULT_MAX_BATCH: usize = 256;
+
+/// The default TTL floor for keys written with an injected time (see
+/// [`RedisLimiterBuilder::injected_min_ttl`]).
+pub const DEFAULT_INJECTED_MIN_TTL: Duration = Duration::from_secs(3600);
+
+/// A connection the exact tier can send its scripts over.
+///
+/// Implemented for the client library's multiplexed connections: [`ConnectionManager`] (the
+/// default, which reconnects on its own), [`MultiplexedConnection`] and the Cluster client's
+/// [`ClusterConnection`](redis::cluster_async::ClusterConnection). Clones share one
+/// connection: concurrent checks are pipelined on it, none waits for another's reply.
+///
+/// # Examples
+/// ```no_run
+/// use tollgate::{Quota, redis::{RedisLimiter, RedisRule}};
+/// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+/// // A plain multiplexed connection (no automatic reconnection) instead of the default.
+/// let client = redis::Client::open("redis://127.0.0.1:6379")?;
+/// let conn = client.get_multiplexed_async_connection().await?;
+/// let limiter = RedisLimiter::builder(RedisRule::gcra(Quota::per_second(10)?)?).build(conn);
+/// # Ok(()) }
+/// ```
+pub trait RedisConnection: ConnectionLike + Clone + Send + Sync + 'static {
+    /// Whether keys are spread over Cluster slots, so that a batch must be split per slot.
+    const CLUSTERED: bool = false;
+}
+
+impl RedisConnection for ConnectionManager {}
+impl RedisConnection for MultiplexedConnection {}
+impl RedisConnection for ClusterConnection {
+    const CLUSTERED: bool = true;
+}
+
+/// The compiled scripts (each hashed once; `EVALSHA` by hash, reloaded on `NOSCRIPT`).
+pub(crate) struct Scripts {
+    pub gcra: Script,
+    pub fixed_window: Script,
+    pub sliding_window: Script,
+    pub sliding_log: Script,
+    pub heartbeat: Script,
+}
+
+pub(crate) fn scripts() -> &'static Scripts {
+    static SCRIPTS: OnceLock<Scripts> = OnceLock::new();
+    SCRIPTS.get_or_init(|| Scripts {
+        gcra: Script::new(lua::GCRA),
+        fixed_window: Script::new(lua::FIXED_WINDOW),
+        sliding_window: Script::new(lua::SLIDING_WINDOW),
+        sliding_log: Script::new(lua::SLIDING_LOG),
+        heartbeat: Script::new(lua::HEARTBEAT),
+    })
+}
+
+/// An exact, global rate limiter on Redis: every check is one atomic Lua script on the server,
+/// judged by the server's clock, so every node of a fleet shares each key's state and clock.
+///
+/// Decisions follow SPEC.md exactly and match the in-process limiters': the same requests at
+/// the same times get the same decisions, with the same figures (tested against
+/// [`KeyedLimiter`](crate::KeyedLimiter) with a [`ManualClock`](crate::clock::ManualClock)).
+/// With the server's clock, durations are rounded up to its microsecond.
+///
+/// The limiter is cheap to clone; clones share the connection. Every call has a timeout
+/// ([`DEFAULT_TIMEOUT`], 50 ms, unless set otherwise).
+///
+/// # Examples
+/// ```no_run
+/// use tollgate::{Quota, redis::{RedisLimiter, RedisRule}};
+/// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+/// let rule = RedisRule::gcra(Quota::per_second(10)?.with_burst(20)?)?;
+/// let limiter = RedisLimiter::connect("redis://127.0.0.1:6379", rule).await?;
+/// let decision = limiter.check("203.0.113.7").await?;
+/// if !decision.allowed() {
+///     println!("retry after {:?}", decision.retry_after());
+/// }
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct RedisLimiter<C = ConnectionManager> {
+    conn: C,
+    rule: RedisRule,
+    prefix: Arc<[u8]>,
+    timeout: Duration,
+    max_batch: usize,
+    injected_min_ttl_ms: u64,
+}
+
+impl<C> std::fmt::Debug for RedisLimiter<C> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisLimiter")
+            .field("rule", &self.rule)
+            .field("prefix", &String::from_utf8_lossy(&self.prefix))
+            .field("timeout", &self.timeout)
+            .field("max_batch", &self.max_batch)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Configures a [`RedisLimiter`].
+///
+/// # Examples
+/// ```no_run
+/// use std::time::Duration;
+/// use tollgate::{Quota, redis::{RedisLimiter, RedisRule}};
+/// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+/// let limiter = RedisLimiter::builder(RedisRule::sliding_log(Quota::per_minute(100)?)?)
+///     .prefix("api:v2")
+///     .timeout(Duration::from_millis(20))
+///     .connect("redis://127.0.0.1:6379")
+///     .await?;
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone)]
+pub struct RedisLimiterBuilder {
+    rule: RedisRule,
+    prefix: Vec<u8>,
+    timeout: Duration,
+    connect_timeout: Duration,
+    max_batch: usize,
+    injected_min_ttl: Duration,
+}
+
+impl RedisLimiterBuilder {
+    /// The first segment of every Redis key (default `tollgate`). Limiters that must not share
+    /// state, such as two quotas on the same user keys, need different prefixes.
+    pub fn prefix(mut self, prefix: impl AsRef<[u8]>) -> Self {
+        self.prefix = prefix.as_ref().to_vec();
+        self
+    }
+
+    /// The timeout of every Redis call ([`DEFAULT_TIMEOUT`] = 50 ms unless set).
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
+    }
+
+    /// The timeout for establishing the connection in [`RedisLimiterBuilder::connect`]
+    /// ([`DEFAULT_CONNECT_TIMEOUT`] = 1 s unless set).
+    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
+        self.connect_timeout = timeout;
+        self
+    }
+
+    /// The largest number of checks sent in one script call (at least 1; default
+    /// [`DEFAULT_MAX_BATCH`]). A script blocks the server while it runs, so a batch is split
+    /// into calls of at most this many checks.
+    pub fn max_batch(mut self, max_batch: usize) -> Self {
+        self.max_batch = max_batch.max(1);
+        self
+    }
+
+    /// The shortest TTL given to a key written with an injected time (default 1 h). The
+    /// server cannot see an injected clock, so the TTL it computes from one could expire a key
+    /// while the injected time has not yet caught up (a replay running slower than its trace);
+    /// this floor keeps state for the duration of a test or replay. Live checks are unaffected.
+    pub fn injected_min_ttl(mut self, ttl: Duration) -> Self {
+        self.injected_min_ttl = ttl;
+        self
+    }
+
+    /// A limiter on a [`ConnectionManager`] to `url` (`redis://host:port/db`), which reconnects
+    /// by itself after a failure. Loads the rule's script, so that the first check does not
+    /// pay for it.
+    ///
+    /// # Errors
+    /// [`Error::Server`] for a malformed URL; a transient error if Redis cannot be reached
+    /// within the connect timeout.
+    pub async fn connect(self, url: &str) -> Result<RedisLimiter<ConnectionManager>, Error> {
+        let client = redis::Client::open(url)?;
+        let config = ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(self.connect_timeout))
+            .set_response_timeout(Some(self.timeout))
+            .set_max_delay(Duration::from_secs(1));
+        let conn = tokio::time::timeout(
+            self.connect_timeout,
+            ConnectionManager::new_with_config(client, config),
+        )
+        .await
+        .map_err(|_| Error::Timeout {
+            timeout: self.connect_timeout,
+        })??;
+        let limiter = self.build(conn);
+        limiter.load_scripts().await?;
+        Ok(limiter)
+    }
+
+    /// A limiter on a Redis Cluster, through the cluster client: `nodes` are the URLs of some
+    /// of its nodes (the client discovers the others and follows slot migrations). Batches
+    /// are split per slot. Loads the rule's script on every node.
+    ///
+    /// # Errors
+    /// As for [`RedisLimiterBuilder::connect`].
+    ///
+    /// # Examples
+    /// ```no_run
+    /// use tollgate::{Quota, redis::{RedisLimiter, RedisRule}};
+    /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+    /// let limiter = RedisLimiter::builder(RedisRule::gcra(Quota::per_second(100)?)?)
+    ///     .connect_cluster(&["redis://10.0.0.1:7000", "redis://10.0.0.2:7000"])
+    ///     .await?;
+    /// # Ok(()) }
+    /// ```
+    pub async fn connect_cluster(
+        self,
+        nodes: &[&str],
+    ) -> Result<RedisLimiter<ClusterConnection>, Error> {
+        let client = ClusterClientBuilder::new(nodes.iter().copied())
+            .connection_timeout(self.connect_timeout)
+            .response_timeout(self.timeout)
+            .build()?;
+        let conn = tokio::time::timeout(self.connect_timeout, client.get_async_connection())
+            .await
+            .map_err(|_| Error::Timeout {
+                timeout: self.connect_timeout,
+            })??;
+        let limiter = self.build(conn);
+        limiter.load_scripts().await?;
+        Ok(limiter)
+    }
+
+    /// A limiter on a connection of your own (for example a
+    /// [`ClusterConnection`](redis::cluster_async::ClusterConnection)). Scripts are loaded on
+    /// first use.
+    pub fn build<C: RedisConnection>(self, conn: C) -> RedisLimiter<C> {
+        let ms = u64::try_from(self.injected_min_ttl.as_millis()).unwrap_or(u64::MAX);
+        RedisLimiter {
+            conn,
+            rule: self.rule,
+            prefix: self.prefix.into(),
+            timeout: self.timeout,
+            max_batch: self.max_batch,
+            // The script adds it to nothing, but keep it a plain integer below 2^53.
+            injected_min_ttl_ms: ms.min(1 << 52),
+        }
+    }
+}
+
+/// # Construction
+impl RedisLimiter {
+    /// A builder for a limiter running `rule`.
+    pub fn builder(rule: RedisRule) -> RedisLimiterBuilder {
+        RedisLimiterBuilder {
+            rule,
+            prefix: b"tollgate".to_vec(),
+            timeout: DEFAULT_TIMEOUT,
+            connect_timeout: DEFAULT_CONNECT_TIMEOUT,
+            max_batch: DEFAULT_MAX_BATCH,
+            injected_min_ttl: DEFAULT_INJECTED_MIN_TTL,
+        }
+    }
+
+    /// A limiter with the default settings on a [`ConnectionManager`] to `url`
+    /// (see [`RedisLimiterBuilder::connect`]).
+    ///
+    /// # Errors
+    /// As for [`RedisLimiterBuilder::connect`].
+    pub async fn connect(url: &str, rule: RedisRule) -> Result<RedisLimiter, Error> {
+        RedisLimiter::builder(rule).connect(url).await
+    }
+}
+
+/// One check of a batch: the full Redis key, the cost and the injected time, if any.
+struct Item {
+    key: Vec<u8>,
+    cost: u64,
+    at: Option<u64>,
+}
+
+/// # Checking
+impl<C: RedisConnection> RedisLimiter<C> {
+    /// Decides a request of cost 1 for `key` now, and counts it if allowed.
+    ///
+    /// # Errors
+    /// A transient or fatal [`Error`]; see its classes.
+    ///
+    /// # Examples
+    /// ```no_run
+    /// # use tollgate::redis::RedisLimiter;
+    /// # async fn demo(limiter: RedisLimiter) -> Result<(), tollgate::redis::Error> {
+    /// let d = limiter.check("203.0.113.7").await?;
+    /// println!("allowed={} remaining={} reset={:?}", d.allowed(), d.remaining(), d.reset_after());
+    /// # Ok(()) }
+    /// ```
+    pub async fn check(&self, key: impl AsRef<[u8]>) -> Result<Decision, Error> {
+        self.check_n(key, 1).await
+    }
+
+    /// Decides a request of cost `cost` for `key` now, and counts it if allowed.
+    ///
+    /// # Errors
+    /// [`Error::Capacity`] when the cost can never be admitted (nothing is sent); otherwise a
+    /// transient or fatal [`Error`].
+    ///
+    /// # Examples
+    /// ```no_run
+    /// # use tollgate::redis::RedisLimiter;
+    /// # async fn demo(limiter: RedisLimiter) -> Result<(), tollgate::redis::Error> {
+    /// // An upload of 5 MiB against a byte budget counted in MiB.
+    /// if limiter.check_n("tenant-7", 5).await?.allowed() {
+    ///     // accept the upload
+    /// }
+    /// # Ok(()) }
+    /// ```
+    pub async fn check_n(&self, key: impl AsRef<[u8]>, cost: u64) -> Result<Decision, Error> {
+        self.one(key.as_ref(), cost, None, true).await
+    }
+
+    /// The decision a request of cost `cost` for `key` would get now; counts nothing.
+    ///
+    /// # Errors
+    /// As for [`RedisLimiter::check_n`].
+    ///
+    /// # Examples
+    /// ```no_run
+    /// # use tollgate::redis::RedisLimiter;
+    /// # async fn demo(limiter: RedisLimiter) -> Result<(), tollgate::redis::Error> {
+    /// // Render `RateLimit-Remaining` without spending anything.
+    /// let remaining = limiter.peek("alice", 0).await?.remaining();
+    /// # Ok(()) }
+    /// ```
+    pub async fn peek(&self, key: impl AsRef<[u8]>, cost: u64) -> Result<Decision, Error> {
+        self.one(key.as_ref(), cost, None, false).await
+    }
+
+    /// Decides many requests `(key, cost)` now, in order, in as few script calls as the
+    /// connection allows: one per [`max_batch`](RedisLimiterBuilder::max_batch) checks on a
+    /// single server, one per Cluster slot (and `max_batch`) on a Cluster; the calls are
+    /// pipelined on the shared connection. Each check is decided as by
+    /// [`RedisLimiter::check_n`]; checks of one key see each other in order.
+    ///
+    /// Returns one result per request, in order. Each script call is atomic; the batch as a
+    /// whole is not (its calls may run between other clients' checks), and a failed call fails
+    /// only its own checks.
+    ///
+    /// # Examples
+    /// ```no_run
+    /// # use tollgate::redis::RedisLimiter;
+    /// # async fn demo(limiter: RedisLimiter) {
+    /// let results = limiter.check_batch([("alice", 1), ("bob", 3), ("alice", 1)]).await;
+    /// assert_eq!(results.len(), 3);
+    /// # }
+    /// ```
+    pub async fn check_batch<I, K>(&self, requests: I) -> Vec<Result<Decision, Error>>
+    where
+        I: IntoIterator<Item = (K, u64)>,
+        K: AsRef<[u8]>,
+    {
+        let items = requests
+            .into_iter()
+            .map(|(key, cost)| self.item(key.as_ref(), cost, None))
+            .collect();
+        self.decide(items, true).await
+    }
+
+    /// Loads the rule's script into the server's script cache (done by
+    /// [`RedisLimiterBuilder::connect`]; otherwise the first check loads it).
+    ///
+    /// # Errors
+    /// A transient or fatal [`Error`].
+    ///
+    /// # Examples
+    /// ```no_run
+    /// # use tollgate::redis::RedisLimiter;
+    /// # async fn demo(limiter: RedisLimiter) -> Result<(), tollgate::redis::Error> {
+    /// // After a `SCRIPT FLUSH` or a failover, warm the cache before traffic arrives.
+    /// limiter.load_scripts().await?;
+    /// # Ok(()) }
+    /// ```
+    pub async fn load_scripts(&self) -> Result<(), Error> {
+        let mut conn = self.conn.clone();
+        let load = self.rule.script().load_async(&mut conn);
+        match tokio::time::timeout(self.timeout, load).await {
+            Err(_) => Err(self.timed_out()),
+            Ok(result) => result.map(drop).map_err(|e| self.failure(e)),
+        }
+    }
+}
+
+/// # Injected time (tests and trace replay only)
+///
+/// These take the time of each request as nanoseconds since the Unix epoch instead of reading
+/// the server's clock. Windows are aligned to that epoch, so a trace whose times start at 0 is
+/// decided exactly as `tollgate replay` decides it in-process. Do not mix injected and live
+/// checks on one key: a state records the newest time it has seen, and an injected time far
+/// from the server's would hold it there. Use a [prefix](RedisLimiterBuilder::prefix) of
+/// their own.
+impl<C: RedisConnection> RedisLimiter<C> {
+    /// [`RedisLimiter::check_n`] at the injected time `at_nanos`.
+    ///
+    /// # Errors
+    /// As for [`RedisLimiter::check_n`].
+    ///
+    /// # Examples
+    /// ```no_run
+    /// # use tollgate::redis::RedisLimiter;
+    /// # async fn demo(limiter: RedisLimiter) -> Result<(), tollgate::redis::Error> {
+    /// // GCRA, 1 per second: the second request 10 ms later waits 990 ms.
+    /// const MS: u64 = 1_000_000;
+    /// assert!(limiter.check_n_at("k", 1, 0).await?.allowed());
+    /// let d = limiter.check_n_at("k", 1, 10 * MS).await?;
+    /// assert_eq!(d.retry_after_nanos(), 990 * MS);
+    /// # Ok(()) }
+    /// ```
+    pub async fn check_n_at(
+        &self,
+        key: impl AsRef<[u8]>,
+        cost: u64,
+        at_nanos: u64,
+    ) -> Result<Decision, Error> {
+        self.one(key.as_ref(), cost, Some(at_nanos), true).await
+    }
+
+    /// [`RedisLimiter::peek`] at the injected time `at_nanos`.
+    ///
+    /// # Errors
+    /// As for [`RedisLimiter::check_n`].
+    ///
+    /// # Examples
+    /// ```no_run
+    /// # use tollgate::redis::RedisLimiter;
+    /// # async fn demo(limiter: RedisLimiter) -> Result<(), tollgate::redis::Error> {
+    /// let would = limiter.peek_at("k", 1, 1_700_000_000_000_000_000).await?;
+    /// # Ok(()) }
+    /// ```
+    pub async fn peek_at(
+        &self,
+        key: impl AsRef<[u8]>,
+        cost: u64,
+        at_nanos: u64,
+    ) -> Result<Decision, Error> {
+        self.one(key.as_ref(), cost, Some(at_nanos), false).await
+    }
+
+    /// [`RedisLimiter::check_batch`] with an injected time per request: `(key, cost,
+    /// at_nanos)`.
+    ///
+    /// # Examples
+    /// ```no_run
+    /// # use tollgate::redis::RedisLimiter;
+    /// # async fn demo(limiter: RedisLimiter) {
+    /// const MS: u64 = 1_000_000;
+    /// let results = limiter
+    ///     .check_batch_at([("alice", 1, 0), ("alice", 1, 250 * MS), ("bob", 2, 250 * MS)])
+    ///     .await;
+    /// # }
+    /// ```
+    pub async fn check_batch_at<I, K>(&self, requests: I) -> Vec<Result<Decision, Error>>
+    where
+        I: IntoIterator<Item = (K, u64, u64)>,
+        K: AsRef<[u8]>,
+    {
+        let items = requests
+            .into_iter()
+            .map(|(key, cost, at)| self.item(key.as_ref(), cost, Some(at)))
+            .collect();
+        self.decide(items, true).await
+    }
+}
+
+/// # Inspection
+impl<C> RedisLimiter<C> {
+    /// The rule this limiter runs.
+    ///
+    /// # Examples
+    /// ```no_run
+    /// # use tollgate::redis::RedisLimiter;
+    /// # fn demo(limiter: RedisLimiter) {
+    /// println!("{} with L = {}", limiter.rule().name(), limiter.rule().limit());
+    /// # }
+    /// ```
+    pub fn rule(&self) -> RedisRule {
+        self.rule
+    }
+
+    /// The timeout of every call.
+    pub fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
+    /// The connection (a clone shares it).
+    pub fn connection(&self) -> &C {
+        &self.conn
+    }
+
+    /// The Redis key holding `key`'s state: `<prefix>:<algorithm>:{<key>}`. The user key is
+    /// the Cluster hash tag, so every state kept for one user key (by any algorithm) lives in
+    /// one slot. A user key that is empty or starts with `}` has no tag of its own and is
+    /// placed by the whole name; every state is still one Redis key.
+    ///
+    /// # Examples
+    /// ```no_run
+    /// # use tollgate::redis::RedisLimiter;
+    /// # fn demo(limiter: RedisLimiter) {
+    /// assert_eq!(limiter.redis_key("alice"), b"tollgate:gcra:{alice}".to_vec());
+    /// # }
+    /// ```
+    pub fn redis_key(&self, key: impl AsRef<[u8]>) -> Vec<u8> {
+        let key = key.as_ref();
+        let segment = self.rule.key_segment().as_bytes();
+        let mut out = Vec::with_capacity(self.prefix.len() + segment.len() + key.len() + 4);
+        out.extend_from_slice(&self.prefix);
+        out.push(b':');
+        out.extend_from_slice(segment);
+        out.extend_from_slice(b":{");
+        out.extend_from_slice(key);
+        out.push(b'}');
+        out
+    }
+}
+
+impl<C: RedisConnection> RedisLimiter<C> {
+    fn timed_out(&self) -> Error {
+        tracing::debug!(timeout = ?self.timeout, "redis call timed out");
+        Error::Timeout {
+            timeout: self.timeout,
+        }
+    }
+
+    fn failure(&self, error: redis::RedisError) -> Error {
+        // The connection's own response timeout (set to ours by `connect`) may fire first.
+        if error.is_timeout() {
+            return self.timed_out();
+        }
+        let error = Error::from(error);
+        tracing::debug!(%error, "redis call failed");
+        error
+    }
+
+    fn item(&self, key: &[u8], cost: u64, at: Option<u64>) -> Item {
+        Item {
+            key: self.redis_key(key),
+            cost,
+            at,
+        }
+    }
+
+    async fn one(
+        &self,
+        key: &[u8],
+        cost: u64,
+        at: Option<u64>,
+        commit: bool,
+    ) -> Result<Decision, Error> {
+        let items = vec![self.item(key, cost, at)];
+        self.decide(items, commit)
+            .await
+            .pop()
+            .unwrap_or_else(|| Err(Error::bad_reply("no result for the check".into())))
+    }
+
+    /// Decides `items` in order; one result per item.
+    async fn decide(&self, items: Vec<Item>, commit: bool) -> Vec<Result<Decision, Error>> {
+        let capacity = self.rule.capacity();
+        let mut results: Vec<Option<Result<Decision, Error>>> = items
+            .iter()
+            .map(|item| {
+                (item.cost > capacity).then_some(Err(Error::Capacity {
+                    cost: item.cost,
+                    capacity,
+                }))
+            })
+            .collect();
+        let pending: Vec<usize> = (0..items.len()).filter(|&i| results[i].is_none()).collect();
+        // Checks of one key stay in one group, in order; groups are independent (keys are).
+        let groups: Vec<Vec<usize>> = if C::CLUSTERED {
+            let mut by_slot: Vec<(Slot, Vec<usize>)> = Vec::new();
+            for i in pending {
+                let slot = Slot::for_key(&items[i].key);
+                match by_slot.iter_mut().find(|(s, _)| *s == slot) {
+                    Some((_, group)) => group.push(i),
+                    None => by_slot.push((slot, vec![i])),
+                }
+            }
+            by_slot.into_iter().map(|(_, group)| group).collect()
+        } else {
+            vec![pending]
+        };
+        let calls: Vec<&[usize]> = groups
+            .iter()
+            .flat_map(|group| group.chunks(self.max_batch))
+            .collect();
+        let replies = join_all(
+            calls
+                .iter()
+                .map(|chunk| self.call(&items, chunk, commit))
+                .collect(),
+        )
+        .await;
+        for (chunk, reply) in calls.iter().zip(replies) {
+            match reply {
+                Ok(decided) => {
+                    for (&i, result) in chunk.iter().zip(decided) {
+                        results[i] = Some(result);
+                    }
+                }
+                Err(error) => {
+                    for &i in chunk.iter() {
+                        results[i] = Some(Err(error.clone()));
+                    }
+                }
+            }
+        }
+        results
+            .into_iter()
+            .map(|r| r.unwrap_or_else(|| Err(Error::bad_reply("a check got no result".into()))))
+            .collect()
+    }
+
+    /// One script call for the items at `chunk` (all in one slot).
+    async fn call(
+        &self,
+        items: &[Item],
+        chunk: &[usize],
+        commit: bool,
+    ) -> Result<Vec<Result<Decision, Error>>, Error> {
+        let rule = self.rule;
+        let mut invocation = rule.script().prepare_invoke();
+        let injected = chunk.iter().any(|&i| items[i].at.is_some());
+        let [first, second] = rule.script_params();
+        invocation
+            .arg(if injected {
+                self.injected_min_ttl_ms
+            } else {
+                0
+            })
+            .arg(if commit { "1" } else { "0" })
+            .arg(first)
+            .arg(second);
+        for &i in chunk {
+            let item = &items[i];
+            invocation.key(&item.key[..]).arg(item.cost);
+            match item.at {
+                Some(at) => invocation.arg(at),
+                None => invocation.arg(""),
+            };
+        }
+        let mut conn = self.conn.clone();
+        let reply: Value =
+            match tokio::time::timeout(self.timeout, invocation.invoke_async(&mut conn)).await {
+                Err(_) => return Err(self.timed_out()),
+                Ok(Err(error)) => return Err(self.failure(error)),
+                Ok(Ok(reply)) => reply,
+            };
+        let rows = rows(reply, chunk.len())?;
+        Ok(chunk
+            .iter()
+            .zip(rows)
+            .map(|(&i, row)| {
+                let item = &items[i];
+                let key = || String::from_utf8_lossy(&item.key).into_owned();
+                match rule.verdict(&row)? {
+                    Verdict::WrongType => {
+                        tracing::warn!(key = %key(), "rate-limit key holds another Redis type");
+                        Err(Error::WrongType { key: key() })
+                    }
+                    Verdict::CorruptState => {
+                        tracing::warn!(key = %key(), "rate-limit key holds a foreign value");
+                        Err(Error::CorruptState { key: key() })
+                    }
+                    // The clock's unit: 1 ns injected, 1 µs for the server's TIME.
+                    Verdict::Decided { .. } => {
+                        rule.decision(item.cost, &row, if item.at.is_some() { 1 } else { 1000 })
+                    }
+                }
+            })
+            .collect())
+    }
+}
+
+/// A script's reply as `n` rows of integers; anything else is [`Error::BadReply`].
+fn rows(reply: Value, n: usize) -> Result<Vec<Vec<i64>>, Error> {
+    let Value::Array(items) = reply else {
+        return Err(Error::bad_reply(format!(
+            "expected an array, got {reply:?}"
+        )));
+    };
+    if items.len() != n {
+        return Err(Error::bad_reply(format!(
+            "{} results for {n} checks",
+            items.len()
+        )));
+    }
+    items
+        .into_iter()
+        .map(|item| match item {
+            Value::Array(fields) => fields
+                .into_iter()
+                .map(|field| match field {
+                    Value::Int(v) => Ok(v),
+                    other => Err(Error::bad_reply(format!(
+                        "expected an integer, got {other:?}"
+                    ))),
+                })
+                .collect(),
+            other => Err(Error::bad_reply(format!(
+                "expected an array, got {other:?}"
+            ))),
+        })
+        .collect()
+}
+
+/// Runs `futures` concurrently on the current task; their outputs in order.
+async fn join_all<F: Future>(futures: Vec<F>) -> Vec<F::Output> {
+    let mut futures: Vec<Pin<Box<F>>> = futures.into_iter().map(Box::pin).collect();
+    let mut outputs: Vec<Option<F::Output>> = futures.iter().map(|_| None).collect();
+    poll_fn(|cx| {
+        let mut pending = false;
+        for (future, output) in futures.iter_mut().zip(outputs.iter_mut()) {
+            // A finished future is never polled again.
+            if output.is_none() {
+                match future.as_mut().poll(cx) {
+                    Poll::Ready(value) => *output = Some(value),
+                    Poll::Pending => pending = true,
+                }
+            }
+        }
+        if pending {
+            Poll::Pending
+        } else {
+            Poll::Ready(())
+        }
+    })
+    .await;
+    outputs.into_iter().flatten().collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn malformed_replies_are_errors() {
+        let cases = [
+            Value::Nil,
+            Value::Int(3),
+            Value::Okay,
+            Value::Array(vec![Value::Nil]),
+            Value::Array(vec![Value::Array(vec![Value::BulkString(b"1".to_vec())])]),
+            Value::Array(vec![
+                Value::Array(vec![Value::Int(1)]),
+                Value::Array(vec![]),
+            ]),
+        ];
+        for case in cases {
+            assert!(matches!(rows(case, 1), Err(Error::BadReply { .. })));
+        }
+        let ok = Value::Array(vec![Value::Array(vec![Value::Int(1), Value::Int(0)])]);
+        assert_eq!(rows(ok, 1).unwrap(), vec![vec![1, 0]]);
+    }
+}

@@ -1,0 +1,462 @@
+//! Failure handling for the exact tier: a circuit breaker and a failure policy.
+//!
+//! While Redis answers, a [`GuardedLimiter`] is its [`RedisLimiter`]: every check is exact and
+//! global. When a call fails in a transient way (timeout, refused or dropped connection,
+//! cluster reconfiguring), the breaker opens and checks are decided by the
+//! [`FailurePolicy`] at once, without touching the network, until a background probe finds
+//! Redis answering again; then the breaker closes by itself. Fatal errors (a foreign value in
+//! a key, a bad reply) are returned as they are: no policy can fix them.
+
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Weak};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use redis::aio::ConnectionManager;
+
+use super::exact::scripts;
+use super::{Error, RedisConnection, RedisLimiter, RedisRule};
+use crate::decision::{Decision, Remaining};
+use crate::{FixedWindow, Gcra, KeyedLimiter, LeakyQueue, SlidingLog, SlidingWindow};
+
+/// What a [`GuardedLimiter`] does while Redis is unreachable.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum FailurePolicy {
+    /// Allow every request (that the rule could ever admit). Availability first: the limit is
+    /// not enforced during the outage.
+    FailOpen,
+    /// Deny every request, with `retry_after` = the probe interval. Protection first.
+    FailClosed,
+    /// Decide with an in-process limiter holding this node's share of the quota: `⌊L / n⌋`
+    /// per `W` (and `⌊B / n⌋` burst) with `n` the live nodes counted by heartbeats in Redis.
+    /// While every node does the same, the fleet admits at most about `L` per window during
+    /// an outage, plus what Redis had already admitted in the window the outage began in
+    /// (the local states start fresh).
+    Local,
+}
+
+/// Whether checks are decided globally, in Redis, or by the failure policy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Mode {
+    /// Redis answers: every check is exact and global.
+    Global,
+    /// Redis is unreachable: checks are decided by this policy.
+    Degraded(FailurePolicy),
+}
+
+/// How a [`GuardedLimiter`] handles failures.
+///
+/// # Examples
+/// ```
+/// use std::time::Duration;
+/// use tollgate::redis::{FailureHandling, FailurePolicy};
+/// let handling = FailureHandling::new(FailurePolicy::Local)
+///     .probe_interval(Duration::from_millis(100))
+///     .assumed_nodes(4);
+/// assert_eq!(handling.policy(), FailurePolicy::Local);
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FailureHandling {
+    policy: FailurePolicy,
+    failure_threshold: u32,
+    probe_interval: Duration,
+    heartbeat_interval: Duration,
+    assumed_nodes: u64,
+}
+
+impl FailureHandling {
+    /// `policy`, opening after 1 transient failure, probing every 200 ms, heartbeats every
+    /// second, 1 node assumed until the first heartbeat.
+    pub fn new(policy: FailurePolicy) -> Self {
+        FailureHandling {
+            policy,
+            failure_threshold: 1,
+            probe_interval: Duration::from_millis(200),
+            heartbeat_interval: Duration::from_secs(1),
+            assumed_nodes: 1,
+        }
+    }
+
+    /// The policy.
+    pub fn policy(&self) -> FailurePolicy {
+        self.policy
+    }
+
+    /// How many transient failures in a row open the breaker (at least 1; default 1, so that
+    /// no later check waits on a dead server).
+    pub fn failure_threshold(mut self, failures: u32) -> Self {
+        self.failure_threshold = failures.max(1);
+        self
+    }
+
+    /// How often an open breaker probes Redis (default 200 ms; at least 1 ms).
+    pub fn probe_interval(mut self, interval: Duration) -> Self {
+        self.probe_interval = interval.max(Duration::from_millis(1));
+        self
+    }
+
+    /// How often a node with the `Local` policy renews its heartbeat (default 1 s; at least
+    /// 10 ms). A node silent for three intervals is no longer counted.
+    pub fn heartbeat_interval(mut self, interval: Duration) -> Self {
+        self.heartbeat_interval = interval.max(Duration::from_millis(10));
+        self
+    }
+
+    /// The number of nodes assumed before the first heartbeat answers (default 1: a node that
+    /// never reached Redis takes the whole quota; set the expected fleet size to be safe).
+    pub fn assumed_nodes(mut self, nodes: u64) -> Self {
+        self.assumed_nodes = nodes.max(1);
+        self
+    }
+}
+
+/// A [`RedisLimiter`] behind a circuit breaker, with a [`FailurePolicy`] for outages.
+///
+/// Cheap to clone (clones share the breaker, the connection and the local limiter). A
+/// background task on the tokio runtime probes Redis while the breaker is open and, for the
+/// `Local` policy, keeps this node's heartbeat; it stops when the last clone is dropped.
+/// Mode changes are logged with `tracing` (`warn` when degrading, `info` when back).
+///
+/// # Examples
+/// ```no_run
+/// use tollgate::{Quota, redis::{FailureHandling, FailurePolicy, Mode, RedisLimiter, RedisRule}};
+/// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+/// let exact = RedisLimiter::connect("redis://127.0.0.1:6379", RedisRule::gcra(Quota::per_second(100)?)?).await?;
+/// let limiter = exact.guarded(FailureHandling::new(FailurePolicy::Local)).await;
+/// let decision = limiter.check("alice").await?; // never a transient error
+/// if limiter.mode() != Mode::Global {
+///     // decided locally: Redis is unreachable
+/// }
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct GuardedLimiter<C: RedisConnection = ConnectionManager> {
+    shared: Arc<Shared<C>>,
+    _task: Arc<Task>,
+}
+
+impl<C: RedisConnection> std::fmt::Debug for GuardedLimiter<C> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GuardedLimiter")
+            .field("exact", &self.shared.exact)
+            .field("handling", &self.shared.handling)
+            .field("mode", &self.mode())
+            .field("live_nodes", &self.live_nodes())
+            .finish()
+    }
+}
+
+struct Shared<C> {
+    exact: RedisLimiter<C>,
+    handling: FailureHandling,
+    /// The breaker. Relaxed everywhere: a mode flag that publishes no data; a check that
+    /// reads it a moment late only decides one more request the old way.
+    open: AtomicBool,
+    /// Transient failures in a row while closed.
+    failures: AtomicU32,
+    live_nodes: AtomicU64,
+    local: Option<Local>,
+    heartbeat_key: Vec<u8>,
+    node_id: String,
+}
+
+/// Aborts the background task when the last clone of the limiter is dropped.
+struct Task(tokio::task::AbortHandle);
+
+impl Drop for Task {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+impl<C: RedisConnection> RedisLimiter<C> {
+    /// This limiter behind a circuit breaker with `handling` (see [`GuardedLimiter`]).
+    /// For the `Local` policy, sends the first heartbeat before returning (within the
+    /// limiter's timeout), so the node's share is known from the start when Redis answers.
+    ///
+    /// # Examples
+    /// ```no_run
+    /// # use tollgate::redis::{FailureHandling, FailurePolicy, RedisLimiter};
+    /// # async fn demo(exact: RedisLimiter) {
+    /// let limiter = exact.guarded(FailureHandling::new(FailurePolicy::FailClosed)).await;
+    /// # }
+    /// ```
+    pub async fn guarded(self, handling: FailureHandling) -> GuardedLimiter<C> {
+        let rule = self.rule();
+        let local = (handling.policy == FailurePolicy::Local)
+            .then(|| Local::new(&rule, handling.assumed_nodes))
+            .flatten();
+        let mut heartbeat_key = self.redis_key("");
+        // `<prefix>:<algorithm>:{}` → `<prefix>:<algorithm>:nodes`
+        heartbeat_key.truncate(heartbeat_key.len().saturating_sub(2));
+        heartbeat_key.extend_from_slice(b"nodes");
+        let nanos = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos());
+        let shared = Arc::new(Shared {
+            exact: self,
+            handling,
+            open: AtomicBool::new(false),
+            failures: AtomicU32::new(0),
+            live_nodes: AtomicU64::new(handling.assumed_nodes),
+            local,
+            heartbeat_key,
+            node_id: format!("{}-{nanos:x}", std::process::id()),
+        });
+        if shared.local.is_some() {
+            shared.beat().await;
+        }
+        let task = tokio::spawn(watch(Arc::downgrade(&shared)));
+        GuardedLimiter {
+            shared,
+            _task: Arc::new(Task(task.abort_handle())),
+        }
+    }
+}
+
+/// # Checking
+impl<C: RedisConnection> GuardedLimiter<C> {
+    /// Decides a request of cost 1 for `key`: globally while Redis answers, else by the
+    /// failure policy.
+    ///
+    /// # Errors
+    /// Only fatal errors (see [`Error::is_fatal`]): transient failures are absorbed by the
+    /// policy.
+    ///
+    /// # Examples
+    /// ```no_run
+    /// # use tollgate::redis::GuardedLimiter;
+    /// # async fn demo(limiter: GuardedLimiter) -> Result<(), tollgate::redis::Error> {
+    /// let allowed = limiter.check("alice").await?.allowed();
+    /// # Ok(()) }
+    /// ```
+    pub async fn check(&self, key: impl AsRef<[u8]>) -> Result<Decision, Error> {
+        self.check_n(key, 1).await
+    }
+
+    /// Decides a request of cost `cost` for `key` (see [`GuardedLimiter::check`]).
+    ///
+    /// # Errors
+    /// [`Error::Capacity`] if the cost can never be admitted; otherwise only fatal errors.
+    ///
+    /// # Examples
+    /// ```no_run
+    /// # use tollgate::redis::GuardedLimiter;
+    /// # async fn demo(limiter: GuardedLimiter) -> Result<(), tollgate::redis::Error> {
+    /// let allowed = limiter.check_n("alice", 3).await?.allowed();
+    /// # Ok(()) }
+    /// ```
+    pub async fn check_n(&self, key: impl AsRef<[u8]>, cost: u64) -> Result<Decision, Error> {
+        let key = key.as_ref();
+        let shared = &self.shared;
+        if !shared.open.load(Ordering::Relaxed) {
+            match shared.exact.check_n(key, cost).await {
+                Ok(decision) => {
+                    shared.failures.store(0, Ordering::Relaxed);
+                    return Ok(decision);
+                }
+                Err(error) if error.is_transient() => shared.failed(&error),
+                Err(error) => return Err(error),
+            }
+        }
+        shared.fallback(key, cost)
+    }
+
+    /// The current mode.
+    ///
+    /// # Examples
+    /// ```no_run
+    /// # use tollgate::redis::{GuardedLimiter, Mode};
+    /// # fn demo(limiter: GuardedLimiter) {
+    /// if let Mode::Degraded(policy) = limiter.mode() {
+    ///     eprintln!("Redis unreachable, deciding by {policy:?}");
+    /// }
+    /// # }
+    /// ```
+    pub fn mode(&self) -> Mode {
+        if self.shared.open.load(Ordering::Relaxed) {
+            Mode::Degraded(self.shared.handling.policy)
+        } else {
+            Mode::Global
+        }
+    }
+
+    /// The live nodes counted by the last heartbeat (`Local` policy; otherwise the assumed
+    /// number).
+    pub fn live_nodes(&self) -> u64 {
+        self.shared.live_nodes.load(Ordering::Relaxed)
+    }
+
+    /// The exact limiter underneath.
+    pub fn exact(&self) -> &RedisLimiter<C> {
+        &self.shared.exact
+    }
+
+    /// Withdraws this node's heartbeat now (best effort, within the timeout), so the other
+    /// nodes' shares grow at their next heartbeat instead of three intervals later.
+    pub async fn leave(&self) {
+        if self.shared.local.is_some() {
+            let _ = self.shared.heartbeat(false).await;
+        }
+    }
+}
+
+impl<C: RedisConnection> Shared<C> {
+    fn failed(&self, error: &Error) {
+        let failures = self.failures.fetch_add(1, Ordering::Relaxed) + 1;
+        if failures >= self.handling.failure_threshold && !self.open.swap(true, Ordering::Relaxed) {
+            tracing::warn!(
+                policy = ?self.handling.policy,
+                %error,
+                "Redis unreachable: rate limits degraded to the failure policy"
+            );
+        }
+    }
+
+    fn recovered(&self) {
+        self.failures.store(0, Ordering::Relaxed);
+        if self.open.swap(false, Ordering::Relaxed) {
+            tracing::info!("Redis answers again: rate limits are global again");
+        }
+    }
+
+    fn fallback(&self, key: &[u8], cost: u64) -> Result<Decision, Error> {
+        let rule = self.exact.rule();
+        let capacity = rule.capacity();
+        if cost > capacity {
+            return Err(Error::Capacity { cost, capacity });
+        }
+        let decision = |allowed: bool, remaining: u64, retry_after: u64| Decision {
+            allowed,
+            limit: rule.limit(),
+            retry_after,
+            reset_after: 0,
+            delay: 0,
+            remaining: Remaining::Exact(remaining),
+        };
+        let probe = u64::try_from(self.handling.probe_interval.as_nanos()).unwrap_or(u64::MAX);
+        Ok(match (self.handling.policy, &self.local) {
+            (FailurePolicy::FailOpen, _) => decision(true, capacity - cost, 0),
+            (FailurePolicy::Local, Some(local)) => match local.check(key, cost) {
+                Ok(decision) => decision,
+                // Beyond this node's share, though not the global capacity: a denial.
+                Err(_) => decision(false, 0, probe),
+            },
+            (FailurePolicy::FailClosed, _) | (FailurePolicy::Local, None) => {
+                decision(false, 0, probe)
+            }
+        })
+    }
+
+    /// Renews the heartbeat and rescales the local share; a transient failure opens the
+    /// breaker (an outage is noticed without traffic).
+    async fn beat(&self) {
+        match self.heartbeat(true).await {
+            Ok(nodes) => {
+                let nodes = nodes.max(1);
+                if self.live_nodes.swap(nodes, Ordering::Relaxed) != nodes {
+                    tracing::debug!(nodes, "live nodes changed");
+                    if let Some(local) = &self.local {
+                        local.rescale(&self.exact.rule(), nodes);
+                    }
+                }
+            }
+            Err(error) if error.is_transient() => self.failed(&error),
+            Err(error) => tracing::warn!(%error, "heartbeat failed"),
+        }
+    }
+
+    async fn heartbeat(&self, beat: bool) -> Result<u64, Error> {
+        let expiry_ms = u64::try_from(self.handling.heartbeat_interval.as_millis() * 3)
+            .unwrap_or(u64::MAX)
+            .min(1 << 52);
+        let mut invocation = scripts().heartbeat.prepare_invoke();
+        invocation
+            .key(&self.heartbeat_key[..])
+            .arg(&self.node_id)
+            .arg(expiry_ms)
+            .arg(if beat { "1" } else { "0" });
+        let mut conn = self.exact.connection().clone();
+        let timeout = self.exact.timeout();
+        match tokio::time::timeout(timeout, invocation.invoke_async::<i64>(&mut conn)).await {
+            Err(_) => Err(Error::Timeout { timeout }),
+            Ok(Err(error)) if error.is_timeout() => Err(Error::Timeout { timeout }),
+            Ok(Err(error)) => Err(Error::from(error)),
+            Ok(Ok(nodes)) => {
+                u64::try_from(nodes).map_err(|_| Error::bad_reply(format!("{nodes} live nodes")))
+            }
+        }
+    }
+}
+
+/// The background task: probes while the breaker is open, heartbeats while it is closed.
+async fn watch<C: RedisConnection>(shared: Weak<Shared<C>>) {
+    let mut next_beat = Instant::now();
+    loop {
+        let Some(s) = shared.upgrade() else {
+            return;
+        };
+        let interval = s.handling.probe_interval;
+        if s.open.load(Ordering::Relaxed) {
+            // Loading the script is the probe: it proves the server answers, and a restarted
+            // server has an empty script cache.
+            if s.exact.load_scripts().await.is_ok() {
+                s.recovered();
+                next_beat = Instant::now();
+            }
+        }
+        if s.local.is_some() && !s.open.load(Ordering::Relaxed) && Instant::now() >= next_beat {
+            s.beat().await;
+            next_beat = Instant::now() + s.handling.heartbeat_interval;
+        }
+        drop(s);
+        tokio::time::sleep(interval).await;
+    }
+}
+
+/// The in-process limiter of the `Local` policy, holding this node's share of the quota.
+enum Local {
+    Gcra(KeyedLimiter<Vec<u8>, Gcra>),
+    Queue(KeyedLimiter<Vec<u8>, LeakyQueue>),
+    Fixed(KeyedLimiter<Vec<u8>, FixedWindow>),
+    Sliding(KeyedLimiter<Vec<u8>, SlidingWindow>),
+    Log(KeyedLimiter<Vec<u8>, SlidingLog>),
+}
+
+impl Local {
+    /// `None` if the share cannot be built in-process (then the policy fails closed).
+    fn new(rule: &RedisRule, nodes: u64) -> Option<Local> {
+        let quota = rule.share(nodes).ok()?;
+        Some(match rule.name() {
+            "gcra" => Local::Gcra(KeyedLimiter::new(Gcra::new(quota).ok()?)),
+            "leaky-queue" => Local::Queue(KeyedLimiter::new(LeakyQueue::new(quota).ok()?)),
+            "fixed-window" => Local::Fixed(KeyedLimiter::new(FixedWindow::new(quota).ok()?)),
+            "sliding-window" => Local::Sliding(KeyedLimiter::new(SlidingWindow::new(quota).ok()?)),
+            _ => Local::Log(KeyedLimiter::new(SlidingLog::new(quota).ok()?)),
+        })
+    }
+
+    fn rescale(&self, rule: &RedisRule, nodes: u64) {
+        let Ok(quota) = rule.share(nodes) else {
+            return;
+        };
+        // The precise clock serves every quota: `set_quota` cannot fail for lack of
+        // resolution, and a rule that cannot be built keeps the previous share.
+        let _ = match self {
+            Local::Gcra(l) => Gcra::new(quota).map(|r| l.set_quota(r)),
+            Local::Queue(l) => LeakyQueue::new(quota).map(|r| l.set_quota(r)),
+            Local::Fixed(l) => FixedWindow::new(quota).map(|r| l.set_quota(r)),
+            Local::Sliding(l) => SlidingWindow::new(quota).map(|r| l.set_quota(r)),
+            Local::Log(l) => SlidingLog::new(quota).map(|r| l.set_quota(r)),
+        };
+    }
+
+    fn check(&self, key: &[u8], cost: u64) -> Result<Decision, crate::Error> {
+        match self {
+            Local::Gcra(l) => l.check_n(key, cost),
+            Local::Queue(l) => l.check_n(key, cost),
+            Local::Fixed(l) => l.check_n(key, cost),
+            Local::Sliding(l) => l.check_n(key, cost),
+            Local::Log(l) => l.check_n(key, cost),
+        }
+    }
+}

@@ -1,0 +1,829 @@
+//! The rule a Redis limiter runs: its parameters, the Redis tier's limits, and the decision's
+//! figures computed from the facts a script returns.
+//!
+//! The scripts decide and write atomically; the figures (`remaining`, `retry_after`,
+//! `reset_after`, `delay`) need products beyond 2^53, which Lua's doubles cannot hold, so they
+//! are computed here in 128-bit integers from the facts the script saw. The verdict is
+//! recomputed from the same facts and must match the script's: a reply that disagrees, or
+//! holds values no correct state can produce, is refused with [`Error::BadReply`].
+
+use crate::algorithm::{no_burst, window_at_least_1ms, Gcra, LeakyQueue};
+use crate::decision::{Decision, Remaining};
+use crate::quota::{Quota, QuotaError};
+use crate::replay::AlgorithmName;
+use crate::{FixedWindow, SlidingLog, SlidingWindow};
+
+use super::Error;
+
+/// The largest limit `L` the Redis tier accepts for the window algorithms and the log: 2^51.
+/// (GCRA and the leaky buckets are bounded by [`MAX_NANOS`] on `B·T` instead.)
+pub const MAX_LIMIT: u64 = 1 << 51;
+
+/// The longest duration the Redis tier accepts, in nanoseconds: 2^51 ns ≈ 26.06 days, for the
+/// window `W` and for GCRA's bucket span `B·T`. Lua numbers are doubles, exact below 2^53; this
+/// bound keeps every sum and difference the scripts form below 2^52.
+pub const MAX_NANOS: u64 = 1 << 51;
+
+/// A rule the Redis tier can run: one of SPEC.md's algorithms with its parameters, checked
+/// against both the algorithm's rules and the Redis tier's limits ([`MAX_LIMIT`],
+/// [`MAX_NANOS`]).
+///
+/// Build one from a [`Quota`] ([`RedisRule::gcra`], [`RedisRule::named`], …) or from an
+/// in-process rule (`RedisRule::try_from(gcra)`); the same quota gives the same decisions in
+/// both.
+///
+/// # Examples
+/// ```
+/// use tollgate::{Quota, redis::RedisRule};
+/// let rule = RedisRule::named("sliding-window", Quota::per_minute(600)?)?;
+/// assert_eq!(rule.name(), "sliding-window");
+/// assert_eq!(rule.capacity(), 600);
+/// // 30 days is longer than the Redis tier's maximum window.
+/// let month = Quota::new(10, std::time::Duration::from_secs(30 * 86_400))?;
+/// assert!(RedisRule::fixed_window(month).is_err());
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RedisRule {
+    pub(crate) limit: u64,
+    pub(crate) kind: Kind,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Kind {
+    /// GCRA, token bucket, leaky bucket as a meter (`queue = false`) or as a queue.
+    Gcra {
+        interval: u64,
+        burst: u64,
+        span: u64,
+        queue: bool,
+        /// `W` (from the quota; `L·T` for a rule converted from an in-process one).
+        window: u64,
+    },
+    FixedWindow {
+        window: u64,
+    },
+    SlidingWindow {
+        window: u64,
+    },
+    SlidingLog {
+        window: u64,
+    },
+}
+
+/// Why [`RedisRule::named`] refused its arguments.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RuleError {
+    /// The name is none of SPEC.md's algorithms.
+    #[error("unknown algorithm {name:?}: expected gcra, token-bucket, leaky-bucket, leaky-queue, fixed-window, sliding-window or sliding-log")]
+    UnknownAlgorithm {
+        /// The name given.
+        name: String,
+    },
+    /// The quota does not suit the algorithm or the Redis tier.
+    #[error(transparent)]
+    Quota(#[from] QuotaError),
+}
+
+/// # Construction
+impl RedisRule {
+    /// GCRA / token bucket (SPEC §1): `L` per `W`, burst `B` (default `L`), with `B·T ≤ 2^51 ns`.
+    ///
+    /// # Examples
+    /// ```
+    /// use tollgate::{Quota, redis::RedisRule};
+    /// let rule = RedisRule::gcra(Quota::per_second(10)?.with_burst(100)?)?;
+    /// assert_eq!((rule.limit(), rule.capacity()), (10, 100));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn gcra(quota: Quota) -> Result<RedisRule, QuotaError> {
+        let rule = Gcra::new(quota)?;
+        gcra_rule(
+            rule.limit(),
+            rule.burst(),
+            rule.interval_nanos(),
+            quota.window_nanos(),
+            false,
+        )
+    }
+
+    /// The leaky bucket as a queue (SPEC §3): decisions carry the shaping
+    /// [`Decision::delay`]. Same limits as [`RedisRule::gcra`].
+    ///
+    /// # Examples
+    /// ```
+    /// use tollgate::{Quota, redis::RedisRule};
+    /// let rule = RedisRule::leaky_queue(Quota::per_second(10)?.with_burst(100)?)?;
+    /// assert_eq!(rule.name(), "leaky-queue");
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn leaky_queue(quota: Quota) -> Result<RedisRule, QuotaError> {
+        let rule = LeakyQueue::new(quota)?;
+        let (limit, capacity, interval) = (rule.limit(), rule.capacity(), rule.interval_nanos());
+        gcra_rule(limit, capacity, interval, quota.window_nanos(), true)
+    }
+
+    /// Fixed window (SPEC §4), windows aligned to the Unix epoch: `1 ms ≤ W ≤ 2^51 ns`,
+    /// `L ≤ 2^51`, no burst.
+    ///
+    /// # Examples
+    /// ```
+    /// use tollgate::{Quota, redis::RedisRule};
+    /// // Far above the in-process packed counter's 2^24 − 1: a fleet-wide budget.
+    /// let rule = RedisRule::fixed_window(Quota::per_hour(100_000_000)?)?;
+    /// assert_eq!(rule.limit(), 100_000_000);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn fixed_window(quota: Quota) -> Result<RedisRule, QuotaError> {
+        let (limit, window) = window_params(&quota, "fixed-window")?;
+        Ok(RedisRule {
+            limit,
+            kind: Kind::FixedWindow { window },
+        })
+    }
+
+    /// Sliding window counter (SPEC §5), windows aligned to the Unix epoch. Limits as
+    /// [`RedisRule::fixed_window`].
+    ///
+    /// # Examples
+    /// ```
+    /// use tollgate::{Quota, redis::RedisRule};
+    /// let rule = RedisRule::sliding_window(Quota::per_minute(60)?)?;
+    /// assert_eq!(rule.name(), "sliding-window");
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn sliding_window(quota: Quota) -> Result<RedisRule, QuotaError> {
+        let (limit, window) = window_params(&quota, "sliding-window")?;
+        Ok(RedisRule {
+            limit,
+            kind: Kind::SlidingWindow { window },
+        })
+    }
+
+    /// Sliding window log (SPEC §6). Limits as [`RedisRule::fixed_window`]. Redis keeps one
+    /// sorted-set member per admitted *request* (not per unit), with its exact time in
+    /// nanoseconds.
+    ///
+    /// # Examples
+    /// ```
+    /// use tollgate::{Quota, redis::RedisRule};
+    /// let rule = RedisRule::sliding_log(Quota::per_minute(100)?)?;
+    /// assert_eq!(rule.capacity(), 100);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn sliding_log(quota: Quota) -> Result<RedisRule, QuotaError> {
+        let (limit, window) = window_params(&quota, "sliding-log")?;
+        Ok(RedisRule {
+            limit,
+            kind: Kind::SlidingLog { window },
+        })
+    }
+
+    /// The rule for a SPEC algorithm name, as `tollgate replay --algorithm` takes it: `gcra`,
+    /// `token-bucket`, `leaky-bucket` (all three GCRA), `leaky-queue`, `fixed-window`,
+    /// `sliding-window`, `sliding-log`.
+    ///
+    /// # Errors
+    /// [`RuleError::UnknownAlgorithm`], or [`RuleError::Quota`] as the constructor for the
+    /// algorithm returns it.
+    ///
+    /// # Examples
+    /// ```
+    /// use tollgate::{Quota, redis::{RedisRule, RuleError}};
+    /// assert_eq!(RedisRule::named("token-bucket", Quota::per_second(5)?)?.name(), "gcra");
+    /// assert!(matches!(
+    ///     RedisRule::named("lottery", Quota::per_second(5)?),
+    ///     Err(RuleError::UnknownAlgorithm { .. })
+    /// ));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn named(name: &str, quota: Quota) -> Result<RedisRule, RuleError> {
+        let algorithm = name
+            .parse::<AlgorithmName>()
+            .map_err(|_| RuleError::UnknownAlgorithm {
+                name: name.to_owned(),
+            })?;
+        Ok(RedisRule::for_algorithm(algorithm, quota)?)
+    }
+
+    /// The rule for an algorithm as the in-process replay names it, so that
+    /// `tollgate replay --redis URL` builds the same rule as
+    /// [`Replayer::new`](crate::replay::Replayer::new) from the same arguments.
+    ///
+    /// # Errors
+    /// As the constructor for the algorithm.
+    ///
+    /// # Examples
+    /// ```
+    /// use std::time::Duration;
+    /// use tollgate::{Quota, redis::RedisRule, replay::AlgorithmName};
+    /// let quota = Quota::new(100, Duration::from_secs(60))?.with_burst(10)?;
+    /// let rule = RedisRule::for_algorithm(AlgorithmName::LeakyBucket, quota)?;
+    /// assert_eq!((rule.name(), rule.capacity()), ("gcra", 10));
+    /// # Ok::<(), tollgate::QuotaError>(())
+    /// ```
+    pub fn for_algorithm(algorithm: AlgorithmName, quota: Quota) -> Result<RedisRule, QuotaError> {
+        match algorithm {
+            AlgorithmName::Gcra | AlgorithmName::TokenBucket | AlgorithmName::LeakyBucket => {
+                RedisRule::gcra(quota)
+            }
+            AlgorithmName::LeakyQueue => RedisRule::leaky_queue(quota),
+            AlgorithmName::FixedWindow => RedisRule::fixed_window(quota),
+            AlgorithmName::SlidingWindow => RedisRule::sliding_window(quota),
+            AlgorithmName::SlidingLog => RedisRule::sliding_log(quota),
+        }
+    }
+}
+
+/// # Parameters
+impl RedisRule {
+    /// The SPEC name of the algorithm: `gcra` (also for the token bucket and the leaky bucket
+    /// as a meter), `leaky-queue`, `fixed-window`, `sliding-window` or `sliding-log`.
+    pub fn name(&self) -> &'static str {
+        match self.kind {
+            Kind::Gcra { queue: false, .. } => "gcra",
+            Kind::Gcra { queue: true, .. } => "leaky-queue",
+            Kind::FixedWindow { .. } => "fixed-window",
+            Kind::SlidingWindow { .. } => "sliding-window",
+            Kind::SlidingLog { .. } => "sliding-log",
+        }
+    }
+
+    /// `L`, as reported in every decision.
+    pub fn limit(&self) -> u64 {
+        self.limit
+    }
+
+    /// The largest cost that can ever be admitted: `B` / `C` for GCRA and the leaky buckets,
+    /// `L` otherwise. A larger cost is an error, not a denial.
+    pub fn capacity(&self) -> u64 {
+        match self.kind {
+            Kind::Gcra { burst, .. } => burst,
+            _ => self.limit,
+        }
+    }
+
+    /// The Redis key segment naming the algorithm (the leaky buckets as meters share GCRA's
+    /// state, SPEC §2).
+    pub(crate) fn key_segment(&self) -> &'static str {
+        self.name()
+    }
+
+    pub(crate) fn script(&self) -> &'static redis::Script {
+        use super::exact::scripts;
+        match self.kind {
+            Kind::Gcra { .. } => &scripts().gcra,
+            Kind::FixedWindow { .. } => &scripts().fixed_window,
+            Kind::SlidingWindow { .. } => &scripts().sliding_window,
+            Kind::SlidingLog { .. } => &scripts().sliding_log,
+        }
+    }
+
+    /// The two fixed parameters of the rule's script (`ARGV[3]`, `ARGV[4]`).
+    pub(crate) fn script_params(&self) -> [u64; 2] {
+        match self.kind {
+            Kind::Gcra { interval, span, .. } => [span, interval],
+            Kind::FixedWindow { window }
+            | Kind::SlidingWindow { window }
+            | Kind::SlidingLog { window } => [self.limit, window],
+        }
+    }
+}
+
+impl RedisRule {
+    /// `W` in nanoseconds (for GCRA and the leaky buckets, the window of the quota).
+    pub(crate) fn window_nanos(&self) -> u64 {
+        match self.kind {
+            Kind::Gcra { window, .. }
+            | Kind::FixedWindow { window }
+            | Kind::SlidingWindow { window }
+            | Kind::SlidingLog { window } => window,
+        }
+    }
+
+    /// This node's share of the quota when `nodes` nodes share it: `⌊L / n⌋` per `W` (and
+    /// `⌊B / n⌋` for the buckets), at least 1, and at most what the in-process state holds.
+    pub(crate) fn share(&self, nodes: u64) -> Result<Quota, QuotaError> {
+        use crate::algorithm::{fixed_window, sliding_log, sliding_window};
+        let nodes = nodes.max(1);
+        let cap = match self.kind {
+            Kind::Gcra { .. } => u64::MAX,
+            Kind::FixedWindow { .. } => fixed_window::MAX_LIMIT,
+            Kind::SlidingWindow { .. } => sliding_window::MAX_LIMIT,
+            Kind::SlidingLog { .. } => sliding_log::MAX_LIMIT,
+        };
+        let limit = (self.limit / nodes).clamp(1, cap);
+        let quota = Quota::new(limit, std::time::Duration::from_nanos(self.window_nanos()))?;
+        match self.kind {
+            Kind::Gcra { burst, .. } => quota.with_burst((burst / nodes).max(1)),
+            _ => Ok(quota),
+        }
+    }
+}
+
+impl TryFrom<Gcra> for RedisRule {
+    type Error = QuotaError;
+
+    /// The in-process rule's parameters, if `B·T ≤ 2^51 ns`.
+    fn try_from(rule: Gcra) -> Result<RedisRule, QuotaError> {
+        let window = rule.interval_nanos().saturating_mul(rule.limit());
+        gcra_rule(
+            rule.limit(),
+            rule.burst(),
+            rule.interval_nanos(),
+            window,
+            false,
+        )
+    }
+}
+
+impl TryFrom<LeakyQueue> for RedisRule {
+    type Error = QuotaError;
+
+    /// The in-process rule's parameters, if `C·T ≤ 2^51 ns`.
+    fn try_from(rule: LeakyQueue) -> Result<RedisRule, QuotaError> {
+        let window = rule.interval_nanos().saturating_mul(rule.limit());
+        gcra_rule(
+            rule.limit(),
+            rule.capacity(),
+            rule.interval_nanos(),
+            window,
+            true,
+        )
+    }
+}
+
+impl TryFrom<FixedWindow> for RedisRule {
+    type Error = QuotaError;
+
+    /// The in-process rule's parameters, if `W ≤ 2^51 ns`.
+    fn try_from(rule: FixedWindow) -> Result<RedisRule, QuotaError> {
+        let window = window_at_most(rule.window())?;
+        Ok(RedisRule {
+            limit: rule.limit(),
+            kind: Kind::FixedWindow { window },
+        })
+    }
+}
+
+impl TryFrom<SlidingWindow> for RedisRule {
+    type Error = QuotaError;
+
+    /// The in-process rule's parameters, if `W ≤ 2^51 ns`.
+    fn try_from(rule: SlidingWindow) -> Result<RedisRule, QuotaError> {
+        let window = window_at_most(rule.window())?;
+        Ok(RedisRule {
+            limit: rule.limit(),
+            kind: Kind::SlidingWindow { window },
+        })
+    }
+}
+
+impl TryFrom<SlidingLog> for RedisRule {
+    type Error = QuotaError;
+
+    /// The in-process rule's parameters, if `W ≤ 2^51 ns`.
+    fn try_from(rule: SlidingLog) -> Result<RedisRule, QuotaError> {
+        let window = window_at_most(rule.window())?;
+        Ok(RedisRule {
+            limit: rule.limit(),
+            kind: Kind::SlidingLog { window },
+        })
+    }
+}
+
+fn gcra_rule(
+    limit: u64,
+    burst: u64,
+    interval: u64,
+    window: u64,
+    queue: bool,
+) -> Result<RedisRule, QuotaError> {
+    let span = burst
+        .checked_mul(interval)
+        .filter(|span| *span <= MAX_NANOS)
+        .ok_or(QuotaError::TooLarge {
+            what: "burst × emission interval (ns)",
+            value: burst.saturating_mul(interval),
+            max: MAX_NANOS,
+        })?;
+    Ok(RedisRule {
+        limit,
+        kind: Kind::Gcra {
+            interval,
+            burst,
+            span,
+            queue,
+            window,
+        },
+    })
+}
+
+fn window_at_most(window: u64) -> Result<u64, QuotaError> {
+    if window > MAX_NANOS {
+        Err(QuotaError::TooLarge {
+            what: "window (ns)",
+            value: window,
+            max: MAX_NANOS,
+        })
+    } else {
+        Ok(window)
+    }
+}
+
+fn window_params(quota: &Quota, algorithm: &'static str) -> Result<(u64, u64), QuotaError> {
+    no_burst(quota, algorithm)?;
+    let window = window_at_most(window_at_least_1ms(quota)?)?;
+    let limit = quota.limit();
+    if limit > MAX_LIMIT {
+        return Err(QuotaError::TooLarge {
+            what: "limit",
+            value: limit,
+            max: MAX_LIMIT,
+        });
+    }
+    Ok((limit, window))
+}
+
+/// What one item of a script's reply says, before its figures are computed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Verdict {
+    Decided { allowed: bool },
+    WrongType,
+    CorruptState,
+}
+
+/// Every value a script returns is an integer below 2^53 (or −1 for "none").
+const REPLY_MAX: i64 = 1 << 53;
+
+fn field(reply: &[i64], i: usize) -> Result<u64, Error> {
+    match reply.get(i) {
+        Some(&v) if (0..REPLY_MAX).contains(&v) => Ok(v as u64),
+        Some(&v) => Err(Error::bad_reply(format!("field {i} is {v}, out of range"))),
+        None => Err(Error::bad_reply(format!("field {i} is missing"))),
+    }
+}
+
+/// `-1` (none) or a value in range.
+fn optional(reply: &[i64], i: usize) -> Result<Option<u64>, Error> {
+    match reply.get(i) {
+        Some(-1) => Ok(None),
+        _ => field(reply, i).map(Some),
+    }
+}
+
+impl RedisRule {
+    /// The verdict code of one reply item, and the number of fields the item must have.
+    pub(crate) fn verdict(&self, reply: &[i64]) -> Result<Verdict, Error> {
+        let fields = match self.kind {
+            Kind::Gcra { .. } => 2,
+            Kind::FixedWindow { .. } => 3,
+            Kind::SlidingWindow { .. } | Kind::SlidingLog { .. } => 4,
+        };
+        if reply.len() != fields {
+            return Err(Error::bad_reply(format!(
+                "an item of {} fields, expected {fields}",
+                reply.len()
+            )));
+        }
+        match reply[0] {
+            1 => Ok(Verdict::Decided { allowed: true }),
+            0 => Ok(Verdict::Decided { allowed: false }),
+            -1 => Ok(Verdict::WrongType),
+            -2 => Ok(Verdict::CorruptState),
+            code => Err(Error::bad_reply(format!("verdict code {code}"))),
+        }
+    }
+
+    /// The decision for a request of `cost ≤ capacity()` from a script's reply item, with the
+    /// durations rounded up to a multiple of `unit` ns (the clock's unit: 1 µs for the server's
+    /// `TIME`, 1 ns for injected time).
+    pub(crate) fn decision(&self, cost: u64, reply: &[i64], unit: u64) -> Result<Decision, Error> {
+        let allowed = match self.verdict(reply)? {
+            Verdict::Decided { allowed } => allowed,
+            // Handled by the caller, which knows the key.
+            Verdict::WrongType | Verdict::CorruptState => {
+                return Err(Error::bad_reply("not a decision".into()))
+            }
+        };
+        let figures = match self.kind {
+            Kind::Gcra {
+                interval,
+                span,
+                queue,
+                ..
+            } => gcra(interval, span, queue, cost, field(reply, 1)?),
+            Kind::FixedWindow { window } => {
+                fixed_window(self.limit, window, cost, field(reply, 1)?, field(reply, 2)?)?
+            }
+            Kind::SlidingWindow { window } => sliding_window(
+                self.limit,
+                window,
+                cost,
+                field(reply, 1)?,
+                field(reply, 2)?,
+                field(reply, 3)?,
+            )?,
+            Kind::SlidingLog { window } => sliding_log(
+                self.limit,
+                window,
+                cost,
+                field(reply, 1)?,
+                optional(reply, 2)?,
+                optional(reply, 3)?,
+            )?,
+        };
+        if figures.allowed != allowed {
+            return Err(Error::bad_reply(format!(
+                "the script {} a request the state it returned {}",
+                if allowed { "allowed" } else { "denied" },
+                if allowed { "denies" } else { "allows" }
+            )));
+        }
+        let round = |ns: u64| ns.div_ceil(unit).saturating_mul(unit);
+        Ok(Decision {
+            allowed,
+            limit: self.limit,
+            retry_after: round(figures.retry_after),
+            reset_after: round(figures.reset_after),
+            delay: round(figures.delay),
+            remaining: Remaining::Exact(figures.remaining),
+        })
+    }
+}
+
+/// A decision's figures, exact, in nanoseconds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Figures {
+    allowed: bool,
+    remaining: u64,
+    retry_after: u64,
+    reset_after: u64,
+    delay: u64,
+}
+
+/// SPEC §1–3 from `debt = max(0, TAT − t)`. Values stay below 2^54 (`debt < 2^53`,
+/// `c·T ≤ B·T ≤ 2^51`).
+fn gcra(interval: u64, span: u64, queue: bool, cost: u64, debt: u64) -> Figures {
+    // Saturating only as a guard: the caller passes `cost ≤ B`.
+    let increment = cost.saturating_mul(interval);
+    let allowed = cost == 0 || debt.saturating_add(increment) <= span;
+    let debt_after = if allowed { debt + increment } else { debt };
+    Figures {
+        allowed,
+        remaining: span.saturating_sub(debt_after) / interval.max(1),
+        retry_after: if allowed {
+            0
+        } else {
+            debt.saturating_add(increment) - span
+        },
+        reset_after: debt_after,
+        // SPEC §3: an admitted request proceeds at max(TAT, t), `debt` from now.
+        delay: if queue && allowed { debt } else { 0 },
+    }
+}
+
+/// SPEC §4 from `e` (time into the window) and `n` (units admitted in it).
+fn fixed_window(limit: u64, window: u64, cost: u64, e: u64, n: u64) -> Result<Figures, Error> {
+    if e >= window {
+        return Err(Error::bad_reply(format!(
+            "{e} ns into a window of {window}"
+        )));
+    }
+    let allowed = cost == 0 || n.saturating_add(cost) <= limit;
+    let n_after = if allowed { n + cost } else { n };
+    let to_end = window - e;
+    Ok(Figures {
+        allowed,
+        remaining: limit.saturating_sub(n_after),
+        retry_after: if allowed { 0 } else { to_end },
+        reset_after: if n_after > 0 { to_end } else { 0 },
+        delay: 0,
+    })
+}
+
+/// SPEC §5 from `e`, `prev` and `cur`, in 128-bit integers.
+fn sliding_window(
+    limit: u64,
+    window: u64,
+    cost: u64,
+    e: u64,
+    prev: u64,
+    cur: u64,
+) -> Result<Figures, Error> {
+    if e >= window {
+        return Err(Error::bad_reply(format!(
+            "{e} ns into a window of {window}"
+        )));
+    }
+    let (l, w, e, prev, cur, c) = (
+        limit as i128,
+        window as i128,
+        e as i128,
+        prev as i128,
+        cur as i128,
+        cost as i128,
+    );
+    let weighted_prev = prev * (w - e);
+    let allowed = c == 0 || (cur + c - 1) * w + weighted_prev < l * w;
+    let cur_after = if allowed { cur + c } else { cur };
+    let headroom = l * w - cur_after * w - weighted_prev; // (L − est)·W
+    let remaining = if headroom <= 0 {
+        0
+    } else {
+        (headroom + w - 1) / w
+    };
+    let reset_after = if cur_after > 0 {
+        2 * w - e
+    } else if prev > 0 {
+        w - e
+    } else {
+        0
+    };
+    let retry_after = if allowed {
+        0
+    } else {
+        sliding_retry_after(l, w, e, prev, cur, c)
+    };
+    // Every value is below 2^53 · 2^52; the casts to u64 saturate rather than wrap.
+    let to_u64 = |v: i128| u64::try_from(v.max(0)).unwrap_or(u64::MAX);
+    Ok(Figures {
+        allowed,
+        remaining: to_u64(remaining),
+        retry_after: to_u64(retry_after),
+        reset_after: to_u64(reset_after),
+        delay: 0,
+    })
+}
+
+/// The first instant at which `c` units would be allowed, as a wait from `e` (SPEC §5: it may
+/// lie in a later window). Times relative to the current window's start.
+fn sliding_retry_after(l: i128, w: i128, e: i128, prev: i128, cur: i128, c: i128) -> i128 {
+    let ceil_div = |a: i128, b: i128| (a + b - 1) / b;
+    // Still in this window: need prev·(W − e') < R, R = (L − cur − c + 1)·W.
+    let r = (l - cur - c + 1) * w;
+    if r > 0 && prev > 0 {
+        let at = w + 1 - ceil_div(r, prev);
+        if at < w {
+            return (at.max(0) - e).max(0);
+        }
+    }
+    // Next window: prev' = cur, cur' = 0; need cur·(W − e') < (L − c + 1)·W.
+    let r = (l - c + 1) * w;
+    let at = if cur == 0 {
+        0
+    } else {
+        (w + 1 - ceil_div(r, cur)).max(0)
+    };
+    if at < w {
+        return (w + at - e).max(0);
+    }
+    // The window after: both counts have slid out.
+    2 * w - e
+}
+
+/// SPEC §6 from the live count and the ages of the entries that matter.
+fn sliding_log(
+    limit: u64,
+    window: u64,
+    cost: u64,
+    count: u64,
+    age_retry: Option<u64>,
+    age_newest: Option<u64>,
+) -> Result<Figures, Error> {
+    let live = |age: Option<u64>| match age {
+        Some(age) if age >= window => Err(Error::bad_reply(format!(
+            "a live entry {age} ns old in a window of {window}"
+        ))),
+        _ => Ok(age),
+    };
+    let (age_retry, age_newest) = (live(age_retry)?, live(age_newest)?);
+    let allowed = cost == 0 || count.saturating_add(cost) <= limit;
+    let count_after = if allowed { count + cost } else { count };
+    let retry_after = match (allowed, age_retry) {
+        (true, _) => 0,
+        (false, Some(age)) => window - age,
+        (false, None) => return Err(Error::bad_reply("a denial without its entry".into())),
+    };
+    let reset_after = match (count_after, allowed && cost > 0, age_newest) {
+        (0, _, _) => 0,
+        // The request's own entries are (or, for a peek, would be) the newest.
+        (_, true, _) => window,
+        (_, false, Some(age)) => window - age,
+        (_, false, None) => return Err(Error::bad_reply("units without an entry".into())),
+    };
+    Ok(Figures {
+        allowed,
+        remaining: limit.saturating_sub(count_after),
+        retry_after,
+        reset_after,
+        delay: 0,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn redis_limits_are_enforced_at_construction() {
+        let q = Quota::new(MAX_LIMIT + 1, Duration::from_secs(1)).unwrap();
+        assert!(matches!(
+            RedisRule::fixed_window(q),
+            Err(QuotaError::TooLarge { what: "limit", .. })
+        ));
+        let q = Quota::new(1, Duration::from_nanos(MAX_NANOS + 1)).unwrap();
+        assert!(matches!(
+            RedisRule::sliding_log(q),
+            Err(QuotaError::TooLarge { .. })
+        ));
+        assert!(
+            RedisRule::sliding_log(Quota::new(1, Duration::from_nanos(MAX_NANOS)).unwrap()).is_ok()
+        );
+        // B·T = 2^51 + 1 ns.
+        let q = Quota::new(1, Duration::from_nanos(MAX_NANOS + 1)).unwrap();
+        assert!(matches!(
+            RedisRule::gcra(q),
+            Err(QuotaError::TooLarge { .. })
+        ));
+        let q = Quota::per_second(1).unwrap().with_burst(2).unwrap();
+        assert!(matches!(
+            RedisRule::sliding_window(q),
+            Err(QuotaError::BurstNotSupported { .. })
+        ));
+    }
+
+    #[test]
+    fn replies_out_of_contract_are_errors_not_panics() {
+        let rules = [
+            RedisRule::gcra(Quota::per_second(10).unwrap()).unwrap(),
+            RedisRule::leaky_queue(Quota::per_second(10).unwrap()).unwrap(),
+            RedisRule::fixed_window(Quota::per_second(10).unwrap()).unwrap(),
+            RedisRule::sliding_window(Quota::per_second(10).unwrap()).unwrap(),
+            RedisRule::sliding_log(Quota::per_second(10).unwrap()).unwrap(),
+            RedisRule::sliding_window(
+                Quota::new(MAX_LIMIT, Duration::from_nanos(MAX_NANOS)).unwrap(),
+            )
+            .unwrap(),
+        ];
+        // Edge values and random ones, in replies of 0 to 5 fields: every one must give a
+        // decision or an error, never a panic (overflow checks are on in tests).
+        let edges = [
+            i64::MIN,
+            -3,
+            -2,
+            -1,
+            0,
+            1,
+            2,
+            9,
+            10,
+            11,
+            999_999_999,
+            1_000_000_000,
+            (1 << 51) - 1,
+            1 << 51,
+            (1 << 53) - 1,
+            1 << 53,
+            i64::MAX,
+        ];
+        let mut state = 0x9E37_79B9_7F4A_7C15u64;
+        let mut next = move || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state
+        };
+        for _ in 0..200_000 {
+            let len = (next() % 6) as usize;
+            let reply: Vec<i64> = (0..len)
+                .map(|i| match next() % 3 {
+                    // Keep the verdict code valid most of the time, to reach the figures.
+                    _ if i == 0 && next() % 4 != 0 => (next() % 2) as i64,
+                    0 => (next() % (1 << 53)) as i64,
+                    _ => edges[(next() % edges.len() as u64) as usize],
+                })
+                .collect();
+            let rule = rules[(next() % rules.len() as u64) as usize];
+            let cost =
+                [0, 1, rule.capacity(), next() % (rule.capacity() + 1)][(next() % 4) as usize];
+            for unit in [1, 1000] {
+                if let Ok(d) = rule.decision(cost, &reply, unit) {
+                    let _ = (d.remaining(), d.retry_after(), d.reset_after(), d.delay());
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_reply_that_contradicts_its_facts_is_refused() {
+        let rule = RedisRule::fixed_window(Quota::per_second(10).unwrap()).unwrap();
+        // "allowed" with 10 of 10 already admitted.
+        assert!(matches!(
+            rule.decision(1, &[1, 5, 10], 1),
+            Err(Error::BadReply { .. })
+        ));
+        assert!(rule.decision(1, &[0, 5, 10], 1).is_ok());
+    }
+}

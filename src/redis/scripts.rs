@@ -1,0 +1,477 @@
+//! Every Lua script of the Redis tier, in one place.
+//!
+//! # Why Lua, not `MULTI`/`EXEC`
+//! A decision *reads* a key's state, decides, and writes the new state only if the request is
+//! admitted. `MULTI`/`EXEC` queues commands whose arguments are fixed before any of them runs,
+//! so it cannot branch on what it reads; the optimistic variant (`WATCH` + `MULTI`) needs two
+//! round trips per check and retries under contention, exactly when a rate limiter is busiest.
+//! A script runs atomically on the server (no other command interleaves), reads the server's
+//! own clock, and costs one round trip whatever the contention, so every node of a fleet sees
+//! one order of events and one clock per key.
+//!
+//! # Conventions shared by all scripts
+//! - **Batches.** Every script decides a batch: `KEYS[i]` is the state of the i-th check, and
+//!   its cost and time are `ARGV[b + 2i − 1]` and `ARGV[b + 2i]` (`b` = the number of fixed
+//!   arguments). Items are decided in order, so two checks of one key in a batch see each other.
+//!   A one-item batch is a single check. In a Redis Cluster every key of one call must hash to
+//!   one slot; the caller groups batches by slot.
+//! - **Time.** Times are nanoseconds since the Unix epoch. An empty time argument means "now" on
+//!   the server (`TIME`, read once per call, so a whole batch is judged at one instant and every
+//!   client of the server shares one clock); a decimal time argument is an *injected* time, for
+//!   tests and trace replay only. Each state records the time of its newest admission; a reading
+//!   older than that is treated as that time (SPEC: time never goes backwards), which also keeps
+//!   a key consistent across a failover to a replica whose clock lags.
+//! - **Exact integers.** Lua numbers are IEEE doubles: integers are exact below 2^53. An absolute
+//!   time in nanoseconds (~1.8·10^18) is not, so times are stored as decimal strings and handled
+//!   as `{seconds, nanoseconds}` pairs; every computed quantity is a *difference* of times or a
+//!   count, kept below 2^52 by the limits the Rust side enforces at construction
+//!   (`MAX_NANOS = 2^51` for windows and `B·T`, `MAX_LIMIT = 2^51` for `L`). Products that can
+//!   exceed 2^53 are compared in 26-bit limbs (`mul`, `less`), never rounded.
+//! - **Reply.** One array per item: `{code, …}` with `code` 1 = allowed, 0 = denied,
+//!   −1 = the key holds another Redis type (`WRONGTYPE`), −2 = the key holds a value these scripts
+//!   did not write. The remaining fields are the facts the decision's figures are computed from
+//!   (in Rust, in 128-bit integers); the Rust side recomputes the verdict from them and refuses
+//!   a reply that disagrees.
+//! - **Writes.** Only an admitted request with `commit = 1` and a positive cost writes, and it
+//!   sets a TTL equal to the time until the state is indistinguishable from a fresh key, rounded
+//!   up to Redis's millisecond (never shorter, so a key never expires while it still limits),
+//!   and at least `ARGV[1]` ms (0 in live use; a floor for injected time, whose clock the
+//!   server cannot see). A denial or a peek writes nothing; the sliding log may drop entries
+//!   that have expired, which no decision can observe.
+//! - **Errors.** States are read with `redis.pcall`, so a key of the wrong type is reported
+//!   per item and the rest of the batch is still decided (a script is not rolled back on an
+//!   error: aborting half way would leave earlier items counted but unreported).
+
+/// Helpers shared by every script (prepended to each).
+macro_rules! prelude {
+    () => {
+        r#"
+-- Redis < 5 needs this before a script that reads TIME may write; a no-op since Redis 7.
+if redis.replicate_commands then redis.replicate_commands() end
+
+local floor = math.floor
+local min_ttl = tonumber(ARGV[1])
+local commit = ARGV[2] == '1'
+
+-- floor(a / b) for integers 0 <= a < 2^53, b >= 1. IEEE division is correctly rounded and
+-- its error stays below the distance 1/b to the next integer, so the floor is exact; the
+-- loops only make that argument visible.
+local function idiv(a, b)
+  local q = floor(a / b)
+  while q * b > a do q = q - 1 end
+  while (q + 1) * b <= a do q = q + 1 end
+  return q
+end
+
+-- A time given as a decimal string of at most 20 digits, as {seconds, nanoseconds}.
+local function parse_time(s)
+  local n = #s
+  if n <= 9 then return {0, tonumber(s)} end
+  return {tonumber(string.sub(s, 1, n - 9)), tonumber(string.sub(s, n - 8))}
+end
+
+-- a − b in nanoseconds: exact when |a − b| < 2^53 (104 days), otherwise of the right sign and
+-- larger than 2^52 in magnitude, which is all the comparisons below need (every bound they
+-- compare with is below 2^52).
+local function diff(a, b)
+  return (a[1] - b[1]) * 1000000000 + (a[2] - b[2])
+end
+
+-- 10^9 in binary, most significant bit first.
+local BILLION_BITS = '111011100110101100101000000000'
+
+-- t mod w for a time t = {s, n} and 1 <= w <= 2^51, exactly: ((s mod w)·10^9 + n) mod w with the
+-- product reduced bit by bit (double and add), so no intermediate value reaches 2^52.
+local function tmod(t, w)
+  local a = t[1] % w
+  local r = 0
+  for i = 1, #BILLION_BITS do
+    r = r + r
+    if r >= w then r = r - w end
+    if string.byte(BILLION_BITS, i) == 49 then
+      r = r + a
+      if r >= w then r = r - w end
+    end
+  end
+  r = r + t[2] % w
+  if r >= w then r = r - w end
+  return r
+end
+
+-- x·y for integers 0 <= x, y < 2^52, as (high, d1, d0) with x·y = high·2^52 + d1·2^26 + d0.
+local LIMB = 67108864 -- 2^26
+local function mul(x, y)
+  local xh, xl = floor(x / LIMB), x % LIMB
+  local yh, yl = floor(y / LIMB), y % LIMB
+  local low, mid = xl * yl, xh * yl + xl * yh -- < 2^52 and < 2^53
+  local d0 = low % LIMB
+  local mid_low = mid % LIMB
+  local s1 = (low - d0) / LIMB + mid_low
+  local d1 = s1 % LIMB
+  return xh * yh + (mid - mid_low) / LIMB + (s1 - d1) / LIMB, d1, d0
+end
+
+-- x1·y1 < x2·y2, exactly, for integers in [0, 2^52).
+local function less(x1, y1, x2, y2)
+  local a1, b1, c1 = mul(x1, y1)
+  local a2, b2, c2 = mul(x2, y2)
+  if a1 ~= a2 then return a1 < a2 end
+  if b1 ~= b2 then return b1 < b2 end
+  return c1 < c2
+end
+
+-- The TTL in ms for a state that becomes fresh after `ns` nanoseconds (rounded up), as a
+-- decimal string: numbers passed to redis.call are formatted by the server in ways that differ
+-- between versions, so every large number goes out as a string formatted here.
+local function ttl_ms(ns)
+  local ms = idiv(ns + 999999, 1000000)
+  if ms < min_ttl then ms = min_ttl end
+  if ms < 1 then ms = 1 end
+  return string.format('%d', ms)
+end
+
+-- The time of item i: (decimal string, pair). '' = the server's clock, read once per call.
+local server_time
+local function now_of(arg)
+  if arg == '' then
+    if not server_time then
+      local t = redis.call('TIME')
+      local s, us = tonumber(t[1]), tonumber(t[2])
+      server_time = {string.format('%d%06d000', s, us), {s, us * 1000}}
+    end
+    return server_time[1], server_time[2]
+  end
+  return arg, parse_time(arg)
+end
+
+-- Reads a string state with pcall: (value or false) or nil, code on a type error.
+local function read_string(key)
+  local v = redis.pcall('GET', key)
+  if type(v) == 'table' and v.err then
+    if string.sub(v.err, 1, 9) == 'WRONGTYPE' then return nil, -1 end
+    return nil, redis.error_reply(v.err)
+  end
+  return v
+end
+
+-- A stored admission time (string, at most 20 digits) and the later of it and now:
+-- returns the time string, its pair and the gap now − stored (0 if stored is later).
+local function clamp(ts, t, stored)
+  local st = parse_time(stored)
+  local gap = diff(t, st)
+  if gap < 0 then return stored, st, 0 end
+  return ts, t, gap
+end
+
+local reply = {}
+"#
+    };
+}
+
+/// GCRA / token bucket / leaky bucket as a meter, and the leaky bucket as a queue (which
+/// differs only in the figures the Rust side derives).
+pub(crate) const GCRA: &str = concat!(
+    r#"
+-- GCRA (SPEC §1–3).
+-- KEYS[i]  state of item i: the string "<t> <debt>", t = time of the newest admission (ns since
+--          the epoch), debt = TAT − t in ns (0 < debt ≤ 2^52). Absent = a full bucket.
+-- ARGV[1]  minimum TTL in ms        ARGV[2]  commit: '1' to count an admitted request, '0' to peek
+-- ARGV[3]  span B·T in ns (≤ 2^51)  ARGV[4]  emission interval T in ns (≥ 1)
+-- ARGV[3 + 2i], ARGV[4 + 2i]: cost of item i (≤ B), its time in ns ('' = server TIME)
+-- reply[i] {code, debt}: debt = max(0, TAT − t) before the decision
+"#,
+    prelude!(),
+    r#"
+local span, interval = tonumber(ARGV[3]), tonumber(ARGV[4])
+for i = 1, #KEYS do
+  local key = KEYS[i]
+  local cost = tonumber(ARGV[3 + 2 * i])
+  local ts, t = now_of(ARGV[4 + 2 * i])
+  local v, err = read_string(key)
+  local debt = 0
+  local code
+  if err then
+    if type(err) == 'table' then return err end
+    code = err
+  elseif v then
+    local st, sd = string.match(v, '^(%d+) (%d+)$')
+    if not st or #st > 20 or #sd > 16 or tonumber(sd) >= 4503599627370496 then
+      code = -2
+    else
+      local gap
+      ts, t, gap = clamp(ts, t, st)
+      debt = tonumber(sd) - gap
+      if debt < 0 then debt = 0 end
+    end
+  end
+  if not code then
+    local increment = cost * interval
+    if cost == 0 or debt + increment <= span then
+      code = 1
+      if commit and cost > 0 then
+        local after = debt + increment
+        redis.call('SET', key, ts .. ' ' .. string.format('%d', after), 'PX', ttl_ms(after))
+      end
+    else
+      code = 0
+    end
+  end
+  reply[i] = {code, debt}
+end
+return reply
+"#
+);
+
+/// Fixed window counter.
+pub(crate) const FIXED_WINDOW: &str = concat!(
+    r#"
+-- Fixed window (SPEC §4), windows [k·W, (k+1)·W) aligned to the Unix epoch.
+-- KEYS[i]  state of item i: the string "<t> <n>", t = time of the newest admission, n = units
+--          admitted in t's window. Absent = nothing admitted.
+-- ARGV[1]  minimum TTL in ms        ARGV[2]  commit: '1' / '0'
+-- ARGV[3]  limit L (≤ 2^51)          ARGV[4]  window W in ns (1 ms ≤ W ≤ 2^51)
+-- ARGV[3 + 2i], ARGV[4 + 2i]: cost of item i (≤ L), its time in ns ('' = server TIME)
+-- reply[i] {code, e, n}: e = t − k·W (time into the window), n = units admitted in it before
+"#,
+    prelude!(),
+    r#"
+local limit, window = tonumber(ARGV[3]), tonumber(ARGV[4])
+for i = 1, #KEYS do
+  local key = KEYS[i]
+  local cost = tonumber(ARGV[3 + 2 * i])
+  local ts, t = now_of(ARGV[4 + 2 * i])
+  local v, err = read_string(key)
+  local n, e = 0, 0
+  local code
+  if err then
+    if type(err) == 'table' then return err end
+    code = err
+  elseif v then
+    local st, sn = string.match(v, '^(%d+) (%d+)$')
+    if not st or #st > 20 or #sn > 16 or tonumber(sn) >= 4503599627370496 then
+      code = -2
+    else
+      local gap
+      ts, t, gap = clamp(ts, t, st)
+      e = tmod(t, window)
+      -- The stored window is the current one iff the stored time is at or after its start.
+      if gap <= e then n = tonumber(sn) end
+    end
+  else
+    e = tmod(t, window)
+  end
+  if not code then
+    if cost == 0 or n + cost <= limit then
+      code = 1
+      if commit and cost > 0 then
+        redis.call('SET', key, ts .. ' ' .. string.format('%d', n + cost), 'PX', ttl_ms(window - e))
+      end
+    else
+      code = 0
+    end
+  end
+  reply[i] = {code, e, n}
+end
+return reply
+"#
+);
+
+/// Sliding window counter.
+pub(crate) const SLIDING_WINDOW: &str = concat!(
+    r#"
+-- Sliding window counter (SPEC §5), windows aligned to the Unix epoch.
+-- KEYS[i]  state of item i: the string "<t> <prev> <cur>", t = time of the newest admission,
+--          cur = units admitted in t's window, prev = in the window before it.
+-- ARGV[1]  minimum TTL in ms        ARGV[2]  commit: '1' / '0'
+-- ARGV[3]  limit L (≤ 2^51)          ARGV[4]  window W in ns (1 ms ≤ W ≤ 2^51)
+-- ARGV[3 + 2i], ARGV[4 + 2i]: cost of item i (≤ L), its time in ns ('' = server TIME)
+-- reply[i] {code, e, prev, cur}: as seen from the current window, before the decision
+-- Admission, exactly: cost = 0, or (cur + c − 1)·W + prev·(W − e) < L·W, which is
+-- prev·(W − e) < a·W with a = L − cur − c + 1 (false if a ≤ 0); both products may pass 2^53.
+"#,
+    prelude!(),
+    r#"
+local limit, window = tonumber(ARGV[3]), tonumber(ARGV[4])
+for i = 1, #KEYS do
+  local key = KEYS[i]
+  local cost = tonumber(ARGV[3 + 2 * i])
+  local ts, t = now_of(ARGV[4 + 2 * i])
+  local v, err = read_string(key)
+  local prev, cur, e = 0, 0, 0
+  local code
+  if err then
+    if type(err) == 'table' then return err end
+    code = err
+  elseif v then
+    local st, sp, sc = string.match(v, '^(%d+) (%d+) (%d+)$')
+    if not st or #st > 20 or #sp > 16 or #sc > 16
+      or tonumber(sp) >= 4503599627370496 or tonumber(sc) >= 4503599627370496 then
+      code = -2
+    else
+      local gap
+      ts, t, gap = clamp(ts, t, st)
+      e = tmod(t, window)
+      if gap <= e then
+        prev, cur = tonumber(sp), tonumber(sc) -- the stored window is the current one
+      elseif gap <= e + window then
+        prev = tonumber(sc) -- the stored window is the previous one
+      end
+    end
+  else
+    e = tmod(t, window)
+  end
+  if not code then
+    local allowed = cost == 0
+    if not allowed then
+      local a = limit - cur - cost + 1
+      allowed = a > 0 and (prev == 0 or less(prev, window - e, a, window))
+    end
+    if allowed then
+      code = 1
+      if commit and cost > 0 then
+        local state = ts .. ' ' .. string.format('%d %d', prev, cur + cost)
+        redis.call('SET', key, state, 'PX', ttl_ms(2 * window - e))
+      end
+    else
+      code = 0
+    end
+  end
+  reply[i] = {code, e, prev, cur}
+end
+return reply
+"#
+);
+
+/// Sliding window log.
+pub(crate) const SLIDING_LOG: &str = concat!(
+    r#"
+-- Sliding window log (SPEC §6): units with time > t − W count.
+-- KEYS[i]  log of item i: a sorted set with one member per admitted request,
+--          member "<cum>:<cost>:<t>", score cum = units admitted to this log up to and including
+--          this request. Scores grow with time, so unit number u belongs to the first member
+--          with score ≥ u: the k-th oldest live unit is found in O(log n), and a request of any
+--          cost is one member. Renumbered from 0 before cum would pass 2^52.
+-- ARGV[1]  minimum TTL in ms        ARGV[2]  commit: '1' / '0'
+-- ARGV[3]  limit L (≤ 2^51)          ARGV[4]  window W in ns (1 ms ≤ W ≤ 2^51)
+-- ARGV[3 + 2i], ARGV[4 + 2i]: cost of item i (≤ L), its time in ns ('' = server TIME)
+-- reply[i] {code, count, age_retry, age_newest}: count = live units before the decision;
+--          age_retry = t − time of the (count + c − L)-th oldest live unit when denied, else −1;
+--          age_newest = t − time of the newest live entry, −1 if none.
+"#,
+    prelude!(),
+    r#"
+local limit, window = tonumber(ARGV[3]), tonumber(ARGV[4])
+local RENUMBER_AT = 4503599627370496 -- 2^52
+
+-- cum, cost, time string, time pair of a member; nil if it is not one of ours.
+local function member(m)
+  if type(m) ~= 'string' then return nil end
+  local cum, cost, mt = string.match(m, '^(%d+):(%d+):(%d+)$')
+  if not cum or #cum > 16 or #cost > 16 or #mt > 20 then return nil end
+  cum, cost = tonumber(cum), tonumber(cost)
+  if cost < 1 or cost > cum or cum > 2 * RENUMBER_AT then return nil end
+  return cum, cost, mt, parse_time(mt)
+end
+
+-- Rewrites every member with cum − base, so scores restart near 0.
+local function renumber(key, base)
+  local all = redis.call('ZRANGE', key, 0, -1)
+  redis.call('DEL', key)
+  for j = 1, #all do
+    local cum, cost, mt = member(all[j])
+    if cum then
+      local score = string.format('%d', cum - base)
+      redis.call('ZADD', key, score, score .. string.format(':%d:', cost) .. mt)
+    end
+  end
+end
+
+for i = 1, #KEYS do
+  local key = KEYS[i]
+  local cost = tonumber(ARGV[3 + 2 * i])
+  local ts, t = now_of(ARGV[4 + 2 * i])
+  local newest = redis.pcall('ZRANGE', key, -1, -1)
+  local code
+  local count, base, cum_newest, age_newest, age_retry = 0, 0, 0, -1, -1
+  if type(newest) == 'table' and newest.err then
+    if string.sub(newest.err, 1, 9) ~= 'WRONGTYPE' then return redis.error_reply(newest.err) end
+    code = -1
+  elseif newest[1] then
+    local ncum, ncost, nts = member(newest[1])
+    if not ncum then
+      code = -2
+    else
+      local gap
+      ts, t, gap = clamp(ts, t, nts)
+      if gap >= window then
+        -- Every entry has expired.
+        redis.call('DEL', key)
+      else
+        -- Drop the expired prefix: binary search for the first live rank (the newest is live).
+        local lo, hi = 0, redis.call('ZCARD', key) - 1
+        while lo < hi do
+          local mid = floor((lo + hi) / 2)
+          local _, _, _, mt = member(redis.call('ZRANGE', key, mid, mid)[1])
+          if mt and diff(t, mt) >= window then lo = mid + 1 else hi = mid end
+        end
+        if lo > 0 then redis.call('ZREMRANGEBYRANK', key, 0, lo - 1) end
+        local fcum, fcost = member(redis.call('ZRANGE', key, 0, 0)[1])
+        if not fcum or fcum - fcost > ncum then
+          code = -2
+        else
+          base, cum_newest, age_newest = fcum - fcost, ncum, gap
+          count = ncum - base
+        end
+      end
+    end
+  end
+  if not code then
+    if cost == 0 or count + cost <= limit then
+      code = 1
+      if commit and cost > 0 then
+        if cum_newest + cost > RENUMBER_AT then
+          renumber(key, base)
+          cum_newest = cum_newest - base
+        end
+        local cum = cum_newest + cost
+        local score = string.format('%d', cum)
+        redis.call('ZADD', key, score, score .. string.format(':%d:', cost) .. ts)
+        redis.call('PEXPIRE', key, ttl_ms(window))
+      end
+    else
+      code = 0
+      -- Unit number base + (count + cost − L) must expire first.
+      local unit = string.format('%d', base + count + cost - limit)
+      local hit = redis.call('ZRANGEBYSCORE', key, unit, '+inf', 'LIMIT', 0, 1)
+      local _, _, _, mt = member(hit[1])
+      if mt then age_retry = diff(t, mt) else code = -2 end
+    end
+  end
+  reply[i] = {code, count, age_retry, age_newest}
+end
+return reply
+"#
+);
+
+/// Heartbeats of the nodes that share a limiter, for the `Local` failure policy's share.
+pub(crate) const HEARTBEAT: &str = r#"
+-- Node heartbeats (not a decision: no prelude).
+-- KEYS[1]  a sorted set: member = a node's id, score = its last heartbeat in ms since the epoch
+--          (the server's TIME, so every node is judged by one clock)
+-- ARGV[1]  this node's id            ARGV[2]  expiry in ms: a node silent this long is gone
+-- ARGV[3]  '1' to beat, '0' to leave
+-- reply    the number of live nodes (this one included when beating)
+if redis.replicate_commands then redis.replicate_commands() end
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local expiry = tonumber(ARGV[2])
+if ARGV[3] == '1' then
+  redis.call('ZADD', KEYS[1], string.format('%d', now), ARGV[1])
+else
+  redis.call('ZREM', KEYS[1], ARGV[1])
+end
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', string.format('%d', now - expiry))
+-- The set lives as long as a heartbeat counts: no node left, no key left.
+redis.call('PEXPIRE', KEYS[1], string.format('%d', expiry))
+return redis.call('ZCARD', KEYS[1])
+"#;

@@ -1,0 +1,282 @@
+//! The keyed limiter's store: eviction of keys that have become fresh, a bounded `len()`, the
+//! `max_keys` bound with both overflow policies, peeks and refunds that insert nothing, and
+//! borrowed lookups (`&str` for `String` keys).
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::thread;
+use std::time::Duration;
+
+use tollgate::clock::ManualClock;
+use tollgate::{
+    Algorithm, Error, FixedWindow, Gcra, KeyedLimiter, LeakyQueue, OverflowPolicy, Quota,
+    SlidingLog, SlidingWindow,
+};
+
+const MS: u64 = 1_000_000;
+const SEC: u64 = 1_000_000_000;
+
+fn keyed<K: std::hash::Hash + Eq + Send + Sync, A: Algorithm>(
+    rule: A,
+) -> (KeyedLimiter<K, A, ManualClock>, ManualClock) {
+    let clock = ManualClock::new();
+    (
+        KeyedLimiter::with_clock(rule, clock.clone()).unwrap(),
+        clock,
+    )
+}
+
+fn bounded<A: Algorithm>(
+    rule: A,
+    max_keys: usize,
+    policy: OverflowPolicy,
+) -> (KeyedLimiter<u64, A, ManualClock>, ManualClock) {
+    let clock = ManualClock::new();
+    let limiter = KeyedLimiter::<u64, A>::builder(rule)
+        .clock(clock.clone())
+        .max_keys(max_keys, policy)
+        .build()
+        .unwrap();
+    (limiter, clock)
+}
+
+/// A key with state is evicted exactly when it becomes indistinguishable from a fresh key:
+/// GCRA when `TAT ≤ t`, the fixed window at the next window, the sliding window counter when
+/// both windows are empty, the log when its newest entry has expired.
+#[test]
+fn a_key_is_evicted_exactly_when_it_is_fresh() {
+    fn test<A: Algorithm>(rule: A, admitted_at: u64, fresh_at: u64) {
+        let (lim, clock) = keyed::<u64, A>(rule);
+        clock.set(admitted_at);
+        assert!(lim.check(&1).unwrap().allowed());
+        assert_eq!(lim.len(), 1);
+        for t in [admitted_at, admitted_at + 1, fresh_at - 1] {
+            clock.set(t);
+            assert_eq!(lim.evict_fresh(), 0, "{} at {t}", A::NAME);
+            assert_eq!(lim.len(), 1);
+        }
+        clock.set(fresh_at);
+        assert_eq!(lim.evict_fresh(), 1, "{} at {fresh_at}", A::NAME);
+        assert!(lim.is_empty());
+        // An evicted key comes back fresh: the full capacity.
+        assert!(lim.check_n(&1, rule.capacity()).unwrap().allowed());
+    }
+    let q = Quota::new(4, Duration::from_millis(100)).unwrap();
+    // GCRA: T = 25 ms; one admission at 1.01 s puts TAT at 1.035 s.
+    test(Gcra::new(q).unwrap(), 1_010 * MS, 1_035 * MS);
+    test(LeakyQueue::new(q).unwrap(), 1_010 * MS, 1_035 * MS);
+    test(FixedWindow::new(q).unwrap(), 1_010 * MS, 1_100 * MS);
+    test(SlidingWindow::new(q).unwrap(), 1_010 * MS, 1_200 * MS);
+    test(SlidingLog::new(q).unwrap(), 1_010 * MS, 1_110 * MS);
+}
+
+/// A flood of unique keys over time: keys become fresh and are swept as new ones arrive, so the
+/// table stays within about twice the keys that still hold state.
+#[test]
+fn len_stays_bounded_under_a_flood_of_unique_keys() {
+    fn test<A: Algorithm>(rule: A, live_for: u64) {
+        let (lim, clock) = keyed::<u64, A>(rule);
+        // 10 new keys per ms; each holds state for `live_for` ns, so ~`live_for / 100 µs` live.
+        let live = (live_for / (MS / 10)) as usize;
+        let mut peak = 0;
+        for key in 0..60_000u64 {
+            if key % 10 == 0 {
+                clock.advance_nanos(MS);
+            }
+            assert!(lim.check(&key).unwrap().allowed());
+            peak = peak.max(lim.len());
+        }
+        let bound = 2 * live.max(1024) + 64;
+        assert!(peak <= bound, "{}: peak {peak} > {bound}", A::NAME);
+        assert!(peak >= live, "{}: the test did hold live keys", A::NAME);
+        clock.advance(Duration::from_secs(10));
+        let held = lim.len();
+        assert_eq!(lim.evict_fresh(), held);
+        assert!(lim.is_empty());
+    }
+    let q = Quota::new(10, Duration::from_millis(100)).unwrap();
+    test(Gcra::new(q).unwrap(), 10 * MS);
+    test(LeakyQueue::new(q).unwrap(), 10 * MS);
+    test(FixedWindow::new(q).unwrap(), 100 * MS);
+    test(SlidingWindow::new(q).unwrap(), 200 * MS);
+    test(SlidingLog::new(q).unwrap(), 100 * MS);
+}
+
+/// Sweeps never drop a key that still holds state.
+#[test]
+fn sweeps_keep_keys_with_state() {
+    fn test<A: Algorithm>(rule: A, fresh_after: u64) {
+        let (lim, clock) = keyed::<u64, A>(rule);
+        clock.set(SEC);
+        let capacity = rule.capacity();
+        let hot = u64::MAX;
+        // Batches of 500 new keys; between batches every key becomes fresh, and the hot key is
+        // exhausted again. Sweeps run as the table passes 1024 keys.
+        for key in 0..6_000u64 {
+            if key % 500 == 0 {
+                clock.advance_nanos(fresh_after);
+                assert!(
+                    lim.check_n(&hot, capacity).unwrap().allowed(),
+                    "{}",
+                    A::NAME
+                );
+            }
+            clock.advance_nanos(1);
+            lim.check(&key).unwrap();
+            // Had a sweep dropped the hot key, it would read as fresh.
+            assert!(
+                !lim.peek(&hot, 1).unwrap().allowed(),
+                "{} key {key}",
+                A::NAME
+            );
+        }
+        assert!(
+            lim.len() < 3_000,
+            "{}: no sweep ran ({})",
+            A::NAME,
+            lim.len()
+        );
+        assert!(!lim.check(&hot).unwrap().allowed());
+    }
+    let q = Quota::new(3, Duration::from_millis(10)).unwrap();
+    test(Gcra::new(q).unwrap(), 10 * MS);
+    test(LeakyQueue::new(q).unwrap(), 10 * MS);
+    test(FixedWindow::new(q).unwrap(), 10 * MS);
+    test(SlidingWindow::new(q).unwrap(), 20 * MS);
+    test(SlidingLog::new(q).unwrap(), 10 * MS);
+}
+
+#[test]
+fn peek_does_not_insert_a_key() {
+    let (lim, clock) = keyed::<String, _>(FixedWindow::new(Quota::per_second(2).unwrap()).unwrap());
+    clock.set(SEC);
+    for cost in 0..=2 {
+        assert!(lim.peek("nobody", cost).unwrap().allowed());
+    }
+    assert!(lim.peek("nobody", 3).is_err());
+    assert!(lim.is_empty());
+    // A refund for an unknown key does nothing and inserts nothing.
+    lim.refund("nobody", 5);
+    assert!(lim.is_empty());
+    // An error inserts nothing.
+    assert!(lim.check_n("nobody", 3).is_err());
+    assert!(lim.is_empty());
+    // A check inserts, even when free.
+    assert!(lim.check_n("somebody", 0).unwrap().allowed());
+    assert_eq!(lim.len(), 1);
+}
+
+#[test]
+fn string_keys_are_looked_up_by_str() {
+    let (lim, clock) = keyed::<String, _>(Gcra::new(Quota::per_second(2).unwrap()).unwrap());
+    clock.set(SEC);
+    assert!(lim.check("alice").unwrap().allowed());
+    let owned = String::from("alice");
+    assert!(lim.check(&owned).unwrap().allowed());
+    assert!(!lim.check("alice").unwrap().allowed());
+    assert_eq!(lim.len(), 1);
+    assert!(!lim.peek("alice", 1).unwrap().allowed());
+    lim.refund("alice", 1);
+    assert!(lim.check_n(owned.as_str(), 1).unwrap().allowed());
+    assert!(lim.check("bob").unwrap().allowed());
+    assert_eq!(lim.len(), 2);
+    // Other borrowed forms: `Vec<u8>` by `&[u8]`.
+    let (bytes, clock) = keyed::<Vec<u8>, _>(Gcra::new(Quota::per_second(1).unwrap()).unwrap());
+    clock.set(SEC);
+    assert!(bytes.check(&b"k"[..]).unwrap().allowed());
+    assert!(!bytes.check(&vec![b'k']).unwrap().allowed());
+}
+
+#[test]
+fn max_keys_deny_refuses_new_keys_until_some_are_fresh() {
+    fn test<A: Algorithm>(rule: A, fresh_after: u64) {
+        let (lim, clock) = bounded(rule, 3, OverflowPolicy::Deny);
+        clock.set(SEC);
+        for key in 0..3 {
+            assert!(lim.check(&key).unwrap().allowed());
+        }
+        assert_eq!(lim.check(&3), Err(Error::KeyTableFull { max_keys: 3 }));
+        assert_eq!(lim.check_n(&4, 0), Err(Error::KeyTableFull { max_keys: 3 }));
+        assert_eq!(lim.len(), 3);
+        // Known keys keep their own limits.
+        let capacity = rule.capacity();
+        assert!(lim.check_n(&0, capacity - 1).unwrap().allowed());
+        assert!(!lim.check(&0).unwrap().allowed(), "{}", A::NAME);
+        // A peek of an unknown key is answered (as a fresh key) and inserts nothing.
+        assert!(lim.peek(&9, 1).unwrap().allowed());
+        // Once the keys are fresh again, a sweep makes room.
+        clock.advance_nanos(fresh_after);
+        assert!(lim.check(&3).unwrap().allowed(), "{}", A::NAME);
+        assert!(lim.len() <= 3);
+    }
+    let q = Quota::new(2, Duration::from_millis(100)).unwrap();
+    test(Gcra::new(q).unwrap(), 100 * MS);
+    test(LeakyQueue::new(q).unwrap(), 100 * MS);
+    test(FixedWindow::new(q).unwrap(), 100 * MS);
+    test(SlidingWindow::new(q).unwrap(), 200 * MS);
+    test(SlidingLog::new(q).unwrap(), 100 * MS);
+}
+
+#[test]
+fn max_keys_shared_counts_overflow_keys_against_one_state() {
+    fn test<A: Algorithm>(rule: A) {
+        let (lim, clock) = bounded(rule, 2, OverflowPolicy::Shared);
+        clock.set(SEC);
+        let capacity = rule.capacity();
+        // Two keys get their own state.
+        assert!(lim.check_n(&0, capacity).unwrap().allowed());
+        assert!(lim.check_n(&1, capacity).unwrap().allowed());
+        // Every further key shares one state: one key's quota in aggregate, never unlimited.
+        let admitted: u64 = (2..50u64)
+            .map(|key| u64::from(lim.check(&key).unwrap().allowed()))
+            .sum();
+        assert_eq!(admitted, capacity, "{}", A::NAME);
+        assert_eq!(lim.len(), 2);
+        // The two tracked keys are unaffected.
+        assert!(!lim.check(&0).unwrap().allowed());
+    }
+    let q = Quota::new(3, Duration::from_millis(100)).unwrap();
+    test(Gcra::new(q).unwrap());
+    test(LeakyQueue::new(q).unwrap());
+    test(FixedWindow::new(q).unwrap());
+    test(SlidingWindow::new(q).unwrap());
+    test(SlidingLog::new(q).unwrap());
+}
+
+/// Racing inserts never overshoot `max_keys`.
+#[test]
+fn max_keys_holds_under_concurrent_inserts() {
+    for policy in [OverflowPolicy::Deny, OverflowPolicy::Shared] {
+        let (lim, clock) = bounded(
+            FixedWindow::new(Quota::per_second(5).unwrap()).unwrap(),
+            100,
+            policy,
+        );
+        clock.set(SEC);
+        let peak = AtomicUsize::new(0);
+        let refused = AtomicUsize::new(0);
+        thread::scope(|s| {
+            for id in 0..6u64 {
+                let (lim, peak, refused) = (&lim, &peak, &refused);
+                s.spawn(move || {
+                    for i in 0..2_000u64 {
+                        match lim.check(&(id * 1_000_000 + i)) {
+                            Ok(_) => {}
+                            Err(Error::KeyTableFull { max_keys }) => {
+                                assert_eq!(max_keys, 100);
+                                refused.fetch_add(1, Ordering::Relaxed);
+                            }
+                            Err(e) => panic!("{e:?}"),
+                        }
+                        peak.fetch_max(lim.len(), Ordering::Relaxed);
+                    }
+                });
+            }
+        });
+        assert!(peak.into_inner() <= 100, "{policy:?}");
+        assert_eq!(lim.len(), 100);
+        match policy {
+            OverflowPolicy::Deny => assert_eq!(refused.into_inner(), 12_000 - 100),
+            OverflowPolicy::Shared => assert_eq!(refused.into_inner(), 0),
+        }
+    }
+}

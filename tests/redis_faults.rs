@@ -1,0 +1,349 @@
+//! Failure handling against a real `redis-server` this test starts and then kills (`kill -9`),
+//! hangs (`SIGSTOP`) and revives: no panic, the failure policy takes over within the timeout,
+//! checks stay fast during the outage, and global mode is back within 2 s.
+//!
+//! Run with `cargo test --features redis --test redis_faults`.
+
+#![cfg(feature = "redis")]
+
+#[path = "support/redis_server.rs"]
+mod redis_server;
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use redis_server::RedisServer;
+use tollgate::redis::{
+    Error, FailureHandling, FailurePolicy, GuardedLimiter, Mode, RedisLimiter, RedisRule,
+};
+use tollgate::Quota;
+
+const TIMEOUT: Duration = Duration::from_millis(50);
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("a tokio runtime")
+}
+
+async fn guarded(
+    server: &RedisServer,
+    rule: RedisRule,
+    handling: FailureHandling,
+) -> GuardedLimiter {
+    RedisLimiter::builder(rule)
+        .timeout(TIMEOUT)
+        .connect(&server.url())
+        .await
+        .expect("connects")
+        .guarded(handling)
+        .await
+}
+
+/// One check as the load saw it: when it started, how long it took, and the mode after it.
+#[derive(Debug, Clone, Copy)]
+struct Sample {
+    start: Instant,
+    latency: Duration,
+    degraded: bool,
+}
+
+/// Tasks checking random keys until told to stop; every sample is recorded. A check that
+/// returns an error fails the test (transient errors must be absorbed by the policy).
+struct Load {
+    stop: Arc<AtomicBool>,
+    samples: Arc<Mutex<Vec<Sample>>>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Load {
+    fn start(limiter: &GuardedLimiter, tasks: usize) -> Load {
+        let stop = Arc::new(AtomicBool::new(false));
+        let samples = Arc::new(Mutex::new(Vec::new()));
+        let counter = Arc::new(AtomicU64::new(0));
+        let tasks = (0..tasks)
+            .map(|_| {
+                let (l, stop, samples, counter) = (
+                    limiter.clone(),
+                    stop.clone(),
+                    samples.clone(),
+                    counter.clone(),
+                );
+                tokio::spawn(async move {
+                    // Bounded: at most 30 s or 200 000 checks per task.
+                    let deadline = Instant::now() + Duration::from_secs(30);
+                    for _ in 0..200_000 {
+                        if stop.load(Ordering::Relaxed) || Instant::now() > deadline {
+                            break;
+                        }
+                        let key = format!("user{}", counter.fetch_add(1, Ordering::Relaxed) % 64);
+                        let start = Instant::now();
+                        let result = l.check(&key).await;
+                        let latency = start.elapsed();
+                        if let Err(e) = result {
+                            panic!("a check failed during the fault test: {e}");
+                        }
+                        let degraded = l.mode() != Mode::Global;
+                        samples.lock().unwrap().push(Sample {
+                            start,
+                            latency,
+                            degraded,
+                        });
+                        // Yield so the load does not starve the runtime's other tasks.
+                        tokio::task::yield_now().await;
+                    }
+                })
+            })
+            .collect();
+        Load {
+            stop,
+            samples,
+            tasks,
+        }
+    }
+
+    async fn finish(self) -> Vec<Sample> {
+        self.stop.store(true, Ordering::Relaxed);
+        for task in self.tasks {
+            task.await.expect("no load task panicked");
+        }
+        let samples = self.samples.lock().unwrap().clone();
+        samples
+    }
+}
+
+/// Waits until `limiter` reports `mode`; how long that took.
+async fn wait_for(limiter: &GuardedLimiter, mode: Mode, within: Duration) -> Duration {
+    let started = Instant::now();
+    while limiter.mode() != mode {
+        assert!(
+            started.elapsed() < within,
+            "mode {:?} not reached within {within:?} (still {:?})",
+            mode,
+            limiter.mode()
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    started.elapsed()
+}
+
+fn p99(mut latencies: Vec<Duration>) -> Duration {
+    assert!(!latencies.is_empty());
+    latencies.sort();
+    latencies[(latencies.len() * 99).div_ceil(100) - 1]
+}
+
+/// The outage checks: samples started during the outage have p99 ≤ timeout + 5 ms, and
+/// the first degraded sample came within the timeout (plus scheduling slack) of the fault.
+fn check_outage(samples: &[Sample], fault: Instant, healed: Instant, what: &str) -> Duration {
+    let during: Vec<&Sample> = samples
+        .iter()
+        .filter(|s| s.start >= fault && s.start < healed)
+        .collect();
+    assert!(
+        during.len() > 100,
+        "{what}: too few checks during the outage ({})",
+        during.len()
+    );
+    let p99 = p99(during.iter().map(|s| s.latency).collect());
+    let takeover = during
+        .iter()
+        .filter(|s| s.degraded)
+        .map(|s| s.start + s.latency - fault)
+        .min()
+        .expect("some check was decided by the policy");
+    eprintln!(
+        "{what}: {} checks during the outage, p99 latency {p99:?}, policy took over {takeover:?} after the fault",
+        during.len()
+    );
+    assert!(
+        p99 <= TIMEOUT + Duration::from_millis(5),
+        "{what}: p99 {p99:?}"
+    );
+    assert!(
+        // By construction a check falls back the moment its call times out; the margin is
+        // for scheduling on a loaded 2-core machine.
+        takeover <= TIMEOUT + Duration::from_millis(50),
+        "{what}: the policy took over after {takeover:?}"
+    );
+    p99
+}
+
+#[test]
+fn kill_9_then_restart_under_load_with_the_local_policy() {
+    let Some(mut server) = RedisServer::start() else {
+        return;
+    };
+    runtime().block_on(async {
+        let rule = RedisRule::fixed_window(Quota::per_second(1_000_000).unwrap()).unwrap();
+        let handling = FailureHandling::new(FailurePolicy::Local)
+            .probe_interval(Duration::from_millis(100))
+            .heartbeat_interval(Duration::from_millis(200));
+        let limiter = guarded(&server, rule, handling).await;
+        assert_eq!(limiter.mode(), Mode::Global);
+        assert_eq!(limiter.live_nodes(), 1);
+        let load = Load::start(&limiter, 4);
+        tokio::time::sleep(Duration::from_millis(300)).await;
+
+        let fault = Instant::now();
+        server.signal("KILL");
+        wait_for(
+            &limiter,
+            Mode::Degraded(FailurePolicy::Local),
+            Duration::from_secs(1),
+        )
+        .await;
+        tokio::time::sleep(Duration::from_millis(700)).await;
+
+        let healed = Instant::now();
+        // The restart blocks (it waits for PING): keep it off the load's worker.
+        tokio::task::block_in_place(|| server.restart());
+        let back = wait_for(&limiter, Mode::Global, Duration::from_secs(2)).await;
+        eprintln!("kill -9: global again {back:?} after the restart");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let samples = load.finish().await;
+        check_outage(&samples, fault, healed, "kill -9");
+        let after = samples.iter().filter(|s| s.start > healed + back).count();
+        assert!(after > 0, "checks went on after the recovery");
+        drop(server);
+    });
+}
+
+#[test]
+fn sigstop_then_sigcont_under_load_with_fail_closed() {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    runtime().block_on(async {
+        let rule = RedisRule::gcra(Quota::per_second(1_000_000).unwrap()).unwrap();
+        let handling = FailureHandling::new(FailurePolicy::FailClosed)
+            .probe_interval(Duration::from_millis(100));
+        let limiter = guarded(&server, rule, handling).await;
+        let load = Load::start(&limiter, 4);
+        tokio::time::sleep(Duration::from_millis(300)).await;
+
+        let fault = Instant::now();
+        server.signal("STOP");
+        wait_for(
+            &limiter,
+            Mode::Degraded(FailurePolicy::FailClosed),
+            Duration::from_secs(1),
+        )
+        .await;
+        // Fail closed: every check is denied, with a retry hint.
+        let d = limiter.check("probe").await.unwrap();
+        assert!(!d.allowed() && d.retry_after() == Duration::from_millis(100));
+        tokio::time::sleep(Duration::from_millis(700)).await;
+
+        let healed = Instant::now();
+        server.signal("CONT");
+        let back = wait_for(&limiter, Mode::Global, Duration::from_secs(2)).await;
+        eprintln!("SIGSTOP: global again {back:?} after SIGCONT");
+        assert!(limiter.check("probe").await.unwrap().allowed());
+        let samples = load.finish().await;
+        check_outage(&samples, fault, healed, "SIGSTOP");
+    });
+}
+
+#[test]
+fn fail_open_allows_and_fatal_errors_pass_through() {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    runtime().block_on(async {
+        let rule = RedisRule::sliding_log(Quota::per_minute(2).unwrap()).unwrap();
+        let handling =
+            FailureHandling::new(FailurePolicy::FailOpen).probe_interval(Duration::from_millis(50));
+        let limiter = guarded(&server, rule, handling).await;
+        // A fatal error is not an outage: returned as it is, the breaker stays closed.
+        let key = limiter.exact().redis_key("list");
+        let mut conn = limiter.exact().connection().clone();
+        let _: () = redis::cmd("RPUSH")
+            .arg(&key)
+            .arg("x")
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        let e = limiter.check("list").await.unwrap_err();
+        assert!(matches!(e, Error::WrongType { .. }));
+        assert_eq!(limiter.mode(), Mode::Global);
+        // A cost above the capacity stays an error in every mode.
+        assert!(matches!(
+            limiter.check_n("k", 3).await,
+            Err(Error::Capacity { .. })
+        ));
+        for _ in 0..2 {
+            assert!(limiter.check("k").await.unwrap().allowed());
+        }
+        assert!(!limiter.check("k").await.unwrap().allowed());
+        server.signal("STOP");
+        // The first check waits for the timeout, then the policy answers; later ones at once.
+        for _ in 0..5 {
+            assert!(limiter.check("k").await.unwrap().allowed());
+        }
+        assert_eq!(limiter.mode(), Mode::Degraded(FailurePolicy::FailOpen));
+        assert!(matches!(
+            limiter.check_n("k", 3).await,
+            Err(Error::Capacity { .. })
+        ));
+        server.signal("CONT");
+        wait_for(&limiter, Mode::Global, Duration::from_secs(2)).await;
+        assert!(
+            !limiter.check("k").await.unwrap().allowed(),
+            "the global state is intact"
+        );
+    });
+}
+
+#[test]
+fn local_policy_gives_each_live_node_its_share() {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    runtime().block_on(async {
+        let rule = RedisRule::fixed_window(Quota::per_hour(10).unwrap()).unwrap();
+        let handling = FailureHandling::new(FailurePolicy::Local)
+            .probe_interval(Duration::from_millis(50))
+            .heartbeat_interval(Duration::from_millis(50));
+        let a = guarded(&server, rule, handling).await;
+        let b = guarded(&server, rule, handling).await;
+        let c = guarded(&server, rule, handling).await;
+        // Three nodes beat; then one leaves and the other two see it at their next beat.
+        let started = Instant::now();
+        while a.live_nodes() != 3 || b.live_nodes() != 3 {
+            assert!(
+                started.elapsed() < Duration::from_secs(2),
+                "heartbeats did not meet"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        c.leave().await;
+        drop(c);
+        let started = Instant::now();
+        while a.live_nodes() != 2 || b.live_nodes() != 2 {
+            assert!(
+                started.elapsed() < Duration::from_secs(2),
+                "the leaving node was counted"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        server.signal("STOP");
+        // Each of the two nodes now admits its share, ⌊10 / 2⌋ = 5, of a fresh key.
+        let _ = a.check("warm-up").await.unwrap();
+        let _ = b.check("warm-up").await.unwrap();
+        assert_eq!(a.mode(), Mode::Degraded(FailurePolicy::Local));
+        assert_eq!(b.mode(), Mode::Degraded(FailurePolicy::Local));
+        for node in [&a, &b] {
+            let mut admitted = 0;
+            for _ in 0..20 {
+                admitted += node.check("shared").await.unwrap().allowed() as u32;
+            }
+            assert_eq!(admitted, 5);
+        }
+        server.signal("CONT");
+        wait_for(&a, Mode::Global, Duration::from_secs(2)).await;
+    });
+}
