@@ -18,6 +18,9 @@ cargo clippy --all-targets --all-features -- -D warnings
 step "unit, integration and doc tests (all features)"
 cargo test --all-features
 
+step "hostile flood: 10M unique keys against max_keys = 100000 (release)"
+cargo test --release --test flood
+
 if [ "${FAST:-0}" != 1 ]; then
   if [ -d loom-tests ]; then
     step "loom models (bounded preemption)"

@@ -1,0 +1,86 @@
+//! Hostile input: a flood of 10 million unique keys against `max_keys = 100_000`.
+//!
+//! The table never holds more than the bound, under both overflow policies, and the memory the
+//! process holds stays flat while the flood goes on (measured by `stats_alloc`'s counting
+//! allocator; no unsafe code of ours). Counts are process-wide, so this binary runs without the
+//! test harness: one thread, nothing else allocating.
+
+use std::alloc::System;
+use std::time::Duration;
+
+use stats_alloc::{Region, StatsAlloc, INSTRUMENTED_SYSTEM};
+use tollgate::clock::ManualClock;
+use tollgate::{Error, Gcra, KeyedLimiter, OverflowPolicy, Quota, SlidingLog};
+
+#[global_allocator]
+static GLOBAL: &StatsAlloc<System> = &INSTRUMENTED_SYSTEM;
+
+const MAX_KEYS: usize = 100_000;
+
+/// Bytes held now, relative to `region`'s start.
+fn held(region: &Region<'_, System>) -> i64 {
+    let c = region.change();
+    c.bytes_allocated as i64 - c.bytes_deallocated as i64 + c.bytes_reallocated as i64
+}
+
+fn flood<A: tollgate::Algorithm>(rule: A, policy: OverflowPolicy, keys: u64) {
+    let region = Region::new(GLOBAL);
+    let clock = ManualClock::new();
+    let limiter = KeyedLimiter::<u64, A, _>::builder(rule)
+        .clock(clock.clone())
+        .max_keys(MAX_KEYS, policy)
+        .build()
+        .unwrap();
+    let mut checkpoints = Vec::new();
+    let (mut allowed, mut refused) = (0u64, 0u64);
+    for key in 0..keys {
+        // 1 µs apart: the whole flood fits well inside one window, so no key turns fresh and the
+        // bound, not eviction, is what holds the table down.
+        clock.advance_nanos(1_000);
+        match limiter.check(&key) {
+            Ok(d) => allowed += u64::from(d.allowed()),
+            Err(Error::KeyTableFull { max_keys }) => {
+                assert_eq!(max_keys, MAX_KEYS);
+                refused += 1;
+            }
+            Err(e) => panic!("unexpected {e}"),
+        }
+        assert!(limiter.len() <= MAX_KEYS, "{} keys held", limiter.len());
+        if (key + 1) % (keys / 10) == 0 && key + 1 >= 2 * MAX_KEYS as u64 {
+            checkpoints.push(held(&region));
+        }
+    }
+    let first = checkpoints[0];
+    let last = *checkpoints.last().unwrap();
+    println!(
+        "flood {} {policy:?}: {keys} keys, held {} (bound {MAX_KEYS}), allowed {allowed}, refused {refused}, bytes held once full: {first}, at the end: {last}",
+        A::NAME,
+        limiter.len()
+    );
+    // Flat: the table is full from the first checkpoint on; nothing may grow after it.
+    assert!(
+        last <= first + first / 50,
+        "memory grew from {first} to {last} bytes: {checkpoints:?}"
+    );
+    match policy {
+        OverflowPolicy::Deny => assert_eq!(refused, keys - MAX_KEYS as u64),
+        // Overflow keys share one state: one key's quota in aggregate, within the window.
+        OverflowPolicy::Shared => assert!(allowed <= MAX_KEYS as u64 + rule.capacity()),
+    }
+}
+
+fn main() {
+    // 10M in release (scripts/test.sh runs this binary with --release); a tenth in debug.
+    let keys: u64 = if cfg!(debug_assertions) {
+        1_000_000
+    } else {
+        10_000_000
+    };
+    let hour = Duration::from_secs(3600);
+    let gcra = Gcra::new(Quota::new(10, hour).unwrap()).unwrap();
+    flood(gcra, OverflowPolicy::Deny, keys);
+    flood(gcra, OverflowPolicy::Shared, keys);
+    let log = SlidingLog::new(Quota::new(10, hour).unwrap()).unwrap();
+    flood(log, OverflowPolicy::Deny, keys / 2);
+    println!("flood: 3 passed, 0 failed");
+}
