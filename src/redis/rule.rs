@@ -817,6 +817,33 @@ mod tests {
     }
 
     #[test]
+    fn a_node_share_divides_the_quota_and_fits_in_process() {
+        let q = Quota::new(10, Duration::from_secs(1))
+            .unwrap()
+            .with_burst(20)
+            .unwrap();
+        let share = RedisRule::gcra(q).unwrap().share(3).unwrap();
+        assert_eq!(
+            (share.limit(), share.burst(), share.window()),
+            (3, 6, Duration::from_secs(1))
+        );
+        assert_eq!(
+            RedisRule::gcra(q).unwrap().share(0).unwrap(),
+            q,
+            "0 nodes counts as 1"
+        );
+        assert_eq!(
+            RedisRule::gcra(q).unwrap().share(100).unwrap().limit(),
+            1,
+            "at least 1"
+        );
+        let big = Quota::new(1 << 30, Duration::from_secs(60)).unwrap();
+        let share = RedisRule::fixed_window(big).unwrap().share(2).unwrap();
+        assert_eq!(share.limit(), crate::algorithm::fixed_window::MAX_LIMIT);
+        assert!(FixedWindow::new(share).is_ok());
+    }
+
+    #[test]
     fn a_reply_that_contradicts_its_facts_is_refused() {
         let rule = RedisRule::fixed_window(Quota::per_second(10).unwrap()).unwrap();
         // "allowed" with 10 of 10 already admitted.
