@@ -66,6 +66,11 @@ struct ReplayArgs {
     /// disagrees with the exact sliding log.
     #[arg(long, conflicts_with_all = ["algorithm", "summary"])]
     compare: bool,
+    /// Decide through the Redis server at this URL (exact tier, the trace's own time injected)
+    /// instead of in-process; prints exactly what the in-process replay prints. Needs a build
+    /// with `--features cli,redis`.
+    #[arg(long, value_name = "URL", conflicts_with_all = ["compare", "summary"])]
+    redis: Option<String>,
     /// The trace; standard input if absent.
     file: Option<PathBuf>,
 }
@@ -115,6 +120,9 @@ fn replay(args: ReplayArgs) -> Result<(), Fatal> {
     let algorithm = args
         .algorithm
         .ok_or_else(|| Fatal("--algorithm is required".into()))?;
+    if let Some(url) = &args.redis {
+        return replay_redis(&args, algorithm, url);
+    }
     let mut replayer = Replayer::new(algorithm, args.limit, args.window, args.burst)
         .map_err(|e| Fatal(format!("invalid quota for {algorithm}: {e}")))?;
     let input = open(&args.file)?;
@@ -143,6 +151,41 @@ fn replay(args: ReplayArgs) -> Result<(), Fatal> {
     // Decisions already made are flushed before any error is reported.
     out.flush()?;
     failure.map_or(Ok(()), Err)
+}
+
+#[cfg(feature = "redis")]
+fn replay_redis(args: &ReplayArgs, algorithm: AlgorithmName, url: &str) -> Result<(), Fatal> {
+    use tollgate::redis::{replay_trace, RedisRule, ReplayError};
+    let mut quota = tollgate::Quota::new(args.limit, args.window)?;
+    if let Some(burst) = args.burst {
+        quota = quota.with_burst(burst)?;
+    }
+    let rule = RedisRule::for_algorithm(algorithm, quota)
+        .map_err(|e| Fatal(format!("invalid quota for {algorithm}: {e}")))?;
+    let mut reader = TraceReader::new(open(&args.file)?);
+    let mut out = BufWriter::with_capacity(1 << 16, io::stdout().lock());
+    let mut written = Ok(());
+    let result = replay_trace(url, rule, &mut reader, |outcome| {
+        if written.is_ok() {
+            written = writeln!(out, "{outcome}");
+        }
+    });
+    // Decisions already made are flushed before any error is reported.
+    out.flush()?;
+    written?;
+    match result {
+        Ok(_) => Ok(()),
+        Err(ReplayError::Trace(e)) => Err(Fatal(e.to_string())),
+        Err(e) => Err(Fatal(format!("redis: {e}"))),
+    }
+}
+
+#[cfg(not(feature = "redis"))]
+fn replay_redis(_: &ReplayArgs, _: AlgorithmName, _: &str) -> Result<(), Fatal> {
+    Err(Fatal(
+        "--redis needs a build with the redis feature: cargo build --release --features cli,redis"
+            .into(),
+    ))
 }
 
 #[derive(Default)]
