@@ -13,8 +13,8 @@ pub use self::keyed::{KeyedLimiter, KeyedLimiterBuilder, OverflowPolicy};
 use crate::algorithm::Algorithm;
 use crate::clock::{Clock, Nanos};
 use crate::quota::QuotaError;
-use crate::state::ParamCell;
-use crate::sync::{AtomicU64, Mutex, Ordering};
+use crate::state::{HighWater, ParamCell};
+use crate::sync::Mutex;
 
 /// A clock must resolve at least this many steps per emission interval or window.
 const MIN_TICKS_PER_PERIOD: u64 = 10;
@@ -25,7 +25,7 @@ pub(crate) struct Core<A, C> {
     params: ParamCell<A>,
     clock: C,
     /// The newest reading seen, for clocks that do not promise monotonic readings.
-    high_water: Option<AtomicU64>,
+    high_water: Option<HighWater>,
     /// Serialises `set_quota` (the parameter cell allows one writer at a time).
     writer: Mutex<()>,
 }
@@ -33,7 +33,7 @@ pub(crate) struct Core<A, C> {
 impl<A: Algorithm, C: Clock> Core<A, C> {
     pub(crate) fn new(rule: A, clock: C) -> Result<Self, QuotaError> {
         check_resolution(&rule, &clock)?;
-        let high_water = (!clock.is_monotonic()).then(|| AtomicU64::new(0));
+        let high_water = (!clock.is_monotonic()).then(HighWater::new);
         Ok(Core {
             params: ParamCell::new(rule.to_words()),
             clock,
@@ -48,10 +48,7 @@ impl<A: Algorithm, C: Clock> Core<A, C> {
         let reading = self.clock.now();
         match &self.high_water {
             None => reading,
-            // Relaxed: the clamp needs only this location's modification order; a thread that
-            // sees a state another thread wrote also sees that thread's update here, because
-            // states are published with Release and loaded with Acquire (see `AtomicWord`).
-            Some(high) => high.fetch_max(reading, Ordering::Relaxed).max(reading),
+            Some(high) => high.clamp(reading),
         }
     }
 

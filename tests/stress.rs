@@ -479,7 +479,6 @@ fn multi_limiter_a_refusal_consumes_nothing_from_the_others() {
 /// state. Today `all_or_nothing` (src/multi/all_or_nothing.rs) returns the first refusing
 /// limit's denial when a limit before the too-small one refuses.
 #[test]
-#[ignore = "MultiLimiter returns a denial, not CapacityExceeded, when an earlier limit refuses"]
 fn multi_limiter_cost_above_any_capacity_is_an_error() {
     let per_second = Gcra::new(Quota::per_second(10).unwrap()).unwrap();
     let per_minute = Gcra::new(Quota::per_minute(15).unwrap()).unwrap();

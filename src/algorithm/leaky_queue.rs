@@ -78,7 +78,9 @@ impl WordRule for LeakyQueue {
     }
 
     /// Cancels a reservation: the queue's tail moves back by `c·T` (never before now). Later
-    /// reservations keep the delays they were given.
+    /// reservations keep the delays they were given, so refunding a reservation that is not the
+    /// last one hands back *capacity*, not its exact slot: the next reservation may be given the
+    /// same slot as a live one, and the output may briefly exceed one unit per `T`.
     fn refunded(&self, tat: u64, now: Nanos, cost: u64) -> u64 {
         self.0.refunded(tat, now, cost)
     }

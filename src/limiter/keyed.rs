@@ -326,10 +326,16 @@ where
                 .fetch_add(usize::from(inserted), Ordering::Relaxed);
             return Ok(decision);
         };
-        // Reserve a place first so that racing inserts cannot overshoot the bound.
+        // Reserve a place first, and only below the bound, so that racing inserts cannot
+        // overshoot it, not even for an instant (`len()` never reads above `max_keys`).
         // Relaxed: the counter's own modification order is all the bound needs.
-        if self.keys.fetch_add(1, Ordering::Relaxed) >= max_keys {
-            self.keys.fetch_sub(1, Ordering::Relaxed);
+        let reserved = self
+            .keys
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
+                (n < max_keys).then_some(n + 1)
+            })
+            .is_ok();
+        if !reserved {
             // The key may have been inserted by another thread meanwhile.
             if let Some(decision) = self
                 .store

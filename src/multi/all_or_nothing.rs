@@ -29,11 +29,17 @@ pub fn all_or_nothing<Q: ?Sized, L: Limit<Q>>(
     key: &Q,
     cost: u64,
 ) -> Result<Decision, Error> {
+    // Peek every limit before answering: a cost one limit can never admit is an error (SPEC),
+    // whichever limit would have refused first.
+    let mut refusal = None;
     for limit in limits {
         let decision = limit.peek(key, cost)?;
-        if !decision.allowed() {
-            return Ok(decision);
+        if !decision.allowed() && refusal.is_none() {
+            refusal = Some(decision);
         }
+    }
+    if let Some(decision) = refusal {
+        return Ok(decision);
     }
     let mut tightest: Option<Decision> = None;
     for (charged, limit) in limits.iter().enumerate() {
