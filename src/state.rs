@@ -4,8 +4,11 @@
 //! - [`AtomicWord`]: one `u64` updated by a compare-and-swap loop around a pure rule.
 //! - [`LogCell`]: the sliding log's ring buffer behind a per-key lock.
 //! - [`ParamCell`]: the limiter's quota, replaceable at run time without a lock on the read path.
+//! - [`HighWater`]: the clamp that keeps a non-monotonic clock from going back.
 
 // Explicit paths: see `algorithm.rs` (the same file is compiled by `loom-tests`).
+#[path = "state/high_water.rs"]
+mod high_water;
 #[path = "state/log.rs"]
 mod log;
 #[path = "state/params.rs"]
@@ -13,6 +16,7 @@ mod params;
 #[path = "state/word.rs"]
 mod word;
 
+pub use self::high_water::HighWater;
 pub use self::log::LogCell;
 pub use self::params::{ParamCell, Words, WORDS};
 pub use self::word::AtomicWord;
