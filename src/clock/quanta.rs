@@ -1,6 +1,13 @@
+use std::cell::Cell;
 use std::sync::OnceLock;
 
 use super::{Clock, Nanos};
+
+thread_local! {
+    /// The newest raw reading this thread has taken: readings never go back on one thread.
+    /// Raw readings share one time line across every `QuantaClock` in the process.
+    static NEWEST_RAW: Cell<u64> = const { Cell::new(0) };
+}
 
 /// The process-wide calibrated quanta clock: `quanta::Clock::new()` calibrates the TSC, which
 /// takes time, so it runs once per process and every limiter shares the result.
@@ -11,15 +18,18 @@ pub(crate) fn shared() -> &'static ::quanta::Clock {
 
 /// The default, precise clock: quanta's TSC-based clock, nanosecond resolution.
 ///
-/// Cloning is cheap and keeps the origin, so several limiters can share one time line.
+/// Cloning is cheap and keeps the origin, so several limiters can share one time line. The TSC
+/// is calibrated once per process and shared by every clock.
 ///
 /// # Caveats
 /// quanta uses the TSC only where it is invariant and falls back to the OS monotonic clock
-/// otherwise. On machines whose TSCs are not synchronised across cores a reading could be
-/// observed out of order between threads; tollgate treats this clock as monotonic, so such a
-/// reading acts on the per-key state as a slightly earlier request (each algorithm clamps what it
-/// can: window indices never go back, GCRA never treats a request as older than its last
-/// admission allows).
+/// otherwise. A thread that migrates between cores whose TSCs are not perfectly synchronised
+/// could read a slightly earlier value than it read before; every reading is therefore clamped
+/// to the newest one the same thread has seen (a thread-local, so no shared cache line is
+/// written). Across threads the clamp relies on the TSC being synchronised; where it is not, a
+/// reading a few nanoseconds stale reaches the per-key state as a slightly earlier request, which
+/// every rule judges at least as strictly (window indices never go back, GCRA never admits more
+/// for an earlier time).
 ///
 /// # Examples
 /// ```
@@ -52,7 +62,12 @@ impl Clock for QuantaClock {
     #[inline]
     fn now(&self) -> Nanos {
         let clock = shared();
-        clock.delta_as_nanos(self.origin, clock.raw())
+        let raw = NEWEST_RAW.with(|newest| {
+            let raw = clock.raw().max(newest.get());
+            newest.set(raw);
+            raw
+        });
+        clock.delta_as_nanos(self.origin, raw)
     }
 
     fn is_monotonic(&self) -> bool {
