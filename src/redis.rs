@@ -79,14 +79,42 @@
 //! outage stays within the timeout + 5 ms, and global mode is back well within 2 s of the
 //! restart.
 //!
+//! ## The leased tier: [`LeasedLimiter`]
+//! [`RedisLimiter::leased`] turns a limiter into a synchronous one: `check` is one lookup and
+//! one compare-and-swap on this node's **lease** of the key, units that Redis granted
+//! atomically out of the key's global state (the exact tier's own state, so exact and leased
+//! nodes share one budget). A background refill keeps each lease above a low-water mark, its
+//! size following the key's observed rate; unused units go back to Redis when the key goes
+//! idle. While Redis answers, the fleet never admits more than the limit (units are granted
+//! before they are spent), and falls short of it by at most the units held in leases:
+//! `L − admitted ≤ Σ_nodes held ≤ nodes × max_lease` per window when demand lasts (the
+//! formula and its conditions are in [`LeasedLimiter`]'s docs). Leases work for GCRA /
+//! token bucket / leaky bucket (meter), fixed window and sliding window counter; other
+//! algorithms are refused with [`LeaseError::Unsupported`]. On a transient failure the node
+//! keeps spending what it holds, then the [`FailurePolicy`] decides, behind the same circuit
+//! breaker as [`GuardedLimiter`].
+//!
+//! ```no_run
+//! use tollgate::{Quota, redis::{FailureHandling, FailurePolicy, LeaseConfig, RedisLimiter, RedisRule}};
+//! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+//! let rule = RedisRule::gcra(Quota::per_second(50_000)?)?;
+//! let limiter = RedisLimiter::connect("redis://127.0.0.1:6379", rule)
+//!     .await?
+//!     .leased(LeaseConfig::new(), FailureHandling::new(FailurePolicy::Local))
+//!     .await?;
+//! // Synchronous, no network: call it from any thread.
+//! let allowed = limiter.check("tenant-42")?.allowed();
+//! # Ok(()) }
+//! ```
+//!
 //! ## Still to come
-//! The leased tier (local speed, global budget), and reconciling the units admitted locally
-//! during an outage with Redis afterwards. [`Error::class`] is what they build on, and a lease
-//! script can keep its bookkeeping next to a key's state under the same hash tag.
+//! Reconciling the units admitted locally during an outage with Redis afterwards, and
+//! batching the leased tier's refills and returns of many keys into one script call per slot.
 
 mod error;
 mod exact;
 mod guard;
+mod lease;
 mod replay;
 mod rule;
 mod scripts;
@@ -97,5 +125,6 @@ pub use self::exact::{
     DEFAULT_INJECTED_MIN_TTL, DEFAULT_MAX_BATCH, DEFAULT_TIMEOUT,
 };
 pub use self::guard::{FailureHandling, FailurePolicy, GuardedLimiter, Mode};
+pub use self::lease::{LeaseConfig, LeaseError, LeaseStats, LeasedLimiter, MAX_LEASE};
 pub use self::replay::{replay, replay_trace, ReplayError};
 pub use self::rule::{RedisRule, RuleError, MAX_LIMIT, MAX_NANOS};

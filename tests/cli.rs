@@ -4,7 +4,6 @@
 
 #[cfg(feature = "redis")]
 #[path = "support/redis_server.rs"]
-#[allow(dead_code)]
 mod redis_server;
 
 use std::io::Write;

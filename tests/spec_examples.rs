@@ -429,7 +429,7 @@ fn sliding_log_never_holds_more_than_l_in_any_window() {
         clock.set(t);
         let cost = step % 3;
         if lim.check_n(cost).unwrap().allowed() {
-            admitted.extend(std::iter::repeat(t).take(cost as usize));
+            admitted.extend(std::iter::repeat_n(t, cost as usize));
         }
     }
     for &start in &admitted {

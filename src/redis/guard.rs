@@ -300,6 +300,30 @@ impl<C: RedisConnection> GuardedLimiter<C> {
     }
 }
 
+/// For the tiers that share this breaker and policy (the leased tier).
+impl<C: RedisConnection> GuardedLimiter<C> {
+    /// A transient failure seen outside [`GuardedLimiter::check_n`]: counts toward opening.
+    pub(crate) fn transient_failure(&self, error: &Error) {
+        self.shared.failed(error);
+    }
+
+    /// A call that Redis answered: resets the count of failures in a row.
+    pub(crate) fn answered(&self) {
+        // Relaxed: as every use of the breaker's words (see `Shared::open`).
+        self.shared.failures.store(0, Ordering::Relaxed);
+    }
+
+    /// The failure policy's decision, without touching the network.
+    pub(crate) fn fallback(&self, key: &[u8], cost: u64) -> Result<Decision, Error> {
+        self.shared.fallback(key, cost)
+    }
+
+    /// The probe interval (the `retry_after` of a policy denial).
+    pub(crate) fn probe_interval(&self) -> Duration {
+        self.shared.handling.probe_interval
+    }
+}
+
 impl<C: RedisConnection> Shared<C> {
     fn failed(&self, error: &Error) {
         let failures = self.failures.fetch_add(1, Ordering::Relaxed) + 1;

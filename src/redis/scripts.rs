@@ -475,3 +475,189 @@ redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', string.format('%d', now - expiry
 redis.call('PEXPIRE', KEYS[1], string.format('%d', expiry))
 return redis.call('ZCARD', KEYS[1])
 "#;
+
+/// Leases on GCRA state: the leased tier's grants and returns, in the very state the GCRA
+/// script keeps, so that exact and leased nodes spend one budget.
+pub(crate) const LEASE_GCRA: &str = concat!(
+    r#"
+-- Leases on GCRA state (SPEC §1), the leased tier. A grant of g units is g admissions of cost 1
+-- at once: the units leave the bucket now, and the node spends them later. So at every instant
+-- (tokens in the bucket) + (units held in leases) ≤ B, and the fleet's admissions over any
+-- interval [a, b] stay within B + (b − a)/T, the token bucket's own bound.
+-- KEYS[i]  state of item i, as the GCRA script keeps it: "<t> <debt>"
+-- ARGV[1]  minimum TTL in ms        ARGV[2]  unused ('1')
+-- ARGV[3]  span B·T in ns (≤ 2^51)  ARGV[4]  emission interval T in ns (≥ 1)
+-- ARGV[1 + 4i] 'g' grant or 'r' return      ARGV[2 + 4i] units (≤ B)
+-- ARGV[3 + 4i] unused for GCRA              ARGV[4 + 4i] time in ns ('' = server TIME)
+-- grant:  g = min(units, ⌊(B·T − debt)/T⌋), then debt += g·T
+-- return: debt := max(0, debt − units·T): the units go back to the bucket, never beyond B
+-- reply[i] {code, g or units, s, ns, debt after, 0, 0}: (s, ns) = the time judged at
+"#,
+    prelude!(),
+    r#"
+local span, interval = tonumber(ARGV[3]), tonumber(ARGV[4])
+local most = idiv(span, interval)
+for i = 1, #KEYS do
+  local key = KEYS[i]
+  local op, units = ARGV[4 * i + 1], tonumber(ARGV[4 * i + 2])
+  if units > most then units = most end
+  local ts, t = now_of(ARGV[4 * i + 4])
+  local v, err = read_string(key)
+  local debt, code, n = 0, 1, 0
+  if err then
+    if type(err) == 'table' then return err end
+    code = err
+  elseif v then
+    local st, sd = string.match(v, '^(%d+) (%d+)$')
+    if not st or #st > 20 or #sd > 16 or tonumber(sd) >= 4503599627370496 then
+      code = -2
+    else
+      local gap
+      ts, t, gap = clamp(ts, t, st)
+      debt = tonumber(sd) - gap
+      if debt < 0 then debt = 0 end
+    end
+  end
+  if code == 1 then
+    if op == 'g' then
+      n = 0
+      if debt < span then n = idiv(span - debt, interval) end
+      if n > units then n = units end
+      if n > 0 then
+        debt = debt + n * interval
+        redis.call('SET', key, ts .. ' ' .. string.format('%d', debt), 'PX', ttl_ms(debt))
+      end
+    elseif v and debt > 0 then
+      n = units
+      debt = debt - units * interval
+      if debt <= 0 then
+        debt = 0
+        redis.call('DEL', key)
+      else
+        redis.call('SET', key, ts .. ' ' .. string.format('%d', debt), 'PX', ttl_ms(debt))
+      end
+    end
+  end
+  reply[i] = {code, n, t[1], t[2], debt, 0, 0}
+end
+return reply
+"#
+);
+
+/// Leases on fixed-window and sliding-window-counter state (the leased tier).
+pub(crate) const LEASE_WINDOW: &str = concat!(
+    r#"
+-- Leases on window state (SPEC §4, §5), the leased tier. A grant of g units in window k is g
+-- admissions in window k; the node spends them before window k ends (its lease expires at the
+-- window's end by its own clock, conservatively), so every unit spent in window k is counted
+-- in window k's count, and nothing spent ever escapes the state's limit.
+-- KEYS[i]  state of item i, as the fixed-window script keeps it ("<t> <n>") or the sliding
+--          window script ("<t> <prev> <cur>")
+-- ARGV[1]  minimum TTL in ms        ARGV[2]  'f' fixed window, 's' sliding window counter
+-- ARGV[3]  limit L (≤ 2^51)          ARGV[4]  window W in ns (1 ms ≤ W ≤ 2^51)
+-- ARGV[1 + 4i] 'g' grant or 'r' return      ARGV[2 + 4i] units (≤ L)
+-- ARGV[3 + 4i] return: the time of a grant of the lease ('' for a grant)
+-- ARGV[4 + 4i] time in ns ('' = server TIME)
+-- grant, fixed:   g = min(units, L − n), then n += g
+-- grant, sliding: the largest g ≤ units admitted as one request of cost g (SPEC §5), then
+--                 cur += g
+-- return: the units leave the count of the grant's window (n, cur, or prev once the stored
+--         window is the next one), never below 0; a window already gone is left alone.
+-- reply[i] {code, g or units returned, s, ns, e, prev, count after}: (s, ns) = the time judged
+--          at, e = its time into the window, count = n or cur
+"#,
+    prelude!(),
+    r#"
+local limit, window = tonumber(ARGV[3]), tonumber(ARGV[4])
+local sliding = ARGV[2] == 's'
+for i = 1, #KEYS do
+  local key = KEYS[i]
+  local op, units, since = ARGV[4 * i + 1], tonumber(ARGV[4 * i + 2]), ARGV[4 * i + 3]
+  if units > limit then units = limit end
+  local ts, t = now_of(ARGV[4 * i + 4])
+  local v, err = read_string(key)
+  local prev, cur, e, code, n = 0, 0, 0, 1, 0
+  local st, sp, sc
+  if err then
+    if type(err) == 'table' then return err end
+    code = err
+  elseif v then
+    if sliding then
+      st, sp, sc = string.match(v, '^(%d+) (%d+) (%d+)$')
+    else
+      st, sc = string.match(v, '^(%d+) (%d+)$')
+      sp = '0'
+    end
+    if not st or #st > 20 or #sp > 16 or #sc > 16
+      or tonumber(sp) >= 4503599627370496 or tonumber(sc) >= 4503599627370496 then
+      code = -2
+    else
+      local gap
+      ts, t, gap = clamp(ts, t, st)
+      e = tmod(t, window)
+      if gap <= e then
+        prev, cur = tonumber(sp), tonumber(sc)
+      elseif sliding and gap <= e + window then
+        prev = tonumber(sc)
+      end
+    end
+  else
+    e = tmod(t, window)
+  end
+  if code == 1 and op == 'g' then
+    n = limit - cur
+    if n > units then n = units end
+    if n < 0 then n = 0 end
+    if sliding and prev > 0 then
+      -- Admitted iff prev·(W − e) < (L − cur − g + 1)·W, monotone in g: binary search.
+      local lo, hi = 0, n
+      while lo < hi do
+        local mid = floor((lo + hi + 1) / 2)
+        if less(prev, window - e, limit - cur - mid + 1, window) then lo = mid else hi = mid - 1 end
+      end
+      n = lo
+    end
+    if n > 0 then
+      cur = cur + n
+      if sliding then
+        redis.call('SET', key, ts .. ' ' .. string.format('%d %d', prev, cur), 'PX', ttl_ms(2 * window - e))
+      else
+        redis.call('SET', key, ts .. ' ' .. string.format('%d', cur), 'PX', ttl_ms(window - e))
+      end
+    end
+  elseif code == 1 and v and since ~= '' then
+    -- Which of the stored windows holds the grant: the stored time's own, or the one before.
+    local stp = parse_time(st)
+    local d = diff(stp, parse_time(since))
+    local es = tmod(stp, window)
+    local sp2, sc2 = tonumber(sp), tonumber(sc)
+    if d <= es then
+      n = math.min(units, sc2)
+      sc2 = sc2 - n
+    elseif sliding and d <= es + window then
+      n = math.min(units, sp2)
+      sp2 = sp2 - n
+    end
+    local ttl = redis.call('PTTL', key)
+    if n > 0 and ttl > 0 then
+      if sliding then
+        redis.call('SET', key, st .. ' ' .. string.format('%d %d', sp2, sc2), 'PX', ttl)
+      else
+        redis.call('SET', key, st .. ' ' .. string.format('%d', sc2), 'PX', ttl)
+      end
+    else
+      n = 0
+    end
+    -- The view from now, after the return.
+    local gap = diff(t, stp)
+    if gap <= e then
+      prev, cur = sp2, sc2
+    elseif sliding and gap <= e + window then
+      prev, cur = sc2, 0
+    end
+  end
+  reply[i] = {code, n, t[1], t[2], e, prev, cur}
+end
+return reply
+"#
+);

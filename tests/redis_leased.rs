@@ -1,0 +1,983 @@
+//! The leased tier against a real `redis-server` that each test starts on a free loopback port:
+//! the global limit with four leased nodes hammering one key (never above the limit, and at
+//! most the documented bound below it), the typed error for algorithms that cannot be leased,
+//! leases going back to Redis when a key goes idle, checks that never wait for a refill, and a
+//! measurement of checks per second and round trips per check.
+//!
+//! Run with `cargo test --release --features redis --test redis_leased -- --nocapture` to see
+//! the figures. Without `redis-server` installed the tests print SKIPPED and pass (outside CI).
+
+#![cfg(feature = "redis")]
+
+#[path = "support/redis_server.rs"]
+mod redis_server;
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Barrier, Mutex, MutexGuard};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use redis_server::RedisServer;
+use tollgate::redis::{
+    FailureHandling, FailurePolicy, LeaseConfig, LeaseError, LeasedLimiter, Mode, RedisLimiter,
+    RedisRule,
+};
+use tollgate::Quota;
+
+const SEC: u64 = 1_000_000_000;
+
+/// The load tests use every core: run them one at a time.
+fn serial() -> MutexGuard<'static, ()> {
+    static SERIAL: Mutex<()> = Mutex::new(());
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn runtime(workers: usize) -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(workers)
+        .enable_all()
+        .build()
+        .expect("a tokio runtime")
+}
+
+/// A leased node on its own connection. A generous timeout: these tests load both cores, and
+/// are about decisions, not latency.
+async fn node(
+    server: &RedisServer,
+    prefix: &str,
+    rule: RedisRule,
+    config: LeaseConfig,
+) -> LeasedLimiter {
+    RedisLimiter::builder(rule)
+        .prefix(prefix)
+        .timeout(Duration::from_millis(500))
+        .connect(&server.url())
+        .await
+        .expect("connects")
+        .leased(config, FailureHandling::new(FailurePolicy::FailClosed))
+        .await
+        .expect("a leasable rule")
+}
+
+fn wall_nanos() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64)
+}
+
+/// What one hammering thread saw.
+#[derive(Default)]
+struct Tally {
+    checks: u64,
+    admitted: u64,
+    /// Admissions per window index (by the wall clock, which is the server's `TIME` on this
+    /// machine), for admissions whose whole check lay inside one window.
+    per_window: HashMap<u64, u64>,
+    /// Admissions whose check straddled a window boundary, by the window it ended in.
+    straddling: HashMap<u64, u64>,
+}
+
+/// Four leased nodes, each on its own runtime, connection and hammering thread, check one key
+/// for `run`. Returns the tallies, the stats of each node, and the (wall) times before the first grant,
+/// when the hammering started and when it ended.
+fn hammer(
+    server: &RedisServer,
+    prefix: &str,
+    rule: RedisRule,
+    config: LeaseConfig,
+    window: u64,
+    run: Duration,
+) -> (Vec<Tally>, Vec<tollgate::redis::LeaseStats>, u64, u64, u64) {
+    const NODES: usize = 4;
+    // Before the first grant: the token bucket's interval starts here.
+    let origin = wall_nanos();
+    let runtimes: Vec<tokio::runtime::Runtime> = (0..NODES).map(|_| runtime(1)).collect();
+    let nodes: Vec<LeasedLimiter> = runtimes
+        .iter()
+        .map(|rt| {
+            rt.block_on(async {
+                let node = node(server, prefix, rule, config).await;
+                node.prefetch("k").await.expect("a first lease");
+                node
+            })
+        })
+        .collect();
+    let barrier = Arc::new(Barrier::new(NODES + 1));
+    let stop = Arc::new(AtomicBool::new(false));
+    let threads: Vec<_> = nodes
+        .iter()
+        .map(|node| {
+            let (node, barrier, stop) = (node.clone(), barrier.clone(), stop.clone());
+            std::thread::spawn(move || {
+                let mut tally = Tally::default();
+                barrier.wait();
+                while !stop.load(Ordering::Relaxed) {
+                    let before = wall_nanos();
+                    let decision = node.check("k").expect("no error while Redis answers");
+                    let after = wall_nanos();
+                    tally.checks += 1;
+                    if decision.allowed() {
+                        tally.admitted += 1;
+                        let (a, b) = (before / window, after / window);
+                        let map = if a == b {
+                            &mut tally.per_window
+                        } else {
+                            &mut tally.straddling
+                        };
+                        *map.entry(b).or_default() += 1;
+                    }
+                }
+                tally
+            })
+        })
+        .collect();
+    let start = wall_nanos();
+    barrier.wait();
+    std::thread::sleep(run);
+    stop.store(true, Ordering::Relaxed);
+    let tallies: Vec<Tally> = threads
+        .into_iter()
+        .map(|t| t.join().expect("a hammering thread"))
+        .collect();
+    let end = wall_nanos();
+    let stats = nodes.iter().map(LeasedLimiter::stats).collect();
+    for node in &nodes {
+        assert_eq!(node.mode(), Mode::Global, "Redis answered throughout");
+    }
+    drop(nodes);
+    (tallies, stats, origin, start, end)
+}
+
+#[test]
+fn four_leased_nodes_never_exceed_a_fixed_window_and_fall_short_by_at_most_the_bound() {
+    let _serial = serial();
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    const L: u64 = 20_000;
+    let window = SEC;
+    let rule = RedisRule::fixed_window(Quota::per_second(L).unwrap()).unwrap();
+    let config = LeaseConfig::new();
+    let max_lease = config.max_lease_for(L);
+    // SPEC-side bound (src/redis/lease.rs): L − admitted ≤ nodes × max_lease.
+    let bound = 4 * max_lease;
+    let (tallies, stats, _, start, end) = hammer(
+        &server,
+        "fixed",
+        rule,
+        config,
+        window,
+        Duration::from_millis(3_300),
+    );
+    let mut per_window: HashMap<u64, u64> = HashMap::new();
+    let mut straddling: HashMap<u64, u64> = HashMap::new();
+    for t in &tallies {
+        for (w, n) in &t.per_window {
+            *per_window.entry(*w).or_default() += n;
+        }
+        for (w, n) in &t.straddling {
+            *straddling.entry(*w).or_default() += n;
+        }
+    }
+    let checks: u64 = tallies.iter().map(|t| t.checks).sum();
+    let round_trips: u64 = stats.iter().map(|s| s.round_trips).sum();
+    let (first, last) = (start / window, end / window);
+    // A straddling admission ending in window w was decided in w − 1 or w. The limit holds iff
+    // some attribution keeps every window within L; the greedy one below (as much as fits to
+    // the earlier window) finds one if any exists.
+    let mut carried = 0; // straddling admissions attributed to the current window
+    let mut full_windows = 0;
+    for w in first..=last {
+        let certain = per_window.get(&w).copied().unwrap_or(0);
+        let next = straddling.get(&(w + 1)).copied().unwrap_or(0);
+        let room = L.saturating_sub(certain + carried);
+        let to_this = next.min(room);
+        let total = certain + carried + to_this;
+        println!("fixed window {w}: admitted {total} ({certain} certain) of L = {L}");
+        assert!(
+            certain + carried <= L,
+            "window {w}: {} admitted > L = {L}",
+            certain + carried
+        );
+        carried = next - to_this;
+        if w > first && w < last {
+            full_windows += 1;
+            let short = L - certain;
+            println!(
+                "  short of L by at most {short}; documented bound nodes × max_lease = {bound}"
+            );
+            assert!(
+                short <= bound,
+                "window {w}: {certain} admitted, more than {bound} below L"
+            );
+        }
+    }
+    assert_eq!(carried, 0, "admissions after the last window");
+    assert!(
+        full_windows >= 2,
+        "the run covered {full_windows} full windows"
+    );
+    println!(
+        "{checks} checks, {round_trips} round trips ({:.4}% of checks)",
+        100.0 * round_trips as f64 / checks as f64
+    );
+}
+
+#[test]
+fn four_leased_nodes_hold_a_token_bucket() {
+    let _serial = serial();
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    const L: u64 = 20_000;
+    let quota = Quota::per_second(L).unwrap();
+    let rule = RedisRule::gcra(quota).unwrap();
+    let config = LeaseConfig::new();
+    let max_lease = config.max_lease_for(L);
+    let (tallies, stats, origin, _, end) = hammer(
+        &server,
+        "gcra",
+        rule,
+        config,
+        SEC,
+        Duration::from_millis(2_000),
+    );
+    let admitted: u64 = tallies.iter().map(|t| t.admitted).sum();
+    // The run began before the nodes' first grants (a full bucket, B = L) and ended after
+    // their last admission: the token bucket allows at most B + D/T in it.
+    let elapsed = end - origin;
+    let most = L + (elapsed as u128 * L as u128).div_ceil(SEC as u128) as u64;
+    // Short by at most the outstanding leases, plus the tokens that accrued after the nodes
+    // last asked (a node asks at least every `horizon` = 50 ms while starved; 100 ms margin).
+    let bound = 4 * max_lease + L / 10;
+    let round_trips: u64 = stats.iter().map(|s| s.round_trips).sum();
+    println!(
+        "gcra: admitted {admitted} in {:.3} s, at most {most}; short by {} (bound {bound}); \
+         {round_trips} round trips",
+        elapsed as f64 / SEC as f64,
+        most.saturating_sub(admitted),
+    );
+    assert!(admitted <= most, "{admitted} admitted > {most}");
+    assert!(
+        admitted + bound >= most,
+        "{admitted} admitted, more than {bound} below {most}"
+    );
+}
+
+#[test]
+fn four_leased_nodes_hold_a_sliding_window() {
+    let _serial = serial();
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    const L: u64 = 20_000;
+    let window = SEC;
+    let rule = RedisRule::sliding_window(Quota::per_second(L).unwrap()).unwrap();
+    let config = LeaseConfig::new();
+    let max_lease = config.max_lease_for(L);
+    let (tallies, stats, _, start, end) = hammer(
+        &server,
+        "sliding",
+        rule,
+        config,
+        window,
+        Duration::from_millis(3_300),
+    );
+    let mut per_window: HashMap<u64, u64> = HashMap::new();
+    for t in &tallies {
+        for (w, n) in t.per_window.iter().chain(t.straddling.iter()) {
+            *per_window.entry(*w).or_default() += n;
+        }
+    }
+    let straddling: u64 = tallies.iter().flat_map(|t| t.straddling.values()).sum();
+    let (first, last) = (start / window, end / window);
+    // Every unit spent in window k was counted in window k's `cur`, which the SPEC rule keeps
+    // at most L (straddling admissions counted against both windows they may belong to).
+    for w in first..=last {
+        let n = per_window.get(&w).copied().unwrap_or(0);
+        println!("sliding window {w}: admitted at most {n} of L = {L}");
+        assert!(n <= L + straddling, "window {w}: {n} admitted > L = {L}");
+        if w > first + 1 && w < last {
+            // Saturated since the window before: the estimate lets cur reach about L by the
+            // window's end. Short by at most the leases outstanding, plus what the estimate
+            // freed since the nodes last asked (a starved node asks every W/64).
+            let bound = 4 * max_lease + L / 32;
+            println!("  short of L by {}; bound {bound}", L.saturating_sub(n));
+            assert!(
+                n + bound >= L,
+                "window {w}: {n} admitted, more than {bound} below L"
+            );
+        }
+    }
+    let round_trips: u64 = stats.iter().map(|s| s.round_trips).sum();
+    println!("{round_trips} round trips");
+}
+
+#[test]
+fn a_leased_node_spends_its_lease_then_follows_the_policy_then_recovers() {
+    let _serial = serial();
+    for policy in [FailurePolicy::FailClosed, FailurePolicy::Local] {
+        let Some(mut server) = RedisServer::start() else {
+            return;
+        };
+        let rt = runtime(2);
+        let rule = RedisRule::gcra(Quota::per_hour(1_000).unwrap()).unwrap();
+        let handling = FailureHandling::new(policy).probe_interval(Duration::from_millis(50));
+        let node = rt.block_on(async {
+            let node = RedisLimiter::builder(rule)
+                .timeout(Duration::from_millis(50))
+                .connect(&server.url())
+                .await
+                .unwrap()
+                .leased(LeaseConfig::new(), handling)
+                .await
+                .unwrap();
+            node.prefetch("k").await.unwrap();
+            node
+        });
+        let held = node.held("k");
+        assert!(held > 0);
+        server.signal("KILL");
+        // What the node holds is still served, without the network.
+        for _ in 0..held {
+            assert!(node.check("k").unwrap().allowed());
+        }
+        // Then the refill fails, the breaker opens and the policy decides: no error, no panic.
+        let deadline = Instant::now() + Duration::from_secs(2);
+        while node.mode() == Mode::Global {
+            assert!(Instant::now() < deadline, "the breaker did not open");
+            let decision = node.check("k").expect("transient failures are absorbed");
+            assert!(!decision.allowed(), "nothing left to spend while global");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        assert_eq!(node.mode(), Mode::Degraded(policy));
+        let allowed = node.check("k").unwrap().allowed();
+        match policy {
+            FailurePolicy::FailClosed => assert!(!allowed, "fail closed"),
+            // This node's in-process share of the quota (one live node: all of it).
+            _ => assert!(allowed, "local share"),
+        }
+        server.restart();
+        let healed = Instant::now();
+        while node.mode() != Mode::Global {
+            assert!(
+                healed.elapsed() < Duration::from_secs(2),
+                "not global again"
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        // The next checks ask for a lease again (the restarted server has a full bucket).
+        let before = node.stats().granted;
+        while node.stats().granted == before || !node.check("k").unwrap().allowed() {
+            assert!(
+                healed.elapsed() < Duration::from_secs(3),
+                "no lease after recovery"
+            );
+            node.check("k").unwrap();
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        println!(
+            "leased, {policy:?}: global again and granted {:?} after the restart",
+            healed.elapsed()
+        );
+        drop(node);
+        drop(rt);
+    }
+}
+
+#[test]
+fn the_shortfall_is_exactly_the_outstanding_leases() {
+    let _serial = serial();
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    let rt = runtime(2);
+    const L: u64 = 10_000;
+    let day = Duration::from_secs(86_400);
+    let rule = RedisRule::fixed_window(Quota::new(L, day).unwrap()).unwrap();
+    let config = LeaseConfig::new().idle_timeout(Duration::from_secs(60));
+    let nodes: Vec<LeasedLimiter> = rt.block_on(async {
+        let mut nodes = Vec::new();
+        for _ in 0..4 {
+            let node = node(&server, "shortfall", rule, config).await;
+            node.prefetch("k").await.unwrap();
+            nodes.push(node);
+        }
+        nodes
+    });
+    // Three nodes hold leases and stop; one spends everything the budget still allows.
+    let (busy, idle) = nodes.split_first().unwrap();
+    let mut admitted = 0u64;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        assert!(Instant::now() < deadline, "the budget was not spent");
+        if busy.check("k").unwrap().allowed() {
+            admitted += 1;
+            continue;
+        }
+        let remaining = rt.block_on(busy.exact().peek("k", 0)).unwrap().remaining();
+        if remaining == 0 && busy.held("k") == 0 {
+            break;
+        }
+        std::thread::sleep(Duration::from_micros(200));
+    }
+    let held: u64 = idle.iter().map(|n| n.held("k")).sum();
+    let bound = 4 * config.max_lease_for(L);
+    println!("admitted {admitted} of L = {L}; {held} held by the idle nodes; bound {bound}");
+    assert_eq!(
+        L - admitted,
+        held,
+        "short by exactly the outstanding leases"
+    );
+    assert!(held <= bound);
+    // Once they give their leases back, the busy node gets the rest.
+    rt.block_on(async {
+        for node in idle {
+            node.release_all().await;
+        }
+    });
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while admitted < L {
+        assert!(
+            Instant::now() < deadline,
+            "the returned units were not granted"
+        );
+        if busy.check("k").unwrap().allowed() {
+            admitted += 1;
+        } else {
+            std::thread::sleep(Duration::from_micros(200));
+        }
+    }
+    assert_eq!(admitted, L);
+}
+
+#[test]
+fn algorithms_that_cannot_be_leased_are_a_typed_error() {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    let rt = runtime(1);
+    rt.block_on(async {
+        let quota = Quota::per_second(10).unwrap();
+        for (rule, name) in [
+            (RedisRule::sliding_log(quota).unwrap(), "sliding-log"),
+            (RedisRule::leaky_queue(quota).unwrap(), "leaky-queue"),
+        ] {
+            let exact = RedisLimiter::connect(&server.url(), rule).await.unwrap();
+            let error = exact
+                .leased(
+                    LeaseConfig::new(),
+                    FailureHandling::new(FailurePolicy::FailOpen),
+                )
+                .await
+                .expect_err("not leasable");
+            assert_eq!(error, LeaseError::Unsupported { algorithm: name });
+            assert!(error.to_string().contains(name));
+        }
+        for name in [
+            "gcra",
+            "token-bucket",
+            "leaky-bucket",
+            "fixed-window",
+            "sliding-window",
+        ] {
+            let rule = RedisRule::named(name, quota).unwrap();
+            let exact = RedisLimiter::connect(&server.url(), rule).await.unwrap();
+            let config = LeaseConfig::new();
+            let handling = FailureHandling::new(FailurePolicy::FailOpen);
+            assert!(exact.leased(config, handling).await.is_ok(), "{name}");
+        }
+    });
+}
+
+#[test]
+fn an_idle_key_gives_its_lease_back() {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    let rt = runtime(1);
+    rt.block_on(async {
+        let day = Duration::from_secs(86_400);
+        let rules = [
+            RedisRule::gcra(Quota::per_hour(1_000).unwrap()).unwrap(),
+            RedisRule::fixed_window(Quota::new(1_000, day).unwrap()).unwrap(),
+            RedisRule::sliding_window(Quota::new(1_000, day).unwrap()).unwrap(),
+        ];
+        for rule in rules {
+            let config = LeaseConfig::new().idle_timeout(Duration::from_millis(100));
+            let node = node(&server, "idle", rule, config).await;
+            let exact = node.exact().clone();
+            node.prefetch("k").await.unwrap();
+            let held = node.held("k");
+            assert!(held >= 5, "{}: a first lease of {held}", rule.name());
+            for _ in 0..5 {
+                assert!(node.check("k").unwrap().allowed());
+            }
+            assert_eq!(node.held("k"), held - 5);
+            // The global state counts the whole lease as admitted: an exact node sees it.
+            let remaining = exact.peek("k", 0).await.unwrap().remaining();
+            assert_eq!(remaining, 1_000 - held, "{}", rule.name());
+            // Idle for well over the timeout: the unused units go back.
+            let deadline = Instant::now() + Duration::from_secs(3);
+            while node.stats().returned < held - 5 && Instant::now() < deadline {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            assert_eq!(node.stats().returned, held - 5, "{}", rule.name());
+            assert_eq!(node.held("k"), 0);
+            let remaining = exact.peek("k", 0).await.unwrap().remaining();
+            assert_eq!(
+                remaining,
+                1_000 - 5,
+                "{}: only the spent units count",
+                rule.name()
+            );
+            // release_all does the same at once.
+            node.prefetch("k2").await.unwrap();
+            let held = node.held("k2");
+            assert!(node.check("k2").unwrap().allowed());
+            node.release_all().await;
+            let remaining = exact.peek("k2", 0).await.unwrap().remaining();
+            assert_eq!(remaining, 1_000 - 1, "{}: after release_all", rule.name());
+            assert!(held > 1);
+        }
+    });
+}
+
+#[test]
+fn an_expired_window_lease_gives_its_units_back_while_its_window_lasts() {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    let rt = runtime(1);
+    rt.block_on(async {
+        let day = Duration::from_secs(86_400);
+        for rule in [
+            RedisRule::fixed_window(Quota::new(1_000, day).unwrap()).unwrap(),
+            RedisRule::sliding_window(Quota::new(1_000, day).unwrap()).unwrap(),
+        ] {
+            // Leases expire by age long before the day ends; the key is not idle for long.
+            let config = LeaseConfig::new()
+                .max_age(Duration::from_millis(50))
+                .idle_timeout(Duration::from_secs(60));
+            let node = node(&server, "expiry", rule, config).await;
+            let exact = node.exact().clone();
+            node.prefetch("k").await.unwrap();
+            let held = node.held("k");
+            assert!(node.check("k").unwrap().allowed());
+            let deadline = Instant::now() + Duration::from_secs(3);
+            while node.stats().returned < held - 1 && Instant::now() < deadline {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            assert_eq!(node.stats().returned, held - 1, "{}", rule.name());
+            assert_eq!(node.held("k"), 0);
+            let remaining = exact.peek("k", 0).await.unwrap().remaining();
+            assert_eq!(remaining, 1_000 - 1, "{}", rule.name());
+            // The next checks get a fresh lease.
+            let deadline = Instant::now() + Duration::from_secs(2);
+            while !node.check("k").unwrap().allowed() {
+                assert!(Instant::now() < deadline, "no new lease");
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        }
+    });
+}
+
+#[test]
+fn a_key_of_the_wrong_type_is_a_typed_error() {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    let rt = runtime(1);
+    rt.block_on(async {
+        let rule = RedisRule::gcra(Quota::per_second(100).unwrap()).unwrap();
+        let node = node(&server, "typed", rule, LeaseConfig::new()).await;
+        let key = node.exact().redis_key("bad");
+        let client = redis::Client::open(server.url()).unwrap();
+        let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+        let _: () = redis::cmd("RPUSH")
+            .arg(&key)
+            .arg("x")
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        assert!(matches!(
+            node.prefetch("bad").await,
+            Err(tollgate::redis::Error::WrongType { .. })
+        ));
+        assert!(matches!(
+            node.check("bad"),
+            Err(tollgate::redis::Error::WrongType { .. })
+        ));
+        assert_eq!(node.mode(), Mode::Global, "a fatal error is not an outage");
+        // Other keys are unaffected.
+        node.prefetch("good").await.unwrap();
+        assert!(node.check("good").unwrap().allowed());
+    });
+}
+
+#[test]
+fn many_keys_coming_and_going_lose_and_double_count_no_unit() {
+    let _serial = serial();
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    let rt = runtime(1);
+    let day = Duration::from_secs(86_400);
+    let rule = RedisRule::fixed_window(Quota::new(1_000_000, day).unwrap()).unwrap();
+    // Short idle timeout: keys are retired and re-leased while checks go on.
+    let config = LeaseConfig::new().idle_timeout(Duration::from_millis(20));
+    let node = rt.block_on(node(&server, "many", rule, config));
+    let threads: Vec<_> = (0..2u64)
+        .map(|t| {
+            let node = node.clone();
+            std::thread::spawn(move || {
+                let mut admitted = 0u64;
+                let mut x = 0x9E37_79B9_7F4A_7C15u64 ^ t;
+                let start = Instant::now();
+                while start.elapsed() < Duration::from_millis(1_500) {
+                    x ^= x << 13;
+                    x ^= x >> 7;
+                    x ^= x << 17;
+                    // Bursts on a few keys, then quiet: keys go idle and come back.
+                    let phase = start.elapsed().as_millis() as u64 / 100;
+                    let key = format!("k{}", (phase * 7 + x % 5) % 300);
+                    if node.check(&key).unwrap().allowed() {
+                        admitted += 1;
+                    }
+                }
+                admitted
+            })
+        })
+        .collect();
+    let admitted: u64 = threads.into_iter().map(|t| t.join().unwrap()).sum();
+    // Let every key go idle and give its lease back.
+    rt.block_on(async {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        node.release_all().await;
+    });
+    let stats = node.stats();
+    println!("{admitted} admitted; {stats:?}");
+    assert!(admitted > 0);
+    // Every unit granted was either spent or given back, exactly once.
+    assert_eq!(stats.granted - stats.returned, admitted);
+    // And the global state agrees, key by key.
+    let counted: u64 = rt.block_on(async {
+        let mut counted = 0;
+        for k in 0..300 {
+            let d = node.exact().peek(format!("k{k}"), 0).await.unwrap();
+            counted += 1_000_000 - d.remaining();
+        }
+        counted
+    });
+    assert_eq!(counted, admitted);
+}
+
+#[test]
+fn a_sliding_lease_from_the_previous_window_goes_back_to_prev() {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    let rt = runtime(1);
+    rt.block_on(async {
+        const W: u64 = 2 * SEC;
+        let rule =
+            RedisRule::sliding_window(Quota::new(1_000, Duration::from_nanos(W)).unwrap()).unwrap();
+        let config = LeaseConfig::new().idle_timeout(Duration::from_secs(60));
+        let node = node(&server, "prev", rule, config).await;
+        let exact = node.exact().clone();
+        // Start early in a window (the wall clock is the server's TIME on this machine).
+        let into = wall_nanos() % W;
+        if into > W / 4 {
+            tokio::time::sleep(Duration::from_nanos(W - into + 10_000_000)).await;
+        }
+        node.prefetch("k").await.unwrap();
+        let held = node.held("k");
+        assert!(held > 2);
+        assert!(node.check("k").unwrap().allowed());
+        // Into the next window; an exact check moves the stored state there, so the lease's
+        // units are now the state's `prev`.
+        let into = wall_nanos() % W;
+        tokio::time::sleep(Duration::from_nanos(W - into + 10_000_000)).await;
+        assert!(exact.check("k").await.unwrap().allowed());
+        // The expired lease goes back (the sweeper), into `prev`.
+        let deadline = Instant::now() + Duration::from_secs(3);
+        while node.stats().returned < held - 1 && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert_eq!(node.stats().returned, held - 1);
+        // Now prev = 1 and cur = 1: est = 1 + (W − e)/W < 2, so at least 998 remain; with the
+        // lease still counted, prev would be `held` and fewer would.
+        let remaining = exact.peek("k", 0).await.unwrap().remaining();
+        assert!(remaining >= 998, "{remaining} remaining");
+    });
+}
+
+#[test]
+fn refills_never_make_a_check_wait() {
+    let _serial = serial();
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    let rt = runtime(1);
+    // Far more budget than one thread can spend, in leases of a fraction of a second: many
+    // refills, each asked for 100 ms of demand ahead (a loaded machine may stall the runtime's
+    // worker that long; the property under test is that checks do not wait for it).
+    let rule = RedisRule::gcra(Quota::per_second(1_000_000_000).unwrap()).unwrap();
+    let config = LeaseConfig::new()
+        .max_lease(8_000_000)
+        .horizon(Duration::from_millis(200));
+    let node = rt.block_on(async {
+        let node = node(&server, "refill", rule, config).await;
+        node.prefetch("k").await.unwrap();
+        node
+    });
+    let checks: u64 = if cfg!(debug_assertions) {
+        4_000_000
+    } else {
+        40_000_000
+    };
+    let before = node.stats().round_trips;
+    let mut denied = 0u64;
+    let mut slowest = Duration::ZERO;
+    let start = Instant::now();
+    for i in 0..checks {
+        let t = (i % 1024 == 0).then(Instant::now);
+        if !node.check("k").unwrap().allowed() {
+            denied += 1;
+        }
+        if let Some(t) = t {
+            slowest = slowest.max(t.elapsed());
+        }
+    }
+    let elapsed = start.elapsed();
+    let stats = node.stats();
+    println!(
+        "{checks} checks in {elapsed:?}: {denied} denied, {} round trips, slowest sampled check \
+         {slowest:?}",
+        stats.round_trips
+    );
+    let refills = stats.round_trips - before;
+    assert!(refills >= 2, "{refills} refills during the run");
+    // A check that had to wait for a refill would be denied (a check never waits): every
+    // check succeeded, so every refill arrived before its lease ran out.
+    assert_eq!(denied, 0, "checks were denied while refills were in flight");
+}
+
+#[test]
+fn measure_leased_checks_per_second_and_round_trips() {
+    let _serial = serial();
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    let rt = runtime(1);
+    for (label, limit) in [
+        ("under the limit", 100_000_000u64),
+        ("over the limit", 1_000_000),
+    ] {
+        let rule = RedisRule::gcra(Quota::per_second(limit).unwrap()).unwrap();
+        let node = rt.block_on(async {
+            let node = node(&server, label, rule, LeaseConfig::new()).await;
+            node.prefetch("k").await.unwrap();
+            node
+        });
+        let before = node.stats().round_trips;
+        let admitted = AtomicU64::new(0);
+        let start = Instant::now();
+        let mut checks = 0u64;
+        while start.elapsed() < Duration::from_secs(1) {
+            for _ in 0..1024 {
+                if node.check("k").unwrap().allowed() {
+                    admitted.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+            checks += 1024;
+        }
+        let seconds = start.elapsed().as_secs_f64();
+        let round_trips = node.stats().round_trips - before;
+        let fraction = round_trips as f64 / checks as f64;
+        println!(
+            "leased, one node, one thread, {label} (L = {limit}/s): {:.2}M checks/s, {} \
+             admitted, {round_trips} round trips = {:.5}% of checks",
+            checks as f64 / seconds / 1e6,
+            admitted.load(Ordering::Relaxed),
+            100.0 * fraction
+        );
+        assert!(
+            fraction <= 0.01,
+            "{label}: {fraction} round trips per check"
+        );
+    }
+}
+
+#[test]
+fn measure_two_threads_on_one_node() {
+    let _serial = serial();
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    let rt = runtime(1);
+    let rule = RedisRule::gcra(Quota::per_second(1_000_000_000).unwrap()).unwrap();
+    let node = rt.block_on(async {
+        let node = node(&server, "two", rule, LeaseConfig::new()).await;
+        node.prefetch("k").await.unwrap();
+        node
+    });
+    let before = node.stats().round_trips;
+    let start = Instant::now();
+    let threads: Vec<_> = (0..2)
+        .map(|_| {
+            let node = node.clone();
+            std::thread::spawn(move || {
+                let mut checks = 0u64;
+                while start.elapsed() < Duration::from_secs(1) {
+                    for _ in 0..1024 {
+                        std::hint::black_box(node.check("k").unwrap());
+                    }
+                    checks += 1024;
+                }
+                checks
+            })
+        })
+        .collect();
+    let checks: u64 = threads.into_iter().map(|t| t.join().unwrap()).sum();
+    let seconds = start.elapsed().as_secs_f64();
+    let round_trips = node.stats().round_trips - before;
+    println!(
+        "leased, one node, two threads on one key: {:.2}M checks/s, {round_trips} round trips = \
+         {:.5}% of checks",
+        checks as f64 / seconds / 1e6,
+        100.0 * round_trips as f64 / checks as f64
+    );
+    assert!(round_trips as f64 <= 0.01 * checks as f64);
+}
+
+#[test]
+fn exact_and_leased_nodes_share_one_budget() {
+    let _serial = serial();
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    let rt = runtime(2);
+    // One day's window: no boundary within the test (but for 1 run in ~20 000).
+    const L: u64 = 10_000;
+    let rule =
+        RedisRule::fixed_window(Quota::new(L, Duration::from_secs(86_400)).unwrap()).unwrap();
+    let (leased, exact) = rt.block_on(async {
+        let leased = node(&server, "shared", rule, LeaseConfig::new()).await;
+        let exact = RedisLimiter::builder(rule)
+            .prefix("shared")
+            .timeout(Duration::from_millis(500))
+            .connect(&server.url())
+            .await
+            .unwrap();
+        leased.prefetch("k").await.unwrap();
+        (leased, exact)
+    });
+    let stop = Arc::new(AtomicBool::new(false));
+    let hammer = {
+        let (leased, stop) = (leased.clone(), stop.clone());
+        std::thread::spawn(move || {
+            let mut admitted = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                if leased.check("k").unwrap().allowed() {
+                    admitted += 1;
+                }
+            }
+            admitted
+        })
+    };
+    let by_exact = rt.block_on(async {
+        let mut admitted = 0u64;
+        for _ in 0..2_000 {
+            if exact.check("k").await.unwrap().allowed() {
+                admitted += 1;
+            }
+        }
+        admitted
+    });
+    std::thread::sleep(Duration::from_millis(200));
+    stop.store(true, Ordering::Relaxed);
+    let by_leased = hammer.join().unwrap();
+    let held = leased.held("k");
+    println!("exact {by_exact} + leased {by_leased} admitted, {held} still leased, L = {L}");
+    assert!(by_exact > 0, "the exact node got a share");
+    assert!(by_exact + by_leased <= L);
+    assert!(by_exact + by_leased + held + 4 * leased.max_lease() >= L);
+    // The global state counts both: nothing is left for anyone.
+    let remaining = rt.block_on(exact.peek("k", 0)).unwrap().remaining();
+    assert_eq!(remaining, 0);
+}
+
+#[test]
+fn four_leased_nodes_on_a_cluster_never_exceed_the_limit() {
+    let _serial = serial();
+    let Some(cluster) = redis_server::RedisCluster::start(3) else {
+        return;
+    };
+    const L: u64 = 20_000;
+    let rule = RedisRule::fixed_window(Quota::per_second(L).unwrap()).unwrap();
+    let urls = cluster.urls();
+    let urls: Vec<&str> = urls.iter().map(String::as_str).collect();
+    let runtimes: Vec<tokio::runtime::Runtime> = (0..4).map(|_| runtime(1)).collect();
+    let nodes: Vec<_> = runtimes
+        .iter()
+        .map(|rt| {
+            rt.block_on(async {
+                let node = RedisLimiter::builder(rule)
+                    .timeout(Duration::from_millis(500))
+                    .connect_cluster(&urls)
+                    .await
+                    .expect("connects to the cluster")
+                    .leased(
+                        LeaseConfig::new(),
+                        FailureHandling::new(FailurePolicy::FailClosed),
+                    )
+                    .await
+                    .unwrap();
+                for key in ["a", "b", "c"] {
+                    node.prefetch(key).await.unwrap();
+                }
+                node
+            })
+        })
+        .collect();
+    let stop = Arc::new(AtomicBool::new(false));
+    let threads: Vec<_> = nodes
+        .iter()
+        .map(|node| {
+            let (node, stop) = (node.clone(), stop.clone());
+            std::thread::spawn(move || {
+                let mut per_window: HashMap<(u64, &str), u64> = HashMap::new();
+                while !stop.load(Ordering::Relaxed) {
+                    for key in ["a", "b", "c"] {
+                        let before = wall_nanos() / SEC;
+                        let allowed = node.check(key).unwrap().allowed();
+                        let after = wall_nanos() / SEC;
+                        if allowed && before == after {
+                            *per_window.entry((after, key)).or_default() += 1;
+                        }
+                    }
+                }
+                per_window
+            })
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(2_200));
+    stop.store(true, Ordering::Relaxed);
+    let mut total: HashMap<(u64, &str), u64> = HashMap::new();
+    for t in threads {
+        for (k, n) in t.join().unwrap() {
+            *total.entry(k).or_default() += n;
+        }
+    }
+    for ((w, key), n) in &total {
+        println!("cluster: window {w}, key {key}: {n} admitted (certain) of L = {L}");
+        // Straddling admissions are left out: this bound is on the certain ones only.
+        assert!(*n <= L, "window {w}, key {key}: {n} > {L}");
+    }
+    assert!(
+        total.values().any(|n| *n > L / 2),
+        "the nodes were admitted"
+    );
+    drop(nodes);
+}
