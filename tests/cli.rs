@@ -265,3 +265,49 @@ fn replay_through_redis_prints_what_in_process_prints() {
         assert_eq!(stdout(&remote), stdout(&local), "{algorithm}");
     }
 }
+
+#[cfg(feature = "redis")]
+#[test]
+fn bench_redis_prints_one_json_object_per_process() {
+    let Some(server) = redis_server::RedisServer::start() else {
+        return;
+    };
+    let url = server.url();
+    for mode in ["exact", "leased"] {
+        let o = tollgate(
+            &[
+                "bench",
+                "--redis",
+                &url,
+                "--mode",
+                mode,
+                "--duration",
+                "300ms",
+                "--limit",
+                "1000",
+                "--window",
+                "1s",
+                "--json",
+            ],
+            "",
+        );
+        assert!(o.status.success(), "{mode}: {}", stderr(&o));
+        let out = stdout(&o);
+        for field in [
+            "\"checks\":",
+            "\"admitted\":",
+            "\"round_trips\":",
+            "\"seconds\":",
+        ] {
+            assert!(out.contains(field), "{mode}: {out}");
+        }
+        let admitted: u64 = out
+            .split("\"admitted\":")
+            .nth(1)
+            .and_then(|rest| rest.split(',').next())
+            .and_then(|n| n.parse().ok())
+            .unwrap();
+        // Burst 1000 plus 300 ms at 1000/s, whatever the mode.
+        assert!(admitted <= 1000 + 300 + 5, "{mode}: admitted {admitted}");
+    }
+}

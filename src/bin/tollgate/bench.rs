@@ -24,10 +24,10 @@ pub struct BenchArgs {
     /// Algorithms to measure, comma-separated (default: gcra, leaky-queue, fixed-window,
     /// sliding-window, sliding-log).
     #[arg(long, value_delimiter = ',', value_parser = crate::parse_algorithm)]
-    algorithm: Vec<AlgorithmName>,
+    pub(crate) algorithm: Vec<AlgorithmName>,
     /// Threads checking at once.
     #[arg(long, default_value_t = 1)]
-    threads: usize,
+    pub(crate) threads: usize,
     /// Distinct keys.
     #[arg(long, default_value_t = 100_000)]
     keys: u64,
@@ -39,19 +39,36 @@ pub struct BenchArgs {
     zipf_exponent: f64,
     /// L of the quota.
     #[arg(long, default_value_t = 64)]
-    limit: u64,
+    pub(crate) limit: u64,
     /// W of the quota.
     #[arg(long, default_value = "1s", value_parser = parse_duration)]
-    window: Duration,
+    pub(crate) window: Duration,
     /// B / C for gcra and leaky-queue (default L).
     #[arg(long)]
-    burst: Option<u64>,
+    pub(crate) burst: Option<u64>,
     /// The clock: precise (quanta, default) or coarse (1 ms tick).
     #[arg(long, value_enum, default_value_t = ClockKind::Precise)]
     clock: ClockKind,
     /// Measuring time per algorithm.
     #[arg(long, default_value = "1s", value_parser = parse_duration)]
-    duration: Duration,
+    pub(crate) duration: Duration,
+    /// Measure the Redis tier at this URL instead of in-process (needs `--features cli,redis`);
+    /// uses the first `--algorithm` (default gcra) on one key.
+    #[arg(long, value_name = "URL")]
+    redis: Option<String>,
+    /// With `--redis`: exact (one script call per check) or leased.
+    #[cfg(feature = "redis")]
+    #[arg(long, value_enum, default_value_t = crate::bench_redis::Mode::Exact)]
+    pub(crate) mode: crate::bench_redis::Mode,
+    /// With `--redis`: the key every process checks (several processes may share it).
+    #[arg(long, default_value = "tollgate-bench")]
+    pub(crate) key: String,
+    /// With `--redis --mode exact`: checks in flight at once on the shared connection.
+    #[arg(long, default_value_t = 32)]
+    pub(crate) concurrency: usize,
+    /// With `--redis`: print one JSON object (checks, admitted, round_trips, seconds).
+    #[arg(long)]
+    pub(crate) json: bool,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -78,6 +95,9 @@ struct Row {
 }
 
 pub fn bench(args: BenchArgs) -> Result<(), Fatal> {
+    if let Some(url) = &args.redis {
+        return bench_redis(&args, url);
+    }
     if args.threads == 0 || args.keys == 0 {
         return Err(Fatal("--threads and --keys must be at least 1".into()));
     }
@@ -114,6 +134,19 @@ pub fn bench(args: BenchArgs) -> Result<(), Fatal> {
     }
     print(&args, &rows);
     Ok(())
+}
+
+#[cfg(feature = "redis")]
+fn bench_redis(args: &BenchArgs, url: &str) -> Result<(), Fatal> {
+    crate::bench_redis::bench(args, url)
+}
+
+#[cfg(not(feature = "redis"))]
+fn bench_redis(_: &BenchArgs, _: &str) -> Result<(), Fatal> {
+    Err(Fatal(
+        "--redis needs a build with the redis feature: cargo build --release --features cli,redis"
+            .into(),
+    ))
 }
 
 /// One key sequence per thread, so threads do not walk the same keys in step.

@@ -5,6 +5,7 @@
 //! tollgate replay --algorithm ALGO --limit L --window DUR [--burst B] [--summary] [FILE]
 //! tollgate replay --compare --limit L --window DUR [--burst B] [FILE]
 //! tollgate bench [--threads N] [--keys N] [--distribution uniform|zipf] [--clock precise|coarse]
+//! tollgate bench --redis URL [--mode exact|leased] [--key K] [--json]
 //! ```
 //! Exit status 2 on bad input (a malformed line, time going backwards, a bad option), with a
 //! message naming the line on standard error; decisions already printed stay valid.
@@ -17,6 +18,8 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 mod bench;
+#[cfg(feature = "redis")]
+mod bench_redis;
 
 use clap::{Args, Parser, Subcommand};
 use tollgate::replay::{parse_duration, AlgorithmName, Outcome, Replayer, Request, TraceReader};
