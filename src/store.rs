@@ -1,42 +1,18 @@
 //! Keyed stores: where a keyed limiter keeps one state cell per key.
 //!
 //! The limiter talks to a store only through [`KeyedStore`], so a faster table can replace the
-//! dashmap one without touching the algorithms.
+//! dashmap one without touching the algorithms. What a keyed limiter does *around* the store
+//! (counting keys, the `max_keys` bound, the amortised eviction sweep) is `table.rs`, written
+//! against [`KeyedStore`] and `crate::sync` only, so that `loom-tests` can model-check it.
 
+// Explicit paths: `loom-tests` includes `keyed_store.rs` and `table.rs` with `#[path]` (without
+// dashmap); see `algorithm.rs` for why undecorated children would not resolve there.
+#[path = "store/dashmap.rs"]
 mod dashmap;
+#[path = "store/keyed_store.rs"]
+mod keyed_store;
+#[path = "store/table.rs"]
+pub(crate) mod table;
 
 pub use self::dashmap::DashMapStore;
-
-use std::borrow::Borrow;
-use std::hash::Hash;
-
-/// A concurrent map from keys to state cells.
-///
-/// Contract: a cell handed to `f` stays in the map while `f` runs (no eviction can remove it
-/// under a running decision), so an admission is never lost to a concurrent sweep.
-pub trait KeyedStore<K, V>: Send + Sync {
-    /// Runs `f` on the cell of an existing key; `None` if the key is absent. Must not allocate
-    /// or clone the key.
-    fn with_existing<Q, R>(&self, key: &Q, f: impl FnOnce(&V) -> R) -> Option<R>
-    where
-        K: Borrow<Q>,
-        Q: Hash + Eq + ?Sized;
-
-    /// Runs `f` on the key's cell, inserting a fresh one if absent. Returns whether this call
-    /// inserted the key.
-    fn with_inserted<Q, R>(&self, key: &Q, f: impl FnOnce(&V) -> R) -> (R, bool)
-    where
-        K: Borrow<Q>,
-        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized;
-
-    /// Keeps only the cells for which `keep` is true; returns how many were removed.
-    fn retain(&self, keep: impl FnMut(&V) -> bool) -> usize;
-
-    /// The number of keys (exact when no call runs concurrently).
-    fn len(&self) -> usize;
-
-    /// Whether the store holds no key.
-    fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-}
+pub use self::keyed_store::KeyedStore;

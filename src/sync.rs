@@ -5,7 +5,7 @@
 //! that is model-checked is the code that ships.
 
 pub(crate) use std::hint::spin_loop;
-pub(crate) use std::sync::atomic::{fence, AtomicU64, Ordering};
+pub(crate) use std::sync::atomic::{fence, AtomicBool, AtomicU64, AtomicUsize, Ordering};
 
 /// A mutex whose `lock` never fails (parking_lot does not poison).
 #[derive(Debug, Default)]

@@ -2,7 +2,7 @@
 //! that the state machines compiled here are the ones the library ships.
 
 pub(crate) use loom::hint::spin_loop;
-pub(crate) use loom::sync::atomic::{fence, AtomicU64, Ordering};
+pub(crate) use loom::sync::atomic::{fence, AtomicBool, AtomicU64, AtomicUsize, Ordering};
 
 /// A mutex whose `lock` never fails, as `src/sync.rs` has it (there: parking_lot's).
 pub(crate) struct Mutex<T>(loom::sync::Mutex<T>);

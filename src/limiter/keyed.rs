@@ -1,28 +1,16 @@
 use std::borrow::Borrow;
 use std::hash::Hash;
 use std::marker::PhantomData;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use crate::algorithm::{Algorithm, LeakyQueue};
 use crate::clock::{Clock, QuantaClock};
 use crate::decision::{Decision, Error};
 use crate::limiter::Core;
 use crate::quota::QuotaError;
+use crate::store::table::KeyTable;
 use crate::store::{DashMapStore, KeyedStore};
 
-/// The table is swept once it holds at least this many keys, then whenever it doubles.
-const FIRST_SWEEP: usize = 1024;
-
-/// What a keyed limiter at its `max_keys` bound does with a request for a key it does not hold
-/// (after a sweep has found no key left to evict).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum OverflowPolicy {
-    /// Refuse the request with [`Error::KeyTableFull`]. Known keys keep their own limits.
-    Deny,
-    /// Count the request against one state shared by every key that did not fit: strict in
-    /// aggregate (all overflow keys together get one key's quota), never unlimited.
-    Shared,
-}
+pub use crate::store::table::OverflowPolicy;
 
 /// A limiter with one state per key.
 ///
@@ -51,16 +39,8 @@ pub struct KeyedLimiter<
     S = DashMapStore<K, <A as Algorithm>::Cell>,
 > {
     core: Core<A, C>,
-    store: S,
-    /// Keys in the store, counted by this limiter (the map's own `len` locks every shard).
-    keys: AtomicUsize,
-    max_keys: Option<(usize, OverflowPolicy)>,
-    /// The state shared by keys that did not fit, for [`OverflowPolicy::Shared`].
-    overflow: A::Cell,
-    sweep_at: AtomicUsize,
-    misses_since_sweep: AtomicUsize,
-    sweeping: AtomicBool,
-    _keys: PhantomData<fn(K)>,
+    /// The store, the key count, `max_keys` and eviction (`store/table.rs`, model-checked).
+    table: KeyTable<K, A::Cell, S>,
 }
 
 impl<K, A: Algorithm, C: Clock + std::fmt::Debug, S> std::fmt::Debug for KeyedLimiter<K, A, C, S> {
@@ -68,8 +48,8 @@ impl<K, A: Algorithm, C: Clock + std::fmt::Debug, S> std::fmt::Debug for KeyedLi
         f.debug_struct("KeyedLimiter")
             .field("rule", &self.core.rule())
             .field("clock", self.core.clock())
-            .field("keys", &self.keys.load(Ordering::Relaxed))
-            .field("max_keys", &self.max_keys)
+            .field("keys", &self.table.len())
+            .field("max_keys", &self.table.max_keys())
             .finish()
     }
 }
@@ -122,14 +102,7 @@ impl<K, A: Algorithm, C: Clock> KeyedLimiterBuilder<K, A, C> {
     {
         Ok(KeyedLimiter {
             core: Core::new(self.rule, self.clock)?,
-            store: DashMapStore::new(),
-            keys: AtomicUsize::new(0),
-            max_keys: self.max_keys,
-            overflow: A::Cell::default(),
-            sweep_at: AtomicUsize::new(FIRST_SWEEP),
-            misses_since_sweep: AtomicUsize::new(0),
-            sweeping: AtomicBool::new(false),
-            _keys: PhantomData,
+            table: KeyTable::new(DashMapStore::new(), self.max_keys),
         })
     }
 }
@@ -188,12 +161,12 @@ where
 
     /// How many keys hold state (including keys not yet swept).
     pub fn len(&self) -> usize {
-        self.keys.load(Ordering::Relaxed)
+        self.table.len()
     }
 
     /// Whether no key holds state.
     pub fn is_empty(&self) -> bool {
-        self.len() == 0
+        self.table.is_empty()
     }
 }
 
@@ -245,11 +218,7 @@ where
     {
         let rule = self.core.rule();
         self.core.check_cost(&rule, cost)?;
-        let now = || self.core.now();
-        Ok(self
-            .store
-            .with_existing(key, |cell| rule.acquire(cell, now, cost, false))
-            .unwrap_or_else(|| rule.acquire(&A::Cell::default(), now, cost, false)))
+        Ok(self.table.peek(key, &rule, || self.core.now(), cost))
     }
 
     /// Gives back `cost` units admitted to `key` but not used (see [`crate::Limiter::refund`]).
@@ -262,9 +231,8 @@ where
         let rule = self.core.rule();
         // Read the clock even for an unknown key: every call sees time alike.
         let seen = self.core.now();
-        self.store.with_existing(key, |cell| {
-            rule.refund(cell, || self.core.now().max(seen), cost)
-        });
+        self.table
+            .refund(key, &rule, || self.core.now().max(seen), cost);
     }
 
     /// Replaces the quota for every key (see [`crate::Limiter::set_quota`]).
@@ -279,10 +247,7 @@ where
     /// Calls do this on their own as they insert keys; this is for callers who want it now.
     pub fn evict_fresh(&self) -> usize {
         let now = self.core.now();
-        let rule = self.core.rule();
-        let removed = self.store.retain(|cell| !rule.is_fresh(cell, now));
-        self.keys.fetch_sub(removed, Ordering::Relaxed);
-        removed
+        self.table.evict_fresh(&self.core.rule(), now)
     }
 
     #[inline]
@@ -293,91 +258,8 @@ where
     {
         let rule = self.core.rule();
         self.core.check_cost(&rule, cost)?;
-        let now = || self.core.now();
-        if let Some(decision) = self
-            .store
-            .with_existing(key, |cell| rule.acquire(cell, now, cost, commit))
-        {
-            return Ok(decision);
-        }
-        self.decide_new_key(key, &rule, cost, commit)
-    }
-
-    #[cold]
-    fn decide_new_key<Q>(
-        &self,
-        key: &Q,
-        rule: &A,
-        cost: u64,
-        commit: bool,
-    ) -> Result<Decision, Error>
-    where
-        K: Borrow<Q>,
-        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
-    {
-        self.sweep_if_due();
-        let now = || self.core.now();
-        let Some((max_keys, policy)) = self.max_keys else {
-            let (decision, inserted) = self
-                .store
-                .with_inserted(key, |cell| rule.acquire(cell, now, cost, commit));
-            // Relaxed: a counter; no memory is published through it.
-            self.keys
-                .fetch_add(usize::from(inserted), Ordering::Relaxed);
-            return Ok(decision);
-        };
-        // Reserve a place first, and only below the bound, so that racing inserts cannot
-        // overshoot it, not even for an instant (`len()` never reads above `max_keys`).
-        // Relaxed: the counter's own modification order is all the bound needs.
-        let reserved = self
-            .keys
-            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
-                (n < max_keys).then_some(n + 1)
-            })
-            .is_ok();
-        if !reserved {
-            // The key may have been inserted by another thread meanwhile.
-            if let Some(decision) = self
-                .store
-                .with_existing(key, |cell| rule.acquire(cell, now, cost, commit))
-            {
-                return Ok(decision);
-            }
-            return match policy {
-                OverflowPolicy::Deny => Err(Error::KeyTableFull { max_keys }),
-                OverflowPolicy::Shared => Ok(rule.acquire(&self.overflow, now, cost, commit)),
-            };
-        }
-        let (decision, inserted) = self
-            .store
-            .with_inserted(key, |cell| rule.acquire(cell, now, cost, commit));
-        if !inserted {
-            self.keys.fetch_sub(1, Ordering::Relaxed);
-        }
-        Ok(decision)
-    }
-
-    /// Amortised eviction: sweep when the table has doubled since the last sweep, or, at the
-    /// `max_keys` bound, after a quarter of the bound in misses.
-    fn sweep_if_due(&self) {
-        // Relaxed (all three counters): heuristics for *when* to sweep; correctness does not
-        // depend on their values.
-        let misses = self.misses_since_sweep.fetch_add(1, Ordering::Relaxed) + 1;
-        let keys = self.keys.load(Ordering::Relaxed);
-        let due = keys >= self.sweep_at.load(Ordering::Relaxed)
-            || self
-                .max_keys
-                .is_some_and(|(max, _)| keys >= max && misses >= (max / 4).max(1));
-        // Acquire/Release on the flag: one sweeper at a time; the flag guards no data.
-        if !due || self.sweeping.swap(true, Ordering::Acquire) {
-            return;
-        }
-        self.evict_fresh();
-        let live = self.keys.load(Ordering::Relaxed);
-        self.sweep_at
-            .store(live.saturating_mul(2).max(FIRST_SWEEP), Ordering::Relaxed);
-        self.misses_since_sweep.store(0, Ordering::Relaxed);
-        self.sweeping.store(false, Ordering::Release);
+        self.table
+            .decide(key, &rule, || self.core.now(), cost, commit)
     }
 }
 
@@ -418,6 +300,6 @@ mod count_tests {
             clock.advance_nanos(1_000);
             limiter.check(&key).unwrap();
         }
-        assert_eq!(limiter.len(), limiter.store.len());
+        assert_eq!(limiter.len(), limiter.table.store().len());
     }
 }

@@ -8,6 +8,7 @@ mod clamp;
 mod log;
 mod multi;
 mod params;
+mod table;
 mod word;
 
 use std::sync::atomic::{AtomicUsize, Ordering};

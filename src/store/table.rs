@@ -1,0 +1,252 @@
+//! The key table: what a keyed limiter does around its store. It counts the keys, reserves a
+//! place below `max_keys` before inserting, sends what does not fit to the overflow policy,
+//! sweeps keys that have become fresh (amortised over the calls that insert), and decides on
+//! an existing key or else inserts it.
+//!
+//! Written against [`KeyedStore`] and `crate::sync` only, with the rule and the clock passed
+//! in, so that `loom-tests` compiles this very file against loom's atomics and a store of its
+//! own. Its correctness rests on the store's contract: a cell handed to a closure stays in the
+//! map while the closure runs, and `retain` judges and removes a cell with no closure running
+//! on it, so a sweep either sees an admission or removes the key before it is looked up.
+
+use std::borrow::Borrow;
+use std::hash::Hash;
+use std::marker::PhantomData;
+
+use crate::algorithm::Algorithm;
+use crate::clock::Nanos;
+use crate::decision::{Decision, Error};
+use crate::store::KeyedStore;
+use crate::sync::{AtomicBool, AtomicUsize, Ordering};
+
+/// The table is swept once it holds at least this many keys, then whenever it doubles.
+const FIRST_SWEEP: usize = 1024;
+
+/// What a keyed limiter at its `max_keys` bound does with a request for a key it does not hold
+/// (after a sweep has found no key left to evict).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OverflowPolicy {
+    /// Refuse the request with [`Error::KeyTableFull`]. Known keys keep their own limits.
+    Deny,
+    /// Count the request against one state shared by every key that did not fit: strict in
+    /// aggregate (all overflow keys together get one key's quota), never unlimited.
+    Shared,
+}
+
+/// A store of per-key cells `V`, with the key count, the `max_keys` bound and eviction.
+pub struct KeyTable<K, V, S> {
+    store: S,
+    /// Keys in the store, counted here (the map's own `len` locks every shard). A place is
+    /// counted before its key is inserted and uncounted after its key is removed, so the count
+    /// never reads below the keys held (and, bounded, never above `max_keys`).
+    keys: AtomicUsize,
+    max_keys: Option<(usize, OverflowPolicy)>,
+    /// The state shared by keys that did not fit, for [`OverflowPolicy::Shared`].
+    overflow: V,
+    sweep_at: AtomicUsize,
+    misses_since_sweep: AtomicUsize,
+    sweeping: AtomicBool,
+    _keys: PhantomData<fn(K)>,
+}
+
+impl<K, V: Default, S> KeyTable<K, V, S> {
+    /// An empty table over `store` (which must be empty), with an optional key bound (≥ 1).
+    pub fn new(store: S, max_keys: Option<(usize, OverflowPolicy)>) -> Self {
+        KeyTable {
+            store,
+            keys: AtomicUsize::new(0),
+            max_keys,
+            overflow: V::default(),
+            sweep_at: AtomicUsize::new(FIRST_SWEEP),
+            misses_since_sweep: AtomicUsize::new(0),
+            sweeping: AtomicBool::new(false),
+            _keys: PhantomData,
+        }
+    }
+}
+
+impl<K, V, S> KeyTable<K, V, S> {
+    /// The map the cells live in.
+    #[allow(dead_code)] // read by a unit test and by the loom models
+    pub fn store(&self) -> &S {
+        &self.store
+    }
+
+    /// The cell shared by keys that did not fit ([`OverflowPolicy::Shared`]).
+    #[allow(dead_code)] // read by the loom models
+    pub fn overflow(&self) -> &V {
+        &self.overflow
+    }
+
+    /// The key bound and its policy.
+    pub fn max_keys(&self) -> Option<(usize, OverflowPolicy)> {
+        self.max_keys
+    }
+
+    /// How many keys hold state (including keys not yet swept, and places reserved by inserts
+    /// in progress).
+    pub fn len(&self) -> usize {
+        // Relaxed: a counter read on its own; no memory is published through it.
+        self.keys.load(Ordering::Relaxed)
+    }
+
+    /// Whether no key holds state.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+impl<K, V, S> KeyTable<K, V, S>
+where
+    K: Hash + Eq,
+    S: KeyedStore<K, V>,
+{
+    /// Decides a request of `cost` (at most the rule's capacity) for `key`: on its cell if the
+    /// key is held, else on a cell inserted for it, else (at the bound) by the overflow policy.
+    ///
+    /// # Errors
+    /// [`Error::KeyTableFull`] for a new key at the bound under [`OverflowPolicy::Deny`].
+    #[inline]
+    pub fn decide<Q, A>(
+        &self,
+        key: &Q,
+        rule: &A,
+        now: impl Fn() -> Nanos,
+        cost: u64,
+        commit: bool,
+    ) -> Result<Decision, Error>
+    where
+        A: Algorithm<Cell = V>,
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        if let Some(decision) = self
+            .store
+            .with_existing(key, |cell| rule.acquire(cell, &now, cost, commit))
+        {
+            return Ok(decision);
+        }
+        self.decide_new_key(key, rule, now, cost, commit)
+    }
+
+    /// The decision a request of `cost` for `key` would get; changes nothing, inserts nothing.
+    pub fn peek<Q, A>(&self, key: &Q, rule: &A, now: impl Fn() -> Nanos, cost: u64) -> Decision
+    where
+        A: Algorithm<Cell = V>,
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+        V: Default,
+    {
+        self.store
+            .with_existing(key, |cell| rule.acquire(cell, &now, cost, false))
+            .unwrap_or_else(|| rule.acquire(&V::default(), &now, cost, false))
+    }
+
+    /// Gives back `cost` units to `key`'s cell; nothing for a key not held.
+    pub fn refund<Q, A>(&self, key: &Q, rule: &A, now: impl Fn() -> Nanos, cost: u64)
+    where
+        A: Algorithm<Cell = V>,
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        self.store
+            .with_existing(key, |cell| rule.refund(cell, &now, cost));
+    }
+
+    /// Evicts every key whose cell is indistinguishable from a fresh one at `now`; returns how
+    /// many.
+    pub fn evict_fresh<A: Algorithm<Cell = V>>(&self, rule: &A, now: Nanos) -> usize {
+        let removed = self.store.retain(|cell| !rule.is_fresh(cell, now));
+        // Relaxed: a counter; uncounted only after the keys are gone (see `keys`).
+        self.keys.fetch_sub(removed, Ordering::Relaxed);
+        removed
+    }
+
+    #[cold]
+    fn decide_new_key<Q, A>(
+        &self,
+        key: &Q,
+        rule: &A,
+        now: impl Fn() -> Nanos,
+        cost: u64,
+        commit: bool,
+    ) -> Result<Decision, Error>
+    where
+        A: Algorithm<Cell = V>,
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        self.sweep_if_due(rule, &now);
+        let Some((max_keys, policy)) = self.max_keys else {
+            // Count the place before inserting, as below: counted after, a sweep could remove
+            // the key first (it is fresh again once the time it was judged at has passed) and
+            // wrap the count below zero, and a sweeper reading that count would set the next
+            // sweep at `usize::MAX`, i.e. never (loom: `key_evicted_before_it_is_counted`).
+            // Relaxed: a counter; no memory is published through it.
+            self.keys.fetch_add(1, Ordering::Relaxed);
+            let (decision, inserted) = self
+                .store
+                .with_inserted(key, |cell| rule.acquire(cell, &now, cost, commit));
+            if !inserted {
+                // Relaxed: gives back the place counted above; a counter.
+                self.keys.fetch_sub(1, Ordering::Relaxed);
+            }
+            return Ok(decision);
+        };
+        // Reserve a place first, and only below the bound, so that racing inserts cannot
+        // overshoot it, not even for an instant (`len()` never reads above `max_keys`).
+        // Relaxed: the counter's own modification order is all the bound needs.
+        let reserved = self
+            .keys
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
+                (n < max_keys).then_some(n + 1)
+            })
+            .is_ok();
+        if !reserved {
+            // The key may have been inserted by another thread meanwhile.
+            if let Some(decision) = self
+                .store
+                .with_existing(key, |cell| rule.acquire(cell, &now, cost, commit))
+            {
+                return Ok(decision);
+            }
+            return match policy {
+                OverflowPolicy::Deny => Err(Error::KeyTableFull { max_keys }),
+                OverflowPolicy::Shared => Ok(rule.acquire(&self.overflow, &now, cost, commit)),
+            };
+        }
+        let (decision, inserted) = self
+            .store
+            .with_inserted(key, |cell| rule.acquire(cell, &now, cost, commit));
+        if !inserted {
+            // Relaxed: gives back the place reserved above; a counter.
+            self.keys.fetch_sub(1, Ordering::Relaxed);
+        }
+        Ok(decision)
+    }
+
+    /// Amortised eviction: sweep when the table has doubled since the last sweep, or, at the
+    /// `max_keys` bound, after a quarter of the bound in misses.
+    fn sweep_if_due<A: Algorithm<Cell = V>>(&self, rule: &A, now: impl Fn() -> Nanos) {
+        // Relaxed (all three counters): heuristics for *when* to sweep; correctness does not
+        // depend on their values.
+        let misses = self.misses_since_sweep.fetch_add(1, Ordering::Relaxed) + 1;
+        let keys = self.keys.load(Ordering::Relaxed);
+        let due = keys >= self.sweep_at.load(Ordering::Relaxed)
+            || self
+                .max_keys
+                .is_some_and(|(max, _)| keys >= max && misses >= (max / 4).max(1));
+        // Acquire/Release on the flag: one sweeper at a time; the flag guards no data.
+        if !due || self.sweeping.swap(true, Ordering::Acquire) {
+            return;
+        }
+        self.evict_fresh(rule, now());
+        // Relaxed (this load and the two stores): the same heuristics as above.
+        let live = self.keys.load(Ordering::Relaxed);
+        self.sweep_at
+            .store(live.saturating_mul(2).max(FIRST_SWEEP), Ordering::Relaxed);
+        self.misses_since_sweep.store(0, Ordering::Relaxed);
+        // Release: pairs with the Acquire swap above (one sweeper at a time).
+        self.sweeping.store(false, Ordering::Release);
+    }
+}
