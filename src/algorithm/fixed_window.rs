@@ -4,8 +4,8 @@
 //! allow iff n + c ≤ L        then n += c
 //! ```
 
-use crate::algorithm::grid::{lag, Grid, Lag};
-use crate::algorithm::{limit_at_most, no_burst, window_at_least_1ms, WordRule};
+use crate::algorithm::grid::{lag, Lag, Windowed};
+use crate::algorithm::WordRule;
 use crate::clock::Nanos;
 use crate::decision::{Decision, Remaining};
 use crate::quota::{Quota, QuotaError};
@@ -36,76 +36,52 @@ pub const MAX_LIMIT: u64 = COUNT_MASK;
 /// # Ok::<(), tollgate::QuotaError>(())
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct FixedWindow {
-    limit: u64,
-    grid: Grid,
-}
+pub struct FixedWindow(Windowed);
 
 impl FixedWindow {
     /// The rule for `quota`: `W ≥ 1 ms`, `L ≤ 2^24 − 1`, no burst.
     pub fn new(quota: Quota) -> Result<FixedWindow, QuotaError> {
-        no_burst(&quota, "fixed-window")?;
-        let window = window_at_least_1ms(&quota)?;
-        let limit = limit_at_most(&quota, MAX_LIMIT)?;
-        Ok(FixedWindow {
-            limit,
-            grid: Grid::new(window),
-        })
+        Windowed::new(&quota, "fixed-window", MAX_LIMIT).map(FixedWindow)
     }
 
     /// `L`.
     pub fn limit(&self) -> u64 {
-        self.limit
+        self.0.limit
     }
 
     /// `L`: the largest cost that can ever be admitted.
     pub fn capacity(&self) -> u64 {
-        self.limit
+        self.0.limit
     }
 
     /// `W` in nanoseconds.
     pub fn window(&self) -> u64 {
-        self.grid.window
+        self.0.grid.window
     }
 
     pub(crate) fn period(&self) -> Nanos {
-        self.grid.window
+        self.0.grid.window
     }
 
     pub(crate) fn take_over(self, previous: &Self, now: Nanos) -> Self {
-        FixedWindow {
-            limit: self.limit,
-            grid: self.grid.take_over(&previous.grid, now),
-        }
+        Self(self.0.take_over(&previous.0, now))
     }
 
     // By reference on purpose: `Algorithm::to_words(&self)` forwards here, and a by-value
     // inherent method would lose method resolution to the trait method (endless recursion).
     #[allow(clippy::wrong_self_convention)]
     pub(crate) fn to_words(&self) -> Words {
-        [
-            self.limit,
-            self.grid.window,
-            self.grid.origin,
-            self.grid.first,
-        ]
+        self.0.to_words()
     }
 
-    pub(crate) fn from_words([limit, window, origin, first]: Words) -> Self {
-        FixedWindow {
-            limit,
-            grid: Grid {
-                window,
-                origin,
-                first,
-            },
-        }
+    pub(crate) fn from_words(words: Words) -> Self {
+        Self(Windowed::from_words(words))
     }
 
     /// (window index, window start, n) of `state` as seen at `now`.
     #[inline]
     fn current(&self, state: u64, now: Nanos) -> (u64, Nanos, u64) {
-        let (index, start) = self.grid.locate(now);
+        let (index, start) = self.0.grid.locate(now);
         let stored = state >> COUNT_BITS;
         let n = state & COUNT_MASK;
         match lag(index, stored, INDEX_BITS) {
@@ -113,7 +89,7 @@ impl FixedWindow {
             Lag::Behind(_) => (index, start, 0),
             Lag::Ahead(a) => (
                 index.wrapping_add(a),
-                start.saturating_add(a.saturating_mul(self.grid.window)),
+                start.saturating_add(a.saturating_mul(self.0.grid.window)),
                 n,
             ),
         }
@@ -128,16 +104,16 @@ impl WordRule for FixedWindow {
     #[inline]
     fn decide(&self, state: u64, now: Nanos, cost: u64) -> (Decision, u64) {
         let (index, start, n) = self.current(state, now);
-        let to_end = start.saturating_add(self.grid.window).saturating_sub(now);
-        let allowed = n + cost <= self.limit;
+        let to_end = start.saturating_add(self.0.grid.window).saturating_sub(now);
+        let allowed = n + cost <= self.0.limit;
         let n_after = if allowed { n + cost } else { n };
         let decision = Decision {
             allowed,
-            limit: self.limit,
+            limit: self.0.limit,
             retry_after: if allowed { 0 } else { to_end },
             reset_after: if n_after > 0 { to_end } else { 0 },
             delay: 0,
-            remaining: Remaining::Exact(self.limit.saturating_sub(n_after)),
+            remaining: Remaining::Exact(self.0.limit.saturating_sub(n_after)),
         };
         let next = if allowed && cost > 0 {
             pack(index, n_after)

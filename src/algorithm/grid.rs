@@ -1,7 +1,10 @@
 //! Where the windows of the window algorithms lie: `[k·W, (k+1)·W)` from the limiter's origin
 //! (SPEC §4), re-anchored when `set_quota` changes `W`.
 
+use crate::algorithm::{limit_at_most, no_burst, window_at_least_1ms};
 use crate::clock::Nanos;
+use crate::quota::{Quota, QuotaError};
+use crate::state::Words;
 
 /// Windows of length `window` numbered from `first`, the first one starting at `origin`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -72,5 +75,53 @@ pub(crate) fn lag(current: u64, stored: u64, bits: u32) -> Lag {
         Lag::Ahead(ahead)
     } else {
         Lag::Behind(behind)
+    }
+}
+
+/// What both window counters are made of: the limit and the grid of windows, with the checks,
+/// the quota change and the parameter words they share.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Windowed {
+    pub limit: u64,
+    pub grid: Grid,
+}
+
+impl Windowed {
+    /// `W ≥ 1 ms`, `L ≤ max_limit`, no burst.
+    pub fn new(quota: &Quota, algorithm: &'static str, max_limit: u64) -> Result<Self, QuotaError> {
+        no_burst(quota, algorithm)?;
+        let window = window_at_least_1ms(quota)?;
+        let limit = limit_at_most(quota, max_limit)?;
+        Ok(Windowed {
+            limit,
+            grid: Grid::new(window),
+        })
+    }
+
+    pub fn take_over(self, previous: &Self, now: Nanos) -> Self {
+        Windowed {
+            limit: self.limit,
+            grid: self.grid.take_over(&previous.grid, now),
+        }
+    }
+
+    pub fn to_words(self) -> Words {
+        [
+            self.limit,
+            self.grid.window,
+            self.grid.origin,
+            self.grid.first,
+        ]
+    }
+
+    pub fn from_words([limit, window, origin, first]: Words) -> Self {
+        Windowed {
+            limit,
+            grid: Grid {
+                window,
+                origin,
+                first,
+            },
+        }
     }
 }

@@ -7,8 +7,8 @@
 //! ```
 //! All in 128-bit integers: no floating point in any decision.
 
-use crate::algorithm::grid::{lag, Grid, Lag};
-use crate::algorithm::{limit_at_most, no_burst, window_at_least_1ms, WordRule};
+use crate::algorithm::grid::{lag, Lag, Windowed};
+use crate::algorithm::WordRule;
 use crate::clock::Nanos;
 use crate::decision::{Decision, Remaining};
 use crate::quota::{Quota, QuotaError};
@@ -41,10 +41,7 @@ pub const MAX_LIMIT: u64 = COUNT_MASK;
 /// # Ok::<(), tollgate::QuotaError>(())
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct SlidingWindow {
-    limit: u64,
-    grid: Grid,
-}
+pub struct SlidingWindow(Windowed);
 
 /// The counts a state stands for at some instant.
 struct View {
@@ -58,67 +55,46 @@ struct View {
 impl SlidingWindow {
     /// The rule for `quota`: `W ≥ 1 ms`, `L ≤ 2^20 − 1`, no burst.
     pub fn new(quota: Quota) -> Result<SlidingWindow, QuotaError> {
-        no_burst(&quota, "sliding-window")?;
-        let window = window_at_least_1ms(&quota)?;
-        let limit = limit_at_most(&quota, MAX_LIMIT)?;
-        Ok(SlidingWindow {
-            limit,
-            grid: Grid::new(window),
-        })
+        Windowed::new(&quota, "sliding-window", MAX_LIMIT).map(SlidingWindow)
     }
 
     /// `L`.
     pub fn limit(&self) -> u64 {
-        self.limit
+        self.0.limit
     }
 
     /// `L`: the largest cost that can ever be admitted.
     pub fn capacity(&self) -> u64 {
-        self.limit
+        self.0.limit
     }
 
     /// `W` in nanoseconds.
     pub fn window(&self) -> u64 {
-        self.grid.window
+        self.0.grid.window
     }
 
     pub(crate) fn period(&self) -> Nanos {
-        self.grid.window
+        self.0.grid.window
     }
 
     pub(crate) fn take_over(self, previous: &Self, now: Nanos) -> Self {
-        SlidingWindow {
-            limit: self.limit,
-            grid: self.grid.take_over(&previous.grid, now),
-        }
+        Self(self.0.take_over(&previous.0, now))
     }
 
     // By reference on purpose: `Algorithm::to_words(&self)` forwards here, and a by-value
     // inherent method would lose method resolution to the trait method (endless recursion).
     #[allow(clippy::wrong_self_convention)]
     pub(crate) fn to_words(&self) -> Words {
-        [
-            self.limit,
-            self.grid.window,
-            self.grid.origin,
-            self.grid.first,
-        ]
+        self.0.to_words()
     }
 
-    pub(crate) fn from_words([limit, window, origin, first]: Words) -> Self {
-        SlidingWindow {
-            limit,
-            grid: Grid {
-                window,
-                origin,
-                first,
-            },
-        }
+    pub(crate) fn from_words(words: Words) -> Self {
+        Self(Windowed::from_words(words))
     }
 
     #[inline]
     fn view(&self, state: u64, now: Nanos) -> View {
-        let (index, start) = self.grid.locate(now);
+        let (index, start) = self.0.grid.locate(now);
         let stored = state >> (2 * COUNT_BITS);
         let prev = (state >> COUNT_BITS) & COUNT_MASK;
         let cur = state & COUNT_MASK;
@@ -129,7 +105,7 @@ impl SlidingWindow {
             // Judged at the start of the stored window: the previous window weighs fully.
             Lag::Ahead(a) => (
                 index.wrapping_add(a),
-                start.saturating_add(a.saturating_mul(self.grid.window)),
+                start.saturating_add(a.saturating_mul(self.0.grid.window)),
                 0,
                 prev,
                 cur,
@@ -146,16 +122,16 @@ impl SlidingWindow {
 
     /// `L·W − cur·W − prev·(W − e)`: `(L − est)·W`.
     fn headroom(&self, v: &View, cur: u64) -> i128 {
-        let w = self.grid.window as i128;
-        self.limit as i128 * w - cur as i128 * w - v.prev as i128 * (w - v.elapsed as i128)
+        let w = self.0.grid.window as i128;
+        self.0.limit as i128 * w - cur as i128 * w - v.prev as i128 * (w - v.elapsed as i128)
     }
 
     /// The first instant at which `cost` units would be allowed, as a wait from `now`.
     fn retry_after(&self, v: &View, now: Nanos, cost: u64) -> u64 {
-        let w = self.grid.window as i128;
-        let end = v.start.saturating_add(self.grid.window);
+        let w = self.0.grid.window as i128;
+        let end = v.start.saturating_add(self.0.grid.window);
         // Still in this window: need prev·(W − e') < R with R = (L − cur − c + 1)·W.
-        let r = (self.limit as i128 - v.cur as i128 - cost as i128 + 1) * w;
+        let r = (self.0.limit as i128 - v.cur as i128 - cost as i128 + 1) * w;
         if r > 0 && v.prev > 0 {
             let e = w + 1 - ceil_div(r, v.prev as i128);
             if e < w {
@@ -163,7 +139,7 @@ impl SlidingWindow {
             }
         }
         // Next window: prev' = cur, cur' = 0; need cur·(W − e') < (L − c + 1)·W.
-        let r = (self.limit as i128 - cost as i128 + 1) * w;
+        let r = (self.0.limit as i128 - cost as i128 + 1) * w;
         let e = if v.cur == 0 {
             0
         } else {
@@ -173,7 +149,7 @@ impl SlidingWindow {
             return (end as i128 + e - now as i128).max(0) as u64;
         }
         // The window after: both counts have slid out.
-        end.saturating_add(self.grid.window).saturating_sub(now)
+        end.saturating_add(self.0.grid.window).saturating_sub(now)
     }
 }
 
@@ -185,14 +161,14 @@ impl WordRule for SlidingWindow {
     #[inline]
     fn decide(&self, state: u64, now: Nanos, cost: u64) -> (Decision, u64) {
         let v = self.view(state, now);
-        let w = self.grid.window as u128;
+        let w = self.0.grid.window as u128;
         let weighted_prev = v.prev as u128 * (w - v.elapsed as u128);
         let allowed =
-            cost == 0 || (v.cur + cost - 1) as u128 * w + weighted_prev < self.limit as u128 * w;
+            cost == 0 || (v.cur + cost - 1) as u128 * w + weighted_prev < self.0.limit as u128 * w;
         let cur = if allowed { v.cur + cost } else { v.cur };
-        let end = v.start.saturating_add(self.grid.window);
+        let end = v.start.saturating_add(self.0.grid.window);
         let reset_after = if cur > 0 {
-            end.saturating_add(self.grid.window).saturating_sub(now)
+            end.saturating_add(self.0.grid.window).saturating_sub(now)
         } else if v.prev > 0 {
             end.saturating_sub(now)
         } else {
@@ -200,7 +176,7 @@ impl WordRule for SlidingWindow {
         };
         let decision = Decision {
             allowed,
-            limit: self.limit,
+            limit: self.0.limit,
             retry_after: if allowed {
                 0
             } else {
@@ -210,7 +186,7 @@ impl WordRule for SlidingWindow {
             delay: 0,
             remaining: Remaining::Ceil {
                 num: self.headroom(&v, cur),
-                den: self.grid.window,
+                den: self.0.grid.window,
             },
         };
         let next = if allowed && cost > 0 {
