@@ -132,28 +132,36 @@ fn replay(args: ReplayArgs) -> Result<(), Fatal> {
     let stdout = io::stdout();
     let mut out = BufWriter::with_capacity(1 << 16, stdout.lock());
     let mut summary = args.summary.then(Summary::default);
-    let mut failure = None;
-    let mut reader = TraceReader::new(input);
-    while let Some(request) = reader.next_request() {
-        let request = match request {
-            Ok(request) => request,
-            Err(e) => {
-                failure = Some(Fatal(e.to_string()));
-                break;
-            }
-        };
+    let failure = each_request(input, |request| {
         let outcome = replayer.decide(&request);
         match &mut summary {
             Some(summary) => summary.add(&request, outcome),
             None => writeln!(out, "{outcome}")?,
         }
-    }
+        Ok(())
+    })?;
     if let Some(summary) = summary {
         summary.print(&mut out)?;
     }
     // Decisions already made are flushed before any error is reported.
     out.flush()?;
     failure.map_or(Ok(()), Err)
+}
+
+/// Runs `f` on every request of `input` in order. A bad line stops the reading and is returned
+/// (to be reported after what was decided is flushed); an error of `f` is returned at once.
+fn each_request(
+    input: Box<dyn BufRead>,
+    mut f: impl FnMut(Request<'_>) -> Result<(), Fatal>,
+) -> Result<Option<Fatal>, Fatal> {
+    let mut reader = TraceReader::new(input);
+    while let Some(request) = reader.next_request() {
+        match request {
+            Ok(request) => f(request)?,
+            Err(e) => return Ok(Some(Fatal(e.to_string()))),
+        }
+    }
+    Ok(None)
 }
 
 #[cfg(feature = "redis")]
@@ -259,16 +267,7 @@ fn compare(args: &ReplayArgs) -> Result<(), Fatal> {
     let mut tallies: Vec<Tally> = COMPARED.iter().map(|_| Tally::default()).collect();
     let mut disagreements = [0u64; COMPARED.len()];
     let mut requests = 0u64;
-    let mut failure = None;
-    let mut reader = TraceReader::new(open(&args.file)?);
-    while let Some(request) = reader.next_request() {
-        let request = match request {
-            Ok(request) => request,
-            Err(e) => {
-                failure = Some(Fatal(e.to_string()));
-                break;
-            }
-        };
+    let failure = each_request(open(&args.file)?, |request| {
         requests += 1;
         let outcomes: Vec<Outcome> = replayers.iter_mut().map(|r| r.decide(&request)).collect();
         let reference = outcomes[outcomes.len() - 1].is_allow();
@@ -276,7 +275,8 @@ fn compare(args: &ReplayArgs) -> Result<(), Fatal> {
             tallies[i].add(outcome);
             disagreements[i] += u64::from(outcome.is_allow() != reference);
         }
-    }
+        Ok(())
+    })?;
     let mut out = BufWriter::new(io::stdout().lock());
     writeln!(
         out,
