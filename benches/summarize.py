@@ -1,53 +1,84 @@
 #!/usr/bin/env python3
 """Tables, ratios and issue-4 targets from criterion's saved estimates.
 
-Run after `cargo bench --bench limiters`:
+After one run (`cargo bench --bench limiters`):
 
-    python3 benches/summarize.py [target/criterion]
+    python3 benches/summarize.py
 
-Reads the median of each benchmark's `new/estimates.json` (ns per check; for the `_2t` group,
-aggregate ns per check across both threads) and prints markdown.
+After several runs saved as baselines (`cargo bench --bench limiters -- --save-baseline run1`,
+then run2, run3):
+
+    python3 benches/summarize.py run1 run2 run3
+
+A benchmark's figure in one run is criterion's median (ns per check; for the `_2t` group,
+aggregate ns per check across both threads). Over several runs, the tables show the median over
+the runs and [min–max]; a ratio is computed within each run (both figures from the same run) and
+the median of those per-run ratios is shown. Prints markdown. The criterion directory is
+`target/criterion` unless CRITERION_DIR says otherwise.
 """
 
 import json
 import os
+import statistics
 import sys
 
-ROOT = sys.argv[1] if len(sys.argv) > 1 else os.path.join("target", "criterion")
+ROOT = os.environ.get("CRITERION_DIR", os.path.join("target", "criterion"))
+BASELINES = sys.argv[1:] or ["new"]
 SIZES = ["1k", "100k", "1m"]
 
 
-def median(*parts):
-    path = os.path.join(ROOT, *parts, "new", "estimates.json")
-    try:
-        with open(path) as f:
-            return json.load(f)["median"]["point_estimate"]
-    except FileNotFoundError:
-        return None
+def runs(*parts):
+    """{baseline: median ns} for one benchmark ID."""
+    found = {}
+    for baseline in BASELINES:
+        path = os.path.join(ROOT, *parts, baseline, "estimates.json")
+        try:
+            with open(path) as f:
+                found[baseline] = json.load(f)["median"]["point_estimate"]
+        except FileNotFoundError:
+            pass
+    return found
 
 
-def fmt(x, digits=1):
-    return "–" if x is None else f"{x:.{digits}f}"
+def value(*parts):
+    r = runs(*parts)
+    return statistics.median(r.values()) if r else None
+
+
+def cell(*parts):
+    """The median over runs, with [min–max] when there are several."""
+    r = runs(*parts)
+    if not r:
+        return "–"
+    text = f"{statistics.median(r.values()):.1f}"
+    if len(r) > 1:
+        text += f" [{min(r.values()):.0f}–{max(r.values()):.0f}]"
+    return text
 
 
 def ratio(a, b):
-    return None if a is None or b is None else a / b
+    """Median over runs of a/b, each run's a over the same run's b."""
+    ra, rb = runs(*a), runs(*b)
+    per_run = [ra[k] / rb[k] for k in ra if k in rb and rb[k]]
+    return statistics.median(per_run) if per_run else None
 
 
-def mark(value, target, at_least=True):
-    if value is None:
+def fmt(x, digits=2, suffix="×"):
+    return "–" if x is None else f"{x:.{digits}f}{suffix}"
+
+
+def mark(x, target, at_least=True):
+    if x is None:
         return "not measured"
-    ok = value >= target if at_least else value <= target
-    return ("**met**" if ok else "**not met**")
+    return "**met**" if (x >= target if at_least else x <= target) else "**not met**"
 
 
 targets = []
+print(f"Runs: {', '.join(BASELINES)}.\n")
 
 # --- direct_gcra -------------------------------------------------------------------------------
-d = {f: median("direct_gcra", f) for f in [
-    "tollgate", "tollgate_coarse", "governor", "governor_coarse", "floor", "floor_coarse",
-    "tollgate_deny", "tollgate_coarse_deny", "governor_deny", "governor_coarse_deny"]}
-print("### direct_gcra (ns per check, median)\n")
+D = "direct_gcra"
+print("### direct_gcra (ns per check)\n")
 print("| function | clock | ns/op | governor / tollgate | tollgate / floor |")
 print("|---|---|---|---|---|")
 for f, clock, gov, floor in [
@@ -62,34 +93,36 @@ for f, clock, gov, floor in [
     ("governor_deny", "precise", None, None),
     ("governor_coarse_deny", "coarse", None, None),
 ]:
-    g = fmt(ratio(d[gov], d[f]), 2) + "×" if gov else ""
-    fl = fmt(ratio(d[f], d[floor]), 2) + "×" if floor else ""
-    print(f"| `{f}` | {clock} | {fmt(d[f])} | {g} | {fl} |")
+    g = fmt(ratio((D, gov), (D, f))) if gov else ""
+    fl = fmt(ratio((D, f), (D, floor))) if floor else ""
+    print(f"| `{f}` | {clock} | {cell(D, f)} | {g} | {fl} |")
 print()
-r = ratio(d["tollgate"], d["floor"])
-targets.append(("direct: `tollgate` ≤ 1.1 × `floor`", f"{fmt(r, 2)}×", mark(r, 1.1, False)))
-r = ratio(d["tollgate_coarse"], d["governor_coarse"])
-targets.append(("direct: `tollgate_coarse` ≤ 1.1 × `governor_coarse`", f"{fmt(r, 2)}×",
-                mark(r, 1.1, False)))
+r = ratio((D, "tollgate"), (D, "floor"))
+targets.append(("direct: `tollgate` ≤ 1.1 × `floor`", fmt(r), mark(r, 1.1, False)))
+r = ratio((D, "tollgate_coarse"), (D, "governor_coarse"))
+targets.append(("direct: `tollgate_coarse` ≤ 1.1 × `governor_coarse`", fmt(r), mark(r, 1.1, False)))
 
 # --- keyed_gcra, keyed_gcra_2t -----------------------------------------------------------------
 ROWS = ["tollgate", "governor", "floor", "tollgate_coarse", "governor_coarse", "floor_coarse",
         "floor_dashmap_coarse"]
 for group, threads in [("keyed_gcra", 1), ("keyed_gcra_2t", 2)]:
-    k = {(f, s): median(group, f, s) for f in ROWS for s in SIZES}
-    what = "ns per check" if threads == 1 else "aggregate ns per check over 2 threads (Mops/s = 1000 / ns)"
-    print(f"### {group} ({what}, median)\n")
+    what = ("ns per check" if threads == 1
+            else "aggregate ns per check over 2 threads; Mops/s = 1000 / ns")
+    print(f"### {group} ({what})\n")
     print("| function | clock | " + " | ".join(SIZES) + " |")
     print("|---|---|" + "---|" * len(SIZES))
     for f in ROWS:
         clock = "coarse" if "coarse" in f else "precise"
         cells = []
         for s in SIZES:
-            v = k[(f, s)]
-            cells.append(fmt(v) if threads == 1 else f"{fmt(v)} ({fmt(ratio(1000, v) if v else None)} Mops/s)")
+            text = cell(group, f, s)
+            v = value(group, f, s)
+            if threads > 1 and v:
+                text += f" ({1000 / v:.1f} Mops/s)"
+            cells.append(text)
         print(f"| `{f}` | {clock} | " + " | ".join(cells) + " |")
     print()
-    print("| ratio | " + " | ".join(SIZES) + " |")
+    print("| ratio (median of per-run ratios) | " + " | ".join(SIZES) + " |")
     print("|---|" + "---|" * len(SIZES))
     for label, a, b in [
         ("governor / tollgate (precise)", "governor", "tollgate"),
@@ -97,44 +130,50 @@ for group, threads in [("keyed_gcra", 1), ("keyed_gcra_2t", 2)]:
         ("tollgate / floor (precise)", "tollgate", "floor"),
         ("tollgate_coarse / floor_coarse", "tollgate_coarse", "floor_coarse"),
         ("tollgate_coarse / floor_dashmap_coarse", "tollgate_coarse", "floor_dashmap_coarse"),
+        ("governor / floor (precise)", "governor", "floor"),
+        ("governor_coarse / floor_coarse", "governor_coarse", "floor_coarse"),
     ]:
-        print(f"| {label} | " + " | ".join(fmt(ratio(k[(a, s)], k[(b, s)]), 2) + "×" for s in SIZES) + " |")
+        print(f"| {label} | "
+              + " | ".join(fmt(ratio((group, a, s), (group, b, s))) for s in SIZES) + " |")
     print()
-    deny = {f: median(group, f, "100k") for f in
-            ["tollgate_deny", "governor_deny", "tollgate_coarse_deny", "governor_coarse_deny"]}
-    print("Deny path at 100k: " + ", ".join(f"`{f}` {fmt(v)} ns" for f, v in deny.items())
-          + f"; governor / tollgate {fmt(ratio(deny['governor_deny'], deny['tollgate_deny']), 2)}× precise, "
-          + f"{fmt(ratio(deny['governor_coarse_deny'], deny['tollgate_coarse_deny']), 2)}× coarse.\n")
+    print("Deny path at 100k (ns per check): "
+          + ", ".join(f"`{f}` {cell(group, f, '100k')}" for f in
+                      ["tollgate_deny", "governor_deny", "tollgate_coarse_deny",
+                       "governor_coarse_deny"])
+          + f"; governor / tollgate "
+          f"{fmt(ratio((group, 'governor_deny', '100k'), (group, 'tollgate_deny', '100k')))} "
+          f"precise, {fmt(ratio((group, 'governor_coarse_deny', '100k'), (group, 'tollgate_coarse_deny', '100k')))} "
+          "coarse.\n")
     if threads == 1:
-        need_p = {"1k": 1.6, "100k": 1.6, "1m": 1.1}
-        need_c = {s: 2.5 for s in SIZES}
+        need_p, need_c = {"1k": 1.6, "100k": 1.6, "1m": 1.1}, {s: 2.5 for s in SIZES}
     else:
-        need_p = {"1k": 1.8, "100k": 1.8, "1m": 1.4}
-        need_c = {s: 3.5 for s in SIZES}
+        need_p, need_c = {"1k": 1.8, "100k": 1.8, "1m": 1.4}, {s: 3.5 for s in SIZES}
     for s in SIZES:
-        r = ratio(k[("governor", s)], k[("tollgate", s)])
-        targets.append((f"`{group}` precise {s}: governor / tollgate ≥ {need_p[s]}", f"{fmt(r, 2)}×",
+        r = ratio((group, "governor", s), (group, "tollgate", s))
+        targets.append((f"`{group}` precise {s}: governor / tollgate ≥ {need_p[s]}", fmt(r),
                         mark(r, need_p[s])))
     for s in SIZES:
-        r = ratio(k[("governor_coarse", s)], k[("tollgate_coarse", s)])
-        targets.append((f"`{group}` coarse {s}: governor / tollgate ≥ {need_c[s]}", f"{fmt(r, 2)}×",
+        r = ratio((group, "governor_coarse", s), (group, "tollgate_coarse", s))
+        targets.append((f"`{group}` coarse {s}: governor / tollgate ≥ {need_c[s]}", fmt(r),
                         mark(r, need_c[s])))
 
 # --- keyed_algos -------------------------------------------------------------------------------
+A = "keyed_algos"
 ALGOS = ["gcra", "leaky_queue", "fixed_window", "sliding_window", "sliding_log"]
-a = {f: median("keyed_algos", f, "100k") for f in ALGOS + [x + "_deny" for x in ALGOS]}
-print("### keyed_algos (100k keys, precise clock, ns per check, median)\n")
+print("### keyed_algos (100k keys, precise clock, ns per check)\n")
 print("| algorithm | allowed ns/op | / gcra | deny ns/op | / gcra_deny |")
 print("|---|---|---|---|---|")
 for f in ALGOS:
-    print(f"| `{f}` | {fmt(a[f])} | {fmt(ratio(a[f], a['gcra']), 2)}× | {fmt(a[f + '_deny'])} | "
-          f"{fmt(ratio(a[f + '_deny'], a['gcra_deny']), 2)}× |")
+    print(f"| `{f}` | {cell(A, f, '100k')} | {fmt(ratio((A, f, '100k'), (A, 'gcra', '100k')))} | "
+          f"{cell(A, f + '_deny', '100k')} | "
+          f"{fmt(ratio((A, f + '_deny', '100k'), (A, 'gcra_deny', '100k')))} |")
 print()
 for f in ALGOS[1:4]:
-    r = ratio(a[f], a["gcra"])
-    targets.append((f"`keyed_algos` {f} ≤ 1.3 × gcra", f"{fmt(r, 2)}×", mark(r, 1.3, False)))
-mops = ratio(1000, a["sliding_log"]) if a["sliding_log"] else None
-targets.append(("`keyed_algos` sliding_log ≥ 5 M checks/s (L = 64)", f"{fmt(mops, 2)} M/s",
+    r = ratio((A, f, "100k"), (A, "gcra", "100k"))
+    targets.append((f"`keyed_algos` {f} ≤ 1.3 × gcra", fmt(r), mark(r, 1.3, False)))
+v = value(A, "sliding_log", "100k")
+mops = 1000 / v if v else None
+targets.append(("`keyed_algos` sliding_log ≥ 5 M checks/s (L = 64)", fmt(mops, 2, " M/s"),
                 mark(mops, 5.0)))
 
 print("### Targets (issue 4)\n")

@@ -13,68 +13,29 @@
 //! key is inserted by one admitted check, under a quota that keeps it from being fresh (so
 //! tollgate's automatic sweeps evict nothing). Keys are distinct uniformly random `u64`s.
 
-use std::alloc::{GlobalAlloc, Layout, System};
+use std::alloc::System;
 use std::hint::black_box;
 use std::num::NonZeroU32;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
+use stats_alloc::{StatsAlloc, INSTRUMENTED_SYSTEM};
 use tollgate::algorithm::Algorithm;
 use tollgate::{FixedWindow, Gcra, KeyedLimiter, LeakyQueue, Quota, SlidingLog, SlidingWindow};
 
-/// Wraps the system allocator and counts live bytes and allocation calls.
-struct Counting;
-
-static LIVE: AtomicUsize = AtomicUsize::new(0);
-static CALLS: AtomicUsize = AtomicUsize::new(0);
-
-// SAFETY (whole impl):
-// - every method forwards to `System` with the caller's arguments unchanged, so `System`'s
-//   guarantees are the ones the caller gets;
-// - the counters are plain atomics that never allocate.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        // Relaxed: statistics read by this thread after the work is done.
-        LIVE.fetch_add(layout.size(), Ordering::Relaxed);
-        CALLS.fetch_add(1, Ordering::Relaxed);
-        // SAFETY: forwarded unchanged; the caller upholds `alloc`'s contract.
-        unsafe { System.alloc(layout) }
-    }
-
-    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        LIVE.fetch_add(layout.size(), Ordering::Relaxed);
-        CALLS.fetch_add(1, Ordering::Relaxed);
-        // SAFETY: as for `alloc`.
-        unsafe { System.alloc_zeroed(layout) }
-    }
-
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        LIVE.fetch_sub(layout.size(), Ordering::Relaxed);
-        // SAFETY: `ptr` came from this allocator, hence from `System`, with `layout`.
-        unsafe { System.dealloc(ptr, layout) }
-    }
-
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        CALLS.fetch_add(1, Ordering::Relaxed);
-        // SAFETY: as for `dealloc`; `new_size` is the caller's, checked by its contract.
-        let new = unsafe { System.realloc(ptr, layout, new_size) };
-        if !new.is_null() {
-            LIVE.fetch_sub(layout.size(), Ordering::Relaxed);
-            LIVE.fetch_add(new_size, Ordering::Relaxed);
-        }
-        new
-    }
-}
-
+/// `stats_alloc`'s counting wrapper of the system allocator (no unsafe code of ours).
 #[global_allocator]
-static GLOBAL: Counting = Counting;
+static GLOBAL: &StatsAlloc<System> = &INSTRUMENTED_SYSTEM;
 
+/// Live heap bytes, as requested from the allocator.
 fn live() -> usize {
-    LIVE.load(Ordering::Relaxed)
+    let s = GLOBAL.stats();
+    (s.bytes_allocated as isize - s.bytes_deallocated as isize + s.bytes_reallocated) as usize
 }
 
+/// Allocation calls so far (fresh and `realloc`).
 fn calls() -> usize {
-    CALLS.load(Ordering::Relaxed)
+    let s = GLOBAL.stats();
+    s.allocations + s.reallocations
 }
 
 /// splitmix64 over a counter: distinct, uniformly spread keys.
