@@ -415,8 +415,15 @@ fn the_shortfall_is_exactly_the_outstanding_leases() {
             admitted += 1;
             continue;
         }
+        // In this order: once no refill is in flight, nothing changes the busy node's lease
+        // or the global state until its next check.
+        if busy.refilling("k") {
+            std::thread::sleep(Duration::from_micros(200));
+            continue;
+        }
+        let held = busy.held("k");
         let remaining = rt.block_on(busy.exact().peek("k", 0)).unwrap().remaining();
-        if remaining == 0 && busy.held("k") == 0 {
+        if remaining == 0 && held == 0 {
             break;
         }
         std::thread::sleep(Duration::from_micros(200));

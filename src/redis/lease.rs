@@ -641,6 +641,16 @@ impl<C: RedisConnection> LeasedLimiter<C> {
         })
     }
 
+    /// Whether a refill of `key` is queued or in flight on this node. Once it reads `false`,
+    /// [`LeasedLimiter::held`] includes everything Redis granted this node for `key`, until a
+    /// check asks for the next refill.
+    pub fn refilling(&self, key: impl AsRef<[u8]>) -> bool {
+        self.inner.leases.get(key.as_ref()).is_some_and(|lease| {
+            // Acquire: pairs with the Release that clears the flag after the grant's install.
+            lease.pending.load(Ordering::Acquire)
+        })
+    }
+
     /// The traffic with Redis so far.
     pub fn stats(&self) -> LeaseStats {
         let inner = &self.inner;
@@ -1031,8 +1041,8 @@ async fn refill<C: RedisConnection>(inner: Arc<Inner<C>>, lease: Arc<Lease>) {
         let (units, since) = inner.take_all(&lease);
         inner.give_back(&lease, units, since).await;
     } else {
-        // Relaxed: see `request_refill`.
-        lease.pending.store(false, Ordering::Relaxed);
+        // Release: `refilling` readers that see the flag clear also see the installed word.
+        lease.pending.store(false, Ordering::Release);
     }
     lease.refilled.notify_waiters();
 }
