@@ -305,9 +305,11 @@ fn local_policy_gives_each_live_node_its_share() {
     };
     runtime().block_on(async {
         let rule = RedisRule::fixed_window(Quota::per_hour(10).unwrap()).unwrap();
+        // Heartbeats expire after three intervals: long enough here that a beat delayed by a
+        // loaded machine does not make a live node look gone.
         let handling = FailureHandling::new(FailurePolicy::Local)
             .probe_interval(Duration::from_millis(50))
-            .heartbeat_interval(Duration::from_millis(50));
+            .heartbeat_interval(Duration::from_millis(250));
         let a = guarded(&server, rule, handling).await;
         let b = guarded(&server, rule, handling).await;
         let c = guarded(&server, rule, handling).await;
@@ -315,7 +317,7 @@ fn local_policy_gives_each_live_node_its_share() {
         let started = Instant::now();
         while a.live_nodes() != 3 || b.live_nodes() != 3 {
             assert!(
-                started.elapsed() < Duration::from_secs(2),
+                started.elapsed() < Duration::from_secs(5),
                 "heartbeats did not meet"
             );
             tokio::time::sleep(Duration::from_millis(10)).await;
@@ -325,7 +327,7 @@ fn local_policy_gives_each_live_node_its_share() {
         let started = Instant::now();
         while a.live_nodes() != 2 || b.live_nodes() != 2 {
             assert!(
-                started.elapsed() < Duration::from_secs(2),
+                started.elapsed() < Duration::from_secs(5),
                 "the leaving node was counted"
             );
             tokio::time::sleep(Duration::from_millis(10)).await;
