@@ -23,7 +23,23 @@ pub mod sliding_window;
 use crate::clock::Nanos;
 use crate::decision::Decision;
 use crate::quota::QuotaError;
-use crate::state::{AtomicWord, LogCell, Words};
+use std::hash::Hash;
+
+use crate::state::{AtomicWord, LogCell, Retired, Words};
+use crate::store::{DashMapStore, KeyedStore, WordTable};
+
+/// GCRA and leaky-bucket TATs stay below `u64::MAX − 1` (`Gcra::decide_with_delay`).
+const TAT_MARKS: Retired = Retired {
+    tombstone: u64::MAX,
+    moved: u64::MAX - 1,
+};
+
+/// Both window states have impossible low bits: the fixed window's count (24 bits, `MAX_LIMIT`
+/// = 2^24 − 2) and the sliding window's `cur` (21 bits, at most 2^20 − 1) never are all ones.
+const WINDOW_MARKS: Retired = Retired {
+    tombstone: u64::MAX,
+    moved: u64::MAX >> 1,
+};
 
 pub use self::fixed_window::FixedWindow;
 pub use self::gcra::Gcra;
@@ -82,6 +98,35 @@ pub trait Algorithm: Copy + Send + Sync + std::fmt::Debug + 'static + sealed::Se
     #[doc(hidden)]
     fn is_fresh(&self, cell: &Self::Cell, now: Nanos) -> bool;
 
+    /// The keyed store this rule's cells live in by default: the lock-free [`WordTable`] for
+    /// one-word cells, dashmap for the sliding log.
+    #[doc(hidden)]
+    type Store<K: Clone + Hash + Eq + Send + Sync>: KeyedStore<K, Self::Cell>;
+
+    /// An empty default store.
+    #[doc(hidden)]
+    fn new_store<K: Clone + Hash + Eq + Send + Sync>() -> Self::Store<K>;
+
+    /// [`Algorithm::acquire`] in a keyed store: `None` if the cell was retired (evicted or
+    /// moved), so that the store looks the key up again.
+    #[doc(hidden)]
+    fn acquire_live<F: Fn() -> Nanos>(
+        &self,
+        cell: &Self::Cell,
+        now: F,
+        cost: u64,
+        commit: bool,
+    ) -> Option<Decision>;
+
+    /// [`Algorithm::refund`] in a keyed store: `None` if the cell was retired.
+    #[doc(hidden)]
+    fn refund_live<F: Fn() -> Nanos>(&self, cell: &Self::Cell, now: F, cost: u64) -> Option<()>;
+
+    /// Retires `cell` if it is fresh at `now`, atomically with respect to decisions on it
+    /// (a decision lands before and the cell is kept, or sees the tombstone); whether it did.
+    #[doc(hidden)]
+    fn evict_if_fresh(&self, cell: &Self::Cell, now: Nanos) -> bool;
+
     /// The rule that takes over from `previous` at `now` when the quota changes.
     #[doc(hidden)]
     fn take_over(self, previous: &Self, now: Nanos) -> Self;
@@ -114,11 +159,17 @@ pub trait WordRule: Copy {
 }
 
 macro_rules! word_algorithm {
-    ($ty:ty, $name:literal) => {
+    ($ty:ty, $name:literal, $marks:expr) => {
         impl sealed::Sealed for $ty {}
         impl Algorithm for $ty {
             const NAME: &'static str = $name;
             type Cell = AtomicWord;
+            type Store<K: Clone + Hash + Eq + Send + Sync> =
+                WordTable<K, foldhash::fast::RandomState>;
+
+            fn new_store<K: Clone + Hash + Eq + Send + Sync>() -> Self::Store<K> {
+                WordTable::new($marks, foldhash::fast::RandomState::default())
+            }
 
             fn limit(&self) -> u64 {
                 self.limit()
@@ -151,6 +202,48 @@ macro_rules! word_algorithm {
             fn is_fresh(&self, cell: &AtomicWord, now: Nanos) -> bool {
                 WordRule::is_fresh(self, cell.load(), now)
             }
+            #[inline]
+            fn acquire_live<F: Fn() -> Nanos>(
+                &self,
+                cell: &AtomicWord,
+                now: F,
+                cost: u64,
+                commit: bool,
+            ) -> Option<Decision> {
+                let marks: Retired = $marks;
+                if commit {
+                    cell.try_update(
+                        now,
+                        |state, t| WordRule::decide(self, state, t, cost),
+                        |state| marks.any(state),
+                    )
+                    .ok()
+                } else {
+                    let state = cell.load();
+                    (!marks.any(state)).then(|| WordRule::decide(self, state, now(), cost).0)
+                }
+            }
+            fn refund_live<F: Fn() -> Nanos>(
+                &self,
+                cell: &AtomicWord,
+                now: F,
+                cost: u64,
+            ) -> Option<()> {
+                let marks: Retired = $marks;
+                cell.try_update(
+                    now,
+                    |state, t| ((), WordRule::refunded(self, state, t, cost)),
+                    |state| marks.any(state),
+                )
+                .ok()
+            }
+            fn evict_if_fresh(&self, cell: &AtomicWord, now: Nanos) -> bool {
+                let marks: Retired = $marks;
+                cell.retire_if(marks.tombstone, |state| {
+                    !marks.any(state) && WordRule::is_fresh(self, state, now)
+                })
+                .is_some()
+            }
             fn take_over(self, previous: &Self, now: Nanos) -> Self {
                 self.take_over(previous, now)
             }
@@ -164,10 +257,10 @@ macro_rules! word_algorithm {
     };
 }
 
-word_algorithm!(Gcra, "gcra");
-word_algorithm!(LeakyQueue, "leaky-queue");
-word_algorithm!(FixedWindow, "fixed-window");
-word_algorithm!(SlidingWindow, "sliding-window");
+word_algorithm!(Gcra, "gcra", TAT_MARKS);
+word_algorithm!(LeakyQueue, "leaky-queue", TAT_MARKS);
+word_algorithm!(FixedWindow, "fixed-window", WINDOW_MARKS);
+word_algorithm!(SlidingWindow, "sliding-window", WINDOW_MARKS);
 
 impl sealed::Sealed for SlidingLog {}
 impl Algorithm for SlidingLog {
@@ -197,6 +290,28 @@ impl Algorithm for SlidingLog {
     }
     fn is_fresh(&self, cell: &LogCell, now: Nanos) -> bool {
         cell.with(|| now, |ring, t| self.is_empty_at(ring, t))
+    }
+    type Store<K: Clone + Hash + Eq + Send + Sync> = DashMapStore<K, LogCell>;
+    fn new_store<K: Clone + Hash + Eq + Send + Sync>() -> Self::Store<K> {
+        DashMapStore::new()
+    }
+    fn acquire_live<F: Fn() -> Nanos>(
+        &self,
+        cell: &LogCell,
+        now: F,
+        cost: u64,
+        commit: bool,
+    ) -> Option<Decision> {
+        Some(self.acquire(cell, now, cost, commit))
+    }
+    fn refund_live<F: Fn() -> Nanos>(&self, cell: &LogCell, now: F, cost: u64) -> Option<()> {
+        Algorithm::refund(self, cell, now, cost);
+        Some(())
+    }
+    /// A log is never retired in place: its store (dashmap) removes it under the shard's write
+    /// lock right after this judgement, with no decision running on it.
+    fn evict_if_fresh(&self, cell: &LogCell, now: Nanos) -> bool {
+        Algorithm::is_fresh(self, cell, now)
     }
     fn take_over(self, _previous: &Self, _now: Nanos) -> Self {
         // Entries are absolute times: a new window or limit applies to them as they are.

@@ -34,11 +34,11 @@ use self::all_or_nothing::{all_or_nothing, Limit};
 /// assert!(limiter.check("alice").unwrap().allowed());
 /// # Ok::<(), tollgate::QuotaError>(())
 /// ```
-pub struct MultiLimiter<K, A: Algorithm, C: Clock = QuantaClock> {
+pub struct MultiLimiter<K: Clone + Hash + Eq + Send + Sync, A: Algorithm, C: Clock = QuantaClock> {
     limits: Vec<KeyedLimiter<K, A, C>>,
 }
 
-impl<K: Hash + Eq + Send + Sync, A: Algorithm> MultiLimiter<K, A> {
+impl<K: Clone + Hash + Eq + Send + Sync, A: Algorithm> MultiLimiter<K, A> {
     /// One keyed limiter per rule, on the precise default clock.
     pub fn new(rules: impl IntoIterator<Item = A>) -> Self {
         MultiLimiter {
@@ -47,7 +47,7 @@ impl<K: Hash + Eq + Send + Sync, A: Algorithm> MultiLimiter<K, A> {
     }
 }
 
-impl<K: Hash + Eq + Send + Sync, A: Algorithm, C: Clock + Clone> MultiLimiter<K, A, C> {
+impl<K: Clone + Hash + Eq + Send + Sync, A: Algorithm, C: Clock + Clone> MultiLimiter<K, A, C> {
     /// One keyed limiter per rule, all reading `clock`.
     ///
     /// # Errors
@@ -61,7 +61,7 @@ impl<K: Hash + Eq + Send + Sync, A: Algorithm, C: Clock + Clone> MultiLimiter<K,
     }
 }
 
-impl<K: Hash + Eq + Send + Sync, A: Algorithm, C: Clock> MultiLimiter<K, A, C> {
+impl<K: Clone + Hash + Eq + Send + Sync, A: Algorithm, C: Clock> MultiLimiter<K, A, C> {
     /// The limits, in the order they are checked.
     pub fn limits(&self) -> &[KeyedLimiter<K, A, C>] {
         &self.limits
@@ -97,7 +97,7 @@ impl<K: Hash + Eq + Send + Sync, A: Algorithm, C: Clock> MultiLimiter<K, A, C> {
 
 impl<K, A, C, Q> Limit<Q> for KeyedLimiter<K, A, C>
 where
-    K: Hash + Eq + Send + Sync + Borrow<Q>,
+    K: Clone + Hash + Eq + Send + Sync + Borrow<Q>,
     A: Algorithm,
     C: Clock,
     Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,

@@ -19,4 +19,4 @@ mod word;
 pub use self::high_water::HighWater;
 pub use self::log::LogCell;
 pub use self::params::{ParamCell, Words, WORDS};
-pub use self::word::AtomicWord;
+pub use self::word::{AtomicWord, Retired};

@@ -13,6 +13,12 @@ mod dashmap;
 mod keyed_store;
 #[path = "store/table.rs"]
 pub(crate) mod table;
+#[path = "store/word_table.rs"]
+mod word_table;
+#[cfg(test)]
+#[path = "store/word_table_tests.rs"]
+mod word_table_tests;
 
 pub use self::dashmap::DashMapStore;
 pub use self::keyed_store::KeyedStore;
+pub use self::word_table::WordTable;

@@ -6,6 +6,23 @@
 
 pub(crate) use std::hint::spin_loop;
 pub(crate) use std::sync::atomic::{fence, AtomicBool, AtomicU64, AtomicUsize, Ordering};
+pub(crate) use std::sync::Arc;
+
+/// One value per thread and per owner (the `thread_local` crate: a lookup by thread id, no
+/// shared write).
+pub(crate) struct PerThread<T: Send>(thread_local::ThreadLocal<T>);
+
+impl<T: Send + Default> PerThread<T> {
+    pub(crate) fn new() -> Self {
+        PerThread(thread_local::ThreadLocal::new())
+    }
+
+    /// Runs `f` on this thread's value (a default one on the thread's first call).
+    #[inline]
+    pub(crate) fn with<R>(&self, f: impl FnOnce(&T) -> R) -> R {
+        f(self.0.get_or_default())
+    }
+}
 
 /// A mutex whose `lock` never fails (parking_lot does not poison).
 #[derive(Debug, Default)]

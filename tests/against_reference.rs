@@ -223,7 +223,7 @@ fn decode_cost(raw: u64, capacity: u64) -> u64 {
 }
 
 /// The next clock reading. Readings stay far below 2^63 ns and, for the window counters, below
-/// 2^24 windows (their packed index wraps there; see their docs).
+/// 2^23 windows (the sliding counter's packed index wraps there; see its docs).
 fn next_time(t: u64, step: Step, window: u64, backwards: bool) -> u64 {
     let next = match step {
         Step::Same => t,

@@ -183,6 +183,8 @@ fn limits_at_the_edges_of_each_packed_layout() {
     }
     for limit in [sliding_window::MAX_LIMIT + 1, u64::MAX] {
         assert!(SlidingWindow::new(Quota::new(limit, second).unwrap()).is_err());
+    }
+    for limit in [sliding_log::MAX_LIMIT + 1, u64::MAX] {
         assert!(SlidingLog::new(Quota::new(limit, second).unwrap()).is_err());
     }
     assert!(Gcra::new(span.with_burst((1 << 20) + 1).unwrap()).is_err());

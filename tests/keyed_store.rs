@@ -15,7 +15,7 @@ use tollgate::{
 const MS: u64 = 1_000_000;
 const SEC: u64 = 1_000_000_000;
 
-fn keyed<K: std::hash::Hash + Eq + Send + Sync, A: Algorithm>(
+fn keyed<K: Clone + std::hash::Hash + Eq + Send + Sync, A: Algorithm>(
     rule: A,
 ) -> (KeyedLimiter<K, A, ManualClock>, ManualClock) {
     let clock = ManualClock::new();

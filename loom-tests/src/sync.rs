@@ -3,6 +3,24 @@
 
 pub(crate) use loom::hint::spin_loop;
 pub(crate) use loom::sync::atomic::{fence, AtomicBool, AtomicU64, AtomicUsize, Ordering};
+pub(crate) use loom::sync::Arc;
+
+/// `src/sync.rs`'s per-thread value, without the caching: every call starts from a default
+/// value. For the word table this means a reader loads its shard's table under the lock at each
+/// lookup; what the cache adds in the library, a table that went stale between two lookups, is
+/// the same race as a table replaced during one lookup, which the models do explore (loom
+/// cannot hold a per-object, per-thread value of a generic type without `unsafe`).
+pub(crate) struct PerThread<T>(std::marker::PhantomData<fn() -> T>);
+
+impl<T: Send + Default> PerThread<T> {
+    pub(crate) fn new() -> Self {
+        PerThread(std::marker::PhantomData)
+    }
+
+    pub(crate) fn with<R>(&self, f: impl FnOnce(&T) -> R) -> R {
+        f(&T::default())
+    }
+}
 
 /// A mutex whose `lock` never fails, as `src/sync.rs` has it (there: parking_lot's).
 pub(crate) struct Mutex<T>(loom::sync::Mutex<T>);

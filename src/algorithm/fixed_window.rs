@@ -15,15 +15,16 @@ const COUNT_BITS: u32 = 24;
 const INDEX_BITS: u32 = 64 - COUNT_BITS;
 const COUNT_MASK: u64 = (1 << COUNT_BITS) - 1;
 
-/// The largest limit the packed state holds: 2^24 − 1.
-pub const MAX_LIMIT: u64 = COUNT_MASK;
+/// The largest limit the packed state holds: 2^24 − 2 (a count of all ones is left to a keyed
+/// store's marks, see `RETIRED`).
+pub const MAX_LIMIT: u64 = COUNT_MASK - 1;
 
 /// Fixed window counter.
 ///
 /// # State layout (one `u64`)
 /// ```text
 /// bits 63..24  window index mod 2^40   (2^40 windows ≥ 34 years at W = 1 ms)
-/// bits 23..0   n, units admitted in that window (so L ≤ 2^24 − 1)
+/// bits 23..0   n, units admitted in that window (n ≤ L ≤ 2^24 − 2)
 /// ```
 /// A key idle for an exact multiple of 2^40 windows would read its old count as current: a
 /// stricter decision, never an extra admission. Idle keys are evicted long before.

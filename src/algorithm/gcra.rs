@@ -109,7 +109,11 @@ impl Gcra {
         }
         let increment = cost * self.interval; // cost ≤ B, so ≤ B·T ≤ 2^62
         let debt_after = debt + increment; // ≤ 2^63
-        match start.checked_add(increment) {
+                                           // The two largest values are a keyed store's marks (`RETIRED`), never a TAT.
+        match start
+            .checked_add(increment)
+            .filter(|next| *next < u64::MAX - 1)
+        {
             Some(next) if debt_after <= self.span => {
                 (self.figures(true, debt_after, debt_after, 0), next, debt)
             }

@@ -14,9 +14,13 @@ use crate::decision::{Decision, Remaining};
 use crate::quota::{Quota, QuotaError};
 use crate::state::Words;
 
+/// `prev` holds up to `L`; `cur` has one bit more, so that its all-ones value never occurs
+/// (keyed stores use it for their marks).
 const COUNT_BITS: u32 = 20;
 const COUNT_MASK: u64 = (1 << COUNT_BITS) - 1;
-const INDEX_BITS: u32 = 64 - 2 * COUNT_BITS;
+const CUR_BITS: u32 = COUNT_BITS + 1;
+const CUR_MASK: u64 = (1 << CUR_BITS) - 1;
+const INDEX_BITS: u32 = 64 - COUNT_BITS - CUR_BITS;
 
 /// The largest limit the packed state holds: 2^20 − 1.
 pub const MAX_LIMIT: u64 = COUNT_MASK;
@@ -25,11 +29,12 @@ pub const MAX_LIMIT: u64 = COUNT_MASK;
 ///
 /// # State layout (one `u64`)
 /// ```text
-/// bits 63..40  window index k mod 2^24
-/// bits 39..20  prev, units admitted in window k − 1
-/// bits 19..0   cur, units admitted in window k      (so L ≤ 2^20 − 1)
+/// bits 63..41  window index k mod 2^23
+/// bits 40..21  prev, units admitted in window k − 1  (so L ≤ 2^20 − 1)
+/// bits 20..0   cur, units admitted in window k       (≤ L: the all-ones value never occurs,
+///              keyed stores use it for their marks)
 /// ```
-/// A key idle for an exact multiple of 2^24 windows (4.6 h at W = 1 ms, 194 days at W = 1 s)
+/// A key idle for an exact multiple of 2^23 windows (2.3 h at W = 1 ms, 97 days at W = 1 s)
 /// would read its old counts as current: a stricter decision, never an extra admission. Keyed
 /// limiters evict such keys long before.
 ///
@@ -95,9 +100,9 @@ impl SlidingWindow {
     #[inline]
     fn view(&self, state: u64, now: Nanos) -> View {
         let (index, start) = self.0.grid.locate(now);
-        let stored = state >> (2 * COUNT_BITS);
-        let prev = (state >> COUNT_BITS) & COUNT_MASK;
-        let cur = state & COUNT_MASK;
+        let stored = state >> (COUNT_BITS + CUR_BITS);
+        let prev = (state >> CUR_BITS) & COUNT_MASK;
+        let cur = state & CUR_MASK;
         let (index, start, elapsed, prev, cur) = match lag(index, stored, INDEX_BITS) {
             Lag::Behind(0) => (index, start, now - start.min(now), prev, cur),
             Lag::Behind(1) => (index, start, now - start.min(now), cur, 0),
@@ -216,7 +221,7 @@ impl WordRule for SlidingWindow {
 }
 
 fn pack(index: u64, prev: u64, cur: u64) -> u64 {
-    (index << (2 * COUNT_BITS)) | (prev << COUNT_BITS) | cur
+    (index << (COUNT_BITS + CUR_BITS)) | (prev << CUR_BITS) | cur
 }
 
 #[cfg(test)]

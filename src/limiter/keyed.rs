@@ -8,7 +8,7 @@ use crate::decision::{Decision, Error};
 use crate::limiter::Core;
 use crate::quota::QuotaError;
 use crate::store::table::KeyTable;
-use crate::store::{DashMapStore, KeyedStore};
+use crate::store::KeyedStore;
 
 pub use crate::store::table::OverflowPolicy;
 
@@ -32,12 +32,7 @@ pub use crate::store::table::OverflowPolicy;
 ///
 /// # Caveats
 /// A sweep takes each shard's write lock in turn; checks on that shard wait for it.
-pub struct KeyedLimiter<
-    K,
-    A: Algorithm,
-    C: Clock = QuantaClock,
-    S = DashMapStore<K, <A as Algorithm>::Cell>,
-> {
+pub struct KeyedLimiter<K, A: Algorithm, C: Clock = QuantaClock, S = <A as Algorithm>::Store<K>> {
     core: Core<A, C>,
     /// The store, the key count, `max_keys` and eviction (`store/table.rs`, model-checked).
     table: KeyTable<K, A::Cell, S>,
@@ -92,23 +87,48 @@ impl<K, A: Algorithm, C: Clock> KeyedLimiterBuilder<K, A, C> {
         self
     }
 
-    /// The limiter.
+    /// The limiter, on the rule's default store: the lock-free [`WordTable`] for GCRA, the
+    /// leaky buckets and both window counters, dashmap for the sliding log.
     ///
     /// # Errors
     /// [`QuotaError::ClockTooCoarse`] if the clock cannot serve the quota.
+    ///
+    /// [`WordTable`]: crate::store::WordTable
     pub fn build(self) -> Result<KeyedLimiter<K, A, C>, QuotaError>
     where
+        K: Clone + Hash + Eq + Send + Sync,
+    {
+        self.build_with_store(A::new_store())
+    }
+
+    /// The limiter, on `store` (which must be empty): for example a
+    /// [`DashMapStore`](crate::store::DashMapStore) for a word rule, to compare the two.
+    ///
+    /// # Errors
+    /// [`QuotaError::ClockTooCoarse`] if the clock cannot serve the quota.
+    ///
+    /// # Examples
+    /// ```
+    /// use tollgate::{store::DashMapStore, Gcra, KeyedLimiter, Quota};
+    /// let limiter = KeyedLimiter::<u64, _>::builder(Gcra::new(Quota::per_second(5)?)?)
+    ///     .build_with_store(DashMapStore::new())?;
+    /// assert!(limiter.check(&1).unwrap().allowed());
+    /// # Ok::<(), tollgate::QuotaError>(())
+    /// ```
+    pub fn build_with_store<S>(self, store: S) -> Result<KeyedLimiter<K, A, C, S>, QuotaError>
+    where
         K: Hash + Eq + Send + Sync,
+        S: KeyedStore<K, A::Cell>,
     {
         Ok(KeyedLimiter {
             core: Core::new(self.rule, self.clock)?,
-            table: KeyTable::new(DashMapStore::new(), self.max_keys),
+            table: KeyTable::new(store, self.max_keys),
         })
     }
 }
 
 /// # Construction
-impl<K: Hash + Eq + Send + Sync, A: Algorithm> KeyedLimiter<K, A> {
+impl<K: Clone + Hash + Eq + Send + Sync, A: Algorithm> KeyedLimiter<K, A> {
     /// A keyed limiter on the precise default clock, with no key bound.
     pub fn new(rule: A) -> Self {
         Self::builder(rule)
@@ -129,7 +149,7 @@ impl<K: Hash + Eq + Send + Sync, A: Algorithm> KeyedLimiter<K, A> {
 
 impl<K, A, C> KeyedLimiter<K, A, C>
 where
-    K: Hash + Eq + Send + Sync,
+    K: Clone + Hash + Eq + Send + Sync,
     A: Algorithm,
     C: Clock,
 {

@@ -1,6 +1,25 @@
 use crate::clock::Nanos;
 use crate::sync::{AtomicU64, Ordering};
 
+/// The two states a keyed store writes into a cell it retires, and that the cell's rule never
+/// produces (each rule documents why): a lookup that meets one knows the cell no longer holds
+/// the key's state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Retired {
+    /// An evicted key (its state was fresh).
+    pub tombstone: u64,
+    /// A key whose state was copied into a new table.
+    pub moved: u64,
+}
+
+impl Retired {
+    /// Whether `state` is one of the two marks.
+    #[inline]
+    pub fn any(self, state: u64) -> bool {
+        state == self.tombstone || state == self.moved
+    }
+}
+
 /// One packed 64-bit state, changed only by [`AtomicWord::update`]'s CAS loop.
 ///
 /// 0 is a fresh key for every rule that uses it.
@@ -32,13 +51,34 @@ impl AtomicWord {
     pub fn update<R>(
         &self,
         now: impl Fn() -> Nanos,
-        mut rule: impl FnMut(u64, Nanos) -> (R, u64),
+        rule: impl FnMut(u64, Nanos) -> (R, u64),
     ) -> R {
+        match self.try_update(now, rule, |_| false) {
+            Ok(result) => result,
+            Err(_) => unreachable!("no state is retired here"),
+        }
+    }
+
+    /// [`AtomicWord::update`] for a cell a keyed store can retire: if the state read is one for
+    /// which `retired` holds (a store's tombstone, never a state a rule produces), nothing is
+    /// decided or written and `Err(state)` is returned, so the caller looks the key up again.
+    /// A retired state is only ever written by a CAS from a live one, so a decision either
+    /// lands before the retirement (which then fails and re-judges) or sees it.
+    #[inline]
+    pub fn try_update<R>(
+        &self,
+        now: impl Fn() -> Nanos,
+        mut rule: impl FnMut(u64, Nanos) -> (R, u64),
+        retired: impl Fn(u64) -> bool,
+    ) -> Result<R, u64> {
         let mut state = self.load();
         loop {
+            if retired(state) {
+                return Err(state);
+            }
             let (result, next) = rule(state, now());
             if next == state {
-                return result;
+                return Ok(result);
             }
             // AcqRel on success: Release publishes the state with the reading it came from (see
             // `load`); Acquire keeps the same guarantee for the value we replaced.
@@ -47,11 +87,31 @@ impl AtomicWord {
                 .0
                 .compare_exchange_weak(state, next, Ordering::AcqRel, Ordering::Acquire)
             {
-                Ok(_) => return result,
+                Ok(_) => return Ok(result),
                 Err(seen) => {
                     state = seen;
                     crate::sync::spin_loop();
                 }
+            }
+        }
+    }
+
+    /// Replaces the state by `to` if `judge` accepts the current one (a live state); returns
+    /// the state replaced. Used by keyed stores to retire a cell (evict or move it) with one CAS,
+    /// so that no decision can land on it in between.
+    pub fn retire_if(&self, to: u64, judge: impl Fn(u64) -> bool) -> Option<u64> {
+        let mut state = self.load();
+        loop {
+            if !judge(state) {
+                return None;
+            }
+            // AcqRel: as in `try_update`; a decision that lost this race re-reads and sees `to`.
+            match self
+                .0
+                .compare_exchange_weak(state, to, Ordering::AcqRel, Ordering::Acquire)
+            {
+                Ok(_) => return Some(state),
+                Err(seen) => state = seen,
             }
         }
     }

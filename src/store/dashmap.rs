@@ -3,7 +3,7 @@ use std::hash::Hash;
 
 use dashmap::DashMap;
 
-use super::KeyedStore;
+use crate::store::KeyedStore;
 
 /// The default keyed store: a sharded [`DashMap`] with foldhash, a fast non-cryptographic
 /// hasher seeded per map (so keys chosen by an attacker cannot be aimed at one bucket).
@@ -42,14 +42,16 @@ where
     V: Default + Send + Sync,
 {
     #[inline]
-    fn with_existing<Q, R>(&self, key: &Q, f: impl FnOnce(&V) -> R) -> Option<R>
+    fn with_existing<Q, R>(&self, key: &Q, mut f: impl FnMut(&V) -> Option<R>) -> Option<R>
     where
         K: Borrow<Q>,
         Q: Hash + Eq + ?Sized,
     {
         // The read guard is held while `f` runs: `retain` needs the shard's write lock, so
         // the cell cannot be evicted under a decision.
-        self.map.get(key).map(|cell| f(cell.value()))
+        // `f` never meets a retired cell here: a sweep retires and removes it under the write
+        // lock, before any reader can see it.
+        self.map.get(key).and_then(|cell| f(cell.value()))
     }
 
     fn with_inserted<Q, R>(&self, key: &Q, f: impl FnOnce(&V) -> R) -> (R, bool)

@@ -122,7 +122,7 @@ where
     {
         if let Some(decision) = self
             .store
-            .with_existing(key, |cell| rule.acquire(cell, &now, cost, commit))
+            .with_existing(key, |cell| rule.acquire_live(cell, &now, cost, commit))
         {
             return Ok(decision);
         }
@@ -138,7 +138,7 @@ where
         V: Default,
     {
         self.store
-            .with_existing(key, |cell| rule.acquire(cell, &now, cost, false))
+            .with_existing(key, |cell| rule.acquire_live(cell, &now, cost, false))
             .unwrap_or_else(|| rule.acquire(&V::default(), &now, cost, false))
     }
 
@@ -150,13 +150,13 @@ where
         Q: Hash + Eq + ?Sized,
     {
         self.store
-            .with_existing(key, |cell| rule.refund(cell, &now, cost));
+            .with_existing(key, |cell| rule.refund_live(cell, &now, cost));
     }
 
     /// Evicts every key whose cell is indistinguishable from a fresh one at `now`; returns how
     /// many.
     pub fn evict_fresh<A: Algorithm<Cell = V>>(&self, rule: &A, now: Nanos) -> usize {
-        let removed = self.store.retain(|cell| !rule.is_fresh(cell, now));
+        let removed = self.store.retain(|cell| !rule.evict_if_fresh(cell, now));
         // Relaxed: a counter; uncounted only after the keys are gone (see `keys`).
         self.keys.fetch_sub(removed, Ordering::Relaxed);
         removed
@@ -206,7 +206,7 @@ where
             // The key may have been inserted by another thread meanwhile.
             if let Some(decision) = self
                 .store
-                .with_existing(key, |cell| rule.acquire(cell, &now, cost, commit))
+                .with_existing(key, |cell| rule.acquire_live(cell, &now, cost, commit))
             {
                 return Ok(decision);
             }

@@ -10,9 +10,11 @@ mod multi;
 mod params;
 mod table;
 mod word;
+mod word_table;
 
+use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 /// One millisecond in nanoseconds.
@@ -60,4 +62,38 @@ impl Drop for Report {
             self.bound,
         );
     }
+}
+
+/// The outcomes a model's executions reached, so that a model can show it explored the race it
+/// is about (an ordering that never happens proves nothing).
+#[derive(Default)]
+pub struct Seen(Mutex<BTreeSet<String>>);
+
+impl Seen {
+    pub fn saw(&self, outcome: impl Into<String>) {
+        self.0.lock().unwrap().insert(outcome.into());
+    }
+
+    /// Asserts that every one of `expected` was reached in some execution.
+    pub fn assert_reached(&self, expected: &[&str]) {
+        let seen = self.0.lock().unwrap();
+        for outcome in expected {
+            assert!(
+                seen.contains(*outcome),
+                "never reached {outcome:?}; reached {seen:?}"
+            );
+        }
+    }
+}
+
+/// Explores `body`, then checks that the executions reached each of `expected`.
+pub fn explore_reaching(
+    name: &str,
+    expected: &[&str],
+    body: impl Fn(&Seen) + Sync + Send + 'static,
+) {
+    let seen = std::sync::Arc::new(Seen::default());
+    let in_model = std::sync::Arc::clone(&seen);
+    explore(name, move || body(&in_model));
+    seen.assert_reached(expected);
 }

@@ -9,10 +9,8 @@
 //! cell: none lost to a sweep, none counted twice.
 
 use std::borrow::Borrow;
-use std::collections::BTreeSet;
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, DefaultHasher, Hash};
-use std::sync::Mutex;
 use std::time::Duration;
 
 use loom::sync::{Arc, RwLock};
@@ -22,7 +20,7 @@ use tollgate_loom_tests::state::AtomicWord;
 use tollgate_loom_tests::store::{KeyTable, KeyedStore, OverflowPolicy};
 use tollgate_loom_tests::{Algorithm, Decision, Error, Gcra, Quota};
 
-use crate::{explore, MS};
+use crate::{explore, explore_reaching, MS};
 
 /// The instant every request of the race is judged at (unless a model says otherwise).
 const NOW: Nanos = 5 * MS;
@@ -43,13 +41,13 @@ impl<V> LockedStore<V> {
 }
 
 impl<V: Default + Send + Sync> KeyedStore<u64, V> for LockedStore<V> {
-    fn with_existing<Q, R>(&self, key: &Q, f: impl FnOnce(&V) -> R) -> Option<R>
+    fn with_existing<Q, R>(&self, key: &Q, mut f: impl FnMut(&V) -> Option<R>) -> Option<R>
     where
         u64: Borrow<Q>,
         Q: Hash + Eq + ?Sized,
     {
         let map = self.0.read().unwrap();
-        map.get(key).map(|cell| f(cell))
+        map.get(key).and_then(|cell| f(cell))
     }
 
     fn with_inserted<Q, R>(&self, key: &Q, f: impl FnOnce(&V) -> R) -> (R, bool)
@@ -105,7 +103,10 @@ fn held(cell: &AtomicWord) -> u64 {
 
 /// `held` for `key`'s cell, 0 if the key is not in the table.
 fn held_by(table: &Table, key: u64) -> u64 {
-    table.store().with_existing(&key, held).unwrap_or(0)
+    table
+        .store()
+        .with_existing(&key, |cell| Some(held(cell)))
+        .unwrap_or(0)
 }
 
 /// A table holding key 1, admitted at 0, so fresh (evictable) at `NOW`.
@@ -114,7 +115,7 @@ fn with_fresh_key(max_keys: Option<(usize, OverflowPolicy)>) -> Table {
     assert!(admit_at(&table, 1, 0).unwrap().allowed());
     let fresh = table
         .store()
-        .with_existing(&1, |cell| rule().is_fresh(cell, NOW));
+        .with_existing(&1, |cell| Some(rule().is_fresh(cell, NOW)));
     assert_eq!(fresh, Some(true));
     assert_eq!(held_by(&table, 1), 0);
     table
@@ -134,36 +135,6 @@ fn spawn<R: Send + 'static>(
 ) -> thread::JoinHandle<R> {
     let table = Arc::clone(table);
     thread::spawn(move || job(&table))
-}
-
-/// The outcomes a model's executions reached, so that a model can show it explored the race it
-/// is about (an ordering that never happens proves nothing).
-#[derive(Default)]
-struct Seen(Mutex<BTreeSet<String>>);
-
-impl Seen {
-    fn saw(&self, outcome: impl Into<String>) {
-        self.0.lock().unwrap().insert(outcome.into());
-    }
-
-    /// Asserts that every one of `expected` was reached in some execution.
-    fn assert_reached(&self, expected: &[&str]) {
-        let seen = self.0.lock().unwrap();
-        for outcome in expected {
-            assert!(
-                seen.contains(*outcome),
-                "never reached {outcome:?}; reached {seen:?}"
-            );
-        }
-    }
-}
-
-/// Explores `body`, then checks that the executions reached each of `expected`.
-fn explore_reaching(name: &str, expected: &[&str], body: impl Fn(&Seen) + Sync + Send + 'static) {
-    let seen = std::sync::Arc::new(Seen::default());
-    let in_model = std::sync::Arc::clone(&seen);
-    explore(name, move || body(&in_model));
-    seen.assert_reached(expected);
 }
 
 /// (a) Key 1 is fresh at `NOW`; two threads admit on it while a third evicts fresh keys. The
@@ -245,7 +216,7 @@ fn sweep_in_decide_races_admission() {
                 assert_conserved(&table, &[1, 2], &decisions);
                 assert_eq!((table.len(), table.store().len()), (1, 1));
                 for (key, decision) in [1, 2].into_iter().zip(&decisions) {
-                    let held = table.store().with_existing(&key, |_| ()).is_some();
+                    let held = table.store().with_existing(&key, |_| Some(())).is_some();
                     if held {
                         seen.saw(format!("key {key} in"));
                     }
@@ -282,7 +253,7 @@ fn two_sweepers_race_admission() {
             assert_conserved(&table, &[1, 2, 3], &decisions);
             assert_eq!((table.len(), table.store().len()), (1, 1));
             for key in [1, 2, 3] {
-                if table.store().with_existing(&key, |_| ()).is_some() {
+                if table.store().with_existing(&key, |_| Some(())).is_some() {
                     seen.saw(format!("key {key} in"));
                 }
             }

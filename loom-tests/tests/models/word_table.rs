@@ -1,0 +1,175 @@
+//! The lock-free word table (`src/store/word_table.rs`) under the key table: lock-free lookups
+//! racing an eviction (tombstone), a revival of the same key, and a rebuild that moves every
+//! live cell into a new table.
+//!
+//! As in `table.rs`, every model runs GCRA with `B = 2`, `T = 1 ms` at a frozen instant `NOW`:
+//! a key admitted at 0 is fresh (evictable) at `NOW`, a key admitted at `NOW` is not. Every
+//! allowed decision must be found exactly once in the key's state at the end.
+
+use std::hash::{BuildHasher, BuildHasherDefault, DefaultHasher};
+use std::time::Duration;
+
+use loom::sync::Arc;
+use loom::thread;
+use tollgate_loom_tests::clock::Nanos;
+use tollgate_loom_tests::state::{AtomicWord, Retired};
+use tollgate_loom_tests::store::{KeyTable, KeyedStore, WordTable};
+use tollgate_loom_tests::{Algorithm, Gcra, Quota};
+
+use crate::{explore_reaching, MS};
+
+const NOW: Nanos = 5 * MS;
+
+/// GCRA's marks (`TAT_MARKS` in `src/algorithm.rs`): a mismatch would show as lost admissions.
+const MARKS: Retired = Retired {
+    tombstone: u64::MAX,
+    moved: u64::MAX - 1,
+};
+
+/// A fixed hasher: loom replays executions, so slots must not move between them.
+type Hasher = BuildHasherDefault<DefaultHasher>;
+type Table = KeyTable<u64, AtomicWord, WordTable<u64, Hasher>>;
+
+fn rule() -> Gcra {
+    Gcra::new(Quota::new(2, Duration::from_millis(2)).unwrap()).unwrap()
+}
+
+fn table() -> Table {
+    KeyTable::new(WordTable::new(MARKS, Hasher::default()), None)
+}
+
+fn admit_at(table: &Table, key: u64, at: Nanos) -> bool {
+    table
+        .decide(&key, &rule(), || at, 1, true)
+        .unwrap()
+        .allowed()
+}
+
+/// Cost-1 admissions at `NOW` that `key`'s state holds (0 if absent or evicted).
+fn held(table: &Table, key: u64) -> u64 {
+    table
+        .store()
+        .with_existing(&key, |cell| {
+            rule()
+                .acquire_live(cell, || NOW, 0, false)
+                .map(|d| 2 - d.remaining())
+        })
+        .unwrap_or(0)
+}
+
+/// `n` keys that fall in the same shard (the top 6 bits of their hash), so that inserting them
+/// fills one table of 8 slots.
+fn same_shard_keys(n: usize) -> Vec<u64> {
+    let shard = |key: &u64| Hasher::default().hash_one(key) >> 58;
+    let first = shard(&0);
+    (0..).filter(|k| shard(k) == first).take(n).collect()
+}
+
+/// (a) Key 1 is fresh at `NOW`. One thread admits on it (a lock-free lookup) while another
+/// evicts fresh keys (a CAS to the tombstone). Either the admission lands first and the key is
+/// kept, or it meets the tombstone, looks again under the lock and revives the key in place:
+/// the key ends holding exactly the one admission.
+#[test]
+fn eviction_races_a_lock_free_admission() {
+    explore_reaching(
+        "word table: eviction vs admission",
+        &["kept", "evicted then revived"],
+        |seen| {
+            let table = Arc::new(table());
+            assert!(admit_at(&table, 1, 0));
+            let evictor = {
+                let table = Arc::clone(&table);
+                thread::spawn(move || table.evict_fresh(&rule(), NOW))
+            };
+            let allowed = admit_at(&table, 1, NOW);
+            let evicted = evictor.join().unwrap();
+            assert!(allowed, "a fresh bucket admits");
+            assert_eq!(held(&table, 1), 1, "the admission is in the key's state");
+            assert_eq!((table.len(), table.store().len()), (1, 1));
+            seen.saw(if evicted == 1 {
+                "evicted then revived"
+            } else {
+                "kept"
+            });
+        },
+    );
+}
+
+/// (b) Two threads admit on fresh key 1 while a third evicts: B = 2, so both are allowed and the
+/// key ends holding 2 (never 1: an admission on a retired cell; never 3).
+#[test]
+fn two_admissions_and_an_eviction() {
+    explore_reaching(
+        "word table: two admissions vs eviction",
+        &["kept", "evicted then revived"],
+        |seen| {
+            let table = Arc::new(table());
+            assert!(admit_at(&table, 1, 0));
+            let other = {
+                let table = Arc::clone(&table);
+                thread::spawn(move || admit_at(&table, 1, NOW))
+            };
+            let evictor = {
+                let table = Arc::clone(&table);
+                thread::spawn(move || table.evict_fresh(&rule(), NOW))
+            };
+            let mine = admit_at(&table, 1, NOW);
+            let theirs = other.join().unwrap();
+            let evicted = evictor.join().unwrap();
+            assert!(mine && theirs);
+            assert_eq!(held(&table, 1), 2);
+            assert_eq!(table.len(), 1);
+            seen.saw(if evicted == 1 {
+                "evicted then revived"
+            } else {
+                "kept"
+            });
+        },
+    );
+}
+
+/// (c) A shard holds 7 keys, so inserting an 8th rebuilds it into a new table, moving every
+/// live cell (a CAS to the moved mark, then a copy). Meanwhile another thread admits on a key
+/// being moved, lock-free: its admission lands before the move (and is copied) or meets the
+/// mark and retries on the new table. Every key ends with exactly its admissions.
+#[test]
+fn a_rebuild_races_a_lock_free_admission() {
+    let keys = same_shard_keys(8);
+    explore_reaching(
+        "word table: rebuild vs admission",
+        &["moved first", "admitted first"],
+        move |seen| {
+            let table = Arc::new(table());
+            for &key in &keys[..7] {
+                assert!(admit_at(&table, key, NOW));
+            }
+            let first = keys[0];
+            // The admitter counts its attempts: a second one means it met the moved mark.
+            let admitter = {
+                let table = Arc::clone(&table);
+                thread::spawn(move || {
+                    let mut attempts = 0;
+                    let decision = table.store().with_existing(&first, |cell| {
+                        attempts += 1;
+                        rule().acquire_live(cell, || NOW, 1, true)
+                    });
+                    (decision.map(|d| d.allowed()), attempts)
+                })
+            };
+            assert!(admit_at(&table, keys[7], NOW), "the 8th key, rebuilding");
+            let (allowed, attempts) = admitter.join().unwrap();
+            assert_eq!(allowed, Some(true), "the second unit of a bucket of 2");
+            assert_eq!(held(&table, first), 2, "no admission lost to the move");
+            for &key in &keys[1..] {
+                assert_eq!(held(&table, key), 1, "key {key}");
+            }
+            assert_eq!((table.len(), table.store().len()), (8, 8));
+            assert!(!admit_at(&table, first, NOW), "the bucket is spent");
+            seen.saw(if attempts > 1 {
+                "moved first"
+            } else {
+                "admitted first"
+            });
+        },
+    );
+}

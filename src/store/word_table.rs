@@ -1,0 +1,325 @@
+//! The lock-free keyed store for the rules whose state is one word (GCRA, leaky bucket, both
+//! window counters): a lookup of an existing key takes no lock and writes nothing but the key's
+//! own state word.
+//!
+//! # Design
+//! Keys are spread over [`SHARDS`] shards; each shard owns an open-addressing table (linear
+//! probing) of slots `{ state word, key set once }`. Only inserts, evictions and rebuilds lock
+//! their shard. Three rules make lock-free lookups safe without `unsafe` or epochs:
+//!
+//! 1. **A slot's key never changes** within a table (a `OnceLock`), so a reader that matched a
+//!    key can never act on another key's state (no ABA through slot reuse).
+//! 2. **A cell is retired by one CAS** from a live state: eviction writes the rule's tombstone
+//!    (only if the state is fresh), a rebuild writes the rule's `moved` mark (whatever the live
+//!    state) and copies the state it replaced. A decision's CAS therefore lands either before the
+//!    retirement (which then re-reads and judges or copies the new state) or fails and sees it:
+//!    no admission is lost to an eviction or a move. Rules never produce either mark
+//!    (`WordRule::RETIRED`).
+//! 3. **Tables are reference-counted and each thread caches its shard tables** (a thread-local
+//!    per store), so the hot path reads the cached table without touching any shared counter.
+//!    A stale cached table is still safe: every live slot of a replaced table is `moved`, so a
+//!    reader that meets one refreshes its cache (under the shard lock) and retries; a key
+//!    missing or tombstoned there is looked up again on the insert path, under the lock.
+//!
+//! A tombstoned key is revived in place if it comes back; other tombstones are dropped when the
+//! shard is rebuilt (when it fills up, or after a sweep left more tombstones than live keys).
+//!
+//! # Caveats
+//! - A thread that stops calling keeps the tables it cached alive until it calls again or
+//!   exits: at most one replaced table per shard per such thread.
+//! - Keys are cloned when a shard is rebuilt (`K: Clone`).
+//! - Only cells that are one [`AtomicWord`]: the sliding log keeps the dashmap store.
+
+use std::borrow::Borrow;
+use std::cell::RefCell;
+use std::hash::{BuildHasher, Hash};
+use std::sync::OnceLock;
+
+use crate::state::{AtomicWord, Retired};
+use crate::store::KeyedStore;
+use crate::sync::{Arc, Mutex, PerThread};
+
+/// Shards: inserts, evictions and rebuilds of different shards never wait for each other.
+pub const SHARDS: usize = 64;
+const SHARD_BITS: u32 = SHARDS.trailing_zeros();
+/// The smallest table a shard holds.
+const MIN_CAPACITY: usize = 8;
+/// A shard is rebuilt before its used slots (live keys and tombstones) exceed 7/8 of its
+/// table, into a table that the live keys fill to 5/8.
+const FULL: (usize, usize) = (7, 8);
+const REFILL: (usize, usize) = (5, 8);
+
+struct Slot<K> {
+    state: AtomicWord,
+    key: OnceLock<K>,
+}
+
+/// One shard's table. Never shrinks or grows in place: a rebuild makes a new one.
+struct Table<K> {
+    slots: Box<[Slot<K>]>,
+}
+
+impl<K> Table<K> {
+    fn new(capacity: usize) -> Self {
+        Table {
+            slots: (0..capacity.max(MIN_CAPACITY))
+                .map(|_| Slot {
+                    state: AtomicWord::new(0),
+                    key: OnceLock::new(),
+                })
+                .collect(),
+        }
+    }
+
+    /// Where a hash's probe starts: the low 32 bits scaled to the table (any length).
+    #[inline]
+    fn home(&self, hash: u64) -> usize {
+        ((hash as u32 as u64 * self.slots.len() as u64) >> 32) as usize
+    }
+
+    /// The slot holding `key`, or the first empty slot of its probe (`Err`). A table always
+    /// has an empty slot (rebuilds keep used slots below 7/8), so the probe ends.
+    #[inline]
+    fn find<Q>(&self, hash: u64, key: &Q) -> Result<&Slot<K>, usize>
+    where
+        K: Borrow<Q>,
+        Q: Eq + ?Sized,
+    {
+        let mut i = self.home(hash);
+        loop {
+            let slot = &self.slots[i];
+            match slot.key.get() {
+                None => return Err(i),
+                Some(held) if held.borrow() == key => return Ok(slot),
+                Some(_) => {}
+            }
+            i += 1;
+            if i == self.slots.len() {
+                i = 0;
+            }
+        }
+    }
+}
+
+struct Shard<K> {
+    table: Arc<Table<K>>,
+    /// Slots with a key (live or tombstoned) in `table`.
+    used: usize,
+    /// Slots with a live key.
+    live: usize,
+}
+
+/// Each thread's cached table per shard (see the module docs, rule 3).
+type Cache<K> = RefCell<Vec<Option<Arc<Table<K>>>>>;
+
+/// The lock-free keyed store for one-word cells. Built by [`KeyedLimiter`]'s builder for
+/// the word rules; see the module documentation for the protocol.
+///
+/// [`KeyedLimiter`]: crate::KeyedLimiter
+pub struct WordTable<K: Send + Sync, H> {
+    shards: Box<[Mutex<Shard<K>>]>,
+    hasher: H,
+    retired: Retired,
+    cache: PerThread<Cache<K>>,
+}
+
+impl<K: Send + Sync, H> std::fmt::Debug for WordTable<K, H> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WordTable")
+            .field("retired", &self.retired)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<K: Send + Sync, H> WordTable<K, H> {
+    /// An empty store whose cells use `retired`'s marks, hashing with `hasher`.
+    pub fn new(retired: Retired, hasher: H) -> Self {
+        WordTable {
+            shards: (0..SHARDS)
+                .map(|_| {
+                    Mutex::new(Shard {
+                        table: Arc::new(Table::new(MIN_CAPACITY)),
+                        used: 0,
+                        live: 0,
+                    })
+                })
+                .collect(),
+            hasher,
+            retired,
+            cache: PerThread::new(),
+        }
+    }
+
+    /// The shard's current table (under its lock).
+    fn current(&self, shard: usize) -> Arc<Table<K>> {
+        self.shards[shard].lock().table.clone()
+    }
+
+    /// Runs `f` on this thread's cached table of `shard` (refreshed if absent).
+    #[inline]
+    fn with_cached<R>(&self, shard: usize, f: impl FnMut(&Table<K>) -> Step<R>) -> Option<R> {
+        let mut f = f;
+        self.cache.with(|cache| {
+            let mut cache = cache.borrow_mut();
+            if cache.len() != SHARDS {
+                cache.resize_with(SHARDS, || None);
+            }
+            loop {
+                let step = match &cache[shard] {
+                    Some(table) => f(table),
+                    None => Step::Refresh,
+                };
+                match step {
+                    Step::Done(result) => return result,
+                    Step::Refresh => cache[shard] = Some(self.current(shard)),
+                }
+            }
+        })
+    }
+}
+
+enum Step<R> {
+    Done(Option<R>),
+    Refresh,
+}
+
+impl<K: Send + Sync, H: BuildHasher> WordTable<K, H> {
+    #[inline]
+    fn hash<Q: Hash + ?Sized>(&self, key: &Q) -> (u64, usize) {
+        let hash = self.hasher.hash_one(key);
+        (hash, (hash >> (64 - SHARD_BITS)) as usize)
+    }
+}
+
+impl<K: Clone + Hash + Eq + Send + Sync, H: BuildHasher> WordTable<K, H> {
+    /// Replaces `shard`'s table by one sized for its live keys plus `room`, moving every live
+    /// cell (rule 2) and dropping tombstones.
+    fn rebuild(&self, shard: &mut Shard<K>, room: usize) {
+        let wanted = (shard.live + room) * REFILL.1 / REFILL.0 + 1;
+        let next = Table::new(wanted);
+        let retired = self.retired;
+        let mut live = 0;
+        for slot in shard.table.slots.iter() {
+            let Some(key) = slot.key.get() else { continue };
+            let Some(state) = slot.state.retire_if(retired.moved, |s| !retired.any(s)) else {
+                continue; // a tombstone: dropped
+            };
+            let (hash, _) = self.hash(key);
+            if let Err(empty) = next.find(hash, key) {
+                let moved = &next.slots[empty];
+                moved.state.retire_if(state, |_| true);
+                let _ = moved.key.set(key.clone());
+                live += 1;
+            }
+        }
+        shard.table = Arc::new(next);
+        shard.used = live;
+        shard.live = live;
+    }
+}
+
+impl<K, H> KeyedStore<K, AtomicWord> for WordTable<K, H>
+where
+    K: Clone + Hash + Eq + Send + Sync,
+    H: BuildHasher + Send + Sync,
+{
+    #[inline]
+    fn with_existing<Q, R>(&self, key: &Q, mut f: impl FnMut(&AtomicWord) -> Option<R>) -> Option<R>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        let (hash, shard) = self.hash(key);
+        let moved = self.retired.moved;
+        self.with_cached(shard, |table| match table.find(hash, key) {
+            Err(_) => Step::Done(None),
+            Ok(slot) => match f(&slot.state) {
+                Some(result) => Step::Done(Some(result)),
+                // Moved is final: this table is stale. A tombstone (or a key revived since):
+                // absent here; the insert path looks again under the lock.
+                None if slot.state.load() == moved => Step::Refresh,
+                None => Step::Done(None),
+            },
+        })
+    }
+
+    fn with_inserted<Q, R>(&self, key: &Q, f: impl FnOnce(&AtomicWord) -> R) -> (R, bool)
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        let (hash, index) = self.hash(key);
+        let mut shard = self.shards[index].lock();
+        let tombstone = self.retired.tombstone;
+        let (result, inserted) = match shard.table.find(hash, key) {
+            Ok(slot) => {
+                // A tombstoned key comes back in place, fresh (rule 1: same key).
+                let revived = slot.state.retire_if(0, |s| s == tombstone).is_some();
+                (f(&slot.state), revived)
+            }
+            Err(_) => {
+                if (shard.used + 1) * FULL.1 > shard.table.slots.len() * FULL.0 {
+                    self.rebuild(&mut shard, 1);
+                }
+                shard.used += 1;
+                let table = &shard.table;
+                // Absent under the lock, so `find` ends at an empty slot.
+                let slot = match table.find(hash, key) {
+                    Err(empty) => &table.slots[empty],
+                    Ok(slot) => slot,
+                };
+                let _ = slot.key.set(key.to_owned());
+                (f(&slot.state), true)
+            }
+        };
+        if inserted {
+            shard.live += 1;
+        }
+        let table = shard.table.clone();
+        drop(shard);
+        // This thread just paid for the lock: leave its cache current.
+        self.cache.with(|cache| {
+            if let Some(cached) = cache.borrow_mut().get_mut(index) {
+                *cached = Some(table);
+            }
+        });
+        (result, inserted)
+    }
+
+    fn retain(&self, mut keep: impl FnMut(&AtomicWord) -> bool) -> usize {
+        let retired = self.retired;
+        let mut removed = 0;
+        for shard in self.shards.iter() {
+            let mut shard = shard.lock();
+            let mut gone = 0;
+            for slot in shard.table.slots.iter() {
+                if slot.key.get().is_some() && !retired.any(slot.state.load()) && !keep(&slot.state)
+                {
+                    gone += 1;
+                }
+            }
+            shard.live -= gone;
+            removed += gone;
+            // Reclaim tombstones once they outnumber the live keys.
+            if shard.used - shard.live > shard.live.max(MIN_CAPACITY) {
+                self.rebuild(&mut shard, 0);
+            }
+        }
+        removed
+    }
+
+    fn len(&self) -> usize {
+        self.shards.iter().map(|shard| shard.lock().live).sum()
+    }
+}
+
+impl<K: Send + Sync, H> WordTable<K, H> {
+    /// Slots in all current tables (for tests of the sizing).
+    #[allow(dead_code)] // read by the unit tests in `word_table_tests.rs`
+    pub(crate) fn capacity(&self) -> usize {
+        self.shards
+            .iter()
+            .map(|shard| shard.lock().table.slots.len())
+            .sum()
+    }
+}

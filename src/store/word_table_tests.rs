@@ -1,0 +1,114 @@
+//! Unit tests of the word table (`word_table.rs`), kept apart so that `loom-tests`, which
+//! compiles `word_table.rs` against loom, does not compile them.
+
+use crate::state::{AtomicWord, Retired};
+use crate::store::{KeyedStore, WordTable};
+
+const MARKS: Retired = Retired {
+    tombstone: u64::MAX,
+    moved: u64::MAX - 1,
+};
+
+type Store = WordTable<u64, foldhash::fast::RandomState>;
+
+fn store() -> Store {
+    WordTable::new(MARKS, foldhash::fast::RandomState::default())
+}
+
+/// Adds `n` to a live cell, as a decision would (`None` if retired).
+fn add(cell: &AtomicWord, n: u64) -> Option<u64> {
+    cell.try_update(|| 0, |s, _| (s + n, s + n), |s| MARKS.any(s))
+        .ok()
+}
+
+fn get(store: &Store, key: u64) -> Option<u64> {
+    store.with_existing(&key, |cell| add(cell, 0))
+}
+
+fn capacity(store: &Store) -> usize {
+    store.capacity()
+}
+
+#[test]
+fn states_survive_every_rebuild() {
+    let store = store();
+    for key in 0..20_000u64 {
+        let (_, inserted) = store.with_inserted(&key, |cell| add(cell, key + 1));
+        assert!(inserted);
+    }
+    assert_eq!(store.len(), 20_000);
+    for key in 0..20_000u64 {
+        assert_eq!(get(&store, key), Some(key + 1), "key {key}");
+        assert_eq!(
+            store.with_existing(&key, |cell| add(cell, 1)),
+            Some(key + 2)
+        );
+    }
+    assert_eq!(get(&store, 20_000), None);
+    // Used slots stay at or below 7/8 of each table.
+    assert!(capacity(&store) * 7 / 8 >= 20_000);
+}
+
+#[test]
+fn an_evicted_key_is_absent_then_revived_in_place() {
+    let store = store();
+    store.with_inserted(&7, |cell| add(cell, 0));
+    store.with_inserted(&8, |cell| add(cell, 5));
+    // Evict what holds 0 ("fresh"), keep the rest.
+    let fresh = |cell: &AtomicWord| cell.retire_if(MARKS.tombstone, |s| s == 0).is_none();
+    assert_eq!(store.retain(fresh), 1);
+    assert_eq!(store.len(), 1);
+    assert_eq!(get(&store, 7), None);
+    assert_eq!(get(&store, 8), Some(5));
+    // A decision on the tombstone sees it and changes nothing.
+    let (_, inserted) = store.with_inserted(&7, |cell| add(cell, 3));
+    assert!(inserted, "a revived key counts as inserted");
+    assert_eq!(get(&store, 7), Some(3));
+    assert_eq!(store.len(), 2);
+}
+
+#[test]
+fn tombstones_are_reclaimed_after_a_sweep() {
+    let store = store();
+    for key in 0..50_000u64 {
+        store.with_inserted(&key, |cell| add(cell, u64::from(key % 100 == 0)));
+    }
+    let grown = capacity(&store);
+    store.retain(|cell| cell.retire_if(MARKS.tombstone, |s| s == 0).is_none());
+    assert_eq!(store.len(), 500);
+    assert!(
+        capacity(&store) * 10 < grown,
+        "{} of {grown}",
+        capacity(&store)
+    );
+    for key in (0..50_000u64).step_by(100) {
+        assert_eq!(get(&store, key), Some(1));
+    }
+}
+
+#[test]
+fn a_stale_cached_table_is_refreshed_not_trusted() {
+    let store = store();
+    store.with_inserted(&1, |cell| add(cell, 10));
+    std::thread::scope(|scope| {
+        let (to_main, from_reader) = std::sync::mpsc::channel();
+        let (to_reader, from_main) = std::sync::mpsc::channel::<()>();
+        let store = &store;
+        let reader = scope.spawn(move || {
+            // Caches the shard's table.
+            assert_eq!(get(store, 1), Some(10));
+            to_main.send(()).unwrap();
+            from_main.recv().unwrap();
+            // Its cached table is stale now: key 1 moved and counts on in the new one.
+            assert_eq!(store.with_existing(&1, |cell| add(cell, 1)), Some(11));
+        });
+        from_reader.recv().unwrap();
+        // Rebuild every shard (many inserts), while the reader holds its old table.
+        for key in 2..5_000u64 {
+            store.with_inserted(&key, |cell| add(cell, 0));
+        }
+        to_reader.send(()).unwrap();
+        reader.join().unwrap();
+    });
+    assert_eq!(get(&store, 1), Some(11));
+}
