@@ -103,8 +103,8 @@ r = ratio((D, "tollgate_coarse"), (D, "governor_coarse"))
 targets.append(("direct: `tollgate_coarse` ≤ 1.1 × `governor_coarse`", fmt(r), mark(r, 1.1, False)))
 
 # --- keyed_gcra, keyed_gcra_2t -----------------------------------------------------------------
-ROWS = ["tollgate", "governor", "floor", "tollgate_coarse", "governor_coarse", "floor_coarse",
-        "floor_dashmap_coarse"]
+ROWS = ["tollgate", "governor", "floor", "tollgate_coarse", "tollgate_dashmap_coarse",
+        "governor_coarse", "floor_coarse", "floor_dashmap_coarse"]
 for group, threads in [("keyed_gcra", 1), ("keyed_gcra_2t", 2)]:
     what = ("ns per check" if threads == 1
             else "aggregate ns per check over 2 threads; Mops/s = 1000 / ns")

@@ -3,7 +3,8 @@
 //! timing.
 //!
 //! Rows: `tollgate` / `governor` on their precise clocks (TSC via quanta), `tollgate_coarse` /
-//! `governor_coarse` on their own 1 ms coarse clocks (`CoarseClock`, `QuantaUpkeepClock`), and
+//! `governor_coarse` on their own 1 ms coarse clocks (`CoarseClock`, `QuantaUpkeepClock`),
+//! `tollgate_dashmap_coarse` (tollgate on its dashmap store instead of the word table), and
 //! the floors: `floor` (read-only foldhash `HashMap<u64, AtomicU64>` + quanta read + CAS),
 //! `floor_coarse` (the same with a relaxed-load clock), `floor_dashmap_coarse` (a foldhash
 //! `DashMap` read lock + relaxed-load clock + CAS). Deny rows at 100k: every key exhausted.
@@ -16,7 +17,9 @@ use governor::middleware::NoOpMiddleware;
 use governor::state::keyed::DashMapStateStore;
 use governor::RateLimiter;
 use tollgate::clock::{Clock, CoarseClock, QuantaClock};
-use tollgate::{Gcra, KeyedLimiter};
+use tollgate::state::AtomicWord;
+use tollgate::store::{DashMapStore, KeyedStore};
+use tollgate::{Algorithm, Gcra, KeyedLimiter, KeyedLimiterBuilder};
 
 use crate::common::{self, case, Driver, Keys, SIZES};
 
@@ -31,16 +34,39 @@ pub fn bench_two_threads(c: &mut Criterion) {
     bench_group(c, "keyed_gcra_2t", Driver::Threads);
 }
 
-/// A tollgate keyed limiter holding every key, each charged `warm` units.
+/// A tollgate keyed limiter (its default store, the lock-free word table) holding every key,
+/// each charged `warm` units.
 pub fn tollgate<C: Clock>(
     rule: Gcra,
     clock: C,
     keys: &Keys,
     warm: u64,
 ) -> KeyedLimiter<u64, Gcra, C> {
-    let limiter = KeyedLimiter::<u64, Gcra>::builder(rule)
-        .clock(clock)
-        .build()
+    let store = Gcra::new_store();
+    warmed(
+        KeyedLimiter::<u64, Gcra>::builder(rule).clock(clock),
+        store,
+        keys,
+        warm,
+    )
+}
+
+/// The same on the dashmap store (shard read locks), the store tollgate used before.
+fn tollgate_dashmap<C: Clock>(rule: Gcra, clock: C, keys: &Keys, warm: u64) -> Dashed<C> {
+    let builder = KeyedLimiter::<u64, Gcra>::builder(rule).clock(clock);
+    warmed(builder, DashMapStore::new(), keys, warm)
+}
+
+type Dashed<C> = KeyedLimiter<u64, Gcra, C, DashMapStore<u64, AtomicWord>>;
+
+fn warmed<C: Clock, S: KeyedStore<u64, AtomicWord>>(
+    builder: KeyedLimiterBuilder<u64, Gcra, C>,
+    store: S,
+    keys: &Keys,
+    warm: u64,
+) -> KeyedLimiter<u64, Gcra, C, S> {
+    let limiter = builder
+        .build_with_store(store)
         .expect("the clock suits the quota");
     for key in &keys.keys {
         let decision = limiter
@@ -69,7 +95,11 @@ pub fn governor<C: GovernorClock>(
     limiter
 }
 
-fn verify_tollgate<C: Clock>(limiter: &KeyedLimiter<u64, Gcra, C>, keys: &Keys, allowed: bool) {
+fn verify_tollgate<C: Clock, S: KeyedStore<u64, AtomicWord>>(
+    limiter: &KeyedLimiter<u64, Gcra, C, S>,
+    keys: &Keys,
+    allowed: bool,
+) {
     assert_eq!(limiter.len(), keys.len(), "every key is still held");
     let decision = limiter.check(&keys.keys[0]).expect("no key bound");
     assert_eq!(
@@ -108,6 +138,15 @@ fn bench_group(c: &mut Criterion, name: &str, driver: Driver) {
             driver,
             keys,
             || tollgate(common::tollgate_allow(), CoarseClock::new(), keys, warm),
+            |limiter, key| limiter.check(&key),
+            |limiter| verify_tollgate(limiter, keys, true),
+        );
+        case(
+            &mut group,
+            BenchmarkId::new("tollgate_dashmap_coarse", label),
+            driver,
+            keys,
+            || tollgate_dashmap(common::tollgate_allow(), CoarseClock::new(), keys, warm),
             |limiter, key| limiter.check(&key),
             |limiter| verify_tollgate(limiter, keys, true),
         );

@@ -110,7 +110,13 @@ struct Shard<K> {
 }
 
 /// Each thread's cached table per shard (see the module docs, rule 3).
-type Cache<K> = RefCell<Vec<Option<Arc<Table<K>>>>>;
+struct Cache<K>(RefCell<[Option<Arc<Table<K>>>; SHARDS]>);
+
+impl<K> Default for Cache<K> {
+    fn default() -> Self {
+        Cache(RefCell::new(std::array::from_fn(|_| None)))
+    }
+}
 
 /// The lock-free keyed store for one-word cells. Built by [`KeyedLimiter`]'s builder for
 /// the word rules; see the module documentation for the protocol.
@@ -154,33 +160,73 @@ impl<K: Send + Sync, H> WordTable<K, H> {
     fn current(&self, shard: usize) -> Arc<Table<K>> {
         self.shards[shard].lock().table.clone()
     }
-
-    /// Runs `f` on this thread's cached table of `shard` (refreshed if absent).
-    #[inline]
-    fn with_cached<R>(&self, shard: usize, f: impl FnMut(&Table<K>) -> Step<R>) -> Option<R> {
-        let mut f = f;
-        self.cache.with(|cache| {
-            let mut cache = cache.borrow_mut();
-            if cache.len() != SHARDS {
-                cache.resize_with(SHARDS, || None);
-            }
-            loop {
-                let step = match &cache[shard] {
-                    Some(table) => f(table),
-                    None => Step::Refresh,
-                };
-                match step {
-                    Step::Done(result) => return result,
-                    Step::Refresh => cache[shard] = Some(self.current(shard)),
-                }
-            }
-        })
-    }
 }
 
-enum Step<R> {
+/// What one lookup on one table found.
+enum Found<R> {
+    /// `f`'s result, or `None` for a key absent or tombstoned there.
     Done(Option<R>),
-    Refresh,
+    /// The key's cell had moved: the table is stale.
+    Moved,
+}
+
+impl<K, H> WordTable<K, H>
+where
+    K: Send + Sync,
+{
+    /// One lookup of `key` on `table`.
+    #[inline]
+    fn look<Q, R>(
+        &self,
+        table: &Table<K>,
+        hash: u64,
+        key: &Q,
+        f: &mut impl FnMut(&AtomicWord) -> Option<R>,
+    ) -> Found<R>
+    where
+        K: Borrow<Q>,
+        Q: Eq + ?Sized,
+    {
+        match table.find(hash, key) {
+            Err(_) => Found::Done(None),
+            Ok(slot) => match f(&slot.state) {
+                Some(result) => Found::Done(Some(result)),
+                // Moved is final: the table is stale. A tombstone (or a key revived since):
+                // absent here; the insert path looks again under the lock.
+                None if slot.state.load() == self.retired.moved => Found::Moved,
+                None => Found::Done(None),
+            },
+        }
+    }
+
+    /// The lookup off the fast path: this thread has no table of the shard yet, or its table is
+    /// stale, or the cache is in use further up the stack (a clock that calls its own limiter).
+    #[cold]
+    #[inline(never)]
+    fn look_again<Q, R>(
+        &self,
+        cached: Option<&mut Option<Arc<Table<K>>>>,
+        shard: usize,
+        hash: u64,
+        key: &Q,
+        f: &mut impl FnMut(&AtomicWord) -> Option<R>,
+    ) -> Option<R>
+    where
+        K: Borrow<Q>,
+        Q: Eq + ?Sized,
+    {
+        let mut cached = cached;
+        loop {
+            let table = self.current(shard);
+            let found = self.look(&table, hash, key, f);
+            if let Some(cached) = cached.as_deref_mut() {
+                *cached = Some(table);
+            }
+            if let Found::Done(result) = found {
+                return result;
+            }
+        }
+    }
 }
 
 impl<K: Send + Sync, H: BuildHasher> WordTable<K, H> {
@@ -230,16 +276,18 @@ where
         Q: Hash + Eq + ?Sized,
     {
         let (hash, shard) = self.hash(key);
-        let moved = self.retired.moved;
-        self.with_cached(shard, |table| match table.find(hash, key) {
-            Err(_) => Step::Done(None),
-            Ok(slot) => match f(&slot.state) {
-                Some(result) => Step::Done(Some(result)),
-                // Moved is final: this table is stale. A tombstone (or a key revived since):
-                // absent here; the insert path looks again under the lock.
-                None if slot.state.load() == moved => Step::Refresh,
-                None => Step::Done(None),
-            },
+        let shard = shard % SHARDS;
+        self.cache.with(|cache| {
+            let Ok(mut cache) = cache.0.try_borrow_mut() else {
+                return self.look_again(None, shard, hash, key, &mut f);
+            };
+            let cached = &mut cache[shard];
+            if let Some(table) = cached {
+                if let Found::Done(result) = self.look(table, hash, key, &mut f) {
+                    return result;
+                }
+            }
+            self.look_again(Some(cached), shard, hash, key, &mut f)
         })
     }
 
@@ -279,8 +327,8 @@ where
         drop(shard);
         // This thread just paid for the lock: leave its cache current.
         self.cache.with(|cache| {
-            if let Some(cached) = cache.borrow_mut().get_mut(index) {
-                *cached = Some(table);
+            if let Ok(mut cache) = cache.0.try_borrow_mut() {
+                cache[index % SHARDS] = Some(table);
             }
         });
         (result, inserted)
