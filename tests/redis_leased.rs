@@ -415,16 +415,20 @@ fn the_shortfall_is_exactly_the_outstanding_leases() {
             admitted += 1;
             continue;
         }
-        // In this order: once no refill is in flight, nothing changes the busy node's lease
-        // or the global state until its next check.
-        if busy.refilling("k") {
-            std::thread::sleep(Duration::from_micros(200));
-            continue;
-        }
-        let held = busy.held("k");
+        // Spent: nothing left globally, and everything this node was granted is admitted. A
+        // grant Redis counted but the node has not installed yet would break that second
+        // condition within the timeout (500 ms): check it again after that.
+        let settled = || {
+            let stats = busy.stats();
+            busy.held("k") == 0 && stats.granted - stats.returned == admitted
+        };
         let remaining = rt.block_on(busy.exact().peek("k", 0)).unwrap().remaining();
-        if remaining == 0 && held == 0 {
-            break;
+        if remaining == 0 && settled() {
+            std::thread::sleep(Duration::from_millis(600));
+            if settled() {
+                break;
+            }
+            continue;
         }
         std::thread::sleep(Duration::from_micros(200));
     }

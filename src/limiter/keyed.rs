@@ -30,8 +30,20 @@ pub use crate::store::table::OverflowPolicy;
 /// # Ok::<(), tollgate::QuotaError>(())
 /// ```
 ///
+/// # Store
+/// GCRA, the leaky buckets and both window counters keep their states in the lock-free
+/// [`WordTable`](crate::store::WordTable): a check on a known key takes no lock and writes no
+/// shared memory but the key's own state word. Inserts, sweeps and rebuilds lock one of its 64
+/// shards; checks on known keys never wait for them. The sliding log (a ring per key, under a
+/// per-key lock) keeps the dashmap store. [`KeyedLimiterBuilder::build_with_store`] takes
+/// another store (for example [`DashMapStore`](crate::store::DashMapStore), to compare).
+///
 /// # Caveats
-/// A sweep takes each shard's write lock in turn; checks on that shard wait for it.
+/// - Keys are `Clone`: the word table copies them when it rebuilds a shard.
+/// - A thread that stops calling keeps the shard tables it last used alive until it calls again
+///   or exits (at most one replaced table per shard).
+/// - On the dashmap store a sweep takes each shard's write lock in turn, and checks on that
+///   shard wait for it.
 pub struct KeyedLimiter<K, A: Algorithm, C: Clock = QuantaClock, S = <A as Algorithm>::Store<K>> {
     core: Core<A, C>,
     /// The store, the key count, `max_keys` and eviction (`store/table.rs`, model-checked).
