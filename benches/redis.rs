@@ -8,7 +8,9 @@
 //!   (32 checks in flight on the multiplexed connection);
 //! - `redis/exact_batched`: the same checks, 64 to a script call (`check_batch`), 32 calls in
 //!   flight;
-//! - `redis/leased`: `LeasedLimiter::check`, local atomics refilled in the background.
+//! - `redis/leased`: `LeasedLimiter::check`, local atomics refilled in the background;
+//! - `redis/leased_many_keys`: the same over 10 000 keys in turn: the refills of keys due
+//!   together share script calls (one per Cluster slot, per 256 keys on one server).
 //!
 //! Every figure is time per check. Round trips per check for the leased tier are printed after
 //! the group. Skipped with a message when `redis-server` is not installed.
@@ -138,11 +140,32 @@ fn bench_redis(c: &mut Criterion) {
             leased.check("leased").expect("no error")
         })
     });
-    group.finish();
-    let round_trips = leased.stats().round_trips - before;
+    let mid = leased.stats();
+    let round_trips = mid.round_trips - before;
     println!(
         "redis/leased: {round_trips} round trips for {checks} checks ({:.5}% of checks)",
         100.0 * round_trips as f64 / checks.max(1) as f64
+    );
+
+    const MANY: usize = 10_000;
+    let keys: Vec<String> = (0..MANY).map(|i| format!("many-{i}")).collect();
+    let (mut checks, mut i) = (0u64, 0usize);
+    group.bench_function("leased_many_keys", |b| {
+        b.iter(|| {
+            checks += 1;
+            i = (i + 1) % MANY;
+            leased.check(&keys[i]).expect("no error")
+        })
+    });
+    group.finish();
+    let stats = leased.stats();
+    let (refills, calls) = (
+        stats.refills - mid.refills,
+        stats.round_trips - mid.round_trips,
+    );
+    println!(
+        "redis/leased_many_keys: {refills} refills of {MANY} keys in {calls} script calls ({:.1} per call) for {checks} checks",
+        refills as f64 / calls.max(1) as f64,
     );
     runtime.block_on(leased.release_all());
     drop(server);

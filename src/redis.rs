@@ -66,7 +66,7 @@
 //! A larger value is refused when the [`RedisRule`] is built, with
 //! [`QuotaError::TooLarge`](crate::QuotaError::TooLarge). Windows also need `W ≥ 1 ms`, as
 //! in-process. The window counters accept far larger limits than the in-process packed states
-//! (`2^24 − 1`, `2^20 − 1`); up to those, both decide identically.
+//! (`2^24 − 2`, `2^20 − 1`); up to those, both decide identically.
 //!
 //! ## Failure handling: [`GuardedLimiter`]
 //! [`RedisLimiter::guarded`] puts the exact tier behind a circuit breaker. A transient failure
@@ -107,9 +107,18 @@
 //! # Ok(()) }
 //! ```
 //!
-//! ## Still to come
-//! Reconciling the units admitted locally during an outage with Redis afterwards, and
-//! batching the leased tier's refills and returns of many keys into one script call per slot.
+//! A key's first check on a node is denied until its first grant arrives (or
+//! [`LeasedLimiter::prefetch`] ran): the hot path never waits on the network, and the bound
+//! above holds unconditionally. [`LeaseConfig::first_touch`] (or `first_touch_share`) lets
+//! first touches spend a provisional allowance instead, at the price of a bounded overdraft
+//! when the key's budget was already spent (documented on [`LeasedLimiter`]). Refills and
+//! returns of many keys go to Redis in one script call per Cluster slot.
+//!
+//! ## Reconciliation
+//! With [`FailureHandling::reconcile`], the units a node admitted by its `Local` or `FailOpen`
+//! policy during an outage are charged to Redis once it answers again (never denied; the
+//! state may pass the limit), so that no usage is lost. [`GuardedLimiter::unreconciled`] and
+//! `reconciled` report what is owed and what was charged.
 
 mod error;
 mod exact;

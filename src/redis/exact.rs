@@ -18,6 +18,10 @@ use super::rule::{RedisRule, Verdict};
 use super::{scripts as lua, Error};
 use crate::decision::Decision;
 
+mod units;
+
+pub(crate) use self::units::{Algo, LogCharge, Reply, UnitOp, Units};
+
 /// The default timeout of every Redis call.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_millis(50);
 
@@ -578,7 +582,7 @@ impl<C: RedisConnection> RedisLimiter<C> {
     /// Decides `items` in order; one result per item.
     async fn decide(&self, items: Vec<Item>, commit: bool) -> Vec<Result<Decision, Error>> {
         let capacity = self.rule.capacity();
-        let mut results: Vec<Option<Result<Decision, Error>>> = items
+        let results: Vec<Option<Result<Decision, Error>>> = items
             .iter()
             .map(|item| {
                 (item.cost > capacity).then_some(Err(Error::Capacity {
@@ -588,24 +592,7 @@ impl<C: RedisConnection> RedisLimiter<C> {
             })
             .collect();
         let pending: Vec<usize> = (0..items.len()).filter(|&i| results[i].is_none()).collect();
-        // Checks of one key stay in one group, in order; groups are independent (keys are).
-        let groups: Vec<Vec<usize>> = if C::CLUSTERED {
-            let mut by_slot: Vec<(Slot, Vec<usize>)> = Vec::new();
-            for i in pending {
-                let slot = Slot::for_key(&items[i].key);
-                match by_slot.iter_mut().find(|(s, _)| *s == slot) {
-                    Some((_, group)) => group.push(i),
-                    None => by_slot.push((slot, vec![i])),
-                }
-            }
-            by_slot.into_iter().map(|(_, group)| group).collect()
-        } else {
-            vec![pending]
-        };
-        let calls: Vec<&[usize]> = groups
-            .iter()
-            .flat_map(|group| group.chunks(self.max_batch))
-            .collect();
+        let calls = self.plan_calls(&pending, |i| &items[i].key);
         let replies = join_all(
             calls
                 .iter()
@@ -613,24 +600,47 @@ impl<C: RedisConnection> RedisLimiter<C> {
                 .collect(),
         )
         .await;
-        for (chunk, reply) in calls.iter().zip(replies) {
-            match reply {
-                Ok(decided) => {
-                    for (&i, result) in chunk.iter().zip(decided) {
-                        results[i] = Some(result);
-                    }
-                }
-                Err(error) => {
-                    for &i in chunk.iter() {
-                        results[i] = Some(Err(error.clone()));
-                    }
+        scatter(results, &calls, replies)
+    }
+
+    /// The script calls for the items at `indices`: one group per Cluster slot (the whole list on
+    /// a single server), each split into calls of at most `max_batch` items. Items of one key
+    /// stay in one call sequence, in order; groups are independent (keys are).
+    pub(crate) fn plan_calls<'a>(
+        &self,
+        indices: &[usize],
+        key_of: impl Fn(usize) -> &'a [u8],
+    ) -> Vec<Vec<usize>> {
+        let groups: Vec<Vec<usize>> = if C::CLUSTERED {
+            let mut by_slot: Vec<(Slot, Vec<usize>)> = Vec::new();
+            for &i in indices {
+                let slot = Slot::for_key(key_of(i));
+                match by_slot.iter_mut().find(|(s, _)| *s == slot) {
+                    Some((_, group)) => group.push(i),
+                    None => by_slot.push((slot, vec![i])),
                 }
             }
-        }
-        results
-            .into_iter()
-            .map(|r| r.unwrap_or_else(|| Err(Error::bad_reply("a check got no result".into()))))
+            by_slot.into_iter().map(|(_, group)| group).collect()
+        } else {
+            vec![indices.to_vec()]
+        };
+        groups
+            .iter()
+            .flat_map(|group| group.chunks(self.max_batch).map(<[usize]>::to_vec))
             .collect()
+    }
+
+    /// Sends one prepared script call on the shared connection, within the timeout.
+    pub(crate) async fn invoke(
+        &self,
+        invocation: &redis::ScriptInvocation<'_>,
+    ) -> Result<Value, Error> {
+        let mut conn = self.conn.clone();
+        match tokio::time::timeout(self.timeout, invocation.invoke_async(&mut conn)).await {
+            Err(_) => Err(self.timed_out()),
+            Ok(Err(error)) => Err(self.failure(error)),
+            Ok(Ok(reply)) => Ok(reply),
+        }
     }
 
     /// One script call for the items at `chunk` (all in one slot).
@@ -661,13 +671,7 @@ impl<C: RedisConnection> RedisLimiter<C> {
                 None => invocation.arg(""),
             };
         }
-        let mut conn = self.conn.clone();
-        let reply: Value =
-            match tokio::time::timeout(self.timeout, invocation.invoke_async(&mut conn)).await {
-                Err(_) => return Err(self.timed_out()),
-                Ok(Err(error)) => return Err(self.failure(error)),
-                Ok(Ok(reply)) => reply,
-            };
+        let reply = self.invoke(&invocation).await?;
         let rows = rows(reply, chunk.len())?;
         Ok(chunk
             .iter()
@@ -726,8 +730,36 @@ fn rows(reply: Value, n: usize) -> Result<Vec<Vec<i64>>, Error> {
         .collect()
 }
 
+/// Spreads the replies of script calls over their items: the result of item `i` of each call
+/// goes to `results[i]` (a failed call fails each of its items); an item left without a result
+/// is a [`Error::BadReply`].
+pub(crate) fn scatter<T>(
+    mut results: Vec<Option<Result<T, Error>>>,
+    calls: &[Vec<usize>],
+    replies: Vec<Result<Vec<Result<T, Error>>, Error>>,
+) -> Vec<Result<T, Error>> {
+    for (chunk, reply) in calls.iter().zip(replies) {
+        match reply {
+            Ok(decided) => {
+                for (&i, result) in chunk.iter().zip(decided) {
+                    results[i] = Some(result);
+                }
+            }
+            Err(error) => {
+                for &i in chunk {
+                    results[i] = Some(Err(error.clone()));
+                }
+            }
+        }
+    }
+    results
+        .into_iter()
+        .map(|r| r.unwrap_or_else(|| Err(Error::bad_reply("an item got no result".into()))))
+        .collect()
+}
+
 /// Runs `futures` concurrently on the current task; their outputs in order.
-async fn join_all<F: Future>(futures: Vec<F>) -> Vec<F::Output> {
+pub(crate) async fn join_all<F: Future>(futures: Vec<F>) -> Vec<F::Output> {
     let mut futures: Vec<Pin<Box<F>>> = futures.into_iter().map(Box::pin).collect();
     let mut outputs: Vec<Option<F::Output>> = futures.iter().map(|_| None).collect();
     poll_fn(|cx| {

@@ -18,6 +18,11 @@ use super::{Error, RedisConnection, RedisLimiter, RedisRule};
 use crate::decision::{Decision, Remaining};
 use crate::{FixedWindow, Gcra, KeyedLimiter, LeakyQueue, SlidingLog, SlidingWindow};
 
+mod reconcile;
+
+pub(crate) use self::reconcile::wall_nanos;
+use self::reconcile::Ledger;
+
 /// What a [`GuardedLimiter`] does while Redis is unreachable.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum FailurePolicy {
@@ -30,7 +35,8 @@ pub enum FailurePolicy {
     /// per `W` (and `⌊B / n⌋` burst) with `n` the live nodes counted by heartbeats in Redis.
     /// While every node does the same, the fleet admits at most about `L` per window during
     /// an outage, plus what Redis had already admitted in the window the outage began in
-    /// (the local states start fresh).
+    /// (the local states start fresh). With [`FailureHandling::reconcile`], what the shares
+    /// admitted is charged to Redis after the outage.
     Local,
 }
 
@@ -61,6 +67,7 @@ pub struct FailureHandling {
     probe_interval: Duration,
     heartbeat_interval: Duration,
     assumed_nodes: u64,
+    reconcile: bool,
 }
 
 impl FailureHandling {
@@ -73,6 +80,7 @@ impl FailureHandling {
             probe_interval: Duration::from_millis(200),
             heartbeat_interval: Duration::from_secs(1),
             assumed_nodes: 1,
+            reconcile: false,
         }
     }
 
@@ -106,6 +114,56 @@ impl FailureHandling {
     pub fn assumed_nodes(mut self, nodes: u64) -> Self {
         self.assumed_nodes = nodes.max(1);
         self
+    }
+
+    /// After an outage, charge to Redis what the policy admitted while the breaker was open,
+    /// so that no usage is lost (default `false`).
+    ///
+    /// - **Policies**: `Local` (what this node's share admitted) and `FailOpen` (everything
+    ///   it admitted: after a long outage under heavy traffic this can hold a busy key denied
+    ///   for a window, or for GCRA until the excess has drained at one unit per `T`; opt in
+    ///   knowingly). `FailClosed` admits nothing, so there is nothing to charge.
+    /// - **Algorithms**: all of them (GCRA / token bucket / leaky bucket as a meter and as a
+    ///   queue, fixed window, sliding window counter, sliding log).
+    /// - **What is charged, per key**: what the global state would still remember. Window
+    ///   counters: the units admitted in the current window (and, sliding, the one before),
+    ///   added to that window's count; usage in windows already over changes nothing and is
+    ///   dropped. GCRA: the node runs its outage admissions through GCRA at the global `T`
+    ///   from an empty bucket and adds the debt they still carry (rounded up to whole units)
+    ///   to the global state's; units the bucket would have refilled since are not charged.
+    ///   Sliding log: the units of each of the last two windows are appended as one entry at
+    ///   the time of the newest of them (or of the log's newest entry, if later); those that
+    ///   would already have expired are dropped.
+    /// - **Never denied**: a charge may push a state past the limit (up to the largest value
+    ///   a state holds, `2^52 − 1` units or ns); the key is then denied until the excess has
+    ///   drained (GCRA) or slid out of the window (windows).
+    /// - **When**: as soon as the probe finds Redis answering, then at every probe interval
+    ///   while anything is owed (a check decided by the policy just as Redis came back is
+    ///   charged at the next). One script call per Cluster slot for all keys owed; a charge
+    ///   that fails transiently is kept and retried. Units this node admitted by the policy
+    ///   and not yet charged: [`GuardedLimiter::unreconciled`].
+    ///
+    /// Charges use the node's wall clock to place units in windows (and as `now` for GCRA
+    /// debts), so they are as accurate as the fleet's clocks agree with the server's. A check
+    /// whose call timed out may still have reached Redis (a hung server runs what was queued
+    /// once it resumes); the policy decides it too, and it is then counted twice (the checks
+    /// that met the outage, at most one per check in flight when it began).
+    ///
+    /// # Examples
+    /// ```
+    /// use tollgate::redis::{FailureHandling, FailurePolicy};
+    /// let handling = FailureHandling::new(FailurePolicy::Local).reconcile(true);
+    /// assert!(handling.reconciles());
+    /// ```
+    pub fn reconcile(mut self, reconcile: bool) -> Self {
+        self.reconcile = reconcile;
+        self
+    }
+
+    /// Whether units admitted during an outage are charged after it
+    /// ([`FailureHandling::reconcile`]).
+    pub fn reconciles(&self) -> bool {
+        self.reconcile
     }
 }
 
@@ -155,6 +213,8 @@ struct Shared<C> {
     failures: AtomicU32,
     live_nodes: AtomicU64,
     local: Option<Local>,
+    /// What the policy admitted while the breaker was open, until charged (`reconcile`).
+    ledger: Option<Ledger>,
     heartbeat_key: Vec<u8>,
     node_id: String,
 }
@@ -185,6 +245,11 @@ impl<C: RedisConnection> RedisLimiter<C> {
         let local = (handling.policy == FailurePolicy::Local)
             .then(|| Local::new(&rule, handling.assumed_nodes))
             .flatten();
+        let admits = matches!(
+            handling.policy,
+            FailurePolicy::Local | FailurePolicy::FailOpen
+        );
+        let ledger = (handling.reconcile && admits).then(|| Ledger::new(&rule));
         let mut heartbeat_key = self.redis_key("");
         // `<prefix>:<algorithm>:{}` → `<prefix>:<algorithm>:nodes`
         heartbeat_key.truncate(heartbeat_key.len().saturating_sub(2));
@@ -199,6 +264,7 @@ impl<C: RedisConnection> RedisLimiter<C> {
             failures: AtomicU32::new(0),
             live_nodes: AtomicU64::new(handling.assumed_nodes),
             local,
+            ledger,
             heartbeat_key,
             node_id: format!("{}-{nanos:x}", std::process::id()),
         });
@@ -291,6 +357,36 @@ impl<C: RedisConnection> GuardedLimiter<C> {
         &self.shared.exact
     }
 
+    /// Units the failure policy admitted on this node during an outage that are not yet
+    /// charged to Redis (always 0 unless [`FailureHandling::reconcile`] is on). Once it reads
+    /// 0 after a recovery, Redis's state includes every charge.
+    ///
+    /// # Examples
+    /// ```no_run
+    /// # use tollgate::redis::{GuardedLimiter, Mode};
+    /// # async fn demo(limiter: GuardedLimiter) {
+    /// while limiter.mode() == Mode::Global && limiter.unreconciled() > 0 {
+    ///     tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    /// }
+    /// # }
+    /// ```
+    pub fn unreconciled(&self) -> u64 {
+        self.shared.ledger.as_ref().map_or(0, Ledger::pending)
+    }
+
+    /// Units charged to Redis after outages so far (see [`FailureHandling::reconcile`]):
+    /// what the state counted, so usage in windows already over is not included.
+    ///
+    /// # Examples
+    /// ```no_run
+    /// # fn demo(limiter: tollgate::redis::GuardedLimiter) {
+    /// println!("{} units admitted during outages were charged", limiter.reconciled());
+    /// # }
+    /// ```
+    pub fn reconciled(&self) -> u64 {
+        self.shared.ledger.as_ref().map_or(0, Ledger::charged)
+    }
+
     /// Withdraws this node's heartbeat now (best effort, within the timeout), so the other
     /// nodes' shares grow at their next heartbeat instead of three intervals later.
     pub async fn leave(&self) {
@@ -316,6 +412,14 @@ impl<C: RedisConnection> GuardedLimiter<C> {
     /// The failure policy's decision, without touching the network.
     pub(crate) fn fallback(&self, key: &[u8], cost: u64) -> Result<Decision, Error> {
         self.shared.fallback(key, cost)
+    }
+
+    /// Units admitted for `key` without Redis (a leased node's first-touch units that no grant
+    /// covered): charged after the outage like the policy's, if reconciliation is on.
+    pub(crate) fn record_admitted(&self, key: &[u8], units: u64) {
+        if let Some(ledger) = &self.shared.ledger {
+            ledger.record(key, units, wall_nanos());
+        }
     }
 
     /// The probe interval (the `retry_after` of a policy denial).
@@ -358,7 +462,7 @@ impl<C: RedisConnection> Shared<C> {
             remaining: Remaining::Exact(remaining),
         };
         let probe = u64::try_from(self.handling.probe_interval.as_nanos()).unwrap_or(u64::MAX);
-        Ok(match (self.handling.policy, &self.local) {
+        let decision = match (self.handling.policy, &self.local) {
             (FailurePolicy::FailOpen, _) => decision(true, capacity - cost, 0),
             (FailurePolicy::Local, Some(local)) => match local.check(key, cost) {
                 Ok(decision) => decision,
@@ -368,7 +472,38 @@ impl<C: RedisConnection> Shared<C> {
             (FailurePolicy::FailClosed, _) | (FailurePolicy::Local, None) => {
                 decision(false, 0, probe)
             }
-        })
+        };
+        if let Some(ledger) = &self.ledger {
+            if decision.allowed {
+                ledger.record(key, cost, wall_nanos());
+            }
+        }
+        Ok(decision)
+    }
+
+    /// Charges what the policy admitted during the outage (see `FailureHandling::reconcile`).
+    async fn reconcile(&self) {
+        let Some(ledger) = &self.ledger else {
+            return;
+        };
+        if ledger.is_empty() {
+            return;
+        }
+        let before = ledger.charged();
+        match ledger.settle(&self.exact).await {
+            Ok(()) => {
+                // Relaxed: as every use of the breaker's words (see `Shared::open`).
+                self.failures.store(0, Ordering::Relaxed);
+                tracing::info!(
+                    units = ledger.charged() - before,
+                    "charged the units admitted during the outage to Redis"
+                );
+            }
+            Err(error) => {
+                tracing::debug!(%error, "reconciliation failed; retrying at the next probe");
+                self.failed(&error);
+            }
+        }
     }
 
     /// Renews the heartbeat and rescales the local share; a transient failure opens the
@@ -427,6 +562,10 @@ async fn watch<C: RedisConnection>(shared: Weak<Shared<C>>) {
                 s.recovered();
                 next_beat = Instant::now();
             }
+        }
+        // Relaxed: a mode flag (see `Shared::open`); a late read charges one probe later.
+        if !s.open.load(Ordering::Relaxed) {
+            s.reconcile().await;
         }
         if s.local.is_some() && !s.open.load(Ordering::Relaxed) && Instant::now() >= next_beat {
             s.beat().await;

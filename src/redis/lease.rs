@@ -15,7 +15,12 @@
 //! when the key goes idle ([`LeaseConfig::idle_timeout`]), when a sliding window's lease
 //! expires, and on [`LeasedLimiter::release_all`].
 //!
-//! The guarantee and the under-admission bound are documented on [`LeasedLimiter`].
+//! A key a node holds no lease of starts with a small provisional allowance while its first
+//! grant is in flight, so that its first checks are not denied for want of a lease; the grant
+//! covers it, or the units it did not cover are charged to Redis at once.
+//!
+//! The guarantee, the under-admission bound and what first touches add to them are
+//! documented on [`LeasedLimiter`].
 //!
 //! # Failures
 //! The leased tier shares the exact tier's circuit breaker and [`FailurePolicy`]: a transient
@@ -27,32 +32,24 @@
 //! [`FailurePolicy`]: super::FailurePolicy
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, OnceLock, Weak};
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use crossbeam_utils::{Backoff, CachePadded};
 use dashmap::DashMap;
 use parking_lot::Mutex;
 use redis::aio::ConnectionManager;
-use redis::{Script, Value};
 
+use super::exact::{Algo, Reply, UnitOp, Units};
 use super::rule::{Kind, RedisRule};
-use super::{
-    scripts as lua, Error, FailureHandling, GuardedLimiter, Mode, RedisConnection, RedisLimiter,
-};
+use super::{Error, FailureHandling, GuardedLimiter, Mode, RedisConnection, RedisLimiter};
 use crate::clock::{Clock, Nanos, QuantaClock};
 use crate::decision::{Decision, Remaining};
 
 const MS: u64 = 1_000_000;
-const SEC: u64 = 1_000_000_000;
 
 /// The largest lease a node holds for one key (units are kept in 32 bits of the lease word).
 pub const MAX_LEASE: u64 = u32::MAX as u64;
-
-fn scripts() -> &'static (Script, Script) {
-    static SCRIPTS: OnceLock<(Script, Script)> = OnceLock::new();
-    SCRIPTS.get_or_init(|| (Script::new(lua::LEASE_GCRA), Script::new(lua::LEASE_WINDOW)))
-}
 
 /// Why a [`LeasedLimiter`] could not be built.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -92,6 +89,7 @@ pub struct LeaseConfig {
     idle_timeout: Duration,
     max_age: Duration,
     backoff: Duration,
+    first_touch: Option<u64>,
 }
 
 impl Default for LeaseConfig {
@@ -110,6 +108,7 @@ impl LeaseConfig {
             idle_timeout: Duration::from_secs(1),
             max_age: Duration::from_secs(10),
             backoff: Duration::from_millis(1),
+            first_touch: Some(0),
         }
     }
 
@@ -151,6 +150,43 @@ impl LeaseConfig {
         self
     }
 
+    /// How many units a node may admit for a key it holds no lease of, while the key's first
+    /// grant is in flight (its *first touch*; see [`LeasedLimiter`]). Default `0`, strict: a
+    /// key's checks are denied until its first grant arrives (or [`LeasedLimiter::prefetch`]
+    /// ran), and the fleet never admits more than the limit. A positive allowance serves first
+    /// touches at once, at the price of the bounded overdraft documented on
+    /// [`LeasedLimiter`]; [`LeaseConfig::first_touch_share`] picks one per node. At most
+    /// [`MAX_LEASE`].
+    ///
+    /// # Examples
+    /// ```
+    /// use tollgate::redis::LeaseConfig;
+    /// assert_eq!(LeaseConfig::new().first_touch_for(1_600, 1), 0);
+    /// assert_eq!(LeaseConfig::new().first_touch(10).first_touch_for(1_600, 1), 10);
+    /// assert_eq!(LeaseConfig::new().first_touch_share().first_touch_for(1_600, 2), 25);
+    /// assert_eq!(LeaseConfig::new().first_touch_share().first_touch_for(1_600, 100), 16);
+    /// ```
+    pub fn first_touch(mut self, units: u64) -> Self {
+        self.first_touch = Some(units.min(MAX_LEASE));
+        self
+    }
+
+    /// First touches get this node's share of the capacity, `⌊capacity ÷ live nodes⌋`, at most
+    /// a quarter of the largest lease (see [`LeaseConfig::first_touch`]).
+    pub fn first_touch_share(mut self) -> Self {
+        self.first_touch = None;
+        self
+    }
+
+    /// The first-touch allowance for a rule of capacity `capacity` on a fleet of `nodes`
+    /// (examples on [`LeaseConfig::first_touch`]).
+    pub fn first_touch_for(&self, capacity: u64, nodes: u64) -> u64 {
+        match self.first_touch {
+            Some(units) => units.min(capacity),
+            None => (capacity / nodes.max(1)).min((self.max_lease_for(capacity) / 4).max(1)),
+        }
+    }
+
     /// The largest lease for a rule of capacity `capacity`.
     pub fn max_lease_for(&self, capacity: u64) -> u64 {
         self.max_lease
@@ -163,20 +199,20 @@ impl LeaseConfig {
 /// Counters of a [`LeasedLimiter`]'s traffic with Redis, since it was built.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct LeaseStats {
-    /// Script calls sent to Redis (grants and returns).
+    /// Script calls sent to Redis (grants, returns and charges). Refills and returns of many
+    /// keys due together share calls: one per Cluster slot (per 256 keys on a single server).
     pub round_trips: u64,
+    /// Grant requests (one per key refilled), however many calls carried them.
+    pub refills: u64,
     /// Units Redis granted.
     pub granted: u64,
     /// Units given back to Redis.
     pub returned: u64,
-}
-
-/// The algorithm a lease counts units of.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Algo {
-    Gcra { interval: u64, span: u64 },
-    Fixed { window: u64 },
-    Sliding { window: u64 },
+    /// Units admitted on first touches, before the key's first grant arrived.
+    pub provisional: u64,
+    /// Of those, units the first grant did not cover (the global budget was spent): admitted
+    /// beyond the limit, and charged to Redis so that its state counts them.
+    pub overdrawn: u64,
 }
 
 /// A global rate limiter whose checks are synchronous and local: one lookup and one
@@ -184,8 +220,9 @@ enum Algo {
 /// [`RedisLimiter::leased`].
 ///
 /// # Guarantee, while Redis answers
-/// Units are granted before they are spent, and a grant is an admission in the global state, so
-/// the fleet never admits more than the rule allows:
+/// Units are granted before they are spent (except a key's first-touch units, see "First
+/// touch" below), and a grant is an admission in the global state, so the fleet never admits
+/// more than the rule allows:
 /// - **Fixed window, sliding window counter**: a lease granted in window `k` expires when
 ///   window `k` ends, by the node's clock and conservatively (the node starts the clock before
 ///   it sends the request, so its deadline falls before the server's window end). Every unit
@@ -211,6 +248,42 @@ enum Algo {
 /// burst drains a lease faster than one refill; the low-water mark (half the lease, and at
 /// least two of the slowest recent refills' worth of demand) makes them rare. `tests/redis_leased.rs` measures both sides with 4
 /// nodes hammering one key.
+///
+/// # First touch
+/// A node that holds no lease of a key cannot know, without asking Redis, whether the key
+/// has budget left. So that the first checks of a key on a node are not denied for that
+/// alone (the hot path never waits on the network), the node starts the key's lease with a
+/// *provisional* allowance `A` if configured ([`LeaseConfig::first_touch`]; by default `A = 0`:
+/// first touches are denied, and the guarantee above holds unconditionally;
+/// [`LeaseConfig::first_touch_share`] gives each node `⌊capacity ÷ live nodes⌋`, at most a
+/// quarter of the largest lease) and requests the first grant at once, asking for `A` more than
+/// it needs:
+/// - The grant **covers** what it can of the provisional units, which then become units of
+///   the lease like any other (granted in the window they were spent in: provisional units
+///   of a window lease expire at that window's end by the node's wall clock, and a grant
+///   decided in a later window covers none of them). Whenever the key still has `A` units
+///   of budget when the grant is decided, the guarantee above holds unchanged.
+/// - Units spent provisionally that the grant did not cover (the key's budget was already
+///   spent by others, or the grant was decided in the next window) were admitted **beyond
+///   the limit**. The node charges them to Redis at once, in the window they were spent in
+///   if the state still remembers it (never denied: the state may pass the limit), so the
+///   global state counts them and the key stays denied until the excess has drained (GCRA)
+///   or slid out of the window; [`LeaseStats::overdrawn`] counts them. They are bounded by
+///   `A` per node per first touch of a key (a lease is created again after the key went idle
+///   and was given back):
+///
+/// ```text
+/// admitted ≤ the bound above + Σ overdrafts,  each overdraft ≤ A, one at most per node per
+/// first touch of the key that met a spent budget or a window's end
+/// ```
+///
+/// - If the first grant fails (Redis unreachable), the provisional units left are voided and
+///   the policy decides; those spent are charged after the outage with
+///   [`FailureHandling::reconcile`].
+///
+/// With `first_touch(0)` there is no provisional allowance: a key's checks are denied until
+/// its first grant arrives (or [`LeasedLimiter::prefetch`] ran), and the fleet never admits
+/// more than the limit.
 ///
 /// # Sharing
 /// Cheap to clone; clones share the leases. A background task returns idle leases; it stops
@@ -247,11 +320,15 @@ impl<C: RedisConnection> std::fmt::Debug for LeasedLimiter<C> {
     }
 }
 
-struct Sweeper(tokio::task::AbortHandle);
+/// Aborts the background tasks (the sweeper and the refiller) when the last clone of the
+/// limiter is dropped.
+struct Sweeper([tokio::task::AbortHandle; 2]);
 
 impl Drop for Sweeper {
     fn drop(&mut self) {
-        self.0.abort();
+        for task in &self.0 {
+            task.abort();
+        }
     }
 }
 
@@ -267,20 +344,26 @@ struct Inner<C: RedisConnection> {
     runtime: tokio::runtime::Handle,
     // Statistics. Relaxed: counters that publish nothing.
     round_trips: AtomicU64,
+    refills: AtomicU64,
     granted: AtomicU64,
     returned: AtomicU64,
+    provisional: AtomicU64,
+    overdrawn: AtomicU64,
+    /// Refills asked for and not yet sent; the refill task takes them all at once.
+    queue: Mutex<Vec<Queued>>,
+    wake: tokio::sync::Notify,
+}
+
+/// A refill asked for: the lease, and when (limiter clock, ns).
+struct Queued {
+    lease: Arc<Lease>,
+    at: Nanos,
 }
 
 /// One key's lease on this node.
 struct Lease {
-    /// The lease word, the only state a check touches:
-    /// - bits 63..32: units left (≤ [`MAX_LEASE`]);
-    /// - bits 31..0: for window algorithms, the deadline: the lease's units are void from this
-    ///   millisecond of the limiter's clock on (compared modulo 2^32, deadlines are at most
-    ///   one day ahead). Unused for GCRA, whose units never expire.
-    word: CachePadded<AtomicU64>,
-    /// A check that leaves fewer units than this asks for a refill.
-    low_water: AtomicU64,
+    /// What a check touches, on one cache line of its own.
+    hot: CachePadded<Hot>,
     /// A refill is queued or in flight (at most one per key). Set for good once retired.
     pending: AtomicBool,
     /// The largest cost a check could not take from the lease since the last grant.
@@ -295,6 +378,26 @@ struct Lease {
     bg: Mutex<Bg>,
     refilled: tokio::sync::Notify,
     key: Box<[u8]>,
+}
+
+/// The part of a lease a check reads: written by checks (the word) and by grants.
+#[derive(Default)]
+struct Hot {
+    /// The lease word, the only state a check changes:
+    /// - bits 63..32: units left (≤ [`MAX_LEASE`]);
+    /// - bits 31..0: for window algorithms, the deadline: the lease's units are void from this
+    ///   millisecond of the limiter's clock on (compared modulo 2^32, deadlines are at most
+    ///   one day ahead). Unused for GCRA, whose units never expire.
+    word: AtomicU64,
+    /// A check that leaves fewer units than this asks for a refill.
+    low_water: AtomicU64,
+    /// The global state as the last grant saw it, for the figures of decisions: what it could
+    /// still grant (units held in leases count as spent), when (limiter clock, ns) that grant
+    /// was installed, and when the state would be back to full capacity (limiter clock, ns;
+    /// 0 = already full).
+    view_left: AtomicU64,
+    view_at: AtomicU64,
+    view_full_at: AtomicU64,
 }
 
 #[derive(Default)]
@@ -315,6 +418,12 @@ struct Bg {
     window_over: Nanos,
     /// No grant request before this time (limiter clock, ns).
     not_before: Nanos,
+    /// First touch: units put in the word before any grant (0 once the first grant or its
+    /// failure settled them), the wall time (ns since the epoch) they were put there, and
+    /// the window index (wall time ÷ W) they belong to.
+    provisional: u64,
+    provisional_at: u64,
+    provisional_window: u64,
     /// The sweeper's view: the word at its last pass, and since when it has not changed.
     last_word: u64,
     still_since: Nanos,
@@ -345,8 +454,7 @@ fn expired(now_ms: u32, deadline: u32) -> bool {
 impl Lease {
     fn new(key: &[u8]) -> Lease {
         Lease {
-            word: CachePadded::new(AtomicU64::new(0)),
-            low_water: AtomicU64::new(0),
+            hot: CachePadded::new(Hot::default()),
             pending: AtomicBool::new(false),
             need: AtomicU64::new(0),
             retry_at: AtomicU64::new(0),
@@ -364,14 +472,14 @@ impl Lease {
         let now_ms = now_ms(now);
         let backoff = Backoff::new();
         // Relaxed: the word is the whole state; no other memory is published through it.
-        let mut word = self.word.load(Ordering::Relaxed);
+        let mut word = self.hot.word.load(Ordering::Relaxed);
         loop {
             let units = units_of(word);
             if units < cost || (windowed && expired(now_ms, deadline_of(word))) {
                 return None;
             }
             // `cost ≤ units < 2^32`: no borrow out of the unit bits.
-            match self.word.compare_exchange_weak(
+            match self.hot.word.compare_exchange_weak(
                 word,
                 word - (cost << 32),
                 Ordering::Relaxed,
@@ -448,13 +556,19 @@ impl<C: RedisConnection> RedisLimiter<C> {
             clock: QuantaClock::new(),
             runtime,
             round_trips: AtomicU64::new(0),
+            refills: AtomicU64::new(0),
             granted: AtomicU64::new(0),
             returned: AtomicU64::new(0),
+            provisional: AtomicU64::new(0),
+            overdrawn: AtomicU64::new(0),
+            queue: Mutex::new(Vec::new()),
+            wake: tokio::sync::Notify::new(),
         });
-        let task = inner.runtime.spawn(sweep(Arc::downgrade(&inner)));
+        let sweeper = inner.runtime.spawn(sweep(Arc::downgrade(&inner)));
+        let refiller = inner.runtime.spawn(refills(Arc::clone(&inner)));
         Ok(LeasedLimiter {
             inner,
-            _task: Arc::new(Sweeper(task.abort_handle())),
+            _task: Arc::new(Sweeper([sweeper.abort_handle(), refiller.abort_handle()])),
         })
     }
 }
@@ -481,14 +595,28 @@ impl<C: RedisConnection> LeasedLimiter<C> {
     /// Decides a request of cost `cost` for `key`, synchronously: one lookup and one
     /// compare-and-swap on the key's lease, never a network call.
     ///
-    /// - The lease holds `cost` units: allowed. `remaining` is what this node's lease still
-    ///   holds (what it can admit for the key without asking Redis); `reset_after` is 0
-    ///   (unknown locally).
+    /// - The lease holds `cost` units: allowed.
     /// - It does not: a refill is requested, and the check is denied, with `retry_after` the
     ///   time until the global state is expected to grant again (1 ms while a refill is in
-    ///   flight). A key this node has not seen yet starts that way: its first check is denied
-    ///   unless [`LeasedLimiter::prefetch`] ran. While the breaker is open (Redis
-    ///   unreachable), the failure policy decides instead.
+    ///   flight). While the breaker is open (Redis unreachable), the failure policy decides
+    ///   instead.
+    /// - A key this node holds no lease of (its *first touch*) gets the first-touch
+    ///   allowance ([`LeaseConfig::first_touch`]) as a provisional lease while its first
+    ///   grant is requested at once: the first checks are not denied for want of a lease.
+    ///   See "First touch" on [`LeasedLimiter`] for what that does to the global bound.
+    ///
+    /// The figures are the best this node knows without asking Redis, from the global state
+    /// as its last grant of the key saw it (the server's answer, SPEC's formulas):
+    /// - `remaining` = the units this node still holds for the key **+** what the global state
+    ///   could still grant at that grant (units held in any node's lease count as spent there)
+    ///   **+**, for GCRA, the units refilled since (one per `T`), at most the capacity. It
+    ///   does not see what other nodes spent since that grant, so it can exceed the truth by
+    ///   that much; it is never below what this node can admit on its own. Denied: 0.
+    /// - `reset_after` = the global state's `reset_after` at that grant (the wait until it is
+    ///   back to full capacity, counting units held in leases as spent, so an upper estimate
+    ///   for this node's share), less the time since. 0 before the key's first grant.
+    ///
+    /// Both are refreshed at every grant (about every half lease of the key's traffic).
     ///
     /// # Errors
     /// [`Error::Capacity`] if the cost can never be admitted; a fatal error that the key's
@@ -510,29 +638,40 @@ impl<C: RedisConnection> LeasedLimiter<C> {
         if cost > capacity {
             return Err(Error::Capacity { cost, capacity });
         }
+        let now = inner.clock.now();
         if cost == 0 {
             // SPEC: always allowed, changes nothing.
-            return Ok(inner.allowed(self.held(key)));
+            let held = self.held(key);
+            let lease = inner.leases.get(key);
+            return Ok(inner.allowed(lease.as_deref().map(|l| &**l), held, now));
         }
-        let now = inner.clock.now();
-        let windowed = !matches!(inner.algo, Algo::Gcra { .. });
+        let windowed = inner.algo.windowed();
         if let Some(lease) = inner.leases.get(key) {
             if let Some(left) = lease.take(cost, now, windowed) {
                 // Relaxed: a hint; a stale value only moves a refill by one check.
-                if left < lease.low_water.load(Ordering::Relaxed) {
+                if left < lease.hot.low_water.load(Ordering::Relaxed) {
                     inner.request_refill(&lease);
                 }
-                return Ok(inner.allowed(left));
+                return Ok(inner.allowed(Some(&lease), left, now));
             }
             return inner.short(&lease, key, cost, now);
         }
+        // First touch: the lease starts with this node's provisional allowance, and its first
+        // grant is requested at once.
+        let mut created = false;
         let lease = inner
             .leases
             .entry(key.into())
-            .or_insert_with(|| Arc::new(Lease::new(key)))
+            .or_insert_with(|| {
+                created = true;
+                Arc::new(inner.first_lease(key, now))
+            })
             .clone();
+        if created {
+            inner.request_refill(&lease);
+        }
         match lease.take(cost, now, windowed) {
-            Some(left) => Ok(inner.allowed(left)),
+            Some(left) => Ok(inner.allowed(Some(&lease), left, now)),
             None => inner.short(&lease, key, cost, now),
         }
     }
@@ -576,7 +715,7 @@ impl<C: RedisConnection> LeasedLimiter<C> {
                 return Err(error);
             }
             // Relaxed: a count; a refill that raced this read is picked up by the next loop.
-            if units_of(lease.word.load(Ordering::Relaxed)) > 0 {
+            if units_of(lease.hot.word.load(Ordering::Relaxed)) > 0 {
                 return Ok(());
             }
         }
@@ -593,19 +732,18 @@ impl<C: RedisConnection> LeasedLimiter<C> {
     /// # }
     /// ```
     pub async fn release_all(&self) {
-        let leases: Vec<Arc<Lease>> = self
-            .inner
+        let inner = &self.inner;
+        let leases: Vec<Arc<Lease>> = inner
             .leases
             .iter()
             .map(|entry| entry.value().clone())
             .collect();
-        // Concurrently: pipelined on the shared connection.
-        let mut returns = tokio::task::JoinSet::new();
-        for lease in leases {
-            let inner = Arc::clone(&self.inner);
-            returns.spawn(async move { inner.retire(&lease).await });
-        }
-        while returns.join_next().await.is_some() {}
+        // One batch: a script call per Cluster slot (per 256 keys on a single server).
+        let returns: Vec<_> = leases
+            .into_iter()
+            .map(|lease| inner.retire(lease))
+            .collect();
+        inner.give_back(&returns).await;
     }
 }
 
@@ -626,12 +764,13 @@ impl<C: RedisConnection> LeasedLimiter<C> {
         self.inner.max_lease
     }
 
-    /// The units this node holds for `key` right now (0 if none or expired).
+    /// The units this node holds for `key` right now (0 if none or expired), provisional
+    /// first-touch units included.
     pub fn held(&self, key: impl AsRef<[u8]>) -> u64 {
         let inner = &self.inner;
         inner.leases.get(key.as_ref()).map_or(0, |lease| {
             // Relaxed: a snapshot for inspection.
-            let word = lease.word.load(Ordering::Relaxed);
+            let word = lease.hot.word.load(Ordering::Relaxed);
             let windowed = !matches!(inner.algo, Algo::Gcra { .. });
             if windowed && expired(now_ms(inner.clock.now()), deadline_of(word)) {
                 0
@@ -651,14 +790,42 @@ impl<C: RedisConnection> LeasedLimiter<C> {
         })
     }
 
+    /// Units the failure policy admitted on this node during an outage (and first-touch units
+    /// no grant covered before it) that are not yet charged to Redis: see
+    /// [`FailureHandling::reconcile`]. Always 0 unless reconciliation is on.
+    ///
+    /// # Examples
+    /// ```no_run
+    /// # use tollgate::redis::{LeasedLimiter, Mode};
+    /// # async fn demo(limiter: LeasedLimiter) {
+    /// // After an outage: wait until what was admitted locally is counted in Redis.
+    /// while limiter.mode() == Mode::Global && limiter.unreconciled() > 0 {
+    ///     tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    /// }
+    /// println!("{} units charged after outages", limiter.reconciled());
+    /// # }
+    /// ```
+    pub fn unreconciled(&self) -> u64 {
+        self.inner.guard.unreconciled()
+    }
+
+    /// Units charged to Redis after outages so far (see [`FailureHandling::reconcile`]; an
+    /// example is on [`LeasedLimiter::unreconciled`]).
+    pub fn reconciled(&self) -> u64 {
+        self.inner.guard.reconciled()
+    }
+
     /// The traffic with Redis so far.
     pub fn stats(&self) -> LeaseStats {
         let inner = &self.inner;
         // Relaxed: statistics counters.
         LeaseStats {
             round_trips: inner.round_trips.load(Ordering::Relaxed),
+            refills: inner.refills.load(Ordering::Relaxed),
             granted: inner.granted.load(Ordering::Relaxed),
             returned: inner.returned.load(Ordering::Relaxed),
+            provisional: inner.provisional.load(Ordering::Relaxed),
+            overdrawn: inner.overdrawn.load(Ordering::Relaxed),
         }
     }
 
@@ -668,26 +835,105 @@ impl<C: RedisConnection> LeasedLimiter<C> {
     }
 }
 
-/// One reply item of a lease script.
-#[derive(Debug, Clone, Copy)]
-struct Reply {
-    units: u64,
-    /// Server time judged at, ns since the epoch.
-    time: u64,
-    /// GCRA: the debt after; windows: the time into the window.
-    fact: u64,
-}
-
 impl<C: RedisConnection> Inner<C> {
-    fn allowed(&self, left: u64) -> Decision {
+    /// An allowed decision with `left` units left in this node's lease: its figures are the
+    /// lease's view of the global state (see [`LeasedLimiter::check_n`]).
+    #[inline]
+    fn allowed(&self, lease: Option<&Lease>, left: u64, now: Nanos) -> Decision {
+        // Relaxed, all three: hints written by one grant's install; a mix of two grants'
+        // figures is an estimate as good as either.
+        let (view_left, view_at, full_at) = lease.map_or((0, 0, 0), |lease| {
+            (
+                lease.hot.view_left.load(Ordering::Relaxed),
+                lease.hot.view_at.load(Ordering::Relaxed),
+                lease.hot.view_full_at.load(Ordering::Relaxed),
+            )
+        });
+        // GCRA refills one unit per T since the grant.
+        let accrued = match self.algo {
+            Algo::Gcra { interval, .. } if view_at > 0 => {
+                let since = now.saturating_sub(view_at);
+                if since >= interval {
+                    since / interval.max(1)
+                } else {
+                    0
+                }
+            }
+            _ => 0,
+        };
         Decision {
             allowed: true,
             limit: self.rule.limit(),
             retry_after: 0,
-            reset_after: 0,
+            reset_after: full_at.saturating_sub(now),
             delay: 0,
-            remaining: Remaining::Exact(left),
+            remaining: Remaining::Exact(
+                left.saturating_add(view_left)
+                    .saturating_add(accrued)
+                    .min(self.rule.capacity()),
+            ),
         }
+    }
+
+    /// A new lease for a key this node holds none of: with the first-touch allowance while
+    /// Redis answers (see [`LeaseConfig::first_touch`]).
+    fn first_lease(&self, key: &[u8], now: Nanos) -> Lease {
+        let lease = Lease::new(key);
+        if self.guard.mode() != Mode::Global {
+            return lease;
+        }
+        let units = self
+            .config
+            .first_touch_for(self.rule.capacity(), self.guard.live_nodes());
+        if units == 0 {
+            return lease;
+        }
+        let wall = super::guard::wall_nanos();
+        let mut bg = lease.bg.lock();
+        let deadline = match self.algo {
+            Algo::Gcra { .. } => 0,
+            Algo::Fixed { window } | Algo::Sliding { window } => {
+                // The units belong to the current window by the wall clock: void at its end
+                // (less a thousandth for drift), so none is spent in the next one.
+                let left = window - wall % window;
+                bg.provisional_window = wall / window;
+                now_ms(now.saturating_add(left - left / 1024))
+            }
+        };
+        bg.provisional = units;
+        bg.provisional_at = wall;
+        drop(bg);
+        // Relaxed: the word is the whole state (see `take`); not yet shared.
+        lease
+            .hot
+            .word
+            .store(pack(units, deadline), Ordering::Relaxed);
+        lease
+    }
+
+    /// Settles the first-touch units of `lease` that no grant covered: takes back those left
+    /// (never spent) and returns how many were spent.
+    fn void_provisional(&self, lease: &Lease, bg: &mut Bg, uncovered: u64) -> u64 {
+        let provisional = std::mem::take(&mut bg.provisional);
+        // Relaxed: the word is the whole state (see `take`).
+        let mut word = lease.hot.word.load(Ordering::Relaxed);
+        let (left, taken) = loop {
+            let units = units_of(word);
+            let take = units.min(uncovered);
+            match lease.hot.word.compare_exchange_weak(
+                word,
+                word - (take << 32),
+                Ordering::Relaxed,
+                Ordering::Relaxed,
+            ) {
+                Ok(_) => break (units, take),
+                Err(seen) => word = seen,
+            }
+        };
+        // Relaxed: a statistics counter.
+        self.provisional
+            .fetch_add(provisional.saturating_sub(left), Ordering::Relaxed);
+        uncovered - taken
     }
 
     /// A check the lease could not serve.
@@ -708,37 +954,149 @@ impl<C: RedisConnection> Inner<C> {
         if self.guard.mode() != Mode::Global {
             return self.guard.fallback(key, cost);
         }
-        // Relaxed: a self-contained hint; no other memory is published through it.
+        // Relaxed: self-contained hints; no other memory is published through them.
         let retry_at = lease.retry_at.load(Ordering::Relaxed);
+        let full_at = lease.hot.view_full_at.load(Ordering::Relaxed);
         Ok(Decision {
             allowed: false,
             limit: self.rule.limit(),
             retry_after: retry_at.saturating_sub(now).max(MS),
-            reset_after: 0,
+            reset_after: full_at.saturating_sub(now),
             delay: 0,
             remaining: Remaining::Exact(0),
         })
     }
 
-    /// Spawns a refill of `lease` unless one is already queued or in flight.
+    /// Queues a refill of `lease` for the refill task unless one is already queued or in
+    /// flight; after its backoff if it has one.
     fn request_refill(self: &Arc<Self>, lease: &Arc<Lease>) {
         // Relaxed: the flag only elects one refiller; the lease's bookkeeping is under `bg`.
         if lease.pending.load(Ordering::Relaxed) || lease.pending.swap(true, Ordering::Relaxed) {
             return;
         }
-        self.runtime
-            .spawn(refill(Arc::clone(self), Arc::clone(lease)));
+        let now = self.clock.now();
+        let not_before = lease.bg.lock().not_before;
+        if not_before > now {
+            let (inner, lease) = (Arc::clone(self), Arc::clone(lease));
+            self.runtime.spawn(async move {
+                tokio::time::sleep(Duration::from_nanos(not_before - now)).await;
+                let at = inner.clock.now();
+                inner.enqueue(lease, at);
+            });
+        } else {
+            self.enqueue(Arc::clone(lease), now);
+        }
+    }
+
+    fn enqueue(&self, lease: Arc<Lease>, at: Nanos) {
+        self.queue.lock().push(Queued { lease, at });
+        // A permit is stored if the refill task is busy: no request is left waiting.
+        self.wake.notify_one();
+    }
+
+    /// Whether `lease` is no longer the key's current lease (given back, or forgotten).
+    fn retired(&self, lease: &Arc<Lease>) -> bool {
+        self.leases
+            .get(&lease.key)
+            .is_none_or(|current| !Arc::ptr_eq(&current, lease))
+    }
+
+    /// Sends the grant requests of `batch` together (one script call per Cluster slot, per
+    /// `max_batch` keys) and installs the grants. While the breaker is open, no request is
+    /// sent: the policy decides, and the next check after recovery asks again.
+    async fn refill_batch(&self, batch: Vec<Queued>) {
+        let global = self.guard.mode() == Mode::Global;
+        let mut asks = Vec::with_capacity(batch.len());
+        let mut done = Vec::with_capacity(batch.len());
+        for Queued { lease, at } in batch {
+            if global && !self.retired(&lease) {
+                if let Some((want, target)) = self.prepare(&lease, at) {
+                    asks.push((lease, at, want, target));
+                    continue;
+                }
+            } else {
+                // No grant will cover first-touch units: the policy decides from now on.
+                let spent = {
+                    let mut bg = lease.bg.lock();
+                    let owed = bg.provisional;
+                    self.void_provisional(&lease, &mut bg, owed)
+                };
+                self.guard.record_admitted(&lease.key, spent);
+            }
+            done.push(lease);
+        }
+        if !asks.is_empty() {
+            let items: Vec<Units> = asks
+                .iter()
+                .map(|(lease, _, want, _)| Units {
+                    key: self.exact.redis_key(&lease.key),
+                    op: UnitOp::Grant,
+                    units: *want,
+                })
+                .collect();
+            let (results, calls) = self.exact.move_units(self.algo, &items).await;
+            // Relaxed: statistics counters.
+            self.round_trips.fetch_add(calls, Ordering::Relaxed);
+            self.refills
+                .fetch_add(items.len() as u64, Ordering::Relaxed);
+            let mut charges = Vec::new();
+            let mut charged = Vec::new();
+            for ((lease, t0, want, target), result) in asks.into_iter().zip(results) {
+                if let Some((op, units)) = self.finish(&lease, result, t0, want, target) {
+                    charges.push(Units {
+                        key: self.exact.redis_key(&lease.key),
+                        op,
+                        units,
+                    });
+                    charged.push(Arc::clone(&lease));
+                }
+                done.push(lease);
+            }
+            if !charges.is_empty() {
+                // First-touch units the grants did not cover: the state must count them.
+                let (results, calls) = self.exact.move_units(self.algo, &charges).await;
+                // Relaxed: a statistics counter.
+                self.round_trips.fetch_add(calls, Ordering::Relaxed);
+                for ((charge, lease), result) in charges.iter().zip(&charged).zip(results) {
+                    match result {
+                        Ok(_) => self.guard.answered(),
+                        Err(error) if error.is_transient() => {
+                            // Charged after the outage, if reconciliation is on.
+                            self.guard.record_admitted(&lease.key, charge.units);
+                            self.guard.transient_failure(&error);
+                        }
+                        Err(error) => tracing::warn!(%error, "charging an overdraft failed"),
+                    }
+                }
+            }
+        }
+        let mut returns = Vec::new();
+        for lease in done {
+            if self.retired(&lease) {
+                // Retired while the grant was in flight: whatever it brought goes back.
+                let (units, since) = self.take_all(&lease);
+                returns.push((lease, units, since));
+            } else {
+                // Release: `refilling` readers that see the flag clear also see the installed
+                // word.
+                lease.pending.store(false, Ordering::Release);
+                lease.refilled.notify_waiters();
+            }
+        }
+        self.give_back(&returns).await;
+        for (lease, _, _) in returns {
+            lease.refilled.notify_waiters();
+        }
     }
 
     fn windowed(&self) -> bool {
-        !matches!(self.algo, Algo::Gcra { .. })
+        self.algo.windowed()
     }
 
-    /// Asks Redis for units and installs them (called by one refill at a time per lease).
-    async fn grant(&self, lease: &Lease) {
-        let t0 = self.clock.now();
+    /// What a refill of `lease`, asked for at `t0`, requests: `(want, target)`, or `None`.
+    fn prepare(&self, lease: &Lease, t0: Nanos) -> Option<(u64, u64)> {
         // Relaxed: the word is the whole state (see `take`).
-        let word = lease.word.load(Ordering::Relaxed);
+        let word = lease.hot.word.load(Ordering::Relaxed);
         let windowed = self.windowed();
         let held = if windowed && expired(now_ms(t0), deadline_of(word)) {
             0
@@ -747,6 +1105,9 @@ impl<C: RedisConnection> Inner<C> {
         };
         let (want, target) = {
             let mut bg = lease.bg.lock();
+            // First-touch units are not held: the first grant must cover them.
+            let owed = bg.provisional;
+            let held = held.saturating_sub(owed);
             if bg.installed_at > 0 && t0 > bg.installed_at {
                 let consumed = bg.level_after.saturating_sub(held) as f64;
                 let rate = consumed / (t0 - bg.installed_at) as f64;
@@ -771,25 +1132,42 @@ impl<C: RedisConnection> Inner<C> {
                 .saturating_sub(held)
                 .max(need.saturating_sub(held))
                 .max(1)
+                .saturating_add(owed)
                 .min(MAX_LEASE - held.min(MAX_LEASE));
             (want, bg.target)
         };
-        if want == 0 {
-            return;
-        }
-        let key = self.exact.redis_key(&lease.key);
-        match self.call(&key, true, want, 0).await {
+        (want > 0).then_some((want, target))
+    }
+
+    /// Applies the answer to a grant request of `want` units asked at `t0`. Returns the charge
+    /// to send if first-touch units were spent that the grant did not cover.
+    fn finish(
+        &self,
+        lease: &Lease,
+        result: Result<Reply, Error>,
+        t0: Nanos,
+        want: u64,
+        target: u64,
+    ) -> Option<(UnitOp, u64)> {
+        match result {
             Ok(reply) => {
                 self.guard.answered();
                 *lease.error.lock() = None;
                 // Relaxed: the error itself is under its mutex.
                 lease.failed.store(false, Ordering::Relaxed);
-                self.install(lease, reply, t0, want, target);
+                self.install(lease, reply, t0, want, target)
             }
             Err(error) => {
                 let wait = self.guard.probe_interval().as_nanos() as u64;
-                lease.bg.lock().not_before = t0.saturating_add(wait);
+                let spent = {
+                    let mut bg = lease.bg.lock();
+                    bg.not_before = t0.saturating_add(wait);
+                    let owed = bg.provisional;
+                    self.void_provisional(lease, &mut bg, owed)
+                };
                 if error.is_transient() {
+                    // Admitted without a grant, as during an outage.
+                    self.guard.record_admitted(&lease.key, spent);
                     self.guard.transient_failure(&error);
                 } else {
                     tracing::warn!(%error, "lease refill failed");
@@ -797,12 +1175,22 @@ impl<C: RedisConnection> Inner<C> {
                     // Relaxed: the error itself is under its mutex.
                     lease.failed.store(true, Ordering::Relaxed);
                 }
+                None
             }
         }
     }
 
-    fn install(&self, lease: &Lease, reply: Reply, t0: Nanos, want: u64, target: u64) {
-        let granted = reply.units;
+    /// Installs a grant in `lease`. Returns the charge to send if first-touch units were
+    /// spent that the grant did not cover.
+    fn install(
+        &self,
+        lease: &Lease,
+        reply: Reply,
+        t0: Nanos,
+        want: u64,
+        target: u64,
+    ) -> Option<(UnitOp, u64)> {
+        let mut granted = reply.units;
         // Relaxed: a statistics counter.
         self.granted.fetch_add(granted, Ordering::Relaxed);
         let backoff = self.config.backoff.as_nanos() as u64;
@@ -813,7 +1201,10 @@ impl<C: RedisConnection> Inner<C> {
         let (deadline, window_start, retry, poll) = match self.algo {
             Algo::Gcra { interval, span } => {
                 let next_unit = (reply.fact + interval).saturating_sub(span);
-                let wanted = (reply.fact + want.saturating_mul(interval)).saturating_sub(span);
+                let wanted = reply
+                    .fact
+                    .saturating_add(want.saturating_mul(interval))
+                    .saturating_sub(span);
                 (
                     0,
                     None,
@@ -841,6 +1232,38 @@ impl<C: RedisConnection> Inner<C> {
                 (deadline, Some(start), retry, poll)
             }
         };
+        // First-touch units: those the grant covers become the lease's own (the grant counted
+        // them in the window they were spent in); the rest are taken back, and those already
+        // spent are charged to the state. A grant decided in a later window than the units'
+        // covers none of them.
+        let mut charge = None;
+        if bg.provisional > 0 {
+            let same_window = match (self.algo, window_start) {
+                (Algo::Fixed { window } | Algo::Sliding { window }, Some(start)) => {
+                    start / window == bg.provisional_window
+                }
+                _ => true,
+            };
+            let provisional = bg.provisional;
+            let covered = if same_window {
+                granted.min(provisional)
+            } else {
+                0
+            };
+            granted -= covered;
+            let at = bg.provisional_at;
+            let overdrawn = self.void_provisional(lease, &mut bg, provisional - covered);
+            if same_window {
+                // The covered units stay in the word below, as units of this window.
+                bg.window_start = window_start;
+            }
+            if overdrawn > 0 {
+                // Relaxed: a statistics counter.
+                self.overdrawn.fetch_add(overdrawn, Ordering::Relaxed);
+                let at = if same_window { None } else { Some(at) };
+                charge = Some((UnitOp::Charge { at }, overdrawn));
+            }
+        }
         let now = self.clock.now();
         // The slowest recent refill, forgotten by an eighth per refill.
         bg.slowest = (now - t0).max(bg.slowest - bg.slowest / 8);
@@ -850,7 +1273,7 @@ impl<C: RedisConnection> Inner<C> {
             .max(target / 2)
             .min(target);
         // Relaxed: the word is the whole state (see `take`).
-        let mut word = lease.word.load(Ordering::Relaxed);
+        let mut word = lease.hot.word.load(Ordering::Relaxed);
         let level = loop {
             let units = units_of(word);
             // Units of the same window stay valid until the new grant's deadline (it is as
@@ -858,7 +1281,7 @@ impl<C: RedisConnection> Inner<C> {
             // if the old lease expired by age; a new window voids what is left of the old one.
             let same = window_start.is_none() || bg.window_start == window_start;
             let units = if same { units + granted } else { granted };
-            match lease.word.compare_exchange_weak(
+            match lease.hot.word.compare_exchange_weak(
                 word,
                 pack(units.min(MAX_LEASE), deadline),
                 Ordering::Relaxed,
@@ -880,7 +1303,20 @@ impl<C: RedisConnection> Inner<C> {
         bg.installed_at = now;
         bg.level_after = level;
         // Relaxed: a self-contained hint; no other memory is published through it.
-        lease.low_water.store(low_water, Ordering::Relaxed);
+        lease.hot.low_water.store(low_water, Ordering::Relaxed);
+        // An overdraft charged now lands in the grant's window (one of an earlier window does not).
+        let extra = match charge {
+            Some((UnitOp::Charge { at: None }, units)) => units,
+            _ => 0,
+        };
+        let (left, full_in) = self.view(&reply, extra);
+        // Relaxed, all three: hints for the figures of decisions (see `allowed`).
+        lease.hot.view_left.store(left, Ordering::Relaxed);
+        lease.hot.view_at.store(now, Ordering::Relaxed);
+        lease.hot.view_full_at.store(
+            full_in.map_or(0, |d| now.saturating_add(d)),
+            Ordering::Relaxed,
+        );
         if granted < want {
             bg.not_before = t0.saturating_add(poll.max(backoff));
             lease
@@ -891,16 +1327,58 @@ impl<C: RedisConnection> Inner<C> {
             // Relaxed: a self-contained hint; no other memory is published through it.
             lease.retry_at.store(0, Ordering::Relaxed);
         }
+        charge
     }
 
-    /// Takes back every unit of `lease`, forgets it, and returns the units to Redis.
-    async fn retire(&self, lease: &Arc<Lease>) {
-        // Keeps refills away for good; a check that still holds the lease finds it empty.
+    /// The global state right after a grant, from its reply: the units it could still grant
+    /// (every unit held in a lease counts as spent), and the wait until it is back to full
+    /// capacity (`None` if it is full), by SPEC's `remaining` and `reset_after` at the
+    /// server's time; `extra` units are about to be charged on top.
+    fn view(&self, reply: &Reply, extra: u64) -> (u64, Option<u64>) {
+        let limit = self.rule.limit();
+        match self.algo {
+            Algo::Gcra { interval, span } => {
+                let debt = reply.fact.saturating_add(extra.saturating_mul(interval));
+                let left = span.saturating_sub(debt) / interval.max(1);
+                (left, (debt > 0).then_some(debt))
+            }
+            Algo::Fixed { window } => {
+                let count = reply.count.saturating_add(extra);
+                let left = limit.saturating_sub(count);
+                (left, (count > 0).then_some(window - reply.fact))
+            }
+            Algo::Sliding { window } => {
+                let (l, w, e) = (limit as i128, window as i128, reply.fact as i128);
+                let cur = reply.count.saturating_add(extra) as i128;
+                let prev = reply.prev as i128;
+                // (L − est)·W, est = cur + prev·(W − e)/W; remaining = ⌈L − est⌉.
+                let headroom = l * w - cur * w - prev * (w - e);
+                let left = if headroom <= 0 {
+                    0
+                } else {
+                    u64::try_from((headroom + w - 1) / w).unwrap_or(u64::MAX)
+                };
+                let full_in = if cur > 0 {
+                    Some(2 * window - reply.fact)
+                } else if prev > 0 {
+                    Some(window - reply.fact)
+                } else {
+                    None
+                };
+                (left, full_in)
+            }
+        }
+    }
+
+    /// Takes back every unit of `lease` and forgets it: what to give back to Redis.
+    fn retire(&self, lease: Arc<Lease>) -> (Arc<Lease>, u64, u64) {
+        // Relaxed: keeps refills away for good; a check that still holds the lease finds it
+        // empty.
         lease.pending.store(true, Ordering::Relaxed);
-        let (units, since) = self.take_all(lease);
+        let (units, since) = self.take_all(&lease);
         self.leases
-            .remove_if(&lease.key, |_, v| Arc::ptr_eq(v, lease));
-        self.give_back(lease, units, since).await;
+            .remove_if(&lease.key, |_, v| Arc::ptr_eq(v, &lease));
+        (lease, units, since)
     }
 
     /// Empties `lease`: its units and the server time of their window's last grant, read
@@ -909,142 +1387,60 @@ impl<C: RedisConnection> Inner<C> {
         let bg = lease.bg.lock();
         let void = pack(0, now_ms(self.clock.now()));
         // Relaxed: the word is the whole state (see `take`).
-        let word = lease.word.swap(void, Ordering::Relaxed);
-        (units_of(word), bg.grant_time)
+        let word = lease.hot.word.swap(void, Ordering::Relaxed);
+        // First-touch units were never granted: nothing of them goes back.
+        (units_of(word).saturating_sub(bg.provisional), bg.grant_time)
     }
 
-    /// Returns `units` of `lease`, granted in the window of server time `since`, to Redis.
-    /// Those of a window that is over change nothing (the script checks): a fixed window's
-    /// count is gone, a sliding window's `prev` still takes them back.
-    async fn give_back(&self, lease: &Lease, units: u64, since: u64) {
-        if units == 0 {
+    /// Returns `(lease, units, since)`: `units` of `lease`, granted in the window of server
+    /// time `since`, to Redis, all in one batch (one script call per Cluster slot, per
+    /// `max_batch` keys). Those of a window that is over change nothing (the script checks):
+    /// a fixed window's count is gone, a sliding window's `prev` still takes them back.
+    async fn give_back(&self, returns: &[(Arc<Lease>, u64, u64)]) {
+        let items: Vec<Units> = returns
+            .iter()
+            .filter(|(_, units, _)| *units > 0)
+            .map(|(lease, units, since)| Units {
+                key: self.exact.redis_key(&lease.key),
+                op: UnitOp::Return { since: *since },
+                units: *units,
+            })
+            .collect();
+        if items.is_empty() {
             return;
         }
-        let key = self.exact.redis_key(&lease.key);
-        match self.call(&key, false, units, since).await {
-            Ok(reply) => {
-                self.guard.answered();
-                // Relaxed: a statistics counter.
-                self.returned.fetch_add(reply.units, Ordering::Relaxed);
-            }
-            // The units stay counted: under-admission, never over-admission.
-            Err(error) if error.is_transient() => self.guard.transient_failure(&error),
-            Err(error) => tracing::warn!(%error, "lease return failed"),
-        }
-    }
-
-    /// One lease script call: a grant of `units`, or a return of `units` granted at server
-    /// time `since`.
-    async fn call(&self, key: &[u8], grant: bool, units: u64, since: u64) -> Result<Reply, Error> {
+        let (results, calls) = self.exact.move_units(self.algo, &items).await;
         // Relaxed: a statistics counter.
-        self.round_trips.fetch_add(1, Ordering::Relaxed);
-        let (gcra_script, window_script) = scripts();
-        let [first, second] = self.rule.script_params();
-        let (script, mode) = match self.algo {
-            Algo::Gcra { .. } => (gcra_script, "1"),
-            Algo::Fixed { .. } => (window_script, "f"),
-            Algo::Sliding { .. } => (window_script, "s"),
-        };
-        let mut invocation = script.prepare_invoke();
-        invocation.arg(0).arg(mode).arg(first).arg(second);
-        invocation
-            .key(key)
-            .arg(if grant { "g" } else { "r" })
-            .arg(units);
-        if grant || since == 0 {
-            invocation.arg("");
-        } else {
-            invocation.arg(since);
+        self.round_trips.fetch_add(calls, Ordering::Relaxed);
+        for result in results {
+            match result {
+                Ok(reply) => {
+                    self.guard.answered();
+                    // Relaxed: a statistics counter.
+                    self.returned.fetch_add(reply.units, Ordering::Relaxed);
+                }
+                // The units stay counted: under-admission, never over-admission.
+                Err(error) if error.is_transient() => self.guard.transient_failure(&error),
+                Err(error) => tracing::warn!(%error, "lease return failed"),
+            }
         }
-        invocation.arg("");
-        let timeout = self.exact.timeout();
-        let mut conn = self.exact.connection().clone();
-        let reply: Value =
-            match tokio::time::timeout(timeout, invocation.invoke_async(&mut conn)).await {
-                Err(_) => return Err(Error::Timeout { timeout }),
-                Ok(Err(error)) if error.is_timeout() => return Err(Error::Timeout { timeout }),
-                Ok(Err(error)) => return Err(Error::from(error)),
-                Ok(Ok(reply)) => reply,
-            };
-        parse(self.algo, key, reply, units)
     }
 }
 
-/// The one item of a lease script's reply, checked against the scripts' contract: anything
-/// else is an error, never a panic.
-fn parse(algo: Algo, key: &[u8], reply: Value, asked: u64) -> Result<Reply, Error> {
-    let bad = |detail: String| Err(Error::bad_reply(detail));
-    let item = match reply {
-        Value::Array(mut items) if items.len() == 1 => items.pop(),
-        other => return bad(format!("expected one item, got {other:?}")),
-    };
-    let fields: Vec<i64> = match item {
-        Some(Value::Array(fields)) if fields.len() == 7 => fields
-            .into_iter()
-            .map(|f| match f {
-                Value::Int(v) => Ok(v),
-                other => Err(Error::bad_reply(format!(
-                    "expected an integer, got {other:?}"
-                ))),
-            })
-            .collect::<Result<_, _>>()?,
-        other => return bad(format!("expected 7 integers, got {other:?}")),
-    };
-    let key = || String::from_utf8_lossy(key).into_owned();
-    match fields[0] {
-        1 => {}
-        -1 => return Err(Error::WrongType { key: key() }),
-        -2 => return Err(Error::CorruptState { key: key() }),
-        code => return bad(format!("lease code {code}")),
+/// The refill task: sends every refill asked for since its last batch at once (one script
+/// call per Cluster slot), so that refills of many keys due together cost few round trips;
+/// requests that arrive while a batch is in flight make the next batch.
+async fn refills<C: RedisConnection>(inner: Arc<Inner<C>>) {
+    loop {
+        inner.wake.notified().await;
+        loop {
+            let batch = std::mem::take(&mut *inner.queue.lock());
+            if batch.is_empty() {
+                break;
+            }
+            inner.refill_batch(batch).await;
+        }
     }
-    let in_range = |v: i64, max: u64| u64::try_from(v).ok().filter(|v| *v <= max);
-    let (Some(units), Some(secs), Some(nanos)) = (
-        in_range(fields[1], asked),
-        in_range(fields[2], u64::MAX / SEC - 1),
-        in_range(fields[3], SEC - 1),
-    ) else {
-        return bad(format!("lease reply out of range: {fields:?}"));
-    };
-    let limit = match algo {
-        Algo::Gcra { span, .. } => span,
-        Algo::Fixed { window } | Algo::Sliding { window } => window - 1,
-    };
-    let Some(fact) = in_range(fields[4], limit) else {
-        return bad(format!("lease reply out of range: {fields:?}"));
-    };
-    let time = secs * SEC + nanos;
-    if !matches!(algo, Algo::Gcra { .. }) && time < fact {
-        return bad(format!("lease reply out of range: {fields:?}"));
-    }
-    Ok(Reply { units, time, fact })
-}
-
-/// One refill of `lease`: waits out the backoff, then asks Redis (unless the breaker is
-/// open: the policy decides meanwhile, and the next check after recovery asks again).
-async fn refill<C: RedisConnection>(inner: Arc<Inner<C>>, lease: Arc<Lease>) {
-    let not_before = lease.bg.lock().not_before;
-    let now = inner.clock.now();
-    if not_before > now {
-        tokio::time::sleep(Duration::from_nanos(not_before - now)).await;
-    }
-    let retired = || {
-        inner
-            .leases
-            .get(&lease.key)
-            .is_none_or(|current| !Arc::ptr_eq(&current, &lease))
-    };
-    if inner.guard.mode() == Mode::Global && !retired() {
-        inner.grant(&lease).await;
-    }
-    if retired() {
-        // Retired while the grant was in flight: whatever it brought goes back.
-        let (units, since) = inner.take_all(&lease);
-        inner.give_back(&lease, units, since).await;
-    } else {
-        // Release: `refilling` readers that see the flag clear also see the installed word.
-        lease.pending.store(false, Ordering::Release);
-    }
-    lease.refilled.notify_waiters();
 }
 
 /// The background task: returns the units of idle keys and of expired sliding-window leases.
@@ -1081,7 +1477,7 @@ async fn sweep<C: RedisConnection>(inner: Weak<Inner<C>>) {
                 continue;
             }
             // Relaxed: the word is the whole state (see `take`).
-            let word = lease.word.load(Ordering::Relaxed);
+            let word = lease.hot.word.load(Ordering::Relaxed);
             let mut bg = lease.bg.lock();
             if word != bg.last_word || bg.still_since == 0 {
                 bg.last_word = word;
@@ -1093,6 +1489,7 @@ async fn sweep<C: RedisConnection>(inner: Weak<Inner<C>>) {
             if windowed && units_of(word) > 0 && expired(now_ms(now), deadline_of(word)) {
                 let void = pack(0, deadline_of(word));
                 if lease
+                    .hot
                     .word
                     .compare_exchange(word, void, Ordering::Relaxed, Ordering::Relaxed)
                     .is_ok()
@@ -1106,22 +1503,16 @@ async fn sweep<C: RedisConnection>(inner: Weak<Inner<C>>) {
                 }
             }
         }
-        // The returns run concurrently: pipelined on the shared connection, many keys cost
-        // about one round trip.
-        let mut returns = tokio::task::JoinSet::new();
-        for (lease, units, since) in expired_units {
-            let inner = Arc::clone(&inner);
-            returns.spawn(async move { inner.give_back(&lease, units, since).await });
-        }
+        // All returns in one batch: a script call per Cluster slot.
+        let mut returns = expired_units;
         for lease in idle_leases {
             // Relaxed: the flag elects one refiller; the data it guards is under `bg`.
             if !lease.pending.swap(true, Ordering::Relaxed) {
-                let inner = Arc::clone(&inner);
-                returns.spawn(async move { inner.retire(&lease).await });
+                returns.push(inner.retire(lease));
             }
         }
+        inner.give_back(&returns).await;
         drop(inner);
-        while returns.join_next().await.is_some() {}
     }
 }
 
@@ -1144,7 +1535,7 @@ mod tests {
     #[test]
     fn a_lease_never_gives_more_than_it_holds() {
         let lease = Lease::new(b"k");
-        lease.word.store(pack(10, 100), Ordering::Relaxed);
+        lease.hot.word.store(pack(10, 100), Ordering::Relaxed);
         assert_eq!(lease.take(4, 99 * MS, true), Some(6));
         assert_eq!(lease.take(7, 99 * MS, true), None);
         assert_eq!(lease.take(6, 100 * MS, true), None, "expired");
@@ -1155,71 +1546,5 @@ mod tests {
         );
         assert_eq!(lease.take(1, 0, false), None);
         assert_eq!(lease.take(u64::MAX, 0, false), None);
-    }
-
-    #[test]
-    fn replies_out_of_contract_are_errors_not_panics() {
-        let algos = [
-            Algo::Gcra {
-                interval: 1_000,
-                span: 10_000,
-            },
-            Algo::Fixed { window: SEC },
-            Algo::Sliding { window: SEC },
-        ];
-        let edges = [
-            i64::MIN,
-            -3,
-            -2,
-            -1,
-            0,
-            1,
-            2,
-            999_999_999,
-            1 << 53,
-            i64::MAX,
-        ];
-        let mut state = 0x2545_F491_4F6C_DD1Du64;
-        let mut next = move || {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            state
-        };
-        for _ in 0..100_000 {
-            let fields = (next() % 9) as usize;
-            let mut item: Vec<Value> = (0..fields)
-                .map(|i| match next() % 4 {
-                    _ if i == 0 && next() % 3 != 0 => Value::Int(1),
-                    0 => Value::Int((next() % (1 << 40)) as i64),
-                    1 => Value::Nil,
-                    _ => Value::Int(edges[(next() % edges.len() as u64) as usize]),
-                })
-                .collect();
-            if next() % 2 == 0 {
-                item.truncate(7);
-            }
-            let reply = match next() % 4 {
-                0 => Value::Array(item),
-                1 => Value::Array(vec![Value::Array(item.clone()), Value::Array(item)]),
-                _ => Value::Array(vec![Value::Array(item)]),
-            };
-            let algo = algos[(next() % 3) as usize];
-            if let Ok(r) = parse(algo, b"k", reply, 100) {
-                assert!(r.units <= 100);
-            }
-        }
-        let good = Value::Array(vec![Value::Array(
-            [1, 7, 1_700_000_000, 5, 250, 0, 0].map(Value::Int).to_vec(),
-        )]);
-        let r = parse(algos[1], b"k", good, 10).unwrap();
-        assert_eq!((r.units, r.time, r.fact), (7, 1_700_000_000 * SEC + 5, 250));
-        let wrong = Value::Array(vec![Value::Array(
-            [-1, 0, 0, 0, 0, 0, 0].map(Value::Int).to_vec(),
-        )]);
-        assert!(matches!(
-            parse(algos[0], b"k", wrong, 10),
-            Err(Error::WrongType { .. })
-        ));
     }
 }

@@ -168,6 +168,106 @@ local reply = {}
     };
 }
 
+/// The reader of a GCRA state, shared by the GCRA decision, lease and charge scripts (one Lua
+/// function, so the state's format is parsed in one place).
+macro_rules! gcra_state {
+    () => {
+        r#"
+-- Reads the GCRA state "<t> <debt>" of `key` at the time (ts, t). Returns: nil, or the error
+-- code (−1 another Redis type, −2 a value these scripts did not write, or a server error
+-- table); the debt max(0, TAT − t) at the later of t and the stored time; that time (string,
+-- pair); and whether the key holds a state.
+local function read_gcra(key, ts, t)
+  local v, err = read_string(key)
+  if err then return err, 0, ts, t, false end
+  if not v then return nil, 0, ts, t, false end
+  local st, sd = string.match(v, '^(%d+) (%d+)$')
+  if not st or #st > 20 or #sd > 16 or tonumber(sd) >= 4503599627370496 then
+    return -2, 0, ts, t, true
+  end
+  local gap
+  ts, t, gap = clamp(ts, t, st)
+  local debt = tonumber(sd) - gap
+  if debt < 0 then debt = 0 end
+  return nil, debt, ts, t, true
+end
+"#
+    };
+}
+
+/// The reader of a window state (fixed window, sliding window counter), shared by the window
+/// decision, lease and charge scripts.
+macro_rules! window_state {
+    () => {
+        r#"
+-- Reads the window state of `key` at the time (ts, t): fixed window "<t> <n>", sliding window
+-- counter "<t> <prev> <cur>" (n, cur = units admitted in t's window, prev = in the one before).
+-- Returns: nil or the error code (as read_gcra); prev and cur as seen from the window of the
+-- later of t and the stored time; e = that time's offset into its window; that time (string,
+-- pair); and the stored fields st, sp, sc as strings (nil when the key is absent; sp = '0' for
+-- a fixed window).
+local function read_window(key, ts, t, window, sliding)
+  local v, err = read_string(key)
+  if err then return err, 0, 0, 0, ts, t end
+  if not v then return nil, 0, 0, tmod(t, window), ts, t end
+  local st, sp, sc
+  if sliding then
+    st, sp, sc = string.match(v, '^(%d+) (%d+) (%d+)$')
+  else
+    st, sc = string.match(v, '^(%d+) (%d+)$')
+    sp = '0'
+  end
+  if not st or #st > 20 or #sp > 16 or #sc > 16
+    or tonumber(sp) >= 4503599627370496 or tonumber(sc) >= 4503599627370496 then
+    return -2, 0, 0, 0, ts, t
+  end
+  local gap
+  ts, t, gap = clamp(ts, t, st)
+  local e = tmod(t, window)
+  local prev, cur = 0, 0
+  if gap <= e then
+    prev, cur = tonumber(sp), tonumber(sc) -- the stored window is the current one
+  elseif sliding and gap <= e + window then
+    prev = tonumber(sc) -- the stored window is the previous one
+  end
+  return nil, prev, cur, e, ts, t, st, sp, sc
+end
+"#
+    };
+}
+
+/// The members of a sliding log, shared by its decision and charge scripts.
+macro_rules! log_state {
+    () => {
+        r#"
+local RENUMBER_AT = 4503599627370496 -- 2^52
+
+-- cum, cost, time string, time pair of a member; nil if it is not one of ours.
+local function member(m)
+  if type(m) ~= 'string' then return nil end
+  local cum, cost, mt = string.match(m, '^(%d+):(%d+):(%d+)$')
+  if not cum or #cum > 16 or #cost > 16 or #mt > 20 then return nil end
+  cum, cost = tonumber(cum), tonumber(cost)
+  if cost < 1 or cost > cum or cum > 2 * RENUMBER_AT then return nil end
+  return cum, cost, mt, parse_time(mt)
+end
+
+-- Rewrites every member with cum − base, so scores restart near 0.
+local function renumber(key, base)
+  local all = redis.call('ZRANGE', key, 0, -1)
+  redis.call('DEL', key)
+  for j = 1, #all do
+    local cum, cost, mt = member(all[j])
+    if cum then
+      local score = string.format('%d', cum - base)
+      redis.call('ZADD', key, score, score .. string.format(':%d:', cost) .. mt)
+    end
+  end
+end
+"#
+    };
+}
+
 /// GCRA / token bucket / leaky bucket as a meter, and the leaky bucket as a queue (which
 /// differs only in the figures the Rust side derives).
 pub(crate) const GCRA: &str = concat!(
@@ -181,29 +281,16 @@ pub(crate) const GCRA: &str = concat!(
 -- reply[i] {code, debt}: debt = max(0, TAT − t) before the decision
 "#,
     prelude!(),
+    gcra_state!(),
     r#"
 local span, interval = tonumber(ARGV[3]), tonumber(ARGV[4])
 for i = 1, #KEYS do
   local key = KEYS[i]
   local cost = tonumber(ARGV[3 + 2 * i])
   local ts, t = now_of(ARGV[4 + 2 * i])
-  local v, err = read_string(key)
-  local debt = 0
-  local code
-  if err then
-    if type(err) == 'table' then return err end
-    code = err
-  elseif v then
-    local st, sd = string.match(v, '^(%d+) (%d+)$')
-    if not st or #st > 20 or #sd > 16 or tonumber(sd) >= 4503599627370496 then
-      code = -2
-    else
-      local gap
-      ts, t, gap = clamp(ts, t, st)
-      debt = tonumber(sd) - gap
-      if debt < 0 then debt = 0 end
-    end
-  end
+  local code, debt
+  code, debt, ts, t = read_gcra(key, ts, t)
+  if type(code) == 'table' then return code end
   if not code then
     local increment = cost * interval
     if cost == 0 or debt + increment <= span then
@@ -234,32 +321,16 @@ pub(crate) const FIXED_WINDOW: &str = concat!(
 -- reply[i] {code, e, n}: e = t − k·W (time into the window), n = units admitted in it before
 "#,
     prelude!(),
+    window_state!(),
     r#"
 local limit, window = tonumber(ARGV[3]), tonumber(ARGV[4])
 for i = 1, #KEYS do
   local key = KEYS[i]
   local cost = tonumber(ARGV[3 + 2 * i])
   local ts, t = now_of(ARGV[4 + 2 * i])
-  local v, err = read_string(key)
-  local n, e = 0, 0
-  local code
-  if err then
-    if type(err) == 'table' then return err end
-    code = err
-  elseif v then
-    local st, sn = string.match(v, '^(%d+) (%d+)$')
-    if not st or #st > 20 or #sn > 16 or tonumber(sn) >= 4503599627370496 then
-      code = -2
-    else
-      local gap
-      ts, t, gap = clamp(ts, t, st)
-      e = tmod(t, window)
-      -- The stored window is the current one iff the stored time is at or after its start.
-      if gap <= e then n = tonumber(sn) end
-    end
-  else
-    e = tmod(t, window)
-  end
+  local code, _, n, e
+  code, _, n, e, ts, t = read_window(key, ts, t, window, false)
+  if type(code) == 'table' then return code end
   if not code then
     if cost == 0 or n + cost <= limit then
       code = 1
@@ -290,36 +361,16 @@ pub(crate) const SLIDING_WINDOW: &str = concat!(
 -- prev·(W − e) < a·W with a = L − cur − c + 1 (false if a ≤ 0); both products may pass 2^53.
 "#,
     prelude!(),
+    window_state!(),
     r#"
 local limit, window = tonumber(ARGV[3]), tonumber(ARGV[4])
 for i = 1, #KEYS do
   local key = KEYS[i]
   local cost = tonumber(ARGV[3 + 2 * i])
   local ts, t = now_of(ARGV[4 + 2 * i])
-  local v, err = read_string(key)
-  local prev, cur, e = 0, 0, 0
-  local code
-  if err then
-    if type(err) == 'table' then return err end
-    code = err
-  elseif v then
-    local st, sp, sc = string.match(v, '^(%d+) (%d+) (%d+)$')
-    if not st or #st > 20 or #sp > 16 or #sc > 16
-      or tonumber(sp) >= 4503599627370496 or tonumber(sc) >= 4503599627370496 then
-      code = -2
-    else
-      local gap
-      ts, t, gap = clamp(ts, t, st)
-      e = tmod(t, window)
-      if gap <= e then
-        prev, cur = tonumber(sp), tonumber(sc) -- the stored window is the current one
-      elseif gap <= e + window then
-        prev = tonumber(sc) -- the stored window is the previous one
-      end
-    end
-  else
-    e = tmod(t, window)
-  end
+  local code, prev, cur, e
+  code, prev, cur, e, ts, t = read_window(key, ts, t, window, true)
+  if type(code) == 'table' then return code end
   if not code then
     local allowed = cost == 0
     if not allowed then
@@ -359,32 +410,9 @@ pub(crate) const SLIDING_LOG: &str = concat!(
 --          age_newest = t − time of the newest live entry, −1 if none.
 "#,
     prelude!(),
+    log_state!(),
     r#"
 local limit, window = tonumber(ARGV[3]), tonumber(ARGV[4])
-local RENUMBER_AT = 4503599627370496 -- 2^52
-
--- cum, cost, time string, time pair of a member; nil if it is not one of ours.
-local function member(m)
-  if type(m) ~= 'string' then return nil end
-  local cum, cost, mt = string.match(m, '^(%d+):(%d+):(%d+)$')
-  if not cum or #cum > 16 or #cost > 16 or #mt > 20 then return nil end
-  cum, cost = tonumber(cum), tonumber(cost)
-  if cost < 1 or cost > cum or cum > 2 * RENUMBER_AT then return nil end
-  return cum, cost, mt, parse_time(mt)
-end
-
--- Rewrites every member with cum − base, so scores restart near 0.
-local function renumber(key, base)
-  local all = redis.call('ZRANGE', key, 0, -1)
-  redis.call('DEL', key)
-  for j = 1, #all do
-    local cum, cost, mt = member(all[j])
-    if cum then
-      local score = string.format('%d', cum - base)
-      redis.call('ZADD', key, score, score .. string.format(':%d:', cost) .. mt)
-    end
-  end
-end
 
 for i = 1, #KEYS do
   local key = KEYS[i]
@@ -453,6 +481,70 @@ return reply
 "#
 );
 
+/// Charges to a sliding log: units a node admitted without Redis (during an outage).
+pub(crate) const CHARGE_LOG: &str = concat!(
+    r#"
+-- Charges to a sliding log (SPEC §6), for reconciliation after an outage: units admitted
+-- without Redis are added as one entry, never denied (the log may then hold more than L units
+-- for a while).
+-- KEYS[i]  log of item i, as the sliding-log script keeps it
+-- ARGV[1]  minimum TTL in ms        ARGV[2]  unused
+-- ARGV[3]  limit L (unused)          ARGV[4]  window W in ns (1 ms ≤ W ≤ 2^51)
+-- ARGV[3 + 2i], ARGV[4 + 2i]: units of item i (≥ 1, < 2^51), the time they were admitted (ns
+--          since the epoch, by the node's clock)
+-- An entry of units admitted W or more ago has expired: nothing to charge. Otherwise the units
+-- are appended at the later of their time and the newest entry's (entries stay in time
+-- order; a later time only keeps them a little longer).
+-- reply[i] {code, units charged}
+"#,
+    prelude!(),
+    log_state!(),
+    r#"
+local window = tonumber(ARGV[4])
+for i = 1, #KEYS do
+  local key = KEYS[i]
+  local units = tonumber(ARGV[3 + 2 * i])
+  local ts, t = now_of('')
+  local code, n = 1, 0
+  local newest = redis.pcall('ZRANGE', key, -1, -1)
+  local cum_newest, nts, npair = 0, nil, nil
+  if type(newest) == 'table' and newest.err then
+    if string.sub(newest.err, 1, 9) ~= 'WRONGTYPE' then return redis.error_reply(newest.err) end
+    code = -1
+  elseif newest[1] then
+    local ncum, _, nmt, nmp = member(newest[1])
+    if ncum then cum_newest, nts, npair = ncum, nmt, nmp else code = -2 end
+  end
+  if code == 1 then
+    local ats, atp = ARGV[4 + 2 * i], parse_time(ARGV[4 + 2 * i])
+    if diff(t, atp) < 0 then ats, atp = ts, t end
+    if nts and diff(atp, npair) < 0 then ats, atp = nts, npair end
+    local age = diff(t, atp)
+    if age < 0 then age = 0 end
+    if age < window then
+      n = units
+      if cum_newest + n > RENUMBER_AT then
+        local first = redis.call('ZRANGE', key, 0, 0)[1]
+        local fcum, fcost = member(first)
+        if fcum then
+          renumber(key, fcum - fcost)
+          cum_newest = cum_newest - (fcum - fcost)
+        end
+        if cum_newest + n > RENUMBER_AT then n = 0 end
+      end
+      if n > 0 then
+        local score = string.format('%d', cum_newest + n)
+        redis.call('ZADD', key, score, score .. string.format(':%d:', n) .. ats)
+        redis.call('PEXPIRE', key, ttl_ms(window - age))
+      end
+    end
+  end
+  reply[i] = {code, n}
+end
+return reply
+"#
+);
+
 /// Heartbeats of the nodes that share a limiter, for the `Local` failure policy's share.
 pub(crate) const HEARTBEAT: &str = r#"
 -- Node heartbeats (not a decision: no prelude).
@@ -487,47 +579,44 @@ pub(crate) const LEASE_GCRA: &str = concat!(
 -- KEYS[i]  state of item i, as the GCRA script keeps it: "<t> <debt>"
 -- ARGV[1]  minimum TTL in ms        ARGV[2]  unused ('1')
 -- ARGV[3]  span B·T in ns (≤ 2^51)  ARGV[4]  emission interval T in ns (≥ 1)
--- ARGV[1 + 4i] 'g' grant or 'r' return      ARGV[2 + 4i] units (≤ B)
+-- ARGV[1 + 4i] 'g' grant, 'r' return or 'c' charge
+-- ARGV[2 + 4i] units (≤ B for a grant or a return; < 2^52 for a charge)
 -- ARGV[3 + 4i] unused for GCRA              ARGV[4 + 4i] time in ns ('' = server TIME)
 -- grant:  g = min(units, ⌊(B·T − debt)/T⌋), then debt += g·T
 -- return: debt := max(0, debt − units·T): the units go back to the bucket, never beyond B
--- reply[i] {code, g or units, s, ns, debt after, 0, 0}: (s, ns) = the time judged at
+-- charge: debt += c·T with c = min(units, ⌊(2^52 − 1 − debt)/T⌋): units a node admitted
+--         without a grant (during an outage, or before its first grant arrived) are counted,
+--         never denied; the debt may pass B·T, and the key is denied until it drains
+-- reply[i] {code, g or units or c, s, ns, debt after, 0, 0}: (s, ns) = the time judged at
 "#,
     prelude!(),
+    gcra_state!(),
     r#"
 local span, interval = tonumber(ARGV[3]), tonumber(ARGV[4])
 local most = idiv(span, interval)
+local MAX_DEBT = 4503599627370495 -- 2^52 − 1, the largest debt a state holds
 for i = 1, #KEYS do
   local key = KEYS[i]
   local op, units = ARGV[4 * i + 1], tonumber(ARGV[4 * i + 2])
-  if units > most then units = most end
+  if op ~= 'c' and units > most then units = most end
   local ts, t = now_of(ARGV[4 * i + 4])
-  local v, err = read_string(key)
-  local debt, code, n = 0, 1, 0
-  if err then
-    if type(err) == 'table' then return err end
-    code = err
-  elseif v then
-    local st, sd = string.match(v, '^(%d+) (%d+)$')
-    if not st or #st > 20 or #sd > 16 or tonumber(sd) >= 4503599627370496 then
-      code = -2
-    else
-      local gap
-      ts, t, gap = clamp(ts, t, st)
-      debt = tonumber(sd) - gap
-      if debt < 0 then debt = 0 end
-    end
-  end
+  local code, debt, present
+  code, debt, ts, t, present = read_gcra(key, ts, t)
+  if type(code) == 'table' then return code end
+  code = code or 1
+  local n = 0
   if code == 1 then
-    if op == 'g' then
-      n = 0
-      if debt < span then n = idiv(span - debt, interval) end
+    if op == 'g' or op == 'c' then
+      -- A grant stops at the bucket's span, a charge at the largest debt a state holds.
+      local top = span
+      if op == 'c' then top = MAX_DEBT end
+      if debt < top then n = idiv(top - debt, interval) end
       if n > units then n = units end
       if n > 0 then
         debt = debt + n * interval
         redis.call('SET', key, ts .. ' ' .. string.format('%d', debt), 'PX', ttl_ms(debt))
       end
-    elseif v and debt > 0 then
+    elseif present and debt > 0 then
       n = units
       debt = debt - units * interval
       if debt <= 0 then
@@ -555,56 +644,59 @@ pub(crate) const LEASE_WINDOW: &str = concat!(
 --          window script ("<t> <prev> <cur>")
 -- ARGV[1]  minimum TTL in ms        ARGV[2]  'f' fixed window, 's' sliding window counter
 -- ARGV[3]  limit L (≤ 2^51)          ARGV[4]  window W in ns (1 ms ≤ W ≤ 2^51)
--- ARGV[1 + 4i] 'g' grant or 'r' return      ARGV[2 + 4i] units (≤ L)
--- ARGV[3 + 4i] return: the time of a grant of the lease ('' for a grant)
+-- ARGV[1 + 4i] 'g' grant, 'r' return or 'c' charge
+-- ARGV[2 + 4i] units (≤ L for a grant or a return; < 2^52 for a charge)
+-- ARGV[3 + 4i] return: the time of a grant of the lease; charge: the time the units were
+--              admitted ('' = now); '' for a grant
 -- ARGV[4 + 4i] time in ns ('' = server TIME)
 -- grant, fixed:   g = min(units, L − n), then n += g
 -- grant, sliding: the largest g ≤ units admitted as one request of cost g (SPEC §5), then
 --                 cur += g
 -- return: the units leave the count of the grant's window (n, cur, or prev once the stored
 --         window is the next one), never below 0; a window already gone is left alone.
--- reply[i] {code, g or units returned, s, ns, e, prev, count after}: (s, ns) = the time judged
---          at, e = its time into the window, count = n or cur
+-- charge: units a node admitted without a grant are added to the count of the window they
+--         were admitted in, if the state still remembers it (n or cur for the current window,
+--         prev for the one before it when sliding), never denied: the count may pass L (the
+--         key is then denied until that window has slid out), up to 2^52 − 1
+-- reply[i] {code, g or units returned or charged, s, ns, e, prev, count after}: (s, ns) = the
+--          time judged at, e = its time into the window, count = n or cur
 "#,
     prelude!(),
+    window_state!(),
     r#"
 local limit, window = tonumber(ARGV[3]), tonumber(ARGV[4])
 local sliding = ARGV[2] == 's'
+local MAX_COUNT = 4503599627370495 -- 2^52 − 1, the largest count a state holds
 for i = 1, #KEYS do
   local key = KEYS[i]
   local op, units, since = ARGV[4 * i + 1], tonumber(ARGV[4 * i + 2]), ARGV[4 * i + 3]
-  if units > limit then units = limit end
+  if op ~= 'c' and units > limit then units = limit end
   local ts, t = now_of(ARGV[4 * i + 4])
-  local v, err = read_string(key)
-  local prev, cur, e, code, n = 0, 0, 0, 1, 0
-  local st, sp, sc
-  if err then
-    if type(err) == 'table' then return err end
-    code = err
-  elseif v then
-    if sliding then
-      st, sp, sc = string.match(v, '^(%d+) (%d+) (%d+)$')
-    else
-      st, sc = string.match(v, '^(%d+) (%d+)$')
-      sp = '0'
+  local code, prev, cur, e, st, sp, sc
+  code, prev, cur, e, ts, t, st, sp, sc = read_window(key, ts, t, window, sliding)
+  if type(code) == 'table' then return code end
+  code = code or 1
+  local n = 0
+  if code == 1 and op == 'c' then
+    -- Units admitted in the future by the node's clock (ahead of the server's) count now.
+    local age = 0
+    if since ~= '' then age = diff(t, parse_time(since)) end
+    if age < 0 then age = 0 end
+    if age <= e then
+      n = math.min(units, MAX_COUNT - cur)
+      cur = cur + n
+    elseif sliding and age <= e + window then
+      n = math.min(units, MAX_COUNT - prev)
+      prev = prev + n
     end
-    if not st or #st > 20 or #sp > 16 or #sc > 16
-      or tonumber(sp) >= 4503599627370496 or tonumber(sc) >= 4503599627370496 then
-      code = -2
-    else
-      local gap
-      ts, t, gap = clamp(ts, t, st)
-      e = tmod(t, window)
-      if gap <= e then
-        prev, cur = tonumber(sp), tonumber(sc)
-      elseif sliding and gap <= e + window then
-        prev = tonumber(sc)
+    if n > 0 then
+      if sliding then
+        redis.call('SET', key, ts .. ' ' .. string.format('%d %d', prev, cur), 'PX', ttl_ms(2 * window - e))
+      else
+        redis.call('SET', key, ts .. ' ' .. string.format('%d', cur), 'PX', ttl_ms(window - e))
       end
     end
-  else
-    e = tmod(t, window)
-  end
-  if code == 1 and op == 'g' then
+  elseif code == 1 and op == 'g' then
     n = limit - cur
     if n > units then n = units end
     if n < 0 then n = 0 end
@@ -625,7 +717,7 @@ for i = 1, #KEYS do
         redis.call('SET', key, ts .. ' ' .. string.format('%d', cur), 'PX', ttl_ms(window - e))
       end
     end
-  elseif code == 1 and v and since ~= '' then
+  elseif code == 1 and st and since ~= '' then
     -- Which of the stored windows holds the grant: the stored time's own, or the one before.
     local stp = parse_time(st)
     local d = diff(stp, parse_time(since))
