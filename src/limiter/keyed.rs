@@ -41,7 +41,8 @@ pub use crate::store::table::OverflowPolicy;
 /// # Caveats
 /// - Keys are `Clone`: the word table copies them when it rebuilds a shard.
 /// - A thread that stops calling keeps the shard tables it last used alive until it calls again
-///   or exits (at most one replaced table per shard).
+///   (an exited thread's cache passes to the next thread that reuses its id): at most one
+///   replaced table per shard and thread.
 /// - On the dashmap store a sweep takes each shard's write lock in turn, and checks on that
 ///   shard wait for it.
 pub struct KeyedLimiter<K, A: Algorithm, C: Clock = QuantaClock, S = <A as Algorithm>::Store<K>> {

@@ -25,8 +25,9 @@
 //! shard is rebuilt (when it fills up, or after a sweep left more tombstones than live keys).
 //!
 //! # Caveats
-//! - A thread that stops calling keeps the tables it cached alive until it calls again or
-//!   exits: at most one replaced table per shard per such thread.
+//! - A thread that stops calling keeps the tables it cached alive until it calls again (an
+//!   exited thread's cache passes to the next thread that gets its id): at most one replaced
+//!   table per shard per thread.
 //! - Keys are cloned when a shard is rebuilt (`K: Clone`).
 //! - Only cells that are one [`AtomicWord`]: the sliding log keeps the dashmap store.
 
