@@ -283,9 +283,17 @@ where
                 return self.look_again(None, shard, hash, key, &mut f);
             };
             let cached = &mut cache[shard];
+            // The fast path, written out: `f`'s result goes back as it is (moving a decision
+            // through another enum made the compiler spill it and stall on the reload).
             if let Some(table) = cached {
-                if let Found::Done(result) = self.look(table, hash, key, &mut f) {
-                    return result;
+                match table.find(hash, key) {
+                    Err(_) => return None,
+                    Ok(slot) => {
+                        let result = f(&slot.state);
+                        if result.is_some() || slot.state.load() != self.retired.moved {
+                            return result;
+                        }
+                    }
                 }
             }
             self.look_again(Some(cached), shard, hash, key, &mut f)
