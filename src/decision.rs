@@ -38,16 +38,32 @@ pub(crate) enum Remaining {
     Exact(u64),
     /// `floor(num / den)`.
     Floor { num: u64, den: u64 },
-    /// `max(0, ceil(num / den))`, with `num` possibly negative.
-    Ceil { num: i128, den: u64 },
+    /// `max(0, ceil(num / den))`, with `num = num_hi·2^64 + num_lo` possibly negative (kept
+    /// as two words: an `i128` field would align the whole decision to 16 bytes and make
+    /// every copy of it wider).
+    Ceil { num_hi: i64, num_lo: u64, den: u64 },
 }
 
 impl Remaining {
+    /// `max(0, ceil(num / den))`.
+    pub(crate) fn ceil(num: i128, den: u64) -> Self {
+        Remaining::Ceil {
+            num_hi: (num >> 64) as i64,
+            num_lo: num as u64,
+            den,
+        }
+    }
+
     fn value(self) -> u64 {
         match self {
             Remaining::Exact(n) => n,
             Remaining::Floor { num, den } => num / den.max(1),
-            Remaining::Ceil { num, den } => {
+            Remaining::Ceil {
+                num_hi,
+                num_lo,
+                den,
+            } => {
+                let num = ((num_hi as i128) << 64) | num_lo as i128;
                 if num <= 0 {
                     0
                 } else {

@@ -3,7 +3,10 @@
 
 pub(crate) use loom::hint::spin_loop;
 pub(crate) use loom::sync::atomic::{fence, AtomicBool, AtomicU64, AtomicUsize, Ordering};
-pub(crate) use loom::sync::Arc;
+/// std's `Arc`, not loom's: the word table builds `Arc<[Slot]>` from an iterator, which loom's
+/// does not offer. Tables are published and taken under the shard's (loom) mutex, so the
+/// happens-before edges loom checks are all there; only the reference count is not modelled.
+pub(crate) use std::sync::Arc;
 
 /// `src/sync.rs`'s per-thread value, without the caching: every call starts from a default
 /// value. For the word table this means a reader loads its shard's table under the lock at each

@@ -189,10 +189,7 @@ impl WordRule for SlidingWindow {
             },
             reset_after,
             delay: 0,
-            remaining: Remaining::Ceil {
-                num: self.headroom(&v, cur),
-                den: self.0.grid.window,
-            },
+            remaining: Remaining::ceil(self.headroom(&v, cur), self.0.grid.window),
         };
         let next = if allowed && cost > 0 {
             pack(v.index, v.prev, cur)

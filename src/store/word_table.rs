@@ -55,49 +55,45 @@ struct Slot<K> {
     key: OnceLock<K>,
 }
 
-/// One shard's table. Never shrinks or grows in place: a rebuild makes a new one.
-struct Table<K> {
-    slots: Box<[Slot<K>]>,
+/// One shard's table: the slots themselves behind the `Arc` (one pointer less to follow on
+/// a lookup than a struct holding a boxed slice). Never shrinks or grows in place: a rebuild
+/// makes a new one.
+type Table<K> = [Slot<K>];
+
+fn new_table<K>(capacity: usize) -> Arc<Table<K>> {
+    (0..capacity.max(MIN_CAPACITY))
+        .map(|_| Slot {
+            state: AtomicWord::new(0),
+            key: OnceLock::new(),
+        })
+        .collect()
 }
 
-impl<K> Table<K> {
-    fn new(capacity: usize) -> Self {
-        Table {
-            slots: (0..capacity.max(MIN_CAPACITY))
-                .map(|_| Slot {
-                    state: AtomicWord::new(0),
-                    key: OnceLock::new(),
-                })
-                .collect(),
+/// Where a hash's probe starts: the low 32 bits scaled to the table (any length).
+#[inline]
+fn home<K>(table: &Table<K>, hash: u64) -> usize {
+    ((hash as u32 as u64 * table.len() as u64) >> 32) as usize
+}
+
+/// The slot holding `key`, or the first empty slot of its probe (`Err`). A table always has
+/// an empty slot (rebuilds keep used slots below 7/8), so the probe ends.
+#[inline]
+fn find<'t, K, Q>(table: &'t Table<K>, hash: u64, key: &Q) -> Result<&'t Slot<K>, usize>
+where
+    K: Borrow<Q>,
+    Q: Eq + ?Sized,
+{
+    let mut i = home(table, hash);
+    loop {
+        let slot = &table[i];
+        match slot.key.get() {
+            None => return Err(i),
+            Some(held) if held.borrow() == key => return Ok(slot),
+            Some(_) => {}
         }
-    }
-
-    /// Where a hash's probe starts: the low 32 bits scaled to the table (any length).
-    #[inline]
-    fn home(&self, hash: u64) -> usize {
-        ((hash as u32 as u64 * self.slots.len() as u64) >> 32) as usize
-    }
-
-    /// The slot holding `key`, or the first empty slot of its probe (`Err`). A table always
-    /// has an empty slot (rebuilds keep used slots below 7/8), so the probe ends.
-    #[inline]
-    fn find<Q>(&self, hash: u64, key: &Q) -> Result<&Slot<K>, usize>
-    where
-        K: Borrow<Q>,
-        Q: Eq + ?Sized,
-    {
-        let mut i = self.home(hash);
-        loop {
-            let slot = &self.slots[i];
-            match slot.key.get() {
-                None => return Err(i),
-                Some(held) if held.borrow() == key => return Ok(slot),
-                Some(_) => {}
-            }
-            i += 1;
-            if i == self.slots.len() {
-                i = 0;
-            }
+        i += 1;
+        if i == table.len() {
+            i = 0;
         }
     }
 }
@@ -145,7 +141,7 @@ impl<K: Send + Sync, H> WordTable<K, H> {
             shards: (0..SHARDS)
                 .map(|_| {
                     Mutex::new(Shard {
-                        table: Arc::new(Table::new(MIN_CAPACITY)),
+                        table: new_table(MIN_CAPACITY),
                         used: 0,
                         live: 0,
                     })
@@ -188,7 +184,7 @@ where
         K: Borrow<Q>,
         Q: Eq + ?Sized,
     {
-        match table.find(hash, key) {
+        match find(table, hash, key) {
             Err(_) => Found::Done(None),
             Ok(slot) => match f(&slot.state) {
                 Some(result) => Found::Done(Some(result)),
@@ -243,23 +239,23 @@ impl<K: Clone + Hash + Eq + Send + Sync, H: BuildHasher> WordTable<K, H> {
     /// cell (rule 2) and dropping tombstones.
     fn rebuild(&self, shard: &mut Shard<K>, room: usize) {
         let wanted = (shard.live + room) * REFILL.1 / REFILL.0 + 1;
-        let next = Table::new(wanted);
+        let next = new_table::<K>(wanted);
         let retired = self.retired;
         let mut live = 0;
-        for slot in shard.table.slots.iter() {
+        for slot in shard.table.iter() {
             let Some(key) = slot.key.get() else { continue };
             let Some(state) = slot.state.retire_if(retired.moved, |s| !retired.any(s)) else {
                 continue; // a tombstone: dropped
             };
             let (hash, _) = self.hash(key);
-            if let Err(empty) = next.find(hash, key) {
-                let moved = &next.slots[empty];
+            if let Err(empty) = find(&next, hash, key) {
+                let moved = &next[empty];
                 moved.state.retire_if(state, |_| true);
                 let _ = moved.key.set(key.clone());
                 live += 1;
             }
         }
-        shard.table = Arc::new(next);
+        shard.table = next;
         shard.used = live;
         shard.live = live;
     }
@@ -286,7 +282,7 @@ where
             // The fast path, written out: `f`'s result goes back as it is (moving a decision
             // through another enum made the compiler spill it and stall on the reload).
             if let Some(table) = cached {
-                match table.find(hash, key) {
+                match find(table, hash, key) {
                     Err(_) => return None,
                     Ok(slot) => {
                         let result = f(&slot.state);
@@ -308,21 +304,21 @@ where
         let (hash, index) = self.hash(key);
         let mut shard = self.shards[index].lock();
         let tombstone = self.retired.tombstone;
-        let (result, inserted) = match shard.table.find(hash, key) {
+        let (result, inserted) = match find(&shard.table, hash, key) {
             Ok(slot) => {
                 // A tombstoned key comes back in place, fresh (rule 1: same key).
                 let revived = slot.state.retire_if(0, |s| s == tombstone).is_some();
                 (f(&slot.state), revived)
             }
             Err(_) => {
-                if (shard.used + 1) * FULL.1 > shard.table.slots.len() * FULL.0 {
+                if (shard.used + 1) * FULL.1 > shard.table.len() * FULL.0 {
                     self.rebuild(&mut shard, 1);
                 }
                 shard.used += 1;
                 let table = &shard.table;
                 // Absent under the lock, so `find` ends at an empty slot.
-                let slot = match table.find(hash, key) {
-                    Err(empty) => &table.slots[empty],
+                let slot = match find(table, hash, key) {
+                    Err(empty) => &table[empty],
                     Ok(slot) => slot,
                 };
                 let _ = slot.key.set(key.to_owned());
@@ -349,7 +345,7 @@ where
         for shard in self.shards.iter() {
             let mut shard = shard.lock();
             let mut gone = 0;
-            for slot in shard.table.slots.iter() {
+            for slot in shard.table.iter() {
                 if slot.key.get().is_some() && !retired.any(slot.state.load()) && !keep(&slot.state)
                 {
                     gone += 1;
@@ -376,7 +372,7 @@ impl<K: Send + Sync, H> WordTable<K, H> {
     pub(crate) fn capacity(&self) -> usize {
         self.shards
             .iter()
-            .map(|shard| shard.lock().table.slots.len())
+            .map(|shard| shard.lock().table.len())
             .sum()
     }
 }
