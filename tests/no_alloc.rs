@@ -1,6 +1,7 @@
 //! A check on a key the limiter already holds allocates nothing, for every algorithm: the
-//! state is updated in place (a CAS on one word, or the sliding log's ring once it has grown to
-//! `L` slots), the key is looked up by reference, and the clock is read without allocating.
+//! state is updated in place (a CAS on one word, or the sliding log's ring: inline up to 9
+//! entries, on the heap beyond, where it grows and shrinks back only when it crosses those
+//! sizes), the key is looked up by reference, and the clock is read without allocating.
 //!
 //! This binary installs `stats_alloc`'s counting allocator (no unsafe code of ours). Its counts
 //! are process-wide, so the binary runs without the test harness (`harness = false`): one

@@ -39,13 +39,15 @@ const MAX_WINDOW_TICKS: u64 = 1 << 31;
 /// Sliding window log, exact: no window of length `W` ever holds more than `L` admitted units.
 ///
 /// # Storage
-/// Each key keeps a ring buffer of 4-byte slots, one per admitted unit still in the window,
-/// growing by doubling up to `L` slots, plus a 24-byte header. A slot holds its entry's time
-/// in *ticks* modulo 2^32; the tick is the finest of 1, 2, …, 64 ns, 1 µs, 10 µs, … that keeps
-/// `W` under 2^31 ticks (1 ns for `W` up to 2.1 s, 64 ns up to 137 s, 1 µs up to 35 min,
-/// 1 ms up to 24.8 days). An entry's time is rounded *up* to its tick, so it expires at the same
-/// instant or later than the exact rule says: decisions are exact when request times are
-/// multiples of the tick, and never more permissive otherwise.
+/// Each key keeps a ring buffer of 4-byte slots, one per admitted unit still in the window, in
+/// a 64-byte state (72 with its lock): up to 9 slots live in the state itself, so a short log
+/// needs no allocation and no second memory access; a longer log moves to a heap ring that
+/// grows by doubling up to `L` slots, and moves back into the state once it is down to 6
+/// entries. A slot holds its entry's time in *ticks* modulo 2^32; the tick is the finest of 1,
+/// 2, …, 64 ns, 1 µs, 10 µs, … that keeps `W` under 2^31 ticks (1 ns for `W` up to 2.1 s, 64 ns
+/// up to 137 s, 1 µs up to 35 min, 1 ms up to 24.8 days). An entry's time is rounded *up* to its
+/// tick, so it expires at the same instant or later than the exact rule says: decisions are
+/// exact when request times are multiples of the tick, and never more permissive otherwise.
 ///
 /// # Examples
 /// ```
@@ -61,8 +63,32 @@ pub struct SlidingLog {
     tick: u64,
 }
 
+/// How many slots a log keeps inside its own state. Nine fill the state's 40-byte storage field
+/// (the size of a boxed slice and its tag), so a short log costs no allocation and no second
+/// cache miss: at 100k keys, reaching a heap ring cost more than the rest of a check.
+const INLINE: usize = 9;
+
+/// A log on the heap moves back into its state once it holds at most this many entries. Below
+/// `INLINE`, so that a log hovering around nine entries does not allocate and free on every
+/// check.
+const SHRINK_AT: u32 = 6;
+
+/// Where a log's slots live.
+#[derive(Debug)]
+enum Slots {
+    /// Up to [`INLINE`] entries, in the state itself.
+    Inline([u32; INLINE]),
+    /// A longer log: a ring that grows by doubling, up to `L` slots.
+    Heap(Box<[u32]>),
+}
+
 /// A key's log: entry times in ticks, oldest first, in a ring of 4-byte slots.
-#[derive(Debug, Default)]
+///
+/// `repr(C)` keeps the header, which every check reads first, at the front: next to the key and
+/// the lock in the store's bucket, so that it more often shares the cache line the lookup has
+/// just fetched.
+#[derive(Debug)]
+#[repr(C)]
 pub struct Ring {
     /// The newest entry's time in ticks (all 64 bits); meaningless when empty.
     newest: u64,
@@ -72,41 +98,132 @@ pub struct Ring {
     head: u32,
     /// Number of entries.
     len: u32,
-    slots: Box<[u32]>,
+    slots: Slots,
+}
+
+impl Default for Ring {
+    fn default() -> Self {
+        Ring {
+            newest: 0,
+            tick: 0,
+            head: 0,
+            len: 0,
+            slots: Slots::Inline([0; INLINE]),
+        }
+    }
 }
 
 impl Ring {
+    #[inline]
+    fn slots(&self) -> &[u32] {
+        match &self.slots {
+            Slots::Inline(slots) => slots,
+            Slots::Heap(slots) => slots,
+        }
+    }
+
+    #[inline]
+    fn slots_mut(&mut self) -> &mut [u32] {
+        match &mut self.slots {
+            Slots::Inline(slots) => slots,
+            Slots::Heap(slots) => slots,
+        }
+    }
+
+    /// The slot of the `i`-th oldest entry, for `i < capacity` (`head < capacity` too, so one
+    /// subtraction wraps it; no division on the hot path).
+    #[inline]
+    fn index(&self, i: u32) -> usize {
+        let (at, capacity) = (self.head as usize + i as usize, self.slots().len());
+        if at >= capacity {
+            at - capacity
+        } else {
+            at
+        }
+    }
+
     /// The time in ticks of the `i`-th oldest entry (`i < len`).
+    #[inline]
     fn entry(&self, i: u32) -> u64 {
-        let slot = self.slots[((self.head as usize) + i as usize) % self.slots.len()];
+        let slot = self.slots()[self.index(i)];
         self.newest - (self.newest as u32).wrapping_sub(slot) as u64
     }
 
+    #[inline]
     fn push(&mut self, ticks: u64, limit: u64) {
-        if self.len as usize == self.slots.len() {
+        if self.len as usize == self.slots().len() {
             self.grow(limit);
         }
-        let cap = self.slots.len();
-        self.slots[(self.head as usize + self.len as usize) % cap] = ticks as u32;
+        let at = self.index(self.len);
+        self.slots_mut()[at] = ticks as u32;
         self.len += 1;
         self.newest = ticks;
     }
 
-    /// Doubles the slots (at most `limit`, at least `len + 1`), oldest entry first.
+    /// Doubles the slots (at most `limit`, at least `len + 1`).
     fn grow(&mut self, limit: u64) {
-        let cap = self.slots.len();
-        let new_cap = (cap * 2).max(4).min((limit as usize).max(cap + 1));
-        let mut slots = vec![0u32; new_cap].into_boxed_slice();
-        for i in 0..self.len as usize {
-            slots[i] = self.slots[(self.head as usize + i) % cap];
+        let capacity = self.slots().len();
+        self.resize((capacity * 2).min((limit as usize).max(capacity + 1)));
+    }
+
+    /// Moves the entries, oldest first, to `capacity ≥ len` slots: into the state when they
+    /// fit, else to the heap.
+    #[cold]
+    #[inline(never)]
+    fn resize(&mut self, capacity: usize) {
+        let mut slots = if capacity <= INLINE {
+            Slots::Inline([0; INLINE])
+        } else {
+            Slots::Heap(vec![0u32; capacity].into_boxed_slice())
+        };
+        let to = match &mut slots {
+            Slots::Inline(to) => &mut to[..],
+            Slots::Heap(to) => &mut to[..],
+        };
+        for (i, to) in to.iter_mut().take(self.len as usize).enumerate() {
+            *to = self.slots()[self.index(i as u32)];
         }
         self.slots = slots;
         self.head = 0;
     }
 
-    fn pop_front(&mut self) {
-        self.head = ((self.head as usize + 1) % self.slots.len()) as u32;
-        self.len -= 1;
+    /// Brings a heap log that has become short back into the state.
+    #[inline]
+    fn shrink_if_short(&mut self) {
+        if self.len <= SHRINK_AT && matches!(self.slots, Slots::Heap(_)) {
+            self.resize(INLINE);
+        }
+    }
+
+    /// Drops the entries at or before `last_expired` ticks: the oldest ones, as the log is in
+    /// time order. Compares ages (`newest − time`, each below 2^31 ticks) in 32 bits, so the
+    /// loop is a load, a subtraction and a comparison per dropped entry.
+    #[inline]
+    fn expire_through(&mut self, last_expired: u64) {
+        if self.len == 0 {
+            return;
+        }
+        if self.newest <= last_expired {
+            self.len = 0;
+            self.head = 0;
+        } else {
+            // An entry is live iff its age is below `max_age`; the newest (age 0) always is,
+            // so the loop stops before the log is empty.
+            let max_age = self.newest - last_expired;
+            let newest = self.newest as u32;
+            let (mut head, mut len) = (self.head as usize, self.len);
+            let slots = self.slots();
+            while u64::from(newest.wrapping_sub(slots[head])) >= max_age {
+                head += 1;
+                if head == slots.len() {
+                    head = 0;
+                }
+                len -= 1;
+            }
+            self.head = head as u32;
+            self.len = len;
+        }
+        self.shrink_if_short();
     }
 
     fn pop_back(&mut self) {
@@ -118,6 +235,8 @@ impl Ring {
 
     /// Re-expresses the entries in another tick (after `set_quota` changed the window), rounding
     /// up: entries never expire earlier than they did.
+    #[cold]
+    #[inline(never)]
     fn retick(&mut self, tick: u64) {
         if self.len > 0 && self.tick != 0 {
             let times: Vec<u64> = (0..self.len)
@@ -142,9 +261,12 @@ impl Ring {
         self.len == 0
     }
 
-    /// Bytes of slot storage.
+    /// Bytes of slot storage on the heap (0 while the log fits in its state).
     pub fn slot_bytes(&self) -> usize {
-        self.slots.len() * 4
+        match &self.slots {
+            Slots::Inline(_) => 0,
+            Slots::Heap(slots) => slots.len() * 4,
+        }
     }
 }
 
@@ -195,36 +317,57 @@ impl SlidingLog {
         }
     }
 
-    /// Whether an entry at `ticks` still counts at `now`: `time > now − W`.
-    fn live(&self, ticks: u64, now: Nanos) -> bool {
-        (ticks as u128 * self.tick as u128) + self.window as u128 > now as u128
+    /// `nanos / tick`, rounded down. A 1 ns tick (every `W` up to 2.1 s) skips the division,
+    /// which is a good part of a check's arithmetic.
+    #[inline]
+    fn ticks_floor(&self, nanos: Nanos) -> u64 {
+        if self.tick == 1 {
+            nanos
+        } else {
+            nanos / self.tick
+        }
+    }
+
+    /// `nanos / tick`, rounded up.
+    #[inline]
+    fn ticks_ceil(&self, nanos: Nanos) -> u64 {
+        if self.tick == 1 {
+            nanos
+        } else {
+            nanos.div_ceil(self.tick)
+        }
     }
 
     /// Drops expired entries and brings the ring to this rule's tick.
+    #[inline]
     fn prune(&self, ring: &mut Ring, now: Nanos) {
         if ring.tick != self.tick {
             ring.retick(self.tick);
         }
-        while ring.len > 0 && !self.live(ring.entry(0), now) {
-            ring.pop_front();
+        // Before `W` has passed since the origin nothing has expired. After, an entry at
+        // `ticks` has expired iff `ticks·tick ≤ now − W`, i.e. `ticks ≤ (now − W) / tick`.
+        if let Some(past) = now.checked_sub(self.window) {
+            ring.expire_through(self.ticks_floor(past));
         }
     }
 
-    /// Time in ns of entry `i` plus `W`, minus `now`: when it stops counting.
-    fn expires_in(&self, ring: &Ring, i: u32, now: Nanos) -> u64 {
-        let end = ring.entry(i) as u128 * self.tick as u128 + self.window as u128;
+    /// Time in ns of an entry at `ticks` plus `W`, minus `now`: when it stops counting.
+    #[inline]
+    fn expires_in(&self, ticks: u64, now: Nanos) -> u64 {
+        let end = ticks as u128 * self.tick as u128 + self.window as u128;
         u64::try_from(end.saturating_sub(now as u128)).unwrap_or(u64::MAX)
     }
 
     /// Decides `cost ≤ L` at `now`, appending the entries when `commit` and allowed: the pure
     /// rule over one key's ring (the limiter runs it under the key's lock).
+    #[inline]
     pub fn decide(&self, ring: &mut Ring, now: Nanos, cost: u64, commit: bool) -> Decision {
         self.prune(ring, now);
         let count = ring.len as u64;
         let allowed = count + cost <= self.limit;
         if allowed && commit && cost > 0 {
             // Rounded up to the tick, and never before the newest entry (time order).
-            let mut ticks = now.div_ceil(self.tick);
+            let mut ticks = self.ticks_ceil(now);
             if ring.len > 0 {
                 ticks = ticks.max(ring.newest);
             }
@@ -237,18 +380,16 @@ impl SlidingLog {
             0
         } else {
             // The (count + c − L)-th oldest live entry must expire.
-            self.expires_in(ring, (count + cost - self.limit - 1) as u32, now)
+            self.expires_in(ring.entry((count + cost - self.limit - 1) as u32), now)
         };
         let reset_after = if count_after == 0 {
             0
         } else if !(allowed && cost > 0 && !commit) {
-            self.expires_in(ring, ring.len - 1, now)
+            // `newest` is the newest entry's time whenever the log is not empty.
+            self.expires_in(ring.newest, now)
         } else {
             // A peek that would append: the new entries would be the newest.
-            (now.div_ceil(self.tick) as u128 * self.tick as u128 + self.window as u128)
-                .saturating_sub(now as u128)
-                .try_into()
-                .unwrap_or(u64::MAX)
+            self.expires_in(self.ticks_ceil(now), now)
         };
         Decision {
             allowed,
@@ -296,6 +437,30 @@ mod tests {
         let d2 = log.decide(&mut ring, 121 * MS, 1, true);
         assert!(!d2.allowed());
         assert_eq!(d2.retry_after_nanos(), 9 * MS);
+    }
+
+    #[test]
+    fn ring_is_64_bytes_and_short_logs_stay_inline() {
+        assert_eq!(std::mem::size_of::<Ring>(), 64);
+        let log = SlidingLog::new(Quota::new(64, Duration::from_millis(10)).unwrap()).unwrap();
+        let mut ring = Ring::default();
+        for i in 0..INLINE as u64 {
+            assert!(log.decide(&mut ring, i, 1, true).allowed());
+        }
+        assert_eq!(ring.slot_bytes(), 0, "nine entries fit in the state");
+        assert!(log.decide(&mut ring, 100, 1, true).allowed());
+        assert_eq!(ring.len(), 10);
+        assert!(ring.slot_bytes() > 0, "the tenth moves the log to the heap");
+        // 10 ms later the first nine have expired: the log is back in its state, in order.
+        let d = log.decide(&mut ring, 10 * MS + 8, 1, true);
+        assert!(d.allowed());
+        assert_eq!(ring.len(), 2);
+        assert_eq!(ring.slot_bytes(), 0);
+        assert_eq!(d.remaining(), 62);
+        assert_eq!(
+            log.decide(&mut ring, 10 * MS + 100, 0, false).remaining(),
+            63
+        );
     }
 
     #[test]

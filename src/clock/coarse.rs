@@ -83,6 +83,7 @@ impl Clock for CoarseClock {
         COARSE_TICK.as_nanos() as u64
     }
 
+    #[inline]
     fn is_monotonic(&self) -> bool {
         true
     }

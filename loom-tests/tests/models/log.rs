@@ -13,7 +13,6 @@ use tollgate_loom_tests::{Algorithm, Quota, SlidingLog};
 
 use crate::{explore, MS};
 
-const LIMIT: u64 = 2;
 const WINDOW: Nanos = MS;
 
 /// A request as the model saw it: its turn at the lock, the time read under the lock, its cost
@@ -59,9 +58,26 @@ fn check(
 /// no window of length W ever holds more than L admitted units.
 #[test]
 fn log_cell_never_over_limit() {
+    model("log_cell_never_over_limit", 2, [&[1, 1], &[2]]);
+}
+
+/// The same race on a log of L = 12, one thread appending 8 then 1, the other 3: the log can
+/// outgrow the 9 slots its cell holds and move to the heap, and move back into the cell when a
+/// call after the clock passed W finds its entries expired. The moves change nothing SPEC can
+/// see.
+#[test]
+fn log_cell_moving_to_the_heap_and_back_never_over_limit() {
+    model(
+        "log_cell_moving_to_the_heap_and_back_never_over_limit",
+        12,
+        [&[8, 1], &[3]],
+    );
+}
+
+fn model(name: &str, limit: u64, costs: [&'static [u64]; 2]) {
     const START: Nanos = 5 * MS;
-    let rule = SlidingLog::new(Quota::new(LIMIT, Duration::from_nanos(WINDOW)).unwrap()).unwrap();
-    explore("log_cell_never_over_limit", move || {
+    let rule = SlidingLog::new(Quota::new(limit, Duration::from_nanos(WINDOW)).unwrap()).unwrap();
+    explore(name, move || {
         let cell = Arc::new(LogCell::default());
         let clock = Arc::new(AtomicU64::new(START));
         let turns = Arc::new(AtomicUsize::new(0));
@@ -70,7 +86,7 @@ fn log_cell_never_over_limit() {
             // Relaxed: see `check`.
             thread::spawn(move || clock.store(START + WINDOW, Ordering::Relaxed))
         };
-        let workers = [&[1, 1][..], &[2]].map(|costs| {
+        let workers = costs.map(|costs| {
             let (cell, clock, turns) = (Arc::clone(&cell), Arc::clone(&clock), Arc::clone(&turns));
             thread::spawn(move || {
                 costs
@@ -96,7 +112,7 @@ fn log_cell_never_over_limit() {
                 );
             }
             let count = log.iter().filter(|&&x| x + WINDOW > e.t).count() as u64;
-            let allowed = count + e.cost <= LIMIT;
+            let allowed = count + e.cost <= limit;
             assert_eq!(
                 e.allowed, allowed,
                 "not SPEC's decision for {e:?}: {entries:?}"
@@ -109,7 +125,7 @@ fn log_cell_never_over_limit() {
         for &x in &log {
             let held = log.iter().filter(|&&y| y <= x && y + WINDOW > x).count() as u64;
             assert!(
-                held <= LIMIT,
+                held <= limit,
                 "{held} units in the window ending at {x}: {entries:?}"
             );
         }
