@@ -135,7 +135,11 @@ impl<K: Send + Sync, H> std::fmt::Debug for WordTable<K, H> {
 }
 
 impl<K: Send + Sync, H> WordTable<K, H> {
-    /// An empty store whose cells use `retired`'s marks, hashing with `hasher`.
+    /// An empty store whose cells use `retired`'s marks, hashing with `hasher`. The marks must
+    /// be those of the rule the store will serve (states that rule never produces), so build
+    /// one through [`KeyedLimiterBuilder::build`](crate::KeyedLimiterBuilder::build) (or
+    /// `Algorithm::new_store`); this constructor is public for the loom models.
+    #[doc(hidden)]
     pub fn new(retired: Retired, hasher: H) -> Self {
         WordTable {
             shards: (0..SHARDS)
