@@ -32,7 +32,7 @@ fn start_upkeep() {
 }
 
 /// A cheap clock: a reading is one relaxed load of a value that a background thread refreshes
-/// every [`COARSE_TICK`] (1 ms).
+/// every `COARSE_TICK` (1 ms).
 ///
 /// Its resolution is the tick, so it is correct only for quotas whose bucket span `B·T` (GCRA,
 /// leaky) or window is far longer than 1 ms: a 1 ms tick cannot enforce 100 000/s with a burst of
