@@ -109,7 +109,7 @@ impl WordRule for FixedWindow {
         let allowed = n + cost <= self.0.limit;
         let n_after = if allowed { n + cost } else { n };
         let decision = Decision {
-            allowed,
+            allowed: allowed.into(),
             limit: self.0.limit,
             retry_after: if allowed { 0 } else { to_end },
             reset_after: if n_after > 0 { to_end } else { 0 },

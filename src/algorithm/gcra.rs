@@ -131,7 +131,7 @@ impl Gcra {
     #[inline]
     fn figures(&self, allowed: bool, debt: u64, reset: u64, retry_after: u64) -> Decision {
         Decision {
-            allowed,
+            allowed: allowed.into(),
             limit: self.limit,
             retry_after,
             reset_after: reset,

@@ -392,7 +392,7 @@ impl SlidingLog {
             self.expires_in(self.ticks_ceil(now), now)
         };
         Decision {
-            allowed,
+            allowed: allowed.into(),
             limit: self.limit,
             retry_after,
             reset_after,

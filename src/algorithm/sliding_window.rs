@@ -180,7 +180,7 @@ impl WordRule for SlidingWindow {
             0
         };
         let decision = Decision {
-            allowed,
+            allowed: allowed.into(),
             limit: self.0.limit,
             retry_after: if allowed {
                 0

@@ -454,7 +454,7 @@ impl<C: RedisConnection> Shared<C> {
             return Err(Error::Capacity { cost, capacity });
         }
         let decision = |allowed: bool, remaining: u64, retry_after: u64| Decision {
-            allowed,
+            allowed: allowed.into(),
             limit: rule.limit(),
             retry_after,
             reset_after: 0,
@@ -474,7 +474,7 @@ impl<C: RedisConnection> Shared<C> {
             }
         };
         if let Some(ledger) = &self.ledger {
-            if decision.allowed {
+            if decision.allowed() {
                 ledger.record(key, cost, wall_nanos());
             }
         }

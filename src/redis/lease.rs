@@ -862,7 +862,7 @@ impl<C: RedisConnection> Inner<C> {
             _ => 0,
         };
         Decision {
-            allowed: true,
+            allowed: true.into(),
             limit: self.rule.limit(),
             retry_after: 0,
             reset_after: full_at.saturating_sub(now),
@@ -958,7 +958,7 @@ impl<C: RedisConnection> Inner<C> {
         let retry_at = lease.retry_at.load(Ordering::Relaxed);
         let full_at = lease.hot.view_full_at.load(Ordering::Relaxed);
         Ok(Decision {
-            allowed: false,
+            allowed: false.into(),
             limit: self.rule.limit(),
             retry_after: retry_at.saturating_sub(now).max(MS),
             reset_after: full_at.saturating_sub(now),

@@ -542,7 +542,7 @@ impl RedisRule {
         }
         let round = |ns: u64| ns.div_ceil(unit).saturating_mul(unit);
         Ok(Decision {
-            allowed,
+            allowed: allowed.into(),
             limit: self.limit,
             retry_after: round(figures.retry_after),
             reset_after: round(figures.reset_after),
