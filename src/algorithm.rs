@@ -131,6 +131,32 @@ pub trait Algorithm: Copy + Send + Sync + std::fmt::Debug + 'static + sealed::Se
     #[doc(hidden)]
     fn take_over(self, previous: &Self, now: Nanos) -> Self;
 
+    /// The window counters keep a window index in a few bits, anchored at a base the limiter
+    /// moves up (see the index horizon in `algorithm/grid.rs`): the instant from which a
+    /// limiter should sweep and call [`Algorithm::rebase`]. Never, for the other rules.
+    #[doc(hidden)]
+    #[inline]
+    fn sweep_due(&self) -> Nanos {
+        Nanos::MAX
+    }
+
+    /// Whether this rule may not store a state judged at `now` (a limiter must sweep and
+    /// rebase first, then decide again). Rules refuse such writes: the state stays as it was.
+    #[doc(hidden)]
+    fn beyond_horizon(&self, _now: Nanos) -> bool {
+        false
+    }
+
+    /// The rule re-anchored at `now`, once every state that is fresh at `now` is gone.
+    #[doc(hidden)]
+    fn rebase(self, _now: Nanos) -> Self {
+        self
+    }
+
+    /// Puts a cell that is fresh at `now` back to the fresh state (a direct limiter's sweep).
+    #[doc(hidden)]
+    fn reset_if_fresh(&self, _cell: &Self::Cell, _now: Nanos) {}
+
     #[doc(hidden)]
     fn to_words(&self) -> Words;
     #[doc(hidden)]
@@ -159,7 +185,7 @@ pub trait WordRule: Copy {
 }
 
 macro_rules! word_algorithm {
-    ($ty:ty, $name:literal, $marks:expr) => {
+    ($ty:ty, $name:literal, $marks:expr $(, $windowed:ident)?) => {
         impl sealed::Sealed for $ty {}
         impl Algorithm for $ty {
             const NAME: &'static str = $name;
@@ -247,6 +273,24 @@ macro_rules! word_algorithm {
             fn take_over(self, previous: &Self, now: Nanos) -> Self {
                 self.take_over(previous, now)
             }
+            fn reset_if_fresh(&self, cell: &AtomicWord, now: Nanos) {
+                cell.retire_if(0, |state| {
+                    state != 0 && WordRule::is_fresh(self, state, now)
+                });
+            }
+            $(
+                #[inline]
+                fn sweep_due(&self) -> Nanos {
+                    let $windowed = self.horizon();
+                    $windowed.sweep_due()
+                }
+                fn beyond_horizon(&self, now: Nanos) -> bool {
+                    self.horizon().beyond_horizon(now)
+                }
+                fn rebase(self, now: Nanos) -> Self {
+                    self.rebase(now)
+                }
+            )?
             fn to_words(&self) -> Words {
                 self.to_words()
             }
@@ -259,8 +303,8 @@ macro_rules! word_algorithm {
 
 word_algorithm!(Gcra, "gcra", TAT_MARKS);
 word_algorithm!(LeakyQueue, "leaky-queue", TAT_MARKS);
-word_algorithm!(FixedWindow, "fixed-window", WINDOW_MARKS);
-word_algorithm!(SlidingWindow, "sliding-window", WINDOW_MARKS);
+word_algorithm!(FixedWindow, "fixed-window", WINDOW_MARKS, windowed);
+word_algorithm!(SlidingWindow, "sliding-window", WINDOW_MARKS, windowed);
 
 impl sealed::Sealed for SlidingLog {}
 impl Algorithm for SlidingLog {

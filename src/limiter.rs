@@ -10,6 +10,8 @@ mod keyed;
 pub use self::direct::Limiter;
 pub use self::keyed::{KeyedLimiter, KeyedLimiterBuilder, OverflowPolicy};
 
+use std::cell::Cell;
+
 use crate::algorithm::Algorithm;
 use crate::clock::{Clock, Nanos};
 use crate::quota::QuotaError;
@@ -26,14 +28,61 @@ pub(crate) struct Core<A, C> {
     clock: C,
     /// The newest reading seen, for clocks that do not promise monotonic readings.
     high_water: Option<HighWater>,
-    /// Serialises `set_quota` (the parameter cell allows one writer at a time).
+    /// Serialises `set_quota`, sweeps and rebases (the parameter cell allows one writer at a
+    /// time, and a sweep must judge every state against the rule in force).
     writer: Mutex<()>,
+}
+
+/// How a limiter sweeps its states: evicts (or resets) every one that is fresh at the given
+/// time under the given rule; returns how many.
+pub(crate) trait Sweep<A>: Fn(&A, Nanos) -> usize {}
+impl<A, F: Fn(&A, Nanos) -> usize> Sweep<A> for F {}
+
+/// One attempt at a call: the rule it loaded, and the clock as that rule may use it.
+pub(crate) struct Attempt<'a, A, C> {
+    core: &'a Core<A, C>,
+    rule: A,
+    /// Set when a reading passed the rule's sweep instant: the call sweeps once it is done
+    /// (not here: the store may hold a lock the sweep needs).
+    sweep_due: Cell<bool>,
+    /// Set when a reading fell past what `rule` may write: the attempt changed nothing, and the
+    /// call runs again once the rule is rebased.
+    stale: Cell<bool>,
+}
+
+impl<A: Algorithm, C: Clock> Attempt<'_, A, C> {
+    #[inline]
+    pub(crate) fn rule(&self) -> &A {
+        &self.rule
+    }
+
+    /// The current time ([`Core::now`]), noting whether the rule's window indices need
+    /// re-anchoring (a window counter, every 2^21 or 2^38 windows).
+    #[inline]
+    pub(crate) fn now(&self) -> Nanos {
+        let now = self.core.now();
+        if now > self.rule.sweep_due() {
+            self.past_due(now);
+        }
+        now
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn past_due(&self, now: Nanos) {
+        self.sweep_due.set(true);
+        if self.rule.beyond_horizon(now) {
+            self.stale.set(true);
+        }
+    }
 }
 
 impl<A: Algorithm, C: Clock> Core<A, C> {
     pub(crate) fn new(rule: A, clock: C) -> Result<Self, QuotaError> {
         check_resolution(&rule, &clock)?;
         let high_water = (!clock.is_monotonic()).then(HighWater::new);
+        // Window indices are anchored at the window of the first reading.
+        let rule = rule.rebase(clock.now());
         Ok(Core {
             params: ParamCell::new(rule.to_words()),
             clock,
@@ -71,6 +120,71 @@ impl<A: Algorithm, C: Clock> Core<A, C> {
         let next = rule.take_over(&self.rule(), self.now());
         self.params.store(next.to_words());
         Ok(())
+    }
+
+    /// Runs `call` until an attempt is not stale (almost always once), sweeping and rebasing
+    /// in between when a reading asked for it.
+    #[inline]
+    pub(crate) fn run<R>(
+        &self,
+        sweep: &impl Sweep<A>,
+        mut call: impl FnMut(&Attempt<'_, A, C>) -> R,
+    ) -> R {
+        loop {
+            let attempt = Attempt {
+                core: self,
+                rule: self.rule(),
+                sweep_due: Cell::new(false),
+                stale: Cell::new(false),
+            };
+            let result = call(&attempt);
+            if !attempt.sweep_due.get() {
+                return result;
+            }
+            self.catch_up(attempt.stale.get(), sweep);
+            if !attempt.stale.get() {
+                return result;
+            }
+        }
+    }
+
+    /// Sweeps with the rule in force and a reading taken under the writer lock, so that no
+    /// rebase runs meanwhile; rebases too if it is due. Returns what `sweep` evicted.
+    pub(crate) fn sweep(&self, sweep: &impl Sweep<A>) -> usize {
+        let _writer = self.writer.lock();
+        self.sweep_locked(sweep)
+    }
+
+    fn sweep_locked(&self, sweep: &impl Sweep<A>) -> usize {
+        let rule = self.rule();
+        let now = self.now();
+        let evicted = sweep(&rule, now);
+        if now > rule.sweep_due() {
+            // Every state left is at most a window behind `now` (or ahead of it): all lie
+            // within the rebased rule's range.
+            self.params.store(rule.rebase(now).to_words());
+        }
+        evicted
+    }
+
+    /// A reading was past the rule's sweep instant. Before the rule's horizon, one caller
+    /// sweeps and rebases while the others go on; past it (`wait`), every caller waits for the
+    /// rebase, then decides again.
+    #[cold]
+    #[inline(never)]
+    fn catch_up(&self, wait: bool, sweep: &impl Sweep<A>) {
+        let _writer = if wait {
+            self.writer.lock()
+        } else {
+            match self.writer.try_lock() {
+                Some(writer) => writer,
+                None => return,
+            }
+        };
+        // Another caller may have rebased meanwhile.
+        if self.now() > self.rule().sweep_due() {
+            self.sweep_locked(sweep);
+        }
     }
 }
 

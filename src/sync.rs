@@ -36,4 +36,8 @@ impl<T> Mutex<T> {
     pub(crate) fn lock(&self) -> parking_lot::MutexGuard<'_, T> {
         self.0.lock()
     }
+
+    pub(crate) fn try_lock(&self) -> Option<parking_lot::MutexGuard<'_, T>> {
+        self.0.try_lock()
+    }
 }

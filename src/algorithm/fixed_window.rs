@@ -4,7 +4,7 @@
 //! allow iff n + c ≤ L        then n += c
 //! ```
 
-use crate::algorithm::grid::{lag, Lag, Windowed};
+use crate::algorithm::grid::{Lag, Windowed};
 use crate::algorithm::WordRule;
 use crate::clock::Nanos;
 use crate::decision::{Decision, Remaining};
@@ -26,8 +26,9 @@ pub const MAX_LIMIT: u64 = COUNT_MASK - 1;
 /// bits 63..24  window index mod 2^40   (2^40 windows ≥ 34 years at W = 1 ms)
 /// bits 23..0   n, units admitted in that window (n ≤ L ≤ 2^24 − 2)
 /// ```
-/// A key idle for an exact multiple of 2^40 windows would read its old count as current: a
-/// stricter decision, never an extra admission. Idle keys are evicted long before.
+/// In a limiter, stored indices are exact however long a key sits idle (the limiter re-anchors
+/// them every 2^38 windows, see `Windowed`); the rule on its own ([`WordRule::decide`]) reads
+/// a state more than 2^40 − 16 windows old as a recent one.
 ///
 /// # Examples
 /// ```
@@ -42,7 +43,7 @@ pub struct FixedWindow(Windowed);
 impl FixedWindow {
     /// The rule for `quota`: `W ≥ 1 ms`, `L ≤ 2^24 − 1`, no burst.
     pub fn new(quota: Quota) -> Result<FixedWindow, QuotaError> {
-        Windowed::new(&quota, "fixed-window", MAX_LIMIT).map(FixedWindow)
+        Windowed::new(&quota, "fixed-window", MAX_LIMIT, INDEX_BITS).map(FixedWindow)
     }
 
     /// `L`.
@@ -76,7 +77,15 @@ impl FixedWindow {
     }
 
     pub(crate) fn from_words(words: Words) -> Self {
-        Self(Windowed::from_words(words))
+        Self(Windowed::from_words(words, INDEX_BITS))
+    }
+
+    pub(crate) fn horizon(&self) -> &Windowed {
+        &self.0
+    }
+
+    pub(crate) fn rebase(self, now: Nanos) -> Self {
+        Self(self.0.rebase(now))
     }
 
     /// (window index, window start, n) of `state` as seen at `now`.
@@ -85,7 +94,11 @@ impl FixedWindow {
         let (index, start) = self.0.grid.locate(now);
         let stored = state >> COUNT_BITS;
         let n = state & COUNT_MASK;
-        match lag(index, stored, INDEX_BITS) {
+        if state == 0 {
+            // A fresh key (index 0 may read as any window near the base).
+            return (index, start, 0);
+        }
+        match self.0.lag(index, stored) {
             Lag::Behind(0) => (index, start, n),
             Lag::Behind(_) => (index, start, 0),
             Lag::Ahead(a) => (
@@ -116,7 +129,7 @@ impl WordRule for FixedWindow {
             delay: 0,
             remaining: Remaining::Exact(self.0.limit.saturating_sub(n_after)),
         };
-        let next = if allowed && cost > 0 {
+        let next = if allowed && cost > 0 && self.0.writable(index) {
             pack(index, n_after)
         } else {
             state
@@ -127,7 +140,7 @@ impl WordRule for FixedWindow {
     fn refunded(&self, state: u64, now: Nanos, cost: u64) -> u64 {
         let (index, start, n) = self.current(state, now);
         let _ = start;
-        if n == 0 {
+        if n == 0 || !self.0.writable(index) {
             return state;
         }
         pack(index, n - n.min(cost))

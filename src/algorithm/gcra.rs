@@ -152,10 +152,10 @@ impl Gcra {
     // inherent method would lose method resolution to the trait method (endless recursion).
     #[allow(clippy::wrong_self_convention)]
     pub(crate) fn to_words(&self) -> Words {
-        [self.interval, self.span, self.limit, self.burst]
+        [self.interval, self.span, self.limit, self.burst, 0]
     }
 
-    pub(crate) fn from_words([interval, span, limit, burst]: Words) -> Self {
+    pub(crate) fn from_words([interval, span, limit, burst, _]: Words) -> Self {
         Gcra {
             interval,
             span,

@@ -50,58 +50,140 @@ impl Grid {
     }
 }
 
-/// How far a stored window index `stored` (the low `bits` of an index) is behind `current`.
+/// Where a stored window index (the low `bits` of an index) lies relative to `current`.
 ///
 /// `Behind(d)`: `d` windows behind (0 = same window). `Ahead(a)`: the stored state is `a`
-/// windows *ahead*, which only a clock reading that went backwards can produce; the rules then
-/// judge the request in the stored window (the stricter choice). Indices are kept modulo
-/// `2^bits`, so a key idle for an exact multiple of `2^bits` windows reads as "same window"
-/// (again the stricter choice; never more admissions).
+/// windows *ahead*, written by a thread whose clock reading was newer than this one; the rules
+/// then judge the request in the stored window (SPEC: a reading older than the newest one seen
+/// is treated as the newest one).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Lag {
     Behind(u64),
     Ahead(u64),
 }
 
-/// Stored indices up to this many windows ahead are read as "ahead", not as a wrap.
+/// For a rule used on its own (no limiter keeps its base), stored indices up to this many
+/// windows ahead of the reading are read as "ahead", the rest as behind.
 const AHEAD_TOLERANCE: u64 = 16;
 
+/// `Windowed::base` of a rule no limiter anchors: indices are read relative to each reading.
+const UNANCHORED: u64 = u64::MAX;
+
+/// Which index `stored` (the low `bits` of one) stands for: the one in `[low, low + 2^bits)`.
 #[inline]
-pub(crate) fn lag(current: u64, stored: u64, bits: u32) -> Lag {
+fn unwrap_index(stored: u64, low: u64, bits: u32) -> u64 {
     let mask = (1u64 << bits) - 1;
-    let behind = current.wrapping_sub(stored) & mask;
-    let ahead = stored.wrapping_sub(current) & mask;
-    if ahead != 0 && ahead <= AHEAD_TOLERANCE {
-        Lag::Ahead(ahead)
-    } else {
-        Lag::Behind(behind)
-    }
+    low.wrapping_add(stored.wrapping_sub(low) & mask)
 }
 
 /// What both window counters are made of: the limit and the grid of windows, with the checks,
 /// the quota change and the parameter words they share.
+///
+/// # The index horizon
+/// A state keeps its window index modulo `2^bits` (`bits` = 40 for the fixed window, 23 for the
+/// sliding one), so an index is only meaningful within `2^bits` windows. A limiter *anchors*
+/// its rule at a `base` index and reads every stored index as the one in
+/// `[base − Q, base + 3Q)`, `Q = 2^(bits − 2)`: exact however long a key sat idle, as long as
+/// no state older than `base − Q` is left and none newer than `base + 3Q` is written. The
+/// limiter keeps both true: from index `base + 2Q` on ([`Windowed::sweep_due`]) it evicts the
+/// keys that became fresh and moves `base` up to the current index; a write at or past
+/// `base + 3Q` is refused ([`Windowed::writable`]) and the caller waits for that move, then
+/// decides again. A rule used on its own (never anchored) reads indices relative to each
+/// reading instead: exact for states less than `2^bits − 16` windows old.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Windowed {
     pub limit: u64,
     pub grid: Grid,
+    /// The anchor of stored indices (see above), or `UNANCHORED`.
+    pub base: u64,
+    /// `bits`, the width of the stored index.
+    pub bits: u32,
 }
 
 impl Windowed {
-    /// `W ≥ 1 ms`, `L ≤ max_limit`, no burst.
-    pub fn new(quota: &Quota, algorithm: &'static str, max_limit: u64) -> Result<Self, QuotaError> {
+    /// `W ≥ 1 ms`, `L ≤ max_limit`, no burst; indices stored in `bits` bits.
+    pub fn new(
+        quota: &Quota,
+        algorithm: &'static str,
+        max_limit: u64,
+        bits: u32,
+    ) -> Result<Self, QuotaError> {
         no_burst(quota, algorithm)?;
         let window = window_at_least_1ms(quota)?;
         let limit = limit_at_most(quota, max_limit)?;
         Ok(Windowed {
             limit,
             grid: Grid::new(window),
+            base: UNANCHORED,
+            bits,
         })
+    }
+
+    /// `Q`: a quarter of the indices a state can tell apart.
+    #[inline]
+    fn quarter(&self) -> u64 {
+        1 << (self.bits - 2)
+    }
+
+    /// Where `stored` lies relative to the reading at window `current`.
+    #[inline]
+    pub fn lag(&self, current: u64, stored: u64) -> Lag {
+        let low = if self.base == UNANCHORED {
+            current.wrapping_sub((1 << self.bits) - 1 - AHEAD_TOLERANCE)
+        } else {
+            self.base.wrapping_sub(self.quarter())
+        };
+        let index = unwrap_index(stored, low, self.bits);
+        // Signed: both lie within 2^bits of each other.
+        let behind = current.wrapping_sub(index) as i64;
+        if behind >= 0 {
+            Lag::Behind(behind as u64)
+        } else {
+            Lag::Ahead(behind.unsigned_abs())
+        }
+    }
+
+    /// Whether a state at window `index` may be stored: always for a rule on its own; below
+    /// `base + 3Q` for an anchored one.
+    #[inline]
+    pub fn writable(&self, index: u64) -> bool {
+        index < self.base.saturating_add(3 * self.quarter())
+    }
+
+    /// The instant from which the limiter should move the base up: the start of window
+    /// `base + 2Q` (never, for a rule on its own).
+    #[inline]
+    pub fn sweep_due(&self) -> Nanos {
+        if self.base == UNANCHORED {
+            return Nanos::MAX;
+        }
+        let windows = (self.base + 2 * self.quarter()).saturating_sub(self.grid.first);
+        windows
+            .checked_mul(self.grid.window)
+            .and_then(|span| span.checked_add(self.grid.origin))
+            .unwrap_or(Nanos::MAX)
+    }
+
+    /// Whether a reading at `now` falls past what this rule may write.
+    pub fn beyond_horizon(&self, now: Nanos) -> bool {
+        !self.writable(self.grid.locate(now).0)
+    }
+
+    /// The rule anchored at the window of `now`, less two: every state a sweep at `now` keeps
+    /// (not fresh: at most one window behind) lies within its range.
+    pub fn rebase(self, now: Nanos) -> Self {
+        Windowed {
+            base: self.grid.locate(now).0.saturating_sub(2),
+            ..self
+        }
     }
 
     pub fn take_over(self, previous: &Self, now: Nanos) -> Self {
         Windowed {
             limit: self.limit,
             grid: self.grid.take_over(&previous.grid, now),
+            base: previous.base,
+            bits: self.bits,
         }
     }
 
@@ -111,10 +193,12 @@ impl Windowed {
             self.grid.window,
             self.grid.origin,
             self.grid.first,
+            self.base,
         ]
     }
 
-    pub fn from_words([limit, window, origin, first]: Words) -> Self {
+    /// The words of a rule with `bits`-bit indices.
+    pub fn from_words([limit, window, origin, first, base]: Words, bits: u32) -> Self {
         Windowed {
             limit,
             grid: Grid {
@@ -122,6 +206,8 @@ impl Windowed {
                 origin,
                 first,
             },
+            base,
+            bits,
         }
     }
 }

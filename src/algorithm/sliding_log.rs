@@ -306,10 +306,10 @@ impl SlidingLog {
     // inherent method would lose method resolution to the trait method (endless recursion).
     #[allow(clippy::wrong_self_convention)]
     pub(crate) fn to_words(&self) -> Words {
-        [self.limit, self.window, self.tick, 0]
+        [self.limit, self.window, self.tick, 0, 0]
     }
 
-    pub(crate) fn from_words([limit, window, tick, _]: Words) -> Self {
+    pub(crate) fn from_words([limit, window, tick, _, _]: Words) -> Self {
         SlidingLog {
             limit,
             window,

@@ -7,7 +7,7 @@
 //! ```
 //! All in 128-bit integers: no floating point in any decision.
 
-use crate::algorithm::grid::{lag, Lag, Windowed};
+use crate::algorithm::grid::{Lag, Windowed};
 use crate::algorithm::WordRule;
 use crate::clock::Nanos;
 use crate::decision::{Decision, Remaining};
@@ -34,9 +34,10 @@ pub const MAX_LIMIT: u64 = COUNT_MASK;
 /// bits 20..0   cur, units admitted in window k       (≤ L: the all-ones value never occurs,
 ///              keyed stores use it for their marks)
 /// ```
-/// A key idle for an exact multiple of 2^23 windows (2.3 h at W = 1 ms, 97 days at W = 1 s)
-/// would read its old counts as current: a stricter decision, never an extra admission. Keyed
-/// limiters evict such keys long before.
+/// In a limiter, stored indices are exact however long a key sits idle (the limiter re-anchors
+/// them every 2^21 windows, 35 min at W = 1 ms, see `Windowed`); the rule on its own
+/// ([`WordRule::decide`]) reads a state more than 2^23 − 16 windows old (2.3 h at W = 1 ms) as
+/// a recent one.
 ///
 /// # Examples
 /// ```
@@ -60,7 +61,7 @@ struct View {
 impl SlidingWindow {
     /// The rule for `quota`: `W ≥ 1 ms`, `L ≤ 2^20 − 1`, no burst.
     pub fn new(quota: Quota) -> Result<SlidingWindow, QuotaError> {
-        Windowed::new(&quota, "sliding-window", MAX_LIMIT).map(SlidingWindow)
+        Windowed::new(&quota, "sliding-window", MAX_LIMIT, INDEX_BITS).map(SlidingWindow)
     }
 
     /// `L`.
@@ -94,7 +95,15 @@ impl SlidingWindow {
     }
 
     pub(crate) fn from_words(words: Words) -> Self {
-        Self(Windowed::from_words(words))
+        Self(Windowed::from_words(words, INDEX_BITS))
+    }
+
+    pub(crate) fn horizon(&self) -> &Windowed {
+        &self.0
+    }
+
+    pub(crate) fn rebase(self, now: Nanos) -> Self {
+        Self(self.0.rebase(now))
     }
 
     #[inline]
@@ -103,7 +112,13 @@ impl SlidingWindow {
         let stored = state >> (COUNT_BITS + CUR_BITS);
         let prev = (state >> CUR_BITS) & COUNT_MASK;
         let cur = state & CUR_MASK;
-        let (index, start, elapsed, prev, cur) = match lag(index, stored, INDEX_BITS) {
+        // A fresh key (index 0 may read as any window near the base).
+        let lag = if state == 0 {
+            Lag::Behind(2)
+        } else {
+            self.0.lag(index, stored)
+        };
+        let (index, start, elapsed, prev, cur) = match lag {
             Lag::Behind(0) => (index, start, now - start.min(now), prev, cur),
             Lag::Behind(1) => (index, start, now - start.min(now), cur, 0),
             Lag::Behind(_) => (index, start, now - start.min(now), 0, 0),
@@ -191,7 +206,7 @@ impl WordRule for SlidingWindow {
             delay: 0,
             remaining: Remaining::ceil(self.headroom(&v, cur), self.0.grid.window),
         };
-        let next = if allowed && cost > 0 {
+        let next = if allowed && cost > 0 && self.0.writable(v.index) {
             pack(v.index, v.prev, cur)
         } else {
             state
@@ -203,7 +218,7 @@ impl WordRule for SlidingWindow {
     /// units admitted just before a window boundary now count).
     fn refunded(&self, state: u64, now: Nanos, cost: u64) -> u64 {
         let v = self.view(state, now);
-        if v.cur == 0 && v.prev == 0 {
+        if (v.cur == 0 && v.prev == 0) || !self.0.writable(v.index) {
             return state;
         }
         let from_cur = v.cur.min(cost);

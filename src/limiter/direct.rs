@@ -3,7 +3,7 @@ use crossbeam_utils::CachePadded;
 use crate::algorithm::{Algorithm, LeakyQueue};
 use crate::clock::{Clock, QuantaClock};
 use crate::decision::{Decision, Error};
-use crate::limiter::Core;
+use crate::limiter::{Core, Sweep};
 use crate::quota::QuotaError;
 
 /// A limiter with a single state: every call counts against the same quota.
@@ -60,8 +60,9 @@ impl<A: Algorithm, C: Clock> Limiter<A, C> {
     /// Decides a request of cost 1, and counts it if allowed.
     #[inline]
     pub fn check(&self) -> Decision {
-        let rule = self.core.rule();
-        rule.acquire(&self.cell, || self.core.now(), 1, true)
+        self.core.run(&self.sweep(), |at| {
+            at.rule().acquire(&self.cell, || at.now(), 1, true)
+        })
     }
 
     /// Decides a request of cost `cost`, and counts it if allowed. `cost = 0` is always allowed
@@ -71,9 +72,7 @@ impl<A: Algorithm, C: Clock> Limiter<A, C> {
     /// [`Error::CapacityExceeded`] when `cost` can never be admitted; nothing changes.
     #[inline]
     pub fn check_n(&self, cost: u64) -> Result<Decision, Error> {
-        let rule = self.core.rule();
-        self.core.check_cost(&rule, cost)?;
-        Ok(rule.acquire(&self.cell, || self.core.now(), cost, true))
+        self.acquire(cost, true)
     }
 
     /// The decision a request of cost `cost` would get now; changes nothing.
@@ -81,9 +80,7 @@ impl<A: Algorithm, C: Clock> Limiter<A, C> {
     /// # Errors
     /// [`Error::CapacityExceeded`] as for [`Limiter::check_n`].
     pub fn peek(&self, cost: u64) -> Result<Decision, Error> {
-        let rule = self.core.rule();
-        self.core.check_cost(&rule, cost)?;
-        Ok(rule.acquire(&self.cell, || self.core.now(), cost, false))
+        self.acquire(cost, false)
     }
 
     /// Gives back `cost` units that were admitted but not used.
@@ -93,8 +90,9 @@ impl<A: Algorithm, C: Clock> Limiter<A, C> {
     /// the sliding log drops its `cost` newest entries. Refunding more than was admitted cannot
     /// raise capacity above full.
     pub fn refund(&self, cost: u64) {
-        let rule = self.core.rule();
-        rule.refund(&self.cell, || self.core.now(), cost);
+        self.core.run(&self.sweep(), |at| {
+            at.rule().refund(&self.cell, || at.now(), cost)
+        })
     }
 
     /// Replaces the quota on the live limiter, keeping its state meaningful: GCRA and leaky
@@ -106,6 +104,22 @@ impl<A: Algorithm, C: Clock> Limiter<A, C> {
     /// [`QuotaError::ClockTooCoarse`] if this limiter's clock cannot serve the new quota.
     pub fn set_quota(&self, rule: A) -> Result<(), QuotaError> {
         self.core.set_quota(rule)
+    }
+
+    #[inline]
+    fn acquire(&self, cost: u64, commit: bool) -> Result<Decision, Error> {
+        self.core.run(&self.sweep(), |at| {
+            self.core.check_cost(at.rule(), cost)?;
+            Ok(at.rule().acquire(&self.cell, || at.now(), cost, commit))
+        })
+    }
+
+    /// A direct limiter's sweep: its one state back to fresh if it is.
+    fn sweep(&self) -> impl Sweep<A> + '_ {
+        |rule: &A, now| {
+            rule.reset_if_fresh(&self.cell, now);
+            0
+        }
     }
 }
 

@@ -5,7 +5,7 @@ use std::marker::PhantomData;
 use crate::algorithm::{Algorithm, LeakyQueue};
 use crate::clock::{Clock, QuantaClock};
 use crate::decision::{Decision, Error};
-use crate::limiter::Core;
+use crate::limiter::{Core, Sweep};
 use crate::quota::QuotaError;
 use crate::store::table::KeyTable;
 use crate::store::KeyedStore;
@@ -249,9 +249,10 @@ where
         K: Borrow<Q>,
         Q: Hash + Eq + ?Sized,
     {
-        let rule = self.core.rule();
-        self.core.check_cost(&rule, cost)?;
-        Ok(self.table.peek(key, &rule, || self.core.now(), cost))
+        self.core.run(&self.sweep(), |at| {
+            self.core.check_cost(at.rule(), cost)?;
+            Ok(self.table.peek(key, at.rule(), || at.now(), cost))
+        })
     }
 
     /// Gives back `cost` units admitted to `key` but not used (see [`crate::Limiter::refund`]).
@@ -261,11 +262,12 @@ where
         K: Borrow<Q>,
         Q: Hash + Eq + ?Sized,
     {
-        let rule = self.core.rule();
-        // Read the clock even for an unknown key: every call sees time alike.
-        let seen = self.core.now();
-        self.table
-            .refund(key, &rule, || self.core.now().max(seen), cost);
+        self.core.run(&self.sweep(), |at| {
+            // Read the clock even for an unknown key: every call sees time alike.
+            let seen = at.now();
+            self.table
+                .refund(key, at.rule(), || at.now().max(seen), cost);
+        })
     }
 
     /// Replaces the quota for every key (see [`crate::Limiter::set_quota`]).
@@ -279,8 +281,7 @@ where
     /// Evicts every key that is indistinguishable from a fresh one now; returns how many.
     /// Calls do this on their own as they insert keys; this is for callers who want it now.
     pub fn evict_fresh(&self) -> usize {
-        let now = self.core.now();
-        self.table.evict_fresh(&self.core.rule(), now)
+        self.core.sweep(&self.sweep())
     }
 
     #[inline]
@@ -289,10 +290,23 @@ where
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
-        let rule = self.core.rule();
-        self.core.check_cost(&rule, cost)?;
-        self.table
-            .decide(key, &rule, || self.core.now(), cost, commit)
+        let sweep = self.sweep();
+        self.core.run(&sweep, |at| {
+            self.core.check_cost(at.rule(), cost)?;
+            self.table.decide(
+                key,
+                at.rule(),
+                || at.now(),
+                cost,
+                commit,
+                || self.core.sweep(&sweep),
+            )
+        })
+    }
+
+    /// A keyed limiter's sweep: every key that is fresh evicted, the overflow state reset.
+    fn sweep(&self) -> impl Sweep<A> + '_ {
+        |rule: &A, now| self.table.sweep_all(rule, now)
     }
 }
 

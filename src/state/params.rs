@@ -3,7 +3,7 @@ use std::marker::PhantomData;
 use crate::sync::{fence, AtomicU64, Ordering};
 
 /// How many `u64` words a rule's parameters take.
-pub const WORDS: usize = 4;
+pub const WORDS: usize = 5;
 /// A rule's parameters as plain words.
 pub type Words = [u64; WORDS];
 
@@ -37,12 +37,7 @@ impl<P> ParamCell<P> {
             let before = self.seq.load(Ordering::Acquire);
             if before & 1 == 0 {
                 // Relaxed: the seq re-check below decides whether these reads are kept.
-                let words = [
-                    self.words[0].load(Ordering::Relaxed),
-                    self.words[1].load(Ordering::Relaxed),
-                    self.words[2].load(Ordering::Relaxed),
-                    self.words[3].load(Ordering::Relaxed),
-                ];
+                let words: Words = std::array::from_fn(|i| self.words[i].load(Ordering::Relaxed));
                 // Acquire fence: orders the word reads before the re-read of `seq`, so a writer
                 // that started meanwhile is seen (pairs with the writer's Release fence).
                 fence(Ordering::Acquire);

@@ -103,6 +103,8 @@ where
 {
     /// Decides a request of `cost` (at most the rule's capacity) for `key`: on its cell if the
     /// key is held, else on a cell inserted for it, else (at the bound) by the overflow policy.
+    /// Before inserting, runs `sweep` if the amortised schedule says so (the limiter's sweep:
+    /// [`KeyTable::sweep_all`] under the rule in force).
     ///
     /// # Errors
     /// [`Error::KeyTableFull`] for a new key at the bound under [`OverflowPolicy::Deny`].
@@ -114,6 +116,7 @@ where
         now: impl Fn() -> Nanos,
         cost: u64,
         commit: bool,
+        sweep: impl FnOnce() -> usize,
     ) -> Result<Decision, Error>
     where
         A: Algorithm<Cell = V>,
@@ -126,7 +129,7 @@ where
         {
             return Ok(decision);
         }
-        self.decide_new_key(key, rule, now, cost, commit)
+        self.decide_new_key(key, rule, now, cost, commit, sweep)
     }
 
     /// The decision a request of `cost` for `key` would get; changes nothing, inserts nothing.
@@ -162,6 +165,13 @@ where
         removed
     }
 
+    /// [`KeyTable::evict_fresh`], and the overflow state put back to fresh if it is: afterwards
+    /// no state fresh at `now` is left (what a rebase of the window counters needs).
+    pub fn sweep_all<A: Algorithm<Cell = V>>(&self, rule: &A, now: Nanos) -> usize {
+        rule.reset_if_fresh(&self.overflow, now);
+        self.evict_fresh(rule, now)
+    }
+
     #[cold]
     fn decide_new_key<Q, A>(
         &self,
@@ -170,13 +180,14 @@ where
         now: impl Fn() -> Nanos,
         cost: u64,
         commit: bool,
+        sweep: impl FnOnce() -> usize,
     ) -> Result<Decision, Error>
     where
         A: Algorithm<Cell = V>,
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
-        self.sweep_if_due(rule, &now);
+        self.sweep_if_due(sweep);
         let Some((max_keys, policy)) = self.max_keys else {
             // Count the place before inserting, as below: counted after, a sweep could remove
             // the key first (it is fresh again once the time it was judged at has passed) and
@@ -227,7 +238,7 @@ where
 
     /// Amortised eviction: sweep when the table has doubled since the last sweep, or, at the
     /// `max_keys` bound, after a quarter of the bound in misses.
-    fn sweep_if_due<A: Algorithm<Cell = V>>(&self, rule: &A, now: impl Fn() -> Nanos) {
+    fn sweep_if_due(&self, sweep: impl FnOnce() -> usize) {
         // Relaxed (all three counters): heuristics for *when* to sweep; correctness does not
         // depend on their values.
         let misses = self.misses_since_sweep.fetch_add(1, Ordering::Relaxed) + 1;
@@ -240,7 +251,7 @@ where
         if !due || self.sweeping.swap(true, Ordering::Acquire) {
             return;
         }
-        self.evict_fresh(rule, now());
+        sweep();
         // Relaxed (this load and the two stores): the same heuristics as above.
         let live = self.keys.load(Ordering::Relaxed);
         self.sweep_at

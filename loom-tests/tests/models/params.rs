@@ -8,7 +8,7 @@ use crate::explore;
 
 /// Parameter set `k`: every word tells which set it came from.
 fn set(k: u64) -> Words {
-    [k, 10 + k, 20 + k, 30 + k]
+    [k, 10 + k, 20 + k, 30 + k, 40 + k]
 }
 
 /// Which set `words` is, if it is one set and not a torn mix.

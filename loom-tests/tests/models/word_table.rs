@@ -40,7 +40,14 @@ fn table() -> Table {
 
 fn admit_at(table: &Table, key: u64, at: Nanos) -> bool {
     table
-        .decide(&key, &rule(), || at, 1, true)
+        .decide(
+            &key,
+            &rule(),
+            || at,
+            1,
+            true,
+            || table.evict_fresh(&rule(), at),
+        )
         .unwrap()
         .allowed()
 }
