@@ -2,19 +2,18 @@
 //! loom's atomics, for the models in `tests/models/`.
 //!
 //! Every `#[path]` module below is the very file the library compiles; only [`sync`] (loom's
-//! atomics and mutex instead of std's and parking_lot's) and [`clock`] (just the time type:
-//! loom cannot see quanta) are this crate's own; [`store`] is the library's minus its dashmap
-//! store. The limiters (quanta), the dashmap store and the clocks are left out: loom cannot see
-//! their locks or time sources.
+//! atomics and mutex instead of std's and parking_lot's) is this crate's own; [`clock`] is the
+//! library's time type and `Clock` trait without the clocks, [`limiter`] the limiters' `Core`
+//! without the limiters, [`store`] the library's stores minus dashmap. The clocks (quanta),
+//! the dashmap store and the limiter types around `Core` are left out: loom cannot see their
+//! locks or time sources.
 
 #![forbid(unsafe_code)]
 
-pub mod clock {
-    //! The only item of tollgate's `clock` module the state machines use.
-
-    /// Nanoseconds since a limiter's origin.
-    pub type Nanos = u64;
-}
+/// tollgate's time type and `Clock` trait (the clocks themselves read quanta or std time,
+/// which loom cannot see; models bring a clock of their own).
+#[path = "../../src/clock/time.rs"]
+pub mod clock;
 
 pub(crate) mod sync;
 
@@ -22,6 +21,10 @@ pub(crate) mod sync;
 pub mod algorithm;
 #[path = "../../src/decision.rs"]
 pub mod decision;
+/// `Core`: the rule in force, the clock, and the sweep-then-rebase protocol of the window
+/// counters.
+#[path = "../../src/limiter/core.rs"]
+pub mod limiter;
 #[path = "../../src/multi/all_or_nothing.rs"]
 pub mod multi;
 #[path = "../../src/quota.rs"]

@@ -39,6 +39,10 @@ impl<T> Mutex<T> {
             .lock()
             .expect("a loom model panicked while holding the lock")
     }
+
+    pub(crate) fn try_lock(&self) -> Option<loom::sync::MutexGuard<'_, T>> {
+        self.0.try_lock().ok()
+    }
 }
 
 impl<T: Default> Default for Mutex<T> {

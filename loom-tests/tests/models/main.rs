@@ -5,6 +5,7 @@
 //! monotonic clock, and asserts the SPEC invariant in every execution loom explores.
 
 mod clamp;
+mod core;
 mod log;
 mod multi;
 mod params;

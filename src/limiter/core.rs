@@ -1,0 +1,212 @@
+//! What every limiter shares: the rule in force (replaceable at run time), the clock, and the
+//! protocol that keeps the window counters' stored indices in range (sweep, then rebase).
+//!
+//! No dependency on quanta or dashmap: `loom-tests` compiles this file to model-check the
+//! rebase racing decisions.
+
+use std::cell::Cell;
+
+use crate::algorithm::Algorithm;
+use crate::clock::{Clock, Nanos};
+use crate::quota::QuotaError;
+use crate::state::{HighWater, ParamCell};
+use crate::sync::Mutex;
+
+/// A clock must resolve at least this many steps per emission interval or window.
+const MIN_TICKS_PER_PERIOD: u64 = 10;
+
+/// What every limiter shares: its rule (replaceable at run time) and its clock.
+#[derive(Debug)]
+pub struct Core<A, C> {
+    params: ParamCell<A>,
+    clock: C,
+    /// The newest reading seen, for clocks that do not promise monotonic readings.
+    high_water: Option<HighWater>,
+    /// Serialises `set_quota`, sweeps and rebases (the parameter cell allows one writer at a
+    /// time, and a sweep must judge every state against the rule in force).
+    writer: Mutex<()>,
+}
+
+/// How a limiter sweeps its states: evicts (or resets) every one that is fresh at the given
+/// time under the given rule; returns how many.
+pub trait Sweep<A>: Fn(&A, Nanos) -> usize {}
+impl<A, F: Fn(&A, Nanos) -> usize> Sweep<A> for F {}
+
+/// One attempt at a call: the rule it loaded, and the clock as that rule may use it.
+pub struct Attempt<'a, A, C> {
+    core: &'a Core<A, C>,
+    rule: A,
+    /// Set when a reading passed the rule's sweep instant: the call sweeps once it is done
+    /// (not here: the store may hold a lock the sweep needs).
+    sweep_due: Cell<bool>,
+    /// Set when a reading fell past what `rule` may write: the attempt changed nothing, and the
+    /// call runs again once the rule is rebased.
+    stale: Cell<bool>,
+}
+
+impl<A: Algorithm, C: Clock> Attempt<'_, A, C> {
+    #[inline]
+    pub fn rule(&self) -> &A {
+        &self.rule
+    }
+
+    /// The current time ([`Core::now`]), noting whether the rule's window indices need
+    /// re-anchoring (a window counter, every 2^21 or 2^38 windows).
+    #[inline]
+    pub fn now(&self) -> Nanos {
+        let now = self.core.now();
+        if now > self.rule.sweep_due() {
+            self.past_due(now);
+        }
+        now
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn past_due(&self, now: Nanos) {
+        self.sweep_due.set(true);
+        if self.rule.beyond_horizon(now) {
+            self.stale.set(true);
+        }
+    }
+}
+
+impl<A: Algorithm, C: Clock> Core<A, C> {
+    pub fn new(rule: A, clock: C) -> Result<Self, QuotaError> {
+        check_resolution(&rule, &clock)?;
+        let high_water = (!clock.is_monotonic()).then(HighWater::new);
+        // Window indices are anchored at the window of the first reading.
+        let rule = rule.rebase(clock.now());
+        Ok(Core {
+            params: ParamCell::new(rule.to_words()),
+            clock,
+            high_water,
+            writer: Mutex::new(()),
+        })
+    }
+
+    /// The current time, clamped so it never goes back (SPEC: time never goes backwards).
+    #[inline]
+    pub fn now(&self) -> Nanos {
+        let reading = self.clock.now();
+        // A constant for the crate's clocks, so the clamp's branch compiles away for them.
+        if self.clock.is_monotonic() {
+            return reading;
+        }
+        match &self.high_water {
+            None => reading,
+            Some(high) => high.clamp(reading),
+        }
+    }
+
+    #[inline]
+    pub fn rule(&self) -> A {
+        A::from_words(self.params.load())
+    }
+
+    pub fn clock(&self) -> &C {
+        &self.clock
+    }
+
+    pub fn set_quota(&self, rule: A) -> Result<(), QuotaError> {
+        check_resolution(&rule, &self.clock)?;
+        let _writer = self.writer.lock();
+        let next = rule.take_over(&self.rule(), self.now());
+        self.params.store(next.to_words());
+        Ok(())
+    }
+
+    /// Runs `call` until an attempt is not stale (almost always once), sweeping and rebasing
+    /// in between when a reading asked for it.
+    #[inline]
+    pub fn run<R>(
+        &self,
+        sweep: &impl Sweep<A>,
+        mut call: impl FnMut(&Attempt<'_, A, C>) -> R,
+    ) -> R {
+        loop {
+            let attempt = Attempt {
+                core: self,
+                rule: self.rule(),
+                sweep_due: Cell::new(false),
+                stale: Cell::new(false),
+            };
+            let result = call(&attempt);
+            if !attempt.sweep_due.get() {
+                return result;
+            }
+            self.catch_up(attempt.stale.get(), sweep);
+            if !attempt.stale.get() {
+                return result;
+            }
+        }
+    }
+
+    /// Sweeps with the rule in force and a reading taken under the writer lock, so that no
+    /// rebase runs meanwhile; rebases too if it is due. Returns what `sweep` evicted.
+    pub fn sweep(&self, sweep: &impl Sweep<A>) -> usize {
+        let _writer = self.writer.lock();
+        self.sweep_locked(sweep)
+    }
+
+    fn sweep_locked(&self, sweep: &impl Sweep<A>) -> usize {
+        let rule = self.rule();
+        let now = self.now();
+        let evicted = sweep(&rule, now);
+        if now > rule.sweep_due() {
+            // Every state left is at most a window behind `now` (or ahead of it): all lie
+            // within the rebased rule's range.
+            self.params.store(rule.rebase(now).to_words());
+        }
+        evicted
+    }
+
+    /// A reading was past the rule's sweep instant. Before the rule's horizon, one caller
+    /// sweeps and rebases while the others go on; past it (`wait`), every caller waits for the
+    /// rebase, then decides again.
+    #[cold]
+    #[inline(never)]
+    fn catch_up(&self, wait: bool, sweep: &impl Sweep<A>) {
+        let _writer = if wait {
+            self.writer.lock()
+        } else {
+            match self.writer.try_lock() {
+                Some(writer) => writer,
+                None => return,
+            }
+        };
+        // Another caller may have rebased meanwhile.
+        if self.now() > self.rule().sweep_due() {
+            self.sweep_locked(sweep);
+        }
+    }
+}
+
+fn check_resolution<A: Algorithm, C: Clock>(rule: &A, clock: &C) -> Result<(), QuotaError> {
+    let resolution_nanos = clock.resolution();
+    let period_nanos = rule.period();
+    // A 1 ns clock resolves every quota: time itself is counted in nanoseconds.
+    if resolution_nanos > 1 && resolution_nanos.saturating_mul(MIN_TICKS_PER_PERIOD) > period_nanos
+    {
+        return Err(QuotaError::ClockTooCoarse {
+            resolution_nanos,
+            period_nanos,
+        });
+    }
+    Ok(())
+}
+
+impl<A: Algorithm, C: Clock> Core<A, C> {
+    /// Refuses a cost that can never be admitted (SPEC: an error, not a denial). The clock is
+    /// still read, so that every call sees time the same way whatever its outcome.
+    #[inline]
+    pub fn check_cost(&self, rule: &A, cost: u64) -> Result<(), crate::Error> {
+        let capacity = rule.capacity();
+        if cost > capacity {
+            self.now();
+            Err(crate::Error::CapacityExceeded { cost, capacity })
+        } else {
+            Ok(())
+        }
+    }
+}
