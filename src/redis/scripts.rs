@@ -667,6 +667,20 @@ pub(crate) const LEASE_WINDOW: &str = concat!(
 local limit, window = tonumber(ARGV[3]), tonumber(ARGV[4])
 local sliding = ARGV[2] == 's'
 local MAX_COUNT = 4503599627370495 -- 2^52 − 1, the largest count a state holds
+-- Stores a window state stamped `stamp` (the sliding counter keeps both counts).
+local function put(key, stamp, p, c, ttl)
+  if sliding then
+    redis.call('SET', key, stamp .. ' ' .. string.format('%d %d', p, c), 'PX', ttl)
+  else
+    redis.call('SET', key, stamp .. ' ' .. string.format('%d', c), 'PX', ttl)
+  end
+end
+-- Until a state written `e` into its window is fresh: the end of the next window (sliding) or
+-- of this one.
+local function fresh_ttl(e)
+  if sliding then return ttl_ms(2 * window - e) end
+  return ttl_ms(window - e)
+end
 for i = 1, #KEYS do
   local key = KEYS[i]
   local op, units, since = ARGV[4 * i + 1], tonumber(ARGV[4 * i + 2]), ARGV[4 * i + 3]
@@ -689,13 +703,7 @@ for i = 1, #KEYS do
       n = math.min(units, MAX_COUNT - prev)
       prev = prev + n
     end
-    if n > 0 then
-      if sliding then
-        redis.call('SET', key, ts .. ' ' .. string.format('%d %d', prev, cur), 'PX', ttl_ms(2 * window - e))
-      else
-        redis.call('SET', key, ts .. ' ' .. string.format('%d', cur), 'PX', ttl_ms(window - e))
-      end
-    end
+    if n > 0 then put(key, ts, prev, cur, fresh_ttl(e)) end
   elseif code == 1 and op == 'g' then
     n = limit - cur
     if n > units then n = units end
@@ -711,11 +719,7 @@ for i = 1, #KEYS do
     end
     if n > 0 then
       cur = cur + n
-      if sliding then
-        redis.call('SET', key, ts .. ' ' .. string.format('%d %d', prev, cur), 'PX', ttl_ms(2 * window - e))
-      else
-        redis.call('SET', key, ts .. ' ' .. string.format('%d', cur), 'PX', ttl_ms(window - e))
-      end
+      put(key, ts, prev, cur, fresh_ttl(e))
     end
   elseif code == 1 and st and since ~= '' then
     -- Which of the stored windows holds the grant: the stored time's own, or the one before.
@@ -732,11 +736,7 @@ for i = 1, #KEYS do
     end
     local ttl = redis.call('PTTL', key)
     if n > 0 and ttl > 0 then
-      if sliding then
-        redis.call('SET', key, st .. ' ' .. string.format('%d %d', sp2, sc2), 'PX', ttl)
-      else
-        redis.call('SET', key, st .. ' ' .. string.format('%d', sc2), 'PX', ttl)
-      end
+      put(key, st, sp2, sc2, ttl)
     else
       n = 0
     end

@@ -57,15 +57,20 @@ struct Direct {
 
 impl Direct {
     /// L = 1 per 1 ms, anchored at window 0, one unit admitted in window 5.
-    fn new(clock: &Arc<SetClock>) -> Direct {
+    fn start() -> Arc<Direct> {
         let rule = FixedWindow::new(Quota::new(1, Duration::from_millis(1)).unwrap()).unwrap();
+        let clock = Arc::new(SetClock(AtomicU64::new(0)));
         let direct = Direct {
-            core: Core::new(rule, Arc::clone(clock)).unwrap(),
+            core: Core::new(rule, clock).unwrap(),
             cell: AtomicWord::new(0),
         };
-        clock.set(at_window(5, 0));
+        direct.set_clock(at_window(5, 0));
         assert!(direct.check().allowed());
-        direct
+        Arc::new(direct)
+    }
+
+    fn set_clock(&self, t: Nanos) {
+        self.core.clock().set(t);
     }
 
     fn check(&self) -> Decision {
@@ -90,10 +95,9 @@ impl Direct {
 #[test]
 fn checks_past_the_horizon_wait_for_the_rebase() {
     explore("checks_past_the_horizon_wait_for_the_rebase", || {
-        let clock = Arc::new(SetClock(AtomicU64::new(0)));
-        let direct = Arc::new(Direct::new(&clock));
+        let direct = Direct::start();
         let now = at_window(3 * Q + 7, 0);
-        clock.set(now);
+        direct.set_clock(now);
         let threads = [0, 1].map(|_| {
             let direct = Arc::clone(&direct);
             thread::spawn(move || direct.check().allowed())
@@ -117,19 +121,18 @@ fn checks_past_the_horizon_wait_for_the_rebase() {
 #[test]
 fn a_rebase_races_a_check_under_the_old_base() {
     explore("a_rebase_races_a_check_under_the_old_base", || {
-        let clock = Arc::new(SetClock(AtomicU64::new(0)));
-        let direct = Arc::new(Direct::new(&clock));
+        let direct = Direct::start();
         let early = at_window(2 * Q + 3, 0);
         let late = at_window(3 * Q + 7, 0) + MS / 2;
-        clock.set(early);
+        direct.set_clock(early);
         let first = {
             let direct = Arc::clone(&direct);
             thread::spawn(move || direct.check())
         };
         let second = {
-            let (direct, clock) = (Arc::clone(&direct), Arc::clone(&clock));
+            let direct = Arc::clone(&direct);
             thread::spawn(move || {
-                clock.set(late);
+                direct.set_clock(late);
                 direct.check()
             })
         };

@@ -73,6 +73,14 @@ pub(crate) struct Units {
     pub units: u64,
 }
 
+impl Units {
+    /// The units as sent: every number goes out below 2^53 (Lua's exact integers), and a reply
+    /// may not move more.
+    fn sent(&self) -> u64 {
+        self.units.min(MAX_STATE)
+    }
+}
+
 /// One reply item, checked against the scripts' contract.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Reply {
@@ -129,8 +137,7 @@ impl<C: RedisConnection> RedisLimiter<C> {
         for &i in chunk {
             let item = &items[i];
             invocation.key(&item.key[..]);
-            // Every number goes out as a decimal string below 2^53 (Lua's exact integers).
-            let units = item.units.min(MAX_STATE);
+            let units = item.sent();
             match item.op {
                 UnitOp::Grant => invocation.arg("g").arg(units).arg(""),
                 UnitOp::Return { since: 0 } => invocation.arg("r").arg(units).arg(""),
@@ -158,7 +165,7 @@ impl<C: RedisConnection> RedisLimiter<C> {
             .zip(replies)
             .map(|(&i, reply)| {
                 let item = &items[i];
-                parse(algo, &item.key, reply, item.units.min(MAX_STATE))
+                parse(algo, &item.key, reply, item.sent())
             })
             .collect())
     }
@@ -171,6 +178,14 @@ pub(crate) struct LogCharge {
     pub key: Vec<u8>,
     pub units: u64,
     pub at: u64,
+}
+
+impl LogCharge {
+    /// The units as sent: at least 1 and below 2^51 (the script's contract); a reply may not
+    /// charge more.
+    fn sent(&self) -> u64 {
+        self.units.clamp(1, 1 << 50)
+    }
 }
 
 impl<C: RedisConnection> RedisLimiter<C> {
@@ -202,9 +217,7 @@ impl<C: RedisConnection> RedisLimiter<C> {
         invocation.arg(0).arg("0").arg(limit).arg(window);
         for &i in chunk {
             let item = &items[i];
-            // At least 1 and below 2^51 (the script's contract).
-            let units = item.units.clamp(1, 1 << 50);
-            invocation.key(&item.key[..]).arg(units).arg(item.at);
+            invocation.key(&item.key[..]).arg(item.sent()).arg(item.at);
         }
         let reply = self.invoke(&invocation).await?;
         let rows = super::rows(reply, chunk.len())?;
@@ -217,7 +230,7 @@ impl<C: RedisConnection> RedisLimiter<C> {
                 match row[..] {
                     [1, n] => u64::try_from(n)
                         .ok()
-                        .filter(|n| *n <= item.units.clamp(1, 1 << 50))
+                        .filter(|n| *n <= item.sent())
                         .ok_or_else(|| Error::bad_reply(format!("charged {n} units"))),
                     [-1, _] => Err(Error::WrongType { key: key() }),
                     [-2, _] => Err(Error::CorruptState { key: key() }),
