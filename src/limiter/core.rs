@@ -52,7 +52,7 @@ impl<A: Algorithm, C: Clock> Attempt<'_, A, C> {
 
     /// The current time ([`Core::now`]), noting whether the rule's window indices need
     /// re-anchoring (a window counter, every 2^21 or 2^38 windows).
-    #[inline]
+    #[inline(always)]
     pub fn now(&self) -> Nanos {
         let now = self.core.now();
         if now > self.rule.sweep_due() {
@@ -116,30 +116,30 @@ impl<A: Algorithm, C: Clock> Core<A, C> {
         Ok(())
     }
 
-    /// Runs `call` until an attempt is not stale (almost always once), sweeping and rebasing
-    /// in between when a reading asked for it.
-    #[inline]
-    pub fn run<R>(
-        &self,
-        sweep: &impl Sweep<A>,
-        mut call: impl FnMut(&Attempt<'_, A, C>) -> R,
-    ) -> R {
-        loop {
-            let attempt = Attempt {
-                core: self,
-                rule: self.rule(),
-                sweep_due: Cell::new(false),
-                stale: Cell::new(false),
-            };
-            let result = call(&attempt);
-            if !attempt.sweep_due.get() {
-                return result;
-            }
-            self.catch_up(attempt.stale.get(), sweep);
-            if !attempt.stale.get() {
-                return result;
-            }
+    /// A new attempt at a call, under the rule in force. A call runs
+    /// `loop { let at = core.attempt(); let r = …; if core.settle(&at, &sweep) { return r } }`:
+    /// almost always once. (A loop in each caller rather than a method taking the call as a
+    /// closure: that closure was not inlined, and the decision it returned was copied through
+    /// its frame: +3 ns direct, +14–19 ns keyed at 1k keys.)
+    #[inline(always)]
+    pub fn attempt(&self) -> Attempt<'_, A, C> {
+        Attempt {
+            core: self,
+            rule: self.rule(),
+            sweep_due: Cell::new(false),
+            stale: Cell::new(false),
         }
+    }
+
+    /// Whether `attempt`'s result stands. If one of its readings asked for it, sweeps and
+    /// rebases first; `false` if the attempt was stale and the call must run again.
+    #[inline(always)]
+    pub fn settle(&self, attempt: &Attempt<'_, A, C>, sweep: &impl Sweep<A>) -> bool {
+        if !attempt.sweep_due.get() {
+            return true;
+        }
+        self.catch_up(attempt.stale.get(), sweep);
+        !attempt.stale.get()
     }
 
     /// Sweeps with the rule in force and a reading taken under the writer lock, so that no

@@ -60,9 +60,13 @@ impl<A: Algorithm, C: Clock> Limiter<A, C> {
     /// Decides a request of cost 1, and counts it if allowed.
     #[inline]
     pub fn check(&self) -> Decision {
-        self.core.run(&self.sweep(), |at| {
-            at.rule().acquire(&self.cell, || at.now(), 1, true)
-        })
+        loop {
+            let at = self.core.attempt();
+            let decision = at.rule().acquire(&self.cell, || at.now(), 1, true);
+            if self.core.settle(&at, &self.sweep()) {
+                return decision;
+            }
+        }
     }
 
     /// Decides a request of cost `cost`, and counts it if allowed. `cost = 0` is always allowed
@@ -90,9 +94,13 @@ impl<A: Algorithm, C: Clock> Limiter<A, C> {
     /// the sliding log drops its `cost` newest entries. Refunding more than was admitted cannot
     /// raise capacity above full.
     pub fn refund(&self, cost: u64) {
-        self.core.run(&self.sweep(), |at| {
-            at.rule().refund(&self.cell, || at.now(), cost)
-        })
+        loop {
+            let at = self.core.attempt();
+            at.rule().refund(&self.cell, || at.now(), cost);
+            if self.core.settle(&at, &self.sweep()) {
+                return;
+            }
+        }
     }
 
     /// Replaces the quota on the live limiter, keeping its state meaningful: GCRA and leaky
@@ -108,10 +116,14 @@ impl<A: Algorithm, C: Clock> Limiter<A, C> {
 
     #[inline]
     fn acquire(&self, cost: u64, commit: bool) -> Result<Decision, Error> {
-        self.core.run(&self.sweep(), |at| {
+        loop {
+            let at = self.core.attempt();
             self.core.check_cost(at.rule(), cost)?;
-            Ok(at.rule().acquire(&self.cell, || at.now(), cost, commit))
-        })
+            let decision = at.rule().acquire(&self.cell, || at.now(), cost, commit);
+            if self.core.settle(&at, &self.sweep()) {
+                return Ok(decision);
+            }
+        }
     }
 
     /// A direct limiter's sweep: its one state back to fresh if it is.

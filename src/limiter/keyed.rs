@@ -249,10 +249,14 @@ where
         K: Borrow<Q>,
         Q: Hash + Eq + ?Sized,
     {
-        self.core.run(&self.sweep(), |at| {
+        loop {
+            let at = self.core.attempt();
             self.core.check_cost(at.rule(), cost)?;
-            Ok(self.table.peek(key, at.rule(), || at.now(), cost))
-        })
+            let decision = self.table.peek(key, at.rule(), || at.now(), cost);
+            if self.core.settle(&at, &self.sweep()) {
+                return Ok(decision);
+            }
+        }
     }
 
     /// Gives back `cost` units admitted to `key` but not used (see [`crate::Limiter::refund`]).
@@ -262,12 +266,16 @@ where
         K: Borrow<Q>,
         Q: Hash + Eq + ?Sized,
     {
-        self.core.run(&self.sweep(), |at| {
+        loop {
+            let at = self.core.attempt();
             // Read the clock even for an unknown key: every call sees time alike.
             let seen = at.now();
             self.table
                 .refund(key, at.rule(), || at.now().max(seen), cost);
-        })
+            if self.core.settle(&at, &self.sweep()) {
+                return;
+            }
+        }
     }
 
     /// Replaces the quota for every key (see [`crate::Limiter::set_quota`]).
@@ -291,17 +299,21 @@ where
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
         let sweep = self.sweep();
-        self.core.run(&sweep, |at| {
+        loop {
+            let at = self.core.attempt();
             self.core.check_cost(at.rule(), cost)?;
-            self.table.decide(
+            let result = self.table.decide(
                 key,
                 at.rule(),
                 || at.now(),
                 cost,
                 commit,
                 || self.core.sweep(&sweep),
-            )
-        })
+            );
+            if self.core.settle(&at, &sweep) {
+                return result;
+            }
+        }
     }
 
     /// A keyed limiter's sweep: every key that is fresh evicted, the overflow state reset.

@@ -78,9 +78,13 @@ impl Direct {
             rule.reset_if_fresh(&self.cell, now);
             0
         };
-        self.core.run(&sweep, |at| {
-            at.rule().acquire(&self.cell, || at.now(), 1, true)
-        })
+        loop {
+            let at = self.core.attempt();
+            let decision = at.rule().acquire(&self.cell, || at.now(), 1, true);
+            if self.core.settle(&at, &sweep) {
+                return decision;
+            }
+        }
     }
 
     fn peek(&self) -> Decision {
