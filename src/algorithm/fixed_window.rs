@@ -41,7 +41,7 @@ pub const MAX_LIMIT: u64 = COUNT_MASK - 1;
 pub struct FixedWindow(Windowed);
 
 impl FixedWindow {
-    /// The rule for `quota`: `W ≥ 1 ms`, `L ≤ 2^24 − 1`, no burst.
+    /// The rule for `quota`: `W ≥ 1 ms`, `L ≤ 2^24 − 2`, no burst.
     pub fn new(quota: Quota) -> Result<FixedWindow, QuotaError> {
         Windowed::new(&quota, "fixed-window", MAX_LIMIT, INDEX_BITS).map(FixedWindow)
     }
