@@ -40,6 +40,21 @@ fn runtime(workers: usize) -> tokio::runtime::Runtime {
         .expect("a tokio runtime")
 }
 
+/// What most tests start with: the turn to run, a server of their own, a runtime with
+/// `workers` threads (`None`: no redis-server here, the test is skipped). Dropped in reverse:
+/// the runtime, then the server, then the turn.
+fn start(
+    workers: usize,
+) -> Option<(
+    MutexGuard<'static, ()>,
+    RedisServer,
+    tokio::runtime::Runtime,
+)> {
+    let serial = serial();
+    let server = RedisServer::start()?;
+    Some((serial, server, runtime(workers)))
+}
+
 /// A leased node on its own connection. A generous timeout: these tests load both cores, and
 /// are about decisions, not latency.
 async fn node(
@@ -387,11 +402,9 @@ fn a_leased_node_spends_its_lease_then_follows_the_policy_then_recovers() {
 
 #[test]
 fn the_shortfall_is_exactly_the_outstanding_leases() {
-    let _serial = serial();
-    let Some(server) = RedisServer::start() else {
+    let Some((_serial, server, rt)) = start(2) else {
         return;
     };
-    let rt = runtime(2);
     const L: u64 = 10_000;
     let day = Duration::from_secs(86_400);
     let rule = RedisRule::fixed_window(Quota::new(L, day).unwrap()).unwrap();
@@ -624,11 +637,9 @@ fn a_key_of_the_wrong_type_is_a_typed_error() {
 
 #[test]
 fn many_keys_coming_and_going_lose_and_double_count_no_unit() {
-    let _serial = serial();
-    let Some(server) = RedisServer::start() else {
+    let Some((_serial, server, rt)) = start(1) else {
         return;
     };
-    let rt = runtime(1);
     let day = Duration::from_secs(86_400);
     let rule = RedisRule::fixed_window(Quota::new(1_000_000, day).unwrap()).unwrap();
     // Short idle timeout: keys are retired and re-leased while checks go on.
@@ -721,11 +732,9 @@ fn a_sliding_lease_from_the_previous_window_goes_back_to_prev() {
 
 #[test]
 fn refills_never_make_a_check_wait() {
-    let _serial = serial();
-    let Some(server) = RedisServer::start() else {
+    let Some((_serial, server, rt)) = start(1) else {
         return;
     };
-    let rt = runtime(1);
     // Far more budget than one thread can spend, in leases of a fraction of a second: many
     // refills, each asked for 100 ms of demand ahead (a loaded machine may stall the runtime's
     // worker that long; the property under test is that checks do not wait for it).
@@ -772,11 +781,9 @@ fn refills_never_make_a_check_wait() {
 
 #[test]
 fn measure_leased_checks_per_second_and_round_trips() {
-    let _serial = serial();
-    let Some(server) = RedisServer::start() else {
+    let Some((_serial, server, rt)) = start(1) else {
         return;
     };
-    let rt = runtime(1);
     for (label, limit) in [
         ("under the limit", 100_000_000u64),
         ("over the limit", 1_000_000),
@@ -818,11 +825,9 @@ fn measure_leased_checks_per_second_and_round_trips() {
 
 #[test]
 fn measure_two_threads_on_one_node() {
-    let _serial = serial();
-    let Some(server) = RedisServer::start() else {
+    let Some((_serial, server, rt)) = start(1) else {
         return;
     };
-    let rt = runtime(1);
     let rule = RedisRule::gcra(Quota::per_second(1_000_000_000).unwrap()).unwrap();
     let node = rt.block_on(async {
         let node = node(&server, "two", rule, LeaseConfig::new()).await;
@@ -860,11 +865,9 @@ fn measure_two_threads_on_one_node() {
 
 #[test]
 fn exact_and_leased_nodes_share_one_budget() {
-    let _serial = serial();
-    let Some(server) = RedisServer::start() else {
+    let Some((_serial, server, rt)) = start(2) else {
         return;
     };
-    let rt = runtime(2);
     // One day's window: no boundary within the test (but for 1 run in ~20 000).
     const L: u64 = 10_000;
     let rule =
@@ -1014,11 +1017,9 @@ fn quiescent<C: tollgate::redis::RedisConnection>(node: &LeasedLimiter<C>, key: 
 
 #[test]
 fn a_first_touch_is_not_denied_and_the_grant_covers_it() {
-    let _serial = serial();
-    let Some(server) = RedisServer::start() else {
+    let Some((_serial, server, rt)) = start(2) else {
         return;
     };
-    let rt = runtime(2);
     for rule in leasable_per_day(1_000) {
         let name = rule.name();
         let config = LeaseConfig::new().max_lease(100).first_touch_share();
@@ -1070,11 +1071,9 @@ fn a_first_touch_is_not_denied_and_the_grant_covers_it() {
 
 #[test]
 fn a_first_touch_on_a_spent_key_is_charged_and_bounded_by_the_allowance() {
-    let _serial = serial();
-    let Some(server) = RedisServer::start() else {
+    let Some((_serial, server, rt)) = start(2) else {
         return;
     };
-    let rt = runtime(2);
     let day = Duration::from_secs(86_400);
     for rule in [
         RedisRule::fixed_window(Quota::new(100, day).unwrap()).unwrap(),
@@ -1143,11 +1142,9 @@ fn a_first_touch_on_a_spent_key_is_charged_and_bounded_by_the_allowance() {
 
 #[test]
 fn leased_figures_report_the_global_state_of_the_last_grant() {
-    let _serial = serial();
-    let Some(server) = RedisServer::start() else {
+    let Some((_serial, server, rt)) = start(2) else {
         return;
     };
-    let rt = runtime(2);
     for rule in leasable_per_day(1_000) {
         let name = rule.name();
         let node = rt.block_on(async {
@@ -1182,11 +1179,9 @@ fn leased_figures_report_the_global_state_of_the_last_grant() {
 
 #[test]
 fn many_keys_refill_in_few_round_trips() {
-    let _serial = serial();
-    let Some(server) = RedisServer::start() else {
+    let Some((_serial, server, rt)) = start(2) else {
         return;
     };
-    let rt = runtime(2);
     const KEYS: u64 = 2_000;
     let day = Duration::from_secs(86_400);
     let rule = RedisRule::fixed_window(Quota::new(1_000, day).unwrap()).unwrap();
@@ -1221,11 +1216,9 @@ fn many_keys_refill_in_few_round_trips() {
 
 #[test]
 fn a_leased_node_charges_what_its_policy_admitted_during_an_outage() {
-    let _serial = serial();
-    let Some(mut server) = RedisServer::start() else {
+    let Some((_serial, mut server, rt)) = start(2) else {
         return;
     };
-    let rt = runtime(2);
     let [rule, ..] = leasable_per_day(1_000);
     let handling = FailureHandling::new(FailurePolicy::Local)
         .probe_interval(Duration::from_millis(20))
