@@ -61,7 +61,7 @@ fn run<A: Algorithm>(
         Driver::One,
         keys,
         || build(rule, keys, warm),
-        |limiter, key| limiter.check(&key),
+        |limiter, key| common::admitted(limiter.check(&key)),
         |limiter| {
             assert_eq!(limiter.len(), keys.len(), "every key is still held");
             // A pass over the sequence at full speed, as timed: every check took the path the

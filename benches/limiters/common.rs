@@ -340,3 +340,12 @@ pub fn case<L: Sync, R>(
         verify(subject);
     }
 }
+
+/// What a server reads from a tollgate check: the verdict. Every row consumes its check this
+/// way (governor's rows: `is_ok()`), so that no row pays for moving a whole decision through
+/// `black_box` (see benches/README.md: a 72-byte copy right after the callee wrote it stalls
+/// on store forwarding).
+#[inline(always)]
+pub fn admitted(check: Result<tollgate::Decision, tollgate::Error>) -> bool {
+    check.is_ok_and(|decision| decision.allowed())
+}

@@ -22,20 +22,28 @@ pub fn bench_all(c: &mut Criterion) {
     common::configure(&mut group);
 
     let limiter = Limiter::with_clock(common::tollgate_direct(), QuantaClock::new()).expect("fits");
-    group.bench_function("tollgate", |b| b.iter(|| black_box(limiter.check())));
+    group.bench_function("tollgate", |b| {
+        b.iter(|| black_box(limiter.check().allowed()))
+    });
     assert!(limiter.check().allowed());
 
     let limiter = Limiter::with_clock(common::tollgate_direct(), CoarseClock::new()).expect("fits");
-    group.bench_function("tollgate_coarse", |b| b.iter(|| black_box(limiter.check())));
+    group.bench_function("tollgate_coarse", |b| {
+        b.iter(|| black_box(limiter.check().allowed()))
+    });
     assert!(limiter.check().allowed());
 
     let limiter = RateLimiter::direct(common::governor_direct());
-    group.bench_function("governor", |b| b.iter(|| black_box(limiter.check())));
+    group.bench_function("governor", |b| {
+        b.iter(|| black_box(limiter.check().is_ok()))
+    });
     assert!(limiter.check().is_ok());
 
     let limiter =
         RateLimiter::direct_with_clock(common::governor_direct(), common::governor_coarse_clock());
-    group.bench_function("governor_coarse", |b| b.iter(|| black_box(limiter.check())));
+    group.bench_function("governor_coarse", |b| {
+        b.iter(|| black_box(limiter.check().is_ok()))
+    });
     assert!(limiter.check().is_ok());
 
     let (t, span) = (common::DIRECT_T, common::DIRECT_SPAN);
@@ -54,26 +62,30 @@ pub fn bench_all(c: &mut Criterion) {
     // Deny path: one per hour, spent here.
     let limiter = Limiter::with_clock(common::tollgate_deny(), QuantaClock::new()).expect("fits");
     assert!(limiter.check().allowed());
-    group.bench_function("tollgate_deny", |b| b.iter(|| black_box(limiter.check())));
+    group.bench_function("tollgate_deny", |b| {
+        b.iter(|| black_box(limiter.check().allowed()))
+    });
     assert!(!limiter.check().allowed());
 
     let limiter = Limiter::with_clock(common::tollgate_deny(), CoarseClock::new()).expect("fits");
     assert!(limiter.check().allowed());
     group.bench_function("tollgate_coarse_deny", |b| {
-        b.iter(|| black_box(limiter.check()))
+        b.iter(|| black_box(limiter.check().allowed()))
     });
     assert!(!limiter.check().allowed());
 
     let limiter = RateLimiter::direct(common::governor_deny());
     assert!(limiter.check().is_ok());
-    group.bench_function("governor_deny", |b| b.iter(|| black_box(limiter.check())));
+    group.bench_function("governor_deny", |b| {
+        b.iter(|| black_box(limiter.check().is_ok()))
+    });
     assert!(limiter.check().is_err());
 
     let limiter =
         RateLimiter::direct_with_clock(common::governor_deny(), common::governor_coarse_clock());
     assert!(limiter.check().is_ok());
     group.bench_function("governor_coarse_deny", |b| {
-        b.iter(|| black_box(limiter.check()))
+        b.iter(|| black_box(limiter.check().is_ok()))
     });
     assert!(limiter.check().is_err());
 

@@ -129,7 +129,7 @@ fn bench_group(c: &mut Criterion, name: &str, driver: Driver) {
             driver,
             keys,
             || tollgate(common::tollgate_allow(), QuantaClock::new(), keys, warm),
-            |limiter, key| limiter.check(&key),
+            |limiter, key| common::admitted(limiter.check(&key)),
             |limiter| verify_tollgate(limiter, keys, true),
         );
         case(
@@ -138,7 +138,7 @@ fn bench_group(c: &mut Criterion, name: &str, driver: Driver) {
             driver,
             keys,
             || tollgate(common::tollgate_allow(), CoarseClock::new(), keys, warm),
-            |limiter, key| limiter.check(&key),
+            |limiter, key| common::admitted(limiter.check(&key)),
             |limiter| verify_tollgate(limiter, keys, true),
         );
         case(
@@ -147,7 +147,7 @@ fn bench_group(c: &mut Criterion, name: &str, driver: Driver) {
             driver,
             keys,
             || tollgate_dashmap(common::tollgate_allow(), CoarseClock::new(), keys, warm),
-            |limiter, key| limiter.check(&key),
+            |limiter, key| common::admitted(limiter.check(&key)),
             |limiter| verify_tollgate(limiter, keys, true),
         );
         case(
@@ -163,7 +163,7 @@ fn bench_group(c: &mut Criterion, name: &str, driver: Driver) {
                     common::nz_warm_cost(),
                 )
             },
-            |limiter, key| limiter.check_key(&key),
+            |limiter, key| limiter.check_key(&key).is_ok(),
             |limiter| verify_governor(limiter, keys, true),
         );
         case(
@@ -179,7 +179,7 @@ fn bench_group(c: &mut Criterion, name: &str, driver: Driver) {
                     common::nz_warm_cost(),
                 )
             },
-            |limiter, key| limiter.check_key(&key),
+            |limiter, key| limiter.check_key(&key).is_ok(),
             |limiter| verify_governor(limiter, keys, true),
         );
         case(
@@ -229,7 +229,7 @@ fn bench_group(c: &mut Criterion, name: &str, driver: Driver) {
         driver,
         keys,
         || tollgate(common::tollgate_deny(), QuantaClock::new(), keys, 1),
-        |limiter, key| limiter.check(&key),
+        |limiter, key| common::admitted(limiter.check(&key)),
         |limiter| verify_tollgate(limiter, keys, false),
     );
     case(
@@ -238,7 +238,7 @@ fn bench_group(c: &mut Criterion, name: &str, driver: Driver) {
         driver,
         keys,
         || tollgate(common::tollgate_deny(), CoarseClock::new(), keys, 1),
-        |limiter, key| limiter.check(&key),
+        |limiter, key| common::admitted(limiter.check(&key)),
         |limiter| verify_tollgate(limiter, keys, false),
     );
     case(
@@ -254,7 +254,7 @@ fn bench_group(c: &mut Criterion, name: &str, driver: Driver) {
                 NonZeroU32::MIN,
             )
         },
-        |limiter, key| limiter.check_key(&key),
+        |limiter, key| limiter.check_key(&key).is_ok(),
         |limiter| verify_governor(limiter, keys, false),
     );
     case(
@@ -270,7 +270,7 @@ fn bench_group(c: &mut Criterion, name: &str, driver: Driver) {
                 NonZeroU32::MIN,
             )
         },
-        |limiter, key| limiter.check_key(&key),
+        |limiter, key| limiter.check_key(&key).is_ok(),
         |limiter| verify_governor(limiter, keys, false),
     );
     group.finish();

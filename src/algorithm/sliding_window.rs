@@ -141,50 +141,46 @@ impl SlidingWindow {
     }
 
     /// `L·W − cur·W − prev·(W − e)`: `(L − est)·W`.
-    fn headroom(&self, v: &View, cur: u64) -> i128 {
-        let w = self.0.grid.window as i128;
-        self.0.limit as i128 * w - cur as i128 * w - v.prev as i128 * (w - v.elapsed as i128)
+    #[inline]
+    fn headroom<T: Wide>(&self, v: &View, cur: u64) -> T {
+        let w = T::of(self.0.grid.window);
+        T::of(self.0.limit) * w - T::of(cur) * w - T::of(v.prev) * (w - T::of(v.elapsed))
     }
 
     /// The first instant at which `cost` units would be allowed, as a wait from `now`.
-    fn retry_after(&self, v: &View, now: Nanos, cost: u64) -> u64 {
-        let w = self.0.grid.window as i128;
+    fn retry_after<T: Wide>(&self, v: &View, now: Nanos, cost: u64) -> u64 {
+        let w = T::of(self.0.grid.window);
+        let (zero, one) = (T::of(0), T::of(1));
         let end = v.start.saturating_add(self.0.grid.window);
         // Still in this window: need prev·(W − e') < R with R = (L − cur − c + 1)·W.
-        let r = (self.0.limit as i128 - v.cur as i128 - cost as i128 + 1) * w;
-        if r > 0 && v.prev > 0 {
-            let e = w + 1 - ceil_div(r, v.prev as i128);
+        let r = (T::of(self.0.limit) - T::of(v.cur) - T::of(cost) + one) * w;
+        if r > zero && v.prev > 0 {
+            let e = w + one - ceil_div(r, T::of(v.prev));
             if e < w {
-                return (v.start as i128 + e.max(0) - now as i128).max(0) as u64;
+                return (v.start as i128 + e.max(zero).wide() - now as i128).max(0) as u64;
             }
         }
         // Next window: prev' = cur, cur' = 0; need cur·(W − e') < (L − c + 1)·W.
-        let r = (self.0.limit as i128 - cost as i128 + 1) * w;
+        let r = (T::of(self.0.limit) - T::of(cost) + one) * w;
         let e = if v.cur == 0 {
-            0
+            zero
         } else {
-            (w + 1 - ceil_div(r, v.cur as i128)).max(0)
+            (w + one - ceil_div(r, T::of(v.cur))).max(zero)
         };
         if e < w {
-            return (end as i128 + e - now as i128).max(0) as u64;
+            return (end as i128 + e.wide() - now as i128).max(0) as u64;
         }
         // The window after: both counts have slid out.
         end.saturating_add(self.0.grid.window).saturating_sub(now)
     }
-}
 
-fn ceil_div(a: i128, b: i128) -> i128 {
-    (a + b - 1) / b
-}
-
-impl WordRule for SlidingWindow {
+    /// [`WordRule::decide`] on a view, in `T`'s arithmetic.
     #[inline]
-    fn decide(&self, state: u64, now: Nanos, cost: u64) -> (Decision, u64) {
-        let v = self.view(state, now);
-        let w = self.0.grid.window as u128;
-        let weighted_prev = v.prev as u128 * (w - v.elapsed as u128);
+    fn decide_in<T: Wide>(&self, v: &View, state: u64, now: Nanos, cost: u64) -> (Decision, u64) {
+        let w = T::of(self.0.grid.window);
+        let weighted_prev = T::of(v.prev) * (w - T::of(v.elapsed));
         let allowed =
-            cost == 0 || (v.cur + cost - 1) as u128 * w + weighted_prev < self.0.limit as u128 * w;
+            cost == 0 || T::of(v.cur + cost - 1) * w + weighted_prev < T::of(self.0.limit) * w;
         let cur = if allowed { v.cur + cost } else { v.cur };
         let end = v.start.saturating_add(self.0.grid.window);
         let reset_after = if cur > 0 {
@@ -200,11 +196,11 @@ impl WordRule for SlidingWindow {
             retry_after: if allowed {
                 0
             } else {
-                self.retry_after(&v, now, cost)
+                self.retry_after::<T>(v, now, cost)
             },
             reset_after,
             delay: 0,
-            remaining: Remaining::ceil(self.headroom(&v, cur), self.0.grid.window),
+            remaining: Remaining::ceil(self.headroom::<T>(v, cur).wide(), self.0.grid.window),
         };
         let next = if allowed && cost > 0 && self.0.writable(v.index) {
             pack(v.index, v.prev, cur)
@@ -212,6 +208,70 @@ impl WordRule for SlidingWindow {
             state
         };
         (decision, next)
+    }
+
+    /// Whether every product of `decide_in` fits in an `i64` for this view and cost: each is
+    /// at most `(max(cur, prev) + cost + L)·W`, kept ≤ 2^61. True for any `W` up to 2^61 / 2^22
+    /// ns (6.5 days) whatever the counts; the `i128` path (a division that is a library call
+    /// on x86-64) serves the rest.
+    #[inline]
+    fn fits_i64(&self, v: &View, cost: u64) -> bool {
+        cost <= self.0.limit
+            && (v.cur.max(v.prev) + cost + self.0.limit)
+                .checked_mul(self.0.grid.window)
+                .is_some_and(|bound| bound <= 1 << 61)
+    }
+}
+
+/// The signed integers the sliding window computes in: `i64` when every product fits (almost
+/// always), `i128` otherwise. One formula, two widths.
+trait Wide:
+    Copy
+    + Ord
+    + std::ops::Add<Output = Self>
+    + std::ops::Sub<Output = Self>
+    + std::ops::Mul<Output = Self>
+    + std::ops::Div<Output = Self>
+{
+    fn of(n: u64) -> Self;
+    fn wide(self) -> i128;
+}
+
+impl Wide for i64 {
+    #[inline]
+    fn of(n: u64) -> Self {
+        n as i64 // callers check `fits_i64` first: every operand is ≤ 2^61
+    }
+    #[inline]
+    fn wide(self) -> i128 {
+        self as i128
+    }
+}
+
+impl Wide for i128 {
+    #[inline]
+    fn of(n: u64) -> Self {
+        n as i128
+    }
+    #[inline]
+    fn wide(self) -> i128 {
+        self
+    }
+}
+
+fn ceil_div<T: Wide>(a: T, b: T) -> T {
+    (a + b - T::of(1)) / b
+}
+
+impl WordRule for SlidingWindow {
+    #[inline]
+    fn decide(&self, state: u64, now: Nanos, cost: u64) -> (Decision, u64) {
+        let v = self.view(state, now);
+        if self.fits_i64(&v, cost) {
+            self.decide_in::<i64>(&v, state, now, cost)
+        } else {
+            self.decide_in::<i128>(&v, state, now, cost)
+        }
     }
 
     /// Takes the units off the current window's count first, then off the previous one's (where
@@ -264,6 +324,38 @@ mod tests {
             s = next;
         }
         assert_eq!(allowed, 3);
+    }
+
+    /// The `i64` fast path computes what the `i128` path computes, wherever it is taken.
+    #[test]
+    fn both_widths_agree() {
+        let mut checked = 0;
+        for (limit, window_ms) in [(1, 1), (10, 1000), (1000, 60_000), (MAX_LIMIT, 3_600_000)] {
+            let sw = rule(limit, window_ms);
+            let w = window_ms * MS;
+            let counts = [0, 1, limit / 2, limit.saturating_sub(1), limit];
+            for prev in counts {
+                for cur in counts {
+                    let state = pack(2, prev, cur);
+                    for now in [2 * w, 2 * w + 1, 2 * w + w / 3, 3 * w - 1, 3 * w + w / 2] {
+                        let v = sw.view(state, now);
+                        for cost in [0, 1, limit / 3, limit] {
+                            if !sw.fits_i64(&v, cost) {
+                                continue;
+                            }
+                            let narrow = sw.decide_in::<i64>(&v, state, now, cost);
+                            let wide = sw.decide_in::<i128>(&v, state, now, cost);
+                            assert_eq!(
+                                narrow, wide,
+                                "L={limit} W={window_ms}ms {prev}/{cur} t={now} c={cost}"
+                            );
+                            checked += 1;
+                        }
+                    }
+                }
+            }
+        }
+        assert!(checked > 300, "the fast path was taken {checked} times");
     }
 
     #[test]

@@ -113,7 +113,7 @@ where
         &self,
         key: &Q,
         rule: &A,
-        now: impl Fn() -> Nanos,
+        now: impl Fn() -> Nanos + Copy,
         cost: u64,
         commit: bool,
         sweep: impl FnOnce() -> usize,
@@ -123,9 +123,10 @@ where
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
+        // `now` by value, not `&now`: the forwarding `Fn for &F` layer was not inlined.
         if let Some(decision) = self
             .store
-            .with_existing(key, |cell| rule.acquire_live(cell, &now, cost, commit))
+            .with_existing(key, |cell| rule.acquire_live(cell, now, cost, commit))
         {
             return Ok(decision);
         }

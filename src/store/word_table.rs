@@ -157,76 +157,11 @@ impl<K: Send + Sync, H> WordTable<K, H> {
         }
     }
 
-    /// The shard's current table (under its lock).
-    fn current(&self, shard: usize) -> Arc<Table<K>> {
-        self.shards[shard].lock().table.clone()
-    }
-}
-
-/// What one lookup on one table found.
-enum Found<R> {
-    /// `f`'s result, or `None` for a key absent or tombstoned there.
-    Done(Option<R>),
-    /// The key's cell had moved: the table is stale.
-    Moved,
-}
-
-impl<K, H> WordTable<K, H>
-where
-    K: Send + Sync,
-{
-    /// One lookup of `key` on `table`.
-    #[inline]
-    fn look<Q, R>(
-        &self,
-        table: &Table<K>,
-        hash: u64,
-        key: &Q,
-        f: &mut impl FnMut(&AtomicWord) -> Option<R>,
-    ) -> Found<R>
-    where
-        K: Borrow<Q>,
-        Q: Eq + ?Sized,
-    {
-        match find(table, hash, key) {
-            Err(_) => Found::Done(None),
-            Ok(slot) => match f(&slot.state) {
-                Some(result) => Found::Done(Some(result)),
-                // Moved is final: the table is stale. A tombstone (or a key revived since):
-                // absent here; the insert path looks again under the lock.
-                None if slot.state.load() == self.retired.moved => Found::Moved,
-                None => Found::Done(None),
-            },
-        }
-    }
-
-    /// The lookup off the fast path: this thread has no table of the shard yet, or its table is
-    /// stale, or the cache is in use further up the stack (a clock that calls its own limiter).
+    /// The shard's current table (under its lock): off the fast path.
     #[cold]
     #[inline(never)]
-    fn look_again<Q, R>(
-        &self,
-        cached: Option<&mut Option<Arc<Table<K>>>>,
-        shard: usize,
-        hash: u64,
-        key: &Q,
-        f: &mut impl FnMut(&AtomicWord) -> Option<R>,
-    ) -> Option<R>
-    where
-        K: Borrow<Q>,
-        Q: Eq + ?Sized,
-    {
-        let mut cached = cached;
-        loop {
-            let table = self.current(shard);
-            let found = self.look(&table, hash, key, f);
-            if let Some(cached) = cached.as_deref_mut() {
-                *cached = Some(table);
-            }
-            if let Found::Done(result) = found {
-                return result;
-            }
-        }
+    fn current(&self, shard: usize) -> Arc<Table<K>> {
+        self.shards[shard].lock().table.clone()
     }
 }
 
@@ -278,25 +213,40 @@ where
     {
         let (hash, shard) = self.hash(key);
         let shard = shard % SHARDS;
+        let moved = self.retired.moved;
         self.cache.with(|cache| {
-            let Ok(mut cache) = cache.0.try_borrow_mut() else {
-                return self.look_again(None, shard, hash, key, &mut f);
-            };
-            let cached = &mut cache[shard];
-            // The fast path, written out: `f`'s result goes back as it is (moving a decision
-            // through another enum made the compiler spill it and stall on the reload).
-            if let Some(table) = cached {
-                match find(table, hash, key) {
-                    Err(_) => return None,
-                    Ok(slot) => {
-                        let result = f(&slot.state);
-                        if result.is_some() || slot.state.load() != self.retired.moved {
-                            return result;
+            // The cache is in use further up the stack only when a clock calls its own
+            // limiter; that lookup then holds its table here instead.
+            let mut cached = cache.0.try_borrow_mut().ok();
+            let mut held: Option<Arc<Table<K>>> = None;
+            // One loop and one call of `f`, so that its result stays in registers: a second
+            // path returning it through memory made the compiler copy every decision through
+            // the stack, and the copy stalled on store forwarding (benches/README.md).
+            loop {
+                let table = match cached.as_deref() {
+                    Some(cache) => cache[shard].as_deref(),
+                    None => held.as_deref(),
+                };
+                if let Some(table) = table {
+                    match find(table, hash, key) {
+                        Err(_) => return None,
+                        Ok(slot) => {
+                            let result = f(&slot.state);
+                            // Moved is final: the table is stale. A tombstone (or a key revived
+                            // since): absent here; the insert path looks again under the lock.
+                            if result.is_some() || slot.state.load() != moved {
+                                return result;
+                            }
                         }
                     }
                 }
+                // No table of the shard cached yet, or a stale one.
+                let table = self.current(shard);
+                match cached.as_deref_mut() {
+                    Some(cache) => cache[shard] = Some(table),
+                    None => held = Some(table),
+                }
             }
-            self.look_again(Some(cached), shard, hash, key, &mut f)
         })
     }
 
