@@ -280,3 +280,52 @@ fn max_keys_holds_under_concurrent_inserts() {
         }
     }
 }
+
+/// A clock that checks its own limiter (another key) on every reading: the nested lookup must
+/// find its own way to the key's table while the outer lookup holds this thread's cached one,
+/// and both decisions must count.
+#[test]
+fn a_clock_that_checks_its_own_limiter() {
+    use std::sync::{Arc, OnceLock};
+    use tollgate::clock::Clock;
+
+    type Nested = KeyedLimiter<u64, Gcra, Arc<NestingClock>>;
+    struct NestingClock {
+        limiter: OnceLock<std::sync::Weak<Nested>>,
+        nested: AtomicUsize,
+        time: ManualClock,
+    }
+    impl Clock for NestingClock {
+        fn now(&self) -> u64 {
+            // Only from the outer call: a nested call's own reading does not nest again.
+            if self.nested.fetch_add(1, Ordering::SeqCst) % 2 == 0 {
+                if let Some(limiter) = self.limiter.get().and_then(|l| l.upgrade()) {
+                    limiter.check(&u64::MAX).unwrap();
+                }
+            }
+            self.time.now()
+        }
+    }
+
+    let rule = Gcra::new(Quota::per_second(1_000).unwrap().with_burst(1_000).unwrap()).unwrap();
+    let clock = Arc::new(NestingClock {
+        limiter: OnceLock::new(),
+        nested: AtomicUsize::new(1), // the reading at construction does not nest
+        time: ManualClock::new(),
+    });
+    let limiter: Arc<Nested> = Arc::new(KeyedLimiter::with_clock(rule, clock.clone()).unwrap());
+    let _ = clock.limiter.set(Arc::downgrade(&limiter));
+    for round in 0..300 {
+        for key in 0..3u64 {
+            assert!(
+                limiter.check(&key).unwrap().allowed(),
+                "round {round} key {key}"
+            );
+        }
+    }
+    // Every key (the clock's own included) holds what it was charged.
+    for key in 0..3u64 {
+        assert_eq!(limiter.peek(&key, 1).unwrap().remaining(), 1_000 - 300 - 1);
+    }
+    assert!(limiter.peek(&u64::MAX, 1).unwrap().remaining() < 1_000 - 300);
+}

@@ -222,7 +222,7 @@ where
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
-        self.decide(key, 1, true)
+        self.decide(key, 1)
     }
 
     /// Decides a request of cost `cost` for `key`, and counts it if allowed.
@@ -236,7 +236,7 @@ where
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
-        self.decide(key, cost, true)
+        self.decide(key, cost)
     }
 
     /// The decision a request of cost `cost` for `key` would get now; changes nothing and
@@ -293,7 +293,7 @@ where
     }
 
     #[inline]
-    fn decide<Q>(&self, key: &Q, cost: u64, commit: bool) -> Result<Decision, Error>
+    fn decide<Q>(&self, key: &Q, cost: u64) -> Result<Decision, Error>
     where
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
@@ -307,7 +307,7 @@ where
                 at.rule(),
                 || at.now(),
                 cost,
-                commit,
+                true,
                 || self.core.sweep(&sweep),
             );
             if self.core.settle(&at, &sweep) {

@@ -32,7 +32,7 @@
 //! - Only cells that are one [`AtomicWord`]: the sliding log keeps the dashmap store.
 
 use std::borrow::Borrow;
-use std::cell::RefCell;
+use std::cell::Cell;
 use std::hash::{BuildHasher, Hash};
 use std::sync::OnceLock;
 
@@ -106,12 +106,14 @@ struct Shard<K> {
     live: usize,
 }
 
-/// Each thread's cached table per shard (see the module docs, rule 3).
-struct Cache<K>(RefCell<[Option<Arc<Table<K>>>; SHARDS]>);
+/// Each thread's cached table per shard (see the module docs, rule 3). A lookup takes its
+/// shard's table out of the cell and puts it back when done; a lookup nested in it (a clock
+/// that calls its own limiter) finds the cell empty and fetches the table itself.
+struct Cache<K>([Cell<Option<Arc<Table<K>>>>; SHARDS]);
 
 impl<K> Default for Cache<K> {
     fn default() -> Self {
-        Cache(RefCell::new(std::array::from_fn(|_| None)))
+        Cache(std::array::from_fn(|_| Cell::new(None)))
     }
 }
 
@@ -215,38 +217,30 @@ where
         let shard = shard % SHARDS;
         let moved = self.retired.moved;
         self.cache.with(|cache| {
-            // The cache is in use further up the stack only when a clock calls its own
-            // limiter; that lookup then holds its table here instead.
-            let mut cached = cache.0.try_borrow_mut().ok();
-            let mut held: Option<Arc<Table<K>>> = None;
+            let cached = &cache.0[shard];
+            let mut table = cached.take();
             // One loop and one call of `f`, so that its result stays in registers: a second
             // path returning it through memory made the compiler copy every decision through
             // the stack, and the copy stalled on store forwarding (benches/README.md).
-            loop {
-                let table = match cached.as_deref() {
-                    Some(cache) => cache[shard].as_deref(),
-                    None => held.as_deref(),
-                };
-                if let Some(table) = table {
+            let result = loop {
+                if let Some(table) = table.as_deref() {
                     match find(table, hash, key) {
-                        Err(_) => return None,
+                        Err(_) => break None,
                         Ok(slot) => {
                             let result = f(&slot.state);
                             // Moved is final: the table is stale. A tombstone (or a key revived
                             // since): absent here; the insert path looks again under the lock.
                             if result.is_some() || slot.state.load() != moved {
-                                return result;
+                                break result;
                             }
                         }
                     }
                 }
                 // No table of the shard cached yet, or a stale one.
-                let table = self.current(shard);
-                match cached.as_deref_mut() {
-                    Some(cache) => cache[shard] = Some(table),
-                    None => held = Some(table),
-                }
-            }
+                table = Some(self.current(shard));
+            };
+            cached.set(table);
+            result
         })
     }
 
@@ -285,11 +279,8 @@ where
         let table = shard.table.clone();
         drop(shard);
         // This thread just paid for the lock: leave its cache current.
-        self.cache.with(|cache| {
-            if let Ok(mut cache) = cache.0.try_borrow_mut() {
-                cache[index % SHARDS] = Some(table);
-            }
-        });
+        self.cache
+            .with(|cache| cache.0[index % SHARDS].set(Some(table)));
         (result, inserted)
     }
 
