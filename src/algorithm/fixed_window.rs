@@ -4,7 +4,7 @@
 //! allow iff n + c ≤ L        then n += c
 //! ```
 
-use crate::algorithm::grid::{Lag, Windowed};
+use crate::algorithm::grid::{windowed_rule, Lag, Windowed};
 use crate::algorithm::WordRule;
 use crate::clock::Nanos;
 use crate::decision::{Decision, Remaining};
@@ -40,54 +40,13 @@ pub const MAX_LIMIT: u64 = COUNT_MASK - 1;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct FixedWindow(Windowed);
 
+windowed_rule!(
+    FixedWindow,
+    "fixed-window",
+    "The rule for `quota`: `W ≥ 1 ms`, `L ≤ 2^24 − 2`, no burst."
+);
+
 impl FixedWindow {
-    /// The rule for `quota`: `W ≥ 1 ms`, `L ≤ 2^24 − 2`, no burst.
-    pub fn new(quota: Quota) -> Result<FixedWindow, QuotaError> {
-        Windowed::new(&quota, "fixed-window", MAX_LIMIT, INDEX_BITS).map(FixedWindow)
-    }
-
-    /// `L`.
-    pub fn limit(&self) -> u64 {
-        self.0.limit
-    }
-
-    /// `L`: the largest cost that can ever be admitted.
-    pub fn capacity(&self) -> u64 {
-        self.0.limit
-    }
-
-    /// `W` in nanoseconds.
-    pub fn window(&self) -> u64 {
-        self.0.grid.window
-    }
-
-    pub(crate) fn period(&self) -> Nanos {
-        self.0.grid.window
-    }
-
-    pub(crate) fn take_over(self, previous: &Self, now: Nanos) -> Self {
-        Self(self.0.take_over(&previous.0, now))
-    }
-
-    // By reference on purpose: `Algorithm::to_words(&self)` forwards here, and a by-value
-    // inherent method would lose method resolution to the trait method (endless recursion).
-    #[allow(clippy::wrong_self_convention)]
-    pub(crate) fn to_words(&self) -> Words {
-        self.0.to_words()
-    }
-
-    pub(crate) fn from_words(words: Words) -> Self {
-        Self(Windowed::from_words(words, INDEX_BITS))
-    }
-
-    pub(crate) fn horizon(&self) -> &Windowed {
-        &self.0
-    }
-
-    pub(crate) fn rebase(self, now: Nanos) -> Self {
-        Self(self.0.rebase(now))
-    }
-
     /// (window index, window start, n) of `state` as seen at `now`.
     #[inline]
     fn current(&self, state: u64, now: Nanos) -> (u64, Nanos, u64) {

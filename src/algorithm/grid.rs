@@ -211,3 +211,60 @@ impl Windowed {
         }
     }
 }
+
+/// The methods both window counters share, forwarded to their [`Windowed`]: `$name` wraps one
+/// and its module defines `MAX_LIMIT` and `INDEX_BITS`; `$doc` is the constructor's doc line.
+macro_rules! windowed_rule {
+    ($name:ident, $algorithm:literal, $doc:literal) => {
+        impl $name {
+            #[doc = $doc]
+            pub fn new(quota: Quota) -> Result<$name, QuotaError> {
+                Windowed::new(&quota, $algorithm, MAX_LIMIT, INDEX_BITS).map($name)
+            }
+
+            /// `L`.
+            pub fn limit(&self) -> u64 {
+                self.0.limit
+            }
+
+            /// `L`: the largest cost that can ever be admitted.
+            pub fn capacity(&self) -> u64 {
+                self.0.limit
+            }
+
+            /// `W` in nanoseconds.
+            pub fn window(&self) -> u64 {
+                self.0.grid.window
+            }
+
+            pub(crate) fn period(&self) -> Nanos {
+                self.0.grid.window
+            }
+
+            pub(crate) fn take_over(self, previous: &Self, now: Nanos) -> Self {
+                Self(self.0.take_over(&previous.0, now))
+            }
+
+            // By reference on purpose: `Algorithm::to_words(&self)` forwards here, and a
+            // by-value inherent method would lose method resolution to the trait method
+            // (endless recursion).
+            #[allow(clippy::wrong_self_convention)]
+            pub(crate) fn to_words(&self) -> Words {
+                self.0.to_words()
+            }
+
+            pub(crate) fn from_words(words: Words) -> Self {
+                Self(Windowed::from_words(words, INDEX_BITS))
+            }
+
+            pub(crate) fn horizon(&self) -> &Windowed {
+                &self.0
+            }
+
+            pub(crate) fn rebase(self, now: Nanos) -> Self {
+                Self(self.0.rebase(now))
+            }
+        }
+    };
+}
+pub(crate) use windowed_rule;

@@ -7,7 +7,7 @@
 //! ```
 //! All in 128-bit integers: no floating point in any decision.
 
-use crate::algorithm::grid::{Lag, Windowed};
+use crate::algorithm::grid::{windowed_rule, Lag, Windowed};
 use crate::algorithm::WordRule;
 use crate::clock::Nanos;
 use crate::decision::{Decision, Remaining};
@@ -58,54 +58,13 @@ struct View {
     cur: u64,
 }
 
+windowed_rule!(
+    SlidingWindow,
+    "sliding-window",
+    "The rule for `quota`: `W ≥ 1 ms`, `L ≤ 2^20 − 1`, no burst."
+);
+
 impl SlidingWindow {
-    /// The rule for `quota`: `W ≥ 1 ms`, `L ≤ 2^20 − 1`, no burst.
-    pub fn new(quota: Quota) -> Result<SlidingWindow, QuotaError> {
-        Windowed::new(&quota, "sliding-window", MAX_LIMIT, INDEX_BITS).map(SlidingWindow)
-    }
-
-    /// `L`.
-    pub fn limit(&self) -> u64 {
-        self.0.limit
-    }
-
-    /// `L`: the largest cost that can ever be admitted.
-    pub fn capacity(&self) -> u64 {
-        self.0.limit
-    }
-
-    /// `W` in nanoseconds.
-    pub fn window(&self) -> u64 {
-        self.0.grid.window
-    }
-
-    pub(crate) fn period(&self) -> Nanos {
-        self.0.grid.window
-    }
-
-    pub(crate) fn take_over(self, previous: &Self, now: Nanos) -> Self {
-        Self(self.0.take_over(&previous.0, now))
-    }
-
-    // By reference on purpose: `Algorithm::to_words(&self)` forwards here, and a by-value
-    // inherent method would lose method resolution to the trait method (endless recursion).
-    #[allow(clippy::wrong_self_convention)]
-    pub(crate) fn to_words(&self) -> Words {
-        self.0.to_words()
-    }
-
-    pub(crate) fn from_words(words: Words) -> Self {
-        Self(Windowed::from_words(words, INDEX_BITS))
-    }
-
-    pub(crate) fn horizon(&self) -> &Windowed {
-        &self.0
-    }
-
-    pub(crate) fn rebase(self, now: Nanos) -> Self {
-        Self(self.0.rebase(now))
-    }
-
     #[inline]
     fn view(&self, state: u64, now: Nanos) -> View {
         let (index, start) = self.0.grid.locate(now);
