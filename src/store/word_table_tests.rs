@@ -112,3 +112,28 @@ fn a_stale_cached_table_is_refreshed_not_trusted() {
     });
     assert_eq!(get(&store, 1), Some(11));
 }
+
+/// Tables grow geometrically through the small sizes (kept at most half full) into the large
+/// ones (7/8): a shard is rebuilt a few times per doubling, never on every insert (a first
+/// version judged a table sized by the large rule as small, and rebuilt it on every insert of
+/// shards holding 257 to 640 keys).
+#[test]
+fn tables_grow_geometrically_across_the_small_limit() {
+    let store = store();
+    let mut rebuilds = 0;
+    let mut last = capacity(&store);
+    for key in 0..40_000u64 {
+        store.with_inserted(&key, |cell| add(cell, 1));
+        let now = capacity(&store);
+        if now != last {
+            rebuilds += 1;
+            last = now;
+        }
+    }
+    // 625 keys per shard on average: about 9 rebuilds each up to the large sizes, a few more.
+    assert!(
+        rebuilds < 64 * 14,
+        "{rebuilds} rebuilds for 40 000 keys in 64 shards"
+    );
+    assert!(rebuilds > 64 * 4, "{rebuilds}: the tables did grow");
+}
