@@ -176,7 +176,9 @@ pub trait Algorithm: Copy + Send + Sync + std::fmt::Debug + 'static + sealed::Se
 /// # Ok::<(), tollgate::QuotaError>(())
 /// ```
 pub trait WordRule: Copy {
-    /// (decision, next state). The next state equals `state` when denied or `cost == 0`.
+    /// (decision, next state). The next state equals `state` when denied or `cost == 0`. A cost
+    /// above the rule's capacity is denied with `retry_after` = `u64::MAX` ns (never), the state
+    /// unchanged (limiters refuse such a cost with [`crate::Error::CapacityExceeded`] instead).
     fn decide(&self, state: u64, now: Nanos, cost: u64) -> (Decision, u64);
     /// The state after giving back `cost` units at `now`.
     fn refunded(&self, state: u64, now: Nanos, cost: u64) -> u64;

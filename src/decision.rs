@@ -138,6 +138,18 @@ impl Decision {
         self.delay
     }
 
+    /// These figures for a request that can never be admitted (a cost above the rule's
+    /// capacity, given to a pure rule: limiters refuse it with [`Error::CapacityExceeded`]
+    /// first): denied, and no wait would help.
+    pub(crate) fn never(self) -> Self {
+        Decision {
+            allowed: false.into(),
+            retry_after: Nanos::MAX,
+            delay: 0,
+            ..self
+        }
+    }
+
     /// The decision for a cost-0 request or a peek of cost 0 on any state: always allowed.
     pub(crate) fn free(limit: u64, remaining: Remaining, reset_after: Nanos) -> Self {
         Decision {

@@ -76,6 +76,10 @@ fn pack(index: u64, n: u64) -> u64 {
 impl WordRule for FixedWindow {
     #[inline]
     fn decide(&self, state: u64, now: Nanos, cost: u64) -> (Decision, u64) {
+        if cost > self.0.limit {
+            // Never admissible; the figures are the state's own (and nothing overflows).
+            return (self.decide(state, now, 0).0.never(), state);
+        }
         let (index, start, n) = self.current(state, now);
         let to_end = start.saturating_add(self.0.grid.window).saturating_sub(now);
         let allowed = n + cost <= self.0.limit;

@@ -100,6 +100,11 @@ impl Gcra {
         now: Nanos,
         cost: u64,
     ) -> (Decision, u64, u64) {
+        if cost > self.burst {
+            // Never admissible; the figures are the state's own (and nothing overflows).
+            let (decision, _, _) = self.decide_with_delay(tat, now, 0);
+            return (decision.never(), tat, 0);
+        }
         let start = tat.max(now);
         let debt = start - now; // ≤ an earlier span ≤ 2^62
         if cost == 0 {

@@ -225,6 +225,10 @@ fn ceil_div<T: Wide>(a: T, b: T) -> T {
 impl WordRule for SlidingWindow {
     #[inline]
     fn decide(&self, state: u64, now: Nanos, cost: u64) -> (Decision, u64) {
+        if cost > self.0.limit {
+            // Never admissible; the figures are the state's own (and nothing overflows).
+            return (self.decide(state, now, 0).0.never(), state);
+        }
         let v = self.view(state, now);
         if self.fits_i64(&v, cost) {
             self.decide_in::<i64>(&v, state, now, cost)
