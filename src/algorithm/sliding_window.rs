@@ -169,16 +169,16 @@ impl SlidingWindow {
         (decision, next)
     }
 
-    /// Whether every product of `decide_in` fits in an `i64` for this view and cost: each is
-    /// at most `(max(cur, prev) + cost + L)·W`, kept ≤ 2^61. True for any `W` up to 2^61 / 2^22
-    /// ns (6.5 days) whatever the counts; the `i128` path (a division that is a library call
-    /// on x86-64) serves the rest.
+    /// Whether every product of `decide_in` fits in an `i64` for this view and a cost of at
+    /// most `L` (`decide` denies larger ones first): each is at most
+    /// `(max(cur, prev) + cost + L)·W`, kept ≤ 2^61. True for any `W` up to 2^61 / 2^22 ns
+    /// (6.5 days) whatever the counts; the `i128` path (a division that is a library call on
+    /// x86-64) serves the rest.
     #[inline]
     fn fits_i64(&self, v: &View, cost: u64) -> bool {
-        cost <= self.0.limit
-            && (v.cur.max(v.prev) + cost + self.0.limit)
-                .checked_mul(self.0.grid.window)
-                .is_some_and(|bound| bound <= 1 << 61)
+        (v.cur.max(v.prev) + cost + self.0.limit)
+            .checked_mul(self.0.grid.window)
+            .is_some_and(|bound| bound <= 1 << 61)
     }
 }
 
