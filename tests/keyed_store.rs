@@ -281,9 +281,11 @@ fn max_keys_holds_under_concurrent_inserts() {
     }
 }
 
-/// A clock that checks its own limiter (another key) on every reading: the nested lookup must
-/// find its own way to the key's table while the outer lookup holds this thread's cached one,
-/// and both decisions must count.
+/// A clock that checks its own limiter (another key, already held) on every reading: the nested
+/// lookup must find its own way to the key's table while the outer lookup holds this thread's
+/// cached one, and both decisions must count. (The clock's key is inserted first: a clock that
+/// inserts a key while the limiter inserts another may deadlock on their shard's lock, as
+/// `Clock::now` documents.)
 #[test]
 fn a_clock_that_checks_its_own_limiter() {
     use std::sync::{Arc, OnceLock};
@@ -314,6 +316,7 @@ fn a_clock_that_checks_its_own_limiter() {
         time: ManualClock::new(),
     });
     let limiter: Arc<Nested> = Arc::new(KeyedLimiter::with_clock(rule, clock.clone()).unwrap());
+    limiter.check(&u64::MAX).unwrap();
     let _ = clock.limiter.set(Arc::downgrade(&limiter));
     for round in 0..300 {
         for key in 0..3u64 {

@@ -10,6 +10,10 @@ pub type Nanos = u64;
 /// to the newest one it has seen, as the SPEC requires.
 pub trait Clock: Send + Sync {
     /// The current time in nanoseconds since this clock's origin.
+    ///
+    /// A limiter may read its clock while it holds one of its own locks (a shard's while it
+    /// inserts a key, a sliding log's): `now` must not insert a key into, or check a sliding log
+    /// of, the limiter that reads it, or the two calls may wait for each other forever.
     fn now(&self) -> Nanos;
 
     /// The smallest step between two distinct readings, in nanoseconds.
