@@ -76,10 +76,11 @@ fn pack(index: u64, n: u64) -> u64 {
 impl WordRule for FixedWindow {
     #[inline]
     fn decide(&self, state: u64, now: Nanos, cost: u64) -> (Decision, u64) {
-        if cost > self.0.limit {
-            // Never admissible; the figures are the state's own (and nothing overflows).
-            return (self.decide(state, now, 0).0.never(), state);
-        }
+        // A cost above `L` is never admissible: decided as cost 0 (the state's own figures),
+        // then denied. (Not a recursive or out-of-line call: either kept this function from
+        // being inlined or spilled registers around the call.)
+        let never = cost > self.0.limit;
+        let cost = if never { 0 } else { cost };
         let (index, start, n) = self.current(state, now);
         let to_end = start.saturating_add(self.0.grid.window).saturating_sub(now);
         let allowed = n + cost <= self.0.limit;
@@ -97,6 +98,9 @@ impl WordRule for FixedWindow {
         } else {
             state
         };
+        if never {
+            return (decision.never(), state);
+        }
         (decision, next)
     }
 

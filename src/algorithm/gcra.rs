@@ -100,17 +100,19 @@ impl Gcra {
         now: Nanos,
         cost: u64,
     ) -> (Decision, u64, u64) {
-        if cost > self.burst {
-            // Never admissible; the figures are the state's own (and nothing overflows).
-            let (decision, _, _) = self.decide_with_delay(tat, now, 0);
-            return (decision.never(), tat, 0);
-        }
         let start = tat.max(now);
         let debt = start - now; // ≤ an earlier span ≤ 2^62
-        if cost == 0 {
-            // Always allowed, nothing changes; the shaping delay is still SPEC §3's `tat − t`
-            // (the queue's current wait), not 0.
-            return (self.figures(true, debt, debt, 0), tat, debt);
+        if cost == 0 || cost > self.burst {
+            // Nothing changes. Cost 0 is always allowed, and its shaping delay is still SPEC
+            // §3's `tat − t` (the queue's current wait), not 0. A cost above `B` is never
+            // admissible; its figures are the state's own. (No recursive call for it: that kept
+            // this function from being inlined, +50 instructions a direct check.)
+            let free = self.figures(true, debt, debt, 0);
+            return if cost == 0 {
+                (free, tat, debt)
+            } else {
+                (free.never(), tat, 0)
+            };
         }
         let increment = cost * self.interval; // cost ≤ B, so ≤ B·T ≤ 2^62
         let debt_after = debt + increment; // ≤ 2^63

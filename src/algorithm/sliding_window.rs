@@ -225,16 +225,21 @@ fn ceil_div<T: Wide>(a: T, b: T) -> T {
 impl WordRule for SlidingWindow {
     #[inline]
     fn decide(&self, state: u64, now: Nanos, cost: u64) -> (Decision, u64) {
-        if cost > self.0.limit {
-            // Never admissible; the figures are the state's own (and nothing overflows).
-            return (self.decide(state, now, 0).0.never(), state);
-        }
+        // A cost above `L` is never admissible: decided as cost 0 (the state's own figures),
+        // then denied. (Not a recursive or out-of-line call: either kept this function from
+        // being inlined or spilled registers around the call, +37 instructions a check.)
+        let never = cost > self.0.limit;
+        let cost = if never { 0 } else { cost };
         let v = self.view(state, now);
-        if self.fits_i64(&v, cost) {
+        let (decision, next) = if self.fits_i64(&v, cost) {
             self.decide_in::<i64>(&v, state, now, cost)
         } else {
             self.decide_in::<i128>(&v, state, now, cost)
+        };
+        if never {
+            return (decision.never(), state);
         }
+        (decision, next)
     }
 
     /// Takes the units off the current window's count first, then off the previous one's (where
