@@ -307,7 +307,6 @@ where
                 at.rule(),
                 || at.now(),
                 cost,
-                true,
                 || self.core.sweep(&sweep),
             );
             if self.core.settle(&at, &sweep) {

@@ -115,7 +115,6 @@ where
         rule: &A,
         now: impl Fn() -> Nanos + Copy,
         cost: u64,
-        commit: bool,
         sweep: impl FnOnce() -> usize,
     ) -> Result<Decision, Error>
     where
@@ -126,11 +125,11 @@ where
         // `now` by value, not `&now`: the forwarding `Fn for &F` layer was not inlined.
         if let Some(decision) = self
             .store
-            .with_existing(key, |cell| rule.acquire_live(cell, now, cost, commit))
+            .with_existing(key, |cell| rule.acquire_live(cell, now, cost, true))
         {
             return Ok(decision);
         }
-        self.decide_new_key(key, rule, now, cost, commit, sweep)
+        self.decide_new_key(key, rule, now, cost, sweep)
     }
 
     /// The decision a request of `cost` for `key` would get; changes nothing, inserts nothing.
@@ -180,7 +179,6 @@ where
         rule: &A,
         now: impl Fn() -> Nanos,
         cost: u64,
-        commit: bool,
         sweep: impl FnOnce() -> usize,
     ) -> Result<Decision, Error>
     where
@@ -198,7 +196,7 @@ where
             self.keys.fetch_add(1, Ordering::Relaxed);
             let (decision, inserted) = self
                 .store
-                .with_inserted(key, |cell| rule.acquire(cell, &now, cost, commit));
+                .with_inserted(key, |cell| rule.acquire(cell, &now, cost, true));
             if !inserted {
                 // Relaxed: gives back the place counted above; a counter.
                 self.keys.fetch_sub(1, Ordering::Relaxed);
@@ -218,18 +216,18 @@ where
             // The key may have been inserted by another thread meanwhile.
             if let Some(decision) = self
                 .store
-                .with_existing(key, |cell| rule.acquire_live(cell, &now, cost, commit))
+                .with_existing(key, |cell| rule.acquire_live(cell, &now, cost, true))
             {
                 return Ok(decision);
             }
             return match policy {
                 OverflowPolicy::Deny => Err(Error::KeyTableFull { max_keys }),
-                OverflowPolicy::Shared => Ok(rule.acquire(&self.overflow, &now, cost, commit)),
+                OverflowPolicy::Shared => Ok(rule.acquire(&self.overflow, &now, cost, true)),
             };
         }
         let (decision, inserted) = self
             .store
-            .with_inserted(key, |cell| rule.acquire(cell, &now, cost, commit));
+            .with_inserted(key, |cell| rule.acquire(cell, &now, cost, true));
         if !inserted {
             // Relaxed: gives back the place reserved above; a counter.
             self.keys.fetch_sub(1, Ordering::Relaxed);

@@ -89,14 +89,7 @@ fn table(max_keys: Option<(usize, OverflowPolicy)>) -> Table {
 
 /// A checked cost-1 request for `key`, judged at `at`.
 fn admit_at(table: &Table, key: u64, at: Nanos) -> Result<Decision, Error> {
-    table.decide(
-        &key,
-        &rule(),
-        || at,
-        1,
-        true,
-        || table.evict_fresh(&rule(), at),
-    )
+    table.decide(&key, &rule(), || at, 1, || table.evict_fresh(&rule(), at))
 }
 
 fn admit(table: &Table, key: u64) -> Result<Decision, Error> {

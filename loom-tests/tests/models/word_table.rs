@@ -40,14 +40,7 @@ fn table() -> Table {
 
 fn admit_at(table: &Table, key: u64, at: Nanos) -> bool {
     table
-        .decide(
-            &key,
-            &rule(),
-            || at,
-            1,
-            true,
-            || table.evict_fresh(&rule(), at),
-        )
+        .decide(&key, &rule(), || at, 1, || table.evict_fresh(&rule(), at))
         .unwrap()
         .allowed()
 }
