@@ -7,7 +7,8 @@
 //!   keyed limiter and against the plain reference model of SPEC.md
 //!   (`tests/support/reference.rs`); every decision and every figure must be equal.
 //! - `construction`: quotas and limiters from arbitrary numbers: a typed error or a working
-//!   limiter, never a panic or an overflow, whatever is then asked of it.
+//!   limiter, never a panic or an overflow, whatever is then asked of it; the one-word rules'
+//!   pure functions too, on any state, time and cost.
 //! - `replay_parser`: arbitrary bytes as a trace: parsed, replayed, never a panic.
 
 #![allow(clippy::new_without_default)]
@@ -20,7 +21,7 @@ use std::time::Duration;
 
 use arbitrary::{Arbitrary, Unstructured};
 use reference::{Algo, Model, Monotonic, Outcome};
-use tollgate::algorithm::Algorithm;
+use tollgate::algorithm::{Algorithm, WordRule};
 use tollgate::clock::ManualClock;
 use tollgate::{
     Decision, Error, FixedWindow, Gcra, KeyedLimiter, LeakyQueue, Quota, SlidingLog, SlidingWindow,
@@ -309,12 +310,42 @@ fn construction(c: &Construction) {
         return;
     };
     match c.algorithm % 5 {
-        0 => exercise(Gcra::new(quota), c),
-        1 => exercise(LeakyQueue::new(quota), c),
-        2 => exercise(FixedWindow::new(quota), c),
-        3 => exercise(SlidingWindow::new(quota), c),
+        0 => word_rule(Gcra::new(quota), c),
+        1 => word_rule(LeakyQueue::new(quota), c),
+        2 => word_rule(FixedWindow::new(quota), c),
+        3 => word_rule(SlidingWindow::new(quota), c),
         _ => exercise(SlidingLog::new(quota), c),
     }
+}
+
+/// A one-word rule: as a limiter ([`exercise`]), and as a public pure rule, which takes any
+/// state, time and cost (no capacity check before it): a decision, never a panic or overflow.
+fn word_rule<A: Algorithm + WordRule>(rule: Result<A, tollgate::QuotaError>, c: &Construction) {
+    if let Ok(rule) = rule {
+        let mut own = 0; // the states the rule itself produces, from fresh
+        for &(t, cost) in c.probes.iter().take(64) {
+            own = pure_decision(&rule, own, t, cost);
+            pure_decision(&rule, t.rotate_left(29) ^ cost, t, cost); // an arbitrary word
+        }
+    }
+    exercise(rule, c);
+}
+
+/// One call of each pure function on `state`; returns the next state.
+fn pure_decision<R: Algorithm + WordRule>(rule: &R, state: u64, t: u64, cost: u64) -> u64 {
+    let (d, next) = WordRule::decide(rule, state, t, cost);
+    let _ = (d.remaining(), d.retry_after(), d.reset_after(), d.delay());
+    if !d.allowed() || cost == 0 {
+        assert_eq!(next, state, "denied or free, yet the state changed");
+    }
+    if cost > rule.capacity() {
+        assert!(!d.allowed() && d.retry_after_nanos() == u64::MAX);
+    }
+    let _ = (
+        WordRule::refunded(rule, state, t, cost),
+        WordRule::is_fresh(rule, state, t),
+    );
+    next
 }
 
 fn exercise<A: Algorithm>(rule: Result<A, tollgate::QuotaError>, c: &Construction) {

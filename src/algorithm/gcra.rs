@@ -101,7 +101,7 @@ impl Gcra {
         cost: u64,
     ) -> (Decision, u64, u64) {
         let start = tat.max(now);
-        let debt = start - now; // ≤ an earlier span ≤ 2^62
+        let debt = start - now;
         if cost == 0 || cost > self.burst {
             // Nothing changes. Cost 0 is always allowed, and its shaping delay is still SPEC
             // §3's `tat − t` (the queue's current wait), not 0. A cost above `B` is never
@@ -115,8 +115,10 @@ impl Gcra {
             };
         }
         let increment = cost * self.interval; // cost ≤ B, so ≤ B·T ≤ 2^62
-        let debt_after = debt + increment; // ≤ 2^63
-                                           // The two largest values are a keyed store's marks (`RETIRED`), never a TAT.
+        // ≤ 2^63 for the states this rule writes (debt ≤ an earlier span); saturated, and so
+        // denied, for a state far beyond the span that the public pure rule may be given.
+        let debt_after = debt.saturating_add(increment);
+        // The two largest values are a keyed store's marks (`RETIRED`), never a TAT.
         match start
             .checked_add(increment)
             .filter(|next| *next < u64::MAX - 1)
