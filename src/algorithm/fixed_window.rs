@@ -38,7 +38,7 @@ pub const MAX_LIMIT: u64 = COUNT_MASK - 1;
 /// # Ok::<(), tollgate::QuotaError>(())
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct FixedWindow(Windowed);
+pub struct FixedWindow(Windowed<INDEX_BITS>);
 
 windowed_rule!(
     FixedWindow,

@@ -90,24 +90,23 @@ fn unwrap_index(stored: u64, low: u64, bits: u32) -> u64 {
 /// `base + 3Q` is refused ([`Windowed::writable`]) and the caller waits for that move, then
 /// decides again. A rule used on its own (never anchored) reads indices relative to each
 /// reading instead: exact for states less than `2^bits − 16` windows old.
+///
+/// `BITS` is a constant of each rule's layout (a type parameter rather than a field, so that
+/// `Q` and the masks below are constants on the hot path).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Windowed {
+pub(crate) struct Windowed<const BITS: u32> {
     pub limit: u64,
     pub grid: Grid,
     /// The anchor of stored indices (see above), or `UNANCHORED`.
     pub base: u64,
-    /// `bits`, the width of the stored index.
-    pub bits: u32,
 }
 
-impl Windowed {
-    /// `W ≥ 1 ms`, `L ≤ max_limit`, no burst; indices stored in `bits` bits.
-    pub fn new(
-        quota: &Quota,
-        algorithm: &'static str,
-        max_limit: u64,
-        bits: u32,
-    ) -> Result<Self, QuotaError> {
+impl<const BITS: u32> Windowed<BITS> {
+    /// `Q`: a quarter of the indices a state can tell apart.
+    const QUARTER: u64 = 1 << (BITS - 2);
+
+    /// `W ≥ 1 ms`, `L ≤ max_limit`, no burst.
+    pub fn new(quota: &Quota, algorithm: &'static str, max_limit: u64) -> Result<Self, QuotaError> {
         no_burst(quota, algorithm)?;
         let window = window_at_least_1ms(quota)?;
         let limit = limit_at_most(quota, max_limit)?;
@@ -115,25 +114,18 @@ impl Windowed {
             limit,
             grid: Grid::new(window),
             base: UNANCHORED,
-            bits,
         })
-    }
-
-    /// `Q`: a quarter of the indices a state can tell apart.
-    #[inline]
-    fn quarter(&self) -> u64 {
-        1 << (self.bits - 2)
     }
 
     /// Where `stored` lies relative to the reading at window `current`.
     #[inline]
     pub fn lag(&self, current: u64, stored: u64) -> Lag {
         let low = if self.base == UNANCHORED {
-            current.wrapping_sub((1 << self.bits) - 1 - AHEAD_TOLERANCE)
+            current.wrapping_sub((1 << BITS) - 1 - AHEAD_TOLERANCE)
         } else {
-            self.base.wrapping_sub(self.quarter())
+            self.base.wrapping_sub(Self::QUARTER)
         };
-        let index = unwrap_index(stored, low, self.bits);
+        let index = unwrap_index(stored, low, BITS);
         // Signed: both lie within 2^bits of each other.
         let behind = current.wrapping_sub(index) as i64;
         if behind >= 0 {
@@ -147,7 +139,7 @@ impl Windowed {
     /// `base + 3Q` for an anchored one.
     #[inline]
     pub fn writable(&self, index: u64) -> bool {
-        index < self.base.saturating_add(3 * self.quarter())
+        index < self.base.saturating_add(3 * Self::QUARTER)
     }
 
     /// The instant from which the limiter should move the base up: the start of window
@@ -157,7 +149,7 @@ impl Windowed {
         if self.base == UNANCHORED {
             return Nanos::MAX;
         }
-        let windows = (self.base + 2 * self.quarter()).saturating_sub(self.grid.first);
+        let windows = (self.base + 2 * Self::QUARTER).saturating_sub(self.grid.first);
         windows
             .checked_mul(self.grid.window)
             .and_then(|span| span.checked_add(self.grid.origin))
@@ -183,7 +175,6 @@ impl Windowed {
             limit: self.limit,
             grid: self.grid.take_over(&previous.grid, now),
             base: previous.base,
-            bits: self.bits,
         }
     }
 
@@ -197,8 +188,8 @@ impl Windowed {
         ]
     }
 
-    /// The words of a rule with `bits`-bit indices.
-    pub fn from_words([limit, window, origin, first, base]: Words, bits: u32) -> Self {
+    /// The words of a rule from [`Windowed::to_words`].
+    pub fn from_words([limit, window, origin, first, base]: Words) -> Self {
         Windowed {
             limit,
             grid: Grid {
@@ -207,7 +198,6 @@ impl Windowed {
                 first,
             },
             base,
-            bits,
         }
     }
 }
@@ -219,7 +209,7 @@ macro_rules! windowed_rule {
         impl $name {
             #[doc = $doc]
             pub fn new(quota: Quota) -> Result<$name, QuotaError> {
-                Windowed::new(&quota, $algorithm, MAX_LIMIT, INDEX_BITS).map($name)
+                Windowed::new(&quota, $algorithm, MAX_LIMIT).map($name)
             }
 
             /// `L`.
@@ -254,10 +244,10 @@ macro_rules! windowed_rule {
             }
 
             pub(crate) fn from_words(words: Words) -> Self {
-                Self(Windowed::from_words(words, INDEX_BITS))
+                Self(Windowed::from_words(words))
             }
 
-            pub(crate) fn horizon(&self) -> &Windowed {
+            pub(crate) fn horizon(&self) -> &Windowed<INDEX_BITS> {
                 &self.0
             }
 

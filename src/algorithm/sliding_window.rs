@@ -47,7 +47,7 @@ pub const MAX_LIMIT: u64 = COUNT_MASK;
 /// # Ok::<(), tollgate::QuotaError>(())
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct SlidingWindow(Windowed);
+pub struct SlidingWindow(Windowed<INDEX_BITS>);
 
 /// The counts a state stands for at some instant.
 struct View {
