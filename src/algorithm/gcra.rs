@@ -114,9 +114,10 @@ impl Gcra {
                 (free.never(), tat, 0)
             };
         }
-        let increment = cost * self.interval; // cost ≤ B, so ≤ B·T ≤ 2^62
-                                              // ≤ 2^63 for the states this rule writes (debt ≤ an earlier span); saturated, and so
-                                              // denied, for a state far beyond the span that the public pure rule may be given.
+        // cost ≤ B, so ≤ B·T ≤ 2^62.
+        let increment = cost * self.interval;
+        // ≤ 2^63 for the states this rule writes (debt ≤ an earlier span); saturated, and so
+        // denied, for a state far beyond the span, which the public pure rule may be given.
         let debt_after = debt.saturating_add(increment);
         // The two largest values are a keyed store's marks (`RETIRED`), never a TAT.
         match start
