@@ -73,14 +73,10 @@ fn pack(index: u64, n: u64) -> u64 {
     (index << COUNT_BITS) | n
 }
 
-impl WordRule for FixedWindow {
-    #[inline]
-    fn decide(&self, state: u64, now: Nanos, cost: u64) -> (Decision, u64) {
-        // A cost above `L` is never admissible: decided as cost 0 (the state's own figures),
-        // then denied. (Not a recursive or out-of-line call: either kept this function from
-        // being inlined or spilled registers around the call.)
-        let never = cost > self.0.limit;
-        let cost = if never { 0 } else { cost };
+impl FixedWindow {
+    /// `decide` for `cost ≤ L`.
+    #[inline(always)]
+    fn decide_within(&self, state: u64, now: Nanos, cost: u64) -> (Decision, u64) {
         let (index, start, n) = self.current(state, now);
         let to_end = start.saturating_add(self.0.grid.window).saturating_sub(now);
         let allowed = n + cost <= self.0.limit;
@@ -98,10 +94,15 @@ impl WordRule for FixedWindow {
         } else {
             state
         };
-        if never {
-            return (decision.never(), state);
-        }
         (decision, next)
+    }
+}
+
+impl WordRule for FixedWindow {
+    #[inline]
+    fn decide(&self, state: u64, now: Nanos, cost: u64) -> (Decision, u64) {
+        self.0
+            .within_limit(state, cost, |cost| self.decide_within(state, now, cost))
     }
 
     fn refunded(&self, state: u64, now: Nanos, cost: u64) -> u64 {

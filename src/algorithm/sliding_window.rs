@@ -170,7 +170,7 @@ impl SlidingWindow {
     }
 
     /// Whether every product of `decide_in` fits in an `i64` for this view and a cost of at
-    /// most `L` (`decide` denies larger ones first): each is at most
+    /// most `L` (`Windowed::within_limit` keeps larger ones out): each is at most
     /// `(max(cur, prev) + cost + L)·W`, kept ≤ 2^61. True for any `W` up to 2^61 / 2^22 ns
     /// (6.5 days) whatever the counts; the `i128` path (a division that is a library call on
     /// x86-64) serves the rest.
@@ -225,21 +225,14 @@ fn ceil_div<T: Wide>(a: T, b: T) -> T {
 impl WordRule for SlidingWindow {
     #[inline]
     fn decide(&self, state: u64, now: Nanos, cost: u64) -> (Decision, u64) {
-        // A cost above `L` is never admissible: decided as cost 0 (the state's own figures),
-        // then denied. (Not a recursive or out-of-line call: either kept this function from
-        // being inlined or spilled registers around the call, +37 instructions a check.)
-        let never = cost > self.0.limit;
-        let cost = if never { 0 } else { cost };
-        let v = self.view(state, now);
-        let (decision, next) = if self.fits_i64(&v, cost) {
-            self.decide_in::<i64>(&v, state, now, cost)
-        } else {
-            self.decide_in::<i128>(&v, state, now, cost)
-        };
-        if never {
-            return (decision.never(), state);
-        }
-        (decision, next)
+        self.0.within_limit(state, cost, |cost| {
+            let v = self.view(state, now);
+            if self.fits_i64(&v, cost) {
+                self.decide_in::<i64>(&v, state, now, cost)
+            } else {
+                self.decide_in::<i128>(&v, state, now, cost)
+            }
+        })
     }
 
     /// Takes the units off the current window's count first, then off the previous one's (where
