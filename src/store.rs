@@ -20,5 +20,5 @@ mod word_table;
 mod word_table_tests;
 
 pub use self::dashmap::DashMapStore;
-pub use self::keyed_store::KeyedStore;
+pub use self::keyed_store::{Evictor, Inserted, KeyedStore};
 pub use self::word_table::WordTable;

@@ -69,8 +69,9 @@ fn a_key_is_evicted_exactly_when_it_is_fresh() {
     test(SlidingLog::new(q).unwrap(), 1_010 * MS, 1_110 * MS);
 }
 
-/// A flood of unique keys over time: keys become fresh and are swept as new ones arrive, so the
-/// table stays within about twice the keys that still hold state.
+/// A flood of unique keys over time: keys become fresh and are evicted as new ones need their
+/// room, so the table stays within a small multiple of the keys that still hold state (about
+/// 3×, plus a few slots per shard).
 #[test]
 fn len_stays_bounded_under_a_flood_of_unique_keys() {
     fn test<A: Algorithm>(rule: A, live_for: u64) {
@@ -85,7 +86,8 @@ fn len_stays_bounded_under_a_flood_of_unique_keys() {
             assert!(lim.check(&key).unwrap().allowed());
             peak = peak.max(lim.len());
         }
-        let bound = 2 * live.max(1024) + 64;
+        println!("{}: peak {peak} keys held, {live} holding state", A::NAME);
+        let bound = 3 * live.max(1024) + 64 * 64;
         assert!(peak <= bound, "{}: peak {peak} > {bound}", A::NAME);
         assert!(peak >= live, "{}: the test did hold live keys", A::NAME);
         clock.advance(Duration::from_secs(10));

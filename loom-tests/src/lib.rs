@@ -50,7 +50,7 @@ pub mod store {
     //! over loom's atomics, mutex, `Arc` and per-thread values.
 
     pub use crate::dashmap_store::DashMapStore;
-    pub use crate::keyed_store::KeyedStore;
+    pub use crate::keyed_store::{Evictor, Inserted, KeyedStore};
     pub use crate::table::{KeyTable, OverflowPolicy};
     pub use crate::word_table::WordTable;
 }

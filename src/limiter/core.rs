@@ -149,6 +149,17 @@ impl<A: Algorithm, C: Clock> Core<A, C> {
         self.sweep_locked(sweep)
     }
 
+    /// Runs `judge` with the rule in force and a reading, holding off quota changes and
+    /// rebases meanwhile; `None` if one is running (never waits: a store calls this under its
+    /// own lock, which a sweep holding the writer lock may be waiting for) or if the reading
+    /// is past the rule's sweep instant (the rebase's own sweep will judge).
+    pub fn try_judge<R>(&self, judge: impl FnOnce(&A, Nanos) -> R) -> Option<R> {
+        let _writer = self.writer.try_lock()?;
+        let rule = self.rule();
+        let now = self.now();
+        (now <= rule.sweep_due()).then(|| judge(&rule, now))
+    }
+
     fn sweep_locked(&self, sweep: &impl Sweep<A>) -> usize {
         let rule = self.rule();
         let now = self.now();

@@ -8,7 +8,7 @@ use crate::decision::{Decision, Error};
 use crate::limiter::{Core, Sweep};
 use crate::quota::QuotaError;
 use crate::store::table::KeyTable;
-use crate::store::KeyedStore;
+use crate::store::{Evictor, KeyedStore};
 
 pub use crate::store::table::OverflowPolicy;
 
@@ -51,7 +51,12 @@ pub struct KeyedLimiter<K, A: Algorithm, C: Clock = QuantaClock, S = <A as Algor
     table: KeyTable<K, A::Cell, S>,
 }
 
-impl<K, A: Algorithm, C: Clock + std::fmt::Debug, S> std::fmt::Debug for KeyedLimiter<K, A, C, S> {
+impl<K, A, C, S> std::fmt::Debug for KeyedLimiter<K, A, C, S>
+where
+    A: Algorithm,
+    C: Clock + std::fmt::Debug,
+    S: KeyedStore<K, A::Cell>,
+{
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("KeyedLimiter")
             .field("rule", &self.core.rule())
@@ -299,16 +304,16 @@ where
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
         let sweep = self.sweep();
+        let evictor = LimiterEvictor {
+            core: &self.core,
+            sweep: &sweep,
+        };
         loop {
             let at = self.core.attempt();
             self.core.check_cost(at.rule(), cost)?;
-            let result = self.table.decide(
-                key,
-                at.rule(),
-                || at.now(),
-                cost,
-                || self.core.sweep(&sweep),
-            );
+            let result = self
+                .table
+                .decide(key, at.rule(), || at.now(), cost, &evictor);
             if self.core.settle(&at, &sweep) {
                 return result;
             }
@@ -318,6 +323,24 @@ where
     /// A keyed limiter's sweep: every key that is fresh evicted, the overflow state reset.
     fn sweep(&self) -> impl Sweep<A> + '_ {
         |rule: &A, now| self.table.sweep_all(rule, now)
+    }
+}
+
+/// What a keyed limiter lends its store to evict with: sweeps and judges run under the rule in
+/// force, with no quota change or rebase meanwhile (`Core::sweep`, `Core::try_judge`).
+struct LimiterEvictor<'a, A, C, W> {
+    core: &'a Core<A, C>,
+    sweep: &'a W,
+}
+
+impl<A: Algorithm, C: Clock, W: Sweep<A>> Evictor<A::Cell> for LimiterEvictor<'_, A, C, W> {
+    fn sweep(&self) -> usize {
+        self.core.sweep(self.sweep)
+    }
+
+    fn judging<R>(&self, f: impl FnOnce(&dyn Fn(&A::Cell) -> bool) -> R) -> Option<R> {
+        self.core
+            .try_judge(|rule, now| f(&|cell| rule.evict_if_fresh(cell, now)))
     }
 }
 

@@ -3,7 +3,7 @@ use std::hash::Hash;
 
 use dashmap::DashMap;
 
-use crate::store::KeyedStore;
+use crate::store::{Evictor, Inserted, KeyedStore};
 
 /// The default keyed store: a sharded [`DashMap`] with foldhash, a fast non-cryptographic
 /// hasher seeded per map (so keys chosen by an attacker cannot be aimed at one bucket).
@@ -54,18 +54,26 @@ where
         self.map.get(key).and_then(|cell| f(cell.value()))
     }
 
-    fn with_inserted<Q, R>(&self, key: &Q, f: impl FnOnce(&V) -> R) -> (R, bool)
+    /// Never evicts on insert: its key table sweeps it as it grows.
+    fn with_inserted<Q, R>(
+        &self,
+        key: &Q,
+        f: impl FnOnce(&V) -> R,
+        _evictor: &impl Evictor<V>,
+    ) -> (R, Inserted)
     where
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
-        match self.map.entry(key.to_owned()) {
+        let (result, inserted) = match self.map.entry(key.to_owned()) {
             dashmap::mapref::entry::Entry::Occupied(cell) => (f(cell.get()), false),
             dashmap::mapref::entry::Entry::Vacant(slot) => {
                 let cell = slot.insert(V::default());
                 (f(cell.value()), true)
             }
-        }
+        };
+        let evicted = 0;
+        (result, Inserted { inserted, evicted })
     }
 
     fn retain(&self, mut keep: impl FnMut(&V) -> bool) -> usize {

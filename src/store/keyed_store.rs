@@ -6,11 +6,15 @@ use std::hash::Hash;
 
 /// A concurrent map from keys to state cells.
 ///
-/// Contract: an admission is never lost to a concurrent sweep. Either a cell handed to `f`
-/// stays in the map while `f` runs (the dashmap store: a shard lock), or the cell is retired by
-/// one CAS that a decision in `f` cannot miss (the word table: `f` sees the mark and returns
-/// `None`).
+/// Contract: an admission is never lost to a concurrent eviction or move. Either a cell handed
+/// to `f` stays in the map while `f` runs (the dashmap store: a shard lock), or the cell is
+/// retired by one CAS that a decision in `f` cannot miss (the word table: `f` sees the mark and
+/// returns `None`).
 pub trait KeyedStore<K, V>: Send + Sync {
+    /// Whether the store evicts fresh keys on its own, when it needs room for a new one (the
+    /// word table). A store that does not is swept by its key table, every time it doubles.
+    const EVICTS_ON_INSERT: bool = false;
+
     /// Runs `f` on the cell of an existing key; `None` if the key is absent. Must not allocate
     /// or clone the key. `f` returns `None` when it finds the cell retired (evicted or moved by
     /// a concurrent sweep or rebuild): the store then looks again where the key's state now
@@ -20,9 +24,26 @@ pub trait KeyedStore<K, V>: Send + Sync {
         K: Borrow<Q>,
         Q: Hash + Eq + ?Sized;
 
-    /// Runs `f` on the key's cell, inserting a fresh one if absent. Returns whether this call
-    /// inserted the key.
-    fn with_inserted<Q, R>(&self, key: &Q, f: impl FnOnce(&V) -> R) -> (R, bool)
+    /// [`KeyedStore::with_existing`] on the fast path only: `None` may also mean that the key
+    /// is being moved, so a caller that gets `None` must go on to
+    /// [`KeyedStore::with_inserted`], which finds it.
+    #[inline]
+    fn try_existing<Q, R>(&self, key: &Q, f: impl FnMut(&V) -> Option<R>) -> Option<R>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        self.with_existing(key, f)
+    }
+
+    /// Runs `f` on the key's cell, inserting a fresh one if the key is absent. A store that
+    /// evicts on insert judges the cells it meets while making room with `evictor`.
+    fn with_inserted<Q, R>(
+        &self,
+        key: &Q,
+        f: impl FnOnce(&V) -> R,
+        evictor: &impl Evictor<V>,
+    ) -> (R, Inserted)
     where
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized;
@@ -39,4 +60,26 @@ pub trait KeyedStore<K, V>: Send + Sync {
     fn is_empty(&self) -> bool {
         self.len() == 0
     }
+}
+
+/// What [`KeyedStore::with_inserted`] did besides running its closure.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Inserted {
+    /// Whether the key was inserted (or revived) by this call.
+    pub inserted: bool,
+    /// Keys the store evicted while making room.
+    pub evicted: usize,
+}
+
+/// What a keyed limiter lends its store to evict with: the rule in force and a clock reading.
+pub trait Evictor<V> {
+    /// Evicts every fresh key now (the amortised sweep of a store that does not evict on its
+    /// own); returns how many.
+    fn sweep(&self) -> usize;
+
+    /// Runs `f` with a judge that retires a cell whose key may go now (a fresh one) and says
+    /// whether it did; `None`, without running `f`, while the rule is being replaced or
+    /// re-anchored (a judge holding a stale rule could misread a state written under the new
+    /// one), in which case the store keeps every key.
+    fn judging<R>(&self, f: impl FnOnce(&dyn Fn(&V) -> bool) -> R) -> Option<R>;
 }

@@ -1,7 +1,8 @@
-//! The key table: what a keyed limiter does around its store. It counts the keys, reserves a
-//! place below `max_keys` before inserting, sends what does not fit to the overflow policy,
-//! sweeps keys that have become fresh (amortised over the calls that insert), and decides on
-//! an existing key or else inserts it.
+//! The key table: what a keyed limiter does around its store. It counts the keys (when a bound
+//! or its sweep schedule needs the count), reserves a place below `max_keys` before inserting,
+//! sends what does not fit to the overflow policy, sweeps keys that have become fresh when the
+//! store does not evict on its own or the bound is reached (amortised over the calls that
+//! insert), and decides on an existing key or else inserts it.
 //!
 //! Written against [`KeyedStore`] and `crate::sync` only, with the rule and the clock passed
 //! in, so that `loom-tests` compiles this very file against loom's atomics and a store of its
@@ -16,7 +17,7 @@ use std::marker::PhantomData;
 use crate::algorithm::Algorithm;
 use crate::clock::Nanos;
 use crate::decision::{Decision, Error};
-use crate::store::KeyedStore;
+use crate::store::{Evictor, KeyedStore};
 use crate::sync::{AtomicBool, AtomicUsize, Ordering};
 
 /// The table is swept once it holds at least this many keys, then whenever it doubles.
@@ -85,13 +86,32 @@ impl<K, V, S> KeyTable<K, V, S> {
 
     /// How many keys hold state (including keys not yet swept, and places reserved by inserts
     /// in progress).
-    pub fn len(&self) -> usize {
+    pub fn len(&self) -> usize
+    where
+        S: KeyedStore<K, V>,
+    {
+        if !self.counts() {
+            return self.store.len();
+        }
         // Relaxed: a counter read on its own; no memory is published through it.
         self.keys.load(Ordering::Relaxed)
     }
 
+    /// Whether `keys` is kept: for the bound, or for the sweep schedule of a store that does
+    /// not evict on its own. Otherwise inserts write no shared counter.
+    #[inline]
+    fn counts(&self) -> bool
+    where
+        S: KeyedStore<K, V>,
+    {
+        self.max_keys.is_some() || !S::EVICTS_ON_INSERT
+    }
+
     /// Whether no key holds state.
-    pub fn is_empty(&self) -> bool {
+    pub fn is_empty(&self) -> bool
+    where
+        S: KeyedStore<K, V>,
+    {
         self.len() == 0
     }
 }
@@ -103,8 +123,8 @@ where
 {
     /// Decides a request of `cost` (at most the rule's capacity) for `key`: on its cell if the
     /// key is held, else on a cell inserted for it, else (at the bound) by the overflow policy.
-    /// Before inserting, runs `sweep` if the amortised schedule says so (the limiter's sweep:
-    /// [`KeyTable::sweep_all`] under the rule in force).
+    /// Before inserting, sweeps through `evictor` if the amortised schedule says so; a store
+    /// that evicts on insert judges with it.
     ///
     /// # Errors
     /// [`Error::KeyTableFull`] for a new key at the bound under [`OverflowPolicy::Deny`].
@@ -115,7 +135,7 @@ where
         rule: &A,
         now: impl Fn() -> Nanos + Copy,
         cost: u64,
-        sweep: impl FnOnce() -> usize,
+        evictor: &impl Evictor<V>,
     ) -> Result<Decision, Error>
     where
         A: Algorithm<Cell = V>,
@@ -125,11 +145,11 @@ where
         // `now` by value, not `&now`: the forwarding `Fn for &F` layer was not inlined.
         if let Some(decision) = self
             .store
-            .with_existing(key, |cell| rule.acquire_live(cell, now, cost, true))
+            .try_existing(key, |cell| rule.acquire_live(cell, now, cost, true))
         {
             return Ok(decision);
         }
-        self.decide_new_key(key, rule, now, cost, sweep)
+        self.decide_new_key(key, rule, now, cost, evictor)
     }
 
     /// The decision a request of `cost` for `key` would get; changes nothing, inserts nothing.
@@ -160,8 +180,10 @@ where
     /// many.
     pub fn evict_fresh<A: Algorithm<Cell = V>>(&self, rule: &A, now: Nanos) -> usize {
         let removed = self.store.retain(|cell| !rule.evict_if_fresh(cell, now));
-        // Relaxed: a counter; uncounted only after the keys are gone (see `keys`).
-        self.keys.fetch_sub(removed, Ordering::Relaxed);
+        if self.counts() {
+            // Relaxed: a counter; uncounted only after the keys are gone (see `keys`).
+            self.keys.fetch_sub(removed, Ordering::Relaxed);
+        }
         removed
     }
 
@@ -179,28 +201,38 @@ where
         rule: &A,
         now: impl Fn() -> Nanos,
         cost: u64,
-        sweep: impl FnOnce() -> usize,
+        evictor: &impl Evictor<V>,
     ) -> Result<Decision, Error>
     where
         A: Algorithm<Cell = V>,
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
-        self.sweep_if_due(sweep);
+        self.sweep_if_due(evictor);
         let Some((max_keys, policy)) = self.max_keys else {
+            if !self.counts() {
+                let (decision, _) = self.store.with_inserted(
+                    key,
+                    |cell| rule.acquire(cell, &now, cost, true),
+                    evictor,
+                );
+                return Ok(decision);
+            }
             // Count the place before inserting, as below: counted after, a sweep could remove
             // the key first (it is fresh again once the time it was judged at has passed) and
             // wrap the count below zero, and a sweeper reading that count would set the next
             // sweep at `usize::MAX`, i.e. never (loom: `key_evicted_before_it_is_counted`).
             // Relaxed: a counter; no memory is published through it.
             self.keys.fetch_add(1, Ordering::Relaxed);
-            let (decision, inserted) = self
-                .store
-                .with_inserted(key, |cell| rule.acquire(cell, &now, cost, true));
-            if !inserted {
-                // Relaxed: gives back the place counted above; a counter.
-                self.keys.fetch_sub(1, Ordering::Relaxed);
-            }
+            let (decision, done) =
+                self.store
+                    .with_inserted(key, |cell| rule.acquire(cell, &now, cost, true), evictor);
+            // Relaxed: gives back the place counted above if unused, and the places of keys
+            // evicted (after they are gone); a counter.
+            self.keys.fetch_sub(
+                usize::from(!done.inserted) + done.evicted,
+                Ordering::Relaxed,
+            );
             return Ok(decision);
         };
         // Reserve a place first, and only below the bound, so that racing inserts cannot
@@ -213,7 +245,8 @@ where
             })
             .is_ok();
         if !reserved {
-            // The key may have been inserted by another thread meanwhile.
+            // The key may have been inserted by another thread meanwhile (or be on its way to
+            // a new table: `with_existing` looks there too).
             if let Some(decision) = self
                 .store
                 .with_existing(key, |cell| rule.acquire_live(cell, &now, cost, true))
@@ -225,24 +258,30 @@ where
                 OverflowPolicy::Shared => Ok(rule.acquire(&self.overflow, &now, cost, true)),
             };
         }
-        let (decision, inserted) = self
-            .store
-            .with_inserted(key, |cell| rule.acquire(cell, &now, cost, true));
-        if !inserted {
-            // Relaxed: gives back the place reserved above; a counter.
-            self.keys.fetch_sub(1, Ordering::Relaxed);
-        }
+        let (decision, done) =
+            self.store
+                .with_inserted(key, |cell| rule.acquire(cell, &now, cost, true), evictor);
+        // Relaxed: gives back the place reserved above if unused, and the places of keys
+        // evicted (after they are gone); a counter.
+        self.keys.fetch_sub(
+            usize::from(!done.inserted) + done.evicted,
+            Ordering::Relaxed,
+        );
         Ok(decision)
     }
 
-    /// Amortised eviction: sweep when the table has doubled since the last sweep, or, at the
-    /// `max_keys` bound, after a quarter of the bound in misses.
-    fn sweep_if_due(&self, sweep: impl FnOnce() -> usize) {
+    /// Amortised eviction: sweep when the table has doubled since the last sweep (only for a
+    /// store that does not evict on its own), or, at the `max_keys` bound, after a quarter of
+    /// the bound in misses.
+    fn sweep_if_due(&self, evictor: &impl Evictor<V>) {
+        if !self.counts() {
+            return;
+        }
         // Relaxed (all three counters): heuristics for *when* to sweep; correctness does not
         // depend on their values.
         let misses = self.misses_since_sweep.fetch_add(1, Ordering::Relaxed) + 1;
         let keys = self.keys.load(Ordering::Relaxed);
-        let due = keys >= self.sweep_at.load(Ordering::Relaxed)
+        let due = (!S::EVICTS_ON_INSERT && keys >= self.sweep_at.load(Ordering::Relaxed))
             || self
                 .max_keys
                 .is_some_and(|(max, _)| keys >= max && misses >= (max / 4).max(1));
@@ -250,7 +289,7 @@ where
         if !due || self.sweeping.swap(true, Ordering::Acquire) {
             return;
         }
-        sweep();
+        evictor.sweep();
         // Relaxed (this load and the two stores): the same heuristics as above.
         let live = self.keys.load(Ordering::Relaxed);
         self.sweep_at

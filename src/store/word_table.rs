@@ -17,18 +17,37 @@
 //!    (`WordRule::RETIRED`).
 //! 3. **Tables are reference-counted and each thread caches its shard tables** (a thread-local
 //!    per store), so the hot path reads the cached table without touching any shared counter.
-//!    A stale cached table is still safe: every live slot of a replaced table is `moved`, so a
-//!    reader that meets one refreshes its cache (under the shard lock) and retries; a key
-//!    missing or tombstoned there is looked up again on the insert path, under the lock.
+//!    A stale cached table is still safe: a key live there is decided there (the drain's CAS
+//!    will copy what it wrote), a `moved` slot sends the reader to the shard's current table
+//!    (its cache is refreshed under the shard lock), and a key missing or tombstoned there is
+//!    looked up again under the lock, in the current table and in the table being drained.
 //!
-//! A tombstoned key is revived in place if it comes back; other tombstones are dropped when the
-//! shard is rebuilt (when it fills up, or after a sweep left more tombstones than live keys).
+//! # Eviction and growth: a fixed amount of work per insert
+//! A key whose state is fresh (a full bucket, an empty window) is kept as long as its memory is
+//! not needed: a client that comes back finds its slot and pays one CAS. Memory is needed when
+//! an insert finds its shard's table full. The table is then replaced by an empty one, sized
+//! for the live keys plus the inserts that can come before the old one is emptied, and the old
+//! table is **drained**: every later insert into the shard visits the next [`DRAIN_STEP`]
+//! slots, evicting each fresh key it finds (a CAS to the tombstone) and moving the others
+//! (rule 2). No call sweeps or copies a whole table, so no call does more than
+//! `DRAIN_STEP` slots of eviction and copying work, plus the allocation of the new table when
+//! it starts a drain; a table shrinks when most of its keys turned out fresh. Memory: each
+//! shard holds its table, sized for at most 8/5 of the keys it held when it filled (4× while
+//! small), plus the table being drained; a flood of keys that turn fresh never grows it.
+//!
+//! Evicting judges a state against the rule in force: the limiter lends the judge through
+//! [`Evictor`], and withholds it while a quota change or a window re-anchoring runs (the drain
+//! then moves every key, which is always safe).
+//!
+//! A tombstoned key is revived in place if it comes back (a tombstone in the current table is
+//! left by an explicit sweep, [`KeyedStore::retain`], which also reclaims tombstones once they
+//! outnumber the live keys).
 //!
 //! # Caveats
 //! - A thread that stops calling keeps the tables it cached alive until it calls again (an
 //!   exited thread's cache passes to the next thread that gets its id): at most one replaced
 //!   table per shard per thread.
-//! - Keys are cloned when a shard is rebuilt (`K: Clone`).
+//! - Keys are cloned when they move to a new table (`K: Clone`).
 //! - Only cells that are one [`AtomicWord`]: the sliding log keeps the dashmap store.
 
 use std::borrow::Borrow;
@@ -37,7 +56,7 @@ use std::hash::{BuildHasher, Hash};
 use std::sync::OnceLock;
 
 use crate::state::{AtomicWord, Retired};
-use crate::store::KeyedStore;
+use crate::store::{Evictor, Inserted, KeyedStore};
 use crate::sync::{Arc, Mutex, PerThread};
 
 /// Shards: inserts, evictions and rebuilds of different shards never wait for each other.
@@ -58,6 +77,12 @@ const SMALL_FULL: (usize, usize) = (1, 2);
 const SMALL_REFILL: (usize, usize) = (1, 4);
 /// The largest small table, in slots (64 shards of it: 1.5 MiB of 24-byte slots).
 const SMALL_SLOTS: usize = 1024;
+/// Slots of a replaced table that each insert into its shard visits (moves or evicts): the
+/// most eviction and copying work any one call does, whatever the table's size.
+const DRAIN_STEP: usize = 16;
+/// Slots judged to estimate how many keys of a full table are fresh, before sizing its
+/// replacement.
+const SAMPLE: usize = 32;
 
 /// Whether a table of `len` slots must be rebuilt before it holds `used` used slots.
 fn over_full(used: usize, len: usize) -> bool {
@@ -125,11 +150,31 @@ where
 }
 
 struct Shard<K> {
+    /// Where lookups and inserts go.
     table: Arc<Table<K>>,
+    /// The table being emptied into `table`, a few slots per insert.
+    drain: Option<Drain<K>>,
     /// Slots with a key (live or tombstoned) in `table`.
     used: usize,
-    /// Slots with a live key.
+    /// Live keys: in `table`, and in the drain's slots not yet visited.
     live: usize,
+}
+
+/// A replaced table whose slots before `next` are visited: each live key there has been moved
+/// to the shard's table or, if fresh, evicted.
+struct Drain<K> {
+    from: Arc<Table<K>>,
+    next: usize,
+}
+
+/// Retires a cell whose key may go (a fresh one) and says whether it did.
+type Judge<'j> = dyn FnMut(&AtomicWord) -> bool + 'j;
+
+/// What a drain did with one slot.
+enum Visit {
+    Empty,
+    Moved,
+    Evicted,
 }
 
 /// Each thread's cached table per shard (see the module docs, rule 3). A lookup takes its
@@ -174,6 +219,7 @@ impl<K: Send + Sync, H> WordTable<K, H> {
                 .map(|_| {
                     Mutex::new(Shard {
                         table: new_table(MIN_CAPACITY),
+                        drain: None,
                         used: 0,
                         live: 0,
                     })
@@ -202,45 +248,159 @@ impl<K: Send + Sync, H: BuildHasher> WordTable<K, H> {
 }
 
 impl<K: Clone + Hash + Eq + Send + Sync, H: BuildHasher> WordTable<K, H> {
-    /// Replaces `shard`'s table by one sized for its live keys plus `room`, moving every live
-    /// cell (rule 2) and dropping tombstones.
-    fn rebuild(&self, shard: &mut Shard<K>, room: usize) {
-        let wanted = sized_for(shard.live + room);
-        let next = new_table::<K>(wanted);
+    /// Replaces `shard`'s table by an empty one and starts draining the old one. The new table
+    /// is sized for the keys the drain will keep plus `room` inserts: with a judge, the keys
+    /// kept are estimated by judging [`SAMPLE`] slots spread over the old table (evicting the
+    /// fresh ones at once), so that a table whose keys are mostly fresh is replaced by one no
+    /// larger. A drain still running is finished first (a table sized too small by the
+    /// estimate; rare).
+    fn replace_table(&self, shard: &mut Shard<K>, mut judge: Option<&mut Judge<'_>>, room: usize) {
+        if shard.drain.is_some() {
+            self.drain(shard, usize::MAX, judge.as_deref_mut());
+        }
+        let kept = match judge {
+            None => shard.live,
+            Some(fresh) => self.estimate_kept(shard, fresh),
+        };
+        let next = new_table::<K>(sized_for(
+            kept.saturating_add(kept / 4).saturating_add(room),
+        ));
+        let from = std::mem::replace(&mut shard.table, next);
+        shard.drain = Some(Drain { from, next: 0 });
+        shard.used = 0;
+    }
+
+    /// How many of the shard's live keys a drain judged by `fresh` would keep, from a sample
+    /// of its table (whose fresh keys are evicted now). Errs high: `(k + 4) / (n + 4)` of the
+    /// live keys when `k` of the `n` live keys sampled are kept.
+    fn estimate_kept(&self, shard: &mut Shard<K>, fresh: &mut Judge<'_>) -> usize {
         let retired = self.retired;
-        let mut live = 0;
-        for slot in shard.table.iter() {
-            let Some(key) = slot.key.get() else { continue };
-            let Some(state) = slot.state.retire_if(retired.moved, |s| !retired.any(s)) else {
-                continue; // a tombstone: dropped
-            };
-            let (hash, _) = self.hash(key);
-            if let Err(empty) = find(&next, hash, key) {
-                let moved = &next[empty];
-                moved.state.retire_if(state, |_| true);
-                let _ = moved.key.set(key.clone());
-                live += 1;
+        let table = &shard.table;
+        let step = (table.len() / SAMPLE).max(1);
+        let (mut sampled, mut kept) = (0usize, 0usize);
+        for slot in table.iter().step_by(step).take(SAMPLE) {
+            if slot.key.get().is_none() || retired.any(slot.state.load()) {
+                continue;
+            }
+            sampled += 1;
+            if fresh(&slot.state) {
+                shard.live -= 1;
+            } else {
+                kept += 1;
             }
         }
-        shard.table = next;
-        shard.used = live;
-        shard.live = live;
+        let estimate = shard.live as u128 * (kept as u128 + 4) / (sampled as u128 + 4);
+        estimate as usize
     }
-}
 
-impl<K, H> KeyedStore<K, AtomicWord> for WordTable<K, H>
-where
-    K: Clone + Hash + Eq + Send + Sync,
-    H: BuildHasher + Send + Sync,
-{
-    #[inline]
-    fn with_existing<Q, R>(&self, key: &Q, mut f: impl FnMut(&AtomicWord) -> Option<R>) -> Option<R>
+    /// Visits up to `budget` slots of the shard's drain: a live key is evicted if `judge`
+    /// finds it fresh (this is when its memory is needed), else moved (rule 2). Returns the
+    /// keys evicted.
+    fn drain(
+        &self,
+        shard: &mut Shard<K>,
+        budget: usize,
+        mut judge: Option<&mut Judge<'_>>,
+    ) -> usize {
+        let Some(mut drain) = shard.drain.take() else {
+            return 0;
+        };
+        let end = drain.from.len().min(drain.next.saturating_add(budget));
+        let mut evicted = 0;
+        for slot in &drain.from[drain.next..end] {
+            match self.visit(slot, &shard.table, judge.as_deref_mut()) {
+                Visit::Empty => {}
+                Visit::Moved => shard.used += 1,
+                Visit::Evicted => evicted += 1,
+            }
+        }
+        drain.next = end;
+        if end < drain.from.len() {
+            shard.drain = Some(drain);
+        }
+        shard.live -= evicted;
+        evicted
+    }
+
+    /// Evicts or moves the key of `slot` (of a drained table) into `to`.
+    fn visit<'j>(&self, slot: &Slot<K>, to: &Table<K>, judge: Option<&mut Judge<'j>>) -> Visit {
+        let Some(key) = slot.key.get() else {
+            return Visit::Empty;
+        };
+        let retired = self.retired;
+        // A judge retires the cell itself (one CAS to the tombstone), so an admission racing
+        // it either lands first, and the key is not fresh any more, or sees the tombstone.
+        if judge.is_some_and(|fresh| fresh(&slot.state)) {
+            return Visit::Evicted;
+        }
+        let Some(state) = slot.state.retire_if(retired.moved, |s| !retired.any(s)) else {
+            return Visit::Empty; // a tombstone: dropped
+        };
+        let (hash, _) = self.hash(key);
+        // A key is in at most one of the two tables: the insert path moves a key still in the
+        // drain before it looks in the table.
+        if let Err(empty) = find(to, hash, key) {
+            let moved = &to[empty];
+            moved.state.retire_if(state, |_| true);
+            let _ = moved.key.set(key.clone());
+        }
+        Visit::Moved
+    }
+
+    /// Moves `key` out of the shard's drain if it is still there and live, so that it is
+    /// decided in the shard's table.
+    fn take_from_drain<Q>(&self, shard: &mut Shard<K>, hash: u64, key: &Q)
     where
         K: Borrow<Q>,
-        Q: Hash + Eq + ?Sized,
+        Q: Eq + ?Sized,
     {
-        let (hash, shard) = self.hash(key);
-        let shard = shard % SHARDS;
+        if let Some(drain) = &shard.drain {
+            if let Ok(slot) = find(&drain.from, hash, key) {
+                if let Visit::Moved = self.visit(slot, &shard.table, None) {
+                    shard.used += 1;
+                }
+            }
+        }
+    }
+
+    /// The authoritative lookup after a miss on the lock-free path: under the shard lock, in
+    /// the drain as well as the table.
+    #[cold]
+    #[inline(never)]
+    fn existing_locked<Q, R>(
+        &self,
+        index: usize,
+        hash: u64,
+        key: &Q,
+        f: impl FnMut(&AtomicWord) -> Option<R>,
+    ) -> Option<R>
+    where
+        K: Borrow<Q>,
+        Q: Eq + ?Sized,
+    {
+        let mut shard = self.shards[index].lock();
+        self.take_from_drain(&mut shard, hash, key);
+        let slot = find(&shard.table, hash, key).ok()?;
+        // Under the lock the cell is neither moved nor evicted: `f` sees a live state or a
+        // tombstone (absent).
+        let mut f = f;
+        f(&slot.state)
+    }
+
+    /// The lock-free lookup. `Err` when the key is not in this thread's cached table of the
+    /// shard, or is tombstoned there.
+    #[inline]
+    fn existing_fast<Q, R>(
+        &self,
+        hash: u64,
+        shard: usize,
+        key: &Q,
+        mut f: impl FnMut(&AtomicWord) -> Option<R>,
+    ) -> Option<R>
+    where
+        K: Borrow<Q>,
+        Q: Eq + ?Sized,
+    {
         let moved = self.retired.moved;
         self.cache.with(|cache| {
             let cached = &cache.0[shard];
@@ -255,7 +415,7 @@ where
                         Ok(slot) => {
                             let result = f(&slot.state);
                             // Moved is final: the table is stale. A tombstone (or a key revived
-                            // since): absent here; the insert path looks again under the lock.
+                            // since): absent here; the locked path looks again.
                             if result.is_some() || slot.state.load() != moved {
                                 break result;
                             }
@@ -269,8 +429,45 @@ where
             result
         })
     }
+}
 
-    fn with_inserted<Q, R>(&self, key: &Q, f: impl FnOnce(&AtomicWord) -> R) -> (R, bool)
+impl<K, H> KeyedStore<K, AtomicWord> for WordTable<K, H>
+where
+    K: Clone + Hash + Eq + Send + Sync,
+    H: BuildHasher + Send + Sync,
+{
+    const EVICTS_ON_INSERT: bool = true;
+
+    fn with_existing<Q, R>(&self, key: &Q, mut f: impl FnMut(&AtomicWord) -> Option<R>) -> Option<R>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        let (hash, shard) = self.hash(key);
+        let shard = shard % SHARDS;
+        if let Some(result) = self.existing_fast(hash, shard, key, &mut f) {
+            return Some(result);
+        }
+        // Absent from this thread's table, or tombstoned there: perhaps still in a drain.
+        self.existing_locked(shard, hash, key, f)
+    }
+
+    #[inline]
+    fn try_existing<Q, R>(&self, key: &Q, f: impl FnMut(&AtomicWord) -> Option<R>) -> Option<R>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        let (hash, shard) = self.hash(key);
+        self.existing_fast(hash, shard % SHARDS, key, f)
+    }
+
+    fn with_inserted<Q, R>(
+        &self,
+        key: &Q,
+        f: impl FnOnce(&AtomicWord) -> R,
+        evictor: &impl Evictor<AtomicWord>,
+    ) -> (R, Inserted)
     where
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
@@ -278,6 +475,15 @@ where
         let (hash, index) = self.hash(key);
         let mut shard = self.shards[index].lock();
         let tombstone = self.retired.tombstone;
+        // Each call drains a few slots (a fixed amount of work), evicting fresh keys if the
+        // limiter lets it judge now; a drain never waits for a rule change.
+        let mut evicted = 0;
+        if shard.drain.is_some() {
+            evicted = evictor
+                .judging(|fresh| self.drain(&mut shard, DRAIN_STEP, Some(&mut |c| fresh(c))))
+                .unwrap_or_else(|| self.drain(&mut shard, DRAIN_STEP, None));
+        }
+        self.take_from_drain(&mut shard, hash, key);
         let (result, inserted) = match find(&shard.table, hash, key) {
             Ok(slot) => {
                 // A tombstoned key comes back in place, fresh (rule 1: same key).
@@ -286,7 +492,19 @@ where
             }
             Err(_) => {
                 if over_full(shard.used + 1, shard.table.len()) {
-                    self.rebuild(&mut shard, 1);
+                    // The table is full: it is replaced, and the old one drained from now on,
+                    // one insert at a time: `room` is the inserts until that drain ends.
+                    let room = shard.table.len() / DRAIN_STEP + 1;
+                    evicted += evictor
+                        .judging(|fresh| {
+                            let before = shard.live;
+                            self.replace_table(&mut shard, Some(&mut |c| fresh(c)), room);
+                            before - shard.live
+                        })
+                        .unwrap_or_else(|| {
+                            self.replace_table(&mut shard, None, room);
+                            0
+                        });
                 }
                 shard.used += 1;
                 let table = &shard.table;
@@ -307,7 +525,7 @@ where
         // This thread just paid for the lock: leave its cache current.
         self.cache
             .with(|cache| cache.0[index % SHARDS].set(Some(table)));
-        (result, inserted)
+        (result, Inserted { inserted, evicted })
     }
 
     fn retain(&self, mut keep: impl FnMut(&AtomicWord) -> bool) -> usize {
@@ -315,6 +533,8 @@ where
         let mut removed = 0;
         for shard in self.shards.iter() {
             let mut shard = shard.lock();
+            // An explicit sweep may take its time: the drain ends here, judged by `keep`.
+            removed += self.drain(&mut shard, usize::MAX, Some(&mut |cell| !keep(cell)));
             let mut gone = 0;
             for slot in shard.table.iter() {
                 if slot.key.get().is_some() && !retired.any(slot.state.load()) && !keep(&slot.state)
@@ -324,9 +544,10 @@ where
             }
             shard.live -= gone;
             removed += gone;
-            // Reclaim tombstones once they outnumber the live keys.
+            // Reclaim tombstones once they outnumber the live keys (into a smaller table).
             if shard.used - shard.live > shard.live.max(MIN_CAPACITY) {
-                self.rebuild(&mut shard, 0);
+                self.replace_table(&mut shard, None, 0);
+                self.drain(&mut shard, usize::MAX, None);
             }
         }
         removed
@@ -338,6 +559,15 @@ where
 }
 
 impl<K: Send + Sync, H> WordTable<K, H> {
+    /// Shards with a table being drained (for tests).
+    #[allow(dead_code)] // read by the unit tests in `word_table_tests.rs`
+    pub(crate) fn draining(&self) -> usize {
+        self.shards
+            .iter()
+            .filter(|shard| shard.lock().drain.is_some())
+            .count()
+    }
+
     /// Slots in all current tables (for tests of the sizing).
     #[allow(dead_code)] // read by the unit tests in `word_table_tests.rs`
     pub(crate) fn capacity(&self) -> usize {

@@ -2,7 +2,7 @@
 //! compiles `word_table.rs` against loom, does not compile them.
 
 use crate::state::{AtomicWord, Retired};
-use crate::store::{KeyedStore, WordTable};
+use crate::store::{Evictor, KeyedStore, WordTable};
 
 const MARKS: Retired = Retired {
     tombstone: u64::MAX,
@@ -21,6 +21,32 @@ fn add(cell: &AtomicWord, n: u64) -> Option<u64> {
         .ok()
 }
 
+/// A limiter that lets its store evict every cell holding `fresh` (or none, for `None`).
+struct Judge(Option<u64>);
+
+impl Evictor<AtomicWord> for Judge {
+    fn sweep(&self) -> usize {
+        unreachable!("the word table evicts on its own")
+    }
+
+    fn judging<R>(&self, f: impl FnOnce(&dyn Fn(&AtomicWord) -> bool) -> R) -> Option<R> {
+        let fresh = self.0?;
+        Some(f(&|cell| {
+            cell.retire_if(MARKS.tombstone, |s| s == fresh).is_some()
+        }))
+    }
+}
+
+const KEEP_ALL: Judge = Judge(None);
+const EVICT_ZERO: Judge = Judge(Some(0));
+
+fn insert(store: &Store, key: u64, n: u64, judge: &Judge) -> bool {
+    store
+        .with_inserted(&key, |cell| add(cell, n), judge)
+        .1
+        .inserted
+}
+
 fn get(store: &Store, key: u64) -> Option<u64> {
     store.with_existing(&key, |cell| add(cell, 0))
 }
@@ -33,8 +59,7 @@ fn capacity(store: &Store) -> usize {
 fn states_survive_every_rebuild() {
     let store = store();
     for key in 0..20_000u64 {
-        let (_, inserted) = store.with_inserted(&key, |cell| add(cell, key + 1));
-        assert!(inserted);
+        assert!(insert(&store, key, key + 1, &KEEP_ALL));
     }
     assert_eq!(store.len(), 20_000);
     for key in 0..20_000u64 {
@@ -52,8 +77,8 @@ fn states_survive_every_rebuild() {
 #[test]
 fn an_evicted_key_is_absent_then_revived_in_place() {
     let store = store();
-    store.with_inserted(&7, |cell| add(cell, 0));
-    store.with_inserted(&8, |cell| add(cell, 5));
+    insert(&store, 7, 0, &KEEP_ALL);
+    insert(&store, 8, 5, &KEEP_ALL);
     // Evict what holds 0 ("fresh"), keep the rest.
     let fresh = |cell: &AtomicWord| cell.retire_if(MARKS.tombstone, |s| s == 0).is_none();
     assert_eq!(store.retain(fresh), 1);
@@ -61,8 +86,10 @@ fn an_evicted_key_is_absent_then_revived_in_place() {
     assert_eq!(get(&store, 7), None);
     assert_eq!(get(&store, 8), Some(5));
     // A decision on the tombstone sees it and changes nothing.
-    let (_, inserted) = store.with_inserted(&7, |cell| add(cell, 3));
-    assert!(inserted, "a revived key counts as inserted");
+    assert!(
+        insert(&store, 7, 3, &KEEP_ALL),
+        "a revived key counts as inserted"
+    );
     assert_eq!(get(&store, 7), Some(3));
     assert_eq!(store.len(), 2);
 }
@@ -71,7 +98,7 @@ fn an_evicted_key_is_absent_then_revived_in_place() {
 fn tombstones_are_reclaimed_after_a_sweep() {
     let store = store();
     for key in 0..50_000u64 {
-        store.with_inserted(&key, |cell| add(cell, u64::from(key % 100 == 0)));
+        insert(&store, key, u64::from(key % 100 == 0), &KEEP_ALL);
     }
     let grown = capacity(&store);
     store.retain(|cell| cell.retire_if(MARKS.tombstone, |s| s == 0).is_none());
@@ -89,7 +116,7 @@ fn tombstones_are_reclaimed_after_a_sweep() {
 #[test]
 fn a_stale_cached_table_is_refreshed_not_trusted() {
     let store = store();
-    store.with_inserted(&1, |cell| add(cell, 10));
+    insert(&store, 1, 10, &KEEP_ALL);
     std::thread::scope(|scope| {
         let (to_main, from_reader) = std::sync::mpsc::channel();
         let (to_reader, from_main) = std::sync::mpsc::channel::<()>();
@@ -105,7 +132,7 @@ fn a_stale_cached_table_is_refreshed_not_trusted() {
         from_reader.recv().unwrap();
         // Rebuild every shard (many inserts), while the reader holds its old table.
         for key in 2..5_000u64 {
-            store.with_inserted(&key, |cell| add(cell, 0));
+            insert(store, key, 0, &KEEP_ALL);
         }
         to_reader.send(()).unwrap();
         reader.join().unwrap();
@@ -123,7 +150,7 @@ fn tables_grow_geometrically_across_the_small_limit() {
     let mut rebuilds = 0;
     let mut last = capacity(&store);
     for key in 0..40_000u64 {
-        store.with_inserted(&key, |cell| add(cell, 1));
+        insert(&store, key, 1, &KEEP_ALL);
         let now = capacity(&store);
         if now != last {
             rebuilds += 1;
@@ -136,4 +163,52 @@ fn tables_grow_geometrically_across_the_small_limit() {
         "{rebuilds} rebuilds for 40 000 keys in 64 shards"
     );
     assert!(rebuilds > 64 * 4, "{rebuilds}: the tables did grow");
+}
+
+/// Keys that stay fresh (state 0) are evicted when their shard needs room, so a flood of them
+/// does not grow the tables beyond a small multiple of the keys that hold state; those survive
+/// every drain.
+#[test]
+fn a_full_table_evicts_fresh_keys_instead_of_growing() {
+    let store = store();
+    let keys = 400_000u64;
+    for key in 0..keys {
+        insert(&store, key, u64::from(key % 1000 == 0), &EVICT_ZERO);
+    }
+    let holding = (keys / 1000) as usize;
+    assert!(
+        capacity(&store) <= 16 * holding + 64 * 64,
+        "{} slots for {holding} keys holding state",
+        capacity(&store)
+    );
+    for key in (0..keys).step_by(1000) {
+        assert_eq!(get(&store, key), Some(1), "key {key}");
+    }
+    assert!(store.len() <= capacity(&store), "{} keys held", store.len());
+}
+
+/// While a shard drains, a key not yet moved is found by every path: a lookup from a thread
+/// whose cached table is the new one, a decision, and the drain itself later.
+#[test]
+fn keys_still_in_a_drain_are_found() {
+    let store = store();
+    // Insert until a few shards are mid-drain (each insert visits only a few slots).
+    let mut keys = 0u64;
+    while keys < 1_000 || store.draining() < 4 {
+        insert(&store, keys, keys + 1, &KEEP_ALL);
+        keys += 1;
+        assert!(keys < 1_000_000, "no shard stays draining");
+    }
+    // From another thread (its own cache) and from this one (cache = new tables).
+    std::thread::scope(|scope| {
+        scope.spawn(|| {
+            for key in 0..keys {
+                assert_eq!(get(&store, key), Some(key + 1), "key {key}");
+            }
+        });
+    });
+    for key in 0..keys {
+        assert_eq!(get(&store, key), Some(key + 1), "key {key}");
+    }
+    assert_eq!(store.len(), keys as usize);
 }

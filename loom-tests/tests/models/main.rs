@@ -18,6 +18,30 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
+use tollgate_loom_tests::clock::Nanos;
+use tollgate_loom_tests::state::AtomicWord;
+use tollgate_loom_tests::store::{Evictor, KeyTable, KeyedStore};
+use tollgate_loom_tests::{Algorithm, Gcra};
+
+/// A keyed limiter's evictor at a frozen instant: sweeps `table` and judges its cells under
+/// `rule` at `at`, as `KeyedLimiter` does under the rule in force (no quota change runs in the
+/// models).
+pub struct At<'a, S> {
+    pub table: &'a KeyTable<u64, AtomicWord, S>,
+    pub rule: Gcra,
+    pub at: Nanos,
+}
+
+impl<S: KeyedStore<u64, AtomicWord>> Evictor<AtomicWord> for At<'_, S> {
+    fn sweep(&self) -> usize {
+        self.table.evict_fresh(&self.rule, self.at)
+    }
+
+    fn judging<R>(&self, f: impl FnOnce(&dyn Fn(&AtomicWord) -> bool) -> R) -> Option<R> {
+        Some(f(&|cell| self.rule.evict_if_fresh(cell, self.at)))
+    }
+}
+
 /// One millisecond in nanoseconds.
 pub const MS: u64 = 1_000_000;
 

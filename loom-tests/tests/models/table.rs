@@ -17,10 +17,10 @@ use loom::sync::{Arc, RwLock};
 use loom::thread;
 use tollgate_loom_tests::clock::Nanos;
 use tollgate_loom_tests::state::AtomicWord;
-use tollgate_loom_tests::store::{KeyTable, KeyedStore, OverflowPolicy};
+use tollgate_loom_tests::store::{Evictor, Inserted, KeyTable, KeyedStore, OverflowPolicy};
 use tollgate_loom_tests::{Algorithm, Decision, Error, Gcra, Quota};
 
-use crate::{explore, explore_reaching, MS};
+use crate::{explore, explore_reaching, At, MS};
 
 /// The instant every request of the race is judged at (unless a model says otherwise).
 const NOW: Nanos = 5 * MS;
@@ -50,7 +50,12 @@ impl<V: Default + Send + Sync> KeyedStore<u64, V> for LockedStore<V> {
         map.get(key).and_then(|cell| f(cell))
     }
 
-    fn with_inserted<Q, R>(&self, key: &Q, f: impl FnOnce(&V) -> R) -> (R, bool)
+    fn with_inserted<Q, R>(
+        &self,
+        key: &Q,
+        f: impl FnOnce(&V) -> R,
+        _evictor: &impl Evictor<V>,
+    ) -> (R, Inserted)
     where
         u64: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = u64> + ?Sized,
@@ -61,7 +66,8 @@ impl<V: Default + Send + Sync> KeyedStore<u64, V> for LockedStore<V> {
             inserted = true;
             std::sync::Arc::default()
         });
-        (f(cell), inserted)
+        let evicted = 0;
+        (f(cell), Inserted { inserted, evicted })
     }
 
     fn retain(&self, mut keep: impl FnMut(&V) -> bool) -> usize {
@@ -89,7 +95,9 @@ fn table(max_keys: Option<(usize, OverflowPolicy)>) -> Table {
 
 /// A checked cost-1 request for `key`, judged at `at`.
 fn admit_at(table: &Table, key: u64, at: Nanos) -> Result<Decision, Error> {
-    table.decide(&key, &rule(), || at, 1, || table.evict_fresh(&rule(), at))
+    let rule = rule();
+    let evictor = At { table, rule, at };
+    table.decide(&key, &rule, || at, 1, &evictor)
 }
 
 fn admit(table: &Table, key: u64) -> Result<Decision, Error> {

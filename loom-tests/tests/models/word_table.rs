@@ -16,7 +16,7 @@ use tollgate_loom_tests::state::{AtomicWord, Retired};
 use tollgate_loom_tests::store::{KeyTable, KeyedStore, WordTable};
 use tollgate_loom_tests::{Algorithm, Gcra, Quota};
 
-use crate::{explore_reaching, MS};
+use crate::{explore_reaching, At, MS};
 
 const NOW: Nanos = 5 * MS;
 
@@ -39,8 +39,10 @@ fn table() -> Table {
 }
 
 fn admit_at(table: &Table, key: u64, at: Nanos) -> bool {
+    let rule = rule();
+    let evictor = At { table, rule, at };
     table
-        .decide(&key, &rule(), || at, 1, || table.evict_fresh(&rule(), at))
+        .decide(&key, &rule, || at, 1, &evictor)
         .unwrap()
         .allowed()
 }
@@ -128,16 +130,18 @@ fn two_admissions_and_an_eviction() {
     );
 }
 
-/// (c) A shard's first table (8 slots, a small table: rebuilt before it is more than half
-/// full) holds 4 keys, so inserting a 5th rebuilds it into a new table, moving every
-/// live cell (a CAS to the moved mark, then a copy). Meanwhile another thread admits on a key
-/// being moved, lock-free: its admission lands before the move (and is copied) or meets the
-/// mark and retries on the new table. Every key ends with exactly its admissions.
+/// (c) A shard's first table (8 slots, a small table: replaced before it is more than half
+/// full) holds 4 keys, so inserting a 5th replaces it, and inserting a 6th drains the old
+/// table (every one of its 8 slots), moving every live cell (a CAS to the moved mark, then a
+/// copy). Meanwhile another thread admits on a key being moved: lock-free on the old table
+/// (its admission lands before the move and is copied, or meets the mark and goes to the new
+/// table), or under the lock when the key is still in the drain. Every key ends with exactly
+/// its admissions.
 #[test]
-fn a_rebuild_races_a_lock_free_admission() {
-    let keys = same_shard_keys(5);
+fn a_drain_races_an_admission() {
+    let keys = same_shard_keys(6);
     explore_reaching(
-        "word table: rebuild vs admission",
+        "word table: drain vs admission",
         &["moved first", "admitted first"],
         move |seen| {
             let table = Arc::new(table());
@@ -157,19 +161,75 @@ fn a_rebuild_races_a_lock_free_admission() {
                     (decision.map(|d| d.allowed()), attempts)
                 })
             };
-            assert!(admit_at(&table, keys[4], NOW), "the 5th key, rebuilding");
+            assert!(admit_at(&table, keys[4], NOW), "the 5th key, replacing");
+            assert!(admit_at(&table, keys[5], NOW), "the 6th key, draining");
             let (allowed, attempts) = admitter.join().unwrap();
             assert_eq!(allowed, Some(true), "the second unit of a bucket of 2");
             assert_eq!(held(&table, first), 2, "no admission lost to the move");
             for &key in &keys[1..] {
                 assert_eq!(held(&table, key), 1, "key {key}");
             }
-            assert_eq!((table.len(), table.store().len()), (5, 5));
+            assert_eq!((table.len(), table.store().len()), (6, 6));
             assert!(!admit_at(&table, first, NOW), "the bucket is spent");
             seen.saw(if attempts > 1 {
                 "moved first"
             } else {
                 "admitted first"
+            });
+        },
+    );
+}
+
+/// (d) Memory is needed: 4 keys admitted at 0 are fresh at `NOW`, and inserting a 5th and a
+/// 6th key replaces and drains their table, evicting the fresh keys (the replacement judges a
+/// sample of slots, the drain the rest). Meanwhile another thread admits on the first key at
+/// `NOW`: either first (the key is not fresh any more and is moved with its admission) or
+/// after its eviction (its CAS meets the tombstone and the key is inserted again, fresh).
+/// Either way the key ends holding exactly that admission, and the other fresh keys are gone.
+#[test]
+fn a_drain_evicts_fresh_keys_racing_an_admission() {
+    let keys = same_shard_keys(6);
+    explore_reaching(
+        "word table: evicting drain vs admission",
+        &["kept", "evicted then inserted"],
+        move |seen| {
+            let table = Arc::new(table());
+            for &key in &keys[..4] {
+                assert!(admit_at(&table, key, 0));
+            }
+            let first = keys[0];
+            // The key table's decide, step by step, to see which path the admission took.
+            let admitter = {
+                let table = Arc::clone(&table);
+                thread::spawn(move || {
+                    let rule = rule();
+                    let live = |cell: &AtomicWord| rule.acquire_live(cell, || NOW, 1, true);
+                    if let Some(decision) = table.store().try_existing(&first, live) {
+                        return (decision.allowed(), false);
+                    }
+                    let evictor = At {
+                        table: &table,
+                        rule,
+                        at: NOW,
+                    };
+                    let admit = |cell: &AtomicWord| rule.acquire(cell, || NOW, 1, true);
+                    let (decision, done) = table.store().with_inserted(&first, admit, &evictor);
+                    (decision.allowed(), done.inserted)
+                })
+            };
+            assert!(admit_at(&table, keys[4], NOW), "the 5th key, replacing");
+            assert!(admit_at(&table, keys[5], NOW), "the 6th key, draining");
+            let (allowed, inserted) = admitter.join().unwrap();
+            assert!(allowed, "a full bucket admits");
+            assert_eq!(held(&table, first), 1, "exactly the one admission at NOW");
+            for &key in &keys[1..4] {
+                assert_eq!(held(&table, key), 0, "fresh key {key} evicted");
+            }
+            assert_eq!(table.store().len(), 3, "the first key, the 5th and the 6th");
+            seen.saw(if inserted {
+                "evicted then inserted"
+            } else {
+                "kept"
             });
         },
     );
