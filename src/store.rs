@@ -2,7 +2,8 @@
 //!
 //! The limiter talks to a store only through [`KeyedStore`], so a faster table can replace the
 //! dashmap one without touching the algorithms. What a keyed limiter does *around* the store
-//! (counting keys, the `max_keys` bound, the amortised eviction sweep) is `table.rs`, written
+//! (counting keys, the `max_keys` bound, the sweeps of a store that does not evict on its own)
+//! is `table.rs`, written
 //! against [`KeyedStore`] and `crate::sync` only, so that `loom-tests` can model-check it.
 
 // Explicit paths: `loom-tests` includes `keyed_store.rs` and `table.rs` with `#[path]` (without

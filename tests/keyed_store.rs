@@ -218,6 +218,32 @@ fn max_keys_deny_refuses_new_keys_until_some_are_fresh() {
     test(SlidingLog::new(q).unwrap(), 100 * MS);
 }
 
+/// At the bound, a new key takes the place of a key that turned fresh, without waiting for a
+/// sweep: with 10× more places than keys holding state, no new key is ever refused.
+#[test]
+fn max_keys_makes_room_from_keys_that_turned_fresh() {
+    fn test<A: Algorithm>(rule: A, live_for: u64) {
+        let (lim, clock) = bounded(
+            rule,
+            10 * (live_for / (MS / 10)) as usize,
+            OverflowPolicy::Deny,
+        );
+        // 10 new keys per ms, each holding state for `live_for` ns.
+        for key in 0..100_000u64 {
+            if key % 10 == 0 {
+                clock.advance_nanos(MS);
+            }
+            assert!(lim.check(&key).unwrap().allowed(), "{} key {key}", A::NAME);
+        }
+    }
+    let q = Quota::new(10, Duration::from_millis(100)).unwrap();
+    test(Gcra::new(q).unwrap(), 10 * MS);
+    test(LeakyQueue::new(q).unwrap(), 10 * MS);
+    test(FixedWindow::new(q).unwrap(), 100 * MS);
+    test(SlidingWindow::new(q).unwrap(), 200 * MS);
+    test(SlidingLog::new(q).unwrap(), 100 * MS);
+}
+
 #[test]
 fn max_keys_shared_counts_overflow_keys_against_one_state() {
     fn test<A: Algorithm>(rule: A) {

@@ -48,6 +48,14 @@ pub trait KeyedStore<K, V>: Send + Sync {
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized;
 
+    /// For a store that evicts on its own, at the `max_keys` bound: judges about `budget` more
+    /// cells with `evictor` (a hand that goes round the whole store, a step per call), evicting
+    /// the fresh ones; returns how many. A store that does not evict on its own evicts nothing
+    /// here (its key table sweeps it).
+    fn evict_some(&self, _evictor: &impl Evictor<V>, _budget: usize) -> usize {
+        0
+    }
+
     /// Keeps only the cells for which `keep` is true; returns how many were removed. `keep`
     /// retires a cell it rejects (`Algorithm::evict_if_fresh`), so a store may leave it in
     /// place as a tombstone rather than unlink it at once.

@@ -20,11 +20,17 @@ use crate::decision::{Decision, Error};
 use crate::store::{Evictor, KeyedStore};
 use crate::sync::{AtomicBool, AtomicUsize, Ordering};
 
-/// The table is swept once it holds at least this many keys, then whenever it doubles.
+/// The table is swept once it holds at least this many keys, then whenever it doubles (a store
+/// that does not evict on its own).
 const FIRST_SWEEP: usize = 1024;
+/// Cells a store that evicts on its own judges for each new key that finds the table at its
+/// bound.
+const HAND_STEP: usize = 32;
 
-/// What a keyed limiter at its `max_keys` bound does with a request for a key it does not hold
-/// (after a sweep has found no key left to evict).
+/// What a keyed limiter at its `max_keys` bound does with a request for a key it does not hold,
+/// when no fresh key could be evicted to make room (on the word table: none among the few
+/// cells its eviction hand judged for this request; on the dashmap store: none left after a
+/// sweep).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum OverflowPolicy {
     /// Refuse the request with [`Error::KeyTableFull`]. Known keys keep their own limits.
@@ -238,12 +244,14 @@ where
         // Reserve a place first, and only below the bound, so that racing inserts cannot
         // overshoot it, not even for an instant (`len()` never reads above `max_keys`).
         // Relaxed: the counter's own modification order is all the bound needs.
-        let reserved = self
-            .keys
-            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
-                (n < max_keys).then_some(n + 1)
-            })
-            .is_ok();
+        let reserve = || {
+            self.keys
+                .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
+                    (n < max_keys).then_some(n + 1)
+                })
+                .is_ok()
+        };
+        let reserved = reserve() || (S::EVICTS_ON_INSERT && self.make_room(evictor) && reserve());
         if !reserved {
             // The key may have been inserted by another thread meanwhile (or be on its way to
             // a new table: `with_existing` looks there too).
@@ -270,18 +278,27 @@ where
         Ok(decision)
     }
 
-    /// Amortised eviction: sweep when the table has doubled since the last sweep (only for a
-    /// store that does not evict on its own), or, at the `max_keys` bound, after a quarter of
-    /// the bound in misses.
+    /// At the bound, for a store that evicts on its own: a step of its eviction hand (a fixed
+    /// amount of work); whether it freed a place.
+    fn make_room(&self, evictor: &impl Evictor<V>) -> bool {
+        let evicted = self.store.evict_some(evictor, HAND_STEP);
+        // Relaxed: a counter; uncounted after the keys are gone (see `keys`).
+        self.keys.fetch_sub(evicted, Ordering::Relaxed);
+        evicted > 0
+    }
+
+    /// Amortised eviction of a store that does not evict on its own: sweep when the table has
+    /// doubled since the last sweep, or, at the `max_keys` bound, after a quarter of the bound
+    /// in misses.
     fn sweep_if_due(&self, evictor: &impl Evictor<V>) {
-        if !self.counts() {
-            return;
+        if S::EVICTS_ON_INSERT {
+            return; // at the bound: `make_room` instead, a step at a time
         }
         // Relaxed (all three counters): heuristics for *when* to sweep; correctness does not
         // depend on their values.
         let misses = self.misses_since_sweep.fetch_add(1, Ordering::Relaxed) + 1;
         let keys = self.keys.load(Ordering::Relaxed);
-        let due = (!S::EVICTS_ON_INSERT && keys >= self.sweep_at.load(Ordering::Relaxed))
+        let due = keys >= self.sweep_at.load(Ordering::Relaxed)
             || self
                 .max_keys
                 .is_some_and(|(max, _)| keys >= max && misses >= (max / 4).max(1));

@@ -57,7 +57,7 @@ use std::sync::OnceLock;
 
 use crate::state::{AtomicWord, Retired};
 use crate::store::{Evictor, Inserted, KeyedStore};
-use crate::sync::{Arc, Mutex, PerThread};
+use crate::sync::{Arc, AtomicUsize, Mutex, Ordering, PerThread};
 
 /// Shards: inserts, evictions and rebuilds of different shards never wait for each other.
 pub const SHARDS: usize = 64;
@@ -158,6 +158,8 @@ struct Shard<K> {
     used: usize,
     /// Live keys: in `table`, and in the drain's slots not yet visited.
     live: usize,
+    /// Where `evict_some` goes on judging `table`.
+    hand: usize,
 }
 
 /// A replaced table whose slots before `next` are visited: each live key there has been moved
@@ -194,6 +196,8 @@ impl<K> Default for Cache<K> {
 /// [`KeyedLimiter`]: crate::KeyedLimiter
 pub struct WordTable<K: Send + Sync, H> {
     shards: Box<[Mutex<Shard<K>>]>,
+    /// The shard where the next `evict_some` starts (modulo `SHARDS`).
+    hand: AtomicUsize,
     hasher: H,
     retired: Retired,
     cache: PerThread<Cache<K>>,
@@ -222,9 +226,11 @@ impl<K: Send + Sync, H> WordTable<K, H> {
                         drain: None,
                         used: 0,
                         live: 0,
+                        hand: 0,
                     })
                 })
                 .collect(),
+            hand: AtomicUsize::new(0),
             hasher,
             retired,
             cache: PerThread::new(),
@@ -526,6 +532,41 @@ where
         self.cache
             .with(|cache| cache.0[index % SHARDS].set(Some(table)));
         (result, Inserted { inserted, evicted })
+    }
+
+    /// Judges up to `budget` keys, shard after shard from where the last call stopped (at most
+    /// one round of the shards and `32 × budget` slots, mostly empty ones in a sparse table):
+    /// a fixed amount of work.
+    fn evict_some(&self, evictor: &impl Evictor<AtomicWord>, budget: usize) -> usize {
+        evictor
+            .judging(|fresh| {
+                let (mut judged, mut slots, mut evicted) = (0, 0, 0);
+                for _ in 0..SHARDS {
+                    if judged >= budget || slots >= 32 * budget {
+                        break;
+                    }
+                    // Relaxed: the hand's position is a schedule; any value is a valid shard.
+                    let index = self.hand.fetch_add(1, Ordering::Relaxed) % SHARDS;
+                    let mut shard = self.shards[index].lock();
+                    // A fresh key still in a drain counts too: no insert drains it meanwhile.
+                    evicted += self.drain(&mut shard, budget, Some(&mut |c| fresh(c)));
+                    let len = shard.table.len();
+                    let (start, take) = (shard.hand % len, len.min(32 * budget - slots));
+                    let mut gone = 0;
+                    for slot in shard.table.iter().cycle().skip(start).take(take) {
+                        if slot.key.get().is_some() {
+                            judged += 1;
+                            gone += usize::from(fresh(&slot.state));
+                        }
+                    }
+                    shard.hand = start + take;
+                    shard.live -= gone;
+                    slots += take;
+                    evicted += gone;
+                }
+                evicted
+            })
+            .unwrap_or(0)
     }
 
     fn retain(&self, mut keep: impl FnMut(&AtomicWord) -> bool) -> usize {
