@@ -258,11 +258,11 @@ impl<K: Clone + Hash + Eq + Send + Sync, H: BuildHasher> WordTable<K, H> {
     /// is sized for the keys the drain will keep plus `room` inserts: with a judge, the keys
     /// kept are estimated by judging [`SAMPLE`] slots spread over the old table (evicting the
     /// fresh ones at once), so that a table whose keys are mostly fresh is replaced by one no
-    /// larger. A drain still running is finished first (a table sized too small by the
-    /// estimate; rare).
-    fn replace_table(&self, shard: &mut Shard<K>, mut judge: Option<&mut Judge<'_>>, room: usize) {
+    /// larger. With a drain still running (the estimate was low), both tables are merged into
+    /// one instead.
+    fn replace_table(&self, shard: &mut Shard<K>, judge: Option<&mut Judge<'_>>, room: usize) {
         if shard.drain.is_some() {
-            self.drain(shard, usize::MAX, judge.as_deref_mut());
+            return self.merge(shard, judge, room);
         }
         let kept = match judge {
             None => shard.live,
@@ -274,6 +274,29 @@ impl<K: Clone + Hash + Eq + Send + Sync, H: BuildHasher> WordTable<K, H> {
         let from = std::mem::replace(&mut shard.table, next);
         shard.drain = Some(Drain { from, next: 0 });
         shard.used = 0;
+    }
+
+    /// The fallback when a drain would overfill the table it drains into (its sizing estimate
+    /// was low): every key of the drain and of the table is moved, in this call, into a table
+    /// sized for all the shard's live keys, which they cannot overfill. Rare, and the one call
+    /// whose work grows with the shard.
+    #[cold]
+    #[inline(never)]
+    fn merge(&self, shard: &mut Shard<K>, mut judge: Option<&mut Judge<'_>>, room: usize) {
+        let next = new_table::<K>(sized_for(shard.live.saturating_add(room)));
+        let table = std::mem::replace(&mut shard.table, next);
+        shard.used = 0;
+        let drain = shard.drain.take();
+        let rest = drain.as_ref().map_or(&[][..], |d| &d.from[d.next..]);
+        let mut evicted = 0;
+        for slot in rest.iter().chain(table.iter()) {
+            match self.visit(slot, &shard.table, judge.as_deref_mut()) {
+                Visit::Empty => {}
+                Visit::Moved => shard.used += 1,
+                Visit::Evicted => evicted += 1,
+            }
+        }
+        shard.live -= evicted;
     }
 
     /// How many of the shard's live keys a drain judged by `fresh` would keep, from a sample
@@ -312,23 +335,29 @@ impl<K: Clone + Hash + Eq + Send + Sync, H: BuildHasher> WordTable<K, H> {
             return 0;
         };
         let end = drain.from.len().min(drain.next.saturating_add(budget));
-        let mut evicted = 0;
-        for slot in &drain.from[drain.next..end] {
-            match self.visit(slot, &shard.table, judge.as_deref_mut()) {
+        let live = shard.live;
+        while drain.next < end {
+            if over_full(shard.used + 1, shard.table.len()) {
+                // The table would overfill: merge what is left instead.
+                shard.drain = Some(drain);
+                self.merge(shard, judge, 0);
+                return live - shard.live;
+            }
+            match self.visit(&drain.from[drain.next], &shard.table, judge.as_deref_mut()) {
                 Visit::Empty => {}
                 Visit::Moved => shard.used += 1,
-                Visit::Evicted => evicted += 1,
+                Visit::Evicted => shard.live -= 1,
             }
+            drain.next += 1;
         }
-        drain.next = end;
         if end < drain.from.len() {
             shard.drain = Some(drain);
         }
-        shard.live -= evicted;
-        evicted
+        live - shard.live
     }
 
-    /// Evicts or moves the key of `slot` (of a drained table) into `to`.
+    /// Evicts or moves the key of `slot` (of a drained table) into `to`, which must have room
+    /// for it (not `over_full` with one more key: `find` then ends at an empty slot).
     fn visit<'j>(&self, slot: &Slot<K>, to: &Table<K>, judge: Option<&mut Judge<'j>>) -> Visit {
         let Some(key) = slot.key.get() else {
             return Visit::Empty;
@@ -360,12 +389,16 @@ impl<K: Clone + Hash + Eq + Send + Sync, H: BuildHasher> WordTable<K, H> {
         K: Borrow<Q>,
         Q: Eq + ?Sized,
     {
-        if let Some(drain) = &shard.drain {
-            if let Ok(slot) = find(&drain.from, hash, key) {
-                if let Visit::Moved = self.visit(slot, &shard.table, None) {
-                    shard.used += 1;
-                }
-            }
+        let Some(drain) = &shard.drain else { return };
+        let Ok(slot) = find(&drain.from, hash, key) else {
+            return;
+        };
+        if over_full(shard.used + 1, shard.table.len()) {
+            // No room to move one key: move them all (a live key cannot be lost).
+            return self.merge(shard, None, 0);
+        }
+        if let Visit::Moved = self.visit(slot, &shard.table, None) {
+            shard.used += 1;
         }
     }
 

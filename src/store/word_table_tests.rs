@@ -212,3 +212,45 @@ fn keys_still_in_a_drain_are_found() {
     }
     assert_eq!(store.len(), keys as usize);
 }
+
+/// A table replaced on a low estimate (the sampled keys were fresh, the others turn out to hold
+/// state) would overfill as its drain moves keys in: the drain merges both tables into one
+/// sized for every live key instead, and no key is lost (nor does a probe loop forever).
+#[test]
+fn a_drain_that_would_overfill_its_table_merges() {
+    let store = store();
+    let mut key = 0u64;
+    while key < 20_000 {
+        insert(&store, key, 0, &KEEP_ALL);
+        key += 1;
+    }
+    // End every drain (an explicit sweep that keeps every key).
+    assert_eq!(store.len(), 20_000);
+    assert_eq!(store.retain(|_| true), 0);
+    assert_eq!(store.len(), 20_000);
+    assert_eq!(store.draining(), 0);
+    // The next inserts judge state 0 fresh: the first replacement's sample finds every key
+    // fresh, so its new table is sized for few keys.
+    while store.draining() == 0 {
+        insert(&store, key, 0, &EVICT_ZERO);
+        key += 1;
+    }
+    let before = capacity(&store);
+    // Now every key holds state: moving them into the small table overfills it.
+    for k in 0..key {
+        store.with_existing(&k, |cell| add(cell, 1));
+    }
+    let held: Vec<u64> = (0..key).filter_map(|k| get(&store, k)).collect();
+    assert_eq!(held.len(), store.len(), "the count matches the keys found");
+    assert!(held.iter().all(|&s| s == 1), "{held:?}");
+    assert!(
+        held.len() as u64 > key - 100,
+        "only {} of {key} keys left",
+        held.len()
+    );
+    assert!(
+        capacity(&store) > before,
+        "the small table was merged into a larger one"
+    );
+    assert_eq!(store.draining(), 0, "merged, not drained");
+}
