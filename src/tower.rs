@@ -40,7 +40,8 @@
 //!
 //! # Example (axum)
 //! ```no_run
-//! //! use axum::{routing::get, Router};
+//! use std::net::SocketAddr;
+//! use axum::{routing::get, Router};
 //! use tollgate::tower::{HeaderStyle, Key, Policy, RateLimitLayer};
 //! use tollgate::{Gcra, KeyedLimiter, Quota};
 //!

@@ -53,7 +53,7 @@ static GRPC_MESSAGE: HeaderName = HeaderName::from_static("grpc-message");
 
 /// `d` in whole seconds, rounded up.
 pub(crate) fn ceil_secs(d: Duration) -> u64 {
-    d.as_secs() + u64::from(d.subsec_nanos() > 0)
+    d.as_secs().saturating_add(u64::from(d.subsec_nanos() > 0))
 }
 
 /// `Retry-After` of a denial: whole seconds rounded up, at least 1.
