@@ -448,9 +448,12 @@ impl Shared {
     }
 }
 
+type BoxedResponse<B, E> =
+    Pin<Box<dyn Future<Output = Result<Response<RateLimitBody<B>>, E>> + Send>>;
+
 /// The future of [`RateLimit`]'s responses.
 pub struct ResponseFuture<B, E> {
-    inner: Pin<Box<dyn Future<Output = Result<Response<RateLimitBody<B>>, E>> + Send>>,
+    inner: BoxedResponse<B, E>,
 }
 
 impl<B, E> fmt::Debug for ResponseFuture<B, E> {

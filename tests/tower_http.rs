@@ -2,9 +2,11 @@
 //! 127.0.0.1 ephemeral ports. Limiters run on a `ManualClock`, so every decision, and so every
 //! header, is known: a reference limiter on the same clock is asked the same questions.
 //!
-//! Run with `cargo test --features axum --test tower_http`.
+//! Run with `cargo test --features tower --test tower_http`: the layer then reads the peer from
+//! a plain `SocketAddr` extension, which a small axum middleware copies out of `ConnectInfo`;
+//! with `--features axum` it reads `ConnectInfo` itself, and the middleware is left out.
 
-#![cfg(feature = "axum")]
+#![cfg(feature = "tower")]
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -47,15 +49,37 @@ async fn serve(app: Router) -> SocketAddr {
 }
 
 fn app(layer: RateLimitLayer) -> Router {
-    Router::new()
-        .route(
-            "/api/{*rest}",
-            get(|| async { "api" }).post(|| async { "posted" }),
-        )
-        .route("/health", get(|| async { "ok" }))
-        .route("/other", get(|| async { "other" }))
-        .route("/grpc.Svc/Call", post(|| async { "grpc" }))
-        .layer(layer)
+    peer_extension(
+        Router::new()
+            .route(
+                "/api/{*rest}",
+                get(|| async { "api" }).post(|| async { "posted" }),
+            )
+            .route("/health", get(|| async { "ok" }))
+            .route("/other", get(|| async { "other" }))
+            .route("/grpc.Svc/Call", post(|| async { "grpc" }))
+            .layer(layer),
+    )
+}
+
+/// Without the `axum` feature the layer reads a plain `SocketAddr` extension: copy it out of
+/// `ConnectInfo` in front of the layer (as a hyper-util server would insert it).
+fn peer_extension(router: Router) -> Router {
+    if cfg!(feature = "axum") {
+        return router;
+    }
+    router.layer(axum::middleware::map_request(
+        |mut request: Request<axum::body::Body>| async move {
+            let peer = request
+                .extensions()
+                .get::<axum::extract::ConnectInfo<SocketAddr>>()
+                .map(|info| info.0);
+            if let Some(peer) = peer {
+                request.extensions_mut().insert(peer);
+            }
+            request
+        },
+    ))
 }
 
 struct Reply {
@@ -523,11 +547,11 @@ async fn clones_and_routers_share_state() {
         .build()
         .unwrap();
     let one = serve(app(layer.clone())).await;
-    let two = serve(
+    let two = serve(peer_extension(
         Router::new()
             .route("/x", get(|| async { "x" }))
             .layer(layer),
-    )
+    ))
     .await;
     let http = client();
     assert_eq!(
