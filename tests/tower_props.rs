@@ -19,8 +19,8 @@ use proptest::prelude::*;
 use tollgate::algorithm::Algorithm;
 use tollgate::clock::ManualClock;
 use tollgate::tower::{
-    CheckBackend, CheckFuture, HeaderStyle, Key, Policy, QuotaInfo, RateLimitBody, RateLimitLayer,
-    RuleWindow, Verdict,
+    CheckBackend, CheckFuture, HeaderStyle, Key, Mode, Policy, QuotaInfo, RateLimitBody,
+    RateLimitLayer, RuleWindow, Verdict,
 };
 use tollgate::{Decision, FixedWindow, Gcra, KeyedLimiter, MultiLimiter, Quota, SlidingWindow};
 use tower_layer::Layer;
@@ -101,17 +101,30 @@ fn steps() -> impl Strategy<Value = Vec<Step>> {
     )
 }
 
+/// How the random policy runs: its cost and whether it is in shadow mode.
+#[derive(Debug, Clone, Copy)]
+struct Run {
+    cost: u64,
+    shadow: bool,
+}
+
 /// Drives a layer over `backend` and `reference` (the same rules on the same clock) through
 /// `steps`, and checks every response against the reference's decision.
 fn agree(
     clock: &ManualClock,
     backend: impl CheckBackend,
     reference: impl Fn(&Key, u64) -> Decision,
-    cost: u64,
+    Run { cost, shadow }: Run,
     steps: &[Step],
 ) -> Result<(), TestCaseError> {
+    let mode = if shadow { Mode::Shadow } else { Mode::Enforce };
     let layer = RateLimitLayer::builder()
-        .policy(Policy::new("p", backend).path_prefix("/a").cost(cost))
+        .policy(
+            Policy::new("p", backend)
+                .path_prefix("/a")
+                .cost(cost)
+                .mode(mode),
+        )
         .headers(HeaderStyle::Both)
         .build()
         .unwrap();
@@ -128,7 +141,7 @@ fn agree(
             continue;
         }
         let want = reference(&Key::Ip(ip), cost);
-        let status = if want.allowed() {
+        let status = if want.allowed() || shadow {
             StatusCode::OK
         } else {
             StatusCode::TOO_MANY_REQUESTS
@@ -147,7 +160,7 @@ fn agree(
         let current = header(&response, "ratelimit").unwrap();
         let suffix = format!(";r={};t={reset}", want.remaining());
         prop_assert!(current.ends_with(&suffix), "{} vs {}", current, suffix);
-        if want.allowed() {
+        if want.allowed() || shadow {
             prop_assert!(header(&response, "retry-after").is_none());
         } else {
             let retry = ceil_secs(want.retry_after()).max(1).to_string();
@@ -159,7 +172,7 @@ fn agree(
 
 fn single<A: Algorithm + RuleWindow>(
     rule: A,
-    cost: u64,
+    run: Run,
     steps: &[Step],
 ) -> Result<(), TestCaseError> {
     let clock = ManualClock::new();
@@ -169,14 +182,14 @@ fn single<A: Algorithm + RuleWindow>(
         &clock,
         backend,
         |key, cost| reference.check_n(key, cost).unwrap(),
-        cost,
+        run,
         steps,
     )
 }
 
 fn multi<A: Algorithm + RuleWindow>(
     rules: [A; 2],
-    cost: u64,
+    run: Run,
     steps: &[Step],
 ) -> Result<(), TestCaseError> {
     let clock = ManualClock::new();
@@ -186,7 +199,7 @@ fn multi<A: Algorithm + RuleWindow>(
         &clock,
         backend,
         |key, cost| reference.check_n(key, cost).unwrap(),
-        cost,
+        run,
         steps,
     )
 }
@@ -205,13 +218,15 @@ proptest! {
         window_ms in prop::sample::select(vec![100u64, 1_000, 2_500]),
         burst in prop::option::of(3u64..10),
         cost in 1u64..3,
+        shadow in prop::bool::weighted(0.2),
         steps in steps(),
     ) {
         let q = quota(limit, window_ms);
+        let run = Run { cost, shadow };
         match algorithm {
-            0 => single(Gcra::new(burst.map_or(q, |b| q.with_burst(b).unwrap())).unwrap(), cost, &steps)?,
-            1 => single(FixedWindow::new(q).unwrap(), cost, &steps)?,
-            _ => single(SlidingWindow::new(q).unwrap(), cost, &steps)?,
+            0 => single(Gcra::new(burst.map_or(q, |b| q.with_burst(b).unwrap())).unwrap(), run, &steps)?,
+            1 => single(FixedWindow::new(q).unwrap(), run, &steps)?,
+            _ => single(SlidingWindow::new(q).unwrap(), run, &steps)?,
         }
     }
 
@@ -221,12 +236,14 @@ proptest! {
         slow in 4u64..12,
         sliding in any::<bool>(),
         cost in 1u64..3,
+        shadow in prop::bool::weighted(0.2),
         steps in steps(),
     ) {
+        let run = Run { cost, shadow };
         if sliding {
-            multi([SlidingWindow::new(quota(fast, 500)).unwrap(), SlidingWindow::new(quota(slow, 5_000)).unwrap()], cost, &steps)?;
+            multi([SlidingWindow::new(quota(fast, 500)).unwrap(), SlidingWindow::new(quota(slow, 5_000)).unwrap()], run, &steps)?;
         } else {
-            multi([Gcra::new(quota(fast, 500)).unwrap(), Gcra::new(quota(slow, 5_000)).unwrap()], cost, &steps)?;
+            multi([Gcra::new(quota(fast, 500)).unwrap(), Gcra::new(quota(slow, 5_000)).unwrap()], run, &steps)?;
         }
     }
 
