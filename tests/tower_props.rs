@@ -360,3 +360,43 @@ fn invalid_configurations_are_refused() {
         .build()
         .is_ok());
 }
+
+#[test]
+fn a_backend_error_gets_the_configured_outcome_and_shadow_passes() {
+    use tollgate::tower::Fallback;
+    use tollgate::OverflowPolicy;
+    let full_after_one = || {
+        KeyedLimiter::<Key, _>::builder(Gcra::new(Quota::per_second(1).unwrap()).unwrap())
+            .max_keys(1, OverflowPolicy::Deny)
+            .build()
+            .unwrap()
+    };
+    let rt = runtime();
+    let one = Some(IpAddr::from([192, 0, 2, 1]));
+    let two = Some(IpAddr::from([192, 0, 2, 2]));
+    for (fallback, mode, want) in [
+        (None, Mode::Enforce, StatusCode::SERVICE_UNAVAILABLE),
+        (
+            Some(Fallback::Reject(StatusCode::INTERNAL_SERVER_ERROR)),
+            Mode::Enforce,
+            StatusCode::INTERNAL_SERVER_ERROR,
+        ),
+        (Some(Fallback::Allow), Mode::Enforce, StatusCode::OK),
+        (None, Mode::Shadow, StatusCode::OK),
+    ] {
+        let mut builder =
+            RateLimitLayer::builder().default_policy(Policy::new("p", full_after_one()).mode(mode));
+        if let Some(fallback) = fallback {
+            builder = builder.on_error(fallback);
+        }
+        let mut svc = builder.build().unwrap().layer(Ok200);
+        assert_eq!(
+            call(&rt, &mut svc, request("/", one)).status(),
+            StatusCode::OK
+        );
+        // A second key does not fit: the limiter answers KeyTableFull.
+        let response = call(&rt, &mut svc, request("/", two));
+        assert_eq!(response.status(), want, "{fallback:?} {mode:?}");
+        assert!(header(&response, "ratelimit").is_none());
+    }
+}
