@@ -30,6 +30,7 @@
 //! - [`limiter`]: [`Limiter`] and [`KeyedLimiter`] wire a [`clock`], a rule and a store.
 //! - [`MultiLimiter`]: several quotas on one key, all or nothing.
 //! - [`replay`]: the trace format of `tollgate replay`.
+//! - `tower` (feature `tower`): a tower layer for HTTP servers (policies, client keys, 429s).
 
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
@@ -46,6 +47,8 @@ pub mod replay;
 pub mod state;
 pub mod store;
 mod sync;
+#[cfg(feature = "tower")]
+pub mod tower;
 
 pub use algorithm::{
     Algorithm, FixedWindow, Gcra, LeakyBucket, LeakyQueue, SlidingLog, SlidingWindow, TokenBucket,

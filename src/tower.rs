@@ -1,0 +1,558 @@
+//! A tower layer for HTTP servers (feature `tower`; add `axum` to read axum's `ConnectInfo`).
+//!
+//! [`RateLimitLayer`] wraps any tower [`Service`] over [`http::Request`]: axum routers,
+//! hyper-util servers, tonic. For each request it picks the first [`Policy`] that matches (by
+//! path and method; else the default policy; else no limit), works out the client key
+//! ([`KeySource`]) and the cost, asks the policy's [`CheckBackend`] and then either passes the
+//! request on or answers for the inner service:
+//!
+//! - **Allowed**: the inner service's response, with the rate-limit fields ([`HeaderStyle`]).
+//! - **Denied** (mode [`Mode::Enforce`]): `429 Too Many Requests`, an RFC 9457
+//!   `application/problem+json` body (`type`, `title`, `status`, `detail` and `retry-after`),
+//!   `Retry-After` in whole seconds rounded up and never 0, and the rate-limit fields. A gRPC
+//!   request (`content-type: application/grpc…`) gets HTTP 200 with `grpc-status: 8`
+//!   (RESOURCE_EXHAUSTED) and a `grpc-message` instead. Or a response of your own
+//!   ([`RateLimitLayerBuilder::deny_with`]).
+//! - **Denied in [`Mode::Shadow`]**: passed on, with the rate-limit fields (no `Retry-After`).
+//! - **No key** (no peer address, a missing header, a closure's `None`):
+//!   [`RateLimitLayerBuilder::on_missing_key`] says: reject it with a status (default 500: a
+//!   missing peer address is a server set-up error; choose 400 for a missing API key), or let it
+//!   through uncounted ([`Fallback::Allow`]).
+//! - **Backend error** (a full key table, a failed network backend):
+//!   [`RateLimitLayerBuilder::on_error`], the same choices (default 503). A cost above the
+//!   quota's capacity can never be admitted: a 429 without `Retry-After`.
+//! - **Allow-listed** (a client IP in [`RateLimitLayerBuilder::allow_cidrs`], or
+//!   [`RateLimitLayerBuilder::allow_if`]): passed on, not counted, no fields.
+//!
+//! The layer keeps its whole configuration behind one `Arc`: cloning it, or the service, is
+//! one reference count, and every clone (every router it is attached to) shares the same
+//! limiters. Nothing in it panics on any header content.
+//!
+//! # Client addresses
+//! The peer address comes from axum's `ConnectInfo<SocketAddr>` (feature `axum`; serve with
+//! `into_make_service_with_connect_info::<SocketAddr>()`) or from a plain
+//! [`SocketAddr`](std::net::SocketAddr) request extension. Behind proxies, list them with [`RateLimitLayerBuilder::trusted_proxies`]: only
+//! when the peer is one of them is the forwarding header ([`ProxyHeader`]: `X-Forwarded-For`
+//! by default, or RFC 7239 `Forwarded`) read, right to left, skipping trusted hops; the first
+//! untrusted hop is the client. A client talking to the server directly cannot choose its key.
+//! IPv4 clients are keyed per address, IPv6 clients per /56 by default (one site usually owns
+//! a whole /56 or /48; see [`RateLimitLayerBuilder::ipv6_prefix`]).
+//!
+//! # Example (axum)
+//! ```no_run
+//! use std::net::SocketAddr;
+//! use axum::{routing::get, Router};
+//! use tollgate::tower::{HeaderStyle, Key, Policy, RateLimitLayer};
+//! use tollgate::{Gcra, KeyedLimiter, Quota};
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! // Per client IP: 10 requests a second, bursts of 20, on /api/.
+//! let per_ip = KeyedLimiter::<Key, _>::new(Gcra::new(Quota::per_second(10)?.with_burst(20)?)?);
+//! let layer = RateLimitLayer::builder()
+//!     .policy(Policy::new("api", per_ip).path_prefix("/api/"))
+//!     .trusted_proxies(["127.0.0.1".parse()?]) // a reverse proxy on this host
+//!     .headers(HeaderStyle::Both)
+//!     .build()?;
+//!
+//! let app = Router::new()
+//!     .route("/api/hello", get(|| async { "hello" }))
+//!     .route("/health", get(|| async { "ok" })) // no policy matches: not limited
+//!     .layer(layer);
+//! let listener = tokio::net::TcpListener::bind("127.0.0.1:3000").await?;
+//! axum::serve(listener, app.into_make_service_with_connect_info::<SocketAddr>()).await?;
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! # Backends
+//! A policy checks one [`CheckBackend`]: an in-process [`KeyedLimiter`](crate::KeyedLimiter)
+//! or [`MultiLimiter`](crate::MultiLimiter) keyed by [`Key`] today. The Redis tier does not
+//! implement the trait yet (a later increment will, through [`CheckFuture::boxed`]); moving a
+//! policy to it will change only the backend argument of [`Policy::new`].
+
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use http::request::Parts;
+use http::{Request, Response, StatusCode};
+use tower_layer::Layer;
+use tower_service::Service;
+
+mod backend;
+mod cidr;
+mod key;
+mod policy;
+mod response;
+
+pub use self::backend::{CheckBackend, CheckError, CheckFuture, QuotaInfo, RuleWindow, Verdict};
+pub use self::cidr::{Cidr, CidrError};
+pub use self::key::{Key, KeySource, ProxyHeader};
+pub use self::policy::{Cost, Mode, Policy};
+pub use self::response::{Denial, HeaderStyle, RateLimitBody};
+
+use self::key::{peer_addr, AddrConfig, Addrs};
+use self::response::{
+    add_headers, grpc_code, grpc_response, is_grpc, problem_response, retry_after_secs,
+    set_retry_after, GRPC_RESOURCE_EXHAUSTED,
+};
+use crate::Error;
+
+/// What the layer does with a request it cannot decide (no key, or a backend error).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fallback {
+    /// Answer with this status (a problem+json body, or the matching gRPC status).
+    Reject(StatusCode),
+    /// Pass the request on, uncounted and without rate-limit fields.
+    Allow,
+}
+
+/// Why a layer's configuration was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ConfigError {
+    /// A policy name must be 1–64 printable ASCII characters (it goes into headers).
+    #[error("policy name {0:?} must be 1-64 printable ASCII characters")]
+    PolicyName(String),
+    /// The IPv6 grouping prefix must be at most 128.
+    #[error("IPv6 prefix /{0} is longer than 128 bits")]
+    Ipv6Prefix(u8),
+    /// A [`Fallback::Reject`] status must be a client or server error (4xx or 5xx).
+    #[error("fallback status {0} is not a 4xx or 5xx status")]
+    FallbackStatus(StatusCode),
+}
+
+type Predicate = dyn Fn(&Parts) -> bool + Send + Sync;
+type DenyFn = dyn Fn(&Denial<'_>) -> Response<Bytes> + Send + Sync;
+
+/// The layer's configuration, shared by every clone.
+struct Shared {
+    /// The policies in order, then the default policy (if any) last.
+    policies: Vec<Policy>,
+    has_default: bool,
+    addrs: AddrConfig,
+    allow_cidrs: Vec<Cidr>,
+    allow_if: Option<Arc<Predicate>>,
+    headers: HeaderStyle,
+    on_missing_key: Fallback,
+    on_error: Fallback,
+    deny_with: Option<Arc<DenyFn>>,
+}
+
+/// Builds a [`RateLimitLayer`].
+#[must_use]
+pub struct RateLimitLayerBuilder {
+    policies: Vec<Policy>,
+    default: Option<Policy>,
+    addrs: AddrConfig,
+    allow_cidrs: Vec<Cidr>,
+    allow_if: Option<Arc<Predicate>>,
+    headers: HeaderStyle,
+    on_missing_key: Fallback,
+    on_error: Fallback,
+    deny_with: Option<Arc<DenyFn>>,
+}
+
+impl fmt::Debug for RateLimitLayerBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RateLimitLayerBuilder")
+            .field("policies", &self.policies)
+            .field("default", &self.default)
+            .finish_non_exhaustive()
+    }
+}
+
+impl RateLimitLayerBuilder {
+    /// Adds a policy; the first policy that matches a request applies.
+    pub fn policy(mut self, policy: Policy) -> Self {
+        self.policies.push(policy);
+        self
+    }
+
+    /// The policy for requests no other policy matches (its own path and method filters are
+    /// ignored). Without one, such requests are not limited.
+    pub fn default_policy(mut self, policy: Policy) -> Self {
+        self.default = Some(policy);
+        self
+    }
+
+    /// The proxies whose forwarding headers are believed (default: none, so client addresses
+    /// are peer addresses). List every proxy between the internet and this server.
+    pub fn trusted_proxies(mut self, proxies: impl IntoIterator<Item = Cidr>) -> Self {
+        self.addrs.trusted = proxies.into_iter().collect();
+        self
+    }
+
+    /// The header the trusted proxies write (default `X-Forwarded-For`). Only this one is
+    /// read: a header the proxies do not write would be the client's to choose.
+    pub fn proxy_header(mut self, header: ProxyHeader) -> Self {
+        self.addrs.header = header;
+        self
+    }
+
+    /// IPv6 client addresses are keyed by their first `prefix` bits (default 56; 64 for one
+    /// subnet, 128 for one address). IPv4 addresses are keyed whole.
+    pub fn ipv6_prefix(mut self, prefix: u8) -> Self {
+        self.addrs.ipv6_prefix = prefix;
+        self
+    }
+
+    /// Requests whose client IP lies in one of `networks` bypass every policy.
+    pub fn allow_cidrs(mut self, networks: impl IntoIterator<Item = Cidr>) -> Self {
+        self.allow_cidrs.extend(networks);
+        self
+    }
+
+    /// Requests for which `predicate` holds bypass every policy (e.g. `/health`).
+    pub fn allow_if(mut self, predicate: impl Fn(&Parts) -> bool + Send + Sync + 'static) -> Self {
+        self.allow_if = Some(Arc::new(predicate));
+        self
+    }
+
+    /// The rate-limit fields on responses (default [`HeaderStyle::Draft`]).
+    pub fn headers(mut self, style: HeaderStyle) -> Self {
+        self.headers = style;
+        self
+    }
+
+    /// What happens to a request whose key cannot be extracted (default
+    /// `Reject(500 Internal Server Error)`).
+    pub fn on_missing_key(mut self, fallback: Fallback) -> Self {
+        self.on_missing_key = fallback;
+        self
+    }
+
+    /// What happens to a request whose backend could not decide (default
+    /// `Reject(503 Service Unavailable)`). Shadow policies always pass such requests.
+    pub fn on_error(mut self, fallback: Fallback) -> Self {
+        self.on_error = fallback;
+        self
+    }
+
+    /// Builds denials with `f` instead of the problem+json / gRPC answers. The layer then sets
+    /// `Retry-After` and the rate-limit fields on what `f` returns.
+    pub fn deny_with(
+        mut self,
+        f: impl Fn(&Denial<'_>) -> Response<Bytes> + Send + Sync + 'static,
+    ) -> Self {
+        self.deny_with = Some(Arc::new(f));
+        self
+    }
+
+    /// The layer.
+    ///
+    /// # Errors
+    /// A [`ConfigError`] naming the first setting that is refused.
+    pub fn build(self) -> Result<RateLimitLayer, ConfigError> {
+        if self.addrs.ipv6_prefix > 128 {
+            return Err(ConfigError::Ipv6Prefix(self.addrs.ipv6_prefix));
+        }
+        for fallback in [self.on_missing_key, self.on_error] {
+            if let Fallback::Reject(status) = fallback {
+                if !(status.is_client_error() || status.is_server_error()) {
+                    return Err(ConfigError::FallbackStatus(status));
+                }
+            }
+        }
+        let has_default = self.default.is_some();
+        let mut policies = self.policies;
+        policies.extend(self.default);
+        for policy in &policies {
+            let name = policy.name();
+            if name.is_empty()
+                || name.len() > 64
+                || !name.bytes().all(|b| (0x20..0x7f).contains(&b))
+            {
+                return Err(ConfigError::PolicyName(name.to_string()));
+            }
+        }
+        Ok(RateLimitLayer {
+            shared: Arc::new(Shared {
+                policies,
+                has_default,
+                addrs: self.addrs,
+                allow_cidrs: self.allow_cidrs,
+                allow_if: self.allow_if,
+                headers: self.headers,
+                on_missing_key: self.on_missing_key,
+                on_error: self.on_error,
+                deny_with: self.deny_with,
+            }),
+        })
+    }
+}
+
+/// A tower [`Layer`] that rate-limits HTTP requests by policy (see the [module docs](self)).
+///
+/// Cloning it is one reference count; clones share their limiters.
+#[derive(Clone)]
+pub struct RateLimitLayer {
+    shared: Arc<Shared>,
+}
+
+impl fmt::Debug for RateLimitLayer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RateLimitLayer")
+            .field("policies", &self.shared.policies)
+            .finish_non_exhaustive()
+    }
+}
+
+impl RateLimitLayer {
+    /// A builder with no policy, no trusted proxy, IPv6 grouped per /56, draft headers.
+    pub fn builder() -> RateLimitLayerBuilder {
+        RateLimitLayerBuilder {
+            policies: Vec::new(),
+            default: None,
+            addrs: AddrConfig {
+                trusted: Vec::new(),
+                header: ProxyHeader::default(),
+                ipv6_prefix: 56,
+            },
+            allow_cidrs: Vec::new(),
+            allow_if: None,
+            headers: HeaderStyle::default(),
+            on_missing_key: Fallback::Reject(StatusCode::INTERNAL_SERVER_ERROR),
+            on_error: Fallback::Reject(StatusCode::SERVICE_UNAVAILABLE),
+            deny_with: None,
+        }
+    }
+}
+
+impl<S> Layer<S> for RateLimitLayer {
+    type Service = RateLimit<S>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        RateLimit {
+            inner,
+            shared: Arc::clone(&self.shared),
+        }
+    }
+}
+
+/// The service [`RateLimitLayer`] wraps around `S`.
+#[derive(Clone)]
+pub struct RateLimit<S> {
+    inner: S,
+    shared: Arc<Shared>,
+}
+
+impl<S: fmt::Debug> fmt::Debug for RateLimit<S> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RateLimit")
+            .field("inner", &self.inner)
+            .finish_non_exhaustive()
+    }
+}
+
+/// What to do with a request, decided before any await.
+enum Plan {
+    /// Pass it on, uncounted.
+    Pass,
+    /// Answer it with this status at once.
+    Reject(StatusCode, &'static str),
+    /// Check `cost` for `key` against policy `policy`.
+    Check { policy: usize, key: Key, cost: u64 },
+}
+
+impl Shared {
+    fn plan(&self, parts: &Parts) -> Plan {
+        let last = self.policies.len();
+        let index = match self.policies.iter().position(|p| p.matches(parts)) {
+            Some(i) if !(self.has_default && i + 1 == last) => i,
+            _ if self.has_default => last - 1,
+            _ => return Plan::Pass,
+        };
+        let policy = &self.policies[index];
+        let mut addrs = Addrs::new(&self.addrs).with_peer(peer_addr(parts));
+        if !self.allow_cidrs.is_empty() {
+            if let Some(ip) = addrs.client(parts) {
+                if self.allow_cidrs.iter().any(|net| net.contains(ip)) {
+                    return Plan::Pass;
+                }
+            }
+        }
+        if self.allow_if.as_ref().is_some_and(|allow| allow(parts)) {
+            return Plan::Pass;
+        }
+        let Some(key) = policy.key.extract(parts, &mut addrs) else {
+            return match self.on_missing_key {
+                Fallback::Allow => Plan::Pass,
+                Fallback::Reject(status) => Plan::Reject(
+                    status,
+                    "The request carries no client key for rate limiting.",
+                ),
+            };
+        };
+        Plan::Check {
+            policy: index,
+            key,
+            cost: policy.cost.of(parts),
+        }
+    }
+
+    /// The fallback answer `status` to a request.
+    fn reject<B>(
+        &self,
+        status: StatusCode,
+        detail: &str,
+        grpc: bool,
+    ) -> Response<RateLimitBody<B>> {
+        if grpc {
+            grpc_response(grpc_code(status), detail)
+        } else {
+            problem_response(status, detail, None)
+        }
+    }
+
+    /// The answer to a request `policy` refused with `verdict`.
+    fn deny<B>(
+        &self,
+        policy: &Policy,
+        verdict: &Verdict,
+        grpc: bool,
+    ) -> Response<RateLimitBody<B>> {
+        let secs = retry_after_secs(&verdict.decision);
+        let mut response = match &self.deny_with {
+            Some(f) => f(&Denial {
+                policy: policy.name(),
+                decision: &verdict.decision,
+                retry_after_secs: secs,
+                grpc,
+            })
+            .map(RateLimitBody::full),
+            None => {
+                let detail = format!(
+                    "Rate limit \"{}\" exceeded: retry after {secs} s.",
+                    policy.name()
+                );
+                if grpc {
+                    grpc_response(GRPC_RESOURCE_EXHAUSTED, &detail)
+                } else {
+                    problem_response(StatusCode::TOO_MANY_REQUESTS, &detail, Some(secs))
+                }
+            }
+        };
+        set_retry_after(response.headers_mut(), secs);
+        add_headers(
+            response.headers_mut(),
+            self.headers,
+            policy.name(),
+            policy.backend.as_ref(),
+            verdict,
+        );
+        response
+    }
+}
+
+type BoxedResponse<B, E> =
+    Pin<Box<dyn Future<Output = Result<Response<RateLimitBody<B>>, E>> + Send>>;
+
+/// The future of [`RateLimit`]'s responses.
+pub struct ResponseFuture<B, E> {
+    inner: BoxedResponse<B, E>,
+}
+
+impl<B, E> fmt::Debug for ResponseFuture<B, E> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("ResponseFuture")
+    }
+}
+
+impl<B, E> Future for ResponseFuture<B, E> {
+    type Output = Result<Response<RateLimitBody<B>>, E>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        self.inner.as_mut().poll(cx)
+    }
+}
+
+impl<S, ReqBody, ResBody> Service<Request<ReqBody>> for RateLimit<S>
+where
+    S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: 'static,
+    ReqBody: Send + 'static,
+    ResBody: 'static,
+{
+    type Response = Response<RateLimitBody<ResBody>>;
+    type Error = S::Error;
+    type Future = ResponseFuture<ResBody, S::Error>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
+        // The service polled ready is the one to call: keep it, leave a fresh clone behind.
+        let clone = self.inner.clone();
+        let mut inner = std::mem::replace(&mut self.inner, clone);
+        let shared = Arc::clone(&self.shared);
+        let (parts, body) = request.into_parts();
+        let plan = shared.plan(&parts);
+        let grpc = is_grpc(&parts.headers);
+        let request = Request::from_parts(parts, body);
+        let inner = Box::pin(async move {
+            let (policy, key, cost) = match plan {
+                Plan::Pass => {
+                    return inner
+                        .call(request)
+                        .await
+                        .map(|r| r.map(RateLimitBody::inner))
+                }
+                Plan::Reject(status, detail) => return Ok(shared.reject(status, detail, grpc)),
+                Plan::Check { policy, key, cost } => (policy, key, cost),
+            };
+            let policy = &shared.policies[policy];
+            let verdict = match policy.backend.check(&key, cost).await {
+                Ok(verdict) => verdict,
+                Err(_) if policy.mode == Mode::Shadow => {
+                    return inner
+                        .call(request)
+                        .await
+                        .map(|r| r.map(RateLimitBody::inner))
+                }
+                Err(CheckError::Limit(Error::CapacityExceeded { cost, capacity })) => {
+                    let detail = format!(
+                        "Rate limit \"{}\": a cost of {cost} exceeds the capacity {capacity}; this request can never be admitted.",
+                        policy.name()
+                    );
+                    return Ok(if grpc {
+                        grpc_response(GRPC_RESOURCE_EXHAUSTED, &detail)
+                    } else {
+                        problem_response(StatusCode::TOO_MANY_REQUESTS, &detail, None)
+                    });
+                }
+                Err(_) => {
+                    return match shared.on_error {
+                        Fallback::Allow => inner
+                            .call(request)
+                            .await
+                            .map(|r| r.map(RateLimitBody::inner)),
+                        Fallback::Reject(status) => Ok(shared.reject(
+                            status,
+                            "The rate limiter could not decide this request.",
+                            grpc,
+                        )),
+                    }
+                }
+            };
+            if !verdict.decision.allowed() && policy.mode == Mode::Enforce {
+                return Ok(shared.deny(policy, &verdict, grpc));
+            }
+            let mut response = inner.call(request).await?.map(RateLimitBody::inner);
+            add_headers(
+                response.headers_mut(),
+                shared.headers,
+                policy.name(),
+                policy.backend.as_ref(),
+                &verdict,
+            );
+            Ok(response)
+        });
+        ResponseFuture { inner }
+    }
+}

@@ -1,0 +1,277 @@
+//! The one async check a policy makes, and its in-process implementations.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use crate::algorithm::Algorithm;
+use crate::clock::Clock;
+use crate::decision::{Decision, Error};
+use crate::{FixedWindow, Gcra, KeyedLimiter, LeakyQueue, MultiLimiter, SlidingLog, SlidingWindow};
+
+use super::Key;
+
+/// What a backend answered: the decision, and which of its quotas it is about.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Verdict {
+    /// The decision (for several quotas: the refusing quota's, or when admitted the one with
+    /// the fewest units remaining).
+    pub decision: Decision,
+    /// The index of the quota the decision is about, in `0..backend.quota_count()`.
+    pub quota: usize,
+}
+
+/// Why a backend could not decide.
+#[derive(Debug, thiserror::Error)]
+pub enum CheckError {
+    /// The limiter refused to decide: a cost above the capacity (the request can never be
+    /// admitted) or a full key table.
+    #[error(transparent)]
+    Limit(#[from] Error),
+    /// The backend failed (for a network backend: a timeout, a dropped connection).
+    #[error("rate-limit backend failed: {0}")]
+    Backend(Box<dyn std::error::Error + Send + Sync>),
+}
+
+/// One quota of a backend, as the IETF `RateLimit-Policy` field shows it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QuotaInfo {
+    /// `L`: units per window.
+    pub limit: u64,
+    /// `W`.
+    pub window: Duration,
+}
+
+/// The future of [`CheckBackend::check`]: ready at once for an in-process limiter (no
+/// allocation), or a boxed future for a network backend.
+pub struct CheckFuture<'a>(State<'a>);
+
+type BoxedCheck<'a> = Pin<Box<dyn Future<Output = Result<Verdict, CheckError>> + Send + 'a>>;
+
+enum State<'a> {
+    Ready(Option<Result<Verdict, CheckError>>),
+    Boxed(BoxedCheck<'a>),
+}
+
+impl<'a> CheckFuture<'a> {
+    /// An answer known now.
+    pub fn ready(result: Result<Verdict, CheckError>) -> Self {
+        CheckFuture(State::Ready(Some(result)))
+    }
+
+    /// An answer `future` will give.
+    pub fn boxed(future: impl Future<Output = Result<Verdict, CheckError>> + Send + 'a) -> Self {
+        CheckFuture(State::Boxed(Box::pin(future)))
+    }
+}
+
+impl Future for CheckFuture<'_> {
+    type Output = Result<Verdict, CheckError>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        match &mut self.0 {
+            State::Ready(result) => match result.take() {
+                Some(result) => Poll::Ready(result),
+                // Polled again after completion: a caller bug; stay pending rather than panic.
+                None => Poll::Pending,
+            },
+            State::Boxed(future) => future.as_mut().poll(cx),
+        }
+    }
+}
+
+impl std::fmt::Debug for CheckFuture<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self.0 {
+            State::Ready(_) => "CheckFuture::Ready",
+            State::Boxed(_) => "CheckFuture::Boxed",
+        })
+    }
+}
+
+/// What a policy checks its requests against: one async call, so an in-process limiter and a
+/// network one are interchangeable (switching a policy's backend is the one argument of
+/// [`Policy::new`](super::Policy::new)).
+///
+/// Implemented for [`KeyedLimiter`] and [`MultiLimiter`] keyed by [`Key`] (on their default
+/// store, any clock), and for `Arc` of any backend (keep a handle to change quotas at run time).
+/// The Redis tier (`tollgate::redis`) does not implement it yet: a later increment adds it,
+/// through [`CheckFuture::boxed`].
+///
+/// # Examples
+/// A backend of your own:
+/// ```
+/// use tollgate::tower::{CheckBackend, CheckFuture, Key, QuotaInfo, Verdict};
+/// use tollgate::{Gcra, KeyedLimiter, Quota};
+///
+/// /// Logs each key, then asks an in-process limiter.
+/// struct Logged(KeyedLimiter<Key, Gcra>);
+///
+/// impl CheckBackend for Logged {
+///     fn check<'a>(&'a self, key: &'a Key, cost: u64) -> CheckFuture<'a> {
+///         println!("checking {key}");
+///         CheckBackend::check(&self.0, key, cost)
+///     }
+///     fn quota_count(&self) -> usize {
+///         1
+///     }
+///     fn quota(&self, index: usize) -> Option<QuotaInfo> {
+///         CheckBackend::quota(&self.0, index)
+///     }
+/// }
+/// ```
+pub trait CheckBackend: Send + Sync + 'static {
+    /// Decides a request of `cost` units for `key`, and counts it if allowed.
+    fn check<'a>(&'a self, key: &'a Key, cost: u64) -> CheckFuture<'a>;
+
+    /// How many quotas this backend enforces (all or nothing).
+    fn quota_count(&self) -> usize;
+
+    /// Quota `index` (for the `RateLimit-Policy` header), or `None` if out of range.
+    fn quota(&self, index: usize) -> Option<QuotaInfo>;
+}
+
+impl<T: CheckBackend + ?Sized> CheckBackend for Arc<T> {
+    fn check<'a>(&'a self, key: &'a Key, cost: u64) -> CheckFuture<'a> {
+        (**self).check(key, cost)
+    }
+
+    fn quota_count(&self) -> usize {
+        (**self).quota_count()
+    }
+
+    fn quota(&self, index: usize) -> Option<QuotaInfo> {
+        (**self).quota(index)
+    }
+}
+
+/// The window `W` of a rule, for the `RateLimit-Policy` header: implemented by every
+/// algorithm.
+pub trait RuleWindow {
+    /// `W` in nanoseconds (GCRA and the leaky queue: `L·T`, `T` rounded as the rule keeps it).
+    fn window_nanos(&self) -> u64;
+}
+
+impl RuleWindow for Gcra {
+    fn window_nanos(&self) -> u64 {
+        self.interval_nanos().saturating_mul(self.limit())
+    }
+}
+
+impl RuleWindow for LeakyQueue {
+    fn window_nanos(&self) -> u64 {
+        self.interval_nanos().saturating_mul(self.limit())
+    }
+}
+
+impl RuleWindow for FixedWindow {
+    fn window_nanos(&self) -> u64 {
+        self.window()
+    }
+}
+
+impl RuleWindow for SlidingWindow {
+    fn window_nanos(&self) -> u64 {
+        self.window()
+    }
+}
+
+impl RuleWindow for SlidingLog {
+    fn window_nanos(&self) -> u64 {
+        self.window()
+    }
+}
+
+fn info<A: Algorithm + RuleWindow>(rule: &A) -> QuotaInfo {
+    QuotaInfo {
+        limit: rule.limit(),
+        window: Duration::from_nanos(rule.window_nanos()),
+    }
+}
+
+impl<A, C> CheckBackend for KeyedLimiter<Key, A, C>
+where
+    A: Algorithm + RuleWindow,
+    C: Clock + 'static,
+{
+    fn check<'a>(&'a self, key: &'a Key, cost: u64) -> CheckFuture<'a> {
+        CheckFuture::ready(
+            self.check_n(key, cost)
+                .map(|decision| Verdict { decision, quota: 0 })
+                .map_err(CheckError::Limit),
+        )
+    }
+
+    fn quota_count(&self) -> usize {
+        1
+    }
+
+    fn quota(&self, index: usize) -> Option<QuotaInfo> {
+        (index == 0).then(|| info(&self.rule()))
+    }
+}
+
+/// Runs [`MultiLimiter`]'s all-or-nothing protocol over its limits (peek all, charge in order,
+/// refund the charged ones if one refuses meanwhile) so that the verdict can name the quota it
+/// is about; decisions are the same as [`MultiLimiter::check_n`]'s.
+impl<A, C> CheckBackend for MultiLimiter<Key, A, C>
+where
+    A: Algorithm + RuleWindow,
+    C: Clock + 'static,
+{
+    fn check<'a>(&'a self, key: &'a Key, cost: u64) -> CheckFuture<'a> {
+        CheckFuture::ready(all_or_nothing(self.limits(), key, cost))
+    }
+
+    fn quota_count(&self) -> usize {
+        self.limits().len()
+    }
+
+    fn quota(&self, index: usize) -> Option<QuotaInfo> {
+        self.limits().get(index).map(|limit| info(&limit.rule()))
+    }
+}
+
+fn all_or_nothing<A: Algorithm, C: Clock>(
+    limits: &[KeyedLimiter<Key, A, C>],
+    key: &Key,
+    cost: u64,
+) -> Result<Verdict, CheckError> {
+    let mut refusal = None;
+    for (quota, limit) in limits.iter().enumerate() {
+        let decision = limit.peek(key, cost)?;
+        if !decision.allowed() && refusal.is_none() {
+            refusal = Some(Verdict { decision, quota });
+        }
+    }
+    if let Some(verdict) = refusal {
+        return Ok(verdict);
+    }
+    let mut tightest: Option<Verdict> = None;
+    for (quota, limit) in limits.iter().enumerate() {
+        let outcome = limit.check_n(key, cost);
+        match outcome {
+            Ok(decision) if decision.allowed() => {
+                if tightest.is_none_or(|t| decision.remaining() < t.decision.remaining()) {
+                    tightest = Some(Verdict { decision, quota });
+                }
+            }
+            other => {
+                for earlier in &limits[..quota] {
+                    earlier.refund(key, cost);
+                }
+                return other
+                    .map(|decision| Verdict { decision, quota })
+                    .map_err(CheckError::Limit);
+            }
+        }
+    }
+    match tightest {
+        Some(verdict) => Ok(verdict),
+        // No limit at all: nothing to refuse. Peek a cost of 0 on nothing is impossible, so
+        // report an empty policy as a failure rather than invent a decision.
+        None => Err(CheckError::Backend("a MultiLimiter without limits".into())),
+    }
+}

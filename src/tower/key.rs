@@ -1,0 +1,610 @@
+//! Client keys: what a request is counted under.
+
+use std::fmt;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
+
+use http::header::{HeaderName, FORWARDED};
+use http::request::Parts;
+use http::HeaderMap;
+
+use super::cidr::{mask, Cidr};
+
+/// The key a request is counted under: what a [`CheckBackend`](super::CheckBackend) receives.
+///
+/// Use it as the key type of the limiters behind a layer, e.g. `KeyedLimiter<Key, Gcra>`.
+///
+/// # Examples
+/// ```
+/// use tollgate::tower::Key;
+/// let ip = Key::from("203.0.113.7".parse::<std::net::IpAddr>()?);
+/// let route_and_ip = Key::Composite(vec![Key::from("/api/export"), ip.clone()].into());
+/// assert_eq!(route_and_ip.to_string(), "/api/export|203.0.113.7");
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Key {
+    /// A client address, already grouped: an IPv4 address, or an IPv6 prefix with its host
+    /// bits cleared.
+    Ip(IpAddr),
+    /// A text value: a path, a header value, a constant.
+    Text(Box<str>),
+    /// A header value that is not valid UTF-8, byte for byte.
+    Bytes(Box<[u8]>),
+    /// Several keys together (e.g. route + client IP).
+    Composite(Box<[Key]>),
+}
+
+impl From<IpAddr> for Key {
+    fn from(ip: IpAddr) -> Self {
+        Key::Ip(ip)
+    }
+}
+
+impl From<&str> for Key {
+    fn from(s: &str) -> Self {
+        Key::Text(s.into())
+    }
+}
+
+impl From<String> for Key {
+    fn from(s: String) -> Self {
+        Key::Text(s.into_boxed_str())
+    }
+}
+
+/// For logs; composite parts are joined with `|`, bytes written as `\xNN` escapes. Not
+/// injective (a text part may contain `|`): never use it as a storage key.
+impl fmt::Display for Key {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Key::Ip(ip) => write!(f, "{ip}"),
+            Key::Text(s) => f.write_str(s),
+            Key::Bytes(b) => write!(f, "{}", b.escape_ascii()),
+            Key::Composite(parts) => {
+                for (i, part) in parts.iter().enumerate() {
+                    if i > 0 {
+                        f.write_str("|")?;
+                    }
+                    write!(f, "{part}")?;
+                }
+                Ok(())
+            }
+        }
+    }
+}
+
+/// A custom key function.
+type KeyFn = dyn Fn(&Parts) -> Option<Key> + Send + Sync;
+
+/// Where a policy takes its client key from.
+///
+/// | source | key | missing when |
+/// |---|---|---|
+/// | [`KeySource::peer_ip`] | the connection's address (grouped) | no peer address extension |
+/// | [`KeySource::client_ip`] | the client behind trusted proxies (grouped) | as `peer_ip` |
+/// | [`KeySource::header`] | the header's value | the header is absent or empty |
+/// | [`KeySource::path`] | the request path | never |
+/// | [`KeySource::constant`] | one shared key (a global limit) | never |
+/// | [`KeySource::from_fn`] | what the closure returns | the closure returns `None` |
+/// | [`KeySource::composite`] | all of its parts | any part is missing |
+///
+/// The peer address is read from axum's `ConnectInfo<SocketAddr>` extension (feature `axum`)
+/// or a plain [`SocketAddr`] request extension (insert it yourself with hyper-util). IP keys
+/// are grouped as the layer is configured: IPv4 per address, IPv6 per prefix (default /56, see
+/// [`RateLimitLayerBuilder::ipv6_prefix`](super::RateLimitLayerBuilder::ipv6_prefix)).
+#[derive(Clone)]
+pub struct KeySource(Source);
+
+#[derive(Clone)]
+enum Source {
+    PeerIp,
+    ClientIp,
+    Header(HeaderName),
+    Path,
+    Constant(Key),
+    Fn(Arc<KeyFn>),
+    Composite(Arc<[KeySource]>),
+}
+
+impl fmt::Debug for KeySource {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.0 {
+            Source::PeerIp => f.write_str("PeerIp"),
+            Source::ClientIp => f.write_str("ClientIp"),
+            Source::Header(name) => f.debug_tuple("Header").field(name).finish(),
+            Source::Path => f.write_str("Path"),
+            Source::Constant(key) => f.debug_tuple("Constant").field(key).finish(),
+            Source::Fn(_) => f.write_str("Fn(..)"),
+            Source::Composite(parts) => f.debug_tuple("Composite").field(parts).finish(),
+        }
+    }
+}
+
+impl KeySource {
+    /// The peer's address (the TCP connection's), ignoring every forwarding header.
+    pub fn peer_ip() -> Self {
+        KeySource(Source::PeerIp)
+    }
+
+    /// The client's address behind the layer's trusted proxies: the peer's address, or, when
+    /// the peer is a trusted proxy, the forwarding header read right to left past every trusted
+    /// hop (see [`RateLimitLayerBuilder::trusted_proxies`](super::RateLimitLayerBuilder::trusted_proxies)).
+    /// The default source.
+    pub fn client_ip() -> Self {
+        KeySource(Source::ClientIp)
+    }
+
+    /// The value of header `name` (e.g. `x-api-key`); missing when absent or empty. Of
+    /// several lines of the header, the first counts.
+    pub fn header(name: HeaderName) -> Self {
+        KeySource(Source::Header(name))
+    }
+
+    /// The request's path (without the query).
+    pub fn path() -> Self {
+        KeySource(Source::Path)
+    }
+
+    /// One key for every request: the policy's limit is then global to it.
+    pub fn constant(key: impl Into<Key>) -> Self {
+        KeySource(Source::Constant(key.into()))
+    }
+
+    /// A key computed by `f` from the request's head; `None` means no key.
+    pub fn from_fn(f: impl Fn(&Parts) -> Option<Key> + Send + Sync + 'static) -> Self {
+        KeySource(Source::Fn(Arc::new(f)))
+    }
+
+    /// All of `parts` together, as a [`Key::Composite`] (e.g. `[path(), client_ip()]`); missing
+    /// if any part is.
+    pub fn composite(parts: impl IntoIterator<Item = KeySource>) -> Self {
+        KeySource(Source::Composite(parts.into_iter().collect()))
+    }
+
+    /// The key of a request, or `None`.
+    pub(crate) fn extract(&self, parts: &Parts, addrs: &mut Addrs<'_>) -> Option<Key> {
+        match &self.0 {
+            Source::PeerIp => addrs.peer().map(|ip| Key::Ip(addrs.group(ip))),
+            Source::ClientIp => addrs.client(parts).map(|ip| Key::Ip(addrs.group(ip))),
+            Source::Header(name) => {
+                let value = parts.headers.get(name)?.as_bytes();
+                if value.is_empty() {
+                    return None;
+                }
+                Some(match std::str::from_utf8(value) {
+                    Ok(text) => Key::Text(text.into()),
+                    Err(_) => Key::Bytes(value.into()),
+                })
+            }
+            Source::Path => Some(Key::Text(parts.uri.path().into())),
+            Source::Constant(key) => Some(key.clone()),
+            Source::Fn(f) => f(parts),
+            Source::Composite(sources) => sources
+                .iter()
+                .map(|source| source.extract(parts, addrs))
+                .collect::<Option<Box<[Key]>>>()
+                .map(Key::Composite),
+        }
+    }
+}
+
+/// Which forwarding header a trusted proxy writes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ProxyHeader {
+    /// `X-Forwarded-For: client, proxy1, proxy2` (the default).
+    #[default]
+    XForwardedFor,
+    /// RFC 7239 `Forwarded: for=client, for=proxy1` (only the `for` parameter is read).
+    Forwarded,
+}
+
+/// How the layer finds client addresses: trusted proxies, the header they write, the IPv6
+/// grouping and how to read the peer address.
+#[derive(Clone)]
+pub(crate) struct AddrConfig {
+    pub(crate) trusted: Vec<Cidr>,
+    pub(crate) header: ProxyHeader,
+    pub(crate) ipv6_prefix: u8,
+}
+
+/// The addresses of one request, worked out at most once each.
+pub(crate) struct Addrs<'a> {
+    config: &'a AddrConfig,
+    peer: Option<Option<IpAddr>>,
+    client: Option<Option<IpAddr>>,
+}
+
+impl<'a> Addrs<'a> {
+    pub(crate) fn new(config: &'a AddrConfig) -> Self {
+        Addrs {
+            config,
+            peer: None,
+            client: None,
+        }
+    }
+
+    /// Seeds the peer address (read from the request's extensions by the service).
+    pub(crate) fn with_peer(mut self, peer: Option<IpAddr>) -> Self {
+        self.peer = Some(peer.map(|ip| ip.to_canonical()));
+        self
+    }
+
+    fn peer(&self) -> Option<IpAddr> {
+        self.peer.flatten()
+    }
+
+    /// The client address (see [`client_ip`]).
+    pub(crate) fn client(&mut self, parts: &Parts) -> Option<IpAddr> {
+        if let Some(client) = self.client {
+            return client;
+        }
+        let client = self
+            .peer()
+            .map(|peer| client_ip(peer, &parts.headers, self.config));
+        self.client = Some(client);
+        client
+    }
+
+    /// `ip` grouped: IPv4 as is, IPv6 to the configured prefix.
+    fn group(&self, ip: IpAddr) -> IpAddr {
+        match ip {
+            IpAddr::V4(_) => ip,
+            IpAddr::V6(_) => mask(ip, self.config.ipv6_prefix),
+        }
+    }
+}
+
+/// The peer address of a request: axum's `ConnectInfo<SocketAddr>` (feature `axum`), else a
+/// plain `SocketAddr` extension.
+pub(crate) fn peer_addr(parts: &Parts) -> Option<IpAddr> {
+    #[cfg(feature = "axum")]
+    if let Some(info) = parts
+        .extensions
+        .get::<axum::extract::ConnectInfo<SocketAddr>>()
+    {
+        return Some(info.0.ip());
+    }
+    parts.extensions.get::<SocketAddr>().map(SocketAddr::ip)
+}
+
+/// The client address of a request from `peer`: `peer` itself unless it is a trusted proxy;
+/// then the forwarding header is read right to left, and each hop taken while the hop before
+/// it was trusted. The walk stops at the first untrusted hop (the client), at a hop that is
+/// not an address (`unknown`, an obfuscated name, garbage), or at the header's start: the
+/// client is then the last address reached.
+///
+/// A peer outside the trusted list has its forwarding headers ignored entirely, so a client
+/// cannot choose its own key.
+pub(crate) fn client_ip(peer: IpAddr, headers: &HeaderMap, config: &AddrConfig) -> IpAddr {
+    let trusted = |ip: IpAddr| config.trusted.iter().any(|net| net.contains(ip));
+    let mut client = peer.to_canonical();
+    if !trusted(client) {
+        return client;
+    }
+    match config.header {
+        ProxyHeader::XForwardedFor => {
+            // Later header lines were appended later: walk the lines backwards, and each line's
+            // comma-separated hops backwards.
+            for line in headers.get_all("x-forwarded-for").iter().rev() {
+                let Ok(line) = line.to_str() else {
+                    return client;
+                };
+                for hop in line.rsplit(',') {
+                    match parse_node(hop.trim()) {
+                        Some(ip) => client = ip,
+                        None => return client,
+                    }
+                    if !trusted(client) {
+                        return client;
+                    }
+                }
+            }
+        }
+        ProxyHeader::Forwarded => {
+            for line in headers.get_all(FORWARDED).iter().rev() {
+                let Ok(line) = line.to_str() else {
+                    return client;
+                };
+                let elements = split_unquoted(line, ',');
+                for element in elements.iter().rev() {
+                    match forwarded_for(element).and_then(parse_node) {
+                        Some(ip) => client = ip,
+                        None => return client,
+                    }
+                    if !trusted(client) {
+                        return client;
+                    }
+                }
+            }
+        }
+    }
+    client
+}
+
+/// The `for` parameter of one RFC 7239 forwarded-element, unquoted (escapes removed only if
+/// there are none to remove: a node never needs one, so a value with a backslash is refused).
+fn forwarded_for(element: &str) -> Option<&str> {
+    let mut found = None;
+    for pair in split_unquoted(element, ';') {
+        let (name, value) = pair.split_once('=')?;
+        if name.trim().eq_ignore_ascii_case("for") {
+            if found.is_some() {
+                return None; // a parameter given twice: malformed
+            }
+            let value = value.trim();
+            let value = match value.strip_prefix('"') {
+                Some(rest) => rest.strip_suffix('"')?,
+                None => value,
+            };
+            if value.contains(['"', '\\']) {
+                return None;
+            }
+            found = Some(value);
+        }
+    }
+    found
+}
+
+/// `s` split at every `sep` outside a double-quoted string (a backslash escapes the next
+/// character inside one).
+fn split_unquoted(s: &str, sep: char) -> Vec<&str> {
+    let mut parts = Vec::new();
+    let (mut start, mut quoted, mut escaped) = (0, false, false);
+    for (i, c) in s.char_indices() {
+        if escaped {
+            escaped = false;
+        } else if quoted && c == '\\' {
+            escaped = true;
+        } else if c == '"' {
+            quoted = !quoted;
+        } else if c == sep && !quoted {
+            parts.push(&s[start..i]);
+            start = i + c.len_utf8();
+        }
+    }
+    parts.push(&s[start..]);
+    parts
+}
+
+/// One hop's address: `1.2.3.4`, `1.2.3.4:80`, `2001:db8::1`, `[2001:db8::1]`,
+/// `[2001:db8::1]:80`. Anything else (`unknown`, `_hidden`, garbage) is `None`.
+fn parse_node(node: &str) -> Option<IpAddr> {
+    if let Ok(ip) = node.parse::<IpAddr>() {
+        return Some(ip.to_canonical());
+    }
+    if let Ok(addr) = node.parse::<SocketAddr>() {
+        return Some(addr.ip().to_canonical());
+    }
+    let inner = node.strip_prefix('[')?.strip_suffix(']')?;
+    inner
+        .parse::<std::net::Ipv6Addr>()
+        .ok()
+        .map(|ip| IpAddr::V6(ip).to_canonical())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http::Request;
+
+    fn config(trusted: &[&str], header: ProxyHeader) -> AddrConfig {
+        AddrConfig {
+            trusted: trusted.iter().map(|s| s.parse().unwrap()).collect(),
+            header,
+            ipv6_prefix: 56,
+        }
+    }
+
+    fn ip(s: &str) -> IpAddr {
+        s.parse().unwrap()
+    }
+
+    fn headers(name: &str, lines: &[&[u8]]) -> HeaderMap {
+        let mut map = HeaderMap::new();
+        for line in lines {
+            map.append(
+                HeaderName::from_bytes(name.as_bytes()).unwrap(),
+                http::HeaderValue::from_bytes(line).unwrap(),
+            );
+        }
+        map
+    }
+
+    fn xff(peer: &str, trusted: &[&str], lines: &[&str]) -> IpAddr {
+        let lines: Vec<&[u8]> = lines.iter().map(|l| l.as_bytes()).collect();
+        client_ip(
+            ip(peer),
+            &headers("x-forwarded-for", &lines),
+            &config(trusted, ProxyHeader::XForwardedFor),
+        )
+    }
+
+    fn fwd(peer: &str, trusted: &[&str], lines: &[&str]) -> IpAddr {
+        let lines: Vec<&[u8]> = lines.iter().map(|l| l.as_bytes()).collect();
+        client_ip(
+            ip(peer),
+            &headers("forwarded", &lines),
+            &config(trusted, ProxyHeader::Forwarded),
+        )
+    }
+
+    #[test]
+    fn an_untrusted_peer_is_the_client_whatever_it_claims() {
+        assert_eq!(xff("198.51.100.9", &[], &["1.1.1.1"]), ip("198.51.100.9"));
+        assert_eq!(
+            xff("198.51.100.9", &["10.0.0.0/8"], &["1.1.1.1, 10.0.0.2"]),
+            ip("198.51.100.9")
+        );
+        assert_eq!(
+            fwd("198.51.100.9", &["10.0.0.0/8"], &["for=1.1.1.1"]),
+            ip("198.51.100.9")
+        );
+    }
+
+    #[test]
+    fn a_trusted_chain_is_read_right_to_left_up_to_the_first_untrusted_hop() {
+        let trusted = ["10.0.0.0/8", "127.0.0.1"];
+        // The client put a fake address first; proxies appended the real client and themselves.
+        assert_eq!(
+            xff("127.0.0.1", &trusted, &["6.6.6.6, 203.0.113.7, 10.0.0.2"]),
+            ip("203.0.113.7")
+        );
+        // Several header lines, later lines appended later.
+        assert_eq!(
+            xff(
+                "127.0.0.1",
+                &trusted,
+                &["6.6.6.6, 203.0.113.7", "10.0.0.3, 10.0.0.2"]
+            ),
+            ip("203.0.113.7")
+        );
+        // Only trusted hops: the leftmost one reached.
+        assert_eq!(
+            xff("127.0.0.1", &trusted, &["10.0.0.3,10.0.0.2"]),
+            ip("10.0.0.3")
+        );
+        // No header: the peer.
+        assert_eq!(xff("127.0.0.1", &trusted, &[]), ip("127.0.0.1"));
+        // Ports and brackets.
+        assert_eq!(
+            xff("127.0.0.1", &trusted, &["[2001:db8::1]:443"]),
+            ip("2001:db8::1")
+        );
+        assert_eq!(
+            xff("127.0.0.1", &trusted, &["203.0.113.7:8080"]),
+            ip("203.0.113.7")
+        );
+        // A mapped peer is its IPv4 address.
+        assert_eq!(
+            xff("::ffff:127.0.0.1", &trusted, &["203.0.113.7"]),
+            ip("203.0.113.7")
+        );
+    }
+
+    #[test]
+    fn an_unreadable_hop_stops_the_walk_at_the_last_address_reached() {
+        let trusted = ["10.0.0.0/8"];
+        assert_eq!(
+            xff("10.0.0.1", &trusted, &["203.0.113.7, garbage, 10.0.0.2"]),
+            ip("10.0.0.2")
+        );
+        assert_eq!(xff("10.0.0.1", &trusted, &[""]), ip("10.0.0.1"));
+        assert_eq!(xff("10.0.0.1", &trusted, &[",,,"]), ip("10.0.0.1"));
+        assert_eq!(
+            fwd("10.0.0.1", &trusted, &["for=unknown, for=10.0.0.2"]),
+            ip("10.0.0.2")
+        );
+    }
+
+    #[test]
+    fn forwarded_elements_params_and_quotes() {
+        let trusted = ["10.0.0.0/8"];
+        assert_eq!(
+            fwd(
+                "10.0.0.1",
+                &trusted,
+                &[
+                    r#"for=6.6.6.6, for="[2001:db8:cafe::17]:4711";proto=https;by=10.0.0.1, For=10.0.0.9"#
+                ]
+            ),
+            ip("2001:db8:cafe::17")
+        );
+        assert_eq!(
+            fwd("10.0.0.1", &trusted, &["proto=http;for=192.0.2.60;by=x"]),
+            ip("192.0.2.60")
+        );
+        // A comma inside quotes does not split elements; the quoted value is no address.
+        assert_eq!(
+            fwd("10.0.0.1", &trusted, &[r#"for="1.1.1.1, 2.2.2.2""#]),
+            ip("10.0.0.1")
+        );
+        // An element without `for`, or with it twice, stops the walk.
+        assert_eq!(
+            fwd("10.0.0.1", &trusted, &["for=1.1.1.1, proto=http"]),
+            ip("10.0.0.1")
+        );
+        assert_eq!(
+            fwd("10.0.0.1", &trusted, &["for=1.1.1.1;for=2.2.2.2"]),
+            ip("10.0.0.1")
+        );
+    }
+
+    #[test]
+    fn non_utf8_headers_stop_the_walk() {
+        let map = headers("x-forwarded-for", &[b"1.1.1.1, \xff\xfe"]);
+        assert_eq!(
+            client_ip(
+                ip("10.0.0.1"),
+                &map,
+                &config(&["10.0.0.0/8"], ProxyHeader::XForwardedFor)
+            ),
+            ip("10.0.0.1")
+        );
+    }
+
+    #[test]
+    fn sources_extract_grouped_keys() {
+        let config = config(&[], ProxyHeader::XForwardedFor);
+        let (parts, ()) = Request::builder()
+            .uri("/a/b?q=1")
+            .header("x-api-key", "k1")
+            .header("x-bin", &b"\xffab"[..])
+            .header("x-empty", "")
+            .body(())
+            .unwrap()
+            .into_parts();
+        let mut addrs = Addrs::new(&config).with_peer(Some(ip("2001:db8:1:2ff::1")));
+        let key = |source: KeySource, addrs: &mut Addrs<'_>| source.extract(&parts, addrs);
+        assert_eq!(
+            key(KeySource::client_ip(), &mut addrs),
+            Some(Key::Ip(ip("2001:db8:1:200::")))
+        );
+        assert_eq!(
+            key(
+                KeySource::header(HeaderName::from_static("x-api-key")),
+                &mut addrs
+            ),
+            Some(Key::from("k1"))
+        );
+        assert_eq!(
+            key(
+                KeySource::header(HeaderName::from_static("x-bin")),
+                &mut addrs
+            ),
+            Some(Key::Bytes(b"\xffab"[..].into()))
+        );
+        assert_eq!(
+            key(
+                KeySource::header(HeaderName::from_static("x-empty")),
+                &mut addrs
+            ),
+            None
+        );
+        assert_eq!(
+            key(
+                KeySource::composite([KeySource::path(), KeySource::peer_ip()]),
+                &mut addrs
+            ),
+            Some(Key::Composite(
+                vec![Key::from("/a/b"), Key::Ip(ip("2001:db8:1:200::"))].into()
+            ))
+        );
+        let mut none = Addrs::new(&config).with_peer(None);
+        assert_eq!(key(KeySource::client_ip(), &mut none), None);
+        assert_eq!(
+            key(
+                KeySource::composite([KeySource::path(), KeySource::peer_ip()]),
+                &mut none
+            ),
+            None
+        );
+        assert_eq!(
+            key(
+                KeySource::from_fn(|p| Some(Key::from(p.method.as_str()))),
+                &mut none
+            ),
+            Some(Key::from("GET"))
+        );
+    }
+}

@@ -1,0 +1,256 @@
+//! Policies: which requests a limit applies to, the key and cost it counts, and its mode.
+
+use std::fmt;
+use std::sync::Arc;
+
+use http::request::Parts;
+use http::Method;
+
+use super::{CheckBackend, KeySource};
+
+/// What a policy does with a request its limit refuses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Mode {
+    /// Refuse it (429, or the gRPC status).
+    #[default]
+    Enforce,
+    /// Dry run: decide and count as `Enforce` does, send the rate-limit headers, but pass
+    /// every request on. This is how a new limit is tried in production.
+    Shadow,
+}
+
+type CostFn = dyn Fn(&Parts) -> u64 + Send + Sync;
+
+/// How many units a request costs.
+#[derive(Clone)]
+pub enum Cost {
+    /// The same for every request of the policy.
+    Fixed(u64),
+    /// Computed from the request's head (e.g. from `content-length`).
+    Fn(Arc<CostFn>),
+}
+
+impl fmt::Debug for Cost {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Cost::Fixed(n) => f.debug_tuple("Fixed").field(n).finish(),
+            Cost::Fn(_) => f.write_str("Fn(..)"),
+        }
+    }
+}
+
+impl Cost {
+    pub(crate) fn of(&self, parts: &Parts) -> u64 {
+        match self {
+            Cost::Fixed(n) => *n,
+            Cost::Fn(f) => f(parts),
+        }
+    }
+}
+
+/// Which paths a policy covers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum PathMatch {
+    Any,
+    /// Whole segments: `/api` covers `/api`, `/api/` and `/api/x`, not `/apix`.
+    Prefix(String),
+    /// Segments; `*` is any one segment, a final `**` any rest (including none).
+    Pattern(Vec<String>),
+}
+
+impl PathMatch {
+    fn matches(&self, path: &str) -> bool {
+        match self {
+            PathMatch::Any => true,
+            PathMatch::Prefix(prefix) => match path.strip_prefix(prefix.as_str()) {
+                None => false,
+                Some(rest) => rest.is_empty() || prefix.ends_with('/') || rest.starts_with('/'),
+            },
+            PathMatch::Pattern(pattern) => {
+                let mut segments = path.split('/');
+                for (i, want) in pattern.iter().enumerate() {
+                    if want == "**" && i + 1 == pattern.len() {
+                        return true;
+                    }
+                    match segments.next() {
+                        Some(seg) if want == "*" || want == seg => {}
+                        _ => return false,
+                    }
+                }
+                segments.next().is_none()
+            }
+        }
+    }
+}
+
+/// One limit and the requests it applies to.
+///
+/// A policy matches a request by path (a prefix of whole segments, or a pattern) and method;
+/// the layer applies the first policy that matches, else its default policy, else no limit.
+/// It counts each request under its [`KeySource`]'s key (default: the client IP), at its
+/// [`Cost`] (default 1), in its [`Mode`] (default enforce).
+///
+/// # Examples
+/// ```
+/// use http::Method;
+/// use tollgate::tower::{Key, KeySource, Mode, Policy};
+/// use tollgate::{Gcra, KeyedLimiter, MultiLimiter, Quota};
+///
+/// // Per client IP, 10/s with bursts of 20, on /api/.
+/// let api = Policy::new("api", KeyedLimiter::<Key, _>::new(Gcra::new(Quota::per_second(10)?.with_burst(20)?)?))
+///     .path_prefix("/api/");
+/// // Exports cost 5; both 10/s and 1000/h, all or nothing, per API key.
+/// let export = Policy::new(
+///     "export",
+///     MultiLimiter::<Key, _>::new([Gcra::new(Quota::per_second(10)?)?, Gcra::new(Quota::per_hour(1000)?)?]),
+/// )
+/// .path_pattern("/api/*/export")
+/// .methods([Method::POST])
+/// .key(KeySource::header(http::HeaderName::from_static("x-api-key")))
+/// .cost(5)
+/// .mode(Mode::Shadow);
+/// # Ok::<(), tollgate::QuotaError>(())
+/// ```
+#[derive(Clone)]
+pub struct Policy {
+    pub(crate) name: Arc<str>,
+    path: PathMatch,
+    methods: Option<Vec<Method>>,
+    pub(crate) backend: Arc<dyn CheckBackend>,
+    pub(crate) key: KeySource,
+    pub(crate) cost: Cost,
+    pub(crate) mode: Mode,
+}
+
+impl fmt::Debug for Policy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Policy")
+            .field("name", &self.name)
+            .field("path", &self.path)
+            .field("methods", &self.methods)
+            .field("key", &self.key)
+            .field("cost", &self.cost)
+            .field("mode", &self.mode)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Policy {
+    /// A policy named `name` (shown in the headers and the 429 body; printable ASCII) checking
+    /// `backend`, matching every request, keyed by client IP, cost 1, enforced.
+    ///
+    /// To put a policy on another backend (say, a global one), change this argument only.
+    pub fn new(name: impl Into<String>, backend: impl CheckBackend) -> Self {
+        Policy {
+            name: name.into().into(),
+            path: PathMatch::Any,
+            methods: None,
+            backend: Arc::new(backend),
+            key: KeySource::client_ip(),
+            cost: Cost::Fixed(1),
+            mode: Mode::Enforce,
+        }
+    }
+
+    /// Matches paths starting with `prefix` in whole segments: `/api` covers `/api`, `/api/`
+    /// and `/api/users`, not `/apis`; `/api/` covers `/api/` and below, not `/api`.
+    pub fn path_prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.path = PathMatch::Prefix(prefix.into());
+        self
+    }
+
+    /// Matches paths segment by segment: `*` stands for any one segment and a final `**` for
+    /// any rest, e.g. `/users/*/posts` or `/static/**`.
+    pub fn path_pattern(mut self, pattern: &str) -> Self {
+        self.path = PathMatch::Pattern(pattern.split('/').map(str::to_owned).collect());
+        self
+    }
+
+    /// Matches only these methods (default: every method).
+    pub fn methods(mut self, methods: impl IntoIterator<Item = Method>) -> Self {
+        self.methods = Some(methods.into_iter().collect());
+        self
+    }
+
+    /// Counts requests under this key (default [`KeySource::client_ip`]).
+    pub fn key(mut self, key: KeySource) -> Self {
+        self.key = key;
+        self
+    }
+
+    /// Every request costs `cost` units (default 1). A cost of 0 is always admitted; a cost
+    /// above the quota's capacity never is (a 429 without `Retry-After`).
+    pub fn cost(mut self, cost: u64) -> Self {
+        self.cost = Cost::Fixed(cost);
+        self
+    }
+
+    /// Each request costs what `f` computes from its head.
+    pub fn cost_fn(mut self, f: impl Fn(&Parts) -> u64 + Send + Sync + 'static) -> Self {
+        self.cost = Cost::Fn(Arc::new(f));
+        self
+    }
+
+    /// Enforce (default) or shadow.
+    pub fn mode(mut self, mode: Mode) -> Self {
+        self.mode = mode;
+        self
+    }
+
+    /// The policy's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The backend this policy checks.
+    pub fn backend(&self) -> &Arc<dyn CheckBackend> {
+        &self.backend
+    }
+
+    pub(crate) fn matches(&self, parts: &Parts) -> bool {
+        self.methods
+            .as_ref()
+            .is_none_or(|methods| methods.contains(&parts.method))
+            && self.path.matches(parts.uri.path())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn prefixes_match_whole_segments() {
+        let p = PathMatch::Prefix("/api".into());
+        for (path, want) in [
+            ("/api", true),
+            ("/api/", true),
+            ("/api/x", true),
+            ("/apix", false),
+            ("/", false),
+        ] {
+            assert_eq!(p.matches(path), want, "{path}");
+        }
+        let p = PathMatch::Prefix("/api/".into());
+        assert!(p.matches("/api/x"));
+        assert!(p.matches("/api/"));
+        assert!(!p.matches("/api"));
+        assert!(PathMatch::Prefix("/".into()).matches("/anything"));
+    }
+
+    #[test]
+    fn patterns_match_segments() {
+        let pat = |s: &str| PathMatch::Pattern(s.split('/').map(str::to_owned).collect());
+        let p = pat("/users/*/posts");
+        assert!(p.matches("/users/7/posts"));
+        assert!(!p.matches("/users/7/posts/1"));
+        assert!(!p.matches("/users/posts"));
+        assert!(!p.matches("/users//x"));
+        let p = pat("/static/**");
+        assert!(p.matches("/static"));
+        assert!(p.matches("/static/a/b/c"));
+        assert!(!p.matches("/stat"));
+        assert!(pat("/").matches("/"));
+        assert!(!pat("/").matches("/x"));
+    }
+}

@@ -1,0 +1,342 @@
+//! Rate-limit headers, the 429 / gRPC denial, and the layer's response body.
+
+use std::fmt::Write as _;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::header::{HeaderName, HeaderValue, CONTENT_TYPE, RETRY_AFTER};
+use http::{HeaderMap, Response, StatusCode};
+use http_body::{Body, Frame, SizeHint};
+
+use super::{CheckBackend, Verdict};
+use crate::Decision;
+
+/// Which rate-limit header fields the layer adds to every response a policy decided
+/// (allowed, denied, or passed in shadow mode).
+///
+/// Every number is taken from the [`Decision`]: `limit()` and `remaining()` as they are, and
+/// durations in whole seconds **rounded up** (a client that waits that long is never early).
+/// On a denial, `Retry-After` is always sent, whatever the style, and is at least 1.
+///
+/// | style | fields |
+/// |---|---|
+/// | `None` | none (`Retry-After` on denials only) |
+/// | `Legacy` | `X-RateLimit-Limit: L`, `X-RateLimit-Remaining: r`, `X-RateLimit-Reset: ⌈reset_after⌉` (seconds from now) |
+/// | `Draft` | `RateLimit-Policy: "name";q=L;w=⌈W⌉` (one item per quota), `RateLimit: "name";r=r;t=⌈reset_after⌉` ([draft-ietf-httpapi-ratelimit-headers](https://datatracker.ietf.org/doc/draft-ietf-httpapi-ratelimit-headers/)) |
+/// | `Both` | `Legacy` and `Draft` |
+///
+/// A policy with several quotas names them `name-1`, `name-2`, … in `RateLimit-Policy`;
+/// `RateLimit` and the legacy fields report the quota the decision is about (the refusing
+/// one, or when admitted the one with the fewest units remaining).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum HeaderStyle {
+    /// No rate-limit fields.
+    None,
+    /// `X-RateLimit-Limit`, `-Remaining`, `-Reset`.
+    Legacy,
+    /// The IETF draft's `RateLimit-Policy` and `RateLimit` (the default).
+    #[default]
+    Draft,
+    /// Both sets.
+    Both,
+}
+
+static X_LIMIT: HeaderName = HeaderName::from_static("x-ratelimit-limit");
+static X_REMAINING: HeaderName = HeaderName::from_static("x-ratelimit-remaining");
+static X_RESET: HeaderName = HeaderName::from_static("x-ratelimit-reset");
+static RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
+static RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
+static GRPC_STATUS: HeaderName = HeaderName::from_static("grpc-status");
+static GRPC_MESSAGE: HeaderName = HeaderName::from_static("grpc-message");
+
+/// `d` in whole seconds, rounded up.
+pub(crate) fn ceil_secs(d: Duration) -> u64 {
+    d.as_secs().saturating_add(u64::from(d.subsec_nanos() > 0))
+}
+
+/// `Retry-After` of a denial: whole seconds rounded up, at least 1.
+pub(crate) fn retry_after_secs(decision: &Decision) -> u64 {
+    ceil_secs(decision.retry_after()).max(1)
+}
+
+fn number(n: u64) -> HeaderValue {
+    HeaderValue::from(n)
+}
+
+/// The name of quota `index` of a policy with `count` quotas.
+fn quota_name(out: &mut String, policy: &str, index: usize, count: usize) {
+    out.push('"');
+    // Policy names are checked to be printable ASCII when the layer is built; escape the two
+    // characters a structured-field string escapes.
+    for c in policy.chars() {
+        if c == '"' || c == '\\' {
+            out.push('\\');
+        }
+        out.push(c);
+    }
+    if count > 1 {
+        let _ = write!(out, "-{}", index + 1);
+    }
+    out.push('"');
+}
+
+/// Adds the rate-limit fields of `style` for `verdict` of policy `name` over `backend`.
+pub(crate) fn add_headers(
+    headers: &mut HeaderMap,
+    style: HeaderStyle,
+    name: &str,
+    backend: &dyn CheckBackend,
+    verdict: &Verdict,
+) {
+    let decision = &verdict.decision;
+    let reset = ceil_secs(decision.reset_after());
+    if matches!(style, HeaderStyle::Legacy | HeaderStyle::Both) {
+        headers.insert(X_LIMIT.clone(), number(decision.limit()));
+        headers.insert(X_REMAINING.clone(), number(decision.remaining()));
+        headers.insert(X_RESET.clone(), number(reset));
+    }
+    if matches!(style, HeaderStyle::Draft | HeaderStyle::Both) {
+        let count = backend.quota_count().max(verdict.quota + 1);
+        let mut policy = String::new();
+        for index in 0..count {
+            if !policy.is_empty() {
+                policy.push_str(", ");
+            }
+            quota_name(&mut policy, name, index, count);
+            let (q, w) = match backend.quota(index) {
+                Some(info) => (info.limit, ceil_secs(info.window)),
+                // Only the decision's own quota can be missing (a backend that reports fewer
+                // quotas than it decides over): its limit is known, its window is not.
+                None => (decision.limit(), reset),
+            };
+            let _ = write!(policy, ";q={q};w={w}");
+        }
+        let mut current = String::new();
+        quota_name(&mut current, name, verdict.quota, count);
+        let _ = write!(current, ";r={};t={reset}", decision.remaining());
+        if let (Ok(policy), Ok(current)) = (
+            HeaderValue::from_str(&policy),
+            HeaderValue::from_str(&current),
+        ) {
+            headers.insert(RATELIMIT_POLICY.clone(), policy);
+            headers.insert(RATELIMIT.clone(), current);
+        }
+    }
+}
+
+/// What a user-supplied denial response is built from.
+#[derive(Debug, Clone, Copy)]
+pub struct Denial<'a> {
+    /// The refusing policy's name.
+    pub policy: &'a str,
+    /// The refusing decision.
+    pub decision: &'a Decision,
+    /// `Retry-After` in whole seconds (rounded up, at least 1): the layer sets this header on
+    /// the response afterwards, with the rate-limit fields.
+    pub retry_after_secs: u64,
+    /// Whether the request is gRPC (`content-type: application/grpc…`).
+    pub grpc: bool,
+}
+
+/// JSON string contents for `s`.
+fn json_escape(out: &mut String, s: &str) {
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            c if (c as u32) < 0x20 => {
+                let _ = write!(out, "\\u{:04x}", c as u32);
+            }
+            c => out.push(c),
+        }
+    }
+}
+
+/// An RFC 9457 problem document.
+pub(crate) fn problem(status: StatusCode, detail: &str, retry_after: Option<u64>) -> Bytes {
+    let mut body = String::from(r#"{"type":"about:blank","title":""#);
+    json_escape(&mut body, status.canonical_reason().unwrap_or("Error"));
+    let _ = write!(body, r#"","status":{},"detail":""#, status.as_u16());
+    json_escape(&mut body, detail);
+    body.push('"');
+    if let Some(secs) = retry_after {
+        let _ = write!(body, r#","retry-after":{secs}"#);
+    }
+    body.push('}');
+    Bytes::from(body)
+}
+
+static PROBLEM_JSON: HeaderValue = HeaderValue::from_static("application/problem+json");
+static GRPC: HeaderValue = HeaderValue::from_static("application/grpc");
+
+/// A response whose body is `body`, typed `application/problem+json`.
+pub(crate) fn problem_response<B>(
+    status: StatusCode,
+    detail: &str,
+    retry_after: Option<u64>,
+) -> Response<RateLimitBody<B>> {
+    let mut response = Response::new(RateLimitBody::full(problem(status, detail, retry_after)));
+    *response.status_mut() = status;
+    response
+        .headers_mut()
+        .insert(CONTENT_TYPE, PROBLEM_JSON.clone());
+    response
+}
+
+/// A gRPC "trailers-only" answer: HTTP 200, `grpc-status` and `grpc-message`, no body.
+pub(crate) fn grpc_response<B>(code: u8, message: &str) -> Response<RateLimitBody<B>> {
+    let mut response = Response::new(RateLimitBody::full(Bytes::new()));
+    let headers = response.headers_mut();
+    headers.insert(CONTENT_TYPE, GRPC.clone());
+    headers.insert(GRPC_STATUS.clone(), number(u64::from(code)));
+    // grpc-message is percent-encoded outside printable ASCII (and for `%` itself).
+    let mut encoded = String::new();
+    for b in message.bytes() {
+        if (0x20..0x7f).contains(&b) && b != b'%' {
+            encoded.push(char::from(b));
+        } else {
+            let _ = write!(encoded, "%{b:02X}");
+        }
+    }
+    if let Ok(value) = HeaderValue::from_str(&encoded) {
+        headers.insert(GRPC_MESSAGE.clone(), value);
+    }
+    response
+}
+
+/// gRPC's RESOURCE_EXHAUSTED.
+pub(crate) const GRPC_RESOURCE_EXHAUSTED: u8 = 8;
+/// gRPC's INVALID_ARGUMENT, INTERNAL and UNAVAILABLE, for the no-key / error outcomes.
+pub(crate) fn grpc_code(status: StatusCode) -> u8 {
+    match status.as_u16() {
+        400 => 3,
+        429 => GRPC_RESOURCE_EXHAUSTED,
+        503 => 14,
+        _ => 13,
+    }
+}
+
+/// Whether a request is gRPC (its `content-type` starts with `application/grpc`).
+pub(crate) fn is_grpc(headers: &HeaderMap) -> bool {
+    headers
+        .get(CONTENT_TYPE)
+        .is_some_and(|v| v.as_bytes().starts_with(b"application/grpc"))
+}
+
+/// Sets `Retry-After`.
+pub(crate) fn set_retry_after(headers: &mut HeaderMap, secs: u64) {
+    headers.insert(RETRY_AFTER, number(secs));
+}
+
+pin_project_lite::pin_project! {
+    /// The layer's response body: the inner service's body, or the layer's own (a denial).
+    ///
+    /// It implements [`http_body::Body`] when the inner body's `Data` is [`Bytes`] (as for
+    /// axum, hyper and tonic).
+    pub struct RateLimitBody<B> {
+        #[pin]
+        kind: Kind<B>,
+    }
+}
+
+pin_project_lite::pin_project! {
+    #[project = KindProj]
+    enum Kind<B> {
+        Inner { #[pin] body: B },
+        Full { data: Option<Bytes> },
+    }
+}
+
+impl<B> RateLimitBody<B> {
+    /// The inner service's body.
+    pub fn inner(body: B) -> Self {
+        RateLimitBody {
+            kind: Kind::Inner { body },
+        }
+    }
+
+    /// A body of `data`.
+    pub fn full(data: Bytes) -> Self {
+        RateLimitBody {
+            kind: Kind::Full {
+                data: (!data.is_empty()).then_some(data),
+            },
+        }
+    }
+}
+
+impl<B: std::fmt::Debug> std::fmt::Debug for RateLimitBody<B> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.kind {
+            Kind::Inner { body } => f.debug_tuple("Inner").field(body).finish(),
+            Kind::Full { data } => f.debug_tuple("Full").field(data).finish(),
+        }
+    }
+}
+
+impl<B> Body for RateLimitBody<B>
+where
+    B: Body<Data = Bytes>,
+{
+    type Data = Bytes;
+    type Error = B::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+        match self.project().kind.project() {
+            KindProj::Inner { body } => body.poll_frame(cx),
+            KindProj::Full { data } => Poll::Ready(data.take().map(|d| Ok(Frame::data(d)))),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match &self.kind {
+            Kind::Inner { body } => body.is_end_stream(),
+            Kind::Full { data } => data.is_none(),
+        }
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match &self.kind {
+            Kind::Inner { body } => body.size_hint(),
+            Kind::Full { data } => {
+                SizeHint::with_exact(data.as_ref().map_or(0, |d| d.len() as u64))
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn seconds_round_up() {
+        assert_eq!(ceil_secs(Duration::ZERO), 0);
+        assert_eq!(ceil_secs(Duration::from_nanos(1)), 1);
+        assert_eq!(ceil_secs(Duration::from_secs(2)), 2);
+        assert_eq!(ceil_secs(Duration::from_millis(2001)), 3);
+        assert_eq!(ceil_secs(Duration::MAX), u64::MAX);
+    }
+
+    #[test]
+    fn problem_bodies_are_escaped_json() {
+        let body = problem(StatusCode::TOO_MANY_REQUESTS, "a \"b\" \\ \n", Some(3));
+        assert_eq!(
+            std::str::from_utf8(&body).unwrap(),
+            r#"{"type":"about:blank","title":"Too Many Requests","status":429,"detail":"a \"b\" \\ \u000a","retry-after":3}"#
+        );
+    }
+
+    #[test]
+    fn grpc_messages_are_percent_encoded() {
+        let r = grpc_response::<()>(8, "100% é");
+        assert_eq!(r.headers()["grpc-message"], "100%25 %C3%A9");
+        assert_eq!(r.headers()["grpc-status"], "8");
+        assert_eq!(r.status(), StatusCode::OK);
+    }
+}

@@ -1,0 +1,677 @@
+//! The tower layer on a real axum server and a real HTTP client (hyper-util's), both on
+//! 127.0.0.1 ephemeral ports. Limiters run on a `ManualClock`, so every decision, and so every
+//! header, is known: a reference limiter on the same clock is asked the same questions.
+//!
+//! Run with `cargo test --features tower --test tower_http`: the layer then reads the peer from
+//! a plain `SocketAddr` extension, which a small axum middleware copies out of `ConnectInfo`;
+//! with `--features axum` it reads `ConnectInfo` itself, and the middleware is left out.
+
+#![cfg(feature = "tower")]
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use axum::routing::{get, post};
+use axum::Router;
+use bytes::Bytes;
+use http::{HeaderMap, HeaderName, Method, Request, StatusCode};
+use http_body_util::{BodyExt, Full};
+use hyper_util::client::legacy::{connect::HttpConnector, Client};
+use hyper_util::rt::TokioExecutor;
+use tollgate::clock::ManualClock;
+use tollgate::tower::{
+    Cidr, Fallback, HeaderStyle, Key, KeySource, Mode, Policy, ProxyHeader, RateLimitLayer,
+    RateLimitLayerBuilder,
+};
+use tollgate::{Decision, Gcra, KeyedLimiter, MultiLimiter, Quota};
+
+type Http = Client<HttpConnector, Full<Bytes>>;
+
+fn client() -> Http {
+    Client::builder(TokioExecutor::new()).build_http()
+}
+
+/// Serves `app` on 127.0.0.1:0 with `ConnectInfo`; the server task ends with the test's runtime.
+async fn serve(app: Router) -> SocketAddr {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("binds a loopback port");
+    let addr = listener.local_addr().expect("a local address");
+    tokio::spawn(async move {
+        axum::serve(
+            listener,
+            app.into_make_service_with_connect_info::<SocketAddr>(),
+        )
+        .await
+        .expect("serves");
+    });
+    addr
+}
+
+fn app(layer: RateLimitLayer) -> Router {
+    peer_extension(
+        Router::new()
+            .route(
+                "/api/{*rest}",
+                get(|| async { "api" }).post(|| async { "posted" }),
+            )
+            .route("/health", get(|| async { "ok" }))
+            .route("/other", get(|| async { "other" }))
+            .route("/grpc.Svc/Call", post(|| async { "grpc" }))
+            .layer(layer),
+    )
+}
+
+/// Without the `axum` feature the layer reads a plain `SocketAddr` extension: copy it out of
+/// `ConnectInfo` in front of the layer (as a hyper-util server would insert it).
+fn peer_extension(router: Router) -> Router {
+    if cfg!(feature = "axum") {
+        return router;
+    }
+    router.layer(axum::middleware::map_request(
+        |mut request: Request<axum::body::Body>| async move {
+            let peer = request
+                .extensions()
+                .get::<axum::extract::ConnectInfo<SocketAddr>>()
+                .map(|info| info.0);
+            if let Some(peer) = peer {
+                request.extensions_mut().insert(peer);
+            }
+            request
+        },
+    ))
+}
+
+struct Reply {
+    status: StatusCode,
+    headers: HeaderMap,
+    body: String,
+}
+
+impl Reply {
+    fn header(&self, name: &str) -> Option<&str> {
+        self.headers.get(name).map(|v| v.to_str().expect("ASCII"))
+    }
+}
+
+async fn send(
+    http: &Http,
+    addr: SocketAddr,
+    method: Method,
+    path: &str,
+    headers: &[(&str, &str)],
+) -> Reply {
+    let mut request = Request::builder()
+        .method(method)
+        .uri(format!("http://{addr}{path}"));
+    for (name, value) in headers {
+        request = request.header(*name, *value);
+    }
+    let response = http
+        .request(request.body(Full::new(Bytes::new())).expect("a request"))
+        .await
+        .expect("the server answers");
+    let (parts, body) = response.into_parts();
+    let body = body.collect().await.expect("a body").to_bytes();
+    Reply {
+        status: parts.status,
+        headers: parts.headers,
+        body: String::from_utf8(body.to_vec()).expect("UTF-8"),
+    }
+}
+
+async fn get_with(http: &Http, addr: SocketAddr, path: &str, headers: &[(&str, &str)]) -> Reply {
+    send(http, addr, Method::GET, path, headers).await
+}
+
+fn ceil_secs(d: Duration) -> u64 {
+    d.as_secs() + u64::from(d.subsec_nanos() > 0)
+}
+
+/// Asserts that `reply` carries exactly `decision`'s figures in both header styles, for a
+/// one-quota policy `name` of window `window_secs`.
+fn assert_headers(reply: &Reply, decision: &Decision, name: &str, window_secs: u64) {
+    let reset = ceil_secs(decision.reset_after());
+    assert_eq!(
+        reply.header("x-ratelimit-limit"),
+        Some(&*decision.limit().to_string())
+    );
+    assert_eq!(
+        reply.header("x-ratelimit-remaining"),
+        Some(&*decision.remaining().to_string())
+    );
+    assert_eq!(reply.header("x-ratelimit-reset"), Some(&*reset.to_string()));
+    assert_eq!(
+        reply.header("ratelimit-policy"),
+        Some(&*format!(
+            "\"{name}\";q={};w={window_secs}",
+            decision.limit()
+        ))
+    );
+    assert_eq!(
+        reply.header("ratelimit"),
+        Some(&*format!("\"{name}\";r={};t={reset}", decision.remaining()))
+    );
+    if decision.allowed() {
+        assert_eq!(reply.status, StatusCode::OK);
+        assert_eq!(reply.header("retry-after"), None);
+    } else {
+        assert_eq!(reply.status, StatusCode::TOO_MANY_REQUESTS);
+        let retry = ceil_secs(decision.retry_after());
+        assert!(retry >= 1);
+        assert_eq!(reply.header("retry-after"), Some(&*retry.to_string()));
+        assert_eq!(
+            reply.header("content-type"),
+            Some("application/problem+json")
+        );
+        assert_eq!(
+            reply.body,
+            format!(
+                r#"{{"type":"about:blank","title":"Too Many Requests","status":429,"detail":"Rate limit \"{name}\" exceeded: retry after {retry} s.","retry-after":{retry}}}"#
+            )
+        );
+    }
+}
+
+fn gcra(clock: &ManualClock, quota: Quota) -> KeyedLimiter<Key, Gcra, ManualClock> {
+    KeyedLimiter::with_clock(Gcra::new(quota).unwrap(), clock.clone()).unwrap()
+}
+
+fn loopback() -> Key {
+    Key::Ip("127.0.0.1".parse().unwrap())
+}
+
+#[tokio::test]
+async fn the_burst_then_an_exact_429_with_every_header_equal_to_the_decision() {
+    let clock = ManualClock::new();
+    // 2 per 3 s: T = 1.5 s, so waits are not whole seconds and must round up.
+    let quota = Quota::new(2, Duration::from_secs(3))
+        .unwrap()
+        .with_burst(3)
+        .unwrap();
+    let layer = RateLimitLayer::builder()
+        .policy(Policy::new("api", gcra(&clock, quota)).path_prefix("/api"))
+        .headers(HeaderStyle::Both)
+        .build()
+        .unwrap();
+    let reference = gcra(&clock, quota);
+    let addr = serve(app(layer)).await;
+    let http = client();
+    let mut statuses = Vec::new();
+    for step in 0..8 {
+        if step == 5 {
+            clock.advance(Duration::from_millis(1_600));
+        }
+        let reply = get_with(&http, addr, "/api/x", &[]).await;
+        let decision = reference.check(&loopback()).unwrap();
+        assert_headers(&reply, &decision, "api", 3);
+        statuses.push(reply.status.as_u16());
+    }
+    assert_eq!(statuses, [200, 200, 200, 429, 429, 200, 429, 429]);
+    // Outside every policy: no limit, no fields.
+    let other = get_with(&http, addr, "/other", &[]).await;
+    assert_eq!(other.status, StatusCode::OK);
+    assert_eq!(other.header("ratelimit"), None);
+}
+
+/// A layer whose only policy allows one request per client IP (per hour, so nothing refills).
+fn one_per_client(clock: &ManualClock) -> RateLimitLayerBuilder {
+    RateLimitLayer::builder()
+        .default_policy(Policy::new("ip", gcra(clock, Quota::per_hour(1).unwrap())))
+}
+
+#[tokio::test]
+async fn forwarding_headers_from_an_untrusted_peer_are_ignored() {
+    let clock = ManualClock::new();
+    let addr = serve(app(one_per_client(&clock).build().unwrap())).await;
+    let http = client();
+    let first = get_with(&http, addr, "/other", &[("x-forwarded-for", "203.0.113.1")]).await;
+    assert_eq!(first.status, StatusCode::OK);
+    // Another claimed address does not buy a new bucket: the key is the peer, 127.0.0.1.
+    for spoof in ["203.0.113.2", "198.51.100.7, 10.0.0.1", "garbage"] {
+        let reply = get_with(&http, addr, "/other", &[("x-forwarded-for", spoof)]).await;
+        assert_eq!(reply.status, StatusCode::TOO_MANY_REQUESTS, "{spoof}");
+    }
+    let reply = get_with(&http, addr, "/other", &[("forwarded", "for=192.0.2.9")]).await;
+    assert_eq!(reply.status, StatusCode::TOO_MANY_REQUESTS);
+}
+
+#[tokio::test]
+async fn a_trusted_chain_is_honored() {
+    let clock = ManualClock::new();
+    let layer = one_per_client(&clock)
+        .trusted_proxies(["127.0.0.1".parse().unwrap(), "10.0.0.0/8".parse().unwrap()])
+        .build()
+        .unwrap();
+    let addr = serve(app(layer)).await;
+    let http = client();
+    let get = |xff: &'static str| {
+        let http = http.clone();
+        async move {
+            get_with(&http, addr, "/other", &[("x-forwarded-for", xff)])
+                .await
+                .status
+        }
+    };
+    assert_eq!(get("203.0.113.1").await, StatusCode::OK);
+    assert_eq!(get("203.0.113.2").await, StatusCode::OK);
+    // The same client through another trusted hop, with a spoofed first entry: same key.
+    assert_eq!(
+        get("6.6.6.6, 203.0.113.1, 10.0.0.5").await,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    // Without the header the client is the proxy itself.
+    assert_eq!(
+        get_with(&http, addr, "/other", &[]).await.status,
+        StatusCode::OK
+    );
+
+    // RFC 7239 Forwarded, when that is the configured header.
+    let layer = one_per_client(&clock)
+        .trusted_proxies(["127.0.0.1".parse().unwrap()])
+        .proxy_header(ProxyHeader::Forwarded)
+        .build()
+        .unwrap();
+    let addr = serve(app(layer)).await;
+    let fwd = |value: &'static str| {
+        let http = http.clone();
+        async move {
+            get_with(&http, addr, "/other", &[("forwarded", value)])
+                .await
+                .status
+        }
+    };
+    assert_eq!(
+        fwd(r#"for="[2001:db8::1]:4711";proto=http"#).await,
+        StatusCode::OK
+    );
+    assert_eq!(fwd("for=192.0.2.1").await, StatusCode::OK);
+    assert_eq!(fwd("for=192.0.2.1").await, StatusCode::TOO_MANY_REQUESTS);
+    // X-Forwarded-For is not the configured header: ignored, the key is 127.0.0.1.
+    assert_eq!(
+        get_with(&http, addr, "/other", &[("x-forwarded-for", "192.0.2.77")])
+            .await
+            .status,
+        StatusCode::OK
+    );
+    assert_eq!(
+        get_with(&http, addr, "/other", &[("x-forwarded-for", "192.0.2.78")])
+            .await
+            .status,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+}
+
+#[tokio::test]
+async fn ipv6_clients_share_a_bucket_per_56_and_not_across() {
+    let clock = ManualClock::new();
+    let layer = one_per_client(&clock)
+        .trusted_proxies(["127.0.0.1".parse().unwrap()])
+        .build()
+        .unwrap();
+    let addr = serve(app(layer)).await;
+    let http = client();
+    let get = |xff: &'static str| {
+        let http = http.clone();
+        async move {
+            get_with(&http, addr, "/other", &[("x-forwarded-for", xff)])
+                .await
+                .status
+        }
+    };
+    assert_eq!(get("2001:db8:0:1::1").await, StatusCode::OK);
+    // 2001:db8:0:ff::/64 lies in the same /56 (2001:db8:0:0::/56): same bucket.
+    assert_eq!(get("2001:db8:0:ff::2").await, StatusCode::TOO_MANY_REQUESTS);
+    // 2001:db8:0:100:: is the next /56.
+    assert_eq!(get("2001:db8:0:100::1").await, StatusCode::OK);
+    assert_eq!(
+        get("[2001:db8:0:1ff::9]:443").await,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+
+    // With /64 grouping the first two are apart.
+    let layer = one_per_client(&clock)
+        .trusted_proxies(["127.0.0.1".parse().unwrap()])
+        .ipv6_prefix(64)
+        .build()
+        .unwrap();
+    let addr = serve(app(layer)).await;
+    let get = |xff: &'static str| {
+        let http = http.clone();
+        async move {
+            get_with(&http, addr, "/other", &[("x-forwarded-for", xff)])
+                .await
+                .status
+        }
+    };
+    assert_eq!(get("2001:db8:0:1::1").await, StatusCode::OK);
+    assert_eq!(get("2001:db8:0:ff::2").await, StatusCode::OK);
+    assert_eq!(get("2001:db8:0:1::7").await, StatusCode::TOO_MANY_REQUESTS);
+}
+
+#[tokio::test]
+async fn shadow_mode_never_rejects_but_decides_and_counts() {
+    let clock = ManualClock::new();
+    let quota = Quota::per_minute(2).unwrap();
+    let layer = RateLimitLayer::builder()
+        .policy(
+            Policy::new("beta", gcra(&clock, quota))
+                .path_prefix("/api")
+                .mode(Mode::Shadow),
+        )
+        .build()
+        .unwrap();
+    let reference = gcra(&clock, quota);
+    let addr = serve(app(layer)).await;
+    let http = client();
+    for _ in 0..6 {
+        let reply = get_with(&http, addr, "/api/x", &[]).await;
+        let decision = reference.check(&loopback()).unwrap();
+        assert_eq!(reply.status, StatusCode::OK);
+        assert_eq!(reply.body, "api");
+        assert_eq!(reply.header("retry-after"), None);
+        assert_eq!(
+            reply.header("ratelimit"),
+            Some(&*format!(
+                "\"beta\";r={};t={}",
+                decision.remaining(),
+                ceil_secs(decision.reset_after())
+            ))
+        );
+    }
+    // The shadow policy counted: its limiter is as full as the reference.
+    assert!(!reference.peek(&loopback(), 1).unwrap().allowed());
+}
+
+#[tokio::test]
+async fn the_no_key_outcome_is_configured() {
+    let clock = ManualClock::new();
+    let api_key = HeaderName::from_static("x-api-key");
+    let policy = Policy::new("keys", gcra(&clock, Quota::per_hour(1).unwrap()))
+        .key(KeySource::header(api_key.clone()));
+    let layer = RateLimitLayer::builder()
+        .default_policy(policy.clone())
+        .on_missing_key(Fallback::Reject(StatusCode::BAD_REQUEST))
+        .build()
+        .unwrap();
+    let addr = serve(app(layer)).await;
+    let http = client();
+    let reply = get_with(&http, addr, "/other", &[]).await;
+    assert_eq!(reply.status, StatusCode::BAD_REQUEST);
+    assert_eq!(
+        reply.header("content-type"),
+        Some("application/problem+json")
+    );
+    assert!(reply.body.contains(r#""status":400"#), "{}", reply.body);
+    assert_eq!(
+        get_with(&http, addr, "/other", &[("x-api-key", "")])
+            .await
+            .status,
+        StatusCode::BAD_REQUEST
+    );
+    assert_eq!(
+        get_with(&http, addr, "/other", &[("x-api-key", "a")])
+            .await
+            .status,
+        StatusCode::OK
+    );
+    assert_eq!(
+        get_with(&http, addr, "/other", &[("x-api-key", "a")])
+            .await
+            .status,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    assert_eq!(
+        get_with(&http, addr, "/other", &[("x-api-key", "b")])
+            .await
+            .status,
+        StatusCode::OK
+    );
+
+    // Let through: never limited, no fields.
+    let layer = RateLimitLayer::builder()
+        .default_policy(policy)
+        .on_missing_key(Fallback::Allow)
+        .build()
+        .unwrap();
+    let addr = serve(app(layer)).await;
+    for _ in 0..3 {
+        let reply = get_with(&http, addr, "/other", &[]).await;
+        assert_eq!(reply.status, StatusCode::OK);
+        assert_eq!(reply.header("ratelimit"), None);
+    }
+}
+
+#[tokio::test]
+async fn costs_fixed_and_computed() {
+    let clock = ManualClock::new();
+    let quota = Quota::per_hour(5).unwrap();
+    let layer = RateLimitLayer::builder()
+        .policy(
+            Policy::new("export", gcra(&clock, quota))
+                .path_prefix("/api/export")
+                .cost(2),
+        )
+        .policy(
+            Policy::new("weighted", gcra(&clock, quota))
+                .path_prefix("/api")
+                .cost_fn(|parts| {
+                    parts
+                        .headers
+                        .get("x-weight")
+                        .and_then(|v| v.to_str().ok()?.parse().ok())
+                        .unwrap_or(1)
+                }),
+        )
+        .build()
+        .unwrap();
+    let addr = serve(app(layer)).await;
+    let http = client();
+    let export: Vec<u16> = {
+        let mut s = Vec::new();
+        for _ in 0..3 {
+            s.push(
+                get_with(&http, addr, "/api/export", &[])
+                    .await
+                    .status
+                    .as_u16(),
+            );
+        }
+        s
+    };
+    assert_eq!(export, [200, 200, 429]); // 2 + 2, then 1 left < 2
+    let w = |weight: &'static str| {
+        let http = http.clone();
+        async move { get_with(&http, addr, "/api/x", &[("x-weight", weight)]).await }
+    };
+    assert_eq!(w("4").await.status, StatusCode::OK);
+    let denied = w("2").await;
+    assert_eq!(denied.status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(w("1").await.status, StatusCode::OK);
+    // A cost above the capacity can never be admitted: 429, no Retry-After.
+    let never = w("6").await;
+    assert_eq!(never.status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(never.header("retry-after"), None);
+    assert!(
+        never.body.contains("can never be admitted"),
+        "{}",
+        never.body
+    );
+    // Cost 0 always passes.
+    assert_eq!(w("0").await.status, StatusCode::OK);
+}
+
+#[tokio::test]
+async fn the_allow_list_bypasses_every_policy() {
+    let clock = ManualClock::new();
+    let by_cidr = one_per_client(&clock)
+        .allow_cidrs(["127.0.0.0/8".parse::<Cidr>().unwrap()])
+        .build()
+        .unwrap();
+    let addr = serve(app(by_cidr)).await;
+    let http = client();
+    for _ in 0..3 {
+        let reply = get_with(&http, addr, "/other", &[]).await;
+        assert_eq!(reply.status, StatusCode::OK);
+        assert_eq!(reply.header("ratelimit"), None);
+    }
+    let by_path = one_per_client(&clock)
+        .allow_if(|parts| parts.uri.path() == "/health")
+        .build()
+        .unwrap();
+    let addr = serve(app(by_path)).await;
+    for _ in 0..3 {
+        assert_eq!(
+            get_with(&http, addr, "/health", &[]).await.status,
+            StatusCode::OK
+        );
+    }
+    assert_eq!(
+        get_with(&http, addr, "/other", &[]).await.status,
+        StatusCode::OK
+    );
+    assert_eq!(
+        get_with(&http, addr, "/other", &[]).await.status,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+}
+
+#[tokio::test]
+async fn clones_and_routers_share_state() {
+    let clock = ManualClock::new();
+    let layer = RateLimitLayer::builder()
+        .default_policy(Policy::new(
+            "shared",
+            gcra(&clock, Quota::per_hour(3).unwrap()),
+        ))
+        .build()
+        .unwrap();
+    let one = serve(app(layer.clone())).await;
+    let two = serve(peer_extension(
+        Router::new()
+            .route("/x", get(|| async { "x" }))
+            .layer(layer),
+    ))
+    .await;
+    let http = client();
+    assert_eq!(
+        get_with(&http, one, "/other", &[]).await.status,
+        StatusCode::OK
+    );
+    assert_eq!(get_with(&http, two, "/x", &[]).await.status, StatusCode::OK);
+    assert_eq!(
+        get_with(&http, one, "/api/y", &[]).await.status,
+        StatusCode::OK
+    );
+    assert_eq!(
+        get_with(&http, two, "/x", &[]).await.status,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    assert_eq!(
+        get_with(&http, one, "/other", &[]).await.status,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+}
+
+#[tokio::test]
+async fn grpc_requests_get_resource_exhausted() {
+    let clock = ManualClock::new();
+    let addr = serve(app(one_per_client(&clock).build().unwrap())).await;
+    let http = client();
+    let grpc = [("content-type", "application/grpc+proto")];
+    let ok = send(&http, addr, Method::POST, "/grpc.Svc/Call", &grpc).await;
+    assert_eq!(ok.status, StatusCode::OK);
+    assert_eq!(ok.header("grpc-status"), None);
+    let denied = send(&http, addr, Method::POST, "/grpc.Svc/Call", &grpc).await;
+    assert_eq!(denied.status, StatusCode::OK);
+    assert_eq!(denied.header("grpc-status"), Some("8"));
+    assert_eq!(denied.header("content-type"), Some("application/grpc"));
+    let message = denied.header("grpc-message").expect("a grpc-message");
+    assert!(message.contains("Rate limit"), "{message}");
+    assert_eq!(denied.header("retry-after"), Some("3600"));
+    assert!(denied.body.is_empty());
+}
+
+#[tokio::test]
+async fn policies_match_in_order_by_path_and_method_with_several_quotas() {
+    let clock = ManualClock::new();
+    let multi = MultiLimiter::<Key, _, _>::with_clock(
+        [
+            Gcra::new(Quota::per_second(10).unwrap()).unwrap(),
+            Gcra::new(Quota::per_hour(2).unwrap()).unwrap(),
+        ],
+        clock.clone(),
+    )
+    .unwrap();
+    let layer = RateLimitLayer::builder()
+        .policy(
+            Policy::new("writes", gcra(&clock, Quota::per_hour(1).unwrap()))
+                .path_prefix("/api")
+                .methods([Method::POST]),
+        )
+        .policy(Policy::new("reads", multi).path_pattern("/api/*"))
+        .headers(HeaderStyle::Draft)
+        .build()
+        .unwrap();
+    let addr = serve(app(layer)).await;
+    let http = client();
+    let post = send(&http, addr, Method::POST, "/api/a", &[]).await;
+    assert_eq!(post.status, StatusCode::OK);
+    assert_eq!(
+        post.header("ratelimit-policy"),
+        Some(r#""writes";q=1;w=3600"#)
+    );
+    assert_eq!(
+        send(&http, addr, Method::POST, "/api/a", &[]).await.status,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    // GETs fall to the two-quota policy: both listed, the hourly one binds.
+    let first = get_with(&http, addr, "/api/a", &[]).await;
+    assert_eq!(first.status, StatusCode::OK);
+    assert_eq!(
+        first.header("ratelimit-policy"),
+        Some(r#""reads-1";q=10;w=1, "reads-2";q=2;w=3600"#)
+    );
+    assert_eq!(first.header("ratelimit"), Some(r#""reads-2";r=1;t=1800"#));
+    assert_eq!(first.header("x-ratelimit-limit"), None); // draft style only
+    assert_eq!(
+        get_with(&http, addr, "/api/b", &[]).await.status,
+        StatusCode::OK
+    );
+    let denied = get_with(&http, addr, "/api/c", &[]).await;
+    assert_eq!(denied.status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(denied.header("ratelimit"), Some(r#""reads-2";r=0;t=3600"#));
+    assert_eq!(denied.header("retry-after"), Some("1800"));
+    // Two segments: neither policy (no default): not limited.
+    assert_eq!(
+        get_with(&http, addr, "/api/a/b", &[]).await.status,
+        StatusCode::OK
+    );
+}
+
+#[tokio::test]
+async fn a_custom_denial_gets_the_fields_too() {
+    let clock = ManualClock::new();
+    let layer = one_per_client(&clock)
+        .headers(HeaderStyle::Legacy)
+        .deny_with(|denial| {
+            http::Response::builder()
+                .status(StatusCode::SERVICE_UNAVAILABLE)
+                .body(Bytes::from(format!("slow down ({})", denial.policy)))
+                .unwrap()
+        })
+        .build()
+        .unwrap();
+    let addr = serve(app(layer)).await;
+    let http = client();
+    assert_eq!(
+        get_with(&http, addr, "/other", &[]).await.status,
+        StatusCode::OK
+    );
+    let denied = get_with(&http, addr, "/other", &[]).await;
+    assert_eq!(denied.status, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(denied.body, "slow down (ip)");
+    assert_eq!(denied.header("retry-after"), Some("3600"));
+    assert_eq!(denied.header("x-ratelimit-remaining"), Some("0"));
+    assert_eq!(denied.header("ratelimit"), None);
+}
