@@ -16,15 +16,15 @@
 //! the same counter-generated keys from the first). Two-thread rows report the aggregate time
 //! per check (wall time / 2), as `keyed_gcra_2t` does.
 //!
-//! After its samples, each subject makes a few thousand more checks and the bench panics if
-//! their share of allowed checks does not fit the regime (`Regime::plausible_share`).
+//! After its samples, each subject checks keys for another 250 ms and the bench panics if the
+//! share of allowed checks does not fit the regime (`Regime::plausible_share`).
 
 use std::cell::OnceCell;
 use std::hint::black_box;
 use std::net::IpAddr;
 use std::sync::atomic::AtomicU64;
 use std::sync::Barrier;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use criterion::measurement::WallTime;
 use criterion::{Bencher, BenchmarkGroup, Criterion};
@@ -154,8 +154,11 @@ fn floor(group: &mut BenchmarkGroup<'_, WallTime>, row: &Row) {
     );
 }
 
-/// Checks made after the samples to judge the row's share of allowed checks.
-const VERIFY_CHECKS: usize = 4096;
+/// How long each subject checks keys after its samples, to judge the row's share of allowed
+/// checks. Long enough for the steady state to return after criterion's analysis pause: a
+/// `deny` key refills 100 ms after its last allowed check, so a short burst right after the
+/// pause would find most keys allowed again.
+const VERIFY_FOR: Duration = Duration::from_millis(250);
 
 /// One subject of a row: builds its source and limiter only if the filter selects it (once for
 /// all samples), measures `check` on the row's threads, checks the share of allowed checks,
@@ -184,14 +187,16 @@ fn case<K: TrafficKey, S: Source<K>, L: Sync>(
         }
     });
     if let Some((source, limiter)) = built.get() {
-        let first = source.advance(VERIFY_CHECKS);
-        let allowed = (0..VERIFY_CHECKS)
-            .filter(|&i| source.visit(first.wrapping_add(i), |key| check(limiter, key)))
-            .count();
-        if let Err(e) = row
-            .regime
-            .plausible_share(allowed as f64 / VERIFY_CHECKS as f64)
-        {
+        let (mut checks, mut allowed) = (0usize, 0usize);
+        let deadline = Instant::now() + VERIFY_FOR;
+        while Instant::now() < deadline {
+            let first = source.advance(1024);
+            allowed += (0..1024)
+                .filter(|&i| source.visit(first.wrapping_add(i), |key| check(limiter, key)))
+                .count();
+            checks += 1024;
+        }
+        if let Err(e) = row.regime.plausible_share(allowed as f64 / checks as f64) {
             panic!("{id}: {e}");
         }
     }
