@@ -39,6 +39,10 @@ use subjects::Retained;
 /// Issue 16's tails were measured with 8.4M checks a row.
 const DEFAULT_CHECKS: u64 = 8_400_000;
 
+/// Checks a row when run without `--bench` (by `cargo test --benches`): enough to see every
+/// row run, not to measure.
+const TEST_CHECKS: u64 = 10_000;
+
 struct Options {
     filters: Vec<String>,
     checks: u64,
@@ -54,11 +58,14 @@ fn options() -> Result<Options, String> {
         list: false,
     };
     let mut args = std::env::args().skip(1);
+    let (mut bench, mut checks_given) = (false, false);
     while let Some(arg) = args.next() {
         match arg.as_str() {
-            // cargo bench passes `--bench` to every bench binary.
-            "--bench" => {}
+            // cargo bench passes `--bench` to every bench binary; `cargo test --benches` does
+            // not, and then (as criterion does) this only checks that every row runs.
+            "--bench" => bench = true,
             "--checks" => {
+                checks_given = true;
                 let value = args.next().ok_or("--checks needs a number")?;
                 options.checks = value
                     .replace('_', "")
@@ -80,6 +87,9 @@ fn options() -> Result<Options, String> {
             flag if flag.starts_with('-') => return Err(format!("unknown option {flag}")),
             filter => options.filters.push(filter.to_string()),
         }
+    }
+    if !bench && !checks_given {
+        options.checks = TEST_CHECKS;
     }
     Ok(options)
 }
