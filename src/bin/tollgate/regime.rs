@@ -452,7 +452,7 @@ impl SplitMix {
 
 /// Sequence positions of `n` keys: a uniform draw (Lemire's multiply-shift) or Zipf by
 /// inverse CDF (a binary search in the cumulative weights of ranks 1..=n; rank `k` is key
-/// index `k − 1`). The seed depends only on `n` and the distribution, so the `u64`, `IpAddr`
+/// index `k − 1`). The seed depends only on `n`, so the `u64`, `IpAddr`
 /// and `String` sequences of one size visit the same key indices in the same order.
 pub fn draw_indices(n: usize, distribution: Distribution, len: usize) -> Vec<u32> {
     assert!(n > 0 && n <= u32::MAX as usize, "1 ≤ keys < 2^32");
