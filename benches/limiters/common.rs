@@ -15,13 +15,27 @@ use tollgate::{Gcra, Quota};
 /// The key counts of the keyed groups: (parameter, keys).
 pub const SIZES: [(&str, usize); 3] = [("1k", 1_000), ("100k", 100_000), ("1m", 1_000_000)];
 
-/// Short settings so that the whole suite stays under about ten minutes on two cores.
+/// Short settings so that the whole suite stays under about ten minutes on two cores. A
+/// setting given on the command line (`--warm-up-time`, `--measurement-time`, `--sample-size`)
+/// wins: a group's own setting would otherwise override it, and a quick check of a group
+/// (`-- traffic --warm-up-time 0.05 --measurement-time 0.1 --sample-size 10`) would take the
+/// full time.
 pub fn configure(group: &mut BenchmarkGroup<'_, WallTime>) {
-    group
-        .warm_up_time(Duration::from_millis(800))
-        .measurement_time(Duration::from_secs(3))
-        .sample_size(30)
-        .throughput(Throughput::Elements(1));
+    let args: Vec<String> = std::env::args().collect();
+    let given = |flag: &str| {
+        args.iter()
+            .any(|a| a == flag || a.strip_prefix(flag).is_some_and(|r| r.starts_with('=')))
+    };
+    if !given("--warm-up-time") {
+        group.warm_up_time(Duration::from_millis(800));
+    }
+    if !given("--measurement-time") {
+        group.measurement_time(Duration::from_secs(3));
+    }
+    if !given("--sample-size") {
+        group.sample_size(30);
+    }
+    group.throughput(Throughput::Elements(1));
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -234,9 +248,14 @@ pub type FloorMap = std::collections::HashMap<u64, AtomicU64, foldhash::fast::Ra
 
 /// Every key with the warm-up debt already charged, as for the limiters.
 pub fn floor_map(keys: &Keys, now: u64) -> FloorMap {
+    floor_map_from(&keys.keys, now + WARM_COST as u64 * ALLOW_T)
+}
+
+/// Every key of `keys` with its state (GCRA's TAT) set to `tat`.
+pub fn floor_map_from(keys: &[u64], tat: u64) -> FloorMap {
     let mut map = FloorMap::with_capacity_and_hasher(keys.len(), Default::default());
-    for &key in &keys.keys {
-        map.insert(key, AtomicU64::new(now + WARM_COST as u64 * ALLOW_T));
+    for &key in keys {
+        map.insert(key, AtomicU64::new(tat));
     }
     map
 }

@@ -2,8 +2,9 @@
 //! harness. Each module exposes its groups as functions.
 //!
 //! ```text
-//! cargo bench --bench limiters                        # everything (about 8 minutes)
+//! cargo bench --bench limiters                        # everything (about 15 minutes)
 //! cargo bench --bench limiters -- keyed_gcra/         # one group
+//! cargo bench --bench limiters -- traffic/            # issue 16's matrix (about 7 minutes)
 //! cargo bench --bench limiters -- 'keyed_gcra/tollgate/100k'
 //! ```
 //! See `benches/README.md` for the figures and what every row measures.
@@ -14,12 +15,18 @@ mod algos;
 mod common;
 mod direct;
 mod keyed;
+// The traffic rows, shared with the latency bench and `tollgate bench --regime`.
+#[path = "../../src/bin/tollgate/regime.rs"]
+mod regime;
+mod subjects;
+mod traffic;
 
 criterion_group!(
     benches,
     direct::bench_all,
     keyed::bench_one_thread,
     keyed::bench_two_threads,
-    algos::bench_all
+    algos::bench_all,
+    traffic::bench_all
 );
 criterion_main!(benches);
