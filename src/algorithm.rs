@@ -34,6 +34,10 @@ const TAT_MARKS: Retired = Retired {
     moved: u64::MAX - 1,
 };
 
+/// How far back `evict_if_idle` may judge, in periods: well within the window counters'
+/// readable range (a quarter of the sliding window's 2^23 indices), and no limit in practice.
+const IDLE_HORIZON: u64 = 1 << 20;
+
 /// Both window states have impossible low bits: the fixed window's count (24 bits, `MAX_LIMIT`
 /// = 2^24 − 2) and the sliding window's `cur` (21 bits, at most 2^20 − 1) never are all ones.
 const WINDOW_MARKS: Retired = Retired {
@@ -126,6 +130,12 @@ pub trait Algorithm: Copy + Send + Sync + std::fmt::Debug + 'static + sealed::Se
     /// (a decision lands before and the cell is kept, or sees the tombstone); whether it did.
     #[doc(hidden)]
     fn evict_if_fresh(&self, cell: &Self::Cell, now: Nanos) -> bool;
+
+    /// Retires `cell` if it is fresh at `now` and already was at `since` (≤ `now`): a key left
+    /// unused since then. Atomic as [`Algorithm::evict_if_fresh`]; whether it did. (`since` is
+    /// clamped to at most 2^20 periods before `now`, within what the window counters can read.)
+    #[doc(hidden)]
+    fn evict_if_idle(&self, cell: &Self::Cell, since: Nanos, now: Nanos) -> bool;
 
     /// The rule that takes over from `previous` at `now` when the quota changes.
     #[doc(hidden)]
@@ -272,6 +282,18 @@ macro_rules! word_algorithm {
                 })
                 .is_some()
             }
+            fn evict_if_idle(&self, cell: &AtomicWord, since: Nanos, now: Nanos) -> bool {
+                let marks: Retired = $marks;
+                let since = since
+                    .max(now.saturating_sub(self.period().saturating_mul(IDLE_HORIZON)))
+                    .min(now);
+                cell.retire_if(marks.tombstone, |state| {
+                    !marks.any(state)
+                        && WordRule::is_fresh(self, state, now)
+                        && WordRule::is_fresh(self, state, since)
+                })
+                .is_some()
+            }
             fn take_over(self, previous: &Self, now: Nanos) -> Self {
                 self.take_over(previous, now)
             }
@@ -357,6 +379,10 @@ impl Algorithm for SlidingLog {
     /// A log is never retired in place: its store (dashmap) removes it under the shard's write
     /// lock right after this judgement, with no decision running on it.
     fn evict_if_fresh(&self, cell: &LogCell, now: Nanos) -> bool {
+        Algorithm::is_fresh(self, cell, now)
+    }
+    /// The log keeps the dashmap store, which evicts by sweeps only: judged at `now`.
+    fn evict_if_idle(&self, cell: &LogCell, _since: Nanos, now: Nanos) -> bool {
         Algorithm::is_fresh(self, cell, now)
     }
     fn take_over(self, _previous: &Self, _now: Nanos) -> Self {

@@ -70,25 +70,41 @@ fn a_key_is_evicted_exactly_when_it_is_fresh() {
 }
 
 /// A flood of unique keys over time: keys become fresh and are evicted as new ones need their
-/// room, so the table stays within a small multiple of the keys that still hold state (about
-/// 3×, plus a few slots per shard).
+/// room (those unused since their shard last filled), so the table stays bounded: within a
+/// small multiple of the keys that still hold state, or of what 64 small tables hold (the
+/// window counters, whose keys turn fresh all at once at a window's end, settle there; so may
+/// the others, depending on the hasher's seed).
 #[test]
 fn len_stays_bounded_under_a_flood_of_unique_keys() {
     fn test<A: Algorithm>(rule: A, live_for: u64) {
         let (lim, clock) = keyed::<u64, A>(rule);
         // 10 new keys per ms; each holds state for `live_for` ns, so ~`live_for / 100 µs` live.
         let live = (live_for / (MS / 10)) as usize;
-        let mut peak = 0;
-        for key in 0..60_000u64 {
+        // The peak of keys held in each quarter of a 60 s flood (600k keys).
+        let mut peaks = [0; 4];
+        for key in 0..600_000u64 {
             if key % 10 == 0 {
                 clock.advance_nanos(MS);
             }
             assert!(lim.check(&key).unwrap().allowed());
-            peak = peak.max(lim.len());
+            if key % 64 == 0 {
+                let quarter = &mut peaks[(key / 150_000) as usize];
+                *quarter = (*quarter).max(lim.len());
+            }
         }
-        println!("{}: peak {peak} keys held, {live} holding state", A::NAME);
-        let bound = 3 * live.max(1024) + 64 * 64;
-        assert!(peak <= bound, "{}: peak {peak} > {bound}", A::NAME);
+        println!(
+            "{}: peaks {peaks:?} keys held, {live} holding state",
+            A::NAME
+        );
+        let peak = peaks.iter().copied().max().unwrap_or(0);
+        // Tables settle either near the keys holding state or, at most, where 64 small tables
+        // (1024 slots each) turn into large ones: the bound whatever the flood's length.
+        let bound = (8 * live).max(64 * 1024);
+        assert!(
+            peak <= bound,
+            "{}: peak {peak} > {bound} ({peaks:?})",
+            A::NAME
+        );
         assert!(peak >= live, "{}: the test did hold live keys", A::NAME);
         clock.advance(Duration::from_secs(10));
         let held = lim.len();
@@ -103,6 +119,25 @@ fn len_stays_bounded_under_a_flood_of_unique_keys() {
     test(SlidingLog::new(q).unwrap(), 100 * MS);
 }
 
+/// Clients under their limit come back to a full bucket (their state is fresh at every visit):
+/// once the tables have grown to hold them, no key is evicted, since each was used since its
+/// shard last filled, and a returning client always finds its slot (no insert, no churn).
+#[test]
+fn returning_clients_keep_their_slots() {
+    let rule = Gcra::new(Quota::per_second(1_000_000).unwrap()).unwrap();
+    let (lim, clock) = keyed::<u64, _>(rule);
+    let keys = 20_000u64;
+    for pass in 0..8 {
+        for key in 0..keys {
+            clock.advance_nanos(1_000);
+            assert!(lim.check(&key).unwrap().allowed());
+        }
+        if pass >= 3 {
+            assert_eq!(lim.len(), keys as usize, "pass {pass}: keys were evicted");
+        }
+    }
+}
+
 /// Sweeps never drop a key that still holds state.
 #[test]
 fn sweeps_keep_keys_with_state() {
@@ -112,7 +147,8 @@ fn sweeps_keep_keys_with_state() {
         let capacity = rule.capacity();
         let hot = u64::MAX;
         // Batches of 500 new keys; between batches every key becomes fresh, and the hot key is
-        // exhausted again. Sweeps run as the table passes 1024 keys.
+        // exhausted again. Keys are evicted as tables fill (or swept as the table passes 1024
+        // keys, on the dashmap store).
         for key in 0..6_000u64 {
             if key % 500 == 0 {
                 clock.advance_nanos(fresh_after);
@@ -132,8 +168,8 @@ fn sweeps_keep_keys_with_state() {
             );
         }
         assert!(
-            lim.len() < 3_000,
-            "{}: no sweep ran ({})",
+            lim.len() < 5_500,
+            "{}: no key was evicted ({} held)",
             A::NAME,
             lim.len()
         );

@@ -3,7 +3,7 @@ use std::hash::Hash;
 use std::marker::PhantomData;
 
 use crate::algorithm::{Algorithm, LeakyQueue};
-use crate::clock::{Clock, QuantaClock};
+use crate::clock::{Clock, Nanos, QuantaClock};
 use crate::decision::{Decision, Error};
 use crate::limiter::{Core, Sweep};
 use crate::quota::QuotaError;
@@ -17,14 +17,14 @@ pub use crate::store::table::OverflowPolicy;
 /// # Eviction and memory
 /// A key whose state can no longer be told apart from a fresh key's (a full bucket, an empty
 /// window or log) may be evicted, with no background thread, but only when its memory is
-/// needed: a client that comes back to a full bucket usually finds its slot again.
+/// needed: a client that comes back to a full bucket finds its slot again.
 /// - On the word table (GCRA, the leaky buckets, both window counters), a shard whose table is
-///   full is replaced by a new one sized for the keys still holding state (estimated from a
-///   sample), and the old table is emptied 16 slots per insert into that shard: fresh keys are
-///   evicted, the others moved. No call does more than that fixed amount of eviction and copy
-///   work (plus allocating a new table when it starts one), whatever the number of keys. Under
-///   a flood of unique keys, the keys held stay within a small multiple of the keys holding
-///   state (about 3× in `tests/keyed_store.rs`, plus a few slots per shard).
+///   full is replaced by a new one, and the old table is emptied 16 slots per insert into that
+///   shard: keys fresh and unused since the shard last filled are evicted, the others moved.
+///   No call does more than that fixed amount of eviction and copy work (plus allocating a new
+///   table when it starts one), whatever the number of keys. A shard whose evicted keys come
+///   back grows to hold them; under a flood of unique keys the keys held settle within a small
+///   multiple of the keys holding state, and at most near 50k keys (64 shards of 1024 slots).
 /// - On the dashmap store (the sliding log) the table is swept when it has doubled since the
 ///   last sweep, so it holds at most twice the keys that still hold state; that sweep runs in
 ///   the call that triggers it.
@@ -355,9 +355,12 @@ impl<A: Algorithm, C: Clock, W: Sweep<A>> Evictor<A::Cell> for LimiterEvictor<'_
         self.core.sweep(self.sweep)
     }
 
-    fn judging<R>(&self, f: impl FnOnce(&dyn Fn(&A::Cell) -> bool) -> R) -> Option<R> {
+    fn judging<R>(
+        &self,
+        f: impl FnOnce(Nanos, &dyn Fn(&A::Cell, Nanos) -> bool) -> R,
+    ) -> Option<R> {
         self.core
-            .try_judge(|rule, now| f(&|cell| rule.evict_if_fresh(cell, now)))
+            .try_judge(|rule, now| f(now, &|cell, since| rule.evict_if_idle(cell, since, now)))
     }
 }
 

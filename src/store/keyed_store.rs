@@ -4,6 +4,8 @@
 use std::borrow::Borrow;
 use std::hash::Hash;
 
+use crate::clock::Nanos;
+
 /// A concurrent map from keys to state cells.
 ///
 /// Contract: an admission is never lost to a concurrent eviction or move. Either a cell handed
@@ -85,9 +87,10 @@ pub trait Evictor<V> {
     /// own); returns how many.
     fn sweep(&self) -> usize;
 
-    /// Runs `f` with a judge that retires a cell whose key may go now (a fresh one) and says
-    /// whether it did; `None`, without running `f`, while the rule is being replaced or
+    /// Runs `f` with the current time and a judge `(cell, since)` that retires a cell whose key
+    /// has been fresh since `since` (unused since then: `since = now` for any fresh key) and
+    /// says whether it did; `None`, without running `f`, while the rule is being replaced or
     /// re-anchored (a judge holding a stale rule could misread a state written under the new
     /// one), in which case the store keeps every key.
-    fn judging<R>(&self, f: impl FnOnce(&dyn Fn(&V) -> bool) -> R) -> Option<R>;
+    fn judging<R>(&self, f: impl FnOnce(Nanos, &dyn Fn(&V, Nanos) -> bool) -> R) -> Option<R>;
 }

@@ -25,15 +25,20 @@
 //! # Eviction and growth: a fixed amount of work per insert
 //! A key whose state is fresh (a full bucket, an empty window) is kept as long as its memory is
 //! not needed: a client that comes back finds its slot and pays one CAS. Memory is needed when
-//! an insert finds its shard's table full. The table is then replaced by an empty one, sized
-//! for the live keys plus the inserts that can come before the old one is emptied, and the old
-//! table is **drained**: every later insert into the shard visits the next [`DRAIN_STEP`]
-//! slots, evicting each fresh key it finds (a CAS to the tombstone) and moving the others
-//! (rule 2). No call sweeps or copies a whole table, so no call does more than
-//! `DRAIN_STEP` slots of eviction and copying work, plus the allocation of the new table when
-//! it starts a drain; a table shrinks when most of its keys turned out fresh. Memory: each
-//! shard holds its table, sized for at most 8/5 of the keys it held when it filled (4× while
-//! small), plus the table being drained; a flood of keys that turn fresh never grows it.
+//! an insert finds its shard's table full. The table is then replaced by an empty one and the
+//! old table is **drained**: every later insert into the shard visits the next
+//! [`DRAIN_STEP`] slots, evicting each key that is fresh *and was not used since the table was
+//! last replaced* (a second chance, in time) and moving the others (rule 2). No call sweeps or
+//! copies a whole table, so no call does more than `DRAIN_STEP` slots of eviction and copying
+//! work, plus allocating the new table when it starts a drain.
+//!
+//! The new table is sized for the keys the drain will keep (estimated by judging [`SAMPLE`]
+//! slots), plus the evicted keys that came back during the last cycle (a returning working set
+//! that did not fit: recognised by the [`Ghosts`] fingerprints), plus the inserts until the
+//! drain ends. So the tables grow to hold clients that come back, and do not grow under a
+//! flood of keys that never come back: there they settle near a small multiple of the keys
+//! holding state, and at most near what 64 tables of [`SMALL_SLOTS`] hold (about 50k keys;
+//! `tests/keyed_store.rs` measures both).
 //!
 //! Evicting judges a state against the rule in force: the limiter lends the judge through
 //! [`Evictor`], and withholds it while a quota change or a window re-anchoring runs (the drain
@@ -55,6 +60,7 @@ use std::cell::Cell;
 use std::hash::{BuildHasher, Hash};
 use std::sync::OnceLock;
 
+use crate::clock::Nanos;
 use crate::state::{AtomicWord, Retired};
 use crate::store::{Evictor, Inserted, KeyedStore};
 use crate::sync::{Arc, AtomicUsize, Mutex, Ordering, PerThread};
@@ -74,7 +80,7 @@ const REFILL: (usize, usize) = (5, 8);
 /// instructions, about 33 → 28 ns a check). A large table's lookups are bound by the miss on
 /// the slot, and a fuller table holds more keys per byte (1M keys: 32.6 bytes each).
 const SMALL_FULL: (usize, usize) = (1, 2);
-const SMALL_REFILL: (usize, usize) = (1, 4);
+const SMALL_REFILL: (usize, usize) = (1, 3);
 /// The largest small table, in slots (64 shards of it: 1.5 MiB of 24-byte slots).
 const SMALL_SLOTS: usize = 1024;
 /// Slots of a replaced table that each insert into its shard visits (moves or evicts): the
@@ -160,6 +166,15 @@ struct Shard<K> {
     live: usize,
     /// Where `evict_some` goes on judging `table`.
     hand: usize,
+    /// When `table` last had to be replaced (it was full): a key unused since then may go at
+    /// the next replacement, a key used since is kept.
+    filled_at: Nanos,
+    /// Fingerprints of the keys evicted lately, and how many new keys matched one since the
+    /// table was last replaced.
+    ghosts: Ghosts,
+    returned: usize,
+    /// New keys inserted since the table was last replaced.
+    inserted: usize,
 }
 
 /// A replaced table whose slots before `next` are visited: each live key there has been moved
@@ -167,6 +182,8 @@ struct Shard<K> {
 struct Drain<K> {
     from: Arc<Table<K>>,
     next: usize,
+    /// The drain evicts keys unused since this instant (the table's previous replacement).
+    since: Nanos,
 }
 
 /// Retires a cell whose key may go (a fresh one) and says whether it did.
@@ -176,7 +193,59 @@ type Judge<'j> = dyn FnMut(&AtomicWord) -> bool + 'j;
 enum Visit {
     Empty,
     Moved,
-    Evicted,
+    /// Evicted the key of this hash.
+    Evicted(u64),
+}
+
+/// Fingerprints of the keys a shard evicted lately, in two generations of [`GHOST_BITS`] bits
+/// each (allocated at the first eviction): an insert that finds its key's bit set is (probably)
+/// a key coming back after its eviction. A shard whose evicted keys come back grows instead of
+/// evicting them again (churn); one whose evicted keys never come back (a flood) does not. A
+/// generation turns after [`GHOST_BITS`]` / 8` evictions, so false positives stay below about
+/// one in four, and a shard remembers its last 512 to 1024 evictions.
+#[derive(Default)]
+struct Ghosts {
+    current: Vec<u64>,
+    previous: Vec<u64>,
+    /// Marks in each generation.
+    marks: usize,
+    previous_marks: usize,
+}
+
+/// Bits of a ghost generation (a power of two).
+const GHOST_BITS: usize = 4096;
+
+impl Ghosts {
+    /// The bit of `hash`: bits the table's home slot and shard do not use.
+    fn bit(hash: u64) -> (usize, u64) {
+        let index = (hash >> 20) as usize & (GHOST_BITS - 1);
+        (index / 64, 1 << (index % 64))
+    }
+
+    fn mark(&mut self, hash: u64) {
+        if self.current.is_empty() || self.marks >= GHOST_BITS / 8 {
+            let fresh = vec![0; GHOST_BITS / 64];
+            self.previous = std::mem::replace(&mut self.current, fresh);
+            self.previous_marks = std::mem::take(&mut self.marks);
+        }
+        let (word, bit) = Self::bit(hash);
+        self.current[word] |= bit;
+        self.marks += 1;
+    }
+
+    /// Of `inserts` new keys checked against the ghosts, about how many matched a bit set by
+    /// another key (a false positive): the share of bits set, at most about one in four.
+    fn false_matches(&self, inserts: usize) -> usize {
+        let set = (self.marks + self.previous_marks).min(GHOST_BITS);
+        inserts * set / GHOST_BITS
+    }
+
+    fn seen(&self, hash: u64) -> bool {
+        let (word, bit) = Self::bit(hash);
+        [&self.current, &self.previous]
+            .into_iter()
+            .any(|bits| bits.get(word).is_some_and(|w| w & bit != 0))
+    }
 }
 
 /// Each thread's cached table per shard (see the module docs, rule 3). A lookup takes its
@@ -227,6 +296,10 @@ impl<K: Send + Sync, H> WordTable<K, H> {
                         used: 0,
                         live: 0,
                         hand: 0,
+                        filled_at: 0,
+                        ghosts: Ghosts::default(),
+                        returned: 0,
+                        inserted: 0,
                     })
                 })
                 .collect(),
@@ -260,7 +333,13 @@ impl<K: Clone + Hash + Eq + Send + Sync, H: BuildHasher> WordTable<K, H> {
     /// fresh ones at once), so that a table whose keys are mostly fresh is replaced by one no
     /// larger. With a drain still running (the estimate was low), both tables are merged into
     /// one instead.
-    fn replace_table(&self, shard: &mut Shard<K>, judge: Option<&mut Judge<'_>>, room: usize) {
+    fn replace_table(
+        &self,
+        shard: &mut Shard<K>,
+        judge: Option<&mut Judge<'_>>,
+        room: usize,
+        since: Nanos,
+    ) {
         if shard.drain.is_some() {
             return self.merge(shard, judge, room);
         }
@@ -268,11 +347,22 @@ impl<K: Clone + Hash + Eq + Send + Sync, H: BuildHasher> WordTable<K, H> {
             None => shard.live,
             Some(fresh) => self.estimate_kept(shard, fresh),
         };
+        // Keys that came back after their eviction this cycle belong to the working set: room
+        // for them too, so that the table grows to hold a returning working set.
+        let inserted = std::mem::take(&mut shard.inserted);
+        // (Less twice the false matches expected: a flood, whose keys never come back, must not
+        // grow the table on chance matches.)
+        let returned = std::mem::take(&mut shard.returned)
+            .saturating_sub(2 * shard.ghosts.false_matches(inserted));
         let next = new_table::<K>(sized_for(
-            kept.saturating_add(kept / 4).saturating_add(room),
+            kept.saturating_add(returned).saturating_add(room),
         ));
         let from = std::mem::replace(&mut shard.table, next);
-        shard.drain = Some(Drain { from, next: 0 });
+        shard.drain = Some(Drain {
+            from,
+            next: 0,
+            since,
+        });
         shard.used = 0;
     }
 
@@ -293,7 +383,10 @@ impl<K: Clone + Hash + Eq + Send + Sync, H: BuildHasher> WordTable<K, H> {
             match self.visit(slot, &shard.table, judge.as_deref_mut()) {
                 Visit::Empty => {}
                 Visit::Moved => shard.used += 1,
-                Visit::Evicted => evicted += 1,
+                Visit::Evicted(hash) => {
+                    shard.ghosts.mark(hash);
+                    evicted += 1;
+                }
             }
         }
         shard.live -= evicted;
@@ -314,6 +407,9 @@ impl<K: Clone + Hash + Eq + Send + Sync, H: BuildHasher> WordTable<K, H> {
             sampled += 1;
             if fresh(&slot.state) {
                 shard.live -= 1;
+                if let Some(key) = slot.key.get() {
+                    shard.ghosts.mark(self.hash(key).0);
+                }
             } else {
                 kept += 1;
             }
@@ -346,7 +442,10 @@ impl<K: Clone + Hash + Eq + Send + Sync, H: BuildHasher> WordTable<K, H> {
             match self.visit(&drain.from[drain.next], &shard.table, judge.as_deref_mut()) {
                 Visit::Empty => {}
                 Visit::Moved => shard.used += 1,
-                Visit::Evicted => shard.live -= 1,
+                Visit::Evicted(hash) => {
+                    shard.ghosts.mark(hash);
+                    shard.live -= 1;
+                }
             }
             drain.next += 1;
         }
@@ -366,7 +465,7 @@ impl<K: Clone + Hash + Eq + Send + Sync, H: BuildHasher> WordTable<K, H> {
         // A judge retires the cell itself (one CAS to the tombstone), so an admission racing
         // it either lands first, and the key is not fresh any more, or sees the tombstone.
         if judge.is_some_and(|fresh| fresh(&slot.state)) {
-            return Visit::Evicted;
+            return Visit::Evicted(self.hash(key).0);
         }
         let Some(state) = slot.state.retire_if(retired.moved, |s| !retired.any(s)) else {
             return Visit::Empty; // a tombstone: dropped
@@ -517,9 +616,11 @@ where
         // Each call drains a few slots (a fixed amount of work), evicting fresh keys if the
         // limiter lets it judge now; a drain never waits for a rule change.
         let mut evicted = 0;
-        if shard.drain.is_some() {
+        if let Some(since) = shard.drain.as_ref().map(|drain| drain.since) {
             evicted = evictor
-                .judging(|fresh| self.drain(&mut shard, DRAIN_STEP, Some(&mut |c| fresh(c))))
+                .judging(|_, idle| {
+                    self.drain(&mut shard, DRAIN_STEP, Some(&mut |c| idle(c, since)))
+                })
                 .unwrap_or_else(|| self.drain(&mut shard, DRAIN_STEP, None));
         }
         self.take_from_drain(&mut shard, hash, key);
@@ -533,19 +634,28 @@ where
                 if over_full(shard.used + 1, shard.table.len()) {
                     // The table is full: it is replaced, and the old one drained from now on,
                     // one insert at a time: `room` is the inserts until that drain ends.
+                    // Keys unused since the table's previous replacement may go; the others
+                    // are kept, and the table grows for them.
                     let room = shard.table.len() / DRAIN_STEP + 1;
+                    let since = shard.filled_at;
                     evicted += evictor
-                        .judging(|fresh| {
+                        .judging(|now, idle| {
                             let before = shard.live;
-                            self.replace_table(&mut shard, Some(&mut |c| fresh(c)), room);
+                            shard.filled_at = now;
+                            let judge = &mut |c: &AtomicWord| idle(c, since);
+                            self.replace_table(&mut shard, Some(judge), room, since);
                             before - shard.live
                         })
                         .unwrap_or_else(|| {
-                            self.replace_table(&mut shard, None, room);
+                            self.replace_table(&mut shard, None, room, since);
                             0
                         });
                 }
                 shard.used += 1;
+                shard.inserted += 1;
+                if shard.ghosts.seen(hash) {
+                    shard.returned += 1;
+                }
                 let table = &shard.table;
                 // Absent under the lock, so `find` ends at an empty slot.
                 let slot = match find(table, hash, key) {
@@ -571,8 +681,10 @@ where
     /// one round of the shards and `32 × budget` slots, mostly empty ones in a sparse table):
     /// a fixed amount of work.
     fn evict_some(&self, evictor: &impl Evictor<AtomicWord>, budget: usize) -> usize {
+        // The bound is reached: memory is needed now, so any fresh key may go.
         evictor
-            .judging(|fresh| {
+            .judging(|now, idle| {
+                let fresh = |c: &AtomicWord| idle(c, now);
                 let (mut judged, mut slots, mut evicted) = (0, 0, 0);
                 for _ in 0..SHARDS {
                     if judged >= budget || slots >= 32 * budget {
@@ -620,7 +732,8 @@ where
             removed += gone;
             // Reclaim tombstones once they outnumber the live keys (into a smaller table).
             if shard.used - shard.live > shard.live.max(MIN_CAPACITY) {
-                self.replace_table(&mut shard, None, 0);
+                let since = shard.filled_at;
+                self.replace_table(&mut shard, None, 0, since);
                 self.drain(&mut shard, usize::MAX, None);
             }
         }

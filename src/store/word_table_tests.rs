@@ -1,6 +1,7 @@
 //! Unit tests of the word table (`word_table.rs`), kept apart so that `loom-tests`, which
 //! compiles `word_table.rs` against loom, does not compile them.
 
+use crate::clock::Nanos;
 use crate::state::{AtomicWord, Retired};
 use crate::store::{Evictor, KeyedStore, WordTable};
 
@@ -29,9 +30,12 @@ impl Evictor<AtomicWord> for Judge {
         unreachable!("the word table evicts on its own")
     }
 
-    fn judging<R>(&self, f: impl FnOnce(&dyn Fn(&AtomicWord) -> bool) -> R) -> Option<R> {
+    fn judging<R>(
+        &self,
+        f: impl FnOnce(Nanos, &dyn Fn(&AtomicWord, Nanos) -> bool) -> R,
+    ) -> Option<R> {
         let fresh = self.0?;
-        Some(f(&|cell| {
+        Some(f(0, &|cell, _since| {
             cell.retire_if(MARKS.tombstone, |s| s == fresh).is_some()
         }))
     }

@@ -37,8 +37,15 @@ impl<S: KeyedStore<u64, AtomicWord>> Evictor<AtomicWord> for At<'_, S> {
         self.table.evict_fresh(&self.rule, self.at)
     }
 
-    fn judging<R>(&self, f: impl FnOnce(&dyn Fn(&AtomicWord) -> bool) -> R) -> Option<R> {
-        Some(f(&|cell| self.rule.evict_if_fresh(cell, self.at)))
+    /// Judges every cell as if unused since `at` (any fresh key may go): the models check the
+    /// retire-vs-decide protocol, not which keys a shard keeps.
+    fn judging<R>(
+        &self,
+        f: impl FnOnce(Nanos, &dyn Fn(&AtomicWord, Nanos) -> bool) -> R,
+    ) -> Option<R> {
+        Some(f(self.at, &|cell, _since| {
+            self.rule.evict_if_fresh(cell, self.at)
+        }))
     }
 }
 
