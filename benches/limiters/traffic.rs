@@ -231,11 +231,12 @@ fn iter_threads<K, S: Source<K>>(
                 .map(|t| {
                     let barrier = &barrier;
                     scope.spawn(move || {
-                        let first = base.wrapping_add(t * iters);
                         barrier.wait();
                         let start = Instant::now();
+                        // Interleaved through one stretch (see `regime::run_timed`).
                         for i in 0..iters {
-                            black_box(source.visit(first.wrapping_add(i), check));
+                            let at = base.wrapping_add(i * threads + t);
+                            black_box(source.visit(at, check));
                         }
                         start.elapsed()
                     })

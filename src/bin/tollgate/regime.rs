@@ -755,9 +755,10 @@ impl Tails {
     }
 }
 
-/// `threads` threads make `checks` checks in all (an equal share each, from their own places
-/// in `source`), each check timed on its own into the thread's histogram; the histograms are
-/// merged at the end.
+/// `threads` threads make `checks` checks in all (an equal share each, interleaved through one
+/// stretch of `source`, so that a key comes back no sooner than with one thread: separate
+/// stretches of a cyclic sequence could line the threads up on the same keys), each check
+/// timed on its own into the thread's histogram; the histograms are merged at the end.
 pub fn run_timed<K, S: Source<K>>(
     threads: usize,
     checks: u64,
@@ -768,17 +769,18 @@ pub fn run_timed<K, S: Source<K>>(
     let per_thread = (checks / threads as u64).max(1) as usize;
     let barrier = Barrier::new(threads);
     let mut all = Tails::new();
+    let base = source.advance(per_thread * threads);
     std::thread::scope(|scope| {
         let handles: Vec<_> = (0..threads)
-            .map(|_| {
+            .map(|t| {
                 let (barrier, check) = (&barrier, &check);
                 scope.spawn(move || {
                     let mut tails = Tails::new();
-                    let first = source.advance(per_thread);
                     barrier.wait();
                     let start = Instant::now();
                     for i in 0..per_thread {
-                        let (ok, ns) = source.visit(first.wrapping_add(i), |key| {
+                        let at = base.wrapping_add(i * threads + t);
+                        let (ok, ns) = source.visit(at, |key| {
                             let before = clock.raw();
                             let ok = check(key);
                             let after = clock.raw();
