@@ -230,16 +230,7 @@ where
             // sweep at `usize::MAX`, i.e. never (loom: `key_evicted_before_it_is_counted`).
             // Relaxed: a counter; no memory is published through it.
             self.keys.fetch_add(1, Ordering::Relaxed);
-            let (decision, done) =
-                self.store
-                    .with_inserted(key, |cell| rule.acquire(cell, &now, cost, true), evictor);
-            // Relaxed: gives back the place counted above if unused, and the places of keys
-            // evicted (after they are gone); a counter.
-            self.keys.fetch_sub(
-                usize::from(!done.inserted) + done.evicted,
-                Ordering::Relaxed,
-            );
-            return Ok(decision);
+            return Ok(self.insert_in_place(key, rule, now, cost, evictor));
         };
         // Reserve a place first, and only below the bound, so that racing inserts cannot
         // overshoot it, not even for an instant (`len()` never reads above `max_keys`).
@@ -266,16 +257,33 @@ where
                 OverflowPolicy::Shared => Ok(rule.acquire(&self.overflow, &now, cost, true)),
             };
         }
+        Ok(self.insert_in_place(key, rule, now, cost, evictor))
+    }
+
+    /// Decides on `key`'s cell, inserting it into the place counted for it in `keys`; gives
+    /// the place back if the key was there already, and uncounts the keys the store evicted.
+    fn insert_in_place<Q, A>(
+        &self,
+        key: &Q,
+        rule: &A,
+        now: impl Fn() -> Nanos,
+        cost: u64,
+        evictor: &impl Evictor<V>,
+    ) -> Decision
+    where
+        A: Algorithm<Cell = V>,
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
         let (decision, done) =
             self.store
                 .with_inserted(key, |cell| rule.acquire(cell, &now, cost, true), evictor);
-        // Relaxed: gives back the place reserved above if unused, and the places of keys
-        // evicted (after they are gone); a counter.
+        // Relaxed: a counter; evicted keys are uncounted after they are gone (see `keys`).
         self.keys.fetch_sub(
             usize::from(!done.inserted) + done.evicted,
             Ordering::Relaxed,
         );
-        Ok(decision)
+        decision
     }
 
     /// At the bound, for a store that evicts on its own: a step of its eviction hand (a fixed
