@@ -22,4 +22,4 @@ mod word_table_tests;
 
 pub use self::dashmap::DashMapStore;
 pub use self::keyed_store::{Evictor, Inserted, KeyedStore};
-pub use self::word_table::WordTable;
+pub use self::word_table::{WordTable, DEFAULT_EVICT_ABOVE};

@@ -25,6 +25,20 @@ fn keyed<K: Clone + std::hash::Hash + Eq + Send + Sync, A: Algorithm>(
     )
 }
 
+/// A limiter whose store keeps at most about `keys` idle keys (`evict_above`).
+fn evicting<A: Algorithm>(
+    rule: A,
+    keys: usize,
+) -> (KeyedLimiter<u64, A, ManualClock>, ManualClock) {
+    let clock = ManualClock::new();
+    let limiter = KeyedLimiter::<u64, A>::builder(rule)
+        .clock(clock.clone())
+        .evict_above(keys)
+        .build()
+        .unwrap();
+    (limiter, clock)
+}
+
 fn bounded<A: Algorithm>(
     rule: A,
     max_keys: usize,
@@ -69,15 +83,16 @@ fn a_key_is_evicted_exactly_when_it_is_fresh() {
     test(SlidingLog::new(q).unwrap(), 1_010 * MS, 1_110 * MS);
 }
 
-/// A flood of unique keys over time: keys become fresh and are evicted as new ones need their
-/// room (those unused since their shard last filled), so the table stays bounded: within a
-/// small multiple of the keys that still hold state, or of what 64 small tables hold (the
-/// window counters, whose keys turn fresh all at once at a window's end, settle there; so may
-/// the others, depending on the hasher's seed).
+/// A flood of unique keys over time: once the word table holds `evict_above` keys, keys that
+/// became fresh are evicted as new ones need their room (those unused since their shard last
+/// filled), so the table stays bounded near `evict_above` plus the keys that still hold state.
+/// (The sliding log's dashmap store sweeps instead when it has doubled: within a small multiple
+/// of the keys holding state.)
 #[test]
 fn len_stays_bounded_under_a_flood_of_unique_keys() {
+    const EVICT_ABOVE: usize = 20_000;
     fn test<A: Algorithm>(rule: A, live_for: u64) {
-        let (lim, clock) = keyed::<u64, A>(rule);
+        let (lim, clock) = evicting::<A>(rule, EVICT_ABOVE);
         // 10 new keys per ms; each holds state for `live_for` ns, so ~`live_for / 100 µs` live.
         let live = (live_for / (MS / 10)) as usize;
         // The peak of keys held in each quarter of a 60 s flood (600k keys).
@@ -97,9 +112,9 @@ fn len_stays_bounded_under_a_flood_of_unique_keys() {
             A::NAME
         );
         let peak = peaks.iter().copied().max().unwrap_or(0);
-        // Tables settle either near the keys holding state or, at most, where 64 small tables
-        // (1024 slots each) turn into large ones: the bound whatever the flood's length.
-        let bound = (8 * live).max(64 * 1024);
+        // Each shard holds its share of `evict_above` (or the keys it keeps, if more), and
+        // the keys of its drain not visited yet: at most about twice that.
+        let bound = 2 * (EVICT_ABOVE + live) + 64 * 64;
         assert!(
             peak <= bound,
             "{}: peak {peak} > {bound} ({peaks:?})",
@@ -142,7 +157,7 @@ fn returning_clients_keep_their_slots() {
 #[test]
 fn sweeps_keep_keys_with_state() {
     fn test<A: Algorithm>(rule: A, fresh_after: u64) {
-        let (lim, clock) = keyed::<u64, A>(rule);
+        let (lim, clock) = evicting::<A>(rule, 1_000);
         clock.set(SEC);
         let capacity = rule.capacity();
         let hot = u64::MAX;

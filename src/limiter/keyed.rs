@@ -98,6 +98,7 @@ pub struct KeyedLimiterBuilder<K, A, C> {
     rule: A,
     clock: C,
     max_keys: Option<(usize, OverflowPolicy)>,
+    evict_above: Option<usize>,
     _keys: PhantomData<fn(K)>,
 }
 
@@ -108,6 +109,7 @@ impl<K, A: Algorithm, C: Clock> KeyedLimiterBuilder<K, A, C> {
             rule: self.rule,
             clock,
             max_keys: self.max_keys,
+            evict_above: self.evict_above,
             _keys: PhantomData,
         }
     }
@@ -116,6 +118,31 @@ impl<K, A: Algorithm, C: Clock> KeyedLimiterBuilder<K, A, C> {
     /// beyond it.
     pub fn max_keys(mut self, max_keys: usize, policy: OverflowPolicy) -> Self {
         self.max_keys = Some((max_keys.max(1), policy));
+        self
+    }
+
+    /// Keeps every key, fresh or not, until the limiter holds about `keys` keys (default
+    /// [`DEFAULT_EVICT_ABOVE`](crate::store::DEFAULT_EVICT_ABOVE), 2^21): below that, the
+    /// word table grows as a hash map does, so clients that come back to a full bucket always
+    /// find their slot. Above it, a full shard table evicts keys that are fresh and were not
+    /// used since it last filled, so that a flood of unique keys holds about `keys` keys
+    /// (plus those still holding state). A soft bound, per shard; [`max_keys`] is the hard
+    /// one. The dashmap store (the sliding log) ignores it.
+    ///
+    /// # Examples
+    /// ```
+    /// use tollgate::{Gcra, KeyedLimiter, Quota};
+    /// // A server with few clients: hold at most about 10k idle keys.
+    /// let limiter = KeyedLimiter::<u64, _>::builder(Gcra::new(Quota::per_second(5)?)?)
+    ///     .evict_above(10_000)
+    ///     .build()?;
+    /// assert!(limiter.check(&1).unwrap().allowed());
+    /// # Ok::<(), tollgate::QuotaError>(())
+    /// ```
+    ///
+    /// [`max_keys`]: KeyedLimiterBuilder::max_keys
+    pub fn evict_above(mut self, keys: usize) -> Self {
+        self.evict_above = Some(keys);
         self
     }
 
@@ -152,6 +179,10 @@ impl<K, A: Algorithm, C: Clock> KeyedLimiterBuilder<K, A, C> {
         K: Hash + Eq + Send + Sync,
         S: KeyedStore<K, A::Cell>,
     {
+        let mut store = store;
+        if let Some(keys) = self.evict_above {
+            store.set_evict_above(keys);
+        }
         Ok(KeyedLimiter {
             core: Core::new(self.rule, self.clock)?,
             table: KeyTable::new(store, self.max_keys),
@@ -174,6 +205,7 @@ impl<K: Clone + Hash + Eq + Send + Sync, A: Algorithm> KeyedLimiter<K, A> {
             rule,
             clock: QuantaClock::new(),
             max_keys: None,
+            evict_above: None,
             _keys: PhantomData,
         }
     }

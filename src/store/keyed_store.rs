@@ -58,6 +58,11 @@ pub trait KeyedStore<K, V>: Send + Sync {
         0
     }
 
+    /// For a store that evicts on its own: keep every key until the store holds about `keys`
+    /// (see [`KeyedLimiterBuilder::evict_above`](crate::KeyedLimiterBuilder::evict_above)).
+    /// Other stores ignore it.
+    fn set_evict_above(&mut self, _keys: usize) {}
+
     /// Keeps only the cells for which `keep` is true; returns how many were removed. `keep`
     /// retires a cell it rejects (`Algorithm::evict_if_fresh`), so a store may leave it in
     /// place as a tombstone rather than unlink it at once.

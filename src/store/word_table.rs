@@ -22,23 +22,26 @@
 //!    (its cache is refreshed under the shard lock), and a key missing or tombstoned there is
 //!    looked up again under the lock, in the current table and in the table being drained.
 //!
-//! # Eviction and growth: a fixed amount of work per insert
+//! # Eviction and growth: a fixed amount of work per call
 //! A key whose state is fresh (a full bucket, an empty window) is kept as long as its memory is
-//! not needed: a client that comes back finds its slot and pays one CAS. Memory is needed when
-//! an insert finds its shard's table full. The table is then replaced by an empty one and the
-//! old table is **drained**: every later insert into the shard visits the next
-//! [`DRAIN_STEP`] slots, evicting each key that is fresh *and was not used since the table was
-//! last replaced* (a second chance, in time) and moving the others (rule 2). No call sweeps or
-//! copies a whole table, so no call does more than `DRAIN_STEP` slots of eviction and copying
-//! work, plus allocating the new table when it starts a drain.
+//! not needed: a client that comes back finds its slot and pays one CAS. When an insert finds
+//! its shard's table full, the table is replaced by an empty one and the old table is
+//! **drained**: every later insert into the shard, and every lookup that misses the new table,
+//! visits the next [`DRAIN_STEP`] slots of the old one. No call sweeps or copies a whole table,
+//! so no call does more than `DRAIN_STEP` slots of eviction and copying work, plus allocating
+//! the new table when it starts a drain.
 //!
-//! The new table is sized for the keys the drain will keep (estimated by judging [`SAMPLE`]
-//! slots), plus the evicted keys that came back during the last cycle (a returning working set
-//! that did not fit: recognised by the [`Ghosts`] fingerprints), plus the inserts until the
-//! drain ends. So the tables grow to hold clients that come back, and do not grow under a
-//! flood of keys that never come back: there they settle near a small multiple of the keys
-//! holding state, and at most near what 64 tables of [`SMALL_SLOTS`] hold (about 50k keys;
-//! `tests/keyed_store.rs` measures both).
+//! - **Below** the store's share of [`KeyedStore::set_evict_above`] (by default
+//!   [`DEFAULT_EVICT_ABOVE`] keys), the new table is larger, sized for every live key to fill
+//!   it to 5/8, and the drain moves every key: the store grows as a hash map does, and keeps
+//!   every client, fresh or not.
+//! - **At or above it**, memory is what is needed: the drain evicts each key that is fresh *and
+//!   was not used since the table was last replaced* (a second chance, in time) and moves the
+//!   others (rule 2). The new table is sized for the keys the drain will keep (estimated by
+//!   judging [`SAMPLE`] slots), and never below the share: a smaller table would fill again
+//!   sooner, and its shorter cycles would evict clients that come back (session 6's tables
+//!   collapsed so, to a few slots, with 1,500 keys a shard cycling through them). Under a
+//!   flood of unique keys the store so holds about `evict_above` keys plus those holding state.
 //!
 //! Evicting judges a state against the rule in force: the limiter lends the judge through
 //! [`Evictor`], and withholds it while a quota change or a window re-anchoring runs (the drain
@@ -71,9 +74,9 @@ const SHARD_BITS: u32 = SHARDS.trailing_zeros();
 /// The smallest table a shard holds.
 const MIN_CAPACITY: usize = 8;
 /// A shard is rebuilt before its used slots (live keys and tombstones) exceed 7/8 of its
-/// table, into a table that the live keys fill to 5/8 ...
+/// table, into a table that the live keys fill to 11/16 ...
 const FULL: (usize, usize) = (7, 8);
-const REFILL: (usize, usize) = (5, 8);
+const REFILL: (usize, usize) = (11, 16);
 /// ... except a small table, which stays at most half full (rebuilt before 1/2, refilled to
 /// 1/4): its slots stay in cache whatever their number, and a lookup's probe then nearly always
 /// ends at the home slot, so the probe loop's exit is predicted (1k keys: 217 → 206
@@ -86,6 +89,10 @@ const SMALL_SLOTS: usize = 1024;
 /// Slots of a replaced table that each insert into its shard visits (moves or evicts): the
 /// most eviction and copying work any one call does, whatever the table's size.
 const DRAIN_STEP: usize = 16;
+/// Keys a store holds before it evicts fresh ones, by default (see
+/// [`KeyedLimiterBuilder::evict_above`](crate::KeyedLimiterBuilder::evict_above)): about 80 MB
+/// of `u64` keys.
+pub const DEFAULT_EVICT_ABOVE: usize = 1 << 21;
 /// Slots judged to estimate how many keys of a full table are fresh, before sizing its
 /// replacement.
 const SAMPLE: usize = 32;
@@ -104,6 +111,16 @@ fn sized_for(keys: usize) -> usize {
         small
     } else {
         (keys * REFILL.1 / REFILL.0 + 1).max(SMALL_SLOTS + 1)
+    }
+}
+
+/// The slots of the smallest table that holds `keys` keys before it is `over_full`.
+fn holding(keys: usize) -> usize {
+    let small = keys * SMALL_FULL.1 / SMALL_FULL.0;
+    if small <= SMALL_SLOTS {
+        small
+    } else {
+        (keys * FULL.1 / FULL.0).max(SMALL_SLOTS + 1)
     }
 }
 
@@ -169,12 +186,6 @@ struct Shard<K> {
     /// When `table` last had to be replaced (it was full): a key unused since then may go at
     /// the next replacement, a key used since is kept.
     filled_at: Nanos,
-    /// Fingerprints of the keys evicted lately, and how many new keys matched one since the
-    /// table was last replaced.
-    ghosts: Ghosts,
-    returned: usize,
-    /// New keys inserted since the table was last replaced.
-    inserted: usize,
 }
 
 /// A replaced table whose slots before `next` are visited: each live key there has been moved
@@ -182,8 +193,12 @@ struct Shard<K> {
 struct Drain<K> {
     from: Arc<Table<K>>,
     next: usize,
-    /// The drain evicts keys unused since this instant (the table's previous replacement).
-    since: Nanos,
+    /// The drain evicts keys unused since this instant (the table's previous replacement);
+    /// `None`: it moves every key (the table grew).
+    since: Option<Nanos>,
+    /// Live keys not visited yet: the drain ends (and its table is freed) when none is left,
+    /// even if no call visits the empty slots after the last one.
+    left: usize,
 }
 
 /// Retires a cell whose key may go (a fresh one) and says whether it did.
@@ -193,59 +208,7 @@ type Judge<'j> = dyn FnMut(&AtomicWord) -> bool + 'j;
 enum Visit {
     Empty,
     Moved,
-    /// Evicted the key of this hash.
-    Evicted(u64),
-}
-
-/// Fingerprints of the keys a shard evicted lately, in two generations of [`GHOST_BITS`] bits
-/// each (allocated at the first eviction): an insert that finds its key's bit set is (probably)
-/// a key coming back after its eviction. A shard whose evicted keys come back grows instead of
-/// evicting them again (churn); one whose evicted keys never come back (a flood) does not. A
-/// generation turns after [`GHOST_BITS`]` / 8` evictions, so false positives stay below about
-/// one in four, and a shard remembers its last 512 to 1024 evictions.
-#[derive(Default)]
-struct Ghosts {
-    current: Vec<u64>,
-    previous: Vec<u64>,
-    /// Marks in each generation.
-    marks: usize,
-    previous_marks: usize,
-}
-
-/// Bits of a ghost generation (a power of two).
-const GHOST_BITS: usize = 4096;
-
-impl Ghosts {
-    /// The bit of `hash`: bits the table's home slot and shard do not use.
-    fn bit(hash: u64) -> (usize, u64) {
-        let index = (hash >> 20) as usize & (GHOST_BITS - 1);
-        (index / 64, 1 << (index % 64))
-    }
-
-    fn mark(&mut self, hash: u64) {
-        if self.current.is_empty() || self.marks >= GHOST_BITS / 8 {
-            let fresh = vec![0; GHOST_BITS / 64];
-            self.previous = std::mem::replace(&mut self.current, fresh);
-            self.previous_marks = std::mem::take(&mut self.marks);
-        }
-        let (word, bit) = Self::bit(hash);
-        self.current[word] |= bit;
-        self.marks += 1;
-    }
-
-    /// Of `inserts` new keys checked against the ghosts, about how many matched a bit set by
-    /// another key (a false positive): the share of bits set, at most about one in four.
-    fn false_matches(&self, inserts: usize) -> usize {
-        let set = (self.marks + self.previous_marks).min(GHOST_BITS);
-        inserts * set / GHOST_BITS
-    }
-
-    fn seen(&self, hash: u64) -> bool {
-        let (word, bit) = Self::bit(hash);
-        [&self.current, &self.previous]
-            .into_iter()
-            .any(|bits| bits.get(word).is_some_and(|w| w & bit != 0))
-    }
+    Evicted,
 }
 
 /// Each thread's cached table per shard (see the module docs, rule 3). A lookup takes its
@@ -270,6 +233,8 @@ pub struct WordTable<K: Send + Sync, H> {
     hasher: H,
     retired: Retired,
     cache: PerThread<Cache<K>>,
+    /// Live keys a shard holds before it evicts fresh ones (its share of `evict_above`).
+    keep: usize,
 }
 
 impl<K: Send + Sync, H> std::fmt::Debug for WordTable<K, H> {
@@ -297,9 +262,6 @@ impl<K: Send + Sync, H> WordTable<K, H> {
                         live: 0,
                         hand: 0,
                         filled_at: 0,
-                        ghosts: Ghosts::default(),
-                        returned: 0,
-                        inserted: 0,
                     })
                 })
                 .collect(),
@@ -307,6 +269,7 @@ impl<K: Send + Sync, H> WordTable<K, H> {
             hasher,
             retired,
             cache: PerThread::new(),
+            keep: DEFAULT_EVICT_ABOVE / SHARDS,
         }
     }
 
@@ -327,12 +290,14 @@ impl<K: Send + Sync, H: BuildHasher> WordTable<K, H> {
 }
 
 impl<K: Clone + Hash + Eq + Send + Sync, H: BuildHasher> WordTable<K, H> {
-    /// Replaces `shard`'s table by an empty one and starts draining the old one. The new table
-    /// is sized for the keys the drain will keep plus `room` inserts: with a judge, the keys
-    /// kept are estimated by judging [`SAMPLE`] slots spread over the old table (evicting the
-    /// fresh ones at once), so that a table whose keys are mostly fresh is replaced by one no
-    /// larger. With a drain still running (the estimate was low), both tables are merged into
-    /// one instead.
+    /// Replaces `shard`'s table by an empty one and starts draining the old one. Below the
+    /// store's [`WordTable::evict_above`] share, the new table holds every live key plus `room`
+    /// inserts, as a hash map grows. At or above it, fresh keys unused since `since` may go:
+    /// the keys kept are estimated by judging [`SAMPLE`] slots spread over the old table
+    /// (evicting the fresh ones at once), and the new table is sized for them, or to hold the
+    /// share if that is more (the store does not shrink below what it may hold: a smaller
+    /// table's short cycles would evict clients that come back). With a drain still running
+    /// (the estimate was low), both tables are merged into one instead.
     fn replace_table(
         &self,
         shard: &mut Shard<K>,
@@ -343,25 +308,24 @@ impl<K: Clone + Hash + Eq + Send + Sync, H: BuildHasher> WordTable<K, H> {
         if shard.drain.is_some() {
             return self.merge(shard, judge, room);
         }
-        let kept = match judge {
-            None => shard.live,
-            Some(fresh) => self.estimate_kept(shard, fresh),
+        let (slots, since) = match judge {
+            Some(fresh) if shard.live >= self.keep => {
+                let kept = self.estimate_kept(shard, fresh);
+                // Room for the inserts until the drain ends, and as many after it.
+                let slots = holding(kept.saturating_add(2 * room).max(self.keep));
+                (slots, Some(since))
+            }
+            // (No room for the drain's inserts here: the larger table takes a quarter of its
+            // keys in inserts before it fills, and the drain ends after a sixteenth.)
+            _ => (sized_for(shard.live), None),
         };
-        // Keys that came back after their eviction this cycle belong to the working set: room
-        // for them too, so that the table grows to hold a returning working set.
-        let inserted = std::mem::take(&mut shard.inserted);
-        // (Less twice the false matches expected: a flood, whose keys never come back, must not
-        // grow the table on chance matches.)
-        let returned = std::mem::take(&mut shard.returned)
-            .saturating_sub(2 * shard.ghosts.false_matches(inserted));
-        let next = new_table::<K>(sized_for(
-            kept.saturating_add(returned).saturating_add(room),
-        ));
+        let next = new_table::<K>(slots);
         let from = std::mem::replace(&mut shard.table, next);
         shard.drain = Some(Drain {
             from,
             next: 0,
             since,
+            left: shard.live,
         });
         shard.used = 0;
     }
@@ -383,10 +347,7 @@ impl<K: Clone + Hash + Eq + Send + Sync, H: BuildHasher> WordTable<K, H> {
             match self.visit(slot, &shard.table, judge.as_deref_mut()) {
                 Visit::Empty => {}
                 Visit::Moved => shard.used += 1,
-                Visit::Evicted(hash) => {
-                    shard.ghosts.mark(hash);
-                    evicted += 1;
-                }
+                Visit::Evicted => evicted += 1,
             }
         }
         shard.live -= evicted;
@@ -407,9 +368,6 @@ impl<K: Clone + Hash + Eq + Send + Sync, H: BuildHasher> WordTable<K, H> {
             sampled += 1;
             if fresh(&slot.state) {
                 shard.live -= 1;
-                if let Some(key) = slot.key.get() {
-                    shard.ghosts.mark(self.hash(key).0);
-                }
             } else {
                 kept += 1;
             }
@@ -441,15 +399,18 @@ impl<K: Clone + Hash + Eq + Send + Sync, H: BuildHasher> WordTable<K, H> {
             }
             match self.visit(&drain.from[drain.next], &shard.table, judge.as_deref_mut()) {
                 Visit::Empty => {}
-                Visit::Moved => shard.used += 1,
-                Visit::Evicted(hash) => {
-                    shard.ghosts.mark(hash);
+                Visit::Moved => {
+                    shard.used += 1;
+                    drain.left -= 1;
+                }
+                Visit::Evicted => {
                     shard.live -= 1;
+                    drain.left -= 1;
                 }
             }
             drain.next += 1;
         }
-        if end < drain.from.len() {
+        if end < drain.from.len() && drain.left > 0 {
             shard.drain = Some(drain);
         }
         live - shard.live
@@ -465,7 +426,7 @@ impl<K: Clone + Hash + Eq + Send + Sync, H: BuildHasher> WordTable<K, H> {
         // A judge retires the cell itself (one CAS to the tombstone), so an admission racing
         // it either lands first, and the key is not fresh any more, or sees the tombstone.
         if judge.is_some_and(|fresh| fresh(&slot.state)) {
-            return Visit::Evicted(self.hash(key).0);
+            return Visit::Evicted;
         }
         let Some(state) = slot.state.retire_if(retired.moved, |s| !retired.any(s)) else {
             return Visit::Empty; // a tombstone: dropped
@@ -488,7 +449,9 @@ impl<K: Clone + Hash + Eq + Send + Sync, H: BuildHasher> WordTable<K, H> {
         K: Borrow<Q>,
         Q: Eq + ?Sized,
     {
-        let Some(drain) = &shard.drain else { return };
+        let Some(drain) = &mut shard.drain else {
+            return;
+        };
         let Ok(slot) = find(&drain.from, hash, key) else {
             return;
         };
@@ -498,6 +461,10 @@ impl<K: Clone + Hash + Eq + Send + Sync, H: BuildHasher> WordTable<K, H> {
         }
         if let Visit::Moved = self.visit(slot, &shard.table, None) {
             shard.used += 1;
+            drain.left -= 1;
+            if drain.left == 0 {
+                shard.drain = None;
+            }
         }
     }
 
@@ -518,6 +485,9 @@ impl<K: Clone + Hash + Eq + Send + Sync, H: BuildHasher> WordTable<K, H> {
     {
         let mut shard = self.shards[index].lock();
         self.take_from_drain(&mut shard, hash, key);
+        // Lookups drain too (moving keys only: no judge here), so that a drain ends, and its
+        // table is freed, even when no insert comes.
+        self.drain(&mut shard, DRAIN_STEP, None);
         let slot = find(&shard.table, hash, key).ok()?;
         // Under the lock the cell is neither moved nor evicted: `f` sees a live state or a
         // tombstone (absent).
@@ -617,9 +587,11 @@ where
         // limiter lets it judge now; a drain never waits for a rule change.
         let mut evicted = 0;
         if let Some(since) = shard.drain.as_ref().map(|drain| drain.since) {
-            evicted = evictor
-                .judging(|_, idle| {
-                    self.drain(&mut shard, DRAIN_STEP, Some(&mut |c| idle(c, since)))
+            evicted = since
+                .and_then(|since| {
+                    evictor.judging(|_, idle| {
+                        self.drain(&mut shard, DRAIN_STEP, Some(&mut |c| idle(c, since)))
+                    })
                 })
                 .unwrap_or_else(|| self.drain(&mut shard, DRAIN_STEP, None));
         }
@@ -633,9 +605,9 @@ where
             Err(_) => {
                 if over_full(shard.used + 1, shard.table.len()) {
                     // The table is full: it is replaced, and the old one drained from now on,
-                    // one insert at a time: `room` is the inserts until that drain ends.
-                    // Keys unused since the table's previous replacement may go; the others
-                    // are kept, and the table grows for them.
+                    // a few slots per call: `room` is the inserts until that drain ends. Above
+                    // the shard's share of `evict_above`, keys unused since the table's previous
+                    // replacement may go.
                     let room = shard.table.len() / DRAIN_STEP + 1;
                     let since = shard.filled_at;
                     evicted += evictor
@@ -652,10 +624,6 @@ where
                         });
                 }
                 shard.used += 1;
-                shard.inserted += 1;
-                if shard.ghosts.seen(hash) {
-                    shard.returned += 1;
-                }
                 let table = &shard.table;
                 // Absent under the lock, so `find` ends at an empty slot.
                 let slot = match find(table, hash, key) {
@@ -682,6 +650,7 @@ where
     /// a fixed amount of work.
     fn evict_some(&self, evictor: &impl Evictor<AtomicWord>, budget: usize) -> usize {
         // The bound is reached: memory is needed now, so any fresh key may go.
+        let retired = self.retired;
         evictor
             .judging(|now, idle| {
                 let fresh = |c: &AtomicWord| idle(c, now);
@@ -699,7 +668,9 @@ where
                     let (start, take) = (shard.hand % len, len.min(32 * budget - slots));
                     let mut gone = 0;
                     for slot in shard.table.iter().cycle().skip(start).take(take) {
-                        if slot.key.get().is_some() {
+                        // Only live keys count as judged: a run of tombstones (the hand's own,
+                        // kept until the table is next replaced) must not end the step.
+                        if slot.key.get().is_some() && !retired.any(slot.state.load()) {
                             judged += 1;
                             gone += usize::from(fresh(&slot.state));
                         }
@@ -712,6 +683,15 @@ where
                 evicted
             })
             .unwrap_or(0)
+    }
+
+    /// Keeps every key, fresh or not, until the store holds about `keys` keys (each shard its
+    /// share): below that, a full table grows, as a hash map's does; above it, a full table is
+    /// replaced by one of the same size and evicts keys that are fresh and were not used since
+    /// it last filled. Memory under a flood of unique keys is then bounded by about `keys`
+    /// keys plus those holding state. The default is [`DEFAULT_EVICT_ABOVE`].
+    fn set_evict_above(&mut self, keys: usize) {
+        self.keep = keys.div_ceil(SHARDS).max(1);
     }
 
     fn retain(&self, mut keep: impl FnMut(&AtomicWord) -> bool) -> usize {

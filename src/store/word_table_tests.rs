@@ -16,6 +16,13 @@ fn store() -> Store {
     WordTable::new(MARKS, foldhash::fast::RandomState::default())
 }
 
+/// A store whose shards evict fresh keys as soon as they fill (`evict_above` of one key each).
+fn evicting_store() -> Store {
+    let mut store = store();
+    store.set_evict_above(1);
+    store
+}
+
 /// Adds `n` to a live cell, as a decision would (`None` if retired).
 fn add(cell: &AtomicWord, n: u64) -> Option<u64> {
     cell.try_update(|| 0, |s, _| (s + n, s + n), |s| MARKS.any(s))
@@ -174,7 +181,7 @@ fn tables_grow_geometrically_across_the_small_limit() {
 /// every drain.
 #[test]
 fn a_full_table_evicts_fresh_keys_instead_of_growing() {
-    let store = store();
+    let store = evicting_store();
     let keys = 400_000u64;
     for key in 0..keys {
         insert(&store, key, u64::from(key % 1000 == 0), &EVICT_ZERO);
@@ -222,7 +229,7 @@ fn keys_still_in_a_drain_are_found() {
 /// sized for every live key instead, and no key is lost (nor does a probe loop forever).
 #[test]
 fn a_drain_that_would_overfill_its_table_merges() {
-    let store = store();
+    let store = evicting_store();
     let mut key = 0u64;
     while key < 20_000 {
         insert(&store, key, 0, &KEEP_ALL);
@@ -257,4 +264,33 @@ fn a_drain_that_would_overfill_its_table_merges() {
         "the small table was merged into a larger one"
     );
     assert_eq!(store.draining(), 0, "merged, not drained");
+}
+
+/// Below `evict_above` the tables grow as a hash map's: after a drain, between 11/16 and 7/8 of
+/// each large table holds keys (at most 1.46 slots a key), and lookups alone end the drains
+/// that inserts left running, freeing their tables.
+#[test]
+fn tables_stay_dense_and_lookups_end_drains() {
+    let store = store();
+    let mut next = 0u64;
+    for keys in [100_000u64, 150_000, 230_000] {
+        while next < keys {
+            insert(&store, next, 1, &KEEP_ALL);
+            next += 1;
+        }
+        for key in 0..keys {
+            assert_eq!(get(&store, key), Some(1), "key {key}");
+        }
+        assert_eq!(
+            store.draining(),
+            0,
+            "{keys} keys: a drain still holds its table"
+        );
+        let slots = capacity(&store);
+        assert!(
+            slots as u64 * 11 <= keys * 16 + 64 * 11,
+            "{keys} keys in {slots} slots"
+        );
+        assert!(slots as u64 * 7 >= keys * 8, "{keys} keys in {slots} slots");
+    }
 }

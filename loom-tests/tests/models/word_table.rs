@@ -38,6 +38,13 @@ fn table() -> Table {
     KeyTable::new(WordTable::new(MARKS, Hasher::default()), None)
 }
 
+/// A table whose shards evict as soon as they hold a key (`evict_above` below the shards).
+fn evicting_table() -> Table {
+    let mut store = WordTable::new(MARKS, Hasher::default());
+    store.set_evict_above(1);
+    KeyTable::new(store, None)
+}
+
 fn admit_at(table: &Table, key: u64, at: Nanos) -> bool {
     let rule = rule();
     let evictor = At { table, rule, at };
@@ -193,7 +200,7 @@ fn a_drain_evicts_fresh_keys_racing_an_admission() {
         "word table: evicting drain vs admission",
         &["kept", "evicted then inserted"],
         move |seen| {
-            let table = Arc::new(table());
+            let table = Arc::new(evicting_table());
             for &key in &keys[..4] {
                 assert!(admit_at(&table, key, 0));
             }
