@@ -66,7 +66,7 @@ use std::sync::OnceLock;
 use crate::clock::Nanos;
 use crate::state::{AtomicWord, Retired};
 use crate::store::{Evictor, Inserted, KeyedStore};
-use crate::sync::{Arc, AtomicUsize, Mutex, Ordering, PerThread};
+use crate::sync::{Arc, AtomicU64, AtomicUsize, Mutex, Ordering, PerThread};
 
 /// Shards: inserts, evictions and rebuilds of different shards never wait for each other.
 pub const SHARDS: usize = 64;
@@ -129,18 +129,62 @@ struct Slot<K> {
     key: OnceLock<K>,
 }
 
-/// One shard's table: the slots themselves behind the `Arc` (one pointer less to follow on
-/// a lookup than a struct holding a boxed slice). Never shrinks or grows in place: a rebuild
-/// makes a new one.
-type Table<K> = [Slot<K>];
+/// One shard's table. Never shrinks or grows in place: a rebuild makes a new one.
+struct Table<K> {
+    /// A byte a slot, eight to a word: 0 until the slot's key is set, then [`tag`] of
+    /// its hash. A probe reads a word of tags at a time and reads a slot only when its tag
+    /// matches: a probe past other keys reads no slot (nor, for `String` keys, the heap), and
+    /// a miss in a table 7/8 full, about 32 slots on average under linear probing, reads 4 or
+    /// 5 words. (Eight bytes read as one word, without `unsafe`: the scan is a few integer
+    /// operations, as in hashbrown's portable group.)
+    tags: Box<[AtomicU64]>,
+    /// A multiple of 8 slots, so that the words of tags cover them exactly.
+    slots: Box<[Slot<K>]>,
+}
+
+impl<K> std::ops::Deref for Table<K> {
+    type Target = [Slot<K>];
+
+    fn deref(&self) -> &[Slot<K>] {
+        &self.slots
+    }
+}
+
+/// A byte of each tag of a word.
+const LOW_BITS: u64 = 0x0101_0101_0101_0101;
+/// The high bit of each tag of a word: set in every tag but [`EMPTY`].
+const HIGH_BITS: u64 = 0x8080_8080_8080_8080;
+
+/// A slot's tag: 7 bits of the hash that neither the shard (the top 6) nor the home slot (the
+/// low 32, scaled) depend on, and the high bit: an empty slot's byte is the only one with it clear.
+#[inline]
+fn tag(hash: u64) -> u8 {
+    (hash >> 32) as u8 | 0x80
+}
 
 fn new_table<K>(capacity: usize) -> Arc<Table<K>> {
-    (0..capacity.max(MIN_CAPACITY))
-        .map(|_| Slot {
-            state: AtomicWord::new(0),
-            key: OnceLock::new(),
-        })
-        .collect()
+    let len = capacity.max(MIN_CAPACITY).next_multiple_of(8);
+    Arc::new(Table {
+        tags: (0..len / 8).map(|_| AtomicU64::new(0)).collect(),
+        slots: (0..len)
+            .map(|_| Slot {
+                state: AtomicWord::new(0),
+                key: OnceLock::new(),
+            })
+            .collect(),
+    })
+}
+
+/// Sets the key of the empty slot `index` (under the shard lock), then its tag.
+fn occupy<K>(table: &Table<K>, index: usize, hash: u64, key: K) -> &Slot<K> {
+    let slot = &table.slots[index];
+    let _ = slot.key.set(key);
+    let word = &table.tags[index / 8];
+    // Relaxed: only the shard lock's holder writes tags, and it holds the lock.
+    let tags = word.load(Ordering::Relaxed) | u64::from(tag(hash)) << (index % 8 * 8);
+    // Release: the key is set before a lock-free probe can see the tag (pairs with `find`).
+    word.store(tags, Ordering::Release);
+    slot
 }
 
 /// Where a hash's probe starts: the low 32 bits scaled to the table (any length).
@@ -150,22 +194,42 @@ fn home<K>(table: &Table<K>, hash: u64) -> usize {
 }
 
 /// The slot holding `key`, or the first empty slot of its probe (`Err`). A table always has
-/// an empty slot (rebuilds keep used slots below 7/8), so the probe ends.
+/// an empty slot (rebuilds keep used slots below 7/8), so the probe ends. Without the shard
+/// lock, a key being inserted may read as absent (its tag not stored yet): lock-free callers
+/// then look again under the lock.
 #[inline]
 fn find<'t, K, Q>(table: &'t Table<K>, hash: u64, key: &Q) -> Result<&'t Slot<K>, usize>
 where
     K: Borrow<Q>,
     Q: Eq + ?Sized,
 {
+    let wanted = LOW_BITS * u64::from(tag(hash));
     let mut i = home(table, hash);
     loop {
-        let slot = &table[i];
-        match slot.key.get() {
-            None => return Err(i),
-            Some(held) if held.borrow() == key => return Ok(slot),
-            Some(_) => {}
+        let group = i & !7;
+        // Acquire: pairs with the Release in `occupy`; a tag seen means its key is set.
+        let tags = table.tags[group / 8].load(Ordering::Acquire);
+        // The bytes of slots `i..group + 8`: the probe started at `i`.
+        let ahead = !0u64 << (i % 8 * 8);
+        let empty = !tags & HIGH_BITS & ahead;
+        // Bytes equal to the tag (and, rarely, the byte above one: a key check rejects it).
+        let same = tags ^ wanted;
+        let mut matches = same.wrapping_sub(LOW_BITS) & !same & HIGH_BITS & ahead;
+        // Only slots before the first empty one are in the probe.
+        if empty != 0 {
+            matches &= (empty & empty.wrapping_neg()) - 1;
         }
-        i += 1;
+        while matches != 0 {
+            let slot = &table.slots[group + matches.trailing_zeros() as usize / 8];
+            if slot.key.get().is_some_and(|held| held.borrow() == key) {
+                return Ok(slot);
+            }
+            matches &= matches - 1;
+        }
+        if empty != 0 {
+            return Err(group + empty.trailing_zeros() as usize / 8);
+        }
+        i = group + 8;
         if i == table.len() {
             i = 0;
         }
@@ -435,9 +499,8 @@ impl<K: Clone + Hash + Eq + Send + Sync, H: BuildHasher> WordTable<K, H> {
         // A key is in at most one of the two tables: the insert path moves a key still in the
         // drain before it looks in the table.
         if let Err(empty) = find(to, hash, key) {
-            let moved = &to[empty];
-            moved.state.retire_if(state, |_| true);
-            let _ = moved.key.set(key.clone());
+            to[empty].state.retire_if(state, |_| true);
+            occupy(to, empty, hash, key.clone());
         }
         Visit::Moved
     }
@@ -627,10 +690,9 @@ where
                 let table = &shard.table;
                 // Absent under the lock, so `find` ends at an empty slot.
                 let slot = match find(table, hash, key) {
-                    Err(empty) => &table[empty],
+                    Err(empty) => occupy(table, empty, hash, key.to_owned()),
                     Ok(slot) => slot,
                 };
-                let _ = slot.key.set(key.to_owned());
                 (f(&slot.state), true)
             }
         };
