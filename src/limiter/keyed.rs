@@ -18,13 +18,16 @@ pub use crate::store::table::OverflowPolicy;
 /// A key whose state can no longer be told apart from a fresh key's (a full bucket, an empty
 /// window or log) may be evicted, with no background thread, but only when its memory is
 /// needed: a client that comes back to a full bucket finds its slot again.
-/// - On the word table (GCRA, the leaky buckets, both window counters), a shard whose table is
-///   full is replaced by a new one, and the old table is emptied 16 slots per insert into that
-///   shard: keys fresh and unused since the shard last filled are evicted, the others moved.
-///   No call does more than that fixed amount of eviction and copy work (plus allocating a new
-///   table when it starts one), whatever the number of keys. A shard whose evicted keys come
-///   back grows to hold them; under a flood of unique keys the keys held settle within a small
-///   multiple of the keys holding state, and at most near 50k keys (64 shards of 1024 slots).
+/// - On the word table (GCRA, the leaky buckets, both window counters), the store keeps every
+///   key until it holds about [`evict_above`](KeyedLimiterBuilder::evict_above) keys (default
+///   2^21, about 80 MB of `u64` keys): below that its shard tables grow as a hash map's do.
+///   Above it, a full shard table is replaced by one of the same size and keys fresh and
+///   unused since the shard last filled are evicted, so a flood of unique keys holds about
+///   `evict_above` keys plus those still holding state. Either way the old table is emptied 16
+///   slots per call into that shard (inserts, and lookups that miss the new table): no call
+///   does more than that fixed amount of eviction and copy work, plus allocating the new table
+///   when it starts one (O(table size) for the allocation alone: about 25 bytes a slot, up to
+///   ~50k slots a shard at the default bound), whatever the number of keys.
 /// - On the dashmap store (the sliding log) the table is swept when it has doubled since the
 ///   last sweep, so it holds at most twice the keys that still hold state; that sweep runs in
 ///   the call that triggers it.

@@ -294,3 +294,45 @@ fn tables_stay_dense_and_lookups_end_drains() {
         assert!(slots as u64 * 7 >= keys * 8, "{keys} keys in {slots} slots");
     }
 }
+
+/// A hasher whose hash of a `u64` is the key itself, to place keys by hand.
+#[derive(Default)]
+struct Identity(u64);
+
+impl std::hash::Hasher for Identity {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, _: &[u8]) {
+        unreachable!("only u64 keys")
+    }
+    fn write_u64(&mut self, n: u64) {
+        self.0 = n;
+    }
+}
+
+/// Keys that share a shard, a home slot (the table's last) and a tag: every probe wraps past the
+/// table's end and meets matching tags of other keys; each key is still found, and a key never
+/// inserted is not.
+#[test]
+fn probes_past_equal_tags_and_the_table_end() {
+    let store: WordTable<u64, std::hash::BuildHasherDefault<Identity>> =
+        WordTable::new(MARKS, Default::default());
+    // Shard 0 (top bits 0), tag byte 0x2A, home = the last slot (low 32 bits all ones); the
+    // bits between the tag and the shard tell the keys apart.
+    let key = |i: u64| i << 40 | 0x2A << 32 | 0xFFFF_FFFF;
+    let n = 300; // enough to replace the table a few times
+    for i in 0..n {
+        let (_, done) = store.with_inserted(&key(i), |cell| add(cell, i + 1), &KEEP_ALL);
+        assert!(done.inserted, "key {i}");
+        for j in 0..=i {
+            assert_eq!(
+                store.with_existing(&key(j), |cell| add(cell, 0)),
+                Some(j + 1),
+                "key {j} after {i} inserts"
+            );
+        }
+        assert_eq!(store.with_existing(&key(n + i), |cell| add(cell, 0)), None);
+    }
+    assert_eq!(store.len(), n as usize);
+}
