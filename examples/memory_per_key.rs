@@ -5,7 +5,12 @@
 //! ```text
 //! cargo run --release --example memory_per_key            # 1M keys
 //! cargo run --release --example memory_per_key -- 100000  # another key count
+//! cargo run --release --example memory_per_key -- sweep   # GCRA and governor, 125k to 2M keys
 //! ```
+//!
+//! Both maps grow by steps (tollgate's shard tables by about 1.3x, governor's hashbrown tables
+//! by 2x), so bytes per key at one key count depends on where it falls in each one's step: the
+//! sweep shows the whole cycle.
 //!
 //! "bytes/key" is (live heap bytes after inserting the keys − live heap bytes before) / keys,
 //! as requested from the allocator: it counts the map's tables at their real capacity (a
@@ -113,16 +118,50 @@ fn tollgate<A: Algorithm>(name: &str, keys: &[u64], rule: A, cost: u64) -> Row {
     )
 }
 
+fn governor_row(keys: &[u64]) -> Row {
+    let quota = governor::Quota::per_hour(NonZeroU32::new(10).expect("non-zero"));
+    measure(
+        "governor keyed (default DashMap)",
+        keys,
+        || governor::RateLimiter::keyed(quota),
+        |limiter, key| assert!(limiter.check_key(&key).is_ok()),
+        |limiter, key| {
+            let _ = black_box(limiter.check_key(&key));
+        },
+        |limiter| limiter.len(),
+    )
+}
+
+/// Bytes per key of tollgate's GCRA and of governor over a range of key counts.
+fn sweep(ten: Quota) {
+    println!("| keys | tollgate gcra | tollgate gcra after one check of every key | governor |");
+    println!("|---|---|---|---|");
+    for n in [
+        125_000, 250_000, 500_000, 750_000, 1_000_000, 1_500_000, 2_000_000,
+    ] {
+        let keys = keys(n);
+        let ours = tollgate("tollgate gcra", &keys, Gcra::new(ten).expect("valid"), 1);
+        let theirs = governor_row(&keys);
+        println!(
+            "| {n} | {:.1} | {:.1} | {:.1} |",
+            ours.bytes_per_key, ours.bytes_per_key_checked, theirs.bytes_per_key_checked
+        );
+    }
+}
+
 fn main() {
-    let n: usize = std::env::args()
-        .nth(1)
-        .map(|arg| arg.parse().expect("a key count"))
-        .unwrap_or(1_000_000);
-    let keys = keys(n);
+    let arg = std::env::args().nth(1);
     let hour = Duration::from_secs(3600);
     // Ten per hour: one admission leaves GCRA 6 minutes of debt and a window a count of 1, so
     // no key is fresh while this runs; the hot-path pass is admitted too.
     let ten = Quota::new(10, hour).expect("valid quota");
+    if arg.as_deref() == Some("sweep") {
+        return sweep(ten);
+    }
+    let n: usize = arg
+        .map(|arg| arg.parse().expect("a key count or `sweep`"))
+        .unwrap_or(1_000_000);
+    let keys = keys(n);
     let sixty_four = Quota::new(64, hour).expect("valid quota");
 
     let mut rows = vec![
@@ -159,17 +198,7 @@ fn main() {
         SlidingLog::new(sixty_four).expect("valid"),
         64,
     ));
-    let governor_quota = governor::Quota::per_hour(NonZeroU32::new(10).expect("non-zero"));
-    rows.push(measure(
-        "governor keyed (default DashMap)",
-        &keys,
-        || governor::RateLimiter::keyed(governor_quota),
-        |limiter, key| assert!(limiter.check_key(&key).is_ok()),
-        |limiter, key| {
-            let _ = black_box(limiter.check_key(&key));
-        },
-        |limiter| limiter.len(),
-    ));
+    rows.push(governor_row(&keys));
     // For scale: the least a map of 8-byte keys to 8-byte states can take.
     rows.push(measure(
         "floor: HashMap<u64, u64> (foldhash), no shards",
