@@ -20,7 +20,7 @@ pub use crate::store::table::OverflowPolicy;
 /// needed: a client that comes back to a full bucket finds its slot again.
 /// - On the word table (GCRA, the leaky buckets, both window counters), the store keeps every
 ///   key until it holds about [`evict_above`](KeyedLimiterBuilder::evict_above) keys (default
-///   2^21, about 80 MB of `u64` keys): below that its shard tables grow as a hash map's do.
+///   2^21, about 70 MB of `u64` keys): below that its shard tables grow as a hash map's do.
 ///   Above it, a full shard table is replaced by one of the same size and keys fresh and
 ///   unused since the shard last filled are evicted, so a flood of unique keys holds about
 ///   `evict_above` keys plus those still holding state. Either way the old table is emptied 16

@@ -90,7 +90,7 @@ const SMALL_SLOTS: usize = 1024;
 /// most eviction and copying work any one call does, whatever the table's size.
 const DRAIN_STEP: usize = 16;
 /// Keys a store holds before it evicts fresh ones, by default (see
-/// [`KeyedLimiterBuilder::evict_above`](crate::KeyedLimiterBuilder::evict_above)): about 80 MB
+/// [`KeyedLimiterBuilder::evict_above`](crate::KeyedLimiterBuilder::evict_above)): about 70 MB
 /// of `u64` keys.
 pub const DEFAULT_EVICT_ABOVE: usize = 1 << 21;
 /// Slots judged to estimate how many keys of a full table are fresh, before sizing its
