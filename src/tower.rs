@@ -65,6 +65,11 @@
 //! # }
 //! ```
 //!
+//! # From a configuration file
+//! With feature `serde`, [`config::LayerConfig`] reads the whole layer (policies, quotas, key
+//! sources, trusted proxies, header style, modes, allow-lists) from TOML, JSON or YAML; see
+//! `examples/policies.toml` and `examples/server.rs`.
+//!
 //! # Backends
 //! A policy checks one [`CheckBackend`]: an in-process [`KeyedLimiter`](crate::KeyedLimiter)
 //! or [`MultiLimiter`](crate::MultiLimiter) keyed by [`Key`] today. The Redis tier does not
@@ -85,6 +90,8 @@ use tower_service::Service;
 
 mod backend;
 mod cidr;
+#[cfg(feature = "serde")]
+pub mod config;
 mod key;
 mod policy;
 mod response;
@@ -123,6 +130,22 @@ pub enum ConfigError {
     /// A [`Fallback::Reject`] status must be a client or server error (4xx or 5xx).
     #[error("fallback status {0} is not a 4xx or 5xx status")]
     FallbackStatus(StatusCode),
+    /// A policy's algorithm refused one of its quotas, or its clock (a configured policy).
+    #[error("policy {policy:?}: {error}")]
+    Quota {
+        /// The policy's name.
+        policy: String,
+        /// What the algorithm refused.
+        error: crate::QuotaError,
+    },
+    /// A configured policy is incomplete or contradictory.
+    #[error("policy {policy:?}: {problem}")]
+    Policy {
+        /// The policy's name.
+        policy: String,
+        /// What is wrong.
+        problem: String,
+    },
 }
 
 type Predicate = dyn Fn(&Parts) -> bool + Send + Sync;

@@ -50,7 +50,7 @@ impl Cost {
 
 /// Which paths a policy covers.
 #[derive(Debug, Clone, PartialEq, Eq)]
-enum PathMatch {
+pub(crate) enum PathMatch {
     Any,
     /// Whole segments: `/api` covers `/api`, `/api/` and `/api/x`, not `/apix`.
     Prefix(String),
@@ -59,7 +59,7 @@ enum PathMatch {
 }
 
 impl PathMatch {
-    fn matches(&self, path: &str) -> bool {
+    pub(crate) fn matches(&self, path: &str) -> bool {
         match self {
             PathMatch::Any => true,
             PathMatch::Prefix(prefix) => match path.strip_prefix(prefix.as_str()) {

@@ -1,0 +1,345 @@
+//! The layer built from configuration (feature `serde`): `examples/policies.toml` decides as
+//! it says, on a `ManualClock`; bad configurations are errors naming the value, never panics.
+//!
+//! Run with `cargo test --features serde --test tower_config`.
+
+#![cfg(feature = "serde")]
+
+use std::convert::Infallible;
+use std::future::{poll_fn, Ready};
+use std::net::{IpAddr, SocketAddr};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use http::{Request, Response, StatusCode};
+use tollgate::clock::ManualClock;
+use tollgate::tower::config::LayerConfig;
+use tollgate::tower::{ConfigError, RateLimit, RateLimitBody};
+use tollgate::QuotaError;
+use tower_layer::Layer;
+use tower_service::Service;
+
+const POLICIES: &str = include_str!("../examples/policies.toml");
+
+#[derive(Clone)]
+struct Ok200;
+
+impl Service<Request<String>> for Ok200 {
+    type Response = Response<String>;
+    type Error = Infallible;
+    type Future = Ready<Result<Response<String>, Infallible>>;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, _: Request<String>) -> Self::Future {
+        std::future::ready(Ok(Response::new("ok".to_owned())))
+    }
+}
+
+struct Harness {
+    svc: RateLimit<Ok200>,
+    rt: tokio::runtime::Runtime,
+}
+
+impl Harness {
+    fn new(config: LayerConfig, clock: &ManualClock) -> Harness {
+        let layer = config
+            .builder_with_clock(clock.clone())
+            .expect("a valid configuration")
+            .build()
+            .expect("a valid layer");
+        Harness {
+            svc: layer.layer(Ok200),
+            rt: tokio::runtime::Builder::new_current_thread()
+                .build()
+                .expect("a runtime"),
+        }
+    }
+
+    fn send(
+        &mut self,
+        path: &str,
+        peer: [u8; 4],
+        headers: &[(&str, &str)],
+    ) -> Response<RateLimitBody<String>> {
+        let mut request = Request::builder().uri(path);
+        for (name, value) in headers {
+            request = request.header(*name, *value);
+        }
+        let mut request = request.body(String::new()).unwrap();
+        request
+            .extensions_mut()
+            .insert(SocketAddr::new(IpAddr::from(peer), 40_000));
+        let svc = &mut self.svc;
+        self.rt.block_on(async {
+            poll_fn(|cx| svc.poll_ready(cx)).await.unwrap();
+            svc.call(request).await.unwrap()
+        })
+    }
+
+    fn status(&mut self, path: &str, peer: [u8; 4], headers: &[(&str, &str)]) -> u16 {
+        self.send(path, peer, headers).status().as_u16()
+    }
+}
+
+fn header<'a>(response: &'a Response<RateLimitBody<String>>, name: &str) -> Option<&'a str> {
+    response.headers().get(name).map(|v| v.to_str().unwrap())
+}
+
+fn example() -> LayerConfig {
+    toml::from_str(POLICIES).expect("examples/policies.toml parses")
+}
+
+const CLIENT: [u8; 4] = [198, 51, 100, 7];
+
+#[test]
+fn the_example_api_policy_is_10_per_second_burst_20_per_client_ip() {
+    let clock = ManualClock::new();
+    let mut h = Harness::new(example(), &clock);
+    let statuses: Vec<u16> = (0..21)
+        .map(|_| h.status("/api/hello", CLIENT, &[]))
+        .collect();
+    assert_eq!(&statuses[..20], &[200; 20]);
+    assert_eq!(statuses[20], 429);
+    let denied = h.send("/api/hello", CLIENT, &[]);
+    // Headers in both styles: the legacy ones and the draft's, named after the policy.
+    assert_eq!(header(&denied, "x-ratelimit-limit"), Some("10"));
+    assert_eq!(header(&denied, "x-ratelimit-remaining"), Some("0"));
+    assert_eq!(header(&denied, "retry-after"), Some("1"));
+    assert_eq!(
+        header(&denied, "ratelimit-policy"),
+        Some("\"api\";q=10;w=1")
+    );
+    // Another client has its own bucket; 100 ms later the first has one unit back.
+    assert_eq!(h.status("/api/hello", [198, 51, 100, 8], &[]), 200);
+    clock.advance(Duration::from_millis(100));
+    assert_eq!(h.status("/api/hello", CLIENT, &[]), 200);
+    assert_eq!(h.status("/api/hello", CLIENT, &[]), 429);
+}
+
+#[test]
+fn the_example_trusts_127_0_0_1_and_charges_5_for_an_export() {
+    let clock = ManualClock::new();
+    let mut h = Harness::new(example(), &clock);
+    let proxy = [127, 0, 0, 1];
+    let xff = [("x-forwarded-for", "203.0.113.9")];
+    // Four exports (20 units) empty the bucket of the client behind the proxy.
+    for _ in 0..4 {
+        assert_eq!(h.status("/api/export", proxy, &xff), 200);
+    }
+    assert_eq!(h.status("/api/hello", proxy, &xff), 429);
+    // The proxy itself (no header) and a client claiming an address directly are other keys.
+    assert_eq!(h.status("/api/hello", proxy, &[]), 200);
+    assert_eq!(h.status("/api/hello", CLIENT, &xff), 200);
+    // After 400 ms, 4 units are back: not enough for an export, enough for a hello.
+    clock.advance(Duration::from_millis(400));
+    assert_eq!(h.status("/api/export", proxy, &xff), 429);
+    assert_eq!(h.status("/api/hello", proxy, &xff), 200);
+}
+
+#[test]
+fn the_example_partner_policy_keys_by_api_key_and_shadow_never_rejects() {
+    let clock = ManualClock::new();
+    let mut h = Harness::new(example(), &clock);
+    // No x-api-key: the configured 400.
+    assert_eq!(h.status("/partner/orders", CLIENT, &[]), 400);
+    for _ in 0..100 {
+        assert_eq!(
+            h.status("/partner/orders", CLIENT, &[("x-api-key", "k1")]),
+            200
+        );
+    }
+    let denied = h.send("/partner/orders", CLIENT, &[("x-api-key", "k1")]);
+    assert_eq!(denied.status(), StatusCode::TOO_MANY_REQUESTS);
+    // Two quotas, both in RateLimit-Policy; the per-minute one refused.
+    assert_eq!(
+        header(&denied, "ratelimit-policy"),
+        Some("\"partner-1\";q=100;w=60, \"partner-2\";q=1000;w=3600")
+    );
+    assert!(header(&denied, "ratelimit")
+        .unwrap()
+        .starts_with("\"partner-1\";r=0;"));
+    // Another key, from the same address, is another bucket.
+    assert_eq!(
+        h.status("/partner/orders", CLIENT, &[("x-api-key", "k2")]),
+        200
+    );
+
+    // Shadow: 2 a minute, never enforced, but the headers say what enforcement would do.
+    for i in 0..5 {
+        let response = h.send("/beta/feature", CLIENT, &[]);
+        assert_eq!(response.status(), StatusCode::OK);
+        let remaining = if i < 2 { 1 - i } else { 0 };
+        assert_eq!(
+            header(&response, "x-ratelimit-remaining"),
+            Some(&*remaining.to_string())
+        );
+        assert_eq!(header(&response, "retry-after"), None);
+    }
+    // /health is allow-listed; other paths have no policy.
+    for _ in 0..50 {
+        assert_eq!(h.status("/health", CLIENT, &[]), 200);
+    }
+    let other = h.send("/elsewhere", CLIENT, &[]);
+    assert_eq!(other.status(), StatusCode::OK);
+    assert_eq!(header(&other, "ratelimit"), None);
+}
+
+#[test]
+fn json_and_table_quotas_build_the_same_layer() {
+    let json: LayerConfig = serde_json::from_str(
+        r#"{
+            "headers": "legacy",
+            "on_missing_key": "allow",
+            "policy": [{
+                "name": "p",
+                "algorithm": "fixed-window",
+                "quota": { "limit": 3, "window": "1s" },
+                "key": ["path", { "constant": "all" }],
+                "methods": ["GET"]
+            }]
+        }"#,
+    )
+    .unwrap();
+    let clock = ManualClock::new();
+    let mut h = Harness::new(json, &clock);
+    let statuses: Vec<u16> = (0..4)
+        .map(|i| h.status("/x", [192, 0, 2, i], &[]))
+        .collect();
+    assert_eq!(statuses, [200, 200, 200, 429]);
+    // Another path is another composite key.
+    assert_eq!(h.status("/y", CLIENT, &[]), 200);
+    // The fixed window ends at 1 s.
+    clock.advance(Duration::from_secs(1));
+    assert_eq!(h.status("/x", CLIENT, &[]), 200);
+}
+
+/// The error message of a configuration that does not deserialize.
+fn parse_error(toml_text: &str) -> String {
+    match toml::from_str::<LayerConfig>(toml_text) {
+        Ok(config) => panic!("accepted: {config:?}"),
+        Err(e) => e.to_string(),
+    }
+}
+
+#[test]
+fn bad_values_are_errors_that_name_them() {
+    let policy = |line: &str| format!("[[policy]]\nname = \"p\"\nquota = \"1/1s\"\n{line}\n");
+    for (text, want) in [
+        (
+            "[[policy]]\nname = \"p\"\nquota = \"10/0s\"".to_owned(),
+            "the window must be longer than zero",
+        ),
+        (
+            "[[policy]]\nname = \"p\"\nquota = { limit = 10, window = \"0ms\" }".to_owned(),
+            "the window must be longer than zero",
+        ),
+        (
+            "[[policy]]\nname = \"p\"\nquota = \"0/1s\"".to_owned(),
+            "the limit must be at least 1",
+        ),
+        (
+            "[[policy]]\nname = \"p\"\nquota = \"10/1 parsec\"".to_owned(),
+            "10/1 parsec",
+        ),
+        (
+            "[[policy]]\nname = \"p\"\nquota = \"10/1s burst 0\"".to_owned(),
+            "burst",
+        ),
+        (
+            "[[policy]]\nname = \"p\"\nquota = []".to_owned(),
+            "an empty list of quotas",
+        ),
+        (
+            "[[policy]]\nname = \"p\"".to_owned(),
+            "missing field `quota`",
+        ),
+        (policy("algorithm = \"leaky\""), "unknown algorithm 'leaky'"),
+        (
+            "trusted_proxies = [\"10.0.0.0/33\"]".to_owned(),
+            "10.0.0.0/33",
+        ),
+        (
+            "trusted_proxies = [\"ten.0.0.0/8\"]".to_owned(),
+            "ten.0.0.0/8",
+        ),
+        ("allow_cidrs = [\"::/129\"]".to_owned(), "::/129"),
+        (
+            "headers = \"fancy\"".to_owned(),
+            "unknown header style \"fancy\"",
+        ),
+        ("proxy_header = \"x-real-ip\"".to_owned(), "x-real-ip"),
+        (
+            "on_error = 200".to_owned(),
+            "status 200 is not a 4xx or 5xx",
+        ),
+        ("on_error = -1".to_owned(), "status -1"),
+        ("on_error = \"maybe\"".to_owned(), "maybe"),
+        ("ipv6_prefx = 64".to_owned(), "unknown field `ipv6_prefx`"),
+        (policy("mode = \"loud\""), "unknown mode \"loud\""),
+        (policy("key = \"cookie\""), "unknown key source \"cookie\""),
+        (policy("key = { header = \"bad header\" }"), "bad header"),
+        (
+            policy("key = { header = \"a\", constant = \"b\" }"),
+            "one entry",
+        ),
+        (policy("key = []"), "an empty composite key"),
+        (policy("methods = [\"GE T\"]"), "GE T"),
+        (policy("burts = 3"), "unknown field `burts`"),
+    ] {
+        let message = parse_error(&text);
+        assert!(message.contains(want), "{text:?}: {message}");
+    }
+}
+
+#[test]
+fn what_only_the_algorithm_or_the_layer_can_refuse_is_a_config_error() {
+    let build = |text: &str| {
+        toml::from_str::<LayerConfig>(text)
+            .expect("parses")
+            .build()
+            .map(|_| ())
+    };
+    let e =
+        build("[[policy]]\nname = \"w\"\nalgorithm = \"fixed-window\"\nquota = \"10/1s burst 5\"")
+            .unwrap_err();
+    assert!(
+        matches!(e, ConfigError::Quota { ref policy, error: QuotaError::BurstNotSupported { .. } } if policy == "w"),
+        "{e}"
+    );
+    let e = build("[[policy]]\nname = \"w\"\nalgorithm = \"sliding-window\"\nquota = \"10/500us\"")
+        .unwrap_err();
+    assert!(
+        matches!(e, ConfigError::Quota { ref policy, .. } if policy == "w"),
+        "{e}"
+    );
+    let e = build("ipv6_prefix = 200").unwrap_err();
+    assert_eq!(e, ConfigError::Ipv6Prefix(200));
+    let e = build("[[policy]]\nname = \"a\"\nquota = \"1/1s\"\n[default_policy]\nname = \"a\"\nquota = \"1/1s\"")
+        .unwrap_err();
+    assert!(e.to_string().contains("used by another policy"), "{e}");
+    let e =
+        build("[[policy]]\nname = \"a\"\nquota = \"1/1s\"\npath = \"/a\"\npath_pattern = \"/a/*\"")
+            .unwrap_err();
+    assert!(e.to_string().contains("not both"), "{e}");
+    let e =
+        build("[[policy]]\nname = \"a\"\nquota = [\"1/1s\", \"5/1m\"]\nmax_keys = 10").unwrap_err();
+    assert!(e.to_string().contains("max_keys"), "{e}");
+    let e = build("[[policy]]\nname = \"\"\nquota = \"1/1s\"").unwrap_err();
+    assert_eq!(e, ConfigError::PolicyName(String::new()));
+}
+
+#[test]
+fn max_keys_bounds_a_configured_policy() {
+    let config: LayerConfig = toml::from_str(
+        "[[policy]]\nname = \"p\"\nquota = \"1/1h\"\nmax_keys = 1\noverflow = \"deny\"",
+    )
+    .unwrap();
+    let clock = ManualClock::new();
+    let mut h = Harness::new(config, &clock);
+    assert_eq!(h.status("/", [192, 0, 2, 1], &[]), 200);
+    // The table is full: a backend error, the default 503.
+    assert_eq!(h.status("/", [192, 0, 2, 2], &[]), 503);
+}
