@@ -1,7 +1,7 @@
 //! An axum server whose rate limits come from `examples/policies.toml`.
 //!
 //! ```sh
-//! cargo run --example server --features axum,serde
+//! cargo run --example server --features axum,serde,tokio
 //! curl -i http://127.0.0.1:3000/api/hello
 //! ```
 //!
@@ -28,6 +28,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .route("/api/export", get(|| async { "an export\n" }))
         .route("/partner/orders", get(|| async { "orders\n" }))
         .route("/beta/feature", get(|| async { "beta\n" }))
+        .route("/upload", axum::routing::post(|| async { "stored\n" }))
         .route("/health", get(|| async { "ok\n" }))
         .layer(layer);
 

@@ -14,6 +14,9 @@
 //!   (RESOURCE_EXHAUSTED) and a `grpc-message` instead. Or a response of your own
 //!   ([`RateLimitLayerBuilder::deny_with`]).
 //! - **Denied in [`Mode::Shadow`]**: passed on, with the rate-limit fields (no `Retry-After`).
+//! - **Denied in `Mode::Delay`** (feature `tokio`): the request waits for its slot, then is
+//!   passed on; if admission would take longer than the policy's `max_wait`, it is denied as
+//!   in `Enforce`.
 //! - **No key** (no peer address, a missing header, a closure's `None`):
 //!   [`RateLimitLayerBuilder::on_missing_key`] says: reject it with a status (default 500: a
 //!   missing peer address is a server set-up error; choose 400 for a missing API key), or let it
@@ -471,6 +474,36 @@ impl Shared {
     }
 }
 
+/// The policy's verdict on `key`: one check, or in delay mode the check that admits the
+/// request within `max_wait` (else the last refusal).
+async fn decide(policy: &Policy, key: &Key, cost: u64) -> Result<Verdict, CheckError> {
+    #[cfg(feature = "tokio")]
+    if let Mode::Delay { max_wait } = policy.mode {
+        // A bound too far away to represent is no bound.
+        let deadline = tokio::time::Instant::now().checked_add(max_wait);
+        loop {
+            let verdict = policy.backend.check(key, cost).await?;
+            let decision = &verdict.decision;
+            if decision.allowed() {
+                // A leaky queue's reservation: its slot is `delay` away.
+                if !decision.delay().is_zero() {
+                    tokio::time::sleep(decision.delay()).await;
+                }
+                return Ok(verdict);
+            }
+            // A refusal always has a positive wait; a zero one must not spin.
+            let wait = decision
+                .retry_after()
+                .max(std::time::Duration::from_micros(1));
+            if deadline.is_some_and(|d| tokio::time::Instant::now() + wait > d) {
+                return Ok(verdict);
+            }
+            tokio::time::sleep(wait).await;
+        }
+    }
+    policy.backend.check(key, cost).await
+}
+
 type BoxedResponse<B, E> =
     Pin<Box<dyn Future<Output = Result<Response<RateLimitBody<B>>, E>> + Send>>;
 
@@ -530,7 +563,7 @@ where
                 Plan::Check { policy, key, cost } => (policy, key, cost),
             };
             let policy = &shared.policies[policy];
-            let verdict = match policy.backend.check(&key, cost).await {
+            let verdict = match decide(policy, &key, cost).await {
                 Ok(verdict) => verdict,
                 Err(_) if policy.mode == Mode::Shadow => {
                     return inner
@@ -563,7 +596,7 @@ where
                     }
                 }
             };
-            if !verdict.decision.allowed() && policy.mode == Mode::Enforce {
+            if !verdict.decision.allowed() && policy.mode != Mode::Shadow {
                 return Ok(shared.deny(policy, &verdict, grpc));
             }
             let mut response = inner.call(request).await?.map(RateLimitBody::inner);

@@ -1,9 +1,10 @@
 //! The layer built from configuration (feature `serde`): `examples/policies.toml` decides as
 //! it says, on a `ManualClock`; bad configurations are errors naming the value, never panics.
 //!
-//! Run with `cargo test --features serde --test tower_config`.
+//! Run with `cargo test --features serde,tokio --test tower_config` (the example file has a
+//! delay-mode policy, which needs `tokio`).
 
-#![cfg(feature = "serde")]
+#![cfg(all(feature = "serde", feature = "tokio"))]
 
 use std::convert::Infallible;
 use std::future::{poll_fn, Ready};
@@ -342,4 +343,93 @@ fn max_keys_bounds_a_configured_policy() {
     assert_eq!(h.status("/", [192, 0, 2, 1], &[]), 200);
     // The table is full: a backend error, the default 503.
     assert_eq!(h.status("/", [192, 0, 2, 2], &[]), 503);
+}
+
+/// Sends one request through `svc` (a clone: each call its own service, as a server's
+/// connections have).
+async fn send_async(svc: &RateLimit<Ok200>, path: &str, peer: [u8; 4]) -> u16 {
+    let mut svc = svc.clone();
+    let mut request = Request::builder().uri(path).body(String::new()).unwrap();
+    request
+        .extensions_mut()
+        .insert(SocketAddr::new(IpAddr::from(peer), 40_000));
+    poll_fn(|cx| svc.poll_ready(cx)).await.unwrap();
+    svc.call(request).await.unwrap().status().as_u16()
+}
+
+/// Delay mode on tokio's paused time: the limiter reads tokio's clock, so a wait of 500 ms is
+/// exactly 500 ms of (virtual) time.
+#[test]
+fn the_example_upload_policy_waits_up_to_500ms_then_refuses() {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .start_paused(true)
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        use tokio::time::{timeout, Instant};
+        let layer = example()
+            .builder_with_clock(tollgate::wait::TokioClock::new())
+            .unwrap()
+            .build()
+            .unwrap();
+        let svc = layer.layer(Ok200);
+        let start = Instant::now();
+        // 2 a second, bursts of 2 (T = 500 ms): two at once.
+        assert_eq!(send_async(&svc, "/upload", CLIENT).await, 200);
+        assert_eq!(send_async(&svc, "/upload", CLIENT).await, 200);
+        assert_eq!(start.elapsed(), Duration::ZERO);
+        // The third waits for its slot, 500 ms, and passes.
+        assert_eq!(send_async(&svc, "/upload", CLIENT).await, 200);
+        assert_eq!(start.elapsed(), Duration::from_millis(500));
+        // Two together: both wait 500 ms; one unit is back, the other would wait 500 ms more,
+        // over its bound: refused then.
+        let (a, b) = tokio::join!(
+            send_async(&svc, "/upload", CLIENT),
+            send_async(&svc, "/upload", CLIENT)
+        );
+        let mut both = [a, b];
+        both.sort_unstable();
+        assert_eq!(both, [200, 429]);
+        assert_eq!(start.elapsed(), Duration::from_millis(1_000));
+        // A client that gives up while waiting costs nothing: after it left (200 ms into a
+        // 500 ms wait), the next request waits only the 300 ms left, not 500 ms more.
+        let before = Instant::now();
+        assert!(timeout(
+            Duration::from_millis(200),
+            send_async(&svc, "/upload", CLIENT)
+        )
+        .await
+        .is_err());
+        assert_eq!(send_async(&svc, "/upload", CLIENT).await, 200);
+        assert_eq!(before.elapsed(), Duration::from_millis(500));
+        // Other clients and policies never waited.
+        let before = Instant::now();
+        assert_eq!(send_async(&svc, "/upload", [192, 0, 2, 1]).await, 200);
+        assert_eq!(before.elapsed(), Duration::ZERO);
+    });
+}
+
+#[test]
+fn delay_mode_reads_from_configuration() {
+    let mode = |text: &str| {
+        toml::from_str::<LayerConfig>(&format!(
+            "[[policy]]\nname = \"p\"\nquota = \"1/1s\"\nmode = {text}"
+        ))
+        .map(|c| c.policies[0].mode)
+    };
+    assert_eq!(
+        mode("{ delay = \"250ms\" }").unwrap(),
+        tollgate::tower::Mode::Delay {
+            max_wait: Duration::from_millis(250)
+        }
+    );
+    for (bad, want) in [
+        ("\"delay\"", "needs its longest wait"),
+        ("{ delay = \"soon\" }", "soon"),
+        ("{ wait = \"1s\" }", "unknown mode \"wait\""),
+    ] {
+        let message = mode(bad).unwrap_err().to_string();
+        assert!(message.contains(want), "{bad}: {message}");
+    }
 }

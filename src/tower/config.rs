@@ -34,7 +34,8 @@
 //!                                  # or a list of quotas, all or nothing
 //! cost = 1                         # units per request; default 1
 //! cost_by_path = { "/api/export" = 5 } # by path prefix within the policy (longest wins)
-//! mode = "enforce"                 # enforce (default) | shadow
+//! mode = "enforce"                 # enforce (default) | shadow | { delay = "500ms" }
+//!                                  # (delay: wait up to 500 ms, then 429; feature tokio)
 //! max_keys = 100000                # optional bound on the keys held
 //! overflow = "shared"              # past max_keys: shared (default) | deny
 //!
@@ -191,7 +192,7 @@ pub struct PolicyConfig {
     /// the longest matching prefix sets the cost, else `cost` does.
     #[serde(default)]
     pub cost_by_path: BTreeMap<String, u64>,
-    /// Enforce (default) or shadow.
+    /// Enforce (default), shadow, or delay (feature `tokio`).
     #[serde(default)]
     pub mode: Mode,
     /// At most this many keys held (single-quota policies).
@@ -673,17 +674,54 @@ impl<'de> Deserialize<'de> for ProxyHeader {
     }
 }
 
-/// `enforce` or `shadow`.
+/// `"enforce"`, `"shadow"`, or `{ delay = "500ms" }` (feature `tokio`).
 impl<'de> Deserialize<'de> for Mode {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        let text = String::deserialize(d)?;
-        match text.as_str() {
+        d.deserialize_any(ModeVisitor)
+    }
+}
+
+struct ModeVisitor;
+
+impl<'de> Visitor<'de> for ModeVisitor {
+    type Value = Mode;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("\"enforce\", \"shadow\" or { delay = MAX_WAIT }")
+    }
+
+    fn visit_str<E: de::Error>(self, v: &str) -> Result<Mode, E> {
+        match v {
             "enforce" => Ok(Mode::Enforce),
             "shadow" => Ok(Mode::Shadow),
-            _ => Err(de::Error::custom(format!(
-                "unknown mode {text:?} (expected enforce or shadow)"
+            "delay" => Err(E::custom(
+                "delay mode needs its longest wait: mode = { delay = \"500ms\" }",
+            )),
+            _ => Err(E::custom(format!(
+                "unknown mode {v:?} (expected enforce, shadow or {{ delay = MAX_WAIT }})"
             ))),
         }
+    }
+
+    fn visit_map<M: MapAccess<'de>>(self, mut map: M) -> Result<Mode, M::Error> {
+        let Some((kind, value)) = map.next_entry::<String, String>()? else {
+            return Err(de::Error::custom("an empty mode"));
+        };
+        if map.next_key::<de::IgnoredAny>()?.is_some() {
+            return Err(de::Error::custom("a mode table has one entry"));
+        }
+        if kind != "delay" {
+            return Err(de::Error::custom(format!(
+                "unknown mode {kind:?} (expected enforce, shadow or {{ delay = MAX_WAIT }})"
+            )));
+        }
+        let max_wait = parse_duration(&value).map_err(de::Error::custom)?;
+        #[cfg(feature = "tokio")]
+        return Ok(Mode::Delay { max_wait });
+        #[cfg(not(feature = "tokio"))]
+        return Err(de::Error::custom(format!(
+            "delay mode (max wait {max_wait:?}) needs tollgate's `tokio` feature"
+        )));
     }
 }
 

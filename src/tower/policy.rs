@@ -9,7 +9,14 @@ use http::Method;
 use super::{CheckBackend, KeySource};
 
 /// What a policy does with a request its limit refuses.
+///
+/// # Examples
+/// ```
+/// use tollgate::tower::Mode;
+/// assert_eq!(Mode::default(), Mode::Enforce);
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
 pub enum Mode {
     /// Refuse it (429, or the gRPC status).
     #[default]
@@ -17,6 +24,20 @@ pub enum Mode {
     /// Dry run: decide and count as `Enforce` does, send the rate-limit headers, but pass
     /// every request on. This is how a new limit is tried in production.
     Shadow,
+    /// Shaping (feature `tokio`): wait for the slot, then pass the request on; refuse it as
+    /// `Enforce` does when admission would take longer than `max_wait` from its arrival.
+    ///
+    /// A refused check changes nothing, so a waiting request is charged once, when admitted,
+    /// and a client that hangs up while it waits has cost nothing. Waiters re-check at their
+    /// `retry_after`: they are not served in arrival order (several may wake for one unit;
+    /// the others wait again within their `max_wait`). A leaky-queue policy's admitted
+    /// delay ([`Decision::delay`](crate::Decision::delay)) is waited in full: the queue's
+    /// capacity bounds it.
+    #[cfg(feature = "tokio")]
+    Delay {
+        /// The longest a request may wait.
+        max_wait: std::time::Duration,
+    },
 }
 
 type CostFn = dyn Fn(&Parts) -> u64 + Send + Sync;
@@ -191,7 +212,7 @@ impl Policy {
         self
     }
 
-    /// Enforce (default) or shadow.
+    /// Enforce (default), shadow, or delay (feature `tokio`).
     pub fn mode(mut self, mode: Mode) -> Self {
         self.mode = mode;
         self
