@@ -68,6 +68,18 @@
 //! # }
 //! ```
 //!
+//! # Metrics
+//! With feature `metrics`, the layer counts through the `metrics` crate's
+//! facade (install any recorder: Prometheus, StatsD, …):
+//!
+//! | metric | kind | labels |
+//! |---|---|---|
+//! | `tollgate_requests_total` | counter | `policy`; `outcome`: `allowed`, `denied`, `shadow_denied`, `delayed`, `no_key`, `error` |
+//! | `tollgate_delay_seconds` | histogram | `policy`: how long each delayed request waited |
+//!
+//! Allow-listed requests and requests no policy matches are not counted. Each count is one
+//! lookup in the recorder's registry (the policy label is an `Arc<str>`: no copy).
+//!
 //! # From a configuration file
 //! With feature `serde`, [`config::LayerConfig`] reads the whole layer (policies, quotas, key
 //! sources, trusted proxies, header style, modes, allow-lists) from TOML, JSON or YAML; see
@@ -98,6 +110,7 @@ pub mod config;
 mod key;
 mod policy;
 mod response;
+mod stats;
 
 pub use self::backend::{CheckBackend, CheckError, CheckFuture, QuotaInfo, RuleWindow, Verdict};
 pub use self::cidr::{Cidr, CidrError};
@@ -110,6 +123,7 @@ use self::response::{
     add_headers, grpc_code, grpc_response, is_grpc, problem_response, retry_after_secs,
     set_retry_after, GRPC_RESOURCE_EXHAUSTED,
 };
+use self::stats::Outcome;
 use crate::Error;
 
 /// What the layer does with a request it cannot decide (no key, or a backend error).
@@ -405,6 +419,7 @@ impl Shared {
             return Plan::Pass;
         }
         let Some(key) = policy.key.extract(parts, &mut addrs) else {
+            stats::record(policy, Outcome::NoKey);
             return match self.on_missing_key {
                 Fallback::Allow => Plan::Pass,
                 Fallback::Reject(status) => Plan::Reject(
@@ -474,13 +489,18 @@ impl Shared {
     }
 }
 
-/// The policy's verdict on `key`: one check, or in delay mode the check that admits the
-/// request within `max_wait` (else the last refusal).
-async fn decide(policy: &Policy, key: &Key, cost: u64) -> Result<Verdict, CheckError> {
+/// The policy's verdict on `key`, and how long the request waited for it: one check, or in
+/// delay mode the check that admits the request within `max_wait` (else the last refusal).
+async fn decide(
+    policy: &Policy,
+    key: &Key,
+    cost: u64,
+) -> Result<(Verdict, std::time::Duration), CheckError> {
     #[cfg(feature = "tokio")]
     if let Mode::Delay { max_wait } = policy.mode {
+        let start = tokio::time::Instant::now();
         // A bound too far away to represent is no bound.
-        let deadline = tokio::time::Instant::now().checked_add(max_wait);
+        let deadline = start.checked_add(max_wait);
         loop {
             let verdict = policy.backend.check(key, cost).await?;
             let decision = &verdict.decision;
@@ -489,19 +509,37 @@ async fn decide(policy: &Policy, key: &Key, cost: u64) -> Result<Verdict, CheckE
                 if !decision.delay().is_zero() {
                     tokio::time::sleep(decision.delay()).await;
                 }
-                return Ok(verdict);
+                return Ok((verdict, start.elapsed()));
             }
             // A refusal always has a positive wait; a zero one must not spin.
             let wait = decision
                 .retry_after()
                 .max(std::time::Duration::from_micros(1));
             if deadline.is_some_and(|d| tokio::time::Instant::now() + wait > d) {
-                return Ok(verdict);
+                return Ok((verdict, start.elapsed()));
             }
             tokio::time::sleep(wait).await;
         }
     }
-    policy.backend.check(key, cost).await
+    let verdict = policy.backend.check(key, cost).await?;
+    Ok((verdict, std::time::Duration::ZERO))
+}
+
+/// Counts what `decided` means for a request of `policy` (feature `metrics`).
+fn record_outcome(policy: &Policy, decided: &Result<(Verdict, std::time::Duration), CheckError>) {
+    let outcome = match decided {
+        Err(_) => Outcome::Error,
+        Ok((verdict, waited)) => match (verdict.decision.allowed(), policy.mode) {
+            (true, _) if waited.is_zero() => Outcome::Allowed,
+            (true, _) => {
+                stats::record_wait(policy, *waited);
+                Outcome::Delayed
+            }
+            (false, Mode::Shadow) => Outcome::ShadowDenied,
+            (false, _) => Outcome::Denied,
+        },
+    };
+    stats::record(policy, outcome);
 }
 
 type BoxedResponse<B, E> =
@@ -563,8 +601,10 @@ where
                 Plan::Check { policy, key, cost } => (policy, key, cost),
             };
             let policy = &shared.policies[policy];
-            let verdict = match decide(policy, &key, cost).await {
-                Ok(verdict) => verdict,
+            let decided = decide(policy, &key, cost).await;
+            record_outcome(policy, &decided);
+            let verdict = match decided {
+                Ok((verdict, _)) => verdict,
                 Err(_) if policy.mode == Mode::Shadow => {
                     return inner
                         .call(request)

@@ -24,7 +24,7 @@ use crate::Decision;
 /// |---|---|
 /// | `None` | none (`Retry-After` on denials only) |
 /// | `Legacy` | `X-RateLimit-Limit: L`, `X-RateLimit-Remaining: r`, `X-RateLimit-Reset: ⌈reset_after⌉` (seconds from now) |
-/// | `Draft` | `RateLimit-Policy: "name";q=L;w=⌈W⌉` (one item per quota), `RateLimit: "name";r=r;t=⌈reset_after⌉` ([draft-ietf-httpapi-ratelimit-headers](https://datatracker.ietf.org/doc/draft-ietf-httpapi-ratelimit-headers/)) |
+/// | `Draft` | `RateLimit-Policy: "name";q=L;w=⌈W⌉` (one item per quota), `RateLimit: "name";r=r;t=⌈reset_after⌉` (the IETF draft draft-ietf-httpapi-ratelimit-headers) |
 /// | `Both` | `Legacy` and `Draft` |
 ///
 /// A policy with several quotas names them `name-1`, `name-2`, … in `RateLimit-Policy`;

@@ -1,0 +1,71 @@
+//! The layer's metrics (feature `metrics`), through the `metrics` facade: the application
+//! installs the recorder and exporter it wants (Prometheus, StatsD, …).
+//!
+//! | metric | kind | labels | what |
+//! |---|---|---|---|
+//! | `tollgate_requests_total` | counter | `policy`, `outcome` | every request a policy decided or could not decide |
+//! | `tollgate_delay_seconds` | histogram | `policy` | how long each delayed request waited (delay mode) |
+//!
+//! `outcome` is one of `allowed`, `denied`, `shadow_denied` (refused by a shadow policy, let
+//! through), `delayed` (admitted after waiting, delay mode), `no_key` (no client key could be
+//! extracted) and `error` (the backend could not decide, or the cost can never be admitted).
+//! Allow-listed requests and requests no policy matches are not counted.
+//!
+//! Without the feature every function here is empty.
+
+use std::time::Duration;
+
+use super::Policy;
+
+/// What happened to a request, as the `outcome` label says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Outcome {
+    Allowed,
+    Denied,
+    ShadowDenied,
+    Delayed,
+    NoKey,
+    Error,
+}
+
+impl Outcome {
+    #[cfg_attr(not(feature = "metrics"), allow(dead_code))]
+    fn label(self) -> &'static str {
+        match self {
+            Outcome::Allowed => "allowed",
+            Outcome::Denied => "denied",
+            Outcome::ShadowDenied => "shadow_denied",
+            Outcome::Delayed => "delayed",
+            Outcome::NoKey => "no_key",
+            Outcome::Error => "error",
+        }
+    }
+}
+
+/// Counts one request of `policy`.
+#[inline]
+pub(crate) fn record(policy: &Policy, outcome: Outcome) {
+    #[cfg(feature = "metrics")]
+    ::metrics::counter!(
+        "tollgate_requests_total",
+        // An `Arc<str>` label: a reference count, no copy of the name.
+        "policy" => std::sync::Arc::clone(&policy.name),
+        "outcome" => outcome.label()
+    )
+    .increment(1);
+    #[cfg(not(feature = "metrics"))]
+    let _ = (policy, outcome);
+}
+
+/// Records how long a delayed request of `policy` waited.
+#[inline]
+pub(crate) fn record_wait(policy: &Policy, waited: Duration) {
+    #[cfg(feature = "metrics")]
+    ::metrics::histogram!(
+        "tollgate_delay_seconds",
+        "policy" => std::sync::Arc::clone(&policy.name)
+    )
+    .record(waited.as_secs_f64());
+    #[cfg(not(feature = "metrics"))]
+    let _ = (policy, waited);
+}
