@@ -6,29 +6,41 @@
 //! ```
 //!
 //! It listens on `TOLLGATE_ADDR` (default `127.0.0.1:3000`) and reads the file named by its
-//! first argument (default `examples/policies.toml` in this repository).
+//! first argument (default `examples/policies.toml` in this repository). With
+//! `--redis URL` (built with the `redis` feature too) every single-quota policy is held on
+//! Redis, globally across every server started the same way.
 
 use std::net::SocketAddr;
 
-use axum::routing::get;
+use axum::routing::{get, post};
 use axum::Router;
 use tollgate::tower::config::LayerConfig;
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let path = std::env::args().nth(1).unwrap_or_else(|| {
-        concat!(env!("CARGO_MANIFEST_DIR"), "/examples/policies.toml").to_owned()
-    });
+    let mut args = std::env::args().skip(1);
+    let mut path = concat!(env!("CARGO_MANIFEST_DIR"), "/examples/policies.toml").to_owned();
+    let mut redis_url = None;
+    while let Some(arg) = args.next() {
+        match arg.as_str() {
+            "--redis" => redis_url = Some(args.next().ok_or("--redis needs a URL")?),
+            _ => path = arg,
+        }
+    }
+
     // The whole rate-limiting set-up: read the file, build the layer.
     let config: LayerConfig = toml::from_str(&std::fs::read_to_string(&path)?)?;
-    let layer = config.build()?;
+    let layer = match redis_url {
+        None => config.build()?,
+        Some(url) => global(config, &url).await?,
+    };
 
     let app = Router::new()
         .route("/api/hello", get(|| async { "hello\n" }))
         .route("/api/export", get(|| async { "an export\n" }))
         .route("/partner/orders", get(|| async { "orders\n" }))
         .route("/beta/feature", get(|| async { "beta\n" }))
-        .route("/upload", axum::routing::post(|| async { "stored\n" }))
+        .route("/upload", post(|| async { "stored\n" }))
         .route("/health", get(|| async { "ok\n" }))
         .layer(layer);
 
@@ -45,4 +57,28 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     )
     .await?;
     Ok(())
+}
+
+/// Every single-quota policy on Redis (exact tier); the others stay in process.
+#[cfg(feature = "redis")]
+async fn global(
+    config: LayerConfig,
+    url: &str,
+) -> Result<tollgate::tower::RateLimitLayer, Box<dyn std::error::Error>> {
+    let conn = redis::aio::ConnectionManager::new(redis::Client::open(url)?).await?;
+    let clock = tollgate::clock::QuantaClock::default();
+    Ok(config
+        .builder_with(|policy| match policy.quotas.len() {
+            1 => policy.redis(conn.clone()),
+            _ => policy.in_process(clock.clone()),
+        })?
+        .build()?)
+}
+
+#[cfg(not(feature = "redis"))]
+async fn global(
+    _: LayerConfig,
+    _: &str,
+) -> Result<tollgate::tower::RateLimitLayer, Box<dyn std::error::Error>> {
+    Err("--redis needs the example built with the `redis` feature".into())
 }

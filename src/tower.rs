@@ -87,9 +87,9 @@
 //!
 //! # Backends
 //! A policy checks one [`CheckBackend`]: an in-process [`KeyedLimiter`](crate::KeyedLimiter)
-//! or [`MultiLimiter`](crate::MultiLimiter) keyed by [`Key`] today. The Redis tier does not
-//! implement the trait yet (a later increment will, through [`CheckFuture::boxed`]); moving a
-//! policy to it will change only the backend argument of [`Policy::new`].
+//! or [`MultiLimiter`](crate::MultiLimiter) keyed by [`Key`], or (feature `redis`) the Redis
+//! tier through `RedisBackend` (exact, guarded or leased): a limit held across a fleet. Moving
+//! a policy from one node to the fleet changes only the backend argument of [`Policy::new`].
 
 use std::fmt;
 use std::future::Future;
@@ -109,6 +109,8 @@ mod cidr;
 pub mod config;
 mod key;
 mod policy;
+#[cfg(feature = "redis")]
+mod redis_backend;
 mod response;
 mod stats;
 
@@ -116,6 +118,8 @@ pub use self::backend::{CheckBackend, CheckError, CheckFuture, QuotaInfo, RuleWi
 pub use self::cidr::{Cidr, CidrError};
 pub use self::key::{Key, KeySource, ProxyHeader};
 pub use self::policy::{Cost, Mode, Policy};
+#[cfg(feature = "redis")]
+pub use self::redis_backend::{redis_key, RedisBackend};
 pub use self::response::{Denial, HeaderStyle, RateLimitBody};
 
 use self::key::{peer_addr, AddrConfig, Addrs};

@@ -96,9 +96,8 @@ impl std::fmt::Debug for CheckFuture<'_> {
 /// [`Policy::new`](super::Policy::new)).
 ///
 /// Implemented for [`KeyedLimiter`] and [`MultiLimiter`] keyed by [`Key`] (on their default
-/// store, any clock), and for `Arc` of any backend (keep a handle to change quotas at run time).
-/// The Redis tier (`tollgate::redis`) does not implement it yet: a later increment adds it,
-/// through [`CheckFuture::boxed`].
+/// store, any clock), for `Arc` of any backend (keep a handle to change quotas at run time),
+/// and (feature `redis`) for the Redis tier's limiters wrapped in `RedisBackend`.
 ///
 /// # Examples
 /// A backend of your own:

@@ -435,6 +435,50 @@ impl PolicyConfig {
         }
     }
 
+    /// This policy's limit held globally on Redis (feature `redis`): the exact tier
+    /// ([`RedisLimiter`](crate::redis::RedisLimiter)) over `conn`, with the configured
+    /// algorithm, under the Redis key prefix `tollgate:NAME` (each policy its own state).
+    /// Use it in [`LayerConfig::builder_with`] to make policies global.
+    ///
+    /// # Errors
+    /// [`ConfigError::Quota`] if the Redis tier refuses the quota;
+    /// [`ConfigError::Policy`] for several quotas or `max_keys` (not supported on Redis yet).
+    ///
+    /// # Examples
+    /// ```no_run
+    /// use redis::aio::ConnectionManager;
+    /// use tollgate::tower::config::LayerConfig;
+    /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+    /// let conn = ConnectionManager::new(redis::Client::open("redis://127.0.0.1:6379")?).await?;
+    /// let config: LayerConfig = toml::from_str("[[policy]]\nname = \"api\"\nquota = \"5/1s\"")?;
+    /// let layer = config.builder_with(|policy| policy.redis(conn.clone()))?.build()?;
+    /// # let _ = layer;
+    /// # Ok(()) }
+    /// ```
+    #[cfg(feature = "redis")]
+    pub fn redis<Conn: crate::redis::RedisConnection>(
+        &self,
+        conn: Conn,
+    ) -> Result<Arc<dyn CheckBackend>, ConfigError> {
+        let [quota] = self.quotas[..] else {
+            return Err(self.problem("a Redis policy takes one quota"));
+        };
+        if self.max_keys.is_some() {
+            return Err(self.problem("`max_keys` bounds in-process limiters only"));
+        }
+        let rule =
+            crate::redis::RedisRule::for_algorithm(self.algorithm, quota).map_err(|error| {
+                ConfigError::Quota {
+                    policy: self.name.clone(),
+                    error,
+                }
+            })?;
+        let limiter = crate::redis::RedisLimiter::builder(rule)
+            .prefix(format!("tollgate:{}", self.name))
+            .build(conn);
+        Ok(Arc::new(super::RedisBackend::new(limiter, quota)))
+    }
+
     fn limiter<A, C>(
         &self,
         rule: impl Fn(Quota) -> Result<A, QuotaError>,
