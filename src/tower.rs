@@ -74,7 +74,7 @@
 //!
 //! | metric | kind | labels |
 //! |---|---|---|
-//! | `tollgate_requests_total` | counter | `policy`; `outcome`: `allowed`, `denied`, `shadow_denied`, `delayed`, `no_key`, `error` |
+//! | `tollgate_requests_total` | counter | `policy`; `outcome`: `allowed`, `denied`, `shadow_denied`, `delayed`, `no_key`, `error`, and `refunded` (also counted as allowed) |
 //! | `tollgate_delay_seconds` | histogram | `policy`: how long each delayed request waited |
 //!
 //! Allow-listed requests and requests no policy matches are not counted. Each count is one
@@ -311,6 +311,12 @@ impl RateLimitLayerBuilder {
                 || !name.bytes().all(|b| (0x20..0x7f).contains(&b))
             {
                 return Err(ConfigError::PolicyName(name.to_string()));
+            }
+            if policy.refund.is_some() && !policy.backend.can_refund() {
+                return Err(ConfigError::Policy {
+                    policy: name.to_string(),
+                    problem: "refunds by status need a backend that can refund".to_owned(),
+                });
             }
         }
         Ok(RateLimitLayer {
@@ -644,6 +650,15 @@ where
                 return Ok(shared.deny(policy, &verdict, grpc));
             }
             let mut response = inner.call(request).await?.map(RateLimitBody::inner);
+            if verdict.decision.allowed()
+                && policy
+                    .refund
+                    .as_ref()
+                    .is_some_and(|refund| refund(response.status()))
+            {
+                policy.backend.refund(&key, cost);
+                stats::record(policy, Outcome::Refunded);
+            }
             add_headers(
                 response.headers_mut(),
                 shared.headers,

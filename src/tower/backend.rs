@@ -130,6 +130,19 @@ pub trait CheckBackend: Send + Sync + 'static {
 
     /// Quota `index` (for the `RateLimit-Policy` header), or `None` if out of range.
     fn quota(&self, index: usize) -> Option<QuotaInfo>;
+
+    /// Whether [`CheckBackend::refund`] gives units back (default `false`). A policy that
+    /// refunds by response status ([`Policy::refund_when`](super::Policy::refund_when)) is
+    /// refused at build time on a backend that cannot.
+    fn can_refund(&self) -> bool {
+        false
+    }
+
+    /// Gives back `cost` units admitted to `key` (a refund by response status). The default
+    /// does nothing.
+    fn refund(&self, key: &Key, cost: u64) {
+        let _ = (key, cost);
+    }
 }
 
 impl<T: CheckBackend + ?Sized> CheckBackend for Arc<T> {
@@ -143,6 +156,14 @@ impl<T: CheckBackend + ?Sized> CheckBackend for Arc<T> {
 
     fn quota(&self, index: usize) -> Option<QuotaInfo> {
         (**self).quota(index)
+    }
+
+    fn can_refund(&self) -> bool {
+        (**self).can_refund()
+    }
+
+    fn refund(&self, key: &Key, cost: u64) {
+        (**self).refund(key, cost);
     }
 }
 
@@ -210,6 +231,14 @@ where
     fn quota(&self, index: usize) -> Option<QuotaInfo> {
         (index == 0).then(|| info(&self.rule()))
     }
+
+    fn can_refund(&self) -> bool {
+        true
+    }
+
+    fn refund(&self, key: &Key, cost: u64) {
+        KeyedLimiter::refund(self, key, cost);
+    }
 }
 
 /// Runs [`MultiLimiter`]'s all-or-nothing protocol over its limits (peek all, charge in order,
@@ -230,6 +259,16 @@ where
 
     fn quota(&self, index: usize) -> Option<QuotaInfo> {
         self.limits().get(index).map(|limit| info(&limit.rule()))
+    }
+
+    fn can_refund(&self) -> bool {
+        true
+    }
+
+    fn refund(&self, key: &Key, cost: u64) {
+        for limit in self.limits() {
+            limit.refund(key, cost);
+        }
     }
 }
 

@@ -36,6 +36,7 @@
 //! cost_by_path = { "/api/export" = 5 } # by path prefix within the policy (longest wins)
 //! mode = "enforce"                 # enforce (default) | shadow | { delay = "500ms" }
 //!                                  # (delay: wait up to 500 ms, then 429; feature tokio)
+//! refund = ["5xx"]                 # give back units of requests answered 5xx
 //! max_keys = 100000                # optional bound on the keys held
 //! overflow = "shared"              # past max_keys: shared (default) | deny
 //!
@@ -195,6 +196,11 @@ pub struct PolicyConfig {
     /// Enforce (default), shadow, or delay (feature `tokio`).
     #[serde(default)]
     pub mode: Mode,
+    /// Give an admitted request's units back when its response status matches one of these
+    /// (`["5xx"]`: failures are not charged; `["2xx", "3xx"]`: only failures are, as a login
+    /// throttle does). See [`Policy::refund_when`].
+    #[serde(default)]
+    pub refund: Vec<StatusMatch>,
     /// At most this many keys held (single-quota policies).
     #[serde(default)]
     pub max_keys: Option<usize>,
@@ -214,6 +220,82 @@ fn default_cost() -> u64 {
 /// An HTTP method, parsed (`GET`, `POST`, or any valid token).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct MethodName(pub Method);
+
+/// A response status (`404`) or a class of them (`"5xx"`), as in `refund = ["5xx"]`.
+///
+/// # Examples
+/// ```
+/// use http::StatusCode;
+/// use tollgate::tower::config::StatusMatch;
+/// let m: Vec<StatusMatch> = serde_json::from_str(r#"["5xx", 404, "429"]"#)?;
+/// assert!(m[0].matches(StatusCode::BAD_GATEWAY));
+/// assert!(m[1].matches(StatusCode::NOT_FOUND));
+/// assert!(!m[0].matches(StatusCode::NOT_FOUND));
+/// # Ok::<(), serde_json::Error>(())
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StatusMatch {
+    /// This status.
+    Exact(StatusCode),
+    /// Every status of this class (1 to 5, for `1xx` to `5xx`).
+    Class(u8),
+}
+
+impl StatusMatch {
+    /// Whether `status` matches.
+    pub fn matches(&self, status: StatusCode) -> bool {
+        match *self {
+            StatusMatch::Exact(s) => s == status,
+            StatusMatch::Class(c) => status.as_u16() / 100 == u16::from(c),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for StatusMatch {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct StatusVisitor;
+        impl Visitor<'_> for StatusVisitor {
+            type Value = StatusMatch;
+
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a status (404) or a class (\"5xx\")")
+            }
+
+            fn visit_u64<E: de::Error>(self, v: u64) -> Result<StatusMatch, E> {
+                u16::try_from(v)
+                    .ok()
+                    .filter(|v| (100..600).contains(v))
+                    .and_then(|v| StatusCode::from_u16(v).ok())
+                    .map(StatusMatch::Exact)
+                    .ok_or_else(|| E::custom(format!("invalid status {v}")))
+            }
+
+            fn visit_i64<E: de::Error>(self, v: i64) -> Result<StatusMatch, E> {
+                match u64::try_from(v) {
+                    Ok(v) => self.visit_u64(v),
+                    Err(_) => Err(E::custom(format!("invalid status {v}"))),
+                }
+            }
+
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<StatusMatch, E> {
+                let b = v.as_bytes();
+                if b.len() == 3
+                    && (b'1'..=b'5').contains(&b[0])
+                    && b[1..].eq_ignore_ascii_case(b"xx")
+                {
+                    return Ok(StatusMatch::Class(b[0] - b'0'));
+                }
+                match v.parse::<u64>() {
+                    Ok(n) => self.visit_u64(n),
+                    Err(_) => Err(E::custom(format!(
+                        "invalid status {v:?} (expected e.g. 404 or \"5xx\")"
+                    ))),
+                }
+            }
+        }
+        d.deserialize_any(StatusVisitor)
+    }
+}
 
 /// What happens to new keys past `max_keys` (see [`OverflowPolicy`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
@@ -383,6 +465,10 @@ impl PolicyConfig {
         }
         if let Some(methods) = &self.methods {
             policy = policy.methods(methods.iter().map(|m| m.0.clone()));
+        }
+        if !self.refund.is_empty() {
+            let statuses = self.refund.clone();
+            policy = policy.refund_when(move |status| statuses.iter().any(|m| m.matches(status)));
         }
         if !self.cost_by_path.is_empty() {
             // Longest prefix first: the first match is the most specific.

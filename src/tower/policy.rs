@@ -4,7 +4,7 @@ use std::fmt;
 use std::sync::Arc;
 
 use http::request::Parts;
-use http::Method;
+use http::{Method, StatusCode};
 
 use super::{CheckBackend, KeySource};
 
@@ -41,6 +41,7 @@ pub enum Mode {
 }
 
 type CostFn = dyn Fn(&Parts) -> u64 + Send + Sync;
+type RefundFn = dyn Fn(StatusCode) -> bool + Send + Sync;
 
 /// How many units a request costs.
 #[derive(Clone)]
@@ -113,7 +114,7 @@ impl PathMatch {
 ///
 /// # Examples
 /// ```
-/// use http::Method;
+/// use http::{Method, StatusCode};
 /// use tollgate::tower::{Key, KeySource, Mode, Policy};
 /// use tollgate::{Gcra, KeyedLimiter, MultiLimiter, Quota};
 ///
@@ -141,6 +142,7 @@ pub struct Policy {
     pub(crate) key: KeySource,
     pub(crate) cost: Cost,
     pub(crate) mode: Mode,
+    pub(crate) refund: Option<Arc<RefundFn>>,
 }
 
 impl fmt::Debug for Policy {
@@ -152,6 +154,7 @@ impl fmt::Debug for Policy {
             .field("key", &self.key)
             .field("cost", &self.cost)
             .field("mode", &self.mode)
+            .field("refunds", &self.refund.is_some())
             .finish_non_exhaustive()
     }
 }
@@ -170,6 +173,7 @@ impl Policy {
             key: KeySource::client_ip(),
             cost: Cost::Fixed(1),
             mode: Mode::Enforce,
+            refund: None,
         }
     }
 
@@ -215,6 +219,28 @@ impl Policy {
     /// Enforce (default), shadow, or delay (feature `tokio`).
     pub fn mode(mut self, mode: Mode) -> Self {
         self.mode = mode;
+        self
+    }
+
+    /// Gives an admitted request's units back when `f` holds for its response status: do not
+    /// charge failures (`|s| s.is_server_error()`), or charge only failures, as a login
+    /// throttle does (`|s| s.is_success()`). The response's rate-limit fields still show the
+    /// decision made before the request was served. The backend must be able to refund
+    /// ([`CheckBackend::can_refund`]: the in-process limiters can), or the layer is refused.
+    ///
+    /// # Examples
+    /// ```
+    /// use tollgate::tower::{Key, Policy};
+    /// use tollgate::{Gcra, KeyedLimiter, Quota};
+    /// // Five failed logins per client an hour; successful ones are not counted.
+    /// let login = Policy::new("login", KeyedLimiter::<Key, _>::new(Gcra::new(Quota::per_hour(5)?)?))
+    ///     .path_prefix("/login")
+    ///     .refund_when(|status| status.is_success());
+    /// # let _ = login;
+    /// # Ok::<(), tollgate::QuotaError>(())
+    /// ```
+    pub fn refund_when(mut self, f: impl Fn(StatusCode) -> bool + Send + Sync + 'static) -> Self {
+        self.refund = Some(Arc::new(f));
         self
     }
 

@@ -8,7 +8,9 @@
 //!
 //! `outcome` is one of `allowed`, `denied`, `shadow_denied` (refused by a shadow policy, let
 //! through), `delayed` (admitted after waiting, delay mode), `no_key` (no client key could be
-//! extracted) and `error` (the backend could not decide, or the cost can never be admitted).
+//! extracted) and `error` (the backend could not decide, or the cost can never be admitted);
+//! `refunded` counts admitted requests given back by their response status (they were
+//! counted as `allowed` or `delayed` too).
 //! Allow-listed requests and requests no policy matches are not counted.
 //!
 //! Without the feature every function here is empty.
@@ -26,6 +28,7 @@ pub(crate) enum Outcome {
     Delayed,
     NoKey,
     Error,
+    Refunded,
 }
 
 impl Outcome {
@@ -38,6 +41,7 @@ impl Outcome {
             Outcome::Delayed => "delayed",
             Outcome::NoKey => "no_key",
             Outcome::Error => "error",
+            Outcome::Refunded => "refunded",
         }
     }
 }
