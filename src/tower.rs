@@ -113,6 +113,7 @@ mod policy;
 mod redis_backend;
 mod response;
 mod stats;
+mod tiers;
 
 pub use self::backend::{CheckBackend, CheckError, CheckFuture, QuotaInfo, RuleWindow, Verdict};
 pub use self::cidr::{Cidr, CidrError};
@@ -121,6 +122,7 @@ pub use self::policy::{Cost, Mode, Policy};
 #[cfg(feature = "redis")]
 pub use self::redis_backend::{redis_key, RedisBackend};
 pub use self::response::{Denial, HeaderStyle, RateLimitBody};
+pub use self::tiers::{Tiers, TiersBuilder, UnknownTier};
 
 use self::key::{peer_addr, AddrConfig, Addrs};
 use self::response::{
@@ -352,6 +354,30 @@ impl fmt::Debug for RateLimitLayer {
 }
 
 impl RateLimitLayer {
+    /// The tiers of policy `policy` (when its backend is [`Tiers`]): a handle to move keys
+    /// between tiers while the server runs. `None` for another backend or an unknown name.
+    ///
+    /// # Examples
+    /// ```
+    /// use tollgate::tower::{Key, Policy, RateLimitLayer, Tiers};
+    /// use tollgate::{Gcra, KeyedLimiter, Quota};
+    /// let q = |n| -> Result<_, tollgate::QuotaError> {
+    ///     Ok(KeyedLimiter::<Key, _>::new(Gcra::new(Quota::per_minute(n)?)?))
+    /// };
+    /// let layer = RateLimitLayer::builder()
+    ///     .policy(Policy::new("api", Tiers::builder("free", q(100)?).tier("pro", q(1000)?).build()?))
+    ///     .build()?;
+    /// layer.tiers("api").expect("a tiered policy").assign(Key::from("k"), "pro")?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn tiers(&self, policy: &str) -> Option<Tiers> {
+        self.shared
+            .policies
+            .iter()
+            .find(|p| p.name() == policy)
+            .and_then(|p| p.tiers.clone())
+    }
+
     /// A builder with no policy, no trusted proxy, IPv6 grouped per /56, draft headers.
     pub fn builder() -> RateLimitLayerBuilder {
         RateLimitLayerBuilder {

@@ -155,9 +155,11 @@ fn the_example_partner_policy_keys_by_api_key_and_shadow_never_rejects() {
     let denied = h.send("/partner/orders", CLIENT, &[("x-api-key", "k1")]);
     assert_eq!(denied.status(), StatusCode::TOO_MANY_REQUESTS);
     // Two quotas, both in RateLimit-Policy; the per-minute one refused.
+    // The tiers' quotas, all in RateLimit-Policy: free's two, then pro's; free's per-minute
+    // one refused.
     assert_eq!(
         header(&denied, "ratelimit-policy"),
-        Some("\"partner-1\";q=100;w=60, \"partner-2\";q=1000;w=3600")
+        Some("\"partner-1\";q=100;w=60, \"partner-2\";q=1000;w=3600, \"partner-3\";q=1000;w=60")
     );
     assert!(header(&denied, "ratelimit")
         .unwrap()
@@ -167,6 +169,18 @@ fn the_example_partner_policy_keys_by_api_key_and_shadow_never_rejects() {
         h.status("/partner/orders", CLIENT, &[("x-api-key", "k2")]),
         200
     );
+    // A pro key (placed by the file) has 1000 a minute.
+    for _ in 0..1000 {
+        assert_eq!(
+            h.status("/partner/orders", CLIENT, &[("x-api-key", "pro-key-1")]),
+            200
+        );
+    }
+    let denied = h.send("/partner/orders", CLIENT, &[("x-api-key", "pro-key-1")]);
+    assert_eq!(denied.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert!(header(&denied, "ratelimit")
+        .unwrap()
+        .starts_with("\"partner-3\";r=0;"));
 
     // Shadow: 2 a minute, never enforced, but the headers say what enforcement would do.
     for i in 0..5 {
@@ -289,6 +303,15 @@ fn bad_values_are_errors_that_name_them() {
         (policy("key = []"), "an empty composite key"),
         (policy("methods = [\"GE T\"]"), "GE T"),
         (policy("burts = 3"), "unknown field `burts`"),
+        (
+            policy("tiers.pro = { quota = \"0/1s\" }"),
+            "the limit must be at least 1",
+        ),
+        (
+            policy("tiers.pro = { quota = \"1/1s\", keyz = [] }"),
+            "unknown field `keyz`",
+        ),
+        (policy("refund = [\"6xx\"]"), "6xx"),
     ] {
         let message = parse_error(&text);
         assert!(message.contains(want), "{text:?}: {message}");
@@ -328,6 +351,12 @@ fn what_only_the_algorithm_or_the_layer_can_refuse_is_a_config_error() {
     let e =
         build("[[policy]]\nname = \"a\"\nquota = [\"1/1s\", \"5/1m\"]\nmax_keys = 10").unwrap_err();
     assert!(e.to_string().contains("max_keys"), "{e}");
+    let e = build("[[policy]]\nname = \"t\"\nquota = \"1/1s\"\ntier = \"pro\"\ntiers.pro = { quota = \"5/1s\" }")
+        .unwrap_err();
+    assert!(e.to_string().contains("named twice"), "{e}");
+    let e = build("[[policy]]\nname = \"t\"\nquota = \"1/1s\"\nalgorithm = \"fixed-window\"\ntiers.pro = { quota = \"5/1s burst 9\" }")
+        .unwrap_err();
+    assert!(e.to_string().contains("\"t/pro\""), "{e}");
     let e = build("[[policy]]\nname = \"\"\nquota = \"1/1s\"").unwrap_err();
     assert_eq!(e, ConfigError::PolicyName(String::new()));
 }

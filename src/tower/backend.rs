@@ -65,6 +65,19 @@ impl<'a> CheckFuture<'a> {
     pub fn boxed(future: impl Future<Output = Result<Verdict, CheckError>> + Send + 'a) -> Self {
         CheckFuture(State::Boxed(Box::pin(future)))
     }
+
+    /// The same answer with its quota index moved by `offset` (a ready answer stays ready:
+    /// no allocation).
+    pub(crate) fn offset_quota(self, offset: usize) -> Self {
+        let shift = move |v: Verdict| Verdict {
+            quota: v.quota + offset,
+            ..v
+        };
+        match self.0 {
+            State::Ready(result) => CheckFuture(State::Ready(result.map(|r| r.map(shift)))),
+            State::Boxed(future) => CheckFuture::boxed(async move { future.await.map(shift) }),
+        }
+    }
 }
 
 impl Future for CheckFuture<'_> {

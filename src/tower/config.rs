@@ -37,6 +37,8 @@
 //! mode = "enforce"                 # enforce (default) | shadow | { delay = "500ms" }
 //!                                  # (delay: wait up to 500 ms, then 429; feature tokio)
 //! refund = ["5xx"]                 # give back units of requests answered 5xx
+//! tier = "free"                    # with tiers: the name of this quota's tier (default "default")
+//! tiers.pro = { quota = "1000/1m", keys = ["k-1"] }  # more tiers, keys placed at start
 //! max_keys = 100000                # optional bound on the keys held
 //! overflow = "shared"              # past max_keys: shared (default) | deny
 //!
@@ -84,7 +86,7 @@ use serde::Deserialize;
 use super::policy::PathMatch;
 use super::{
     CheckBackend, Cidr, ConfigError, Fallback, HeaderStyle, Key, KeySource, Mode, Policy,
-    ProxyHeader, RateLimitLayer, RateLimitLayerBuilder, RuleWindow,
+    ProxyHeader, RateLimitLayer, RateLimitLayerBuilder, RuleWindow, Tiers,
 };
 use crate::algorithm::Algorithm;
 use crate::clock::{Clock, QuantaClock};
@@ -201,12 +203,45 @@ pub struct PolicyConfig {
     /// throttle does). See [`Policy::refund_when`].
     #[serde(default)]
     pub refund: Vec<StatusMatch>,
+    /// Other tiers than the policy's own quota (which is the default tier): each with its own
+    /// quota and, optionally, the keys (text: header values) placed in it at start. Keys can
+    /// be moved at run time through [`RateLimitLayer::tiers`].
+    #[serde(default)]
+    pub tiers: BTreeMap<String, TierConfig>,
+    /// The name of the default tier (default `"default"`), when there are tiers.
+    #[serde(default = "default_tier")]
+    pub tier: String,
     /// At most this many keys held (single-quota policies).
     #[serde(default)]
     pub max_keys: Option<usize>,
     /// What happens to new keys past `max_keys` (default `shared`).
     #[serde(default)]
     pub overflow: Overflow,
+}
+
+fn default_tier() -> String {
+    "default".to_owned()
+}
+
+/// One tier of a policy: its quota and the keys placed in it at start.
+///
+/// # Examples
+/// ```
+/// use tollgate::tower::config::TierConfig;
+/// let tier: TierConfig = toml::from_str("quota = \"1000/1m\"\nkeys = [\"k1\", \"k2\"]")?;
+/// assert_eq!(tier.keys.len(), 2);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+#[non_exhaustive]
+pub struct TierConfig {
+    /// The tier's quotas (one or a list, all or nothing).
+    #[serde(rename = "quota", deserialize_with = "one_or_many")]
+    pub quotas: Vec<Quota>,
+    /// Keys (as text) in this tier from the start.
+    #[serde(default)]
+    pub keys: Vec<String>,
 }
 
 fn default_algorithm() -> AlgorithmName {
@@ -431,10 +466,10 @@ impl LayerConfig {
             builder = builder.on_error(fallback);
         }
         for config in &self.policies {
-            builder = builder.policy(config.policy(backend(config)?)?);
+            builder = builder.policy(config.build_policy(&mut backend)?);
         }
         if let Some(config) = &self.default_policy {
-            builder = builder.default_policy(config.policy(backend(config)?)?);
+            builder = builder.default_policy(config.build_policy(&mut backend)?);
         }
         Ok(builder)
     }
@@ -449,8 +484,39 @@ impl PolicyConfig {
         }
     }
 
+    /// The policy over the backends `backend` makes: one, or one per tier.
+    fn build_policy(
+        &self,
+        backend: &mut impl FnMut(&PolicyConfig) -> Result<Arc<dyn CheckBackend>, ConfigError>,
+    ) -> Result<Policy, ConfigError> {
+        if self.tiers.is_empty() {
+            return self.policy(backend(self)?);
+        }
+        let mut builder = Tiers::builder(self.tier.clone(), backend(self)?);
+        for (name, tier) in &self.tiers {
+            let config = PolicyConfig {
+                name: format!("{}/{name}", self.name),
+                quotas: tier.quotas.clone(),
+                tiers: BTreeMap::new(),
+                ..self.clone()
+            };
+            builder = builder.tier(name.clone(), backend(&config)?);
+        }
+        let tiers = builder
+            .build()
+            .map_err(|_| self.problem("a tier is named twice"))?;
+        for (name, tier) in &self.tiers {
+            for key in &tier.keys {
+                tiers
+                    .assign(Key::from(key.as_str()), name)
+                    .map_err(|e| self.problem(&e.to_string()))?;
+            }
+        }
+        self.policy(tiers)
+    }
+
     /// The policy (matching, key, cost, mode) over `backend`.
-    fn policy(&self, backend: Arc<dyn CheckBackend>) -> Result<Policy, ConfigError> {
+    fn policy(&self, backend: impl CheckBackend) -> Result<Policy, ConfigError> {
         let mut policy = Policy::new(self.name.clone(), backend)
             .key(self.key.clone())
             .cost(self.cost)

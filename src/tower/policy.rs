@@ -6,7 +6,7 @@ use std::sync::Arc;
 use http::request::Parts;
 use http::{Method, StatusCode};
 
-use super::{CheckBackend, KeySource};
+use super::{CheckBackend, KeySource, Tiers};
 
 /// What a policy does with a request its limit refuses.
 ///
@@ -143,6 +143,8 @@ pub struct Policy {
     pub(crate) cost: Cost,
     pub(crate) mode: Mode,
     pub(crate) refund: Option<Arc<RefundFn>>,
+    /// The backend, when it is [`Tiers`]: a handle to move keys between tiers.
+    pub(crate) tiers: Option<Tiers>,
 }
 
 impl fmt::Debug for Policy {
@@ -165,7 +167,11 @@ impl Policy {
     ///
     /// To put a policy on another backend (say, a global one), change this argument only.
     pub fn new(name: impl Into<String>, backend: impl CheckBackend) -> Self {
+        let tiers = (&backend as &dyn std::any::Any)
+            .downcast_ref::<Tiers>()
+            .cloned();
         Policy {
+            tiers,
             name: name.into().into(),
             path: PathMatch::Any,
             methods: None,
