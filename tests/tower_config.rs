@@ -462,3 +462,116 @@ fn delay_mode_reads_from_configuration() {
         assert!(message.contains(want), "{bad}: {message}");
     }
 }
+
+mod never_panics {
+    use super::*;
+    use proptest::prelude::*;
+
+    /// Values, some valid and many not, for every setting.
+    fn value() -> impl Strategy<Value = String> {
+        prop_oneof![
+            Just("\"10/1s burst 20\"".to_owned()),
+            Just("[\"1/1ms\", \"18446744073709551615/1d\"]".to_owned()),
+            Just("{ limit = 0, window = \"1s\" }".to_owned()),
+            Just("\"fixed-window\"".to_owned()),
+            Just("\"sliding-log\"".to_owned()),
+            Just("{ delay = \"1ms\" }".to_owned()),
+            Just("[\"client-ip\", { header = \"x\" }]".to_owned()),
+            Just("[\"::/0\", \"10.0.0.0/8\"]".to_owned()),
+            Just("18446744073709551615".to_owned()),
+            Just("-1".to_owned()),
+            Just("[]".to_owned()),
+            Just("{}".to_owned()),
+            "\"[ -~]{0,12}\"",
+            "[0-9]{1,22}",
+        ]
+    }
+
+    fn field() -> impl Strategy<Value = &'static str> {
+        prop::sample::select(vec![
+            "quota",
+            "algorithm",
+            "mode",
+            "key",
+            "cost",
+            "max_keys",
+            "refund",
+            "path",
+            "path_pattern",
+            "methods",
+            "tier",
+            "tiers.pro",
+            "cost_by_path",
+            "overflow",
+        ])
+    }
+
+    fn top() -> impl Strategy<Value = &'static str> {
+        prop::sample::select(vec![
+            "headers",
+            "trusted_proxies",
+            "proxy_header",
+            "ipv6_prefix",
+            "allow_cidrs",
+            "allow_paths",
+            "on_missing_key",
+            "on_error",
+        ])
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+
+        /// Whatever a file holds, parsing and building answer with a value or an error.
+        #[test]
+        fn any_configuration_parses_and_builds_without_panicking(
+            globals in prop::collection::vec((top(), value()), 0..3),
+            fields in prop::collection::vec((field(), value()), 0..6),
+        ) {
+            let mut text = String::new();
+            for (name, v) in &globals {
+                text.push_str(&format!("{name} = {v}\n"));
+            }
+            text.push_str("[[policy]]\nname = \"p\"\n");
+            for (name, v) in &fields {
+                text.push_str(&format!("{name} = {v}\n"));
+            }
+            if let Ok(config) = toml::from_str::<LayerConfig>(&text) {
+                let _ = config.builder_with_clock(ManualClock::new()).and_then(|b| b.build());
+            }
+        }
+    }
+}
+
+#[test]
+fn extreme_values_build_or_are_refused() {
+    for extra in [
+        "max_keys = 18446744073709551615",
+        "algorithm = \"sliding-log\"\nquota = \"1048575/1s\"",
+        "algorithm = \"sliding-log\"\nquota = \"18446744073709551615/1d\"",
+        "quota = \"18446744073709551615/1ns\"",
+        "cost = 18446744073709551615",
+    ] {
+        let text = format!("[[policy]]\nname = \"p\"\n{extra}\n");
+        let text = if extra.contains("quota") {
+            text
+        } else {
+            format!("{text}quota = \"1/1s\"\n")
+        };
+        let config: LayerConfig = toml::from_str(&text).expect(&text);
+        let built = config
+            .builder_with_clock(ManualClock::new())
+            .and_then(|b| b.build());
+        if let Ok(layer) = built {
+            // A request still gets an answer.
+            let mut h = Harness {
+                svc: layer.layer(Ok200),
+                rt: tokio::runtime::Builder::new_current_thread()
+                    .build()
+                    .unwrap(),
+            };
+            let status = h.status("/", CLIENT, &[]);
+            assert!([200, 429].contains(&status), "{extra}: {status}");
+        }
+    }
+}
