@@ -1,14 +1,16 @@
 //! An axum server whose rate limits come from `examples/policies.toml`.
 //!
 //! ```sh
-//! cargo run --example server --features axum,serde,tokio
+//! cargo run --example server --features axum,serde,tokio,metrics
 //! curl -i http://127.0.0.1:3000/api/hello
+//! curl http://127.0.0.1:3000/metrics
 //! ```
 //!
 //! It listens on `TOLLGATE_ADDR` (default `127.0.0.1:3000`) and reads the file named by its
 //! first argument (default `examples/policies.toml` in this repository). With
 //! `--redis URL` (built with the `redis` feature too) every single-quota policy is held on
-//! Redis, globally across every server started the same way.
+//! Redis, globally across every server started the same way. `/metrics` shows the layer's
+//! counters in Prometheus's text format.
 
 use std::net::SocketAddr;
 
@@ -28,6 +30,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         }
     }
 
+    // Metrics go to a Prometheus recorder, rendered at /metrics (install it before serving).
+    let prometheus = metrics_exporter_prometheus::PrometheusBuilder::new().install_recorder()?;
+
     // The whole rate-limiting set-up: read the file, build the layer.
     let config: LayerConfig = toml::from_str(&std::fs::read_to_string(&path)?)?;
     let layer = match redis_url {
@@ -42,7 +47,14 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .route("/beta/feature", get(|| async { "beta\n" }))
         .route("/upload", post(|| async { "stored\n" }))
         .route("/health", get(|| async { "ok\n" }))
-        .layer(layer);
+        .layer(layer)
+        .route(
+            "/metrics",
+            get(move || {
+                let prometheus = prometheus.clone();
+                async move { prometheus.render() }
+            }),
+        );
 
     let addr = std::env::var("TOLLGATE_ADDR").unwrap_or_else(|_| "127.0.0.1:3000".to_owned());
     let listener = tokio::net::TcpListener::bind(&addr).await?;

@@ -537,6 +537,15 @@ async fn decide(
         let start = tokio::time::Instant::now();
         // A bound too far away to represent is no bound.
         let deadline = start.checked_add(max_wait);
+        // Zero unless the request slept: only then was it delayed.
+        let waited = |slept: bool| {
+            if slept {
+                start.elapsed()
+            } else {
+                std::time::Duration::ZERO
+            }
+        };
+        let mut slept = false;
         loop {
             let verdict = policy.backend.check(key, cost).await?;
             let decision = &verdict.decision;
@@ -544,17 +553,19 @@ async fn decide(
                 // A leaky queue's reservation: its slot is `delay` away.
                 if !decision.delay().is_zero() {
                     tokio::time::sleep(decision.delay()).await;
+                    slept = true;
                 }
-                return Ok((verdict, start.elapsed()));
+                return Ok((verdict, waited(slept)));
             }
             // A refusal always has a positive wait; a zero one must not spin.
             let wait = decision
                 .retry_after()
                 .max(std::time::Duration::from_micros(1));
             if deadline.is_some_and(|d| tokio::time::Instant::now() + wait > d) {
-                return Ok((verdict, start.elapsed()));
+                return Ok((verdict, waited(slept)));
             }
             tokio::time::sleep(wait).await;
+            slept = true;
         }
     }
     let verdict = policy.backend.check(key, cost).await?;
