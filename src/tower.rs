@@ -561,7 +561,9 @@ async fn decide(
             let wait = decision
                 .retry_after()
                 .max(std::time::Duration::from_micros(1));
-            if deadline.is_some_and(|d| tokio::time::Instant::now() + wait > d) {
+            // (`checked_add`: an instant past the clock's range is past any deadline.)
+            let wake = tokio::time::Instant::now().checked_add(wait);
+            if deadline.is_some_and(|d| wake.is_none_or(|wake| wake > d)) {
                 return Ok((verdict, waited(slept)));
             }
             tokio::time::sleep(wait).await;

@@ -151,7 +151,12 @@ async fn drive(
     let deadline = max_wait.and_then(|m| Instant::now().checked_add(m).map(|d| (d, m)));
     let too_long = |wait: Duration| -> Result<(), WaitError> {
         match deadline {
-            Some((deadline, max_wait)) if Instant::now() + wait > deadline => {
+            // (`checked_add`: an instant past the clock's range is past any deadline.)
+            Some((deadline, max_wait))
+                if Instant::now()
+                    .checked_add(wait)
+                    .is_none_or(|wake| wake > deadline) =>
+            {
                 Err(WaitError::TooLong { wait, max_wait })
             }
             _ => Ok(()),
