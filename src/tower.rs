@@ -550,9 +550,17 @@ async fn decide(
             let verdict = policy.backend.check(key, cost).await?;
             let decision = &verdict.decision;
             if decision.allowed() {
-                // A leaky queue's reservation: its slot is `delay` away.
+                // A leaky queue's reservation: its slot is `delay` away. A client that hangs
+                // up before it gives the slot back (where the backend can refund).
                 if !decision.delay().is_zero() {
+                    let mut guard = RefundOnDrop {
+                        policy,
+                        key,
+                        cost,
+                        armed: policy.backend.can_refund(),
+                    };
                     tokio::time::sleep(decision.delay()).await;
+                    guard.armed = false;
                     slept = true;
                 }
                 return Ok((verdict, waited(slept)));
@@ -572,6 +580,24 @@ async fn decide(
     }
     let verdict = policy.backend.check(key, cost).await?;
     Ok((verdict, std::time::Duration::ZERO))
+}
+
+/// Gives a reservation back if the request waiting for it is dropped (delay mode).
+#[cfg(feature = "tokio")]
+struct RefundOnDrop<'a> {
+    policy: &'a Policy,
+    key: &'a Key,
+    cost: u64,
+    armed: bool,
+}
+
+#[cfg(feature = "tokio")]
+impl Drop for RefundOnDrop<'_> {
+    fn drop(&mut self) {
+        if self.armed {
+            self.policy.backend.refund(self.key, self.cost);
+        }
+    }
 }
 
 /// Counts what `decided` means for a request of `policy` (feature `metrics`).

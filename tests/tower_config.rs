@@ -575,3 +575,49 @@ fn extreme_values_build_or_are_refused() {
         }
     }
 }
+
+/// Delay mode over a leaky queue: requests are served in arrival order, one every 100 ms, and
+/// one that gives up before its slot hands the slot back.
+#[test]
+fn a_queued_request_that_gives_up_returns_its_slot() {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .start_paused(true)
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        use tokio::time::{timeout, Instant};
+        let config: LayerConfig = toml::from_str(
+            "[[policy]]\nname = \"q\"\nalgorithm = \"leaky-queue\"\nquota = \"10/1s burst 5\"\nmode = { delay = \"1s\" }",
+        )
+        .unwrap();
+        let svc = config
+            .builder_with_clock(tollgate::wait::TokioClock::new())
+            .unwrap()
+            .build()
+            .unwrap()
+            .layer(Ok200);
+        let start = Instant::now();
+        let done = std::sync::Mutex::new(Vec::new());
+        let request = |name: &'static str| {
+            let (svc, done) = (&svc, &done);
+            async move {
+                assert_eq!(send_async(svc, "/", CLIENT).await, 200);
+                done.lock().unwrap().push((name, start.elapsed().as_millis()));
+            }
+        };
+        tokio::join!(request("a"), request("b"), request("c"));
+        assert_eq!(
+            done.lock().unwrap().clone(),
+            [("a", 0), ("b", 100), ("c", 200)]
+        );
+        // The next slot is at 300 ms (100 ms from now): a request takes it and leaves after
+        // 50 ms; the next one gets that slot, 50 ms later, not the one after it.
+        let start = Instant::now();
+        assert!(timeout(Duration::from_millis(50), send_async(&svc, "/", CLIENT))
+            .await
+            .is_err());
+        assert_eq!(send_async(&svc, "/", CLIENT).await, 200);
+        assert_eq!(start.elapsed(), Duration::from_millis(100));
+    });
+}

@@ -31,8 +31,9 @@ pub enum Mode {
     /// and a client that hangs up while it waits has cost nothing. Waiters re-check at their
     /// `retry_after`: they are not served in arrival order (several may wake for one unit;
     /// the others wait again within their `max_wait`). A leaky-queue policy's admitted
-    /// delay ([`Decision::delay`](crate::Decision::delay)) is waited in full: the queue's
-    /// capacity bounds it.
+    /// delay ([`Decision::delay`](crate::Decision::delay)) is waited in full (the queue's
+    /// capacity bounds it), in arrival order; a request dropped before its slot gives the
+    /// slot back when the backend can refund (the in-process limiters can).
     #[cfg(feature = "tokio")]
     Delay {
         /// The longest a request may wait.
