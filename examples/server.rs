@@ -40,6 +40,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         Some(url) => global(config, &url).await?,
     };
 
+    let gauges = layer.clone(); // shares the layer's limiters: reports their key counts
     let app = Router::new()
         .route("/api/hello", get(|| async { "hello\n" }))
         .route("/api/export", get(|| async { "an export\n" }))
@@ -51,6 +52,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .route(
             "/metrics",
             get(move || {
+                gauges.record_gauges();
                 let prometheus = prometheus.clone();
                 async move { prometheus.render() }
             }),

@@ -76,6 +76,8 @@
 //! |---|---|---|
 //! | `tollgate_requests_total` | counter | `policy`; `outcome`: `allowed`, `denied`, `shadow_denied`, `delayed`, `no_key`, `error`, and `refunded` (also counted as allowed) |
 //! | `tollgate_delay_seconds` | histogram | `policy`: how long each delayed request waited |
+//! | `tollgate_keys` | gauge | `policy`: keys held (set by [`RateLimitLayer::record_gauges`]) |
+//! | `tollgate_backend_degraded` | gauge | `policy`: 1 while a Redis backend is degraded |
 //!
 //! Allow-listed requests and requests no policy matches are not counted. Each count is one
 //! lookup in the recorder's registry (the policy label is an `Arc<str>`: no copy).
@@ -376,6 +378,27 @@ impl RateLimitLayer {
             .iter()
             .find(|p| p.name() == policy)
             .and_then(|p| p.tiers.clone())
+    }
+
+    /// Sets the layer's gauges (feature `metrics`; without it, does nothing):
+    /// `tollgate_keys{policy}`, the keys each policy's backend holds (where it knows), and
+    /// `tollgate_backend_degraded{policy}`, 1 while a Redis backend decides by its failure
+    /// policy. They are read here, not on every request (the request path stays as cheap):
+    /// call it before each scrape, or from a periodic task.
+    ///
+    /// # Examples
+    /// ```
+    /// use tollgate::tower::{Key, Policy, RateLimitLayer};
+    /// use tollgate::{Gcra, KeyedLimiter, Quota};
+    /// let per_ip = KeyedLimiter::<Key, _>::new(Gcra::new(Quota::per_second(10)?)?);
+    /// let layer = RateLimitLayer::builder().policy(Policy::new("api", per_ip)).build()?;
+    /// layer.record_gauges(); // e.g. in the /metrics handler, before rendering
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn record_gauges(&self) {
+        for policy in &self.shared.policies {
+            stats::record_gauges(policy);
+        }
     }
 
     /// A builder with no policy, no trusted proxy, IPv6 grouped per /56, draft headers.

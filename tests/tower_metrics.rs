@@ -77,6 +77,7 @@ fn read(
             ("tollgate_delay_seconds", DebugValue::Histogram(values)) => {
                 histograms.insert(label("policy"), values.into_iter().map(|v| v.0).collect());
             }
+            ("tollgate_keys", _) => {}
             (name, value) => panic!("unexpected metric {name}: {value:?}"),
         }
     }
@@ -169,4 +170,42 @@ fn every_outcome_is_counted_per_policy() {
     .collect();
     assert_eq!(counters, want);
     assert_eq!(histograms, BTreeMap::from([("slow".to_owned(), vec![1.0])]));
+}
+
+#[test]
+fn gauges_report_the_keys_held_when_asked() {
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    metrics::with_local_recorder(&recorder, || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .start_paused(true)
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let clock = TokioClock::new();
+            let layer = RateLimitLayer::builder()
+                .policy(
+                    Policy::new("api", gcra(Quota::per_hour(5).unwrap(), &clock))
+                        .path_prefix("/api"),
+                )
+                .build()
+                .unwrap();
+            let svc = layer.layer(Ok200);
+            for ip in 1..=3 {
+                assert_eq!(send(&svc, "/api/x", ip, None).await, 200);
+            }
+            layer.record_gauges();
+        });
+    });
+    let gauges: Vec<(String, f64)> = snapshotter
+        .snapshot()
+        .into_vec()
+        .into_iter()
+        .filter_map(|(key, _, _, value)| match value {
+            DebugValue::Gauge(v) => Some((key.key().name().to_owned(), v.0)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(gauges, [("tollgate_keys".to_owned(), 3.0)]);
 }

@@ -179,8 +179,17 @@ fn guarded_and_leased_nodes_hold_the_limit_too() {
         // The client's key as the layer sends it: 127.0.0.1 (the servers see the loopback).
         let key = redis_key(&Key::Ip("127.0.0.1".parse().unwrap()));
         leased.prefetch(&key).await.expect("a first grant");
-        let a = serve(RedisBackend::new(guarded, quota)).await;
-        let b = serve(RedisBackend::new(leased, quota)).await;
+        let (guarded, leased) = (
+            RedisBackend::new(guarded, quota),
+            RedisBackend::new(leased, quota),
+        );
+        // Redis answers: neither is degraded (the layer's `tollgate_backend_degraded` gauge).
+        assert_eq!(
+            (guarded.degraded(), leased.degraded()),
+            (Some(false), Some(false))
+        );
+        let a = serve(guarded).await;
+        let b = serve(leased).await;
         let http: Http = Client::builder(TokioExecutor::new()).build_http();
         let mut admitted = 0;
         let mut from_leased = 0;

@@ -156,6 +156,18 @@ pub trait CheckBackend: Send + Sync + 'static {
     fn refund(&self, key: &Key, cost: u64) {
         let _ = (key, cost);
     }
+
+    /// How many keys this backend holds state for, if it knows (the in-process limiters do);
+    /// reported as a gauge by [`RateLimitLayer::record_gauges`](super::RateLimitLayer::record_gauges).
+    fn keys_held(&self) -> Option<usize> {
+        None
+    }
+
+    /// Whether the backend is degraded (a Redis limiter deciding by its failure policy while
+    /// Redis is unreachable), if it can be; `None` for a backend that has no such mode.
+    fn degraded(&self) -> Option<bool> {
+        None
+    }
 }
 
 impl<T: CheckBackend + ?Sized> CheckBackend for Arc<T> {
@@ -177,6 +189,14 @@ impl<T: CheckBackend + ?Sized> CheckBackend for Arc<T> {
 
     fn refund(&self, key: &Key, cost: u64) {
         (**self).refund(key, cost);
+    }
+
+    fn keys_held(&self) -> Option<usize> {
+        (**self).keys_held()
+    }
+
+    fn degraded(&self) -> Option<bool> {
+        (**self).degraded()
     }
 }
 
@@ -252,6 +272,10 @@ where
     fn refund(&self, key: &Key, cost: u64) {
         KeyedLimiter::refund(self, key, cost);
     }
+
+    fn keys_held(&self) -> Option<usize> {
+        Some(self.len())
+    }
 }
 
 /// Runs [`MultiLimiter`]'s all-or-nothing protocol over its limits (peek all, charge in order,
@@ -282,6 +306,11 @@ where
         for limit in self.limits() {
             limit.refund(key, cost);
         }
+    }
+
+    /// The most keys any of the limits holds.
+    fn keys_held(&self) -> Option<usize> {
+        self.limits().iter().map(KeyedLimiter::len).max()
     }
 }
 

@@ -173,6 +173,10 @@ impl<C: RedisConnection> CheckBackend for RedisBackend<GuardedLimiter<C>> {
     }
 
     quota_methods!();
+
+    fn degraded(&self) -> Option<bool> {
+        Some(self.limiter.mode() != crate::redis::Mode::Global)
+    }
 }
 
 /// Leased: decided at once from this node's lease (a key's first request on a node is denied
@@ -183,6 +187,10 @@ impl<C: RedisConnection> CheckBackend for RedisBackend<LeasedLimiter<C>> {
     }
 
     quota_methods!();
+
+    fn degraded(&self) -> Option<bool> {
+        Some(self.limiter.mode() != crate::redis::Mode::Global)
+    }
 }
 
 #[cfg(test)]

@@ -5,6 +5,8 @@
 //! |---|---|---|---|
 //! | `tollgate_requests_total` | counter | `policy`, `outcome` | every request a policy decided or could not decide |
 //! | `tollgate_delay_seconds` | histogram | `policy` | how long each delayed request waited (delay mode) |
+//! | `tollgate_keys` | gauge | `policy` | keys the policy's backend holds (set by `record_gauges`) |
+//! | `tollgate_backend_degraded` | gauge | `policy` | 1 while a Redis backend decides by its failure policy, else 0 |
 //!
 //! `outcome` is one of `allowed`, `denied`, `shadow_denied` (refused by a shadow policy, let
 //! through), `delayed` (admitted after waiting, delay mode), `no_key` (no client key could be
@@ -72,4 +74,25 @@ pub(crate) fn record_wait(policy: &Policy, waited: Duration) {
     .record(waited.as_secs_f64());
     #[cfg(not(feature = "metrics"))]
     let _ = (policy, waited);
+}
+
+/// Sets the gauges of `policy`: the keys its backend holds, and whether it is degraded.
+pub(crate) fn record_gauges(policy: &Policy) {
+    #[cfg(feature = "metrics")]
+    {
+        let backend = &policy.backend;
+        if let Some(keys) = backend.keys_held() {
+            ::metrics::gauge!("tollgate_keys", "policy" => std::sync::Arc::clone(&policy.name))
+                .set(keys as f64);
+        }
+        if let Some(degraded) = backend.degraded() {
+            ::metrics::gauge!(
+                "tollgate_backend_degraded",
+                "policy" => std::sync::Arc::clone(&policy.name)
+            )
+            .set(if degraded { 1.0 } else { 0.0 });
+        }
+    }
+    #[cfg(not(feature = "metrics"))]
+    let _ = policy;
 }

@@ -282,6 +282,20 @@ impl CheckBackend for Tiers {
         self.inner.tiers.iter().all(|t| t.backend.can_refund())
     }
 
+    /// The keys held by every tier together (`None` if a tier does not know).
+    fn keys_held(&self) -> Option<usize> {
+        self.inner.tiers.iter().map(|t| t.backend.keys_held()).sum()
+    }
+
+    /// Degraded if any tier is.
+    fn degraded(&self) -> Option<bool> {
+        self.inner
+            .tiers
+            .iter()
+            .filter_map(|t| t.backend.degraded())
+            .reduce(|a, b| a || b)
+    }
+
     /// Refunds in the key's tier now (a key moved between its check and its refund is
     /// refunded in its new tier).
     fn refund(&self, key: &Key, cost: u64) {
