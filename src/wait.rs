@@ -56,6 +56,23 @@ use crate::store::KeyedStore;
 use crate::{Decision, Error, KeyedLimiter, Limiter, MultiLimiter};
 
 /// Why `acquire` gave up.
+///
+/// # Examples
+/// ```
+/// use std::time::Duration;
+/// use tollgate::wait::{TokioClock, WaitError};
+/// use tollgate::{Gcra, KeyedLimiter, Quota};
+/// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let limiter = KeyedLimiter::<String, _, _>::with_clock(Gcra::new(Quota::per_second(1)?)?, TokioClock::new())?;
+/// match limiter.acquire("k", 2, Duration::from_secs(1)).await {
+///     Err(WaitError::Limit(e)) => println!("never admissible: {e}"), // 2 > the burst of 1
+///     Err(WaitError::TooLong { wait, .. }) => println!("would wait {wait:?}"),
+///     Ok(_) => unreachable!(),
+/// }
+/// # Ok(())
+/// # }
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub enum WaitError {
     /// The limiter refused to decide (a cost above the capacity, a full key table).

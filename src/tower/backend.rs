@@ -147,6 +147,19 @@ pub trait CheckBackend: Send + Sync + 'static {
     /// Whether [`CheckBackend::refund`] gives units back (default `false`). A policy that
     /// refunds by response status ([`Policy::refund_when`](super::Policy::refund_when)) is
     /// refused at build time on a backend that cannot.
+    ///
+    /// # Examples
+    /// ```
+    /// use tollgate::tower::{CheckBackend, Key};
+    /// use tollgate::{Gcra, KeyedLimiter, Quota};
+    /// let limiter = KeyedLimiter::<Key, _>::new(Gcra::new(Quota::per_hour(1)?)?);
+    /// let key = Key::from("k");
+    /// assert!(limiter.check(&key)?.allowed());
+    /// assert!(limiter.can_refund());
+    /// CheckBackend::refund(&limiter, &key, 1);
+    /// assert!(limiter.check(&key)?.allowed()); // the unit came back
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     fn can_refund(&self) -> bool {
         false
     }
@@ -159,6 +172,17 @@ pub trait CheckBackend: Send + Sync + 'static {
 
     /// How many keys this backend holds state for, if it knows (the in-process limiters do);
     /// reported as a gauge by [`RateLimitLayer::record_gauges`](super::RateLimitLayer::record_gauges).
+    ///
+    /// # Examples
+    /// ```
+    /// use tollgate::tower::{CheckBackend, Key};
+    /// use tollgate::{Gcra, KeyedLimiter, Quota};
+    /// let limiter = KeyedLimiter::<Key, _>::new(Gcra::new(Quota::per_hour(1)?)?);
+    /// limiter.check(&Key::from("a"))?;
+    /// assert_eq!(limiter.keys_held(), Some(1));
+    /// assert_eq!(limiter.degraded(), None); // in process: no degraded mode
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     fn keys_held(&self) -> Option<usize> {
         None
     }

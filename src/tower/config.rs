@@ -253,6 +253,15 @@ fn default_cost() -> u64 {
 }
 
 /// An HTTP method, parsed (`GET`, `POST`, or any valid token).
+///
+/// # Examples
+/// ```
+/// use tollgate::tower::config::MethodName;
+/// let m: Vec<MethodName> = serde_json::from_str(r#"["GET", "PURGE"]"#)?;
+/// assert_eq!(m[0].0, http::Method::GET);
+/// assert!(serde_json::from_str::<MethodName>(r#""GE T""#).is_err());
+/// # Ok::<(), serde_json::Error>(())
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct MethodName(pub Method);
 
@@ -333,6 +342,14 @@ impl<'de> Deserialize<'de> for StatusMatch {
 }
 
 /// What happens to new keys past `max_keys` (see [`OverflowPolicy`]).
+///
+/// # Examples
+/// ```
+/// use tollgate::tower::config::{Overflow, PolicyConfig};
+/// let p: PolicyConfig = toml::from_str("name = \"p\"\nquota = \"1/1s\"\nmax_keys = 10\noverflow = \"deny\"")?;
+/// assert_eq!(p.overflow, Overflow::Deny);
+/// # Ok::<(), toml::de::Error>(())
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Overflow {

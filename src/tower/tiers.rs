@@ -73,7 +73,19 @@ impl fmt::Debug for Tiers {
     }
 }
 
-/// Builds [`Tiers`].
+/// Builds [`Tiers`] (see [`Tiers::builder`]).
+///
+/// # Examples
+/// ```
+/// use tollgate::tower::{Key, Tiers};
+/// use tollgate::{Gcra, KeyedLimiter, Quota};
+/// let q = |n| -> Result<_, tollgate::QuotaError> {
+///     Ok(KeyedLimiter::<Key, _>::new(Gcra::new(Quota::per_minute(n)?)?))
+/// };
+/// let tiers = Tiers::builder("free", q(100)?).tier("pro", q(1000)?).tier("internal", q(100_000)?).build()?;
+/// assert_eq!(tiers.names().count(), 3);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 #[must_use]
 pub struct TiersBuilder {
     tiers: Vec<(Arc<str>, Arc<dyn CheckBackend>)>,
@@ -92,14 +104,15 @@ impl fmt::Debug for TiersBuilder {
 }
 
 impl TiersBuilder {
-    /// Adds tier `name` over `backend`.
+    /// Adds tier `name` over `backend` (see the [builder's example](TiersBuilder)).
     pub fn tier(mut self, name: impl Into<String>, backend: impl CheckBackend) -> Self {
         self.tiers.push((name.into().into(), Arc::new(backend)));
         self
     }
 
     /// Consults `f` for keys the map does not hold: the name of their tier, or `None` for the
-    /// default tier (a name that is no tier also means the default).
+    /// default tier (a name that is no tier also means the default). Example:
+    /// [`Tiers::tier_of`].
     pub fn classify(
         mut self,
         f: impl Fn(&Key) -> Option<Arc<str>> + Send + Sync + 'static,
@@ -112,6 +125,14 @@ impl TiersBuilder {
     ///
     /// # Errors
     /// [`ConfigError::Policy`] naming a tier given twice.
+    ///
+    /// # Examples
+    /// ```
+    /// use tollgate::tower::{Key, Tiers};
+    /// use tollgate::{Gcra, KeyedLimiter, Quota};
+    /// let q = || KeyedLimiter::<Key, _>::new(Gcra::new(Quota::per_minute(1).unwrap()).unwrap());
+    /// assert!(Tiers::builder("a", q()).tier("a", q()).build().is_err());
+    /// ```
     pub fn build(self) -> Result<Tiers, ConfigError> {
         let mut tiers: Vec<Tier> = Vec::with_capacity(self.tiers.len());
         let mut first_quota = 0;
@@ -140,7 +161,16 @@ impl TiersBuilder {
     }
 }
 
-/// A tier name that no tier has.
+/// A tier name that no tier has (from [`Tiers::assign`]).
+///
+/// # Examples
+/// ```
+/// use tollgate::tower::{Key, Tiers, UnknownTier};
+/// use tollgate::{Gcra, KeyedLimiter, Quota};
+/// let tiers = Tiers::builder("free", KeyedLimiter::<Key, _>::new(Gcra::new(Quota::per_minute(1)?)?)).build()?;
+/// assert_eq!(tiers.assign(Key::from("k"), "gold"), Err(UnknownTier("gold".into())));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("no tier is named {0:?}")]
 pub struct UnknownTier(pub String);
