@@ -33,7 +33,9 @@ pub enum Mode {
     /// the others wait again within their `max_wait`). A leaky-queue policy's admitted
     /// delay ([`Decision::delay`](crate::Decision::delay)) is waited in full (the queue's
     /// capacity bounds it), in arrival order; a request dropped before its slot gives the
-    /// slot back when the backend can refund (the in-process limiters can).
+    /// slot back when the backend can refund (the in-process limiters can). The waits use
+    /// tokio's timer: serve the layer on a tokio runtime with time enabled (axum and
+    /// hyper-util servers on tokio have it).
     #[cfg(feature = "tokio")]
     Delay {
         /// The longest a request may wait.
