@@ -80,7 +80,9 @@
 //! | `tollgate_backend_degraded` | gauge | `policy`: 1 while a Redis backend is degraded |
 //!
 //! Allow-listed requests and requests no policy matches are not counted. Each count is one
-//! lookup in the recorder's registry (the policy label is an `Arc<str>`: no copy).
+//! lookup in the recorder's registry (the policy label is an `Arc<str>`: no copy). The same
+//! feature emits `tracing` events at debug level (target `tollgate::tower`) for denials, shadow
+//! denials, requests without a key and backend errors, with the policy and the client key.
 //!
 //! # From a configuration file
 //! With feature `serde`, [`config::LayerConfig`] reads the whole layer (policies, quotas, key
@@ -479,6 +481,7 @@ impl Shared {
         }
         let Some(key) = policy.key.extract(parts, &mut addrs) else {
             stats::record(policy, Outcome::NoKey);
+            stats::trace_no_key(policy);
             return match self.on_missing_key {
                 Fallback::Allow => Plan::Pass,
                 Fallback::Reject(status) => Plan::Reject(
@@ -624,7 +627,12 @@ impl Drop for RefundOnDrop<'_> {
 }
 
 /// Counts what `decided` means for a request of `policy` (feature `metrics`).
-fn record_outcome(policy: &Policy, decided: &Result<(Verdict, std::time::Duration), CheckError>) {
+fn record_outcome(
+    policy: &Policy,
+    key: &Key,
+    decided: &Result<(Verdict, std::time::Duration), CheckError>,
+) {
+    stats::trace(policy, key, decided);
     let outcome = match decided {
         Err(_) => Outcome::Error,
         Ok((verdict, waited)) => match (verdict.decision.allowed(), policy.mode) {
@@ -700,7 +708,7 @@ where
             };
             let policy = &shared.policies[policy];
             let decided = decide(policy, &key, cost).await;
-            record_outcome(policy, &decided);
+            record_outcome(policy, &key, &decided);
             let verdict = match decided {
                 Ok((verdict, _)) => verdict,
                 Err(_) if policy.mode == Mode::Shadow => {

@@ -19,7 +19,7 @@
 
 use std::time::Duration;
 
-use super::Policy;
+use super::{CheckError, Key, Policy, Verdict};
 
 /// What happened to a request, as the `outcome` label says.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -46,6 +46,37 @@ impl Outcome {
             Outcome::Refunded => "refunded",
         }
     }
+}
+
+/// Emits a debug event for a refusal or an error of `policy` on `key` (feature `metrics`).
+#[inline]
+pub(crate) fn trace(policy: &Policy, key: &Key, decided: &Result<(Verdict, Duration), CheckError>) {
+    #[cfg(feature = "metrics")]
+    match decided {
+        Ok((verdict, _)) if !verdict.decision.allowed() => {
+            let retry_after_ms = verdict.decision.retry_after().as_millis();
+            if policy.mode == super::Mode::Shadow {
+                tracing::debug!(target: "tollgate::tower", policy = %policy.name, %key, retry_after_ms, "rate limit would deny (shadow)");
+            } else {
+                tracing::debug!(target: "tollgate::tower", policy = %policy.name, %key, retry_after_ms, "rate limit denied");
+            }
+        }
+        Ok(_) => {}
+        Err(error) => {
+            tracing::debug!(target: "tollgate::tower", policy = %policy.name, %key, %error, "rate limit could not decide");
+        }
+    }
+    #[cfg(not(feature = "metrics"))]
+    let _ = (policy, key, decided);
+}
+
+/// Emits a debug event for a request of `policy` without a key (feature `metrics`).
+#[inline]
+pub(crate) fn trace_no_key(policy: &Policy) {
+    #[cfg(feature = "metrics")]
+    tracing::debug!(target: "tollgate::tower", policy = %policy.name, "request without a client key");
+    #[cfg(not(feature = "metrics"))]
+    let _ = policy;
 }
 
 /// Counts one request of `policy`.
