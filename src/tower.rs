@@ -540,13 +540,7 @@ impl Shared {
             }
         };
         set_retry_after(response.headers_mut(), secs);
-        add_headers(
-            response.headers_mut(),
-            self.headers,
-            policy.name(),
-            policy.backend.as_ref(),
-            verdict,
-        );
+        add_headers(response.headers_mut(), self.headers, policy, verdict);
         response
     }
 }
@@ -755,13 +749,7 @@ where
                 policy.backend.refund(&key, cost);
                 stats::record(policy, Outcome::Refunded);
             }
-            add_headers(
-                response.headers_mut(),
-                shared.headers,
-                policy.name(),
-                policy.backend.as_ref(),
-                &verdict,
-            );
+            add_headers(response.headers_mut(), shared.headers, policy, &verdict);
             Ok(response)
         });
         ResponseFuture { inner }

@@ -227,19 +227,40 @@ impl<T: CheckBackend + ?Sized> CheckBackend for Arc<T> {
 /// The window `W` of a rule, for the `RateLimit-Policy` header: implemented by every
 /// algorithm.
 pub trait RuleWindow {
-    /// `W` in nanoseconds (GCRA and the leaky queue: `L·T`, `T` rounded as the rule keeps it).
+    /// `W` in nanoseconds (GCRA and the leaky queue keep only `T = W/L`, rounded to the nearest
+    /// ns: `W` is recovered from `L·T` when it is a multiple of the first power of ten above
+    /// `L`, else `L·T` is reported).
     fn window_nanos(&self) -> u64;
 }
 
 impl RuleWindow for Gcra {
     fn window_nanos(&self) -> u64 {
-        self.interval_nanos().saturating_mul(self.limit())
+        window_of(self.interval_nanos(), self.limit())
     }
 }
 
 impl RuleWindow for LeakyQueue {
     fn window_nanos(&self) -> u64 {
-        self.interval_nanos().saturating_mul(self.limit())
+        window_of(self.interval_nanos(), self.limit())
+    }
+}
+
+/// `W` of a rule that keeps only `T = W / L`, rounded to the nearest ns: `L·T` is within
+/// `L/2` ns of `W`; when the nearest multiple of the first power of ten above `L` is that
+/// close, it is `W` (2 s at `L = 7`: `L·T` is 2.000000002 s, shown as 3 s rounded up without
+/// this).
+fn window_of(interval: u64, limit: u64) -> u64 {
+    let approx = interval.saturating_mul(limit);
+    let Some(unit) = limit
+        .checked_ilog10()
+        .and_then(|digits| 10u64.checked_pow(digits + 1))
+    else {
+        return approx;
+    };
+    match (approx.saturating_add(unit / 2) / unit).checked_mul(unit) {
+        // Only within the rounding error: an exact `L·T` stays as it is.
+        Some(rounded) if rounded > 0 && rounded.abs_diff(approx) <= limit / 2 => rounded,
+        _ => approx,
     }
 }
 
@@ -377,5 +398,23 @@ fn all_or_nothing<A: Algorithm, C: Clock>(
         // No limit at all: nothing to refuse. Peek a cost of 0 on nothing is impossible, so
         // report an empty policy as a failure rather than invent a decision.
         None => Err(CheckError::Backend("a MultiLimiter without limits".into())),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::window_of;
+
+    #[test]
+    fn windows_are_recovered_from_rounded_intervals() {
+        // 2 s / 7 = 285_714_285.7 ns, kept as 285_714_286.
+        assert_eq!(window_of(285_714_286, 7), 2_000_000_000);
+        assert_eq!(window_of(333_333_333, 3), 1_000_000_000);
+        assert_eq!(window_of(1_500_000_000, 2), 3_000_000_000);
+        assert_eq!(window_of(1, 1), 1);
+        assert_eq!(window_of(1, 5), 5);
+        assert_eq!(window_of(3, 1_000_000), 3_000_000);
+        assert_eq!(window_of(u64::MAX, u64::MAX), u64::MAX);
+        assert_eq!(window_of(60_000_000_000 / 1_000, 1_000), 60_000_000_000);
     }
 }

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use http::request::Parts;
 use http::{Method, StatusCode};
 
-use super::{CheckBackend, KeySource, Tiers};
+use super::{CheckBackend, KeySource, QuotaInfo, Tiers};
 
 /// What a policy does with a request its limit refuses.
 ///
@@ -148,6 +148,16 @@ pub struct Policy {
     pub(crate) refund: Option<Arc<RefundFn>>,
     /// The backend, when it is [`Tiers`]: a handle to move keys between tiers.
     pub(crate) tiers: Option<Tiers>,
+    /// The last `RateLimit-Policy` value and the quotas it was built from.
+    pub(crate) policy_header: Arc<PolicyHeaderCache>,
+}
+
+/// The `RateLimit-Policy` field of a policy: the same on every response while its quotas stay
+/// the same, so it is built once and reused (checked against the backend's quotas on each
+/// use: a quota changed at run time rebuilds it).
+#[derive(Debug, Default)]
+pub(crate) struct PolicyHeaderCache {
+    pub(crate) value: parking_lot::RwLock<Option<(Vec<QuotaInfo>, http::HeaderValue)>>,
 }
 
 impl fmt::Debug for Policy {
@@ -175,6 +185,7 @@ impl Policy {
             .cloned();
         Policy {
             tiers,
+            policy_header: Arc::default(),
             name: name.into().into(),
             path: PathMatch::Any,
             methods: None,
