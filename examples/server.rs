@@ -40,23 +40,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         Some(url) => global(config, &url).await?,
     };
 
-    let gauges = layer.clone(); // shares the layer's limiters: reports their key counts
-    let app = Router::new()
-        .route("/api/hello", get(|| async { "hello\n" }))
-        .route("/api/export", get(|| async { "an export\n" }))
-        .route("/partner/orders", get(|| async { "orders\n" }))
-        .route("/beta/feature", get(|| async { "beta\n" }))
-        .route("/upload", post(|| async { "stored\n" }))
-        .route("/health", get(|| async { "ok\n" }))
-        .layer(layer)
-        .route(
-            "/metrics",
-            get(move || {
-                gauges.record_gauges();
-                let prometheus = prometheus.clone();
-                async move { prometheus.render() }
-            }),
-        );
+    let app = app(layer, prometheus);
 
     let addr = std::env::var("TOLLGATE_ADDR").unwrap_or_else(|_| "127.0.0.1:3000".to_owned());
     let listener = tokio::net::TcpListener::bind(&addr).await?;
@@ -71,6 +55,32 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     )
     .await?;
     Ok(())
+}
+
+/// The example's routes behind `layer`; `/metrics` (outside the layer: never limited) renders
+/// `prometheus` after refreshing the layer's gauges. `tests/example_server.rs` serves this
+/// very router.
+pub fn app(
+    layer: tollgate::tower::RateLimitLayer,
+    prometheus: metrics_exporter_prometheus::PrometheusHandle,
+) -> Router {
+    let gauges = layer.clone(); // shares the layer's limiters: reports their key counts
+    Router::new()
+        .route("/api/hello", get(|| async { "hello\n" }))
+        .route("/api/export", get(|| async { "an export\n" }))
+        .route("/partner/orders", get(|| async { "orders\n" }))
+        .route("/beta/feature", get(|| async { "beta\n" }))
+        .route("/upload", post(|| async { "stored\n" }))
+        .route("/health", get(|| async { "ok\n" }))
+        .layer(layer)
+        .route(
+            "/metrics",
+            get(move || {
+                gauges.record_gauges();
+                let prometheus = prometheus.clone();
+                async move { prometheus.render() }
+            }),
+        )
 }
 
 /// Every single-quota policy on Redis (exact tier); the others stay in process.
