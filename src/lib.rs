@@ -49,6 +49,8 @@ pub mod store;
 mod sync;
 #[cfg(feature = "tower")]
 pub mod tower;
+#[cfg(feature = "tokio")]
+pub mod wait;
 
 pub use algorithm::{
     Algorithm, FixedWindow, Gcra, LeakyBucket, LeakyQueue, SlidingLog, SlidingWindow, TokenBucket,

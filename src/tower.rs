@@ -14,6 +14,9 @@
 //!   (RESOURCE_EXHAUSTED) and a `grpc-message` instead. Or a response of your own
 //!   ([`RateLimitLayerBuilder::deny_with`]).
 //! - **Denied in [`Mode::Shadow`]**: passed on, with the rate-limit fields (no `Retry-After`).
+//! - **Denied in `Mode::Delay`** (feature `tokio`): the request waits for its slot, then is
+//!   passed on; if admission would take longer than the policy's `max_wait`, it is denied as
+//!   in `Enforce`.
 //! - **No key** (no peer address, a missing header, a closure's `None`):
 //!   [`RateLimitLayerBuilder::on_missing_key`] says: reject it with a status (default 500: a
 //!   missing peer address is a server set-up error; choose 400 for a missing API key), or let it
@@ -65,11 +68,32 @@
 //! # }
 //! ```
 //!
+//! # Metrics
+//! With feature `metrics`, the layer counts through the `metrics` crate's
+//! facade (install any recorder: Prometheus, StatsD, …):
+//!
+//! | metric | kind | labels |
+//! |---|---|---|
+//! | `tollgate_requests_total` | counter | `policy`; `outcome`: `allowed`, `denied`, `shadow_denied`, `delayed`, `no_key`, `error`, and `refunded` (also counted as allowed) |
+//! | `tollgate_delay_seconds` | histogram | `policy`: how long each delayed request waited |
+//! | `tollgate_keys` | gauge | `policy`: keys held (set by [`RateLimitLayer::record_gauges`]) |
+//! | `tollgate_backend_degraded` | gauge | `policy`: 1 while a Redis backend is degraded |
+//!
+//! Allow-listed requests and requests no policy matches are not counted. Each count is one
+//! lookup in the recorder's registry (the policy label is an `Arc<str>`: no copy). The same
+//! feature emits `tracing` events at debug level (target `tollgate::tower`) for denials, shadow
+//! denials, requests without a key and backend errors, with the policy and the client key.
+//!
+//! # From a configuration file
+//! With feature `serde`, [`config::LayerConfig`] reads the whole layer (policies, quotas, key
+//! sources, trusted proxies, header style, modes, allow-lists) from TOML, JSON or YAML; see
+//! `examples/policies.toml` and `examples/server.rs`.
+//!
 //! # Backends
 //! A policy checks one [`CheckBackend`]: an in-process [`KeyedLimiter`](crate::KeyedLimiter)
-//! or [`MultiLimiter`](crate::MultiLimiter) keyed by [`Key`] today. The Redis tier does not
-//! implement the trait yet (a later increment will, through [`CheckFuture::boxed`]); moving a
-//! policy to it will change only the backend argument of [`Policy::new`].
+//! or [`MultiLimiter`](crate::MultiLimiter) keyed by [`Key`], or (feature `redis`) the Redis
+//! tier through `RedisBackend` (exact, guarded or leased): a limit held across a fleet. Moving
+//! a policy from one node to the fleet changes only the backend argument of [`Policy::new`].
 
 use std::fmt;
 use std::future::Future;
@@ -85,21 +109,31 @@ use tower_service::Service;
 
 mod backend;
 mod cidr;
+#[cfg(feature = "serde")]
+pub mod config;
 mod key;
 mod policy;
+#[cfg(feature = "redis")]
+mod redis_backend;
 mod response;
+mod stats;
+mod tiers;
 
 pub use self::backend::{CheckBackend, CheckError, CheckFuture, QuotaInfo, RuleWindow, Verdict};
 pub use self::cidr::{Cidr, CidrError};
 pub use self::key::{Key, KeySource, ProxyHeader};
 pub use self::policy::{Cost, Mode, Policy};
+#[cfg(feature = "redis")]
+pub use self::redis_backend::{redis_key, RedisBackend};
 pub use self::response::{Denial, HeaderStyle, RateLimitBody};
+pub use self::tiers::{Tiers, TiersBuilder, UnknownTier};
 
 use self::key::{peer_addr, AddrConfig, Addrs};
 use self::response::{
     add_headers, grpc_code, grpc_response, is_grpc, problem_response, retry_after_secs,
     set_retry_after, GRPC_RESOURCE_EXHAUSTED,
 };
+use self::stats::Outcome;
 use crate::Error;
 
 /// What the layer does with a request it cannot decide (no key, or a backend error).
@@ -123,6 +157,22 @@ pub enum ConfigError {
     /// A [`Fallback::Reject`] status must be a client or server error (4xx or 5xx).
     #[error("fallback status {0} is not a 4xx or 5xx status")]
     FallbackStatus(StatusCode),
+    /// A policy's algorithm refused one of its quotas, or its clock (a configured policy).
+    #[error("policy {policy:?}: {error}")]
+    Quota {
+        /// The policy's name.
+        policy: String,
+        /// What the algorithm refused.
+        error: crate::QuotaError,
+    },
+    /// A configured policy is incomplete or contradictory.
+    #[error("policy {policy:?}: {problem}")]
+    Policy {
+        /// The policy's name.
+        policy: String,
+        /// What is wrong.
+        problem: String,
+    },
 }
 
 type Predicate = dyn Fn(&Parts) -> bool + Send + Sync;
@@ -268,6 +318,12 @@ impl RateLimitLayerBuilder {
             {
                 return Err(ConfigError::PolicyName(name.to_string()));
             }
+            if policy.refund.is_some() && !policy.backend.can_refund() {
+                return Err(ConfigError::Policy {
+                    policy: name.to_string(),
+                    problem: "refunds by status need a backend that can refund".to_owned(),
+                });
+            }
         }
         Ok(RateLimitLayer {
             shared: Arc::new(Shared {
@@ -302,6 +358,51 @@ impl fmt::Debug for RateLimitLayer {
 }
 
 impl RateLimitLayer {
+    /// The tiers of policy `policy` (when its backend is [`Tiers`]): a handle to move keys
+    /// between tiers while the server runs. `None` for another backend or an unknown name.
+    ///
+    /// # Examples
+    /// ```
+    /// use tollgate::tower::{Key, Policy, RateLimitLayer, Tiers};
+    /// use tollgate::{Gcra, KeyedLimiter, Quota};
+    /// let q = |n| -> Result<_, tollgate::QuotaError> {
+    ///     Ok(KeyedLimiter::<Key, _>::new(Gcra::new(Quota::per_minute(n)?)?))
+    /// };
+    /// let layer = RateLimitLayer::builder()
+    ///     .policy(Policy::new("api", Tiers::builder("free", q(100)?).tier("pro", q(1000)?).build()?))
+    ///     .build()?;
+    /// layer.tiers("api").expect("a tiered policy").assign(Key::from("k"), "pro")?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn tiers(&self, policy: &str) -> Option<Tiers> {
+        self.shared
+            .policies
+            .iter()
+            .find(|p| p.name() == policy)
+            .and_then(|p| p.tiers.clone())
+    }
+
+    /// Sets the layer's gauges (feature `metrics`; without it, does nothing):
+    /// `tollgate_keys{policy}`, the keys each policy's backend holds (where it knows), and
+    /// `tollgate_backend_degraded{policy}`, 1 while a Redis backend decides by its failure
+    /// policy. They are read here, not on every request (the request path stays as cheap):
+    /// call it before each scrape, or from a periodic task.
+    ///
+    /// # Examples
+    /// ```
+    /// use tollgate::tower::{Key, Policy, RateLimitLayer};
+    /// use tollgate::{Gcra, KeyedLimiter, Quota};
+    /// let per_ip = KeyedLimiter::<Key, _>::new(Gcra::new(Quota::per_second(10)?)?);
+    /// let layer = RateLimitLayer::builder().policy(Policy::new("api", per_ip)).build()?;
+    /// layer.record_gauges(); // e.g. in the /metrics handler, before rendering
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn record_gauges(&self) {
+        for policy in &self.shared.policies {
+            stats::record_gauges(policy);
+        }
+    }
+
     /// A builder with no policy, no trusted proxy, IPv6 grouped per /56, draft headers.
     pub fn builder() -> RateLimitLayerBuilder {
         RateLimitLayerBuilder {
@@ -379,6 +480,8 @@ impl Shared {
             return Plan::Pass;
         }
         let Some(key) = policy.key.extract(parts, &mut addrs) else {
+            stats::record(policy, Outcome::NoKey);
+            stats::trace_no_key(policy);
             return match self.on_missing_key {
                 Fallback::Allow => Plan::Pass,
                 Fallback::Reject(status) => Plan::Reject(
@@ -437,15 +540,106 @@ impl Shared {
             }
         };
         set_retry_after(response.headers_mut(), secs);
-        add_headers(
-            response.headers_mut(),
-            self.headers,
-            policy.name(),
-            policy.backend.as_ref(),
-            verdict,
-        );
+        add_headers(response.headers_mut(), self.headers, policy, verdict);
         response
     }
+}
+
+/// The policy's verdict on `key`, and how long the request waited for it: one check, or in
+/// delay mode the check that admits the request within `max_wait` (else the last refusal).
+async fn decide(
+    policy: &Policy,
+    key: &Key,
+    cost: u64,
+) -> Result<(Verdict, std::time::Duration), CheckError> {
+    #[cfg(feature = "tokio")]
+    if let Mode::Delay { max_wait } = policy.mode {
+        let start = tokio::time::Instant::now();
+        // A bound too far away to represent is no bound.
+        let deadline = start.checked_add(max_wait);
+        // Zero unless the request slept: only then was it delayed.
+        let waited = |slept: bool| {
+            if slept {
+                start.elapsed()
+            } else {
+                std::time::Duration::ZERO
+            }
+        };
+        let mut slept = false;
+        loop {
+            let verdict = policy.backend.check(key, cost).await?;
+            let decision = &verdict.decision;
+            if decision.allowed() {
+                // A leaky queue's reservation: its slot is `delay` away. A client that hangs
+                // up before it gives the slot back (where the backend can refund).
+                if !decision.delay().is_zero() {
+                    let mut guard = RefundOnDrop {
+                        policy,
+                        key,
+                        cost,
+                        armed: policy.backend.can_refund(),
+                    };
+                    tokio::time::sleep(decision.delay()).await;
+                    guard.armed = false;
+                    slept = true;
+                }
+                return Ok((verdict, waited(slept)));
+            }
+            // A refusal always has a positive wait; a zero one must not spin.
+            let wait = decision
+                .retry_after()
+                .max(std::time::Duration::from_micros(1));
+            // (`checked_add`: an instant past the clock's range is past any deadline.)
+            let wake = tokio::time::Instant::now().checked_add(wait);
+            if deadline.is_some_and(|d| wake.is_none_or(|wake| wake > d)) {
+                return Ok((verdict, waited(slept)));
+            }
+            tokio::time::sleep(wait).await;
+            slept = true;
+        }
+    }
+    let verdict = policy.backend.check(key, cost).await?;
+    Ok((verdict, std::time::Duration::ZERO))
+}
+
+/// Gives a reservation back if the request waiting for it is dropped (delay mode).
+#[cfg(feature = "tokio")]
+struct RefundOnDrop<'a> {
+    policy: &'a Policy,
+    key: &'a Key,
+    cost: u64,
+    armed: bool,
+}
+
+#[cfg(feature = "tokio")]
+impl Drop for RefundOnDrop<'_> {
+    fn drop(&mut self) {
+        if self.armed {
+            self.policy.backend.refund(self.key, self.cost);
+        }
+    }
+}
+
+/// Counts what `decided` means for a request of `policy` (feature `metrics`).
+fn record_outcome(
+    policy: &Policy,
+    key: &Key,
+    decided: &Result<(Verdict, std::time::Duration), CheckError>,
+) {
+    stats::trace(policy, key, decided);
+    let outcome = match decided {
+        Err(_) => Outcome::Error,
+        Ok((verdict, waited)) => match (verdict.decision.allowed(), policy.mode) {
+            (true, _) if waited.is_zero() => Outcome::Allowed,
+            (true, _) => {
+                stats::record_wait(policy, *waited);
+                Outcome::Delayed
+            }
+            (false, Mode::Shadow) => Outcome::ShadowDenied,
+            (false, _) => Outcome::Denied,
+        },
+    };
+    stats::record(policy, outcome);
 }
 
 type BoxedResponse<B, E> =
@@ -507,8 +701,10 @@ where
                 Plan::Check { policy, key, cost } => (policy, key, cost),
             };
             let policy = &shared.policies[policy];
-            let verdict = match policy.backend.check(&key, cost).await {
-                Ok(verdict) => verdict,
+            let decided = decide(policy, &key, cost).await;
+            record_outcome(policy, &key, &decided);
+            let verdict = match decided {
+                Ok((verdict, _)) => verdict,
                 Err(_) if policy.mode == Mode::Shadow => {
                     return inner
                         .call(request)
@@ -540,17 +736,20 @@ where
                     }
                 }
             };
-            if !verdict.decision.allowed() && policy.mode == Mode::Enforce {
+            if !verdict.decision.allowed() && policy.mode != Mode::Shadow {
                 return Ok(shared.deny(policy, &verdict, grpc));
             }
             let mut response = inner.call(request).await?.map(RateLimitBody::inner);
-            add_headers(
-                response.headers_mut(),
-                shared.headers,
-                policy.name(),
-                policy.backend.as_ref(),
-                &verdict,
-            );
+            if verdict.decision.allowed()
+                && policy
+                    .refund
+                    .as_ref()
+                    .is_some_and(|refund| refund(response.status()))
+            {
+                policy.backend.refund(&key, cost);
+                stats::record(policy, Outcome::Refunded);
+            }
+            add_headers(response.headers_mut(), shared.headers, policy, &verdict);
             Ok(response)
         });
         ResponseFuture { inner }

@@ -56,6 +56,7 @@ fn app(layer: RateLimitLayer) -> Router {
                 get(|| async { "api" }).post(|| async { "posted" }),
             )
             .route("/health", get(|| async { "ok" }))
+            .route("/fail", get(|| async { StatusCode::INTERNAL_SERVER_ERROR }))
             .route("/other", get(|| async { "other" }))
             .route("/grpc.Svc/Call", post(|| async { "grpc" }))
             .layer(layer),
@@ -674,4 +675,62 @@ async fn a_custom_denial_gets_the_fields_too() {
     assert_eq!(denied.header("retry-after"), Some("3600"));
     assert_eq!(denied.header("x-ratelimit-remaining"), Some("0"));
     assert_eq!(denied.header("ratelimit"), None);
+}
+
+#[tokio::test]
+async fn refunds_by_status_and_tiers_on_a_real_server() {
+    let clock = ManualClock::new();
+    // Per API key, in tiers: free 1/h, pro 3/h; server errors are not charged.
+    let tiers = tollgate::tower::Tiers::builder("free", gcra(&clock, Quota::per_hour(1).unwrap()))
+        .tier("pro", gcra(&clock, Quota::per_hour(3).unwrap()))
+        .build()
+        .unwrap();
+    let layer = RateLimitLayer::builder()
+        .default_policy(
+            Policy::new("keyed", tiers)
+                .key(KeySource::header(HeaderName::from_static("x-api-key")))
+                .refund_when(|status| status.is_server_error()),
+        )
+        .headers(HeaderStyle::Both)
+        .build()
+        .unwrap();
+    let addr = serve(app(layer.clone())).await;
+    let http = client();
+    let get = |path: &'static str, key: &'static str| {
+        let http = http.clone();
+        async move {
+            get_with(&http, addr, path, &[("x-api-key", key)])
+                .await
+                .status
+                .as_u16()
+        }
+    };
+    // Failures are refunded: the free key still has its one unit after three 500s.
+    for _ in 0..3 {
+        assert_eq!(get("/fail", "k").await, 500);
+    }
+    assert_eq!(get("/other", "k").await, 200);
+    assert_eq!(get("/other", "k").await, 429);
+    // Upgraded while serving: the pro tier's three units.
+    layer
+        .tiers("keyed")
+        .expect("a tiered policy")
+        .assign(Key::from("k"), "pro")
+        .unwrap();
+    let statuses = [
+        get("/other", "k").await,
+        get("/other", "k").await,
+        get("/other", "k").await,
+        get("/other", "k").await,
+    ];
+    assert_eq!(statuses, [200, 200, 200, 429]);
+    let denied = get_with(&http, addr, "/other", &[("x-api-key", "k")]).await;
+    assert_eq!(
+        denied.header("ratelimit-policy"),
+        Some("\"keyed-1\";q=1;w=3600, \"keyed-2\";q=3;w=3600")
+    );
+    assert!(denied
+        .header("ratelimit")
+        .unwrap()
+        .starts_with("\"keyed-2\";r=0;"));
 }

@@ -400,3 +400,28 @@ fn a_backend_error_gets_the_configured_outcome_and_shadow_passes() {
         assert!(header(&response, "ratelimit").is_none());
     }
 }
+
+#[test]
+fn the_policy_field_follows_a_quota_changed_at_run_time() {
+    let clock = ManualClock::new();
+    let limiter = Arc::new(
+        KeyedLimiter::<Key, Gcra, _>::with_clock(Gcra::new(quota(5, 1_000)).unwrap(), clock)
+            .unwrap(),
+    );
+    let mut svc = RateLimitLayer::builder()
+        .default_policy(Policy::new("p", Arc::clone(&limiter)))
+        .build()
+        .unwrap()
+        .layer(Ok200);
+    let rt = runtime();
+    let ip = Some(IpAddr::from([192, 0, 2, 1]));
+    for _ in 0..2 {
+        let response = call(&rt, &mut svc, request("/", ip));
+        assert_eq!(header(&response, "ratelimit-policy"), Some("\"p\";q=5;w=1"));
+    }
+    limiter
+        .set_quota(Gcra::new(quota(7, 2_000)).unwrap())
+        .unwrap();
+    let response = call(&rt, &mut svc, request("/", ip));
+    assert_eq!(header(&response, "ratelimit-policy"), Some("\"p\";q=7;w=2"));
+}

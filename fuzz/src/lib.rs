@@ -10,12 +10,18 @@
 //!   limiter, never a panic or an overflow, whatever is then asked of it; the one-word rules'
 //!   pure functions too, on any state, time and cost.
 //! - `replay_parser`: arbitrary bytes as a trace: parsed, replayed, never a panic.
+//! - `client_ip`, `config`: the tower layer's forwarding-header parsing and configuration
+//!   parser (`tower.rs`; features `tower` and `serde`, on by default here).
 
 #![allow(clippy::new_without_default)]
 
 #[path = "../../tests/support/reference.rs"]
 #[allow(dead_code, unreachable_pub)]
 pub mod reference;
+
+#[cfg(all(feature = "tower", feature = "serde"))]
+#[path = "tower.rs"]
+pub mod tower;
 
 use std::time::Duration;
 
@@ -33,6 +39,10 @@ pub fn show(name: &str, data: &[u8]) {
     match name {
         "construction" => println!("{:#?}", Construction::arbitrary_take_rest(input)),
         "replay_parser" => println!("{:?}", String::from_utf8_lossy(data)),
+        #[cfg(all(feature = "tower", feature = "serde"))]
+        "client_ip" => tower::show_client_ip(data),
+        #[cfg(all(feature = "tower", feature = "serde"))]
+        "config" => println!("{:?}", String::from_utf8_lossy(data)),
         _ => println!("{:#?}", Scenario::arbitrary_take_rest(input)),
     }
 }
@@ -52,12 +62,17 @@ pub fn run(name: &str, data: &[u8]) {
             }
         }
         "replay_parser" => replay_parser(data),
+        #[cfg(all(feature = "tower", feature = "serde"))]
+        "client_ip" => tower::client_ip(data),
+        #[cfg(all(feature = "tower", feature = "serde"))]
+        "config" => tower::config(data),
         other => panic!("unknown fuzz target {other}"),
     }
 }
 
 /// The targets, for the corpus replay test.
-pub const TARGETS: [&str; 7] = [
+#[cfg(not(all(feature = "tower", feature = "serde")))]
+pub const TARGETS: &[&str] = &[
     "gcra",
     "leaky_queue",
     "fixed_window",
@@ -65,6 +80,20 @@ pub const TARGETS: [&str; 7] = [
     "sliding_log",
     "construction",
     "replay_parser",
+];
+
+/// The targets, for the corpus replay test (with the tower layer's: `client_ip`, `config`).
+#[cfg(all(feature = "tower", feature = "serde"))]
+pub const TARGETS: &[&str] = &[
+    "gcra",
+    "leaky_queue",
+    "fixed_window",
+    "sliding_window",
+    "sliding_log",
+    "construction",
+    "replay_parser",
+    "client_ip",
+    "config",
 ];
 
 /// Times stay below 2^62 ns (146 years) in the differential targets: the reference model

@@ -65,6 +65,19 @@ impl<'a> CheckFuture<'a> {
     pub fn boxed(future: impl Future<Output = Result<Verdict, CheckError>> + Send + 'a) -> Self {
         CheckFuture(State::Boxed(Box::pin(future)))
     }
+
+    /// The same answer with its quota index moved by `offset` (a ready answer stays ready:
+    /// no allocation).
+    pub(crate) fn offset_quota(self, offset: usize) -> Self {
+        let shift = move |v: Verdict| Verdict {
+            quota: v.quota + offset,
+            ..v
+        };
+        match self.0 {
+            State::Ready(result) => CheckFuture(State::Ready(result.map(|r| r.map(shift)))),
+            State::Boxed(future) => CheckFuture::boxed(async move { future.await.map(shift) }),
+        }
+    }
 }
 
 impl Future for CheckFuture<'_> {
@@ -96,9 +109,8 @@ impl std::fmt::Debug for CheckFuture<'_> {
 /// [`Policy::new`](super::Policy::new)).
 ///
 /// Implemented for [`KeyedLimiter`] and [`MultiLimiter`] keyed by [`Key`] (on their default
-/// store, any clock), and for `Arc` of any backend (keep a handle to change quotas at run time).
-/// The Redis tier (`tollgate::redis`) does not implement it yet: a later increment adds it,
-/// through [`CheckFuture::boxed`].
+/// store, any clock), for `Arc` of any backend (keep a handle to change quotas at run time),
+/// and (feature `redis`) for the Redis tier's limiters wrapped in `RedisBackend`.
 ///
 /// # Examples
 /// A backend of your own:
@@ -131,6 +143,55 @@ pub trait CheckBackend: Send + Sync + 'static {
 
     /// Quota `index` (for the `RateLimit-Policy` header), or `None` if out of range.
     fn quota(&self, index: usize) -> Option<QuotaInfo>;
+
+    /// Whether [`CheckBackend::refund`] gives units back (default `false`). A policy that
+    /// refunds by response status ([`Policy::refund_when`](super::Policy::refund_when)) is
+    /// refused at build time on a backend that cannot.
+    ///
+    /// # Examples
+    /// ```
+    /// use tollgate::tower::{CheckBackend, Key};
+    /// use tollgate::{Gcra, KeyedLimiter, Quota};
+    /// let limiter = KeyedLimiter::<Key, _>::new(Gcra::new(Quota::per_hour(1)?)?);
+    /// let key = Key::from("k");
+    /// assert!(limiter.check(&key)?.allowed());
+    /// assert!(limiter.can_refund());
+    /// CheckBackend::refund(&limiter, &key, 1);
+    /// assert!(limiter.check(&key)?.allowed()); // the unit came back
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    fn can_refund(&self) -> bool {
+        false
+    }
+
+    /// Gives back `cost` units admitted to `key` (a refund by response status). The default
+    /// does nothing.
+    fn refund(&self, key: &Key, cost: u64) {
+        let _ = (key, cost);
+    }
+
+    /// How many keys this backend holds state for, if it knows (the in-process limiters do);
+    /// reported as a gauge by [`RateLimitLayer::record_gauges`](super::RateLimitLayer::record_gauges).
+    ///
+    /// # Examples
+    /// ```
+    /// use tollgate::tower::{CheckBackend, Key};
+    /// use tollgate::{Gcra, KeyedLimiter, Quota};
+    /// let limiter = KeyedLimiter::<Key, _>::new(Gcra::new(Quota::per_hour(1)?)?);
+    /// limiter.check(&Key::from("a"))?;
+    /// assert_eq!(limiter.keys_held(), Some(1));
+    /// assert_eq!(limiter.degraded(), None); // in process: no degraded mode
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    fn keys_held(&self) -> Option<usize> {
+        None
+    }
+
+    /// Whether the backend is degraded (a Redis limiter deciding by its failure policy while
+    /// Redis is unreachable), if it can be; `None` for a backend that has no such mode.
+    fn degraded(&self) -> Option<bool> {
+        None
+    }
 }
 
 impl<T: CheckBackend + ?Sized> CheckBackend for Arc<T> {
@@ -145,24 +206,61 @@ impl<T: CheckBackend + ?Sized> CheckBackend for Arc<T> {
     fn quota(&self, index: usize) -> Option<QuotaInfo> {
         (**self).quota(index)
     }
+
+    fn can_refund(&self) -> bool {
+        (**self).can_refund()
+    }
+
+    fn refund(&self, key: &Key, cost: u64) {
+        (**self).refund(key, cost);
+    }
+
+    fn keys_held(&self) -> Option<usize> {
+        (**self).keys_held()
+    }
+
+    fn degraded(&self) -> Option<bool> {
+        (**self).degraded()
+    }
 }
 
 /// The window `W` of a rule, for the `RateLimit-Policy` header: implemented by every
 /// algorithm.
 pub trait RuleWindow {
-    /// `W` in nanoseconds (GCRA and the leaky queue: `L·T`, `T` rounded as the rule keeps it).
+    /// `W` in nanoseconds (GCRA and the leaky queue keep only `T = W/L`, rounded to the nearest
+    /// ns: `W` is recovered from `L·T` when it is a multiple of the first power of ten above
+    /// `L`, else `L·T` is reported).
     fn window_nanos(&self) -> u64;
 }
 
 impl RuleWindow for Gcra {
     fn window_nanos(&self) -> u64 {
-        self.interval_nanos().saturating_mul(self.limit())
+        window_of(self.interval_nanos(), self.limit())
     }
 }
 
 impl RuleWindow for LeakyQueue {
     fn window_nanos(&self) -> u64 {
-        self.interval_nanos().saturating_mul(self.limit())
+        window_of(self.interval_nanos(), self.limit())
+    }
+}
+
+/// `W` of a rule that keeps only `T = W / L`, rounded to the nearest ns: `L·T` is within
+/// `L/2` ns of `W`; when the nearest multiple of the first power of ten above `L` is that
+/// close, it is `W` (2 s at `L = 7`: `L·T` is 2.000000002 s, shown as 3 s rounded up without
+/// this).
+fn window_of(interval: u64, limit: u64) -> u64 {
+    let approx = interval.saturating_mul(limit);
+    let Some(unit) = limit
+        .checked_ilog10()
+        .and_then(|digits| 10u64.checked_pow(digits + 1))
+    else {
+        return approx;
+    };
+    match (approx.saturating_add(unit / 2) / unit).checked_mul(unit) {
+        // Only within the rounding error: an exact `L·T` stays as it is.
+        Some(rounded) if rounded > 0 && rounded.abs_diff(approx) <= limit / 2 => rounded,
+        _ => approx,
     }
 }
 
@@ -211,6 +309,18 @@ where
     fn quota(&self, index: usize) -> Option<QuotaInfo> {
         (index == 0).then(|| info(&self.rule()))
     }
+
+    fn can_refund(&self) -> bool {
+        true
+    }
+
+    fn refund(&self, key: &Key, cost: u64) {
+        KeyedLimiter::refund(self, key, cost);
+    }
+
+    fn keys_held(&self) -> Option<usize> {
+        Some(self.len())
+    }
 }
 
 /// Runs [`MultiLimiter`]'s all-or-nothing protocol over its limits (peek all, charge in order,
@@ -231,6 +341,21 @@ where
 
     fn quota(&self, index: usize) -> Option<QuotaInfo> {
         self.limits().get(index).map(|limit| info(&limit.rule()))
+    }
+
+    fn can_refund(&self) -> bool {
+        true
+    }
+
+    fn refund(&self, key: &Key, cost: u64) {
+        for limit in self.limits() {
+            limit.refund(key, cost);
+        }
+    }
+
+    /// The most keys any of the limits holds.
+    fn keys_held(&self) -> Option<usize> {
+        self.limits().iter().map(KeyedLimiter::len).max()
     }
 }
 
@@ -273,5 +398,23 @@ fn all_or_nothing<A: Algorithm, C: Clock>(
         // No limit at all: nothing to refuse. Peek a cost of 0 on nothing is impossible, so
         // report an empty policy as a failure rather than invent a decision.
         None => Err(CheckError::Backend("a MultiLimiter without limits".into())),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::window_of;
+
+    #[test]
+    fn windows_are_recovered_from_rounded_intervals() {
+        // 2 s / 7 = 285_714_285.7 ns, kept as 285_714_286.
+        assert_eq!(window_of(285_714_286, 7), 2_000_000_000);
+        assert_eq!(window_of(333_333_333, 3), 1_000_000_000);
+        assert_eq!(window_of(1_500_000_000, 2), 3_000_000_000);
+        assert_eq!(window_of(1, 1), 1);
+        assert_eq!(window_of(1, 5), 5);
+        assert_eq!(window_of(3, 1_000_000), 3_000_000);
+        assert_eq!(window_of(u64::MAX, u64::MAX), u64::MAX);
+        assert_eq!(window_of(60_000_000_000 / 1_000, 1_000), 60_000_000_000);
     }
 }

@@ -4,12 +4,19 @@ use std::fmt;
 use std::sync::Arc;
 
 use http::request::Parts;
-use http::Method;
+use http::{Method, StatusCode};
 
-use super::{CheckBackend, KeySource};
+use super::{CheckBackend, KeySource, QuotaInfo, Tiers};
 
 /// What a policy does with a request its limit refuses.
+///
+/// # Examples
+/// ```
+/// use tollgate::tower::Mode;
+/// assert_eq!(Mode::default(), Mode::Enforce);
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
 pub enum Mode {
     /// Refuse it (429, or the gRPC status).
     #[default]
@@ -17,9 +24,27 @@ pub enum Mode {
     /// Dry run: decide and count as `Enforce` does, send the rate-limit headers, but pass
     /// every request on. This is how a new limit is tried in production.
     Shadow,
+    /// Shaping (feature `tokio`): wait for the slot, then pass the request on; refuse it as
+    /// `Enforce` does when admission would take longer than `max_wait` from its arrival.
+    ///
+    /// A refused check changes nothing, so a waiting request is charged once, when admitted,
+    /// and a client that hangs up while it waits has cost nothing. Waiters re-check at their
+    /// `retry_after`: they are not served in arrival order (several may wake for one unit;
+    /// the others wait again within their `max_wait`). A leaky-queue policy's admitted
+    /// delay ([`Decision::delay`](crate::Decision::delay)) is waited in full (the queue's
+    /// capacity bounds it), in arrival order; a request dropped before its slot gives the
+    /// slot back when the backend can refund (the in-process limiters can). The waits use
+    /// tokio's timer: serve the layer on a tokio runtime with time enabled (axum and
+    /// hyper-util servers on tokio have it).
+    #[cfg(feature = "tokio")]
+    Delay {
+        /// The longest a request may wait.
+        max_wait: std::time::Duration,
+    },
 }
 
 type CostFn = dyn Fn(&Parts) -> u64 + Send + Sync;
+type RefundFn = dyn Fn(StatusCode) -> bool + Send + Sync;
 
 /// How many units a request costs.
 #[derive(Clone)]
@@ -50,7 +75,7 @@ impl Cost {
 
 /// Which paths a policy covers.
 #[derive(Debug, Clone, PartialEq, Eq)]
-enum PathMatch {
+pub(crate) enum PathMatch {
     Any,
     /// Whole segments: `/api` covers `/api`, `/api/` and `/api/x`, not `/apix`.
     Prefix(String),
@@ -59,7 +84,7 @@ enum PathMatch {
 }
 
 impl PathMatch {
-    fn matches(&self, path: &str) -> bool {
+    pub(crate) fn matches(&self, path: &str) -> bool {
         match self {
             PathMatch::Any => true,
             PathMatch::Prefix(prefix) => match path.strip_prefix(prefix.as_str()) {
@@ -92,7 +117,7 @@ impl PathMatch {
 ///
 /// # Examples
 /// ```
-/// use http::Method;
+/// use http::{Method, StatusCode};
 /// use tollgate::tower::{Key, KeySource, Mode, Policy};
 /// use tollgate::{Gcra, KeyedLimiter, MultiLimiter, Quota};
 ///
@@ -120,6 +145,19 @@ pub struct Policy {
     pub(crate) key: KeySource,
     pub(crate) cost: Cost,
     pub(crate) mode: Mode,
+    pub(crate) refund: Option<Arc<RefundFn>>,
+    /// The backend, when it is [`Tiers`]: a handle to move keys between tiers.
+    pub(crate) tiers: Option<Tiers>,
+    /// The last `RateLimit-Policy` value and the quotas it was built from.
+    pub(crate) policy_header: Arc<PolicyHeaderCache>,
+}
+
+/// The `RateLimit-Policy` field of a policy: the same on every response while its quotas stay
+/// the same, so it is built once and reused (checked against the backend's quotas on each
+/// use: a quota changed at run time rebuilds it).
+#[derive(Debug, Default)]
+pub(crate) struct PolicyHeaderCache {
+    pub(crate) value: parking_lot::RwLock<Option<(Vec<QuotaInfo>, http::HeaderValue)>>,
 }
 
 impl fmt::Debug for Policy {
@@ -131,6 +169,7 @@ impl fmt::Debug for Policy {
             .field("key", &self.key)
             .field("cost", &self.cost)
             .field("mode", &self.mode)
+            .field("refunds", &self.refund.is_some())
             .finish_non_exhaustive()
     }
 }
@@ -141,7 +180,12 @@ impl Policy {
     ///
     /// To put a policy on another backend (say, a global one), change this argument only.
     pub fn new(name: impl Into<String>, backend: impl CheckBackend) -> Self {
+        let tiers = (&backend as &dyn std::any::Any)
+            .downcast_ref::<Tiers>()
+            .cloned();
         Policy {
+            tiers,
+            policy_header: Arc::default(),
             name: name.into().into(),
             path: PathMatch::Any,
             methods: None,
@@ -149,6 +193,7 @@ impl Policy {
             key: KeySource::client_ip(),
             cost: Cost::Fixed(1),
             mode: Mode::Enforce,
+            refund: None,
         }
     }
 
@@ -191,9 +236,31 @@ impl Policy {
         self
     }
 
-    /// Enforce (default) or shadow.
+    /// Enforce (default), shadow, or delay (feature `tokio`).
     pub fn mode(mut self, mode: Mode) -> Self {
         self.mode = mode;
+        self
+    }
+
+    /// Gives an admitted request's units back when `f` holds for its response status: do not
+    /// charge failures (`|s| s.is_server_error()`), or charge only failures, as a login
+    /// throttle does (`|s| s.is_success()`). The response's rate-limit fields still show the
+    /// decision made before the request was served. The backend must be able to refund
+    /// ([`CheckBackend::can_refund`]: the in-process limiters can), or the layer is refused.
+    ///
+    /// # Examples
+    /// ```
+    /// use tollgate::tower::{Key, Policy};
+    /// use tollgate::{Gcra, KeyedLimiter, Quota};
+    /// // Five failed logins per client an hour; successful ones are not counted.
+    /// let login = Policy::new("login", KeyedLimiter::<Key, _>::new(Gcra::new(Quota::per_hour(5)?)?))
+    ///     .path_prefix("/login")
+    ///     .refund_when(|status| status.is_success());
+    /// # let _ = login;
+    /// # Ok::<(), tollgate::QuotaError>(())
+    /// ```
+    pub fn refund_when(mut self, f: impl Fn(StatusCode) -> bool + Send + Sync + 'static) -> Self {
+        self.refund = Some(Arc::new(f));
         self
     }
 

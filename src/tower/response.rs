@@ -10,7 +10,7 @@ use http::header::{HeaderName, HeaderValue, CONTENT_TYPE, RETRY_AFTER};
 use http::{HeaderMap, Response, StatusCode};
 use http_body::{Body, Frame, SizeHint};
 
-use super::{CheckBackend, Verdict};
+use super::{CheckBackend, Policy, Verdict};
 use crate::Decision;
 
 /// Which rate-limit header fields the layer adds to every response a policy decided
@@ -24,7 +24,7 @@ use crate::Decision;
 /// |---|---|
 /// | `None` | none (`Retry-After` on denials only) |
 /// | `Legacy` | `X-RateLimit-Limit: L`, `X-RateLimit-Remaining: r`, `X-RateLimit-Reset: ⌈reset_after⌉` (seconds from now) |
-/// | `Draft` | `RateLimit-Policy: "name";q=L;w=⌈W⌉` (one item per quota), `RateLimit: "name";r=r;t=⌈reset_after⌉` ([draft-ietf-httpapi-ratelimit-headers](https://datatracker.ietf.org/doc/draft-ietf-httpapi-ratelimit-headers/)) |
+/// | `Draft` | `RateLimit-Policy: "name";q=L;w=⌈W⌉` (one item per quota), `RateLimit: "name";r=r;t=⌈reset_after⌉` (the IETF draft draft-ietf-httpapi-ratelimit-headers) |
 /// | `Both` | `Legacy` and `Draft` |
 ///
 /// A policy with several quotas names them `name-1`, `name-2`, … in `RateLimit-Policy`;
@@ -82,12 +82,11 @@ fn quota_name(out: &mut String, policy: &str, index: usize, count: usize) {
     out.push('"');
 }
 
-/// Adds the rate-limit fields of `style` for `verdict` of policy `name` over `backend`.
+/// Adds the rate-limit fields of `style` for `verdict` of `policy`.
 pub(crate) fn add_headers(
     headers: &mut HeaderMap,
     style: HeaderStyle,
-    name: &str,
-    backend: &dyn CheckBackend,
+    policy: &Policy,
     verdict: &Verdict,
 ) {
     let decision = &verdict.decision;
@@ -98,32 +97,68 @@ pub(crate) fn add_headers(
         headers.insert(X_RESET.clone(), number(reset));
     }
     if matches!(style, HeaderStyle::Draft | HeaderStyle::Both) {
+        let name = policy.name();
+        let backend = policy.backend.as_ref();
         let count = backend.quota_count().max(verdict.quota + 1);
-        let mut policy = String::new();
-        for index in 0..count {
-            if !policy.is_empty() {
-                policy.push_str(", ");
-            }
-            quota_name(&mut policy, name, index, count);
-            let (q, w) = match backend.quota(index) {
-                Some(info) => (info.limit, ceil_secs(info.window)),
-                // Only the decision's own quota can be missing (a backend that reports fewer
-                // quotas than it decides over): its limit is known, its window is not.
-                None => (decision.limit(), reset),
-            };
-            let _ = write!(policy, ";q={q};w={w}");
-        }
-        let mut current = String::new();
+        let Some(policy_field) = policy_field(policy, backend, count, decision, reset) else {
+            return;
+        };
+        let mut current = String::with_capacity(name.len() + 40);
         quota_name(&mut current, name, verdict.quota, count);
         let _ = write!(current, ";r={};t={reset}", decision.remaining());
-        if let (Ok(policy), Ok(current)) = (
-            HeaderValue::from_str(&policy),
-            HeaderValue::from_str(&current),
-        ) {
-            headers.insert(RATELIMIT_POLICY.clone(), policy);
+        // Hands the string's buffer over: no copy.
+        if let Ok(current) = HeaderValue::from_maybe_shared(Bytes::from(current)) {
+            headers.insert(RATELIMIT_POLICY.clone(), policy_field);
             headers.insert(RATELIMIT.clone(), current);
         }
     }
+}
+
+/// The `RateLimit-Policy` value of `policy` (`count` quotas): the cached one while the
+/// backend's quotas are those it was built from, else built (and cached when every quota is
+/// known).
+fn policy_field(
+    policy: &Policy,
+    backend: &dyn CheckBackend,
+    count: usize,
+    decision: &Decision,
+    reset: u64,
+) -> Option<HeaderValue> {
+    let cache = &policy.policy_header.value;
+    if let Some((quotas, value)) = cache.read().as_ref() {
+        if quotas.len() == count
+            && quotas
+                .iter()
+                .enumerate()
+                .all(|(i, q)| backend.quota(i).as_ref() == Some(q))
+        {
+            return Some(value.clone());
+        }
+    }
+    let name = policy.name();
+    let mut field = String::new();
+    let mut quotas = Vec::with_capacity(count);
+    for index in 0..count {
+        if !field.is_empty() {
+            field.push_str(", ");
+        }
+        quota_name(&mut field, name, index, count);
+        let (q, w) = match backend.quota(index) {
+            Some(info) => {
+                quotas.push(info);
+                (info.limit, ceil_secs(info.window))
+            }
+            // Only the decision's own quota can be missing (a backend that reports fewer
+            // quotas than it decides over): its limit is known, its window is not.
+            None => (decision.limit(), reset),
+        };
+        let _ = write!(field, ";q={q};w={w}");
+    }
+    let value = HeaderValue::from_maybe_shared(Bytes::from(field)).ok()?;
+    if quotas.len() == count {
+        *cache.write() = Some((quotas, value.clone()));
+    }
+    Some(value)
 }
 
 /// What a user-supplied denial response is built from.

@@ -1,0 +1,222 @@
+//! The Redis tier as a layer backend (features `tower` and `redis`): a policy's limit held
+//! globally, across every server of a fleet.
+
+use crate::redis::{
+    Error as RedisError, GuardedLimiter, LeasedLimiter, RedisConnection, RedisLimiter,
+};
+use crate::{Decision, Quota};
+
+use super::{CheckBackend, CheckError, CheckFuture, Key, QuotaInfo, Verdict};
+
+/// A Redis limiter as a [`CheckBackend`]: [`RedisLimiter`] (exact: one script call a
+/// request), [`GuardedLimiter`] (exact behind a circuit breaker and a failure policy) or
+/// [`LeasedLimiter`] (this node spends units leased from Redis; no network on the request
+/// path).
+///
+/// Moving a policy from one node to the whole fleet changes only its backend:
+/// `Policy::new("api", per_node)` becomes `Policy::new("api", RedisBackend::new(global, quota))`.
+/// The quota is the one the limiter's [`RedisRule`](crate::redis::RedisRule) was built from:
+/// the rule does not tell its window, which the `RateLimit-Policy` header shows.
+///
+/// Keys are sent to Redis in an injective text form (see [`redis_key`]): an IP key is its
+/// address, so all nodes count one client under one Redis key. Two policies on the same keys
+/// must not share state: give each its own limiter prefix
+/// ([`RedisLimiterBuilder::prefix`](crate::redis::RedisLimiterBuilder::prefix)), as
+/// `PolicyConfig::redis` does (`tollgate:NAME`).
+///
+/// Errors: a cost above the capacity is [`CheckError::Limit`] (a 429 that can never be
+/// admitted), any other Redis error [`CheckError::Backend`] (the layer's
+/// [`on_error`](super::RateLimitLayerBuilder::on_error) fallback). A [`GuardedLimiter`]
+/// absorbs transient failures by its failure policy, so only fatal errors reach the layer.
+///
+/// # Examples
+/// ```no_run
+/// use tollgate::redis::{FailureHandling, FailurePolicy, RedisLimiter, RedisRule};
+/// use tollgate::tower::{Policy, RateLimitLayer, RedisBackend};
+/// use tollgate::Quota;
+///
+/// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+/// let quota = Quota::per_second(10)?.with_burst(20)?;
+/// let global = RedisLimiter::connect("redis://127.0.0.1:6379", RedisRule::gcra(quota)?)
+///     .await?
+///     .guarded(FailureHandling::new(FailurePolicy::Local))
+///     .await;
+/// let layer = RateLimitLayer::builder()
+///     .policy(Policy::new("api", RedisBackend::new(global, quota)).path_prefix("/api/"))
+///     .build()?;
+/// # let _ = layer;
+/// # Ok(()) }
+/// ```
+#[derive(Debug)]
+pub struct RedisBackend<L> {
+    limiter: L,
+    quota: QuotaInfo,
+}
+
+impl<L> RedisBackend<L> {
+    /// `limiter` as a layer backend; `quota` is the quota its rule was built from.
+    ///
+    /// # Examples
+    /// ```no_run
+    /// use tollgate::redis::{RedisLimiter, RedisRule};
+    /// use tollgate::tower::RedisBackend;
+    /// use tollgate::Quota;
+    /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+    /// let quota = Quota::per_minute(100)?;
+    /// let exact = RedisLimiter::connect("redis://127.0.0.1:6379", RedisRule::gcra(quota)?).await?;
+    /// let backend = RedisBackend::new(exact, quota);
+    /// # let _ = backend;
+    /// # Ok(()) }
+    /// ```
+    pub fn new(limiter: L, quota: Quota) -> Self {
+        RedisBackend {
+            limiter,
+            quota: QuotaInfo {
+                limit: quota.limit(),
+                window: quota.window(),
+            },
+        }
+    }
+
+    /// The limiter (to read its mode, its statistics, or to close it).
+    ///
+    /// # Examples
+    /// ```no_run
+    /// # use tollgate::redis::GuardedLimiter;
+    /// # use tollgate::tower::RedisBackend;
+    /// # fn demo(backend: &RedisBackend<GuardedLimiter>) {
+    /// println!("{:?}", backend.limiter().mode());
+    /// # }
+    /// ```
+    pub fn limiter(&self) -> &L {
+        &self.limiter
+    }
+}
+
+/// The bytes a [`Key`] is stored under in Redis: an injective, readable encoding, each part
+/// written `TAG LEN:VALUE` (`i` an IP key as its address, `t` text, `b` bytes; `c` a composite,
+/// `LEN` its number of parts, then the parts). For example `Key::Ip(203.0.113.7)` is
+/// `i11:203.0.113.7`, and `[path, ip]` is `c2:t4:/api i9:192.0.2.1` without the space.
+///
+/// # Examples
+/// ```
+/// use tollgate::tower::{redis_key, Key};
+/// let ip: std::net::IpAddr = "203.0.113.7".parse()?;
+/// assert_eq!(redis_key(&Key::from(ip)), b"i11:203.0.113.7");
+/// let both = Key::Composite(vec![Key::from("/api"), Key::from(ip)].into());
+/// assert_eq!(redis_key(&both), b"c2:t4:/apii11:203.0.113.7");
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub fn redis_key(key: &Key) -> Vec<u8> {
+    let mut out = Vec::with_capacity(32);
+    encode(key, &mut out);
+    out
+}
+
+fn encode(key: &Key, out: &mut Vec<u8>) {
+    let part = |tag: u8, bytes: &[u8], out: &mut Vec<u8>| {
+        out.push(tag);
+        out.extend_from_slice(bytes.len().to_string().as_bytes());
+        out.push(b':');
+        out.extend_from_slice(bytes);
+    };
+    match key {
+        Key::Ip(ip) => part(b'i', ip.to_string().as_bytes(), out),
+        Key::Text(text) => part(b't', text.as_bytes(), out),
+        Key::Bytes(bytes) => part(b'b', bytes, out),
+        Key::Composite(parts) => {
+            out.push(b'c');
+            out.extend_from_slice(parts.len().to_string().as_bytes());
+            out.push(b':');
+            for p in parts.iter() {
+                encode(p, out);
+            }
+        }
+    }
+}
+
+fn verdict(result: Result<Decision, RedisError>) -> Result<Verdict, CheckError> {
+    match result {
+        Ok(decision) => Ok(Verdict { decision, quota: 0 }),
+        Err(e) => Err(match e.as_capacity_exceeded() {
+            Some(limit) => CheckError::Limit(limit),
+            None => CheckError::Backend(Box::new(e)),
+        }),
+    }
+}
+
+macro_rules! quota_methods {
+    () => {
+        fn quota_count(&self) -> usize {
+            1
+        }
+
+        fn quota(&self, index: usize) -> Option<QuotaInfo> {
+            (index == 0).then_some(self.quota)
+        }
+    };
+}
+
+/// Exact: one atomic script call on Redis a request.
+impl<C: RedisConnection> CheckBackend for RedisBackend<RedisLimiter<C>> {
+    fn check<'a>(&'a self, key: &'a Key, cost: u64) -> CheckFuture<'a> {
+        CheckFuture::boxed(async move { verdict(self.limiter.check_n(redis_key(key), cost).await) })
+    }
+
+    quota_methods!();
+}
+
+/// Exact behind a circuit breaker: while Redis fails, the limiter's failure policy decides.
+impl<C: RedisConnection> CheckBackend for RedisBackend<GuardedLimiter<C>> {
+    fn check<'a>(&'a self, key: &'a Key, cost: u64) -> CheckFuture<'a> {
+        CheckFuture::boxed(async move { verdict(self.limiter.check_n(redis_key(key), cost).await) })
+    }
+
+    quota_methods!();
+
+    fn degraded(&self) -> Option<bool> {
+        Some(self.limiter.mode() != crate::redis::Mode::Global)
+    }
+}
+
+/// Leased: decided at once from this node's lease (a key's first request on a node is denied
+/// until its first grant arrives, unless the lease configuration allows a first touch).
+impl<C: RedisConnection> CheckBackend for RedisBackend<LeasedLimiter<C>> {
+    fn check<'a>(&'a self, key: &'a Key, cost: u64) -> CheckFuture<'a> {
+        CheckFuture::ready(verdict(self.limiter.check_n(redis_key(key), cost)))
+    }
+
+    quota_methods!();
+
+    fn degraded(&self) -> Option<bool> {
+        Some(self.limiter.mode() != crate::redis::Mode::Global)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::net::IpAddr;
+
+    #[test]
+    fn keys_encode_injectively() {
+        let ip: IpAddr = "2001:db8::".parse().unwrap();
+        let keys = [
+            Key::from(ip),
+            Key::from("2001:db8::"),
+            Key::Bytes(b"2001:db8::"[..].into()),
+            Key::Composite(vec![Key::from("a"), Key::from("b")].into()),
+            Key::Composite(vec![Key::from("ab")].into()),
+            Key::Composite(vec![Key::from("a|b")].into()),
+            Key::from("a|b"),
+            Key::Composite(
+                vec![Key::Composite(vec![Key::from("a")].into()), Key::from("b")].into(),
+            ),
+            Key::Composite(vec![].into()),
+            Key::from(""),
+        ];
+        let encoded: std::collections::HashSet<Vec<u8>> = keys.iter().map(redis_key).collect();
+        assert_eq!(encoded.len(), keys.len());
+        assert_eq!(redis_key(&Key::from(ip)), b"i10:2001:db8::");
+    }
+}

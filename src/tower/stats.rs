@@ -1,0 +1,129 @@
+//! The layer's metrics (feature `metrics`), through the `metrics` facade: the application
+//! installs the recorder and exporter it wants (Prometheus, StatsD, …).
+//!
+//! | metric | kind | labels | what |
+//! |---|---|---|---|
+//! | `tollgate_requests_total` | counter | `policy`, `outcome` | every request a policy decided or could not decide |
+//! | `tollgate_delay_seconds` | histogram | `policy` | how long each delayed request waited (delay mode) |
+//! | `tollgate_keys` | gauge | `policy` | keys the policy's backend holds (set by `record_gauges`) |
+//! | `tollgate_backend_degraded` | gauge | `policy` | 1 while a Redis backend decides by its failure policy, else 0 |
+//!
+//! `outcome` is one of `allowed`, `denied`, `shadow_denied` (refused by a shadow policy, let
+//! through), `delayed` (admitted after waiting, delay mode), `no_key` (no client key could be
+//! extracted) and `error` (the backend could not decide, or the cost can never be admitted);
+//! `refunded` counts admitted requests given back by their response status (they were
+//! counted as `allowed` or `delayed` too).
+//! Allow-listed requests and requests no policy matches are not counted.
+//!
+//! Without the feature every function here is empty.
+
+use std::time::Duration;
+
+use super::{CheckError, Key, Policy, Verdict};
+
+/// What happened to a request, as the `outcome` label says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Outcome {
+    Allowed,
+    Denied,
+    ShadowDenied,
+    Delayed,
+    NoKey,
+    Error,
+    Refunded,
+}
+
+impl Outcome {
+    #[cfg_attr(not(feature = "metrics"), allow(dead_code))]
+    fn label(self) -> &'static str {
+        match self {
+            Outcome::Allowed => "allowed",
+            Outcome::Denied => "denied",
+            Outcome::ShadowDenied => "shadow_denied",
+            Outcome::Delayed => "delayed",
+            Outcome::NoKey => "no_key",
+            Outcome::Error => "error",
+            Outcome::Refunded => "refunded",
+        }
+    }
+}
+
+/// Emits a debug event for a refusal or an error of `policy` on `key` (feature `metrics`).
+#[inline]
+pub(crate) fn trace(policy: &Policy, key: &Key, decided: &Result<(Verdict, Duration), CheckError>) {
+    #[cfg(feature = "metrics")]
+    match decided {
+        Ok((verdict, _)) if !verdict.decision.allowed() => {
+            let retry_after_ms = verdict.decision.retry_after().as_millis();
+            if policy.mode == super::Mode::Shadow {
+                tracing::debug!(target: "tollgate::tower", policy = %policy.name, %key, retry_after_ms, "rate limit would deny (shadow)");
+            } else {
+                tracing::debug!(target: "tollgate::tower", policy = %policy.name, %key, retry_after_ms, "rate limit denied");
+            }
+        }
+        Ok(_) => {}
+        Err(error) => {
+            tracing::debug!(target: "tollgate::tower", policy = %policy.name, %key, %error, "rate limit could not decide");
+        }
+    }
+    #[cfg(not(feature = "metrics"))]
+    let _ = (policy, key, decided);
+}
+
+/// Emits a debug event for a request of `policy` without a key (feature `metrics`).
+#[inline]
+pub(crate) fn trace_no_key(policy: &Policy) {
+    #[cfg(feature = "metrics")]
+    tracing::debug!(target: "tollgate::tower", policy = %policy.name, "request without a client key");
+    #[cfg(not(feature = "metrics"))]
+    let _ = policy;
+}
+
+/// Counts one request of `policy`.
+#[inline]
+pub(crate) fn record(policy: &Policy, outcome: Outcome) {
+    #[cfg(feature = "metrics")]
+    ::metrics::counter!(
+        "tollgate_requests_total",
+        // An `Arc<str>` label: a reference count, no copy of the name.
+        "policy" => std::sync::Arc::clone(&policy.name),
+        "outcome" => outcome.label()
+    )
+    .increment(1);
+    #[cfg(not(feature = "metrics"))]
+    let _ = (policy, outcome);
+}
+
+/// Records how long a delayed request of `policy` waited.
+#[inline]
+pub(crate) fn record_wait(policy: &Policy, waited: Duration) {
+    #[cfg(feature = "metrics")]
+    ::metrics::histogram!(
+        "tollgate_delay_seconds",
+        "policy" => std::sync::Arc::clone(&policy.name)
+    )
+    .record(waited.as_secs_f64());
+    #[cfg(not(feature = "metrics"))]
+    let _ = (policy, waited);
+}
+
+/// Sets the gauges of `policy`: the keys its backend holds, and whether it is degraded.
+pub(crate) fn record_gauges(policy: &Policy) {
+    #[cfg(feature = "metrics")]
+    {
+        let backend = &policy.backend;
+        if let Some(keys) = backend.keys_held() {
+            ::metrics::gauge!("tollgate_keys", "policy" => std::sync::Arc::clone(&policy.name))
+                .set(keys as f64);
+        }
+        if let Some(degraded) = backend.degraded() {
+            ::metrics::gauge!(
+                "tollgate_backend_degraded",
+                "policy" => std::sync::Arc::clone(&policy.name)
+            )
+            .set(if degraded { 1.0 } else { 0.0 });
+        }
+    }
+    #[cfg(not(feature = "metrics"))]
+    let _ = policy;
+}

@@ -1,0 +1,500 @@
+//! Async waiting (feature `tokio`): `until_ready` and `acquire` on [`KeyedLimiter`] and
+//! [`MultiLimiter`] (`until_ready` and `acquire_within` on [`Limiter`]), and a [`TokioClock`]
+//! that follows tokio's time.
+//!
+//! - `until_ready(cost)` waits as long as it takes, then returns the admitting decision.
+//! - `acquire(cost, max_wait)` waits at most `max_wait`: if the wait it would take is longer,
+//!   it returns [`WaitError::TooLong`] at once, without charging anything.
+//!
+//! How a call waits depends on the algorithm:
+//! - **Leaky queue** ([`LeakyQueue`](crate::LeakyQueue)): the call reserves its slot once (the
+//!   queue's reservation, SPEC §3) and sleeps until the slot: waiters are served in the order
+//!   they arrived, with no re-check. Dropping the future before its slot gives the slot back
+//!   (a [`refund`](KeyedLimiter::refund) of its cost).
+//! - **Every other algorithm** (GCRA, the windows, the log): a denied check changes nothing, so
+//!   the call sleeps for the decision's `retry_after` and checks again. It is charged once, by
+//!   the check that admits it, and dropping it while it sleeps costs nothing (cancel-safe).
+//!   Waiters are not served in order: one that wakes first may take the unit another waited
+//!   for, and that one waits again (within `max_wait` for `acquire`). Use the leaky queue
+//!   for first-come, first-served shaping.
+//!
+//! Sleeping uses tokio's timer, and the limiter reads its own clock: with tokio's paused time
+//! (tests), give the limiter a [`TokioClock`] so that both see the same time.
+//!
+//! # Examples
+//! ```
+//! use std::time::Duration;
+//! use tollgate::wait::{TokioClock, WaitError};
+//! use tollgate::{Gcra, KeyedLimiter, Quota};
+//!
+//! # #[tokio::main(flavor = "current_thread", start_paused = true)]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let limiter = KeyedLimiter::<String, _, _>::with_clock(
+//!     Gcra::new(Quota::per_second(2)?)?,
+//!     TokioClock::new(),
+//! )?;
+//! limiter.until_ready("alice", 2).await?; // the burst: at once
+//! let start = tokio::time::Instant::now();
+//! limiter.until_ready("alice", 1).await?; // 500 ms later
+//! assert_eq!(start.elapsed(), Duration::from_millis(500));
+//! // Two more units would take a second: more than we are willing to wait.
+//! let e = limiter.acquire("alice", 2, Duration::from_millis(100)).await.unwrap_err();
+//! assert!(matches!(e, WaitError::TooLong { .. }));
+//! # Ok(())
+//! # }
+//! ```
+
+use std::borrow::Borrow;
+use std::hash::Hash;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use crate::algorithm::Algorithm;
+use crate::clock::{Clock, Nanos};
+use crate::store::KeyedStore;
+use crate::{Decision, Error, KeyedLimiter, Limiter, MultiLimiter};
+
+/// Why `acquire` gave up.
+///
+/// # Examples
+/// ```
+/// use std::time::Duration;
+/// use tollgate::wait::{TokioClock, WaitError};
+/// use tollgate::{Gcra, KeyedLimiter, Quota};
+/// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let limiter = KeyedLimiter::<String, _, _>::with_clock(Gcra::new(Quota::per_second(1)?)?, TokioClock::new())?;
+/// match limiter.acquire("k", 2, Duration::from_secs(1)).await {
+///     Err(WaitError::Limit(e)) => println!("never admissible: {e}"), // 2 > the burst of 1
+///     Err(WaitError::TooLong { wait, .. }) => println!("would wait {wait:?}"),
+///     Ok(_) => unreachable!(),
+/// }
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum WaitError {
+    /// The limiter refused to decide (a cost above the capacity, a full key table).
+    #[error(transparent)]
+    Limit(#[from] Error),
+    /// Admission would take longer than `max_wait`; nothing was charged.
+    #[error("admission would take {wait:?}, longer than the {max_wait:?} allowed")]
+    TooLong {
+        /// How long this call would still have had to wait, as the limiter saw it.
+        wait: Duration,
+        /// The bound given.
+        max_wait: Duration,
+    },
+}
+
+/// A [`Clock`] that reads tokio's time (`tokio::time::Instant`), so that a limiter and tokio's
+/// timer agree, also under tokio's paused time (`#[tokio::test(start_paused = true)]`, where
+/// time jumps to the next timer when every task waits).
+///
+/// Outside tests prefer the default precise clock: this one reads `Instant::now()` through
+/// tokio (a little slower). Outside a runtime with paused time it is the monotonic clock.
+///
+/// # Examples
+/// ```
+/// use tollgate::clock::Clock;
+/// use tollgate::wait::TokioClock;
+/// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+/// # async fn main() {
+/// let clock = TokioClock::new();
+/// tokio::time::sleep(std::time::Duration::from_millis(3)).await;
+/// assert_eq!(clock.now(), 3_000_000);
+/// # }
+/// ```
+#[derive(Debug, Clone, Copy)]
+pub struct TokioClock {
+    origin: Instant,
+}
+
+impl TokioClock {
+    /// A clock whose origin is now.
+    pub fn new() -> Self {
+        TokioClock {
+            origin: Instant::now(),
+        }
+    }
+}
+
+impl Default for TokioClock {
+    fn default() -> Self {
+        TokioClock::new()
+    }
+}
+
+impl Clock for TokioClock {
+    fn now(&self) -> Nanos {
+        let nanos = Instant::now()
+            .saturating_duration_since(self.origin)
+            .as_nanos();
+        Nanos::try_from(nanos).unwrap_or(Nanos::MAX)
+    }
+}
+
+/// The shortest sleep between two checks: a denied decision always has a positive
+/// `retry_after`, but a zero one must not spin.
+const MIN_SLEEP: Duration = Duration::from_micros(1);
+
+/// Gives a reservation back if its waiter is dropped before its slot.
+struct RefundOnDrop<F: FnMut()> {
+    refund: Option<F>,
+}
+
+impl<F: FnMut()> Drop for RefundOnDrop<F> {
+    fn drop(&mut self) {
+        if let Some(refund) = self.refund.as_mut() {
+            refund();
+        }
+    }
+}
+
+/// The wait loop shared by every limiter.
+///
+/// - `charge` decides and counts (a denial changes nothing);
+/// - `wait_now` reports how long an admission would take now, without changing anything;
+/// - `refund` gives back a reservation (only ever called after an admitted `charge` whose
+///   decision carries a delay).
+async fn drive(
+    mut charge: impl FnMut() -> Result<Decision, Error>,
+    wait_now: impl Fn() -> Result<Duration, Error>,
+    refund: impl FnMut(),
+    max_wait: Option<Duration>,
+) -> Result<Decision, WaitError> {
+    // A bound too far away to represent is no bound.
+    let deadline = max_wait.and_then(|m| Instant::now().checked_add(m).map(|d| (d, m)));
+    let too_long = |wait: Duration| -> Result<(), WaitError> {
+        match deadline {
+            // (`checked_add`: an instant past the clock's range is past any deadline.)
+            Some((deadline, max_wait))
+                if Instant::now()
+                    .checked_add(wait)
+                    .is_none_or(|wake| wake > deadline) =>
+            {
+                Err(WaitError::TooLong { wait, max_wait })
+            }
+            _ => Ok(()),
+        }
+    };
+    let mut refund = Some(refund);
+    loop {
+        // Judge the wait before charging: a reservation that would be given back at once
+        // would disturb the queue for nothing.
+        if deadline.is_some() {
+            too_long(wait_now()?)?;
+        }
+        let decision = charge()?;
+        if decision.allowed() {
+            let delay = decision.delay();
+            if delay.is_zero() {
+                return Ok(decision);
+            }
+            let mut guard = RefundOnDrop {
+                refund: refund.take(),
+            };
+            // Another waiter may have reserved between the look and the charge.
+            too_long(delay)?;
+            tokio::time::sleep(delay).await;
+            guard.refund = None;
+            return Ok(decision);
+        }
+        let wait = decision.retry_after().max(MIN_SLEEP);
+        too_long(wait)?;
+        tokio::time::sleep(wait).await;
+    }
+}
+
+/// The outcome of a wait without a bound: it is never too long.
+fn unbounded(result: Result<Decision, WaitError>) -> Result<Decision, Error> {
+    result.map_err(|e| match e {
+        WaitError::Limit(e) => e,
+        // Only a bounded wait (`Some(max_wait)`) is ever too long; should one be reported,
+        // the caller is told the cost cannot be admitted rather than given a panic.
+        WaitError::TooLong { .. } => Error::CapacityExceeded {
+            cost: 0,
+            capacity: 0,
+        },
+    })
+}
+
+/// How long a peek's `decision` under rule `A` says an admission takes: its delay when
+/// admitted; when refused, `retry_after` and then, for the leaky queue, the delay the queue
+/// assigns then: `tat − t` in all, which is the refusal's `reset_after` (SPEC §3).
+fn wait_of<A: Algorithm>(decision: Decision) -> Duration {
+    if decision.allowed() {
+        decision.delay()
+    } else if A::NAME == crate::LeakyQueue::NAME {
+        decision.reset_after().max(decision.retry_after())
+    } else {
+        decision.retry_after()
+    }
+}
+
+/// # Waiting (feature `tokio`)
+impl<A: Algorithm, C: Clock> Limiter<A, C> {
+    /// Waits until `cost` units are admitted, and returns the admitting decision (see the
+    /// [`wait`](crate::wait) module for how each algorithm waits).
+    ///
+    /// # Errors
+    /// [`Error::CapacityExceeded`] at once if `cost` can never be admitted.
+    ///
+    /// # Examples
+    /// ```
+    /// use tollgate::wait::TokioClock;
+    /// use tollgate::{Gcra, Limiter, Quota};
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let limiter = Limiter::with_clock(Gcra::new(Quota::per_second(10)?)?, TokioClock::new())?;
+    /// for _ in 0..20 {
+    ///     limiter.until_ready(1).await?; // 10 at once, then one every 100 ms
+    /// }
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub async fn until_ready(&self, cost: u64) -> Result<Decision, Error> {
+        unbounded(self.wait_inner(cost, None).await)
+    }
+
+    /// Waits at most `max_wait` for `cost` units.
+    ///
+    /// # Errors
+    /// [`WaitError::TooLong`] at once, charging nothing, when admission would take longer;
+    /// [`WaitError::Limit`] when the limiter refuses to decide.
+    ///
+    /// # Examples
+    /// ```
+    /// use std::time::Duration;
+    /// use tollgate::wait::{TokioClock, WaitError};
+    /// use tollgate::{Gcra, Limiter, Quota};
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let limiter = Limiter::with_clock(Gcra::new(Quota::per_second(1)?)?, TokioClock::new())?;
+    /// limiter.acquire_within(1, Duration::ZERO).await?;
+    /// let late = limiter.acquire_within(1, Duration::from_millis(500)).await;
+    /// assert!(matches!(late, Err(WaitError::TooLong { .. })));
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub async fn acquire_within(
+        &self,
+        cost: u64,
+        max_wait: Duration,
+    ) -> Result<Decision, WaitError> {
+        self.wait_inner(cost, Some(max_wait)).await
+    }
+
+    async fn wait_inner(
+        &self,
+        cost: u64,
+        max_wait: Option<Duration>,
+    ) -> Result<Decision, WaitError> {
+        drive(
+            || self.check_n(cost),
+            || self.peek(cost).map(wait_of::<A>),
+            || self.refund(cost),
+            max_wait,
+        )
+        .await
+    }
+}
+
+/// # Waiting (feature `tokio`)
+impl<K, A, C, S> KeyedLimiter<K, A, C, S>
+where
+    K: Hash + Eq + Send + Sync,
+    A: Algorithm,
+    C: Clock,
+    S: KeyedStore<K, A::Cell>,
+{
+    /// Waits until `cost` units are admitted for `key` (see [`Limiter::until_ready`]).
+    ///
+    /// # Errors
+    /// As for [`KeyedLimiter::check_n`], at once.
+    ///
+    /// # Examples
+    /// ```
+    /// use tollgate::wait::TokioClock;
+    /// use tollgate::{Gcra, KeyedLimiter, Quota};
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let limiter = KeyedLimiter::<String, _, _>::with_clock(
+    ///     Gcra::new(Quota::per_second(10)?)?,
+    ///     TokioClock::new(),
+    /// )?;
+    /// let decision = limiter.until_ready("bob", 3).await?;
+    /// assert!(decision.allowed());
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub async fn until_ready<Q>(&self, key: &Q, cost: u64) -> Result<Decision, Error>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        unbounded(self.acquire_inner(key, cost, None).await)
+    }
+
+    /// Waits at most `max_wait` for `cost` units for `key` (see [`Limiter::acquire_within`]).
+    ///
+    /// # Errors
+    /// As for [`Limiter::acquire_within`].
+    ///
+    /// # Examples
+    /// ```
+    /// use std::time::Duration;
+    /// use tollgate::wait::TokioClock;
+    /// use tollgate::{KeyedLimiter, LeakyQueue, Quota};
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// // A shaper: one request every 100 ms, up to 5 queued.
+    /// let queue = KeyedLimiter::<String, _, _>::with_clock(
+    ///     LeakyQueue::new(Quota::per_second(10)?.with_burst(5)?)?,
+    ///     TokioClock::new(),
+    /// )?;
+    /// let start = tokio::time::Instant::now();
+    /// for _ in 0..3 {
+    ///     queue.acquire("carol", 1, Duration::from_secs(1)).await?;
+    /// }
+    /// assert_eq!(start.elapsed(), Duration::from_millis(200));
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub async fn acquire<Q>(
+        &self,
+        key: &Q,
+        cost: u64,
+        max_wait: Duration,
+    ) -> Result<Decision, WaitError>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        self.acquire_inner(key, cost, Some(max_wait)).await
+    }
+
+    async fn acquire_inner<Q>(
+        &self,
+        key: &Q,
+        cost: u64,
+        max_wait: Option<Duration>,
+    ) -> Result<Decision, WaitError>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        drive(
+            || self.check_n(key, cost),
+            || self.peek(key, cost).map(wait_of::<A>),
+            || self.refund(key, cost),
+            max_wait,
+        )
+        .await
+    }
+}
+
+/// # Waiting (feature `tokio`)
+impl<K, A, C> MultiLimiter<K, A, C>
+where
+    K: Clone + Hash + Eq + Send + Sync,
+    A: Algorithm,
+    C: Clock,
+{
+    /// Waits until every limit admits `cost` units for `key` (all or nothing; see
+    /// [`Limiter::until_ready`]). With a leaky queue among the limits, the call waits the
+    /// delay of the decision [`MultiLimiter::check_n`] returns.
+    ///
+    /// # Errors
+    /// As for [`MultiLimiter::check_n`], at once.
+    ///
+    /// # Examples
+    /// ```
+    /// use tollgate::wait::TokioClock;
+    /// use tollgate::{Gcra, MultiLimiter, Quota};
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let limiter = MultiLimiter::<String, _, _>::with_clock(
+    ///     [Gcra::new(Quota::per_second(10)?)?, Gcra::new(Quota::per_minute(100)?)?],
+    ///     TokioClock::new(),
+    /// )?;
+    /// limiter.until_ready("dave", 1).await?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub async fn until_ready<Q>(&self, key: &Q, cost: u64) -> Result<Decision, Error>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        unbounded(self.acquire_inner(key, cost, None).await)
+    }
+
+    /// Waits at most `max_wait` until every limit admits `cost` units for `key` (see
+    /// [`Limiter::acquire_within`]).
+    ///
+    /// # Errors
+    /// As for [`Limiter::acquire_within`].
+    ///
+    /// # Examples
+    /// ```
+    /// use std::time::Duration;
+    /// use tollgate::wait::{TokioClock, WaitError};
+    /// use tollgate::{Gcra, MultiLimiter, Quota};
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let limiter = MultiLimiter::<String, _, _>::with_clock(
+    ///     [Gcra::new(Quota::per_second(10)?)?, Gcra::new(Quota::per_minute(10)?)?],
+    ///     TokioClock::new(),
+    /// )?;
+    /// limiter.acquire("erin", 10, Duration::ZERO).await?;
+    /// // The per-minute limit needs 6 s for one more unit.
+    /// let e = limiter.acquire("erin", 1, Duration::from_secs(1)).await.unwrap_err();
+    /// assert!(matches!(e, WaitError::TooLong { .. }));
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub async fn acquire<Q>(
+        &self,
+        key: &Q,
+        cost: u64,
+        max_wait: Duration,
+    ) -> Result<Decision, WaitError>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        self.acquire_inner(key, cost, Some(max_wait)).await
+    }
+
+    async fn acquire_inner<Q>(
+        &self,
+        key: &Q,
+        cost: u64,
+        max_wait: Option<Duration>,
+    ) -> Result<Decision, WaitError>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        drive(
+            || self.check_n(key, cost),
+            || {
+                // The longest wait of any limit.
+                let mut wait = Duration::ZERO;
+                for limit in self.limits() {
+                    wait = wait.max(wait_of::<A>(limit.peek(key, cost)?));
+                }
+                Ok(wait)
+            },
+            || {
+                for limit in self.limits() {
+                    limit.refund(key, cost);
+                }
+            },
+            max_wait,
+        )
+        .await
+    }
+}

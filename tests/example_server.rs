@@ -1,0 +1,131 @@
+//! The example server's own router (`examples/server.rs`, included here) with the layer built
+//! from `examples/policies.toml`, served on 127.0.0.1:0 and driven by a real HTTP client.
+//! Limiters run on a `ManualClock`: nothing refills during the test.
+//!
+//! Run with `cargo test --features axum,serde,tokio,metrics --test example_server`.
+
+#![cfg(all(
+    feature = "axum",
+    feature = "serde",
+    feature = "tokio",
+    feature = "metrics"
+))]
+
+#[allow(dead_code)]
+#[path = "../examples/server.rs"]
+mod server;
+
+use std::net::SocketAddr;
+
+use bytes::Bytes;
+use http::{Method, Request, StatusCode};
+use http_body_util::{BodyExt, Full};
+use hyper_util::client::legacy::{connect::HttpConnector, Client};
+use hyper_util::rt::TokioExecutor;
+use tollgate::clock::ManualClock;
+use tollgate::tower::config::LayerConfig;
+
+type Http = Client<HttpConnector, Full<Bytes>>;
+
+async fn send(
+    http: &Http,
+    addr: SocketAddr,
+    method: Method,
+    path: &str,
+    headers: &[(&str, &str)],
+) -> (StatusCode, http::HeaderMap, String) {
+    let mut request = Request::builder()
+        .method(method)
+        .uri(format!("http://{addr}{path}"));
+    for (name, value) in headers {
+        request = request.header(*name, *value);
+    }
+    let response = http
+        .request(request.body(Full::new(Bytes::new())).expect("a request"))
+        .await
+        .expect("the server answers");
+    let (parts, body) = response.into_parts();
+    let body = body.collect().await.expect("a body").to_bytes();
+    (
+        parts.status,
+        parts.headers,
+        String::from_utf8(body.to_vec()).expect("UTF-8"),
+    )
+}
+
+#[tokio::test]
+async fn the_example_router_limits_as_its_file_says() {
+    let config: LayerConfig =
+        toml::from_str(include_str!("../examples/policies.toml")).expect("the file parses");
+    let layer = config
+        .builder_with_clock(ManualClock::new())
+        .expect("valid policies")
+        .build()
+        .expect("a valid layer");
+    // A recorder of its own (not installed globally): /metrics renders, the layer's counters
+    // go to whatever global recorder the test process has (none).
+    let prometheus = metrics_exporter_prometheus::PrometheusBuilder::new()
+        .build_recorder()
+        .handle();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("binds a loopback port");
+    let addr = listener.local_addr().expect("a local address");
+    let app = server::app(layer, prometheus);
+    tokio::spawn(async move {
+        axum::serve(
+            listener,
+            app.into_make_service_with_connect_info::<SocketAddr>(),
+        )
+        .await
+        .expect("serves");
+    });
+    let http: Http = Client::builder(TokioExecutor::new()).build_http();
+
+    // /api/: 10/s, bursts of 20, per client IP (the test's 127.0.0.1).
+    for i in 0..20 {
+        let (status, headers, body) = send(&http, addr, Method::GET, "/api/hello", &[]).await;
+        assert_eq!(
+            (status, body.as_str()),
+            (StatusCode::OK, "hello\n"),
+            "request {i}"
+        );
+        assert_eq!(
+            headers["x-ratelimit-remaining"],
+            (19 - i).to_string().as_str()
+        );
+    }
+    let (status, headers, body) = send(&http, addr, Method::GET, "/api/export", &[]).await;
+    assert_eq!(status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(headers["content-type"], "application/problem+json");
+    assert_eq!(headers["retry-after"], "1");
+    assert_eq!(headers["ratelimit-policy"], "\"api\";q=10;w=1");
+    assert!(body.contains("\"status\":429"), "{body}");
+    // 127.0.0.1 is the trusted proxy: the client behind it has its own bucket.
+    let behind = [("x-forwarded-for", "203.0.113.5")];
+    let (status, ..) = send(&http, addr, Method::GET, "/api/export", &behind).await;
+    assert_eq!(status, StatusCode::OK);
+    // Shadow never refuses; /partner/ needs its key; /health and /metrics are never limited.
+    for _ in 0..5 {
+        let (status, ..) = send(&http, addr, Method::GET, "/beta/feature", &[]).await;
+        assert_eq!(status, StatusCode::OK);
+    }
+    let (status, ..) = send(&http, addr, Method::GET, "/partner/orders", &[]).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    let key = [("x-api-key", "pro-key-1")];
+    let (status, headers, _) = send(&http, addr, Method::GET, "/partner/orders", &key).await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(headers["ratelimit"]
+        .to_str()
+        .unwrap()
+        .starts_with("\"partner-3\";r=999;"));
+    for path in ["/health", "/metrics"] {
+        for _ in 0..30 {
+            let (status, ..) = send(&http, addr, Method::GET, path, &[]).await;
+            assert_eq!(status, StatusCode::OK, "{path}");
+        }
+    }
+    // Uploads within their burst pass at once.
+    let (status, _, body) = send(&http, addr, Method::POST, "/upload", &[]).await;
+    assert_eq!((status, body.as_str()), (StatusCode::OK, "stored\n"));
+}

@@ -1,0 +1,253 @@
+//! Two axum servers behind one global limit: the tower layer over the Redis tier (features
+//! `tower`, `redis`, `axum`), against a `redis-server` this test starts on 127.0.0.1 (a free
+//! port, no persistence; see `tests/support/redis_server.rs`).
+//!
+//! Run with `cargo test --features axum,redis --test tower_redis`.
+
+#![cfg(all(feature = "axum", feature = "redis"))]
+
+#[path = "support/redis_server.rs"]
+mod redis_server;
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use axum::routing::get;
+use axum::Router;
+use bytes::Bytes;
+use http::{Request, StatusCode};
+use http_body_util::{BodyExt, Full};
+use hyper_util::client::legacy::{connect::HttpConnector, Client};
+use hyper_util::rt::TokioExecutor;
+use redis::aio::ConnectionManager;
+use redis_server::RedisServer;
+use tollgate::redis::{FailureHandling, FailurePolicy, LeaseConfig, RedisLimiter, RedisRule};
+use tollgate::tower::{
+    redis_key, CheckBackend, HeaderStyle, Key, Policy, RateLimitLayer, RedisBackend,
+};
+use tollgate::Quota;
+
+type Http = Client<HttpConnector, Full<Bytes>>;
+
+/// Serves a router limited by `backend` under policy "api" on 127.0.0.1:0.
+async fn serve(backend: impl CheckBackend) -> SocketAddr {
+    let layer = RateLimitLayer::builder()
+        .policy(Policy::new("api", backend).path_prefix("/api"))
+        .headers(HeaderStyle::Both)
+        .build()
+        .expect("a valid layer");
+    serve_layer(layer).await
+}
+
+async fn serve_layer(layer: RateLimitLayer) -> SocketAddr {
+    let app = Router::new()
+        .route("/api/x", get(|| async { "ok" }))
+        .route("/other", get(|| async { "ok" }))
+        .layer(layer);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("binds a loopback port");
+    let addr = listener.local_addr().expect("a local address");
+    tokio::spawn(async move {
+        axum::serve(
+            listener,
+            app.into_make_service_with_connect_info::<SocketAddr>(),
+        )
+        .await
+        .expect("serves");
+    });
+    addr
+}
+
+struct Reply {
+    status: StatusCode,
+    policy: Option<String>,
+    remaining: Option<String>,
+}
+
+async fn get_api(http: &Http, addr: SocketAddr) -> Reply {
+    get_path(http, addr, "/api/x").await
+}
+
+async fn get_path(http: &Http, addr: SocketAddr, path: &str) -> Reply {
+    let request = Request::get(format!("http://{addr}{path}"))
+        .body(Full::new(Bytes::new()))
+        .expect("a request");
+    let response = http.request(request).await.expect("the server answers");
+    let (parts, body) = response.into_parts();
+    body.collect().await.expect("a body");
+    let header = |name: &str| {
+        parts
+            .headers
+            .get(name)
+            .map(|v| v.to_str().expect("ASCII").to_owned())
+    };
+    Reply {
+        status: parts.status,
+        policy: header("ratelimit-policy"),
+        remaining: header("x-ratelimit-remaining"),
+    }
+}
+
+/// A limiter on its own connection (as on another node), with a prefix unique to this test
+/// run so that the two servers of one case share keys and no other case does.
+async fn node(server: &RedisServer, quota: Quota, prefix: &str) -> RedisLimiter {
+    let client = redis::Client::open(server.url()).expect("a valid URL");
+    let conn = ConnectionManager::new(client).await.expect("connects");
+    RedisLimiter::builder(RedisRule::gcra(quota).expect("a valid rule"))
+        .prefix(prefix)
+        .timeout(Duration::from_secs(5))
+        .build(conn)
+}
+
+fn prefix() -> String {
+    static N: AtomicU64 = AtomicU64::new(0);
+    format!("tower{}", N.fetch_add(1, Ordering::Relaxed))
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("a runtime")
+}
+
+#[test]
+fn two_servers_share_one_exact_global_limit() {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    runtime().block_on(async {
+        // 5 an hour per client IP: nothing refills during the test.
+        let quota = Quota::per_hour(5).unwrap();
+        let prefix = prefix();
+        let a = serve(RedisBackend::new(
+            node(&server, quota, &prefix).await,
+            quota,
+        ))
+        .await;
+        let b = serve(RedisBackend::new(
+            node(&server, quota, &prefix).await,
+            quota,
+        ))
+        .await;
+        let http: Http = Client::builder(TokioExecutor::new()).build_http();
+        let mut statuses = Vec::new();
+        for i in 0..8 {
+            let reply = get_api(&http, if i % 2 == 0 { a } else { b }).await;
+            assert_eq!(reply.policy.as_deref(), Some("\"api\";q=5;w=3600"));
+            statuses.push((reply.status.as_u16(), reply.remaining));
+        }
+        let want: Vec<(u16, Option<String>)> = [
+            (200, 4),
+            (200, 3),
+            (200, 2),
+            (200, 1),
+            (200, 0),
+            (429, 0),
+            (429, 0),
+            (429, 0),
+        ]
+        .into_iter()
+        .map(|(s, r)| (s, Some(r.to_string())))
+        .collect();
+        assert_eq!(statuses, want);
+    });
+}
+
+#[test]
+fn guarded_and_leased_nodes_hold_the_limit_too() {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    runtime().block_on(async {
+        let quota = Quota::per_hour(6).unwrap();
+        let prefix = prefix();
+        let handling = || FailureHandling::new(FailurePolicy::FailClosed);
+        // One guarded node (exact while Redis answers) and one leased node share a budget.
+        let guarded = node(&server, quota, &prefix)
+            .await
+            .guarded(handling())
+            .await;
+        let leased = node(&server, quota, &prefix)
+            .await
+            .leased(LeaseConfig::new().max_lease(2), handling())
+            .await
+            .expect("GCRA can be leased");
+        // The client's key as the layer sends it: 127.0.0.1 (the servers see the loopback).
+        let key = redis_key(&Key::Ip("127.0.0.1".parse().unwrap()));
+        leased.prefetch(&key).await.expect("a first grant");
+        let (guarded, leased) = (
+            RedisBackend::new(guarded, quota),
+            RedisBackend::new(leased, quota),
+        );
+        // Redis answers: neither is degraded (the layer's `tollgate_backend_degraded` gauge).
+        assert_eq!(
+            (guarded.degraded(), leased.degraded()),
+            (Some(false), Some(false))
+        );
+        let a = serve(guarded).await;
+        let b = serve(leased).await;
+        let http: Http = Client::builder(TokioExecutor::new()).build_http();
+        let mut admitted = 0;
+        let mut from_leased = 0;
+        for i in 0..16 {
+            let on_b = i % 2 == 1;
+            let reply = get_api(&http, if on_b { b } else { a }).await;
+            if reply.status == StatusCode::OK {
+                admitted += 1;
+                from_leased += usize::from(on_b);
+            } else {
+                assert_eq!(reply.status, StatusCode::TOO_MANY_REQUESTS);
+            }
+        }
+        // Never more than the global limit; the leased node spent at least its first grant.
+        assert!(admitted <= 6, "admitted {admitted}");
+        assert!(from_leased >= 1, "the leased node admitted nothing");
+    });
+}
+
+#[cfg(feature = "serde")]
+#[test]
+fn a_configured_layer_goes_global_with_one_closure() {
+    use tollgate::tower::config::LayerConfig;
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    runtime().block_on(async {
+        // Two policies on the same client keys: each keeps its own state on Redis. The
+        // sliding window shows the configured algorithm reaches Redis too.
+        let text = "headers = \"legacy\"\n\
+            [[policy]]\nname = \"api\"\npath = \"/api\"\nquota = \"2/1h\"\n\
+            [[policy]]\nname = \"other\"\npath = \"/other\"\nalgorithm = \"sliding-window\"\nquota = \"2/1h\"\n";
+        let mut nodes = Vec::new();
+        for _ in 0..2 {
+            let client = redis::Client::open(server.url()).expect("a valid URL");
+            let conn = ConnectionManager::new(client).await.expect("connects");
+            let config: LayerConfig = toml::from_str(text).expect("parses");
+            let layer = config
+                .builder_with(|policy| policy.redis(conn.clone()))
+                .expect("valid policies")
+                .build()
+                .expect("a valid layer");
+            nodes.push(serve_layer(layer).await);
+        }
+        let http: Http = Client::builder(TokioExecutor::new()).build_http();
+        let mut statuses = Vec::new();
+        for path in ["/api/x", "/other"] {
+            for i in 0..3 {
+                statuses.push(get_path(&http, nodes[i % 2], path).await.status.as_u16());
+            }
+        }
+        assert_eq!(statuses, [200, 200, 429, 200, 200, 429]);
+        // Several quotas are refused on Redis, with the policy named.
+        let config: LayerConfig =
+            toml::from_str("[[policy]]\nname = \"two\"\nquota = [\"1/1s\", \"5/1m\"]").unwrap();
+        let client = redis::Client::open(server.url()).expect("a valid URL");
+        let conn = ConnectionManager::new(client).await.expect("connects");
+        let e = config.builder_with(|p| p.redis(conn.clone())).unwrap_err();
+        assert!(e.to_string().contains("\"two\""), "{e}");
+    });
+}

@@ -1,0 +1,186 @@
+//! Refunds by response status: failures not charged, or only failures charged (a login
+//! throttle). The layer is driven directly on a `ManualClock` (nothing refills).
+//!
+//! Run with `cargo test --features tower --test tower_refund` (add `serde` for the
+//! configuration case).
+
+#![cfg(feature = "tower")]
+
+use std::convert::Infallible;
+use std::future::{poll_fn, Ready};
+use std::net::{IpAddr, SocketAddr};
+use std::task::{Context, Poll};
+
+use http::{Request, Response, StatusCode};
+use tollgate::clock::ManualClock;
+use tollgate::tower::{
+    CheckBackend, CheckFuture, ConfigError, Key, Policy, QuotaInfo, RateLimit, RateLimitLayer,
+};
+use tollgate::{Gcra, KeyedLimiter, MultiLimiter, Quota};
+use tower_layer::Layer;
+use tower_service::Service;
+
+/// Answers with the status named by the path's last segment (`/x/500` → 500).
+#[derive(Clone)]
+struct StatusFromPath;
+
+impl Service<Request<String>> for StatusFromPath {
+    type Response = Response<String>;
+    type Error = Infallible;
+    type Future = Ready<Result<Response<String>, Infallible>>;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, request: Request<String>) -> Self::Future {
+        let status = request
+            .uri()
+            .path()
+            .rsplit('/')
+            .next()
+            .and_then(|s| s.parse::<u16>().ok())
+            .and_then(|s| StatusCode::from_u16(s).ok())
+            .unwrap_or(StatusCode::OK);
+        let mut response = Response::new(String::new());
+        *response.status_mut() = status;
+        std::future::ready(Ok(response))
+    }
+}
+
+fn statuses(svc: &mut RateLimit<StatusFromPath>, paths: &[&str]) -> Vec<u16> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
+    paths
+        .iter()
+        .map(|path| {
+            let mut request = Request::builder().uri(*path).body(String::new()).unwrap();
+            request
+                .extensions_mut()
+                .insert(SocketAddr::new(IpAddr::from([192, 0, 2, 1]), 40_000));
+            rt.block_on(async {
+                poll_fn(|cx| svc.poll_ready(cx)).await.unwrap();
+                svc.call(request).await.unwrap().status().as_u16()
+            })
+        })
+        .collect()
+}
+
+fn two_an_hour(clock: &ManualClock) -> KeyedLimiter<Key, Gcra, ManualClock> {
+    KeyedLimiter::with_clock(
+        Gcra::new(Quota::per_hour(2).unwrap()).unwrap(),
+        clock.clone(),
+    )
+    .unwrap()
+}
+
+#[test]
+fn server_errors_are_not_charged() {
+    let clock = ManualClock::new();
+    let mut svc = RateLimitLayer::builder()
+        .default_policy(
+            Policy::new("api", two_an_hour(&clock)).refund_when(|s| s.is_server_error()),
+        )
+        .build()
+        .unwrap()
+        .layer(StatusFromPath);
+    assert_eq!(
+        statuses(
+            &mut svc,
+            &["/500", "/503", "/500", "/200", "/404", "/200", "/500"]
+        ),
+        // Three 5xx refunded; 200 and 404 charged; then the limit refuses even a would-be 500.
+        [500, 503, 500, 200, 404, 429, 429]
+    );
+}
+
+#[test]
+fn a_login_throttle_charges_only_failures() {
+    let clock = ManualClock::new();
+    // Two failed logins an hour on every quota of a multi-limiter.
+    let both = MultiLimiter::<Key, _, _>::with_clock(
+        [
+            Gcra::new(Quota::per_hour(2).unwrap()).unwrap(),
+            Gcra::new(Quota::per_minute(5).unwrap()).unwrap(),
+        ],
+        clock.clone(),
+    )
+    .unwrap();
+    let mut svc = RateLimitLayer::builder()
+        .default_policy(Policy::new("login", both).refund_when(|s| s.is_success()))
+        .build()
+        .unwrap()
+        .layer(StatusFromPath);
+    assert_eq!(
+        statuses(
+            &mut svc,
+            &["/200", "/200", "/401", "/200", "/200", "/401", "/200", "/401"]
+        ),
+        [200, 200, 401, 200, 200, 401, 429, 429]
+    );
+}
+
+/// A backend that cannot refund (as the Redis tier's limiters).
+struct NoRefunds(KeyedLimiter<Key, Gcra>);
+
+impl CheckBackend for NoRefunds {
+    fn check<'a>(&'a self, key: &'a Key, cost: u64) -> CheckFuture<'a> {
+        CheckBackend::check(&self.0, key, cost)
+    }
+
+    fn quota_count(&self) -> usize {
+        1
+    }
+
+    fn quota(&self, index: usize) -> Option<QuotaInfo> {
+        CheckBackend::quota(&self.0, index)
+    }
+}
+
+#[test]
+fn refunds_on_a_backend_that_cannot_refund_are_refused() {
+    let backend = NoRefunds(KeyedLimiter::new(
+        Gcra::new(Quota::per_hour(2).unwrap()).unwrap(),
+    ));
+    let e = RateLimitLayer::builder()
+        .policy(Policy::new("r", backend).refund_when(|s| s.is_server_error()))
+        .build()
+        .unwrap_err();
+    assert!(
+        matches!(e, ConfigError::Policy { ref policy, .. } if policy == "r"),
+        "{e}"
+    );
+}
+
+#[cfg(feature = "serde")]
+#[test]
+fn refunds_read_from_configuration() {
+    use tollgate::tower::config::LayerConfig;
+    let config: LayerConfig =
+        toml::from_str("[[policy]]\nname = \"api\"\nquota = \"2/1h\"\nrefund = [\"5xx\", 404]")
+            .unwrap();
+    let clock = ManualClock::new();
+    let mut svc = config
+        .builder_with_clock(clock)
+        .unwrap()
+        .build()
+        .unwrap()
+        .layer(StatusFromPath);
+    assert_eq!(
+        statuses(&mut svc, &["/502", "/404", "/401", "/200", "/404"]),
+        [502, 404, 401, 200, 429]
+    );
+    for (bad, want) in [
+        ("[\"6xx\"]", "6xx"),
+        ("[99]", "invalid status 99"),
+        ("[\"5x\"]", "5x"),
+    ] {
+        let e = toml::from_str::<LayerConfig>(&format!(
+            "[[policy]]\nname = \"api\"\nquota = \"2/1h\"\nrefund = {bad}"
+        ))
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains(want), "{bad}: {e}");
+    }
+}

@@ -1,0 +1,191 @@
+//! Async waiting (feature `tokio`) on tokio's paused time: limiters read a `TokioClock`, so
+//! every wait is exact (virtual) time; nothing here depends on the machine's speed.
+//!
+//! Run with `cargo test --features tokio --test wait`.
+
+#![cfg(feature = "tokio")]
+
+use std::time::Duration;
+
+use tokio::time::{timeout, Instant};
+use tollgate::wait::{TokioClock, WaitError};
+use tollgate::{Error, Gcra, KeyedLimiter, LeakyQueue, Limiter, MultiLimiter, Quota};
+
+fn keyed<A: tollgate::Algorithm>(rule: A) -> KeyedLimiter<String, A, TokioClock> {
+    KeyedLimiter::with_clock(rule, TokioClock::new()).unwrap()
+}
+
+#[tokio::test(start_paused = true)]
+async fn until_ready_waits_each_units_retry_after() {
+    let limiter = keyed(Gcra::new(Quota::per_second(10).unwrap()).unwrap());
+    let start = Instant::now();
+    for _ in 0..10 {
+        limiter.until_ready("k", 1).await.unwrap();
+    }
+    assert_eq!(start.elapsed(), Duration::ZERO);
+    for i in 1..=5u64 {
+        let decision = limiter.until_ready("k", 1).await.unwrap();
+        assert!(decision.allowed());
+        assert_eq!(start.elapsed(), Duration::from_millis(100 * i));
+    }
+    // A cost that can never be admitted is an error at once.
+    assert_eq!(
+        limiter.until_ready("k", 11).await,
+        Err(Error::CapacityExceeded {
+            cost: 11,
+            capacity: 10
+        })
+    );
+    assert_eq!(start.elapsed(), Duration::from_millis(500));
+}
+
+#[tokio::test(start_paused = true)]
+async fn waiters_are_charged_once_each() {
+    // One unit a second: five waiters are admitted one a second, each charged once.
+    let limiter = keyed(Gcra::new(Quota::per_second(1).unwrap().with_burst(1).unwrap()).unwrap());
+    let start = Instant::now();
+    let admitted = std::sync::Mutex::new(Vec::new());
+    let waiter = || async {
+        limiter.until_ready("k", 1).await.unwrap();
+        admitted.lock().unwrap().push(start.elapsed());
+    };
+    tokio::join!(waiter(), waiter(), waiter(), waiter(), waiter());
+    let admitted = admitted.into_inner().unwrap();
+    let secs: Vec<u64> = admitted.iter().map(Duration::as_secs).collect();
+    assert_eq!(secs, [0, 1, 2, 3, 4]);
+    // Exactly five units were charged: the next one is a whole second after the fifth.
+    let next = limiter.peek("k", 1).unwrap();
+    assert_eq!(next.retry_after(), Duration::from_secs(1));
+}
+
+#[tokio::test(start_paused = true)]
+async fn acquire_refuses_a_long_wait_at_once_and_charges_nothing() {
+    let limiter = keyed(Gcra::new(Quota::per_second(2).unwrap()).unwrap());
+    limiter.acquire("k", 2, Duration::ZERO).await.unwrap();
+    let before = limiter.peek("k", 1).unwrap();
+    let start = Instant::now();
+    // Two units need a second; 400 ms is not enough.
+    let e = limiter
+        .acquire("k", 2, Duration::from_millis(400))
+        .await
+        .unwrap_err();
+    assert_eq!(
+        e,
+        WaitError::TooLong {
+            wait: Duration::from_secs(1),
+            max_wait: Duration::from_millis(400)
+        }
+    );
+    assert_eq!(start.elapsed(), Duration::ZERO);
+    assert_eq!(limiter.peek("k", 1).unwrap(), before);
+    // Within the bound it waits and passes.
+    limiter
+        .acquire("k", 1, Duration::from_millis(500))
+        .await
+        .unwrap();
+    assert_eq!(start.elapsed(), Duration::from_millis(500));
+    assert!(matches!(
+        limiter.acquire("k", 3, Duration::from_secs(9)).await,
+        Err(WaitError::Limit(Error::CapacityExceeded { .. }))
+    ));
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_leaky_queue_serves_in_order_and_a_dropped_waiter_gives_its_slot_back() {
+    // One unit every 100 ms, up to 5 queued.
+    let queue =
+        keyed(LeakyQueue::new(Quota::per_second(10).unwrap().with_burst(5).unwrap()).unwrap());
+    let start = Instant::now();
+    let done = std::sync::Mutex::new(Vec::new());
+    let waiter = |name: &'static str| {
+        let queue = &queue;
+        let done = &done;
+        async move {
+            queue.until_ready("k", 1).await.unwrap();
+            done.lock()
+                .unwrap()
+                .push((name, start.elapsed().as_millis()));
+        }
+    };
+    tokio::join!(waiter("a"), waiter("b"), waiter("c"));
+    assert_eq!(
+        done.lock().unwrap().clone(),
+        [("a", 0), ("b", 100), ("c", 200)]
+    );
+    // Now the queue's next slot is at 300 ms. A waiter reserves it, and leaves after 50 ms:
+    // its slot goes back, and the next caller gets it.
+    let start = Instant::now();
+    assert!(
+        timeout(Duration::from_millis(50), queue.until_ready("k", 1))
+            .await
+            .is_err()
+    );
+    let decision = queue.until_ready("k", 1).await.unwrap();
+    assert_eq!(decision.delay(), Duration::from_millis(50));
+    assert_eq!(start.elapsed(), Duration::from_millis(100));
+    // A reservation further away than max_wait is refused at once, and not made: fill the
+    // queue (4 units reserved now, the next slot 500 ms away, the queue full for 100 ms).
+    assert!(queue.reserve("k", 4).unwrap().allowed());
+    let before = queue.peek("k", 1).unwrap();
+    let start = Instant::now();
+    let e = queue
+        .acquire("k", 1, Duration::from_millis(450))
+        .await
+        .unwrap_err();
+    assert_eq!(start.elapsed(), Duration::ZERO);
+    assert!(
+        matches!(e, WaitError::TooLong { wait, .. } if wait == Duration::from_millis(500)),
+        "{e}"
+    );
+    assert_eq!(queue.peek("k", 1).unwrap(), before);
+    // With 500 ms it waits its turn: 100 ms for room in the queue, then 400 ms for its slot.
+    queue
+        .acquire("k", 1, Duration::from_millis(500))
+        .await
+        .unwrap();
+    assert_eq!(start.elapsed(), Duration::from_millis(500));
+}
+
+#[tokio::test(start_paused = true)]
+async fn multi_limits_wait_for_the_slowest_and_direct_limiters_wait_too() {
+    let multi = MultiLimiter::<String, _, _>::with_clock(
+        [
+            Gcra::new(Quota::per_second(10).unwrap()).unwrap(),
+            Gcra::new(Quota::per_minute(12).unwrap()).unwrap(),
+        ],
+        TokioClock::new(),
+    )
+    .unwrap();
+    let start = Instant::now();
+    multi.until_ready("k", 10).await.unwrap();
+    assert_eq!(start.elapsed(), Duration::ZERO);
+    // The per-second limit would admit 2 more in 200 ms; the per-minute one has 2 left.
+    multi.until_ready("k", 2).await.unwrap();
+    assert_eq!(start.elapsed(), Duration::from_millis(200));
+    // One more unit: the per-minute limit refills one every 5 s.
+    assert!(matches!(
+        multi.acquire("k", 1, Duration::from_secs(4)).await,
+        Err(WaitError::TooLong { .. })
+    ));
+    multi.acquire("k", 1, Duration::from_secs(5)).await.unwrap();
+    assert_eq!(start.elapsed(), Duration::from_secs(5));
+
+    let direct = Limiter::with_clock(
+        Gcra::new(Quota::per_second(4).unwrap()).unwrap(),
+        TokioClock::new(),
+    )
+    .unwrap();
+    let start = Instant::now();
+    direct.until_ready(4).await.unwrap();
+    direct.until_ready(1).await.unwrap();
+    assert_eq!(start.elapsed(), Duration::from_millis(250));
+    assert!(direct
+        .acquire_within(2, Duration::from_millis(400))
+        .await
+        .is_err());
+    direct
+        .acquire_within(2, Duration::from_millis(500))
+        .await
+        .unwrap();
+    assert_eq!(start.elapsed(), Duration::from_millis(750));
+}
