@@ -1,5 +1,5 @@
 //! The `tollgate` binary: replay output, bad input (message naming the line, exit status 2),
-//! summary, compare, bench, and `--redis` printing exactly what the in-process replay prints.
+//! summary (CSV, for people, JSON; per-line output when piped), compare, bench, and `--redis` printing exactly what the in-process replay prints.
 #![cfg(feature = "cli")]
 
 #[cfg(feature = "redis")]
@@ -155,6 +155,30 @@ fn bad_options_exit_2_with_a_message() {
             "1",
             "--window",
             "1s",
+            "--format",
+            "json",
+            "--redis",
+            "redis://127.0.0.1:1",
+        ],
+        vec![
+            "replay",
+            "--algorithm",
+            "gcra",
+            "--limit",
+            "1",
+            "--window",
+            "1s",
+            "--format",
+            "yaml",
+        ],
+        vec![
+            "replay",
+            "--algorithm",
+            "gcra",
+            "--limit",
+            "1",
+            "--window",
+            "1s",
             "/no/such/file",
         ],
     ] {
@@ -183,6 +207,224 @@ fn summary_counts_per_key_and_in_total() {
         stdout(&o),
         "key,allowed,denied,errors\na,2,1,0\nb,1,0,0\nTOTAL,3,1,0\n"
     );
+}
+
+const API_TRACE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/examples/traces/api.csv");
+
+/// The README's main-job arguments, with `extra` before the trace.
+fn main_job(extra: &[&str]) -> Output {
+    let mut args = vec![
+        "replay",
+        "--algorithm",
+        "gcra",
+        "--limit",
+        "10",
+        "--window",
+        "1s",
+        "--burst",
+        "20",
+    ];
+    args.extend_from_slice(extra);
+    args.push(API_TRACE);
+    tollgate(&args, "")
+}
+
+/// (allowed, denied, errors) counted from the per-line output.
+fn count_lines(out: &str) -> (u64, u64, u64) {
+    let mut counts = (0, 0, 0);
+    for line in out.lines() {
+        match line.split_whitespace().next() {
+            Some("allow") => counts.0 += 1,
+            Some("deny") => counts.1 += 1,
+            Some("error") => counts.2 += 1,
+            _ => panic!("not a decision line: {line:?}"),
+        }
+    }
+    counts
+}
+
+/// The number after `label` at the start of a summary line.
+fn summary_figure(out: &str, label: &str) -> u64 {
+    let line = out
+        .lines()
+        .find(|l| l.trim_start().starts_with(label))
+        .unwrap_or_else(|| panic!("a '{label}' line: {out}"));
+    line.split_whitespace().nth(1).unwrap().parse().unwrap()
+}
+
+#[test]
+fn piped_output_stays_one_line_per_request_and_nothing_on_stderr() {
+    // `--format auto` (the default) and `--format lines` print the same stable format when
+    // standard output is not a terminal; no progress bar reaches a stderr that is not one.
+    let auto = main_job(&[]);
+    let lines = main_job(&["--format", "lines"]);
+    assert!(auto.status.success(), "{}", stderr(&auto));
+    assert_eq!(stdout(&auto), stdout(&lines));
+    assert_eq!(stderr(&auto), "");
+    let trace_requests = std::fs::read_to_string(API_TRACE)
+        .unwrap()
+        .lines()
+        .filter(|l| !l.trim().is_empty() && !l.starts_with('#'))
+        .count();
+    assert_eq!(stdout(&auto).lines().count(), trace_requests);
+    let piped = tollgate(
+        &[
+            "replay",
+            "--algorithm",
+            "gcra",
+            "--limit",
+            "1",
+            "--window",
+            "1s",
+        ],
+        &"0,a\n".repeat(5000),
+    );
+    assert_eq!(
+        (stdout(&piped).lines().count(), stderr(&piped)),
+        (5000, String::new())
+    );
+}
+
+#[test]
+fn the_summary_for_people_has_totals_the_top_keys_and_the_peak() {
+    let (allowed, denied, errors) = count_lines(&stdout(&main_job(&["--format", "lines"])));
+    let o = main_job(&["--format", "summary", "--top", "3"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = stdout(&o);
+    assert_eq!(summary_figure(&out, "requests"), allowed + denied + errors);
+    assert_eq!(summary_figure(&out, "allowed"), allowed);
+    assert_eq!(summary_figure(&out, "denied"), denied);
+    assert_eq!(summary_figure(&out, "errors"), errors);
+    assert_eq!(summary_figure(&out, "limit"), 10);
+    // GCRA admits at most a full bucket plus a window's refill in any one window.
+    let peak = summary_figure(&out, "peak");
+    assert!((10..=30).contains(&peak), "{out}");
+    // The totals are aligned: every figure ends in the same column.
+    let ends: Vec<usize> = ["requests", "allowed", "denied", "errors", "peak", "limit"]
+        .iter()
+        .map(|label| {
+            let line = out
+                .lines()
+                .find(|l| l.trim_start().starts_with(label))
+                .unwrap();
+            let start = line.find(label).unwrap() + label.len();
+            let rest = &line[start..];
+            let digits = rest.trim_start();
+            start + (rest.len() - digits.len()) + digits.find(' ').unwrap_or(digits.len())
+        })
+        .collect();
+    assert!(ends.windows(2).all(|w| w[0] == w[1]), "{ends:?}\n{out}");
+    // The key table: a header, three keys, most denials first, mallory (the flood) on top.
+    let header = out
+        .lines()
+        .position(|l| l.contains("key") && l.contains("denied"))
+        .unwrap();
+    let rows: Vec<Vec<&str>> = out
+        .lines()
+        .skip(header + 1)
+        .take(3)
+        .map(|l| l.split_whitespace().collect())
+        .collect();
+    assert_eq!(rows[0][0], "mallory", "{out}");
+    let denials: Vec<u64> = rows.iter().map(|r| r[3].parse().unwrap()).collect();
+    assert!(denials.windows(2).all(|w| w[0] >= w[1]), "{out}");
+    assert!(out.contains("more keys"), "{out}");
+}
+
+#[test]
+fn json_prints_the_summary_as_one_object() {
+    let (allowed, denied, errors) = count_lines(&stdout(&main_job(&["--format", "lines"])));
+    let o = main_job(&["--format", "json", "--top", "0"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = stdout(&o);
+    assert_eq!(out.lines().count(), 1, "{out}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["algorithm"], "gcra");
+    assert_eq!(
+        (
+            v["limit"].as_u64(),
+            v["window_ms"].as_u64(),
+            v["burst"].as_u64()
+        ),
+        (Some(10), Some(1000), Some(20))
+    );
+    assert_eq!(v["allowed"].as_u64(), Some(allowed));
+    assert_eq!(v["denied"].as_u64(), Some(denied));
+    assert_eq!(v["errors"].as_u64(), Some(errors));
+    let keys = v["keys"].as_array().unwrap();
+    assert_eq!(keys.len() as u64, v["key_count"].as_u64().unwrap());
+    let sum = |field: &str| keys.iter().map(|k| k[field].as_u64().unwrap()).sum::<u64>();
+    assert_eq!(
+        (sum("allowed"), sum("denied"), sum("errors")),
+        (allowed, denied, errors)
+    );
+    assert_eq!(v["peak"]["key"], "mallory");
+    // A key with a quote and a backslash survives the round trip.
+    let o = tollgate(
+        &[
+            "replay",
+            "--algorithm",
+            "fixed-window",
+            "--limit",
+            "1",
+            "--window",
+            "1s",
+            "--format",
+            "json",
+        ],
+        "0,a\"b\\c\n",
+    );
+    let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    assert_eq!(v["keys"][0]["key"], "a\"b\\c");
+}
+
+#[test]
+fn a_bad_line_still_prints_the_summary_of_what_was_decided() {
+    let o = tollgate(
+        &[
+            "replay",
+            "--algorithm",
+            "gcra",
+            "--limit",
+            "1",
+            "--window",
+            "1s",
+            "--format",
+            "json",
+        ],
+        "0,a\n0,a\n5,a,x\n",
+    );
+    assert_eq!(o.status.code(), Some(2));
+    assert!(stderr(&o).contains("line 3"), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    assert_eq!(
+        (v["allowed"].as_u64(), v["denied"].as_u64()),
+        (Some(1), Some(1))
+    );
+}
+
+/// On a terminal (a pty from util-linux's `script`), the default is the summary. Skipped where
+/// `script` is missing.
+#[test]
+fn a_terminal_gets_the_summary_by_default() {
+    let bin = env!("CARGO_BIN_EXE_tollgate");
+    let command =
+        format!("'{bin}' replay --algorithm gcra --limit 10 --window 1s --burst 20 '{API_TRACE}'");
+    let Ok(o) = Command::new("script")
+        .args(["-qec", &command, "/dev/null"])
+        .stdin(Stdio::null())
+        .output()
+    else {
+        eprintln!("no `script` here: the terminal case is not checked");
+        return;
+    };
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(o.status.success(), "{out}");
+    assert!(
+        out.contains("requests") && out.contains("top 10 keys by denials"),
+        "{out}"
+    );
+    assert!(!out.lines().any(|l| l.trim() == "deny"), "{out}");
 }
 
 #[test]

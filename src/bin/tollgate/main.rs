@@ -2,17 +2,22 @@
 //! algorithms on this machine.
 //!
 //! ```text
-//! tollgate replay --algorithm ALGO --limit L --window DUR [--burst B] [--summary] [FILE]
+//! tollgate replay --algorithm ALGO --limit L --window DUR [--burst B]
+//!                 [--format auto|lines|summary|json] [--top N] [--summary] [FILE]
 //! tollgate replay --compare --limit L --window DUR [--burst B] [FILE]
 //! tollgate bench [--threads N] [--keys N] [--distribution uniform|zipf] [--clock precise|coarse]
 //! tollgate bench --redis URL [--mode exact|leased] [--key K] [--json]
 //! ```
+//! `--format auto` (the default) prints the summary for a person when standard output is a
+//! terminal and SPEC's one line per request (`allow` / `deny` / `error`) otherwise, so scripts
+//! that pipe or redirect the output read exactly the stable format.
+//!
 //! Exit status 2 on bad input (a malformed line, time going backwards, a bad option), with a
 //! message naming the line on standard error; decisions already printed stay valid.
 
 use std::collections::HashMap;
 use std::fs::File;
-use std::io::{self, BufRead, BufReader, BufWriter, Write};
+use std::io::{self, BufRead, BufReader, BufWriter, IsTerminal, Write};
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
@@ -20,8 +25,11 @@ use std::time::Duration;
 mod bench;
 #[cfg(feature = "redis")]
 mod bench_redis;
+mod report;
 
-use clap::{Args, Parser, Subcommand};
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use indicatif::{ProgressBar, ProgressStyle};
+use report::{Report, Setting};
 use tollgate::replay::{parse_duration, AlgorithmName, Outcome, Replayer, Request, TraceReader};
 
 /// Counts allocations, for `tollgate bench`'s bytes per key.
@@ -41,7 +49,8 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Decide a trace (`t_ms,key[,cost]` per line) and print allow / deny / error per request.
+    /// Decide a trace (`t_ms,key[,cost]` per line): a summary on a terminal, allow / deny /
+    /// error per request when piped (`--format` chooses).
     Replay(ReplayArgs),
     /// Measure this crate's algorithms on this machine: ns/op, Mops/s, ratio to the floor
     /// (one clock read + one CAS), bytes per key.
@@ -62,8 +71,17 @@ struct ReplayArgs {
     /// B / C: the burst (gcra, token-bucket) or capacity (leaky-bucket, leaky-queue).
     #[arg(long)]
     burst: Option<u64>,
-    /// Print allowed and denied per key and in total instead of one line per request.
-    #[arg(long)]
+    /// auto: `summary` when standard output is a terminal, else `lines`. lines: one
+    /// `allow` / `deny` / `error` per request (the stable scripting format). summary: totals,
+    /// the top keys by denials, the peak admitted in one window. json: that summary as one
+    /// JSON object.
+    #[arg(long, value_enum, default_value_t = Format::Auto)]
+    format: Format,
+    /// How many keys the summary lists (most denials first); 0 for all.
+    #[arg(long, default_value_t = 10)]
+    top: usize,
+    /// Print allowed and denied per key and in total as CSV instead of one line per request.
+    #[arg(long, conflicts_with = "format")]
     summary: bool,
     /// Run every algorithm on the trace; print their totals side by side and how often each
     /// disagrees with the exact sliding log.
@@ -76,6 +94,25 @@ struct ReplayArgs {
     redis: Option<String>,
     /// The trace; standard input if absent.
     file: Option<PathBuf>,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum Format {
+    Auto,
+    Lines,
+    Summary,
+    Json,
+}
+
+impl Format {
+    /// `auto` made concrete: a person at a terminal reads the summary, a pipe gets lines.
+    fn resolve(self) -> Format {
+        match self {
+            Format::Auto if io::stdout().is_terminal() => Format::Summary,
+            Format::Auto => Format::Lines,
+            other => other,
+        }
+    }
 }
 
 pub(crate) fn parse_algorithm(text: &str) -> Result<AlgorithmName, String> {
@@ -116,6 +153,46 @@ fn open(file: &Option<PathBuf>) -> Result<Box<dyn BufRead>, Fatal> {
     })
 }
 
+/// Files shorter than this are replayed in well under a second: no bar flashes by.
+const PROGRESS_FROM_BYTES: u64 = 4 << 20;
+
+/// Opens the trace like [`open`], with a progress bar on standard error when standard error is
+/// a terminal (bytes of a file, requests of standard input); `None` otherwise, so nothing
+/// but the report and errors ever reaches a pipe or a log.
+fn open_with_progress(
+    file: &Option<PathBuf>,
+) -> Result<(Box<dyn BufRead>, Option<ProgressBar>), Fatal> {
+    if !io::stderr().is_terminal() {
+        return Ok((open(file)?, None));
+    }
+    let Some(path) = file else {
+        // Drawn from the first request on: indicatif redraws at most 20 times a second, and
+        // the bar is cleared before the report is printed.
+        let bar = ProgressBar::new_spinner().with_style(
+            ProgressStyle::with_template("{spinner} {pos} requests, {per_sec}")
+                .map_err(|e| Fatal(e.to_string()))?,
+        );
+        return Ok((open(file)?, Some(bar)));
+    };
+    let file =
+        File::open(path).map_err(|e| Fatal(format!("cannot open {}: {e}", path.display())))?;
+    let length = file.metadata().map(|m| m.len()).unwrap_or(0);
+    if length < PROGRESS_FROM_BYTES {
+        return Ok((Box::new(BufReader::with_capacity(1 << 16, file)), None));
+    }
+    let bar = ProgressBar::new(length).with_style(
+        ProgressStyle::with_template("{bar:40} {bytes}/{total_bytes} {bytes_per_sec}, {eta} left")
+            .map_err(|e| Fatal(e.to_string()))?,
+    );
+    let input = BufReader::with_capacity(1 << 16, bar.wrap_read(file));
+    Ok((Box::new(input), Some(bar)))
+}
+
+fn source_name(file: &Option<PathBuf>) -> String {
+    file.as_ref()
+        .map_or_else(|| "stdin".to_owned(), |p| p.display().to_string())
+}
+
 fn replay(args: ReplayArgs) -> Result<(), Fatal> {
     if args.compare {
         return compare(&args);
@@ -123,25 +200,59 @@ fn replay(args: ReplayArgs) -> Result<(), Fatal> {
     let algorithm = args
         .algorithm
         .ok_or_else(|| Fatal("--algorithm is required".into()))?;
+    if args.redis.is_some() && matches!(args.format, Format::Summary | Format::Json) {
+        return Err(Fatal(
+            "--redis prints one line per request: --format summary and json are in-process only"
+                .into(),
+        ));
+    }
     if let Some(url) = &args.redis {
         return replay_redis(&args, algorithm, url);
     }
     let mut replayer = Replayer::new(algorithm, args.limit, args.window, args.burst)
         .map_err(|e| Fatal(format!("invalid quota for {algorithm}: {e}")))?;
-    let input = open(&args.file)?;
+    let format = args.format.resolve();
+    let (input, bar) = open_with_progress(&args.file)?;
     let stdout = io::stdout();
     let mut out = BufWriter::with_capacity(1 << 16, stdout.lock());
     let mut summary = args.summary.then(Summary::default);
+    let mut report =
+        (!args.summary && matches!(format, Format::Summary | Format::Json)).then(|| {
+            Report::new(Setting {
+                algorithm,
+                limit: args.limit,
+                window: args.window,
+                burst: args.burst,
+                source: source_name(&args.file),
+                top: args.top,
+            })
+        });
+    let stdin_bar = bar.as_ref().filter(|_| args.file.is_none());
     let failure = each_request(input, |request| {
         let outcome = replayer.decide(&request);
-        match &mut summary {
-            Some(summary) => summary.add(&request, outcome),
-            None => writeln!(out, "{outcome}")?,
+        if let Some(bar) = stdin_bar {
+            bar.inc(1);
+        }
+        if let Some(summary) = &mut summary {
+            summary.add(&request, outcome);
+        } else if let Some(report) = &mut report {
+            report.add(&request, outcome);
+        } else {
+            writeln!(out, "{outcome}")?;
         }
         Ok(())
     })?;
+    if let Some(bar) = bar {
+        bar.finish_and_clear();
+    }
     if let Some(summary) = summary {
         summary.print(&mut out)?;
+    }
+    if let Some(report) = report {
+        match format {
+            Format::Json => report.print_json(&mut out)?,
+            _ => report.print_text(&mut out)?,
+        }
     }
     // Decisions already made are flushed before any error is reported.
     out.flush()?;
