@@ -2,7 +2,10 @@
 //!
 //! Exact, lock-free, in-process rate limiting: GCRA / token bucket, leaky bucket (meter and
 //! queue), fixed window, sliding window counter and sliding window log, each deciding exactly
-//! as `SPEC.md` defines.
+//! by the rules of [`docs::decision_rules`] (`docs/decision-rules.md` in the repository: the
+//! state, admission inequality, `remaining`, `retry_after` and `reset_after` of each algorithm,
+//! costs and capacity errors); [`docs::choosing`] says which to pick, with figures measured by
+//! `tollgate replay --compare` on the sample traces.
 //!
 //! ## Quick start
 //! ```
@@ -37,6 +40,13 @@
 
 pub mod algorithm;
 pub mod clock;
+/// The documents of the repository's `docs/` folder, so that they travel with the crate.
+pub mod docs {
+    #[doc = include_str!("../docs/decision-rules.md")]
+    pub mod decision_rules {}
+    #[doc = include_str!("../docs/choosing.md")]
+    pub mod choosing {}
+}
 mod decision;
 pub mod limiter;
 mod multi;
