@@ -4,8 +4,8 @@
 //! queue), fixed window, sliding window counter and sliding window log, each deciding exactly
 //! by the rules of [`docs::decision_rules`] (`docs/decision-rules.md` in the repository: the
 //! state, admission inequality, `remaining`, `retry_after` and `reset_after` of each algorithm,
-//! costs and capacity errors); [`docs::choosing`] says which to pick, with figures measured by
-//! `tollgate replay --compare` on the sample traces.
+//! costs and capacity errors). Which one to pick, with figures measured by
+//! `tollgate replay --compare` on the sample traces: `docs/choosing.md` in the repository.
 //!
 //! ## Quick start
 //! ```
@@ -40,12 +40,10 @@
 
 pub mod algorithm;
 pub mod clock;
-/// The documents of the repository's `docs/` folder, so that they travel with the crate.
+/// Documents of the repository's `docs/` folder that travel with the crate.
 pub mod docs {
     #[doc = include_str!("../docs/decision-rules.md")]
     pub mod decision_rules {}
-    #[doc = include_str!("../docs/choosing.md")]
-    pub mod choosing {}
 }
 mod decision;
 pub mod limiter;

@@ -621,3 +621,270 @@ fn bench_redis_prints_one_json_object_per_process() {
         assert!(admitted <= 1000 + 300 + 5, "{mode}: admitted {admitted}");
     }
 }
+
+/// A fresh path for an SVG in the system's temporary directory.
+fn svg_path(name: &str) -> std::path::PathBuf {
+    std::env::temp_dir().join(format!("tollgate-cli-{}-{name}.svg", std::process::id()))
+}
+
+/// The plot's data series (polylines of more than two points: axes, ticks, legend marks and
+/// the limit have two) and the texts of its legend, read from the SVG as XML.
+fn read_svg(path: &std::path::Path) -> (usize, Vec<String>) {
+    let text = std::fs::read_to_string(path).unwrap();
+    std::fs::remove_file(path).ok();
+    let doc = roxmltree::Document::parse(&text).expect("the plot is well-formed XML");
+    assert_eq!(doc.root_element().tag_name().name(), "svg");
+    let series = doc
+        .descendants()
+        .filter(|n| n.has_tag_name("polyline"))
+        .filter(|n| {
+            n.attribute("points")
+                .unwrap_or("")
+                .split_whitespace()
+                .count()
+                > 2
+        })
+        .count();
+    let texts = doc
+        .descendants()
+        .filter(|n| n.has_tag_name("text"))
+        .filter_map(|n| n.text())
+        .map(|t| t.trim().to_owned())
+        .collect();
+    (series, texts)
+}
+
+#[test]
+fn compare_plots_one_admitted_series_per_algorithm_with_the_tables_counts() {
+    let path = svg_path("compare");
+    let trace = concat!(env!("CARGO_MANIFEST_DIR"), "/examples/traces/boundary.csv");
+    let o = tollgate(
+        &[
+            "replay",
+            "--compare",
+            "--limit",
+            "10",
+            "--window",
+            "1s",
+            "--bucket",
+            "100ms",
+            "--plot",
+            path.to_str().unwrap(),
+            trace,
+        ],
+        "",
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    let (series, texts) = read_svg(&path);
+    let table = stdout(&o);
+    let rows: Vec<(String, String)> = table
+        .lines()
+        .skip(1)
+        .filter(|l| !l.contains("requests"))
+        .map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            (f[0].to_owned(), f[1].to_owned())
+        })
+        .collect();
+    assert_eq!(rows.len(), 5, "{table}");
+    assert_eq!(series, rows.len(), "{texts:?}");
+    for (algorithm, allowed) in rows {
+        let label = format!("{algorithm}: {allowed} admitted");
+        assert!(texts.contains(&label), "{label} in {texts:?}");
+    }
+    assert!(
+        texts.contains(&"limit: 10 per 1s per key".to_owned()),
+        "{texts:?}"
+    );
+}
+
+#[test]
+fn plot_of_one_algorithm_shows_admitted_denied_and_the_limit_as_the_summary_counts() {
+    let path = svg_path("main-job");
+    let o = main_job(&["--format", "json", "--plot", path.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    let (series, texts) = read_svg(&path);
+    assert_eq!(series, 2, "{texts:?}");
+    let admitted = format!("gcra: {} admitted", v["allowed"]);
+    let denied = format!(
+        "denied: {} (errors, not drawn: {})",
+        v["denied"], v["errors"]
+    );
+    for label in [
+        admitted.as_str(),
+        denied.as_str(),
+        "limit: 10 per 1s per key",
+    ] {
+        assert!(texts.iter().any(|t| t == label), "{label} in {texts:?}");
+    }
+
+    // One key: its own counts, and the limit is that key's.
+    let path = svg_path("one-key");
+    let o = main_job(&[
+        "--format",
+        "json",
+        "--top",
+        "0",
+        "--plot",
+        path.to_str().unwrap(),
+        "--key",
+        "mallory",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    let mallory = v["keys"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|k| k["key"] == "mallory")
+        .unwrap();
+    let (series, texts) = read_svg(&path);
+    assert_eq!(series, 2, "{texts:?}");
+    let admitted = format!("gcra: {} admitted", mallory["allowed"]);
+    let denied = format!("denied: {}", mallory["denied"]);
+    for label in [admitted.as_str(), denied.as_str(), "limit: 10 per 1s"] {
+        assert!(texts.iter().any(|t| t == label), "{label} in {texts:?}");
+    }
+}
+
+#[test]
+fn plot_options_are_checked() {
+    let unwritable = "/no/such/dir/plot.svg";
+    for args in [
+        &[
+            "replay",
+            "--algorithm",
+            "gcra",
+            "--limit",
+            "1",
+            "--window",
+            "1s",
+            "--key",
+            "a",
+        ][..],
+        &[
+            "replay",
+            "--algorithm",
+            "gcra",
+            "--limit",
+            "1",
+            "--window",
+            "1s",
+            "--plot",
+            unwritable,
+        ],
+        &[
+            "replay",
+            "--algorithm",
+            "gcra",
+            "--limit",
+            "1",
+            "--window",
+            "1s",
+            "--bucket",
+            "1s",
+        ],
+        &[
+            "replay",
+            "--algorithm",
+            "gcra",
+            "--limit",
+            "1",
+            "--window",
+            "1s",
+            "--plot",
+            "x.svg",
+            "--bucket",
+            "soon",
+        ],
+    ] {
+        let o = tollgate(args, "0,a\n");
+        assert_eq!(o.status.code(), Some(2), "{args:?}");
+        assert!(!stderr(&o).trim().is_empty(), "{args:?}");
+    }
+    // An empty trace still plots (an empty chart with the limit).
+    let path = svg_path("empty");
+    let o = tollgate(
+        &[
+            "replay",
+            "--algorithm",
+            "gcra",
+            "--limit",
+            "1",
+            "--window",
+            "10us",
+            "--plot",
+            path.to_str().unwrap(),
+        ],
+        "",
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    let (series, texts) = read_svg(&path);
+    assert!(
+        series <= 2 && texts.iter().any(|t| t == "gcra: 0 admitted"),
+        "{texts:?}"
+    );
+}
+
+/// The plots shipped in docs/ are what the commands quoted next to them draw today.
+#[test]
+fn the_shipped_plots_are_current() {
+    let root = env!("CARGO_MANIFEST_DIR");
+    for (shipped, args) in [
+        (
+            "api.svg",
+            vec![
+                "replay",
+                "--algorithm",
+                "gcra",
+                "--limit",
+                "10",
+                "--window",
+                "1s",
+                "--burst",
+                "20",
+            ],
+        ),
+        (
+            "boundary.svg",
+            vec![
+                "replay",
+                "--compare",
+                "--limit",
+                "10",
+                "--window",
+                "1s",
+                "--bucket",
+                "100ms",
+                "--key",
+                "edge",
+            ],
+        ),
+    ] {
+        let path = svg_path(shipped);
+        let mut args = args;
+        args.extend(["--plot", path.to_str().unwrap()]);
+        // The title names the trace as given: the commands use repository-relative paths.
+        let trace = if shipped == "api.svg" {
+            "examples/traces/api.csv"
+        } else {
+            "examples/traces/boundary.csv"
+        };
+        args.push(trace);
+        let o = Command::new(env!("CARGO_BIN_EXE_tollgate"))
+            .current_dir(root)
+            .args(&args)
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}", stderr(&o));
+        let drawn = std::fs::read_to_string(&path).unwrap();
+        std::fs::remove_file(&path).ok();
+        let expected = std::fs::read_to_string(format!("{root}/docs/{shipped}")).unwrap();
+        assert!(
+            drawn == expected,
+            "docs/{shipped} is stale: redraw it with tollgate {}",
+            args.join(" ")
+        );
+    }
+}

@@ -5,6 +5,7 @@
 //! tollgate replay --algorithm ALGO --limit L --window DUR [--burst B]
 //!                 [--format auto|lines|summary|json] [--top N] [--summary] [FILE]
 //! tollgate replay --compare --limit L --window DUR [--burst B] [FILE]
+//! tollgate replay … --plot OUT.svg [--key K] [--bucket DUR]
 //! tollgate bench [--threads N] [--keys N] [--distribution uniform|zipf] [--clock precise|coarse]
 //! tollgate bench --redis URL [--mode exact|leased] [--key K] [--json]
 //! ```
@@ -25,10 +26,12 @@ use std::time::Duration;
 mod bench;
 #[cfg(feature = "redis")]
 mod bench_redis;
+mod plot;
 mod report;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use indicatif::{ProgressBar, ProgressStyle};
+use plot::{Chart, Timeline};
 use report::{Report, Setting};
 use tollgate::replay::{parse_duration, AlgorithmName, Outcome, Replayer, Request, TraceReader};
 
@@ -92,6 +95,17 @@ struct ReplayArgs {
     /// with `--features cli,redis`.
     #[arg(long, value_name = "URL", conflicts_with_all = ["compare", "summary"])]
     redis: Option<String>,
+    /// Also draw requests admitted and denied per time bucket, against the limit, as an SVG
+    /// file (with --compare: one admitted series per algorithm).
+    #[arg(long, value_name = "OUT.svg", conflicts_with = "redis")]
+    plot: Option<PathBuf>,
+    /// Plot only this key's requests (the summary still counts every key).
+    #[arg(long, value_name = "K", requires = "plot")]
+    key: Option<String>,
+    /// The plot's time bucket (default: the window, at least 1 ms; wider buckets are merged
+    /// past 1000 of them).
+    #[arg(long, value_name = "DUR", value_parser = parse_duration, requires = "plot")]
+    bucket: Option<Duration>,
     /// The trace; standard input if absent.
     file: Option<PathBuf>,
 }
@@ -227,11 +241,17 @@ fn replay(args: ReplayArgs) -> Result<(), Fatal> {
                 top: args.top,
             })
         });
+    let mut timeline = args.plot.as_ref().map(|_| timeline(&args, 1));
     let stdin_bar = bar.as_ref().filter(|_| args.file.is_none());
     let failure = each_request(input, |request| {
         let outcome = replayer.decide(&request);
         if let Some(bar) = stdin_bar {
             bar.inc(1);
+        }
+        if let Some(timeline) = &mut timeline {
+            if args.key.as_deref().is_none_or(|k| k == request.key) {
+                timeline.add(0, request.t_ms, outcome);
+            }
         }
         if let Some(summary) = &mut summary {
             summary.add(&request, outcome);
@@ -254,9 +274,44 @@ fn replay(args: ReplayArgs) -> Result<(), Fatal> {
             _ => report.print_text(&mut out)?,
         }
     }
-    // Decisions already made are flushed before any error is reported.
+    // Decisions already made are flushed (and plotted) before any error is reported.
     out.flush()?;
+    if let (Some(path), Some(timeline)) = (&args.plot, &timeline) {
+        plot::draw(path, timeline, &chart(&args, &[algorithm.as_str()], true))?;
+    }
     failure.map_or(Ok(()), Err)
+}
+
+fn timeline(args: &ReplayArgs, series: usize) -> Timeline {
+    Timeline::new(series, args.bucket.unwrap_or(args.window))
+}
+
+fn chart<'a>(args: &ReplayArgs, names: &'a [&'a str], denied: bool) -> Chart<'a> {
+    let what = if names.len() == 1 {
+        names[0].to_owned()
+    } else {
+        "every algorithm".to_owned()
+    };
+    let mut title = format!(
+        "{what}, {} per {}",
+        args.limit,
+        report::duration_text(args.window)
+    );
+    if let Some(burst) = args.burst {
+        title.push_str(&format!(", burst {burst}"));
+    }
+    title.push_str(&format!(": {}", source_name(&args.file)));
+    if let Some(key) = &args.key {
+        title.push_str(&format!(", key {key}"));
+    }
+    Chart {
+        title,
+        names,
+        denied,
+        limit: args.limit,
+        window: args.window,
+        one_key: args.key.is_some(),
+    }
 }
 
 /// Runs `f` on every request of `input` in order. A bad line stops the reading and is returned
@@ -378,13 +433,18 @@ fn compare(args: &ReplayArgs) -> Result<(), Fatal> {
     let mut tallies: Vec<Tally> = COMPARED.iter().map(|_| Tally::default()).collect();
     let mut disagreements = [0u64; COMPARED.len()];
     let mut requests = 0u64;
+    let mut timeline = args.plot.as_ref().map(|_| timeline(args, COMPARED.len()));
     let failure = each_request(open(&args.file)?, |request| {
         requests += 1;
         let outcomes: Vec<Outcome> = replayers.iter_mut().map(|r| r.decide(&request)).collect();
         let reference = outcomes[outcomes.len() - 1].is_allow();
+        let plotted = args.key.as_deref().is_none_or(|k| k == request.key);
         for (i, outcome) in outcomes.into_iter().enumerate() {
             tallies[i].add(outcome);
             disagreements[i] += u64::from(outcome.is_allow() != reference);
+            if let Some(timeline) = timeline.as_mut().filter(|_| plotted) {
+                timeline.add(i, request.t_ms, outcome);
+            }
         }
         Ok(())
     })?;
@@ -417,5 +477,9 @@ fn compare(args: &ReplayArgs) -> Result<(), Fatal> {
         "{requests} requests; gcra, token-bucket and leaky-bucket decide alike"
     )?;
     out.flush()?;
+    if let (Some(path), Some(timeline)) = (&args.plot, &timeline) {
+        let names = COMPARED.map(AlgorithmName::as_str);
+        plot::draw(path, timeline, &chart(args, &names, false))?;
+    }
     failure.map_or(Ok(()), Err)
 }
