@@ -8,22 +8,12 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
-use clap::ValueEnum;
 use tollgate::redis::{FailureHandling, FailurePolicy, LeaseConfig, RedisLimiter, RedisRule};
 use tollgate::replay::AlgorithmName;
 use tollgate::Quota;
 
-use crate::bench::BenchArgs;
+use crate::bench::{BenchArgs, Mode};
 use crate::Fatal;
-
-/// Which Redis tier `--redis` measures.
-#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum Mode {
-    /// One atomic script call (EVALSHA) per check.
-    Exact,
-    /// Local leases refilled in the background.
-    Leased,
-}
 
 struct Tally {
     checks: AtomicU64,

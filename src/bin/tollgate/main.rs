@@ -146,7 +146,10 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Replay(args) => replay(args),
-        Command::Bench(args) => bench::bench(args),
+        Command::Bench(args) => match args.redis.clone() {
+            Some(url) => bench_redis(&args, &url),
+            None => bench::bench(args),
+        },
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -155,6 +158,19 @@ fn main() -> ExitCode {
             ExitCode::from(2)
         }
     }
+}
+
+#[cfg(feature = "redis")]
+fn bench_redis(args: &bench::BenchArgs, url: &str) -> Result<(), Fatal> {
+    bench_redis::bench(args, url)
+}
+
+#[cfg(not(feature = "redis"))]
+fn bench_redis(_: &bench::BenchArgs, _: &str) -> Result<(), Fatal> {
+    Err(Fatal(
+        "--redis needs a build with the redis feature: cargo build --release --features cli,redis"
+            .into(),
+    ))
 }
 
 fn open(file: &Option<PathBuf>) -> Result<Box<dyn BufRead>, Fatal> {
