@@ -173,6 +173,16 @@ fn bad_options_exit_2_with_a_message() {
         ],
         vec![
             "replay",
+            "--compare",
+            "--limit",
+            "1",
+            "--window",
+            "1s",
+            "--format",
+            "json",
+        ],
+        vec![
+            "replay",
             "--algorithm",
             "gcra",
             "--limit",
@@ -888,4 +898,83 @@ fn the_shipped_plots_are_current() {
             args.join(" ")
         );
     }
+}
+
+/// On a terminal, a long input draws a progress bar on standard error (cleared before the
+/// report); the same input with standard error on a pipe draws nothing. Skipped where
+/// util-linux's `script` is missing.
+#[test]
+fn a_progress_bar_only_on_a_terminal() {
+    let path = std::env::temp_dir().join(format!("tollgate-cli-{}-long.csv", std::process::id()));
+    let mut trace = String::new();
+    let mut t = 0u64;
+    while trace.len() < 4 << 20 {
+        trace.push_str(&format!("{t},key-{}\n", t % 1000));
+        t += 1;
+    }
+    std::fs::write(&path, &trace).unwrap();
+    let args = [
+        "replay",
+        "--algorithm",
+        "gcra",
+        "--limit",
+        "10",
+        "--window",
+        "1s",
+        "--format",
+        "json",
+        path.to_str().unwrap(),
+    ];
+    let piped = tollgate(&args, "");
+    assert!(piped.status.success(), "{}", stderr(&piped));
+    assert_eq!(stderr(&piped), "");
+    let command = format!(
+        "'{}' {} > /dev/null",
+        env!("CARGO_BIN_EXE_tollgate"),
+        args.map(|a| format!("'{a}'")).join(" ")
+    );
+    let on_a_terminal = Command::new("script")
+        .args(["-qec", &command, "/dev/null"])
+        .stdin(Stdio::null())
+        .output();
+    std::fs::remove_file(&path).ok();
+    let Ok(o) = on_a_terminal else {
+        eprintln!("no `script` here: the terminal case is not checked");
+        return;
+    };
+    let err = String::from_utf8_lossy(&o.stdout);
+    assert!(o.status.success(), "{err}");
+    assert!(err.contains("MiB"), "a bar counting bytes: {err:?}");
+}
+
+/// README's sample of the main job's summary is what the command prints today (run from the
+/// repository's root, as README says).
+#[test]
+fn the_readme_shows_what_the_main_job_prints() {
+    let root = env!("CARGO_MANIFEST_DIR");
+    let readme = std::fs::read_to_string(format!("{root}/README.md")).unwrap();
+    let start = readme
+        .find("```text\ntollgate replay: gcra")
+        .expect("README quotes the summary")
+        + "```text\n".len();
+    let quoted = &readme[start..start + readme[start..].find("```").unwrap()];
+    let o = Command::new(env!("CARGO_BIN_EXE_tollgate"))
+        .current_dir(root)
+        .args([
+            "replay",
+            "--algorithm",
+            "gcra",
+            "--limit",
+            "10",
+            "--window",
+            "1s",
+            "--burst",
+            "20",
+            "--format",
+            "summary",
+            "examples/traces/api.csv",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(stdout(&o), quoted);
 }

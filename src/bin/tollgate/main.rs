@@ -439,6 +439,11 @@ const COMPARED: [AlgorithmName; 5] = [
 ];
 
 fn compare(args: &ReplayArgs) -> Result<(), Fatal> {
+    if args.format != Format::Auto {
+        return Err(Fatal(
+            "--compare prints its own table: --format applies to one --algorithm".into(),
+        ));
+    }
     let mut replayers = Vec::new();
     for algorithm in COMPARED {
         let burst = args.burst.filter(|_| algorithm.has_burst());

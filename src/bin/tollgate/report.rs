@@ -186,24 +186,27 @@ impl Report {
             .max()
             .unwrap_or(1);
         let share = |n: u64| percent(n, self.requests);
+        let keys = match self.keys.len() {
+            1 => "1 key".to_owned(),
+            n => format!("{n} keys"),
+        };
         writeln!(
             out,
-            "  requests  {:>width$}   {} keys, over {span}",
-            self.requests,
-            self.keys.len()
+            "  requests  {:>width$}   {keys}, over {span}",
+            self.requests
         )?;
-        writeln!(
-            out,
+        let line = format!(
             "  allowed   {:>width$}   {}",
             self.allowed,
             share(self.allowed)
-        )?;
-        writeln!(
-            out,
+        );
+        writeln!(out, "{}", line.trim_end())?;
+        let line = format!(
             "  denied    {:>width$}   {}",
             self.denied,
             share(self.denied)
-        )?;
+        );
+        writeln!(out, "{}", line.trim_end())?;
         if self.errors == 0 {
             writeln!(out, "  errors    {:>width$}", 0)?;
         } else {
@@ -222,7 +225,7 @@ impl Report {
                 k.peak,
                 seconds_text(k.peak_at_ns / 1_000_000),
             )?,
-            None => writeln!(out, "  peak      {:>width$}   nothing admitted", 0)?,
+            None => writeln!(out, "  peak      {:>width$}   no units admitted", 0)?,
         }
         let bound = match s.burst {
             Some(b) if s.algorithm.has_burst() => format!(
