@@ -30,7 +30,7 @@ mod plot;
 mod report;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
-use indicatif::{ProgressBar, ProgressStyle};
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use plot::{Chart, Timeline};
 use report::{Report, Setting};
 use tollgate::replay::{parse_duration, AlgorithmName, Outcome, Replayer, Request, TraceReader};
@@ -185,6 +185,8 @@ fn open(file: &Option<PathBuf>) -> Result<Box<dyn BufRead>, Fatal> {
 
 /// Files shorter than this are replayed in well under a second: no bar flashes by.
 const PROGRESS_FROM_BYTES: u64 = 4 << 20;
+/// Standard input's length is unknown: its spinner appears after this many requests.
+const PROGRESS_FROM_REQUESTS: u64 = 200_000;
 
 /// Opens the trace like [`open`], with a progress bar on standard error when standard error is
 /// a terminal (bytes of a file, requests of standard input); `None` otherwise, so nothing
@@ -196,10 +198,11 @@ fn open_with_progress(
         return Ok((open(file)?, None));
     }
     let Some(path) = file else {
-        // Drawn from the first request on: indicatif redraws at most 20 times a second, and
-        // the bar is cleared before the report is printed.
-        let bar = ProgressBar::new_spinner().with_style(
-            ProgressStyle::with_template("{spinner} {pos} requests, {per_sec}")
+        // Hidden until PROGRESS_FROM_REQUESTS requests are in (a short input never shows it);
+        // indicatif then redraws at most 20 times a second, and the bar is cleared before the
+        // report is printed.
+        let bar = ProgressBar::with_draw_target(None, ProgressDrawTarget::hidden()).with_style(
+            ProgressStyle::with_template("{spinner} {human_pos} requests, {elapsed}")
                 .map_err(|e| Fatal(e.to_string()))?,
         );
         return Ok((open(file)?, Some(bar)));
@@ -263,6 +266,9 @@ fn replay(args: ReplayArgs) -> Result<(), Fatal> {
         let outcome = replayer.decide(&request);
         if let Some(bar) = stdin_bar {
             bar.inc(1);
+            if bar.position() == PROGRESS_FROM_REQUESTS {
+                bar.set_draw_target(ProgressDrawTarget::stderr());
+            }
         }
         if let Some(timeline) = &mut timeline {
             if args.key.as_deref().is_none_or(|k| k == request.key) {
