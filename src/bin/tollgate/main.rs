@@ -273,6 +273,8 @@ fn replay(args: ReplayArgs) -> Result<(), Fatal> {
         if let Some(timeline) = &mut timeline {
             if args.key.as_deref().is_none_or(|k| k == request.key) {
                 timeline.add(0, request.t_ms, outcome);
+            } else {
+                timeline.reach(request.t_ms);
             }
         }
         if let Some(summary) = &mut summary {
@@ -469,8 +471,10 @@ fn compare(args: &ReplayArgs) -> Result<(), Fatal> {
         for (i, outcome) in outcomes.into_iter().enumerate() {
             tallies[i].add(outcome);
             disagreements[i] += u64::from(outcome.is_allow() != reference);
-            if let Some(timeline) = timeline.as_mut().filter(|_| plotted) {
-                timeline.add(i, request.t_ms, outcome);
+            match &mut timeline {
+                Some(timeline) if plotted => timeline.add(i, request.t_ms, outcome),
+                Some(timeline) => timeline.reach(request.t_ms),
+                None => {}
             }
         }
         Ok(())

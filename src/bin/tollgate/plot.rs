@@ -26,6 +26,9 @@ pub(crate) struct Timeline {
     denied_total: u64,
     /// Requests refused as errors (a cost no wait admits): counted, not drawn.
     errors_total: u64,
+    /// The bucket of the trace's latest request, plotted or not: the time axis spans the
+    /// whole trace, also when `--key` plots one key.
+    end: usize,
 }
 
 impl Timeline {
@@ -41,6 +44,7 @@ impl Timeline {
             totals: vec![0; series],
             denied_total: 0,
             errors_total: 0,
+            end: 0,
         }
     }
 
@@ -55,12 +59,18 @@ impl Timeline {
         }
     }
 
+    /// Extends the time axis to `t_ms` (a request that is not plotted).
+    pub(crate) fn reach(&mut self, t_ms: u64) {
+        self.end = self.index(t_ms);
+    }
+
     /// Doubles the bucket width, merging pairs of buckets.
     fn coarsen(&mut self) {
         fn merge(counts: &mut Vec<u64>) {
             *counts = counts.chunks(2).map(|pair| pair.iter().sum()).collect();
         }
         self.bucket_ns = self.bucket_ns.saturating_mul(2);
+        self.end /= 2;
         self.admitted.iter_mut().for_each(merge);
         merge(&mut self.denied);
     }
@@ -68,6 +78,7 @@ impl Timeline {
     /// Counts one decision of series `series` at `t_ms`.
     pub(crate) fn add(&mut self, series: usize, t_ms: u64, outcome: Outcome) {
         let index = self.index(t_ms);
+        self.end = index;
         let counts = match outcome {
             Outcome::Allow { .. } => {
                 self.totals[series] += 1;
@@ -146,7 +157,7 @@ fn render(
         .chain([timeline.denied.len()])
         .max()
         .unwrap_or(0)
-        .max(1);
+        .max(timeline.end + 1);
     let limit_rate = chart.limit as f64 / chart.window.as_secs_f64();
     let series: Vec<Vec<(f64, f64)>> = timeline
         .admitted
@@ -168,7 +179,8 @@ fn render(
         .margin(12)
         .x_label_area_size(40)
         .y_label_area_size(60)
-        .build_cartesian_2d(0f64..buckets as f64 * bucket_s, 0f64..highest * 1.1)?;
+        // Headroom above the highest point for the legend box.
+        .build_cartesian_2d(0f64..buckets as f64 * bucket_s, 0f64..highest * 1.45)?;
     plot.configure_mesh()
         .x_desc(format!(
             "trace time (s), buckets of {}",
@@ -234,5 +246,11 @@ mod tests {
         assert!(t.admitted[0].len() <= MAX_BUCKETS && t.denied.len() <= MAX_BUCKETS);
         assert_eq!(t.admitted[0].iter().sum::<u64>(), 2);
         assert_eq!((t.totals[0], t.denied_total, t.errors_total), (2, 1, 1));
+
+        // A request of another key extends the time axis without a count.
+        let mut t = Timeline::new(1, Duration::from_secs(1));
+        t.add(0, 500, allow);
+        t.reach(9_500);
+        assert_eq!((t.admitted[0].len(), t.end), (1, 9));
     }
 }
