@@ -2,7 +2,7 @@
 
 use std::future::{poll_fn, Future};
 use std::pin::Pin;
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::task::Poll;
 use std::time::Duration;
 
@@ -12,10 +12,10 @@ use redis::aio::{
 use redis::cluster::ClusterClientBuilder;
 use redis::cluster_async::ClusterConnection;
 use redis::cluster_routing::Slot;
-use redis::{Script, Value};
+use redis::Value;
 
+use super::error::Error;
 use super::rule::{RedisRule, Verdict};
-use super::{scripts as lua, Error};
 use crate::decision::Decision;
 
 mod units;
@@ -61,26 +61,6 @@ impl RedisConnection for ConnectionManager {}
 impl RedisConnection for MultiplexedConnection {}
 impl RedisConnection for ClusterConnection {
     const CLUSTERED: bool = true;
-}
-
-/// The compiled scripts (each hashed once; `EVALSHA` by hash, reloaded on `NOSCRIPT`).
-pub(crate) struct Scripts {
-    pub gcra: Script,
-    pub fixed_window: Script,
-    pub sliding_window: Script,
-    pub sliding_log: Script,
-    pub heartbeat: Script,
-}
-
-pub(crate) fn scripts() -> &'static Scripts {
-    static SCRIPTS: OnceLock<Scripts> = OnceLock::new();
-    SCRIPTS.get_or_init(|| Scripts {
-        gcra: Script::new(lua::GCRA),
-        fixed_window: Script::new(lua::FIXED_WINDOW),
-        sliding_window: Script::new(lua::SLIDING_WINDOW),
-        sliding_log: Script::new(lua::SLIDING_LOG),
-        heartbeat: Script::new(lua::HEARTBEAT),
-    })
 }
 
 /// An exact, global rate limiter on Redis: every check is one atomic Lua script on the server,

@@ -13,8 +13,10 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use redis::aio::ConnectionManager;
 
-use super::exact::scripts;
-use super::{Error, RedisConnection, RedisLimiter, RedisRule};
+use super::error::Error;
+use super::exact::{RedisConnection, RedisLimiter};
+use super::rule::RedisRule;
+use super::scripts::scripts;
 use crate::decision::{Decision, Remaining};
 use crate::{FixedWindow, Gcra, KeyedLimiter, LeakyQueue, SlidingLog, SlidingWindow};
 

@@ -22,9 +22,9 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use dashmap::DashMap;
 
-use crate::redis::exact::{Algo, LogCharge, UnitOp, Units};
+use crate::redis::error::Error;
+use crate::redis::exact::{Algo, LogCharge, RedisConnection, RedisLimiter, UnitOp, Units};
 use crate::redis::rule::RedisRule;
-use crate::redis::{Error, RedisConnection, RedisLimiter};
 
 /// The wall clock, ns since the Unix epoch (the server's `TIME` on a synchronised fleet).
 pub(crate) fn wall_nanos() -> u64 {
