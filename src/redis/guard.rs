@@ -37,7 +37,8 @@ pub enum FailurePolicy {
     /// per `W` (and `⌊B / n⌋` burst) with `n` the live nodes counted by heartbeats in Redis.
     /// While every node does the same, the fleet admits at most about `L` per window during
     /// an outage, plus what Redis had already admitted in the window the outage began in
-    /// (the local states start fresh). With [`FailureHandling::reconcile`], what the shares
+    /// (the guarded limiter's local states start fresh; a leased node's start from what it
+    /// last knew of each key: see "When Redis fails" on `LeasedLimiter`). With [`FailureHandling::reconcile`], what the shares
     /// admitted is charged to Redis after the outage.
     Local,
 }
@@ -424,6 +425,35 @@ impl<C: RedisConnection> GuardedLimiter<C> {
         }
     }
 
+    /// Whether the breaker is open (the policy decides). One `Relaxed` load: a check that reads
+    /// it a moment late decides one more request the old way (see `Shared::open`).
+    #[inline]
+    pub(crate) fn is_open(&self) -> bool {
+        self.shared.open.load(Ordering::Relaxed)
+    }
+
+    /// Whether the policy keeps per-key state of its own (`Local`) that a leased node's
+    /// handover must start.
+    pub(crate) fn keeps_local_state(&self) -> bool {
+        self.shared.local.is_some()
+    }
+
+    /// A leased node hands `key` over to the `Local` policy's limiter: it held `held` granted
+    /// units, and its last grant saw `seen` more units the global state could still grant. The
+    /// key's local state starts from `held + ⌊seen ÷ live nodes⌋` units (at most the share,
+    /// and never more than it already holds), and reconciliation will not charge the first
+    /// `held` units admitted locally (they were granted already).
+    pub(crate) fn take_over(&self, key: &[u8], held: u64, seen: u64) {
+        let Some(local) = &self.shared.local else {
+            return;
+        };
+        let nodes = self.live_nodes().max(1);
+        local.start_from(key, held.saturating_add(seen / nodes));
+        if let Some(ledger) = &self.shared.ledger {
+            ledger.credit(key, held);
+        }
+    }
+
     /// The probe interval (the `retry_after` of a policy denial).
     pub(crate) fn probe_interval(&self) -> Duration {
         self.shared.handling.probe_interval
@@ -613,6 +643,23 @@ impl Local {
             Local::Sliding(l) => SlidingWindow::new(quota).map(|r| l.set_quota(r)),
             Local::Log(l) => SlidingLog::new(quota).map(|r| l.set_quota(r)),
         };
+    }
+
+    /// Makes `key` hold at most `units` (what it holds now if that is less): the share's
+    /// state, not a fresh bucket or window, is where the outage starts for a key the node knew.
+    fn start_from(&self, key: &[u8], units: u64) {
+        let holds = match self {
+            Local::Gcra(l) => l.peek(key, 0),
+            Local::Queue(l) => l.peek(key, 0),
+            Local::Fixed(l) => l.peek(key, 0),
+            Local::Sliding(l) => l.peek(key, 0),
+            Local::Log(l) => l.peek(key, 0),
+        }
+        .map_or(0, |d| d.remaining());
+        if holds > units {
+            // Within the share's capacity (`holds` is at most that): never an error.
+            let _ = self.check(key, holds - units);
+        }
     }
 
     fn check(&self, key: &[u8], cost: u64) -> Result<Decision, crate::Error> {

@@ -24,10 +24,15 @@
 //!
 //! # Failures
 //! The leased tier shares the exact tier's circuit breaker and [`FailurePolicy`]: a transient
-//! failure of a refill opens it; the node keeps serving the units it holds, and once its lease
-//! of a key is spent, checks of that key are decided by the policy (`FailOpen`, `FailClosed`,
-//! or `Local`: the in-process share `L ÷ live nodes`). The breaker's probe closes it again
-//! and refills resume at the next check.
+//! failure of a refill (or of a heartbeat) opens it. The first check that sees it open hands
+//! every lease over to the policy, once per outage: with `Local`, each key's in-process share
+//! (`L ÷ live nodes`) starts from the units its lease held plus this node's part of what the
+//! global state could still grant at its last grant, not from a full bucket. From then on
+//! every check goes straight to the policy (`FailOpen`, `FailClosed` or `Local`): no lease, no
+//! lock, no task. With `FailOpen` and `FailClosed` the leases keep their units for after the
+//! outage. The breaker's probe alone looks for Redis; once it closes the breaker, checks go
+//! back to the leases, which ask for grants again. The bound is on [`LeasedLimiter`] ("When
+//! Redis fails").
 //!
 //! [`FailurePolicy`]: super::FailurePolicy
 
@@ -35,7 +40,9 @@ mod cell;
 mod config;
 mod first_touch;
 mod grant;
+mod route;
 mod scheduler;
+mod takeover;
 mod word;
 
 use std::sync::atomic::Ordering;
@@ -50,6 +57,8 @@ pub use self::word::MAX_LEASE;
 use self::cell::Lease;
 use self::config::Terms;
 use self::first_touch::first_lease;
+use self::grant::accrued;
+use self::route::Way;
 use self::scheduler::{Node, Tasks};
 use self::word::{units_of, MS};
 use super::error::Error;
@@ -180,8 +189,10 @@ impl<C: RedisConnection> LeasedLimiter<C> {
     /// - The lease holds `cost` units: allowed.
     /// - It does not: a refill is requested, and the check is denied, with `retry_after` the
     ///   time until the global state is expected to grant again (1 ms while a refill is in
-    ///   flight). While the breaker is open (Redis unreachable), the failure policy decides
-    ///   instead.
+    ///   flight).
+    /// - While the breaker is open (Redis unreachable), the failure policy decides every check
+    ///   at once, from the state the leases were handed over in (see "When Redis fails" on
+    ///   [`LeasedLimiter`]).
     /// - A key this node holds no lease of (its *first touch*) gets the first-touch
     ///   allowance ([`LeaseConfig::first_touch`]) as a provisional lease while its first
     ///   grant is requested at once: the first checks are not denied for want of a lease.
@@ -216,6 +227,20 @@ impl<C: RedisConnection> LeasedLimiter<C> {
     pub fn check_n(&self, key: impl AsRef<[u8]>, cost: u64) -> Result<Decision, Error> {
         let key = key.as_ref();
         let node = &self.node;
+        // Degraded: straight to the policy, which holds what the leases held (no lease, no
+        // clock read of ours, no lock, no task). Only the breaker's probe looks for Redis.
+        let way = node.route.way();
+        let open = node.guard.is_open();
+        match (way, open) {
+            (Way::Policy, true) => return node.guard.fallback(key, cost),
+            (Way::Leases, false) => {}
+            _ => {
+                reroute(node, way, open);
+                if node.route.way() == Way::Policy && node.guard.is_open() {
+                    return node.guard.fallback(key, cost);
+                }
+            }
+        }
         let capacity = node.terms.rule.capacity();
         if cost > capacity {
             return Err(Error::Capacity { cost, capacity });
@@ -241,7 +266,7 @@ impl<C: RedisConnection> LeasedLimiter<C> {
                 }
                 return Ok(allowed(&node.terms, Some(&lease), left, now));
             }
-            return short(node, &lease, key, cost, now);
+            return short(node, &lease, cost, now);
         }
         // First touch: the lease starts with this node's provisional allowance (while Redis
         // answers), and its first grant is requested at once.
@@ -266,7 +291,7 @@ impl<C: RedisConnection> LeasedLimiter<C> {
         }
         match lease.hot.word.take(cost, now, windowed) {
             Some(left) => Ok(allowed(&node.terms, Some(&lease), left, now)),
-            None => short(node, &lease, key, cost, now),
+            None => short(node, &lease, cost, now),
         }
     }
 
@@ -340,7 +365,7 @@ impl<C: RedisConnection> LeasedLimiter<C> {
 
 /// # Inspection
 impl<C: RedisConnection> LeasedLimiter<C> {
-    /// Whether Redis answers (`Global`) or the failure policy decides what leases cannot.
+    /// Whether Redis answers (`Global`) or the failure policy decides (the breaker is open).
     pub fn mode(&self) -> Mode {
         self.node.guard.mode()
     }
@@ -425,14 +450,7 @@ fn allowed(terms: &Terms, lease: Option<&Lease>, left: u64, now: Nanos) -> Decis
     });
     // GCRA refills one unit per T since the grant.
     let accrued = match terms.algo {
-        Algo::Gcra { interval, .. } if view_at > 0 => {
-            let since = now.saturating_sub(view_at);
-            if since >= interval {
-                since / interval.max(1)
-            } else {
-                0
-            }
-        }
+        Algo::Gcra { interval, .. } if view_at > 0 => accrued(interval, view_at, now),
         _ => 0,
     };
     Decision {
@@ -454,7 +472,6 @@ fn allowed(terms: &Terms, lease: Option<&Lease>, left: u64, now: Nanos) -> Decis
 fn short<C: RedisConnection>(
     node: &Arc<Node<C>>,
     lease: &Arc<Lease>,
-    key: &[u8],
     cost: u64,
     now: Nanos,
 ) -> Result<Decision, Error> {
@@ -464,8 +481,17 @@ fn short<C: RedisConnection>(
     if let Some(error) = lease.fatal() {
         return Err(error);
     }
-    if node.guard.mode() != Mode::Global {
-        return node.guard.fallback(key, cost);
+    if node.guard.is_open() {
+        // A handover is running (or the breaker opened during this check): the policy does
+        // not hold this key's state yet. Denied for a moment; only granted units were spent.
+        return Ok(Decision {
+            allowed: false.into(),
+            limit: node.terms.rule.limit(),
+            retry_after: MS,
+            reset_after: 0,
+            delay: 0,
+            remaining: Remaining::Exact(0),
+        });
     }
     // Relaxed: self-contained hints; no other memory is published through them.
     let retry_at = lease.retry_at.load(Ordering::Relaxed);
@@ -478,4 +504,19 @@ fn short<C: RedisConnection>(
         delay: 0,
         remaining: Remaining::Exact(0),
     })
+}
+
+/// A check that found the route and the breaker disagreeing: the breaker opened (hand the
+/// leases over, unless a handover already runs), or it closed (back to the leases, whose
+/// next checks ask for grants again).
+#[cold]
+#[inline(never)]
+fn reroute<C: RedisConnection>(node: &Node<C>, way: Way, open: bool) {
+    match (way, open) {
+        (Way::Leases, true) => node.hand_over(),
+        (Way::Policy, false) => {
+            node.route.back();
+        }
+        _ => {}
+    }
 }

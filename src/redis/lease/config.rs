@@ -8,7 +8,7 @@ use super::word::MAX_LEASE;
 use crate::redis::exact::Algo;
 use crate::redis::rule::RedisRule;
 
-/// Why a [`LeasedLimiter`] could not be built.
+/// Why a [`LeasedLimiter`](super::LeasedLimiter) could not be built.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum LeaseError {
@@ -26,7 +26,7 @@ pub enum LeaseError {
     NoRuntime,
 }
 
-/// How a [`LeasedLimiter`] sizes, refills and returns its leases.
+/// How a [`LeasedLimiter`](super::LeasedLimiter) sizes, refills and returns its leases.
 ///
 /// # Examples
 /// ```
@@ -108,11 +108,11 @@ impl LeaseConfig {
     }
 
     /// How many units a node may admit for a key it holds no lease of, while the key's first
-    /// grant is in flight (its *first touch*; see [`LeasedLimiter`]). Default `0`, strict: a
-    /// key's checks are denied until its first grant arrives (or [`LeasedLimiter::prefetch`]
+    /// grant is in flight (its *first touch*; see [`LeasedLimiter`](super::LeasedLimiter)). Default `0`, strict: a
+    /// key's checks are denied until its first grant arrives (or [`LeasedLimiter::prefetch`](super::LeasedLimiter::prefetch)
     /// ran), and the fleet never admits more than the limit. A positive allowance serves first
     /// touches at once, at the price of the bounded overdraft documented on
-    /// [`LeasedLimiter`]; [`LeaseConfig::first_touch_share`] picks one per node. At most
+    /// [`LeasedLimiter`](super::LeasedLimiter); [`LeaseConfig::first_touch_share`] picks one per node. At most
     /// [`MAX_LEASE`].
     ///
     /// # Examples
@@ -153,7 +153,7 @@ impl LeaseConfig {
     }
 }
 
-/// Counters of a [`LeasedLimiter`]'s traffic with Redis, since it was built.
+/// Counters of a [`LeasedLimiter`](super::LeasedLimiter)'s traffic with Redis, since it was built.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct LeaseStats {
     /// Script calls sent to Redis (grants, returns and charges). Refills and returns of many

@@ -178,3 +178,8 @@ fn view(terms: &Terms, reply: &Reply, extra: u64) -> (u64, Option<u64>) {
         }
     }
 }
+
+/// GCRA: the units refilled between `since` and `now`, one per `interval`.
+pub(super) fn accrued(interval: u64, since: Nanos, now: Nanos) -> u64 {
+    now.saturating_sub(since) / interval.max(1)
+}

@@ -14,6 +14,7 @@ use super::cell::Lease;
 use super::config::{Counters, Terms};
 use super::first_touch::void_provisional;
 use super::grant::{install, prepare};
+use super::route::Route;
 use super::word::{deadline_of, expired, now_ms, units_of};
 use crate::clock::{Clock, Nanos, QuantaClock};
 use crate::redis::error::Error;
@@ -29,6 +30,8 @@ pub(super) struct Node<C: RedisConnection> {
     pub clock: QuantaClock,
     runtime: tokio::runtime::Handle,
     pub stats: Counters,
+    /// Where checks go: leases, or the failure policy (see `route.rs`).
+    pub route: Route,
     /// Refills asked for and not yet sent; the refill task takes them all at once.
     queue: Mutex<Vec<Queued>>,
     wake: tokio::sync::Notify,
@@ -71,6 +74,7 @@ impl<C: RedisConnection> Node<C> {
             clock: QuantaClock::new(),
             runtime,
             stats: Counters::default(),
+            route: Route::default(),
             queue: Mutex::new(Vec::new()),
             wake: tokio::sync::Notify::new(),
         });
