@@ -23,7 +23,7 @@ const POLICY: usize = 2;
 
 /// Where checks go.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Way {
+pub enum Way {
     /// To the key's lease (Redis answers, or the breaker just opened and nobody noticed yet).
     Leases,
     /// A handover is running: to the key's lease, denied beyond it.
@@ -34,12 +34,12 @@ pub(crate) enum Way {
 
 /// The route word.
 #[derive(Debug, Default)]
-pub(crate) struct Route(AtomicUsize);
+pub struct Route(AtomicUsize);
 
 impl Route {
     /// Where checks go now.
     #[inline]
-    pub(crate) fn way(&self) -> Way {
+    pub fn way(&self) -> Way {
         // Acquire: pairs with the Release in `finish`: a check that reads `Policy` sees every
         // state the handover wrote into the policy.
         match self.0.load(Ordering::Acquire) {
@@ -51,7 +51,7 @@ impl Route {
 
     /// Elects the one caller that runs the handover: whether this call moved `Leases` to
     /// `Handing`.
-    pub(crate) fn begin(&self) -> bool {
+    pub fn begin(&self) -> bool {
         // Relaxed: the CAS only elects; what the handover reads (lease words, under their own
         // RMWs and locks) is not published through the route.
         self.0
@@ -60,14 +60,14 @@ impl Route {
     }
 
     /// Ends the handover: checks go to the policy from now on.
-    pub(crate) fn finish(&self) {
+    pub fn finish(&self) {
         // Release: publishes the policy's states the handover wrote (see `way`).
         self.0.store(POLICY, Ordering::Release);
     }
 
     /// Back to the leases once the breaker closed (from `Policy` only: a running handover
     /// finishes first). Whether this call moved it.
-    pub(crate) fn back(&self) -> bool {
+    pub fn back(&self) -> bool {
         // Relaxed: the leases were emptied by RMWs on their own words before `finish`; a
         // check reading `Leases` finds them by those RMWs, not through the route.
         self.0

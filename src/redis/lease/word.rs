@@ -20,7 +20,7 @@
 use crate::sync::{spin_loop, AtomicU64, Ordering};
 
 /// Nanoseconds per millisecond (deadlines are kept in milliseconds).
-pub(crate) const MS: u64 = 1_000_000;
+pub const MS: u64 = 1_000_000;
 
 /// The largest lease a node holds for one key (units are kept in 32 bits of the lease word).
 pub const MAX_LEASE: u64 = u32::MAX as u64;
@@ -30,48 +30,48 @@ pub const MAX_LEASE: u64 = u32::MAX as u64;
 /// - bits 31..0: for window algorithms, the deadline: the lease's units are void from this
 ///   millisecond of the limiter's clock on (compared modulo 2^32, deadlines are at most one day
 ///   ahead). Unused for GCRA, whose units never expire.
-pub(crate) fn pack(units: u64, deadline_ms: u32) -> u64 {
+pub fn pack(units: u64, deadline_ms: u32) -> u64 {
     (units.min(MAX_LEASE) << 32) | deadline_ms as u64
 }
 
-pub(crate) fn units_of(word: u64) -> u64 {
+pub fn units_of(word: u64) -> u64 {
     word >> 32
 }
 
-pub(crate) fn deadline_of(word: u64) -> u32 {
+pub fn deadline_of(word: u64) -> u32 {
     word as u32
 }
 
 /// `now` (ns of the limiter's clock) in the deadline's unit.
-pub(crate) fn now_ms(now: u64) -> u32 {
+pub fn now_ms(now: u64) -> u32 {
     // Wrapping by design: deadlines are compared modulo 2^32 ms.
     (now / MS) as u32
 }
 
 /// Whether a deadline has passed, modulo 2^32 ms (deadlines lie less than 2^31 ms ahead).
-pub(crate) fn expired(now_ms: u32, deadline: u32) -> bool {
+pub fn expired(now_ms: u32, deadline: u32) -> bool {
     (now_ms.wrapping_sub(deadline) as i32) >= 0
 }
 
 /// One key's lease word. Every access is `Relaxed`: the word is the whole state, and no other
 /// memory is published through it (the figures next to it are hints read on their own).
 #[derive(Debug, Default)]
-pub(crate) struct LeaseWord(AtomicU64);
+pub struct LeaseWord(AtomicU64);
 
 impl LeaseWord {
     /// A word holding `units` until `deadline_ms`.
-    pub(crate) fn new(units: u64, deadline_ms: u32) -> LeaseWord {
+    pub fn new(units: u64, deadline_ms: u32) -> LeaseWord {
         LeaseWord(AtomicU64::new(pack(units, deadline_ms)))
     }
 
     /// The word as it is now (a snapshot).
-    pub(crate) fn load(&self) -> u64 {
+    pub fn load(&self) -> u64 {
         // Relaxed: the word is the whole state (see the type's docs).
         self.0.load(Ordering::Relaxed)
     }
 
     /// The units a check could spend at `now` (0 once a window lease expired).
-    pub(crate) fn held(&self, now: u64, windowed: bool) -> u64 {
+    pub fn held(&self, now: u64, windowed: bool) -> u64 {
         let word = self.load();
         if windowed && expired(now_ms(now), deadline_of(word)) {
             0
@@ -82,7 +82,7 @@ impl LeaseWord {
 
     /// Takes `cost` units if the lease holds them and has not expired: the units left.
     #[inline]
-    pub(crate) fn take(&self, cost: u64, now: u64, windowed: bool) -> Option<u64> {
+    pub fn take(&self, cost: u64, now: u64, windowed: bool) -> Option<u64> {
         let now_ms = now_ms(now);
         // Relaxed: the word is the whole state (see the type's docs).
         let mut word = self.0.load(Ordering::Relaxed);
@@ -110,7 +110,7 @@ impl LeaseWord {
 
     /// Adds `granted` units (to those held if `keep`, else in place of them: a new window voids
     /// what is left of the old one) and sets `deadline_ms`. The units held after it.
-    pub(crate) fn deposit(&self, granted: u64, keep: bool, deadline_ms: u32) -> u64 {
+    pub fn deposit(&self, granted: u64, keep: bool, deadline_ms: u32) -> u64 {
         // Relaxed: the word is the whole state (see the type's docs).
         let mut word = self.0.load(Ordering::Relaxed);
         loop {
@@ -134,7 +134,7 @@ impl LeaseWord {
     }
 
     /// Takes back up to `most` units: `(units held before, units taken)`.
-    pub(crate) fn take_up_to(&self, most: u64) -> (u64, u64) {
+    pub fn take_up_to(&self, most: u64) -> (u64, u64) {
         // Relaxed: the word is the whole state (see the type's docs).
         let mut word = self.0.load(Ordering::Relaxed);
         loop {
@@ -154,13 +154,13 @@ impl LeaseWord {
     }
 
     /// Empties the word (0 units, void from `now_ms` on): the word it held.
-    pub(crate) fn empty(&self, now_ms: u32) -> u64 {
+    pub fn empty(&self, now_ms: u32) -> u64 {
         // Relaxed: the word is the whole state (see the type's docs).
         self.0.swap(pack(0, now_ms), Ordering::Relaxed)
     }
 
     /// Voids the units of `seen` (an expired window lease) if the word still is `seen`.
-    pub(crate) fn expire(&self, seen: u64) -> bool {
+    pub fn expire(&self, seen: u64) -> bool {
         let void = pack(0, deadline_of(seen));
         // Relaxed: the word is the whole state (see the type's docs).
         self.0
