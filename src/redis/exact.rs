@@ -18,7 +18,10 @@ use super::error::Error;
 use super::rule::{RedisRule, Verdict};
 use crate::decision::Decision;
 
+mod coalesce;
 mod units;
+
+use self::coalesce::Lanes;
 
 pub(crate) use self::units::{Algo, LogCharge, Reply, UnitOp, Units};
 
@@ -94,6 +97,8 @@ pub struct RedisLimiter<C = ConnectionManager> {
     timeout: Duration,
     max_batch: usize,
     injected_min_ttl_ms: u64,
+    /// Concurrent counting checks of one slot share a call (`None`: one call per check).
+    lanes: Option<Arc<Lanes>>,
 }
 
 impl<C> std::fmt::Debug for RedisLimiter<C> {
@@ -103,6 +108,7 @@ impl<C> std::fmt::Debug for RedisLimiter<C> {
             .field("prefix", &String::from_utf8_lossy(&self.prefix))
             .field("timeout", &self.timeout)
             .field("max_batch", &self.max_batch)
+            .field("coalesce", &self.lanes.is_some())
             .finish_non_exhaustive()
     }
 }
@@ -129,6 +135,7 @@ pub struct RedisLimiterBuilder {
     connect_timeout: Duration,
     max_batch: usize,
     injected_min_ttl: Duration,
+    coalesce: bool,
 }
 
 impl RedisLimiterBuilder {
@@ -166,6 +173,16 @@ impl RedisLimiterBuilder {
     /// this floor keeps state for the duration of a test or replay. Live checks are unaffected.
     pub fn injected_min_ttl(mut self, ttl: Duration) -> Self {
         self.injected_min_ttl = ttl;
+        self
+    }
+
+    /// Whether concurrent checks share script calls (default `true`): a check that finds no
+    /// call of its Cluster slot in flight is sent at once, alone; checks that arrive while one
+    /// is in flight wait for it and then go together, in one call, in arrival order. No timer
+    /// is involved and an idle limiter adds no latency; decisions are exactly those of one call
+    /// per check, in arrival order per key. With `false`, every check is its own call.
+    pub fn coalesce(mut self, coalesce: bool) -> Self {
+        self.coalesce = coalesce;
         self
     }
 
@@ -242,6 +259,7 @@ impl RedisLimiterBuilder {
             max_batch: self.max_batch,
             // The script adds it to nothing, but keep it a plain integer below 2^53.
             injected_min_ttl_ms: ms.min(1 << 52),
+            lanes: self.coalesce.then(Arc::default),
         }
     }
 }
@@ -257,6 +275,7 @@ impl RedisLimiter {
             connect_timeout: DEFAULT_CONNECT_TIMEOUT,
             max_batch: DEFAULT_MAX_BATCH,
             injected_min_ttl: DEFAULT_INJECTED_MIN_TTL,
+            coalesce: true,
         }
     }
 
@@ -552,8 +571,17 @@ impl<C: RedisConnection> RedisLimiter<C> {
         at: Option<u64>,
         commit: bool,
     ) -> Result<Decision, Error> {
-        let items = vec![self.item(key, cost, at)];
-        self.decide(items, commit)
+        let item = self.item(key, cost, at);
+        if commit {
+            self.coalesced(item).await
+        } else {
+            self.decide_one(item, false).await
+        }
+    }
+
+    /// `item` alone in one call.
+    async fn decide_one(&self, item: Item, commit: bool) -> Result<Decision, Error> {
+        self.decide(vec![item], commit)
             .await
             .pop()
             .unwrap_or_else(|| Err(Error::bad_reply("no result for the check".into())))
