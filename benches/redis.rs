@@ -12,6 +12,12 @@
 //! - `redis/leased_many_keys`: the same over 10 000 keys in turn: the refills of keys due
 //!   together share script calls (one per Cluster slot, per 256 keys on one server).
 //!
+//! - `redis_degraded/*`: with Redis killed, a leased node's degraded check (`FailurePolicy::Local`)
+//!   next to an in-process `KeyedLimiter` check of the same rule and key type (GCRA 1000/s,
+//!   burst 1000, as issue 13 measured it), on 1 key and on 64 keys in turn; then both timed
+//!   check by check, alternately, from 2 threads and from 16 tokio tasks on 2 workers, with
+//!   p50/p99 printed (`cargo bench --features redis --bench redis -- redis_degraded`).
+//!
 //! Every figure is time per check. Round trips per check for the leased tier are printed after
 //! the group. Skipped with a message when `redis-server` is not installed.
 
@@ -22,8 +28,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
-use tollgate::redis::{FailureHandling, FailurePolicy, LeaseConfig, RedisLimiter, RedisRule};
-use tollgate::Quota;
+use tollgate::redis::{
+    FailureHandling, FailurePolicy, LeaseConfig, LeasedLimiter, Mode, RedisLimiter, RedisRule,
+};
+use tollgate::{Gcra, KeyedLimiter, Quota};
 
 const IN_FLIGHT: u64 = 32;
 const BATCH: u64 = 64;
@@ -171,5 +179,169 @@ fn bench_redis(c: &mut Criterion) {
     drop(server);
 }
 
-criterion_group!(benches, bench_redis);
+/// Per-check latencies (ns) of the in-process limiter and of the degraded leased node, timed
+/// alternately on the same keys.
+#[derive(Default)]
+struct Pairs {
+    local: Vec<u64>,
+    degraded: Vec<u64>,
+}
+
+impl Pairs {
+    fn time(
+        &mut self,
+        keys: &[Vec<u8>],
+        local: &KeyedLimiter<Vec<u8>, Gcra>,
+        node: &LeasedLimiter,
+    ) {
+        for key in keys {
+            let t = Instant::now();
+            std::hint::black_box(local.check(&key[..]).is_ok_and(|d| d.allowed()));
+            let u = Instant::now();
+            std::hint::black_box(node.check(key).is_ok_and(|d| d.allowed()));
+            let v = Instant::now();
+            self.local.push((u - t).as_nanos() as u64);
+            self.degraded.push((v - u).as_nanos() as u64);
+        }
+    }
+
+    fn merge(&mut self, other: Pairs) {
+        self.local.extend(other.local);
+        self.degraded.extend(other.degraded);
+    }
+
+    fn report(mut self, what: &str) {
+        let pct = |v: &mut Vec<u64>| {
+            v.sort_unstable();
+            let at = |p: usize| v[(v.len() * p / 100).min(v.len() - 1)];
+            (at(50), at(99))
+        };
+        let (l50, l99) = pct(&mut self.local);
+        let (d50, d99) = pct(&mut self.degraded);
+        println!(
+            "redis_degraded/{what}: in-process KeyedLimiter p50 {l50} ns p99 {l99} ns; degraded \
+             leased p50 {d50} ns p99 {d99} ns ({:.2}x / {:.2}x)",
+            d50 as f64 / l50.max(1) as f64,
+            d99 as f64 / l99.max(1) as f64
+        );
+    }
+}
+
+fn bench_degraded(c: &mut Criterion) {
+    let Some(server) = redis_server::RedisServer::start() else {
+        eprintln!("redis_degraded skipped: redis-server is not installed");
+        return;
+    };
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let quota = Quota::per_second(1_000).expect("a valid quota");
+    let rule = RedisRule::gcra(quota).expect("within the Redis tier's limits");
+    let keys: Vec<Vec<u8>> = (0..64).map(|k| format!("key-{k}").into_bytes()).collect();
+    let node = runtime.block_on(async {
+        let node = RedisLimiter::builder(rule)
+            .connect(&server.url())
+            .await
+            .expect("connect")
+            .leased(
+                LeaseConfig::new(),
+                FailureHandling::new(FailurePolicy::Local)
+                    .heartbeat_interval(Duration::from_millis(250)),
+            )
+            .await
+            .expect("gcra supports leases");
+        for key in &keys {
+            node.prefetch(key).await.expect("redis answers");
+        }
+        node
+    });
+    server.signal("KILL");
+    let degraded = Instant::now();
+    while node.mode() == Mode::Global {
+        assert!(
+            degraded.elapsed() < Duration::from_secs(5),
+            "no outage seen"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let local: KeyedLimiter<Vec<u8>, Gcra> = KeyedLimiter::new(Gcra::new(quota).expect("a rule"));
+    for key in &keys {
+        // The handover (first check), and both limiters' first touches.
+        let _ = node.check(key);
+        let _ = local.check(&key[..]);
+    }
+    let mut group = c.benchmark_group("redis_degraded");
+    group.throughput(Throughput::Elements(1));
+    group.measurement_time(Duration::from_secs(3));
+    for (name, n) in [("1_key", 1usize), ("64_keys", 64)] {
+        let mut i = 0usize;
+        group.bench_function(format!("in_process_keyed/{name}"), |b| {
+            b.iter(|| {
+                i = (i + 1) % n;
+                local.check(&keys[i][..]).is_ok_and(|d| d.allowed())
+            })
+        });
+        group.bench_function(format!("degraded_leased/{name}"), |b| {
+            b.iter(|| {
+                i = (i + 1) % n;
+                node.check(&keys[i]).is_ok_and(|d| d.allowed())
+            })
+        });
+    }
+    group.finish();
+    assert_eq!(node.mode(), Mode::Degraded(FailurePolicy::Local));
+
+    const ROUNDS: usize = 20_000;
+    let (local, node) = (Arc::new(local), Arc::new(node));
+    for (what, n) in [("1_key", 1usize), ("64_keys", 64)] {
+        let keys = Arc::new(keys[..n].to_vec());
+        let rounds = ROUNDS * 64 / n;
+        // Two threads.
+        let threads: Vec<_> = (0..2)
+            .map(|_| {
+                let (keys, local, node) = (keys.clone(), local.clone(), node.clone());
+                std::thread::spawn(move || {
+                    let mut pairs = Pairs::default();
+                    for _ in 0..rounds {
+                        pairs.time(&keys, &local, &node);
+                    }
+                    pairs
+                })
+            })
+            .collect();
+        let mut all = Pairs::default();
+        for t in threads {
+            all.merge(t.join().unwrap());
+        }
+        all.report(&format!("{what}/2_threads"));
+        // Sixteen tokio tasks on two workers.
+        let all = runtime.block_on(async {
+            let tasks: Vec<_> = (0..16)
+                .map(|_| {
+                    let (keys, local, node) = (keys.clone(), local.clone(), node.clone());
+                    tokio::spawn(async move {
+                        let mut pairs = Pairs::default();
+                        for _ in 0..rounds / 8 {
+                            pairs.time(&keys, &local, &node);
+                            tokio::task::yield_now().await;
+                        }
+                        pairs
+                    })
+                })
+                .collect();
+            let mut all = Pairs::default();
+            for t in tasks {
+                all.merge(t.await.unwrap());
+            }
+            all
+        });
+        all.report(&format!("{what}/16_tasks"));
+    }
+    drop(node);
+    drop(server);
+}
+
+criterion_group!(benches, bench_redis, bench_degraded);
 criterion_main!(benches);
