@@ -18,6 +18,11 @@
 //!   check by check, alternately, from 2 threads and from 16 tokio tasks on 2 workers, with
 //!   p50/p99 printed (`cargo bench --features redis --bench redis -- redis_degraded`).
 //!
+//! - `redis_coalesced`: exact checks from 1, 16 and 64 concurrent tasks on one connection, one
+//!   `EVALSHA` per check against coalesced (checks arriving while a call is in flight share the
+//!   next one): checks per second and p50/p99 per check, printed
+//!   (`cargo bench --features redis --bench redis -- redis_coalesced`).
+//!
 //! Every figure is time per check. Round trips per check for the leased tier are printed after
 //! the group. Skipped with a message when `redis-server` is not installed.
 
@@ -64,6 +69,8 @@ fn bench_redis(c: &mut Criterion) {
     let exact = Arc::new(runtime.block_on(async {
         RedisLimiter::builder(rule())
             .timeout(Duration::from_secs(5))
+            // The classic design: one EVALSHA per check (`redis_coalesced` compares).
+            .coalesce(false)
             .connect(&server.url())
             .await
             .expect("connect")
@@ -220,7 +227,7 @@ impl Pairs {
         let (d50, d99) = pct(&mut self.degraded);
         println!(
             "redis_degraded/{what}: in-process KeyedLimiter p50 {l50} ns p99 {l99} ns; degraded \
-             leased p50 {d50} ns p99 {d99} ns ({:.2}x / {:.2}x)",
+             p50 {d50} ns p99 {d99} ns ({:.2}x / {:.2}x)",
             d50 as f64 / l50.max(1) as f64,
             d99 as f64 / l99.max(1) as f64
         );
@@ -257,9 +264,21 @@ fn bench_degraded(c: &mut Criterion) {
         }
         node
     });
+    let guarded = runtime.block_on(async {
+        RedisLimiter::builder(rule)
+            .prefix("guarded")
+            .connect(&server.url())
+            .await
+            .expect("connect")
+            .guarded(
+                FailureHandling::new(FailurePolicy::Local)
+                    .heartbeat_interval(Duration::from_millis(250)),
+            )
+            .await
+    });
     server.signal("KILL");
     let degraded = Instant::now();
-    while node.mode() == Mode::Global {
+    while node.mode() == Mode::Global || guarded.mode() == Mode::Global {
         assert!(
             degraded.elapsed() < Duration::from_secs(5),
             "no outage seen"
@@ -292,6 +311,9 @@ fn bench_degraded(c: &mut Criterion) {
     }
     group.finish();
     assert_eq!(node.mode(), Mode::Degraded(FailurePolicy::Local));
+    for key in &keys {
+        let _ = runtime.block_on(guarded.check(key));
+    }
 
     const ROUNDS: usize = 20_000;
     let (local, node) = (Arc::new(local), Arc::new(node));
@@ -338,10 +360,124 @@ fn bench_degraded(c: &mut Criterion) {
             all
         });
         all.report(&format!("{what}/16_tasks"));
+        // The guarded (exact) limiter's degraded path: an `async fn` that never awaits.
+        let all = runtime.block_on(async {
+            let tasks: Vec<_> = (0..16)
+                .map(|_| {
+                    let (keys, local, guarded) = (keys.clone(), local.clone(), guarded.clone());
+                    tokio::spawn(async move {
+                        let mut pairs = Pairs::default();
+                        for _ in 0..rounds / 8 {
+                            for key in keys.iter() {
+                                let t = Instant::now();
+                                std::hint::black_box(
+                                    local.check(&key[..]).is_ok_and(|d| d.allowed()),
+                                );
+                                let u = Instant::now();
+                                std::hint::black_box(
+                                    guarded.check(key).await.is_ok_and(|d| d.allowed()),
+                                );
+                                let v = Instant::now();
+                                pairs.local.push((u - t).as_nanos() as u64);
+                                pairs.degraded.push((v - u).as_nanos() as u64);
+                            }
+                            tokio::task::yield_now().await;
+                        }
+                        pairs
+                    })
+                })
+                .collect();
+            let mut all = Pairs::default();
+            for t in tasks {
+                all.merge(t.await.unwrap());
+            }
+            all
+        });
+        all.report(&format!("{what}/16_tasks_guarded"));
     }
     drop(node);
+    drop(guarded);
     drop(server);
 }
 
-criterion_group!(benches, bench_redis, bench_degraded);
+/// Exact checks from `tasks` concurrent tasks for `run`, coalesced or one call per check:
+/// checks per second, p50 and p99 (ns).
+fn exact_load(
+    runtime: &tokio::runtime::Runtime,
+    url: &str,
+    coalesce: bool,
+    tasks: usize,
+    run: Duration,
+) -> (f64, u64, u64) {
+    runtime.block_on(async {
+        let exact = RedisLimiter::builder(rule())
+            .prefix(format!("coalesce-{coalesce}-{tasks}"))
+            .timeout(Duration::from_secs(5))
+            .coalesce(coalesce)
+            .connect(url)
+            .await
+            .expect("connect");
+        let start = Instant::now();
+        let handles: Vec<_> = (0..tasks)
+            .map(|task| {
+                let exact = exact.clone();
+                tokio::spawn(async move {
+                    let mut latencies = Vec::new();
+                    let mut i = task as u64;
+                    while start.elapsed() < run {
+                        let t = Instant::now();
+                        let d = exact.check(key(i)).await.expect("redis answers");
+                        latencies.push(t.elapsed().as_nanos() as u64);
+                        assert!(d.allowed());
+                        i += tasks as u64;
+                    }
+                    latencies
+                })
+            })
+            .collect();
+        let mut all = Vec::new();
+        for h in handles {
+            all.extend(h.await.unwrap());
+        }
+        let seconds = start.elapsed().as_secs_f64();
+        all.sort_unstable();
+        let at = |p: usize| all[(all.len() * p / 100).min(all.len() - 1)];
+        (all.len() as f64 / seconds, at(50), at(99))
+    })
+}
+
+fn bench_coalesced(c: &mut Criterion) {
+    // Printed figures only, when asked for by name (`-- redis_coalesced`).
+    let _ = c;
+    if !std::env::args().any(|a| a.contains("redis_coalesced")) {
+        return;
+    }
+    let Some(server) = redis_server::RedisServer::start() else {
+        eprintln!("redis_coalesced skipped: redis-server is not installed");
+        return;
+    };
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    for tasks in [1usize, 16, 64] {
+        let run = Duration::from_secs(3);
+        let (one_rate, one_50, one_99) = exact_load(&runtime, &server.url(), false, tasks, run);
+        let (co_rate, co_50, co_99) = exact_load(&runtime, &server.url(), true, tasks, run);
+        println!(
+            "redis_coalesced/{tasks}_tasks: one EVALSHA per check {:.1} k/s p50 {:.0} µs p99 \
+             {:.0} µs; coalesced {:.1} k/s p50 {:.0} µs p99 {:.0} µs ({:.2}x the checks/s)",
+            one_rate / 1e3,
+            one_50 as f64 / 1e3,
+            one_99 as f64 / 1e3,
+            co_rate / 1e3,
+            co_50 as f64 / 1e3,
+            co_99 as f64 / 1e3,
+            co_rate / one_rate
+        );
+    }
+}
+
+criterion_group!(benches, bench_redis, bench_degraded, bench_coalesced);
 criterion_main!(benches);

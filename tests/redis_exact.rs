@@ -537,6 +537,58 @@ fn coalesced_concurrent_checks_decide_as_one_call_per_check() {
     );
 }
 
+/// Coalescing and cancellation: callers that give up (their futures dropped) while their
+/// checks wait behind a hung call, or while leading one, never leave the lane stuck; each
+/// check that is answered is answered once.
+#[test]
+fn coalesced_checks_whose_callers_give_up_leave_no_lane_stuck() {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    runtime().block_on(async {
+        let rule = RedisRule::gcra(Quota::per_second(1_000_000).unwrap()).unwrap();
+        let l = RedisLimiter::builder(rule)
+            .timeout(Duration::from_secs(5))
+            .connect(&server.url())
+            .await
+            .unwrap();
+        assert!(l.check("k").await.unwrap().allowed());
+        server.signal("STOP");
+        // A leader and 15 queued checks, all given up after 50 ms.
+        let tasks: Vec<_> = (0..16)
+            .map(|i| {
+                let l = l.clone();
+                tokio::spawn(async move {
+                    tokio::time::timeout(Duration::from_millis(50), l.check(format!("k{i}"))).await
+                })
+            })
+            .collect();
+        for task in tasks {
+            // Given up, or told by the baton that carried it that its call was abandoned.
+            match task.await.unwrap() {
+                Err(_given_up) => {}
+                Ok(result) => assert!(result.is_err_and(|e| e.is_transient())),
+            }
+        }
+        server.signal("CONT");
+        // The lane is idle again: new checks lead, share calls and are answered.
+        let tasks: Vec<_> = (0..16)
+            .map(|i| {
+                let l = l.clone();
+                tokio::spawn(async move { l.check(format!("k{i}")).await })
+            })
+            .collect();
+        for task in tasks {
+            let d = tokio::time::timeout(Duration::from_secs(5), task)
+                .await
+                .expect("no lane stuck")
+                .unwrap()
+                .expect("redis answers");
+            assert!(d.allowed());
+        }
+    });
+}
+
 /// The Redis tier accepts limits far beyond the in-process packed counters; decisions there are
 /// checked against hand-computed SPEC values.
 #[test]

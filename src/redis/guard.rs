@@ -413,6 +413,7 @@ impl<C: RedisConnection> GuardedLimiter<C> {
     }
 
     /// The failure policy's decision, without touching the network.
+    #[inline]
     pub(crate) fn fallback(&self, key: &[u8], cost: u64) -> Result<Decision, Error> {
         self.shared.fallback(key, cost)
     }
@@ -479,7 +480,19 @@ impl<C: RedisConnection> Shared<C> {
         }
     }
 
+    #[inline]
     fn fallback(&self, key: &[u8], cost: u64) -> Result<Decision, Error> {
+        if let (Some(local), None) = (&self.local, &self.ledger) {
+            // The `Local` policy without reconciliation: the share's decision is the answer
+            // (a cost it refuses goes the long way, for the global capacity's error).
+            if let Ok(decision) = local.check(key, cost) {
+                return Ok(decision);
+            }
+        }
+        self.decide_by_policy(key, cost)
+    }
+
+    fn decide_by_policy(&self, key: &[u8], cost: u64) -> Result<Decision, Error> {
         let rule = self.exact.rule();
         let capacity = rule.capacity();
         if cost > capacity {
@@ -662,6 +675,7 @@ impl Local {
         }
     }
 
+    #[inline]
     fn check(&self, key: &[u8], cost: u64) -> Result<Decision, crate::Error> {
         match self {
             Local::Gcra(l) => l.check_n(key, cost),
