@@ -804,3 +804,47 @@ fn degraded_leased_checks_run_at_in_process_speed() {
     drop(node);
     drop(rt);
 }
+
+/// The guarded limiter's takeover: each key's local share follows the global state's last
+/// reply, so an outage starts from `⌊remaining / nodes⌋`, not from a full bucket; a key never
+/// checked starts from the share.
+#[test]
+fn a_guarded_takeover_starts_from_the_last_reply() {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    runtime().block_on(async {
+        // Per day: nothing refills during the test, so every count is exact.
+        let rule =
+            RedisRule::gcra(Quota::new(1_000, Duration::from_secs(86_400)).unwrap()).unwrap();
+        let handling = FailureHandling::new(FailurePolicy::Local)
+            .probe_interval(Duration::from_millis(20))
+            .heartbeat_interval(Duration::from_millis(250))
+            .reconcile(true);
+        let limiter = guarded(&server, rule, handling).await;
+        assert!(limiter.check_n("k", 900).await.unwrap().allowed());
+        assert_eq!(limiter.check("k").await.unwrap().remaining(), 99);
+        server.signal("KILL");
+        wait_for(
+            &limiter,
+            Mode::Degraded(FailurePolicy::Local),
+            Duration::from_secs(2),
+        )
+        .await;
+        let mut local = 0;
+        while limiter.check("k").await.unwrap().allowed() {
+            local += 1;
+            assert!(local <= 1_000, "the local share never ran out");
+        }
+        assert_eq!(local, 99, "what the last reply said was left");
+        let mut fresh = 0;
+        while limiter.check("fresh").await.unwrap().allowed() {
+            fresh += 1;
+            assert!(fresh <= 1_000);
+        }
+        assert_eq!(fresh, 1_000, "one live node: the whole quota");
+        assert_eq!(limiter.unreconciled(), local + fresh);
+        println!("guarded takeover: {local} admitted for a known key, {fresh} for a fresh one");
+        drop(server);
+    });
+}

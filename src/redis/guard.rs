@@ -35,11 +35,14 @@ pub enum FailurePolicy {
     FailClosed,
     /// Decide with an in-process limiter holding this node's share of the quota: `⌊L / n⌋`
     /// per `W` (and `⌊B / n⌋` burst) with `n` the live nodes counted by heartbeats in Redis.
-    /// While every node does the same, the fleet admits at most about `L` per window during
-    /// an outage, plus what Redis had already admitted in the window the outage began in
-    /// (the guarded limiter's local states start fresh; a leased node's start from what it
-    /// last knew of each key: see "When Redis fails" on `LeasedLimiter`). With [`FailureHandling::reconcile`], what the shares
-    /// admitted is charged to Redis after the outage.
+    /// Each key's local state follows the global state's last reply on this node (it holds
+    /// `⌊remaining / n⌋` after every check while Redis answers), so an outage starts from what
+    /// the node last knew, not from a full bucket; a key it never checked starts from the share
+    /// (a leased node starts from its lease and last grant: see "When Redis fails" on
+    /// `LeasedLimiter`). While every node does the same, the fleet admits about `L` per window
+    /// during an outage, plus, in its first window, what the nodes' last replies left (each
+    /// node's part of it). With [`FailureHandling::reconcile`], what the shares admitted is
+    /// charged to Redis after the outage.
     Local,
 }
 
@@ -321,6 +324,12 @@ impl<C: RedisConnection> GuardedLimiter<C> {
             match shared.exact.check_n(key, cost).await {
                 Ok(decision) => {
                     shared.failures.store(0, Ordering::Relaxed);
+                    if let Some(local) = &shared.local {
+                        // The share follows the global state this reply saw: an outage starts
+                        // each key from there, not from a full bucket.
+                        let nodes = shared.live_nodes.load(Ordering::Relaxed).max(1);
+                        local.follow(key, decision.remaining() / nodes);
+                    }
                     return Ok(decision);
                 }
                 Err(error) if error.is_transient() => shared.failed(&error),
@@ -658,17 +667,44 @@ impl Local {
         };
     }
 
-    /// Makes `key` hold at most `units` (what it holds now if that is less): the share's
-    /// state, not a fresh bucket or window, is where the outage starts for a key the node knew.
-    fn start_from(&self, key: &[u8], units: u64) {
-        let holds = match self {
+    /// Makes `key` hold `units` (at most the share's capacity): the state the share starts an
+    /// outage from, following the global state's last reply.
+    fn follow(&self, key: &[u8], units: u64) {
+        let holds = self.holds(key);
+        if holds > units {
+            // Within the share's capacity (`holds` is at most that): never an error.
+            let _ = self.check(key, holds - units);
+        } else if holds < units {
+            self.refund(key, units - holds);
+        }
+    }
+
+    /// What `key` holds now (`remaining` of a peek; the capacity for a key not held).
+    fn holds(&self, key: &[u8]) -> u64 {
+        match self {
             Local::Gcra(l) => l.peek(key, 0),
             Local::Queue(l) => l.peek(key, 0),
             Local::Fixed(l) => l.peek(key, 0),
             Local::Sliding(l) => l.peek(key, 0),
             Local::Log(l) => l.peek(key, 0),
         }
-        .map_or(0, |d| d.remaining());
+        .map_or(0, |d| d.remaining())
+    }
+
+    fn refund(&self, key: &[u8], units: u64) {
+        match self {
+            Local::Gcra(l) => l.refund(key, units),
+            Local::Queue(l) => l.refund(key, units),
+            Local::Fixed(l) => l.refund(key, units),
+            Local::Sliding(l) => l.refund(key, units),
+            Local::Log(l) => l.refund(key, units),
+        }
+    }
+
+    /// Makes `key` hold at most `units` (what it holds now if that is less): the share's
+    /// state, not a fresh bucket or window, is where the outage starts for a key the node knew.
+    fn start_from(&self, key: &[u8], units: u64) {
+        let holds = self.holds(key);
         if holds > units {
             // Within the share's capacity (`holds` is at most that): never an error.
             let _ = self.check(key, holds - units);
