@@ -234,16 +234,40 @@ impl Pairs {
     }
 }
 
-fn bench_degraded(c: &mut Criterion) {
+/// A redis-server of the bench's own and a 2-worker runtime (`None`, with a message, when
+/// redis-server is not installed).
+fn server_and_runtime(what: &str) -> Option<(redis_server::RedisServer, tokio::runtime::Runtime)> {
     let Some(server) = redis_server::RedisServer::start() else {
-        eprintln!("redis_degraded skipped: redis-server is not installed");
-        return;
+        eprintln!("{what} skipped: redis-server is not installed (bash scripts/install-deps.sh)");
+        return None;
     };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()
         .unwrap();
+    Some((server, runtime))
+}
+
+/// Runs 16 tasks made by `task` on `runtime` (two workers) and merges what they timed.
+fn on_16_tasks<F>(runtime: &tokio::runtime::Runtime, task: impl Fn() -> F) -> Pairs
+where
+    F: std::future::Future<Output = Pairs> + Send + 'static,
+{
+    runtime.block_on(async {
+        let tasks: Vec<_> = (0..16).map(|_| tokio::spawn(task())).collect();
+        let mut all = Pairs::default();
+        for t in tasks {
+            all.merge(t.await.unwrap());
+        }
+        all
+    })
+}
+
+fn bench_degraded(c: &mut Criterion) {
+    let Some((server, runtime)) = server_and_runtime("redis_degraded") else {
+        return;
+    };
     let quota = Quota::per_second(1_000).expect("a valid quota");
     let rule = RedisRule::gcra(quota).expect("within the Redis tier's limits");
     let keys: Vec<Vec<u8>> = (0..64).map(|k| format!("key-{k}").into_bytes()).collect();
@@ -339,59 +363,37 @@ fn bench_degraded(c: &mut Criterion) {
         }
         all.report(&format!("{what}/2_threads"));
         // Sixteen tokio tasks on two workers.
-        let all = runtime.block_on(async {
-            let tasks: Vec<_> = (0..16)
-                .map(|_| {
-                    let (keys, local, node) = (keys.clone(), local.clone(), node.clone());
-                    tokio::spawn(async move {
-                        let mut pairs = Pairs::default();
-                        for _ in 0..rounds / 8 {
-                            pairs.time(&keys, &local, &node);
-                            tokio::task::yield_now().await;
-                        }
-                        pairs
-                    })
-                })
-                .collect();
-            let mut all = Pairs::default();
-            for t in tasks {
-                all.merge(t.await.unwrap());
+        let all = on_16_tasks(&runtime, || {
+            let (keys, local, node) = (keys.clone(), local.clone(), node.clone());
+            async move {
+                let mut pairs = Pairs::default();
+                for _ in 0..rounds / 8 {
+                    pairs.time(&keys, &local, &node);
+                    tokio::task::yield_now().await;
+                }
+                pairs
             }
-            all
         });
         all.report(&format!("{what}/16_tasks"));
         // The guarded (exact) limiter's degraded path: an `async fn` that never awaits.
-        let all = runtime.block_on(async {
-            let tasks: Vec<_> = (0..16)
-                .map(|_| {
-                    let (keys, local, guarded) = (keys.clone(), local.clone(), guarded.clone());
-                    tokio::spawn(async move {
-                        let mut pairs = Pairs::default();
-                        for _ in 0..rounds / 8 {
-                            for key in keys.iter() {
-                                let t = Instant::now();
-                                std::hint::black_box(
-                                    local.check(&key[..]).is_ok_and(|d| d.allowed()),
-                                );
-                                let u = Instant::now();
-                                std::hint::black_box(
-                                    guarded.check(key).await.is_ok_and(|d| d.allowed()),
-                                );
-                                let v = Instant::now();
-                                pairs.local.push((u - t).as_nanos() as u64);
-                                pairs.degraded.push((v - u).as_nanos() as u64);
-                            }
-                            tokio::task::yield_now().await;
-                        }
-                        pairs
-                    })
-                })
-                .collect();
-            let mut all = Pairs::default();
-            for t in tasks {
-                all.merge(t.await.unwrap());
+        let all = on_16_tasks(&runtime, || {
+            let (keys, local, guarded) = (keys.clone(), local.clone(), guarded.clone());
+            async move {
+                let mut pairs = Pairs::default();
+                for _ in 0..rounds / 8 {
+                    for key in keys.iter() {
+                        let t = Instant::now();
+                        std::hint::black_box(local.check(&key[..]).is_ok_and(|d| d.allowed()));
+                        let u = Instant::now();
+                        std::hint::black_box(guarded.check(key).await.is_ok_and(|d| d.allowed()));
+                        let v = Instant::now();
+                        pairs.local.push((u - t).as_nanos() as u64);
+                        pairs.degraded.push((v - u).as_nanos() as u64);
+                    }
+                    tokio::task::yield_now().await;
+                }
+                pairs
             }
-            all
         });
         all.report(&format!("{what}/16_tasks_guarded"));
     }
@@ -452,15 +454,9 @@ fn bench_coalesced(c: &mut Criterion) {
     if !std::env::args().any(|a| a.contains("redis_coalesced")) {
         return;
     }
-    let Some(server) = redis_server::RedisServer::start() else {
-        eprintln!("redis_coalesced skipped: redis-server is not installed");
+    let Some((server, runtime)) = server_and_runtime("redis_coalesced") else {
         return;
     };
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
     for tasks in [1usize, 16, 64] {
         let run = Duration::from_secs(3);
         let (one_rate, one_50, one_99) = exact_load(&runtime, &server.url(), false, tasks, run);
