@@ -21,6 +21,12 @@ use tollgate::Quota;
 
 const TIMEOUT: Duration = Duration::from_millis(50);
 
+/// The load tests keep both cores busy and the others time their checks: one test at a time.
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    static SERIAL: Mutex<()> = Mutex::new(());
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 fn runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -174,6 +180,7 @@ fn check_outage(samples: &[Sample], fault: Instant, healed: Instant, what: &str)
 
 #[test]
 fn kill_9_then_restart_under_load_with_the_local_policy() {
+    let _serial = serial();
     let Some(mut server) = RedisServer::start() else {
         return;
     };
@@ -214,6 +221,7 @@ fn kill_9_then_restart_under_load_with_the_local_policy() {
 
 #[test]
 fn sigstop_then_sigcont_under_load_with_fail_closed() {
+    let _serial = serial();
     let Some(server) = RedisServer::start() else {
         return;
     };
@@ -250,6 +258,7 @@ fn sigstop_then_sigcont_under_load_with_fail_closed() {
 
 #[test]
 fn fail_open_allows_and_fatal_errors_pass_through() {
+    let _serial = serial();
     let Some(server) = RedisServer::start() else {
         return;
     };
@@ -300,6 +309,7 @@ fn fail_open_allows_and_fatal_errors_pass_through() {
 
 #[test]
 fn local_policy_gives_each_live_node_its_share() {
+    let _serial = serial();
     let Some(server) = RedisServer::start() else {
         return;
     };
@@ -380,6 +390,7 @@ async fn wait_reconciled(limiter: &GuardedLimiter, within: Duration) {
 
 #[test]
 fn units_admitted_locally_during_an_outage_are_charged_after_the_restart() {
+    let _serial = serial();
     let Some(mut server) = RedisServer::start() else {
         return;
     };
@@ -445,6 +456,7 @@ fn units_admitted_locally_during_an_outage_are_charged_after_the_restart() {
 
 #[test]
 fn a_charge_is_never_denied_and_may_pass_the_limit() {
+    let _serial = serial();
     let Some(server) = RedisServer::start() else {
         return;
     };
@@ -547,6 +559,7 @@ fn wait_mode(node: &LeasedLimiter, mode: Mode, within: Duration) {
 
 #[test]
 fn a_leased_takeover_starts_from_what_the_node_knew_and_charges_each_unit_once() {
+    let _serial = serial();
     let Some(mut server) = RedisServer::start() else {
         return;
     };
@@ -642,7 +655,8 @@ fn takeover_under_load(signal: &str, heal: &str) {
     let handling = FailureHandling::new(FailurePolicy::Local)
         .probe_interval(Duration::from_millis(100))
         .heartbeat_interval(Duration::from_millis(250))
-        .assumed_nodes(NODES as u64);
+        .assumed_nodes(NODES as u64)
+        .reconcile(true);
     let config = LeaseConfig::new();
     let runtimes: Vec<_> = (0..NODES).map(|_| runtime()).collect();
     let nodes: Vec<LeasedLimiter> = runtimes
@@ -692,6 +706,24 @@ fn takeover_under_load(signal: &str, heal: &str) {
     let back = healed.elapsed();
     stop.store(true, Ordering::Relaxed);
     let seen: Vec<_> = threads.into_iter().map(|t| t.join().unwrap()).collect();
+    // Reconciliation: what the shares admitted beyond the handed-over leases is charged once
+    // (never more than the outage admitted), soon after the recovery.
+    for node in &nodes {
+        while node.unreconciled() > 0 {
+            assert!(healed.elapsed() < Duration::from_secs(4), "not reconciled");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+    let charged: u64 = nodes.iter().map(LeasedLimiter::reconciled).sum();
+    let in_outage = seen
+        .iter()
+        .flat_map(|(admitted, _)| admitted)
+        .filter(|(_, at)| *at >= fault && *at < healed + back)
+        .count() as u64;
+    assert!(
+        charged <= in_outage,
+        "charged {charged} > {in_outage} admitted in the outage"
+    );
 
     let first = Duration::from_millis(250);
     // How long each node took to notice, and the age of its last grant at the fault (at most
@@ -720,7 +752,8 @@ fn takeover_under_load(signal: &str, heal: &str) {
     println!(
         "{signal}: per key in the outage's first {first:?}: max {} (bound {bound}; a fresh \
          bucket per node would allow {fresh_buckets}); nodes degraded within {noticed:?}; \
-         global again {back:?} after {heal}",
+         global again {back:?} after {heal}; {charged} of {in_outage} units admitted in the \
+         outage charged after it",
         per_key.iter().max().unwrap()
     );
     for (key, &admitted) in per_key.iter().enumerate() {
@@ -736,12 +769,73 @@ fn takeover_under_load(signal: &str, heal: &str) {
 
 #[test]
 fn kill_9_under_load_leased_nodes_take_over_without_a_burst() {
+    let _serial = serial();
     takeover_under_load("KILL", "restart");
 }
 
 #[test]
 fn sigstop_under_load_leased_nodes_take_over_without_a_burst() {
+    let _serial = serial();
     takeover_under_load("STOP", "CONT");
+}
+
+/// The guarded limiter's degraded check (an `async fn` that never awaits) against an
+/// in-process check of the same rule and key type, alternately, from a tokio task.
+#[test]
+fn degraded_guarded_checks_run_at_in_process_speed() {
+    let _serial = serial();
+    const KEYS: usize = 64;
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    runtime().block_on(async {
+        let quota = Quota::per_second(1_000).unwrap();
+        let rule = RedisRule::gcra(quota).unwrap();
+        let handling = FailureHandling::new(FailurePolicy::Local)
+            .probe_interval(Duration::from_millis(100))
+            .heartbeat_interval(Duration::from_millis(250));
+        let limiter = guarded(&server, rule, handling).await;
+        let keys: Vec<Vec<u8>> = (0..KEYS).map(|k| format!("key-{k}").into_bytes()).collect();
+        for key in &keys {
+            limiter.check(key).await.unwrap();
+        }
+        server.signal("KILL");
+        wait_for(
+            &limiter,
+            Mode::Degraded(FailurePolicy::Local),
+            Duration::from_secs(2),
+        )
+        .await;
+        let local: KeyedLimiter<Vec<u8>, Gcra> = KeyedLimiter::new(Gcra::new(quota).unwrap());
+        for key in &keys {
+            local.check(&key[..]).unwrap();
+        }
+        let (mut ours, mut theirs) = (Vec::new(), Vec::new());
+        for _ in 0..2_000 {
+            for key in &keys {
+                let t = Instant::now();
+                std::hint::black_box(local.check(&key[..]).unwrap().allowed());
+                let u = Instant::now();
+                std::hint::black_box(limiter.check(key).await.unwrap().allowed());
+                let v = Instant::now();
+                theirs.push(u - t);
+                ours.push(v - u);
+            }
+        }
+        assert_eq!(limiter.mode(), Mode::Degraded(FailurePolicy::Local));
+        let pct = |v: &mut Vec<Duration>, p: usize| {
+            v.sort_unstable();
+            v[(v.len() * p / 100).min(v.len() - 1)]
+        };
+        let (o50, o99) = (pct(&mut ours, 50), pct(&mut ours, 99));
+        let (t50, t99) = (pct(&mut theirs, 50), pct(&mut theirs, 99));
+        println!(
+            "degraded guarded check p50 {o50:?} p99 {o99:?}; in-process p50 {t50:?} p99 {t99:?}"
+        );
+        assert!(o50 <= t50 * 3, "p50 {o50:?} vs in-process {t50:?}");
+        assert!(o99 <= t99 * 4, "p99 {o99:?} vs in-process {t99:?}");
+        drop(server);
+    });
 }
 
 /// Degraded checks go straight to the local share: measured against an in-process
@@ -749,6 +843,7 @@ fn sigstop_under_load_leased_nodes_take_over_without_a_burst() {
 /// see the same machine load). Generous ratios: this runs on a loaded 2-core machine.
 #[test]
 fn degraded_leased_checks_run_at_in_process_speed() {
+    let _serial = serial();
     const KEYS: usize = 64;
     let Some(server) = RedisServer::start() else {
         return;
@@ -810,6 +905,7 @@ fn degraded_leased_checks_run_at_in_process_speed() {
 /// checked starts from the share.
 #[test]
 fn a_guarded_takeover_starts_from_the_last_reply() {
+    let _serial = serial();
     let Some(server) = RedisServer::start() else {
         return;
     };

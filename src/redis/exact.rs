@@ -180,7 +180,9 @@ impl RedisLimiterBuilder {
     /// call of its Cluster slot in flight is sent at once, alone; checks that arrive while one
     /// is in flight wait for it and then go together, in one call, in arrival order. No timer
     /// is involved and an idle limiter adds no latency; decisions are exactly those of one call
-    /// per check, in arrival order per key. With `false`, every check is its own call.
+    /// per check, in arrival order per key. A check waits at most for the call in flight
+    /// (its timeout) and then its own call (the timeout again). With `false`, every check is
+    /// its own call.
     pub fn coalesce(mut self, coalesce: bool) -> Self {
         self.coalesce = coalesce;
         self

@@ -152,13 +152,14 @@ impl<C: RedisConnection> RedisLimiter<C> {
                 return self.lead(baton).await;
             }
         };
-        // Our turn comes when the call in flight returns (within the timeout) and the one
-        // before us in the lane, if any, is sent.
-        match tokio::time::timeout(self.timeout, rx).await {
-            Ok(Ok(Msg::Done(result))) => result,
-            Ok(Ok(Msg::Lead(baton))) => self.lead(baton).await,
+        // Our turn comes when the call in flight returns (within its timeout): the answer, or
+        // the baton for the next call (within ours). No timeout of our own here: a check that
+        // gave up waiting while the server still answers in time would be a spurious failure.
+        match rx.await {
+            Ok(Msg::Done(result)) => result,
+            Ok(Msg::Lead(baton)) => self.lead(baton).await,
             // The baton that carried this check was dropped: its caller gave up.
-            Ok(Err(_)) | Err(_) => Err(self.timed_out()),
+            Err(_) => Err(self.timed_out()),
         }
     }
 
