@@ -327,6 +327,8 @@ impl<C: RedisConnection> GuardedLimiter<C> {
                     if let Some(local) = &shared.local {
                         // The share follows the global state this reply saw: an outage starts
                         // each key from there, not from a full bucket.
+                        // Relaxed: a count that publishes nothing; a stale one sizes one
+                        // key's share by the previous heartbeat.
                         let nodes = shared.live_nodes.load(Ordering::Relaxed).max(1);
                         local.follow(key, decision.remaining() / nodes);
                     }
