@@ -444,6 +444,12 @@ impl<C: RedisConnection> GuardedLimiter<C> {
         self.shared.open.load(Ordering::Relaxed)
     }
 
+    /// Whether a leased node keeps spending what its leases hold while the breaker is open
+    /// (`FailClosed`: granted units are no over-admission, and the policy would deny them).
+    pub(crate) fn spends_leases_first(&self) -> bool {
+        self.shared.handling.policy == FailurePolicy::FailClosed
+    }
+
     /// Whether the policy keeps per-key state of its own (`Local`) that a leased node's
     /// handover must start.
     pub(crate) fn keeps_local_state(&self) -> bool {

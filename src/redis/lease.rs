@@ -24,15 +24,18 @@
 //!
 //! # Failures
 //! The leased tier shares the exact tier's circuit breaker and [`FailurePolicy`]: a transient
-//! failure of a refill (or of a heartbeat) opens it. The first check that sees it open hands
-//! every lease over to the policy, once per outage: with `Local`, each key's in-process share
-//! (`L ÷ live nodes`) starts from the units its lease held plus this node's part of what the
-//! global state could still grant at its last grant, not from a full bucket. From then on
-//! every check goes straight to the policy (`FailOpen`, `FailClosed` or `Local`): no lease, no
-//! lock, no task. With `FailOpen` and `FailClosed` the leases keep their units for after the
-//! outage. The breaker's probe alone looks for Redis; once it closes the breaker, checks go
-//! back to the leases, which ask for grants again. The bound is on [`LeasedLimiter`] ("When
-//! Redis fails").
+//! failure of a refill (or of a heartbeat) opens it.
+//! - `Local` and `FailOpen`: the first check that sees the breaker open hands every lease over
+//!   to the policy, once per outage. With `Local`, each key's in-process share
+//!   (`L ÷ live nodes`) starts from the units its lease held plus this node's part of what the
+//!   global state could still grant at its last grant, not from a full bucket (with
+//!   `FailOpen` the leases keep their units for after the outage). From then on every check
+//!   goes straight to the policy: no lease, no lock, no task.
+//! - `FailClosed`: the node keeps spending what its leases hold (granted units), then denies.
+//!
+//! No refill is asked for while the breaker is open: the breaker's probe alone looks for
+//! Redis; once it closes the breaker, checks go back to the leases, which ask for grants
+//! again. The bound is on [`LeasedLimiter`] ("When Redis fails").
 //!
 //! [`FailurePolicy`]: super::FailurePolicy
 
@@ -234,6 +237,8 @@ impl<C: RedisConnection> LeasedLimiter<C> {
         match (way, open) {
             (Way::Policy, true) => return node.guard.fallback(key, cost),
             (Way::Leases, false) => {}
+            // Fail closed: what the leases hold is still spent, then the policy denies.
+            (Way::Leases, true) if node.guard.spends_leases_first() => {}
             _ => {
                 reroute(node, way, open);
                 if node.route.way() == Way::Policy && node.guard.is_open() {
@@ -266,7 +271,7 @@ impl<C: RedisConnection> LeasedLimiter<C> {
                 }
                 return Ok(allowed(&node.terms, Some(&lease), left, now));
             }
-            return short(node, &lease, cost, now);
+            return short(node, &lease, key, cost, now);
         }
         // First touch: the lease starts with this node's provisional allowance (while Redis
         // answers), and its first grant is requested at once.
@@ -291,7 +296,7 @@ impl<C: RedisConnection> LeasedLimiter<C> {
         }
         match lease.hot.word.take(cost, now, windowed) {
             Some(left) => Ok(allowed(&node.terms, Some(&lease), left, now)),
-            None => short(node, &lease, cost, now),
+            None => short(node, &lease, key, cost, now),
         }
     }
 
@@ -472,16 +477,20 @@ fn allowed(terms: &Terms, lease: Option<&Lease>, left: u64, now: Nanos) -> Decis
 fn short<C: RedisConnection>(
     node: &Arc<Node<C>>,
     lease: &Arc<Lease>,
+    key: &[u8],
     cost: u64,
     now: Nanos,
 ) -> Result<Decision, Error> {
     // Relaxed: a hint for the next refill's size.
     lease.need.fetch_max(cost, Ordering::Relaxed);
-    node.request_refill(lease);
     if let Some(error) = lease.fatal() {
         return Err(error);
     }
     if node.guard.is_open() {
+        // No refill: only the breaker's probe looks for Redis.
+        if node.guard.spends_leases_first() {
+            return node.guard.fallback(key, cost);
+        }
         // A handover is running (or the breaker opened during this check): the policy does
         // not hold this key's state yet. Denied for a moment; only granted units were spent.
         return Ok(Decision {
@@ -493,6 +502,7 @@ fn short<C: RedisConnection>(
             remaining: Remaining::Exact(0),
         });
     }
+    node.request_refill(lease);
     // Relaxed: self-contained hints; no other memory is published through them.
     let retry_at = lease.retry_at.load(Ordering::Relaxed);
     let full_at = lease.hot.view_full_at.load(Ordering::Relaxed);
