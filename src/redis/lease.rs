@@ -194,8 +194,8 @@ impl<C: RedisConnection> LeasedLimiter<C> {
     ///   time until the global state is expected to grant again (1 ms while a refill is in
     ///   flight).
     /// - While the breaker is open (Redis unreachable), the failure policy decides every check
-    ///   at once, from the state the leases were handed over in (see "When Redis fails" on
-    ///   [`LeasedLimiter`]).
+    ///   at once (`Local`: from the state the leases were handed over in, see "When Redis
+    ///   fails" on [`LeasedLimiter`]); with `FailClosed`, after what the lease still holds.
     /// - A key this node holds no lease of (its *first touch*) gets the first-touch
     ///   allowance ([`LeaseConfig::first_touch`]) as a provisional lease while its first
     ///   grant is requested at once: the first checks are not denied for want of a lease.
