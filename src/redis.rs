@@ -90,9 +90,11 @@
 //! `L − admitted ≤ Σ_nodes held ≤ nodes × max_lease` per window when demand lasts (the
 //! formula and its conditions are in [`LeasedLimiter`]'s docs). Leases work for GCRA /
 //! token bucket / leaky bucket (meter), fixed window and sliding window counter; other
-//! algorithms are refused with [`LeaseError::Unsupported`]. On a transient failure the node
-//! keeps spending what it holds, then the [`FailurePolicy`] decides, behind the same circuit
-//! breaker as [`GuardedLimiter`].
+//! algorithms are refused with [`LeaseError::Unsupported`]. On a transient failure the
+//! [`FailurePolicy`] decides, behind the same circuit breaker as [`GuardedLimiter`], at
+//! in-process speed; with `Local`, each key's share starts from what the node last knew of it
+//! (its lease, its last grant's view of the global state), so an outage does not begin with a
+//! burst (the bound is in [`LeasedLimiter`]'s docs).
 //!
 //! ```no_run
 //! use tollgate::{Quota, redis::{FailureHandling, FailurePolicy, LeaseConfig, RedisLimiter, RedisRule}};

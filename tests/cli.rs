@@ -593,7 +593,7 @@ fn bench_redis_prints_one_json_object_per_process() {
         return;
     };
     let url = server.url();
-    for mode in ["exact", "leased"] {
+    for mode in ["exact", "coalesced", "leased"] {
         let o = tollgate(
             &[
                 "bench",

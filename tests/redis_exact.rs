@@ -445,6 +445,150 @@ fn random_traces_match_in_process_for_every_algorithm() {
     );
 }
 
+/// `EVALSHA` calls the server has run so far.
+async fn evalsha_calls(conn: &mut ConnectionManager) -> u64 {
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(conn)
+        .await
+        .expect("INFO answers");
+    info.lines()
+        .find_map(|line| line.strip_prefix("cmdstat_evalsha:calls="))
+        .and_then(|rest| rest.split(',').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0)
+}
+
+/// Coalescing (issue 13 item 3), differential: every check of a random trace is its own
+/// concurrent task, spawned in trace order on one thread (so they arrive in that order); the
+/// checks share script calls while one is in flight, and every decision is the one the
+/// in-process reference (and so one call per check) gives, for every algorithm.
+#[test]
+fn coalesced_concurrent_checks_decide_as_one_call_per_check() {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    let rt = runtime();
+    let mut conn = rt.block_on(connect(&server));
+    let strategy = (0usize..5).prop_flat_map(|algorithm| {
+        quota_strategy(algorithm).prop_flat_map(move |quota| {
+            (
+                Just(algorithm),
+                Just(quota),
+                trace_strategy(algorithm, quota),
+            )
+        })
+    });
+    let mut runner = TestRunner::new(Config {
+        cases: 150,
+        failure_persistence: None,
+        ..Config::default()
+    });
+    let before = rt.block_on(evalsha_calls(&mut conn));
+    let checks = AtomicU64::new(0);
+    runner
+        .run(&strategy, |(algorithm, quota, trace)| {
+            let name = ALGORITHMS[algorithm];
+            let clock = ManualClock::new();
+            let reference = Reference::new(name, quota, &clock);
+            let expected: Vec<_> = trace
+                .iter()
+                .map(|r| {
+                    clock.set(r.t);
+                    reference.decide(r.key, r.cost, false)
+                })
+                .collect();
+            let redis = limiter(&conn, RedisRule::named(name, quota).unwrap());
+            let actual: Vec<_> = rt.block_on(async {
+                let tasks: Vec<_> = trace
+                    .iter()
+                    .map(|r| {
+                        let (redis, r) = (redis.clone(), r.clone());
+                        tokio::spawn(async move { redis.check_n_at(r.key, r.cost, r.t).await })
+                    })
+                    .collect();
+                let mut actual = Vec::new();
+                for task in tasks {
+                    actual.push(from_redis(task.await.unwrap()));
+                }
+                actual
+            });
+            checks.fetch_add(
+                expected.iter().filter(|e| e.is_ok()).count() as u64,
+                Ordering::Relaxed,
+            );
+            for (i, (e, a)) in expected.iter().zip(&actual).enumerate() {
+                if e != a {
+                    return Err(TestCaseError::fail(format!(
+                        "{name} {quota:?}: request {i} {:?}: in-process {e:?}, coalesced {a:?}",
+                        trace[i]
+                    )));
+                }
+            }
+            Ok(())
+        })
+        .unwrap();
+    let calls = rt.block_on(evalsha_calls(&mut conn)) - before;
+    let checks = checks.load(Ordering::Relaxed);
+    eprintln!("coalesced: {checks} checks in {calls} script calls");
+    assert!(
+        calls * 2 < checks,
+        "checks shared calls: {calls} calls for {checks} checks"
+    );
+}
+
+/// Coalescing and cancellation: callers that give up (their futures dropped) while their
+/// checks wait behind a hung call, or while leading one, never leave the lane stuck; each
+/// check that is answered is answered once.
+#[test]
+fn coalesced_checks_whose_callers_give_up_leave_no_lane_stuck() {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    runtime().block_on(async {
+        let rule = RedisRule::gcra(Quota::per_second(1_000_000).unwrap()).unwrap();
+        let l = RedisLimiter::builder(rule)
+            .timeout(Duration::from_secs(5))
+            .connect(&server.url())
+            .await
+            .unwrap();
+        assert!(l.check("k").await.unwrap().allowed());
+        server.signal("STOP");
+        // A leader and 15 queued checks, all given up after 50 ms.
+        let tasks: Vec<_> = (0..16)
+            .map(|i| {
+                let l = l.clone();
+                tokio::spawn(async move {
+                    tokio::time::timeout(Duration::from_millis(50), l.check(format!("k{i}"))).await
+                })
+            })
+            .collect();
+        for task in tasks {
+            // Given up, or told by the baton that carried it that its call was abandoned.
+            match task.await.unwrap() {
+                Err(_given_up) => {}
+                Ok(result) => assert!(result.is_err_and(|e| e.is_transient())),
+            }
+        }
+        server.signal("CONT");
+        // The lane is idle again: new checks lead, share calls and are answered.
+        let tasks: Vec<_> = (0..16)
+            .map(|i| {
+                let l = l.clone();
+                tokio::spawn(async move { l.check(format!("k{i}")).await })
+            })
+            .collect();
+        for task in tasks {
+            let d = tokio::time::timeout(Duration::from_secs(5), task)
+                .await
+                .expect("no lane stuck")
+                .unwrap()
+                .expect("redis answers");
+            assert!(d.allowed());
+        }
+    });
+}
+
 /// The Redis tier accepts limits far beyond the in-process packed counters; decisions there are
 /// checked against hand-computed SPEC values.
 #[test]

@@ -21,6 +21,12 @@ use tollgate::Quota;
 
 const TIMEOUT: Duration = Duration::from_millis(50);
 
+/// The load tests keep both cores busy and the others time their checks: one test at a time.
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    static SERIAL: Mutex<()> = Mutex::new(());
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 fn runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -174,6 +180,7 @@ fn check_outage(samples: &[Sample], fault: Instant, healed: Instant, what: &str)
 
 #[test]
 fn kill_9_then_restart_under_load_with_the_local_policy() {
+    let _serial = serial();
     let Some(mut server) = RedisServer::start() else {
         return;
     };
@@ -214,6 +221,7 @@ fn kill_9_then_restart_under_load_with_the_local_policy() {
 
 #[test]
 fn sigstop_then_sigcont_under_load_with_fail_closed() {
+    let _serial = serial();
     let Some(server) = RedisServer::start() else {
         return;
     };
@@ -250,6 +258,7 @@ fn sigstop_then_sigcont_under_load_with_fail_closed() {
 
 #[test]
 fn fail_open_allows_and_fatal_errors_pass_through() {
+    let _serial = serial();
     let Some(server) = RedisServer::start() else {
         return;
     };
@@ -300,6 +309,7 @@ fn fail_open_allows_and_fatal_errors_pass_through() {
 
 #[test]
 fn local_policy_gives_each_live_node_its_share() {
+    let _serial = serial();
     let Some(server) = RedisServer::start() else {
         return;
     };
@@ -380,6 +390,7 @@ async fn wait_reconciled(limiter: &GuardedLimiter, within: Duration) {
 
 #[test]
 fn units_admitted_locally_during_an_outage_are_charged_after_the_restart() {
+    let _serial = serial();
     let Some(mut server) = RedisServer::start() else {
         return;
     };
@@ -445,6 +456,7 @@ fn units_admitted_locally_during_an_outage_are_charged_after_the_restart() {
 
 #[test]
 fn a_charge_is_never_denied_and_may_pass_the_limit() {
+    let _serial = serial();
     let Some(server) = RedisServer::start() else {
         return;
     };
@@ -509,5 +521,426 @@ fn a_charge_is_never_denied_and_may_pass_the_limit() {
                 "{name}: {d:?}"
             );
         }
+    });
+}
+
+// ---------------------------------------------------------------------------------------------
+// The leased tier's takeover (issue 13): degraded checks go straight to the local share, which
+// starts each key from what the node last knew; reconciliation charges each unit once.
+
+use tollgate::redis::{LeaseConfig, LeasedLimiter};
+use tollgate::{Gcra, KeyedLimiter};
+
+/// A leased node with the `Local` policy on its own connection.
+async fn leased_local(
+    server: &RedisServer,
+    rule: RedisRule,
+    config: LeaseConfig,
+    handling: FailureHandling,
+) -> LeasedLimiter {
+    RedisLimiter::builder(rule)
+        .timeout(TIMEOUT)
+        .connect(&server.url())
+        .await
+        .expect("connects")
+        .leased(config, handling)
+        .await
+        .expect("a leasable rule")
+}
+
+/// Waits (without checking: a check would ask for refills) until `node` reports `mode`.
+fn wait_mode(node: &LeasedLimiter, mode: Mode, within: Duration) {
+    let start = Instant::now();
+    while node.mode() != mode {
+        assert!(start.elapsed() < within, "not {mode:?} within {within:?}");
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
+#[test]
+fn a_leased_takeover_starts_from_what_the_node_knew_and_charges_each_unit_once() {
+    let _serial = serial();
+    let Some(mut server) = RedisServer::start() else {
+        return;
+    };
+    let rt = runtime();
+    // Per day: nothing refills during the test, so every count below is exact.
+    let rule = RedisRule::gcra(Quota::new(1_000, Duration::from_secs(86_400)).unwrap()).unwrap();
+    let handling = FailureHandling::new(FailurePolicy::Local)
+        .probe_interval(Duration::from_millis(20))
+        .heartbeat_interval(Duration::from_millis(250))
+        .reconcile(true);
+    // Idle keys are not given back during the test (a given-back lease is no longer known).
+    let config = LeaseConfig::new()
+        .max_lease(100)
+        .idle_timeout(Duration::from_secs(60));
+    let node = rt.block_on(async {
+        let node = leased_local(&server, rule, config, handling).await;
+        // Another node spent 900 of the key's 1000 before this one asked.
+        let spent = node.exact().check_n("k", 900).await.unwrap();
+        assert!(spent.allowed());
+        node.prefetch("k").await.unwrap();
+        node
+    });
+    let held = node.held("k");
+    assert!(held > 0 && held <= 100, "a first lease: {held}");
+    // A few units spent while Redis answers.
+    for _ in 0..3 {
+        assert!(node.check("k").unwrap().allowed());
+    }
+    let held = held - 3;
+    server.signal("KILL");
+    // The heartbeat finds the server gone: the breaker opens without a check.
+    wait_mode(
+        &node,
+        Mode::Degraded(FailurePolicy::Local),
+        Duration::from_secs(2),
+    );
+    assert_eq!(node.held("k"), held, "no check spent the lease meanwhile");
+    // The local share starts from what the node knew: the units it held, plus what the global
+    // state could still grant at its last grant (100 − the lease), not from a full bucket.
+    let mut local = 0;
+    while node.check("k").unwrap().allowed() {
+        local += 1;
+        assert!(local <= 1_000, "the local share never ran out");
+    }
+    assert_eq!(local, 100 - 3, "what the global state still admitted");
+    assert_eq!(node.held("k"), 0, "the lease was handed over");
+    // A key the node never saw starts from the node's share (one live node: all of it).
+    let mut fresh = 0;
+    while node.check("fresh").unwrap().allowed() {
+        fresh += 1;
+        assert!(fresh <= 1_000);
+    }
+    assert_eq!(fresh, 1_000);
+    // The handed-over units were granted before the outage: they are not owed again.
+    assert_eq!(node.unreconciled(), (local - held) + fresh);
+    server.restart();
+    let healed = Instant::now();
+    while node.mode() != Mode::Global || node.unreconciled() > 0 {
+        assert!(healed.elapsed() < Duration::from_secs(2), "not reconciled");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert_eq!(node.reconciled(), (local - held) + fresh, "each unit once");
+    // The restarted server is empty: it holds exactly the charges.
+    let left = rt
+        .block_on(node.exact().peek("fresh", 0))
+        .unwrap()
+        .remaining();
+    assert_eq!(left, 0);
+    let left = rt.block_on(node.exact().peek("k", 0)).unwrap().remaining();
+    assert_eq!(left, 1_000 - (local - held));
+    println!(
+        "takeover: held {held}, admitted {local} locally for a known key, {fresh} for a fresh \
+         one; charged {} after {:?}",
+        node.reconciled(),
+        healed.elapsed()
+    );
+    drop(node);
+    drop(rt);
+}
+
+/// `N` leased nodes (each its own runtime, connection and checking thread) keep every one of
+/// 16 keys hot; Redis gets `signal`. The fleet's admissions per key in the outage's first
+/// 250 ms stay within the bound documented on `LeasedLimiter` ("When Redis fails"), with the
+/// handover delay and the age of the last grant measured here; then global mode is back.
+fn takeover_under_load(signal: &str, heal: &str) {
+    const NODES: usize = 2;
+    const KEYS: usize = 16;
+    let Some(mut server) = RedisServer::start() else {
+        return;
+    };
+    let (limit, window) = (1_000u64, Duration::from_secs(1));
+    let rule = RedisRule::gcra(Quota::per_second(limit).unwrap()).unwrap();
+    let handling = FailureHandling::new(FailurePolicy::Local)
+        .probe_interval(Duration::from_millis(100))
+        .heartbeat_interval(Duration::from_millis(250))
+        .assumed_nodes(NODES as u64)
+        .reconcile(true);
+    let config = LeaseConfig::new();
+    let runtimes: Vec<_> = (0..NODES).map(|_| runtime()).collect();
+    let nodes: Vec<LeasedLimiter> = runtimes
+        .iter()
+        .map(|rt| rt.block_on(leased_local(&server, rule, config, handling)))
+        .collect();
+    let max_lease = nodes[0].max_lease();
+    let stop = Arc::new(AtomicBool::new(false));
+    let threads: Vec<_> = nodes
+        .iter()
+        .map(|node| {
+            let (node, stop) = (node.clone(), stop.clone());
+            std::thread::spawn(move || {
+                let mut admitted: Vec<(usize, Instant)> = Vec::new();
+                let mut degraded: Option<Instant> = None;
+                let mut i = 0usize;
+                while !stop.load(Ordering::Relaxed) {
+                    let key = i % KEYS;
+                    i += 1;
+                    let decision = node.check(format!("key-{key}")).expect("no error");
+                    let at = Instant::now();
+                    if decision.allowed() {
+                        admitted.push((key, at));
+                    }
+                    if degraded.is_none() && node.mode() != Mode::Global {
+                        degraded = Some(at);
+                    }
+                }
+                (admitted, degraded)
+            })
+        })
+        .collect();
+    // Every key hot, and every node counted by the other's heartbeat.
+    std::thread::sleep(Duration::from_millis(1_000));
+    let fault = Instant::now();
+    server.signal(signal);
+    std::thread::sleep(Duration::from_millis(800));
+    let healed = Instant::now();
+    if heal == "restart" {
+        server.restart();
+    } else {
+        server.signal(heal);
+    }
+    for node in &nodes {
+        wait_mode(node, Mode::Global, Duration::from_secs(2));
+    }
+    let back = healed.elapsed();
+    stop.store(true, Ordering::Relaxed);
+    let seen: Vec<_> = threads.into_iter().map(|t| t.join().unwrap()).collect();
+    // Reconciliation: what the shares admitted beyond the handed-over leases is charged once
+    // (never more than the outage admitted), soon after the recovery.
+    for node in &nodes {
+        while node.unreconciled() > 0 {
+            assert!(healed.elapsed() < Duration::from_secs(4), "not reconciled");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+    let charged: u64 = nodes.iter().map(LeasedLimiter::reconciled).sum();
+    let in_outage = seen
+        .iter()
+        .flat_map(|(admitted, _)| admitted)
+        .filter(|(_, at)| *at >= fault && *at < healed + back)
+        .count() as u64;
+    assert!(
+        charged <= in_outage,
+        "charged {charged} > {in_outage} admitted in the outage"
+    );
+
+    let first = Duration::from_millis(250);
+    // How long each node took to notice, and the age of its last grant at the fault (at most
+    // a refill's backoff, the horizon, plus one timeout).
+    let noticed = seen
+        .iter()
+        .map(|(_, degraded)| degraded.expect("the node degraded") - fault)
+        .max()
+        .unwrap();
+    let last_grant = Duration::from_millis(50) + TIMEOUT;
+    let per_ns = limit as f64 / window.as_nanos() as f64;
+    let accrues = |d: Duration| (d.as_nanos() as f64 * per_ns).ceil() as u64;
+    // H (≤ N·M held at the fault) + Σ ⌊v_i ÷ N⌋ (≤ what accrued since the last grant: the
+    // keys are hot, the bucket is empty) + N·(1 + ⌊L/N⌋·Δ/W).
+    let bound =
+        NODES as u64 * max_lease + accrues(noticed + last_grant) + NODES as u64 + accrues(first);
+    let mut per_key = [0u64; KEYS];
+    for (admitted, _) in &seen {
+        for &(key, at) in admitted {
+            if at >= fault && at < fault + first {
+                per_key[key] += 1;
+            }
+        }
+    }
+    let fresh_buckets = limit + accrues(first);
+    println!(
+        "{signal}: per key in the outage's first {first:?}: max {} (bound {bound}; a fresh \
+         bucket per node would allow {fresh_buckets}); nodes degraded within {noticed:?}; \
+         global again {back:?} after {heal}; {charged} of {in_outage} units admitted in the \
+         outage charged after it",
+        per_key.iter().max().unwrap()
+    );
+    for (key, &admitted) in per_key.iter().enumerate() {
+        assert!(
+            admitted <= bound,
+            "key-{key}: {admitted} admitted in the first {first:?} > bound {bound}"
+        );
+    }
+    assert!(back < Duration::from_secs(2));
+    drop(nodes);
+    drop(runtimes);
+}
+
+#[test]
+fn kill_9_under_load_leased_nodes_take_over_without_a_burst() {
+    let _serial = serial();
+    takeover_under_load("KILL", "restart");
+}
+
+#[test]
+fn sigstop_under_load_leased_nodes_take_over_without_a_burst() {
+    let _serial = serial();
+    takeover_under_load("STOP", "CONT");
+}
+
+/// The guarded limiter's degraded check (an `async fn` that never awaits) against an
+/// in-process check of the same rule and key type, alternately, from a tokio task.
+#[test]
+fn degraded_guarded_checks_run_at_in_process_speed() {
+    let _serial = serial();
+    const KEYS: usize = 64;
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    runtime().block_on(async {
+        let quota = Quota::per_second(1_000).unwrap();
+        let rule = RedisRule::gcra(quota).unwrap();
+        let handling = FailureHandling::new(FailurePolicy::Local)
+            .probe_interval(Duration::from_millis(100))
+            .heartbeat_interval(Duration::from_millis(250));
+        let limiter = guarded(&server, rule, handling).await;
+        let keys: Vec<Vec<u8>> = (0..KEYS).map(|k| format!("key-{k}").into_bytes()).collect();
+        for key in &keys {
+            limiter.check(key).await.unwrap();
+        }
+        server.signal("KILL");
+        wait_for(
+            &limiter,
+            Mode::Degraded(FailurePolicy::Local),
+            Duration::from_secs(2),
+        )
+        .await;
+        let local: KeyedLimiter<Vec<u8>, Gcra> = KeyedLimiter::new(Gcra::new(quota).unwrap());
+        for key in &keys {
+            local.check(&key[..]).unwrap();
+        }
+        let (mut ours, mut theirs) = (Vec::new(), Vec::new());
+        for _ in 0..2_000 {
+            for key in &keys {
+                let t = Instant::now();
+                std::hint::black_box(local.check(&key[..]).unwrap().allowed());
+                let u = Instant::now();
+                std::hint::black_box(limiter.check(key).await.unwrap().allowed());
+                let v = Instant::now();
+                theirs.push(u - t);
+                ours.push(v - u);
+            }
+        }
+        assert_eq!(limiter.mode(), Mode::Degraded(FailurePolicy::Local));
+        let pct = |v: &mut Vec<Duration>, p: usize| {
+            v.sort_unstable();
+            v[(v.len() * p / 100).min(v.len() - 1)]
+        };
+        let (o50, o99) = (pct(&mut ours, 50), pct(&mut ours, 99));
+        let (t50, t99) = (pct(&mut theirs, 50), pct(&mut theirs, 99));
+        println!(
+            "degraded guarded check p50 {o50:?} p99 {o99:?}; in-process p50 {t50:?} p99 {t99:?}"
+        );
+        assert!(o50 <= t50 * 3, "p50 {o50:?} vs in-process {t50:?}");
+        assert!(o99 <= t99 * 4, "p99 {o99:?} vs in-process {t99:?}");
+        drop(server);
+    });
+}
+
+/// Degraded checks go straight to the local share: measured against an in-process
+/// `KeyedLimiter` of the same rule and key type, alternately, check by check, in one loop (both
+/// see the same machine load). Generous ratios: this runs on a loaded 2-core machine.
+#[test]
+fn degraded_leased_checks_run_at_in_process_speed() {
+    let _serial = serial();
+    const KEYS: usize = 64;
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    let rt = runtime();
+    let quota = Quota::per_second(1_000).unwrap();
+    let rule = RedisRule::gcra(quota).unwrap();
+    let handling = FailureHandling::new(FailurePolicy::Local)
+        .probe_interval(Duration::from_millis(100))
+        .heartbeat_interval(Duration::from_millis(250));
+    let node = rt.block_on(leased_local(&server, rule, LeaseConfig::new(), handling));
+    let keys: Vec<Vec<u8>> = (0..KEYS).map(|k| format!("key-{k}").into_bytes()).collect();
+    for key in &keys {
+        node.check(key).unwrap();
+    }
+    server.signal("KILL");
+    wait_mode(
+        &node,
+        Mode::Degraded(FailurePolicy::Local),
+        Duration::from_secs(2),
+    );
+    let local: KeyedLimiter<Vec<u8>, Gcra> = KeyedLimiter::new(Gcra::new(quota).unwrap());
+    for key in &keys {
+        // The handover, and both limiters' first touches of every key.
+        node.check(key).unwrap();
+        local.check(&key[..]).unwrap();
+    }
+    let rounds = 2_000;
+    let (mut ours, mut theirs) = (Vec::new(), Vec::new());
+    for round in 0..rounds {
+        for key in &keys {
+            let t = Instant::now();
+            std::hint::black_box(local.check(&key[..]).unwrap().allowed());
+            let u = Instant::now();
+            std::hint::black_box(node.check(key).unwrap().allowed());
+            let v = Instant::now();
+            if round > 0 {
+                theirs.push(u - t);
+                ours.push(v - u);
+            }
+        }
+    }
+    assert_eq!(node.mode(), Mode::Degraded(FailurePolicy::Local));
+    let pct = |v: &mut Vec<Duration>, p: usize| {
+        v.sort_unstable();
+        v[(v.len() * p / 100).min(v.len() - 1)]
+    };
+    let (o50, o99) = (pct(&mut ours, 50), pct(&mut ours, 99));
+    let (t50, t99) = (pct(&mut theirs, 50), pct(&mut theirs, 99));
+    println!("degraded leased check p50 {o50:?} p99 {o99:?}; in-process p50 {t50:?} p99 {t99:?}");
+    assert!(o50 <= t50 * 3, "p50 {o50:?} vs in-process {t50:?}");
+    assert!(o99 <= t99 * 4, "p99 {o99:?} vs in-process {t99:?}");
+    drop(node);
+    drop(rt);
+}
+
+/// The guarded limiter's takeover: each key's local share follows the global state's last
+/// reply, so an outage starts from `⌊remaining / nodes⌋`, not from a full bucket; a key never
+/// checked starts from the share.
+#[test]
+fn a_guarded_takeover_starts_from_the_last_reply() {
+    let _serial = serial();
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    runtime().block_on(async {
+        // Per day: nothing refills during the test, so every count is exact.
+        let rule =
+            RedisRule::gcra(Quota::new(1_000, Duration::from_secs(86_400)).unwrap()).unwrap();
+        let handling = FailureHandling::new(FailurePolicy::Local)
+            .probe_interval(Duration::from_millis(20))
+            .heartbeat_interval(Duration::from_millis(250))
+            .reconcile(true);
+        let limiter = guarded(&server, rule, handling).await;
+        assert!(limiter.check_n("k", 900).await.unwrap().allowed());
+        assert_eq!(limiter.check("k").await.unwrap().remaining(), 99);
+        server.signal("KILL");
+        wait_for(
+            &limiter,
+            Mode::Degraded(FailurePolicy::Local),
+            Duration::from_secs(2),
+        )
+        .await;
+        let mut local = 0;
+        while limiter.check("k").await.unwrap().allowed() {
+            local += 1;
+            assert!(local <= 1_000, "the local share never ran out");
+        }
+        assert_eq!(local, 99, "what the last reply said was left");
+        let mut fresh = 0;
+        while limiter.check("fresh").await.unwrap().allowed() {
+            fresh += 1;
+            assert!(fresh <= 1_000);
+        }
+        assert_eq!(fresh, 1_000, "one live node: the whole quota");
+        assert_eq!(limiter.unreconciled(), local + fresh);
+        println!("guarded takeover: {local} admitted for a known key, {fresh} for a fresh one");
+        drop(server);
     });
 }

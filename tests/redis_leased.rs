@@ -1035,10 +1035,9 @@ fn a_first_touch_is_not_denied_and_the_grant_covers_it() {
         quiescent(&node, "k");
         let stats = node.stats();
         assert_eq!(stats.overdrawn, 0, "{name}: the grant covered them");
-        assert!(
-            stats.provisional >= 1 && stats.provisional <= 5,
-            "{name}: {stats:?}"
-        );
+        // Counted when the grant lands: 0 if it landed before the first check took its unit
+        // (the checking thread descheduled between asking and taking, on a loaded machine).
+        assert!(stats.provisional <= 5, "{name}: {stats:?}");
         // The global state counts what was spent and what the node holds, nothing more.
         let held = node.held("k");
         let remaining = rt.block_on(node.exact().peek("k", 0)).unwrap().remaining();
@@ -1063,7 +1062,10 @@ fn a_first_touch_is_not_denied_and_the_grant_covers_it() {
         rule,
         LeaseConfig::new().first_touch(0),
     ));
-    assert!(!strict.check("k").unwrap().allowed());
+    // Denied, unless the grant landed between the check asking for it and taking its unit
+    // (the checking thread descheduled on a loaded machine).
+    let first = strict.check("k").unwrap().allowed();
+    assert!(!first || strict.stats().granted > 0);
     quiescent(&strict, "k");
     assert!(strict.check("k").unwrap().allowed());
     assert_eq!(strict.stats().provisional, 0);

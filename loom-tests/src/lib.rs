@@ -21,6 +21,14 @@ pub(crate) mod sync;
 pub mod algorithm;
 #[path = "../../src/decision.rs"]
 pub mod decision;
+/// The leased tier's route (`src/redis/lease/route.rs`): leases, a one-time handover, the
+/// failure policy.
+#[path = "../../src/redis/lease/route.rs"]
+pub mod lease_route;
+/// The leased tier's lease word (`src/redis/lease/word.rs`): every unit a grant deposits leaves
+/// it exactly once (`take`, `take_up_to`, `empty`, `expire`).
+#[path = "../../src/redis/lease/word.rs"]
+pub mod lease_word;
 /// `Core`: the rule in force, the clock, and the sweep-then-rebase protocol of the window
 /// counters.
 #[path = "../../src/limiter/core.rs"]

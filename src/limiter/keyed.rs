@@ -23,7 +23,8 @@ pub use crate::store::table::OverflowPolicy;
 ///   2^21, about 70 MB of `u64` keys): below that its shard tables grow as a hash map's do.
 ///   Above it, a full shard table is replaced by one of the same size and keys fresh and
 ///   unused since the shard last filled are evicted, so a flood of unique keys holds about
-///   `evict_above` keys plus those still holding state. Either way the old table is emptied 16
+///   `evict_above` keys plus those still holding state (in two tables a shard: the current
+///   one and the last one drained, reused as the next). Either way the old table is emptied 16
 ///   slots per call into that shard (inserts, and lookups that miss the new table): no call
 ///   does more than that fixed amount of eviction and copy work, plus allocating the new table
 ///   when it starts one (O(table size) for the allocation alone: about 25 bytes a slot, up to

@@ -2,7 +2,7 @@
 
 use std::future::{poll_fn, Future};
 use std::pin::Pin;
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::task::Poll;
 use std::time::Duration;
 
@@ -12,13 +12,16 @@ use redis::aio::{
 use redis::cluster::ClusterClientBuilder;
 use redis::cluster_async::ClusterConnection;
 use redis::cluster_routing::Slot;
-use redis::{Script, Value};
+use redis::Value;
 
+use super::error::Error;
 use super::rule::{RedisRule, Verdict};
-use super::{scripts as lua, Error};
 use crate::decision::Decision;
 
+mod coalesce;
 mod units;
+
+use self::coalesce::Lanes;
 
 pub(crate) use self::units::{Algo, LogCharge, Reply, UnitOp, Units};
 
@@ -63,26 +66,6 @@ impl RedisConnection for ClusterConnection {
     const CLUSTERED: bool = true;
 }
 
-/// The compiled scripts (each hashed once; `EVALSHA` by hash, reloaded on `NOSCRIPT`).
-pub(crate) struct Scripts {
-    pub gcra: Script,
-    pub fixed_window: Script,
-    pub sliding_window: Script,
-    pub sliding_log: Script,
-    pub heartbeat: Script,
-}
-
-pub(crate) fn scripts() -> &'static Scripts {
-    static SCRIPTS: OnceLock<Scripts> = OnceLock::new();
-    SCRIPTS.get_or_init(|| Scripts {
-        gcra: Script::new(lua::GCRA),
-        fixed_window: Script::new(lua::FIXED_WINDOW),
-        sliding_window: Script::new(lua::SLIDING_WINDOW),
-        sliding_log: Script::new(lua::SLIDING_LOG),
-        heartbeat: Script::new(lua::HEARTBEAT),
-    })
-}
-
 /// An exact, global rate limiter on Redis: every check is one atomic Lua script on the server,
 /// judged by the server's clock, so every node of a fleet shares each key's state and clock.
 ///
@@ -114,6 +97,8 @@ pub struct RedisLimiter<C = ConnectionManager> {
     timeout: Duration,
     max_batch: usize,
     injected_min_ttl_ms: u64,
+    /// Concurrent counting checks of one slot share a call (`None`: one call per check).
+    lanes: Option<Arc<Lanes>>,
 }
 
 impl<C> std::fmt::Debug for RedisLimiter<C> {
@@ -123,6 +108,7 @@ impl<C> std::fmt::Debug for RedisLimiter<C> {
             .field("prefix", &String::from_utf8_lossy(&self.prefix))
             .field("timeout", &self.timeout)
             .field("max_batch", &self.max_batch)
+            .field("coalesce", &self.lanes.is_some())
             .finish_non_exhaustive()
     }
 }
@@ -149,6 +135,7 @@ pub struct RedisLimiterBuilder {
     connect_timeout: Duration,
     max_batch: usize,
     injected_min_ttl: Duration,
+    coalesce: bool,
 }
 
 impl RedisLimiterBuilder {
@@ -186,6 +173,18 @@ impl RedisLimiterBuilder {
     /// this floor keeps state for the duration of a test or replay. Live checks are unaffected.
     pub fn injected_min_ttl(mut self, ttl: Duration) -> Self {
         self.injected_min_ttl = ttl;
+        self
+    }
+
+    /// Whether concurrent checks share script calls (default `true`): a check that finds no
+    /// call of its Cluster slot in flight is sent at once, alone; checks that arrive while one
+    /// is in flight wait for it and then go together, in one call, in arrival order. No timer
+    /// is involved and an idle limiter adds no latency; decisions are exactly those of one call
+    /// per check, in arrival order per key. A check waits at most for the call in flight
+    /// (its timeout) and then its own call (the timeout again). With `false`, every check is
+    /// its own call.
+    pub fn coalesce(mut self, coalesce: bool) -> Self {
+        self.coalesce = coalesce;
         self
     }
 
@@ -262,6 +261,7 @@ impl RedisLimiterBuilder {
             max_batch: self.max_batch,
             // The script adds it to nothing, but keep it a plain integer below 2^53.
             injected_min_ttl_ms: ms.min(1 << 52),
+            lanes: self.coalesce.then(Arc::default),
         }
     }
 }
@@ -277,6 +277,7 @@ impl RedisLimiter {
             connect_timeout: DEFAULT_CONNECT_TIMEOUT,
             max_batch: DEFAULT_MAX_BATCH,
             injected_min_ttl: DEFAULT_INJECTED_MIN_TTL,
+            coalesce: true,
         }
     }
 
@@ -572,8 +573,17 @@ impl<C: RedisConnection> RedisLimiter<C> {
         at: Option<u64>,
         commit: bool,
     ) -> Result<Decision, Error> {
-        let items = vec![self.item(key, cost, at)];
-        self.decide(items, commit)
+        let item = self.item(key, cost, at);
+        if commit {
+            self.coalesced(item).await
+        } else {
+            self.decide_one(item, false).await
+        }
+    }
+
+    /// `item` alone in one call.
+    async fn decide_one(&self, item: Item, commit: bool) -> Result<Decision, Error> {
+        self.decide(vec![item], commit)
             .await
             .pop()
             .unwrap_or_else(|| Err(Error::bad_reply("no result for the check".into())))

@@ -13,8 +13,10 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use redis::aio::ConnectionManager;
 
-use super::exact::scripts;
-use super::{Error, RedisConnection, RedisLimiter, RedisRule};
+use super::error::Error;
+use super::exact::{RedisConnection, RedisLimiter};
+use super::rule::RedisRule;
+use super::scripts::scripts;
 use crate::decision::{Decision, Remaining};
 use crate::{FixedWindow, Gcra, KeyedLimiter, LeakyQueue, SlidingLog, SlidingWindow};
 
@@ -33,10 +35,14 @@ pub enum FailurePolicy {
     FailClosed,
     /// Decide with an in-process limiter holding this node's share of the quota: `⌊L / n⌋`
     /// per `W` (and `⌊B / n⌋` burst) with `n` the live nodes counted by heartbeats in Redis.
-    /// While every node does the same, the fleet admits at most about `L` per window during
-    /// an outage, plus what Redis had already admitted in the window the outage began in
-    /// (the local states start fresh). With [`FailureHandling::reconcile`], what the shares
-    /// admitted is charged to Redis after the outage.
+    /// Each key's local state follows the global state's last reply on this node (it holds
+    /// `⌊remaining / n⌋` after every check while Redis answers), so an outage starts from what
+    /// the node last knew, not from a full bucket; a key it never checked starts from the share
+    /// (a leased node starts from its lease and last grant: see "When Redis fails" on
+    /// `LeasedLimiter`). While every node does the same, the fleet admits about `L` per window
+    /// during an outage, plus, in its first window, what the nodes' last replies left (each
+    /// node's part of it). With [`FailureHandling::reconcile`], what the shares admitted is
+    /// charged to Redis after the outage.
     Local,
 }
 
@@ -318,6 +324,14 @@ impl<C: RedisConnection> GuardedLimiter<C> {
             match shared.exact.check_n(key, cost).await {
                 Ok(decision) => {
                     shared.failures.store(0, Ordering::Relaxed);
+                    if let Some(local) = &shared.local {
+                        // The share follows the global state this reply saw: an outage starts
+                        // each key from there, not from a full bucket.
+                        // Relaxed: a count that publishes nothing; a stale one sizes one
+                        // key's share by the previous heartbeat.
+                        let nodes = shared.live_nodes.load(Ordering::Relaxed).max(1);
+                        local.follow(key, decision.remaining() / nodes);
+                    }
                     return Ok(decision);
                 }
                 Err(error) if error.is_transient() => shared.failed(&error),
@@ -410,6 +424,7 @@ impl<C: RedisConnection> GuardedLimiter<C> {
     }
 
     /// The failure policy's decision, without touching the network.
+    #[inline]
     pub(crate) fn fallback(&self, key: &[u8], cost: u64) -> Result<Decision, Error> {
         self.shared.fallback(key, cost)
     }
@@ -419,6 +434,41 @@ impl<C: RedisConnection> GuardedLimiter<C> {
     pub(crate) fn record_admitted(&self, key: &[u8], units: u64) {
         if let Some(ledger) = &self.shared.ledger {
             ledger.record(key, units, wall_nanos());
+        }
+    }
+
+    /// Whether the breaker is open (the policy decides). One `Relaxed` load: a check that reads
+    /// it a moment late decides one more request the old way (see `Shared::open`).
+    #[inline]
+    pub(crate) fn is_open(&self) -> bool {
+        self.shared.open.load(Ordering::Relaxed)
+    }
+
+    /// Whether a leased node keeps spending what its leases hold while the breaker is open
+    /// (`FailClosed`: granted units are no over-admission, and the policy would deny them).
+    pub(crate) fn spends_leases_first(&self) -> bool {
+        self.shared.handling.policy == FailurePolicy::FailClosed
+    }
+
+    /// Whether the policy keeps per-key state of its own (`Local`) that a leased node's
+    /// handover must start.
+    pub(crate) fn keeps_local_state(&self) -> bool {
+        self.shared.local.is_some()
+    }
+
+    /// A leased node hands `key` over to the `Local` policy's limiter: it held `held` granted
+    /// units, and its last grant saw `seen` more units the global state could still grant. The
+    /// key's local state starts from `held + ⌊seen ÷ live nodes⌋` units (at most the share,
+    /// and never more than it already holds), and reconciliation will not charge the first
+    /// `held` units admitted locally (they were granted already).
+    pub(crate) fn take_over(&self, key: &[u8], held: u64, seen: u64) {
+        let Some(local) = &self.shared.local else {
+            return;
+        };
+        let nodes = self.live_nodes().max(1);
+        local.start_from(key, held.saturating_add(seen / nodes));
+        if let Some(ledger) = &self.shared.ledger {
+            ledger.credit(key, held);
         }
     }
 
@@ -447,7 +497,19 @@ impl<C: RedisConnection> Shared<C> {
         }
     }
 
+    #[inline]
     fn fallback(&self, key: &[u8], cost: u64) -> Result<Decision, Error> {
+        if let (Some(local), None) = (&self.local, &self.ledger) {
+            // The `Local` policy without reconciliation: the share's decision is the answer
+            // (a cost it refuses goes the long way, for the global capacity's error).
+            if let Ok(decision) = local.check(key, cost) {
+                return Ok(decision);
+            }
+        }
+        self.decide_by_policy(key, cost)
+    }
+
+    fn decide_by_policy(&self, key: &[u8], cost: u64) -> Result<Decision, Error> {
         let rule = self.exact.rule();
         let capacity = rule.capacity();
         if cost > capacity {
@@ -613,6 +675,51 @@ impl Local {
         };
     }
 
+    /// Makes `key` hold `units` (at most the share's capacity): the state the share starts an
+    /// outage from, following the global state's last reply.
+    fn follow(&self, key: &[u8], units: u64) {
+        let holds = self.holds(key);
+        if holds > units {
+            // Within the share's capacity (`holds` is at most that): never an error.
+            let _ = self.check(key, holds - units);
+        } else if holds < units {
+            self.refund(key, units - holds);
+        }
+    }
+
+    /// What `key` holds now (`remaining` of a peek; the capacity for a key not held).
+    fn holds(&self, key: &[u8]) -> u64 {
+        match self {
+            Local::Gcra(l) => l.peek(key, 0),
+            Local::Queue(l) => l.peek(key, 0),
+            Local::Fixed(l) => l.peek(key, 0),
+            Local::Sliding(l) => l.peek(key, 0),
+            Local::Log(l) => l.peek(key, 0),
+        }
+        .map_or(0, |d| d.remaining())
+    }
+
+    fn refund(&self, key: &[u8], units: u64) {
+        match self {
+            Local::Gcra(l) => l.refund(key, units),
+            Local::Queue(l) => l.refund(key, units),
+            Local::Fixed(l) => l.refund(key, units),
+            Local::Sliding(l) => l.refund(key, units),
+            Local::Log(l) => l.refund(key, units),
+        }
+    }
+
+    /// Makes `key` hold at most `units` (what it holds now if that is less): the share's
+    /// state, not a fresh bucket or window, is where the outage starts for a key the node knew.
+    fn start_from(&self, key: &[u8], units: u64) {
+        let holds = self.holds(key);
+        if holds > units {
+            // Within the share's capacity (`holds` is at most that): never an error.
+            let _ = self.check(key, holds - units);
+        }
+    }
+
+    #[inline]
     fn check(&self, key: &[u8], cost: u64) -> Result<Decision, crate::Error> {
         match self {
             Local::Gcra(l) => l.check_n(key, cost),

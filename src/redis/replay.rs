@@ -18,7 +18,9 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use redis::aio::ConnectionManager;
 
-use super::{Error, RedisLimiter, RedisRule};
+use super::error::Error;
+use super::exact::RedisLimiter;
+use super::rule::RedisRule;
 use crate::decision::Decision;
 use crate::replay::{Cost, Outcome, TraceError, TraceReader};
 

@@ -13,7 +13,7 @@ use crate::quota::{Quota, QuotaError};
 use crate::replay::AlgorithmName;
 use crate::{FixedWindow, SlidingLog, SlidingWindow};
 
-use super::Error;
+use super::error::Error;
 
 /// The largest limit `L` the Redis tier accepts for the window algorithms and the log: 2^51.
 /// (GCRA and the leaky buckets are bounded by [`MAX_NANOS`] on `B·T` instead.)
@@ -270,7 +270,7 @@ impl RedisRule {
     }
 
     pub(crate) fn script(&self) -> &'static redis::Script {
-        use super::exact::scripts;
+        use super::scripts::scripts;
         match self.kind {
             Kind::Gcra { .. } => &scripts().gcra,
             Kind::FixedWindow { .. } => &scripts().fixed_window,

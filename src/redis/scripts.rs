@@ -42,6 +42,10 @@
 //!   per item and the rest of the batch is still decided (a script is not rolled back on an
 //!   error: aborting half way would leave earlier items counted but unreported).
 
+use std::sync::OnceLock;
+
+use redis::Script;
+
 /// Helpers shared by every script (prepended to each).
 macro_rules! prelude {
     () => {
@@ -270,6 +274,32 @@ end
 
 /// GCRA / token bucket / leaky bucket as a meter, and the leaky bucket as a queue (which
 /// differs only in the figures the Rust side derives).
+/// The compiled scripts (each hashed once; `EVALSHA` by hash, reloaded on `NOSCRIPT`).
+pub(crate) struct Scripts {
+    pub gcra: Script,
+    pub fixed_window: Script,
+    pub sliding_window: Script,
+    pub sliding_log: Script,
+    pub heartbeat: Script,
+    pub lease_gcra: Script,
+    pub lease_window: Script,
+    pub charge_log: Script,
+}
+
+pub(crate) fn scripts() -> &'static Scripts {
+    static SCRIPTS: OnceLock<Scripts> = OnceLock::new();
+    SCRIPTS.get_or_init(|| Scripts {
+        gcra: Script::new(GCRA),
+        fixed_window: Script::new(FIXED_WINDOW),
+        sliding_window: Script::new(SLIDING_WINDOW),
+        sliding_log: Script::new(SLIDING_LOG),
+        heartbeat: Script::new(HEARTBEAT),
+        lease_gcra: Script::new(LEASE_GCRA),
+        lease_window: Script::new(LEASE_WINDOW),
+        charge_log: Script::new(CHARGE_LOG),
+    })
+}
+
 pub(crate) const GCRA: &str = concat!(
     r#"
 -- GCRA (SPEC §1–3).

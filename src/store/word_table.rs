@@ -42,6 +42,10 @@
 //!   sooner, and its shorter cycles would evict clients that come back (session 6's tables
 //!   collapsed so, to a few slots, with 1,500 keys a shard cycling through them). Under a
 //!   flood of unique keys the store so holds about `evict_above` keys plus those holding state.
+//!   There a shard replaces its table every few thousand inserts by one of the same size: the
+//!   drained table is kept as a spare and cleared a few slots per insert once no thread
+//!   caches it, and serves as the next table, so the replacing call allocates and fills
+//!   nothing. Memory at the bound is then two tables a shard.
 //!
 //! Evicting judges a state against the rule in force: the limiter lends the judge through
 //! [`Evictor`], and withholds it while a quota change or a window re-anchoring runs (the drain
@@ -89,6 +93,8 @@ const SMALL_SLOTS: usize = 1024;
 /// Slots of a replaced table that each insert into its shard visits (moves or evicts): the
 /// most eviction and copying work any one call does, whatever the table's size.
 const DRAIN_STEP: usize = 16;
+/// Slots of a spare table that each insert into its shard clears (a multiple of 8).
+const CLEAR_STEP: usize = 64;
 /// Keys a store holds before it evicts fresh ones, by default (see
 /// [`KeyedLimiterBuilder::evict_above`](crate::KeyedLimiterBuilder::evict_above)): about 70 MB
 /// of `u64` keys.
@@ -162,16 +168,25 @@ fn tag(hash: u64) -> u8 {
     (hash >> 32) as u8 | 0x80
 }
 
+/// The slots of a table made for `capacity`: a multiple of 8 (whole words of tags).
+fn table_len(capacity: usize) -> usize {
+    capacity.max(MIN_CAPACITY).next_multiple_of(8)
+}
+
+impl<K> Slot<K> {
+    fn empty() -> Self {
+        Slot {
+            state: AtomicWord::new(0),
+            key: OnceLock::new(),
+        }
+    }
+}
+
 fn new_table<K>(capacity: usize) -> Arc<Table<K>> {
-    let len = capacity.max(MIN_CAPACITY).next_multiple_of(8);
+    let len = table_len(capacity);
     Arc::new(Table {
         tags: (0..len / 8).map(|_| AtomicU64::new(0)).collect(),
-        slots: (0..len)
-            .map(|_| Slot {
-                state: AtomicWord::new(0),
-                key: OnceLock::new(),
-            })
-            .collect(),
+        slots: (0..len).map(|_| Slot::empty()).collect(),
     })
 }
 
@@ -250,6 +265,18 @@ struct Shard<K> {
     /// When `table` last had to be replaced (it was full): a key unused since then may go at
     /// the next replacement, a key used since is kept.
     filled_at: Nanos,
+    /// At the `evict_above` share, the last drained table, kept to serve as the next one.
+    spare: Option<Spare<K>>,
+}
+
+/// A drained table being cleared [`CLEAR_STEP`] slots per insert, once no thread caches it
+/// (it is then reachable from its shard alone, under the lock). At the bound a shard replaces
+/// its table every few thousand inserts, with one of the same size: taking a cleared spare,
+/// that call neither allocates nor fills a table (up to ~1 MB at the default bound), and no
+/// call drops a whole table's keys.
+struct Spare<K> {
+    table: Arc<Table<K>>,
+    cleared: usize,
 }
 
 /// A replaced table whose slots before `next` are visited: each live key there has been moved
@@ -326,6 +353,7 @@ impl<K: Send + Sync, H> WordTable<K, H> {
                         live: 0,
                         hand: 0,
                         filled_at: 0,
+                        spare: None,
                     })
                 })
                 .collect(),
@@ -383,7 +411,7 @@ impl<K: Clone + Hash + Eq + Send + Sync, H: BuildHasher> WordTable<K, H> {
             // keys in inserts before it fills, and the drain ends after a sixteenth.)
             _ => (sized_for(shard.live), None),
         };
-        let next = new_table::<K>(slots);
+        let next = Self::fresh_table(shard, slots);
         let from = std::mem::replace(&mut shard.table, next);
         shard.drain = Some(Drain {
             from,
@@ -476,8 +504,52 @@ impl<K: Clone + Hash + Eq + Send + Sync, H: BuildHasher> WordTable<K, H> {
         }
         if end < drain.from.len() && drain.left > 0 {
             shard.drain = Some(drain);
+        } else {
+            Self::drained(shard, drain);
         }
         live - shard.live
+    }
+
+    /// A drain ended. One that evicted (the shard is at its `evict_above` share, where a
+    /// table is replaced by one of about its size) leaves its table as the shard's spare; a
+    /// growing shard's old table is freed (it will not be wanted again).
+    fn drained(shard: &mut Shard<K>, drain: Drain<K>) {
+        if drain.since.is_some() {
+            shard.spare = Some(Spare {
+                table: drain.from,
+                cleared: 0,
+            });
+        }
+    }
+
+    /// Clears the next [`CLEAR_STEP`] slots of the shard's spare, if no thread caches it.
+    fn clear_spare(shard: &mut Shard<K>) {
+        let Some(spare) = &mut shard.spare else {
+            return;
+        };
+        let start = spare.cleared;
+        let Some(table) = Arc::get_mut(&mut spare.table).filter(|t| start < t.len()) else {
+            return;
+        };
+        let end = table.len().min(start + CLEAR_STEP);
+        table.slots[start..end].fill_with(Slot::empty);
+        table.tags[start / 8..end / 8].fill_with(|| AtomicU64::new(0));
+        spare.cleared = end;
+    }
+
+    /// An empty table of at least `slots` slots: the spare if it is cleared and not more than
+    /// half as large again, else a new one (and the spare is freed).
+    fn fresh_table(shard: &mut Shard<K>, slots: usize) -> Arc<Table<K>> {
+        let len = table_len(slots);
+        match shard.spare.take() {
+            Some(spare)
+                if spare.cleared == spare.table.len()
+                    && (len..=len + len / 2).contains(&spare.table.len()) =>
+            {
+                spare.table
+            }
+            _ => new_table(slots),
+        }
     }
 
     /// Evicts or moves the key of `slot` (of a drained table) into `to`, which must have room
@@ -526,7 +598,9 @@ impl<K: Clone + Hash + Eq + Send + Sync, H: BuildHasher> WordTable<K, H> {
             shard.used += 1;
             drain.left -= 1;
             if drain.left == 0 {
-                shard.drain = None;
+                if let Some(drain) = shard.drain.take() {
+                    Self::drained(shard, drain);
+                }
             }
         }
     }
@@ -658,6 +732,7 @@ where
                 })
                 .unwrap_or_else(|| self.drain(&mut shard, DRAIN_STEP, None));
         }
+        Self::clear_spare(&mut shard);
         self.take_from_drain(&mut shard, hash, key);
         let (result, inserted) = match find(&shard.table, hash, key) {
             Ok(slot) => {

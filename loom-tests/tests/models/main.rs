@@ -6,6 +6,7 @@
 
 mod clamp;
 mod core;
+mod lease;
 mod log;
 mod multi;
 mod params;

@@ -70,14 +70,15 @@ pub struct BenchArgs {
     /// uses the first `--algorithm` (default gcra) on one key.
     #[arg(long, value_name = "URL")]
     pub(crate) redis: Option<String>,
-    /// With `--redis`: exact (one script call per check) or leased.
+    /// With `--redis`: exact (one script call per check), coalesced (exact checks sharing
+    /// calls while one is in flight) or leased.
     #[cfg(feature = "redis")]
     #[arg(long, value_enum, default_value_t = Mode::Exact)]
     pub(crate) mode: Mode,
     /// With `--redis`: the key every process checks (several processes may share it).
     #[arg(long, default_value = "tollgate-bench")]
     pub(crate) key: String,
-    /// With `--redis --mode exact`: checks in flight at once on the shared connection.
+    /// With `--redis --mode exact|coalesced`: checks in flight at once on the shared connection.
     #[arg(long, default_value_t = 32)]
     pub(crate) concurrency: usize,
     /// With `--redis`: print one JSON object (checks, admitted, round_trips, seconds).
@@ -196,6 +197,9 @@ pub fn bench(args: BenchArgs) -> Result<(), Fatal> {
 pub enum Mode {
     /// One atomic script call (EVALSHA) per check.
     Exact,
+    /// Exact checks, coalesced: checks arriving while a call is in flight share the next one
+    /// (round trips: the EVALSHA calls the server counted meanwhile, from every client).
+    Coalesced,
     /// Local leases refilled in the background.
     Leased,
 }

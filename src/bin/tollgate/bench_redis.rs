@@ -1,4 +1,5 @@
-//! `tollgate bench --redis URL --mode exact|leased`: the Redis tier on the user's own Redis.
+//! `tollgate bench --redis URL --mode exact|coalesced|leased`: the Redis tier on the user's own
+//! Redis.
 //!
 //! Several processes may run it at once against one key (`--key`); `--json` prints one object
 //! per process with `checks`, `admitted`, `round_trips` and `seconds`, so a fleet's totals can
@@ -42,11 +43,17 @@ pub fn bench(args: &BenchArgs, url: &str) -> Result<(), Fatal> {
     });
     let (seconds, round_trips) = runtime.block_on(async {
         let exact = RedisLimiter::builder(rule)
+            .coalesce(args.mode == Mode::Coalesced)
             .connect(url)
             .await
             .map_err(|e| Fatal(format!("redis: {e}")))?;
         match args.mode {
             Mode::Exact => exact_mode(args, exact, &tally).await,
+            Mode::Coalesced => {
+                let before = evalsha_calls(&exact).await?;
+                let (seconds, _) = exact_mode(args, exact.clone(), &tally).await?;
+                Ok((seconds, evalsha_calls(&exact).await?.saturating_sub(before)))
+            }
             Mode::Leased => leased_mode(args, exact, &tally).await,
         }
     })?;
@@ -54,6 +61,7 @@ pub fn bench(args: &BenchArgs, url: &str) -> Result<(), Fatal> {
     let admitted = tally.admitted.load(Ordering::Relaxed);
     let mode = match args.mode {
         Mode::Exact => "exact",
+        Mode::Coalesced => "coalesced",
         Mode::Leased => "leased",
     };
     if args.json {
@@ -75,7 +83,24 @@ pub fn bench(args: &BenchArgs, url: &str) -> Result<(), Fatal> {
     Ok(())
 }
 
-/// `--concurrency` tasks, each awaiting one script call per check on the shared connection.
+/// The `EVALSHA` calls the server has counted (`INFO commandstats`), from every client.
+async fn evalsha_calls(exact: &RedisLimiter) -> Result<u64, Fatal> {
+    let mut conn = exact.connection().clone();
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(&mut conn)
+        .await
+        .map_err(|e| Fatal(format!("redis INFO: {e}")))?;
+    Ok(info
+        .lines()
+        .find_map(|line| line.strip_prefix("cmdstat_evalsha:calls="))
+        .and_then(|rest| rest.split(',').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0))
+}
+
+/// `--concurrency` tasks, each awaiting its checks' script calls on the shared connection (one
+/// per check, or shared when coalesced).
 async fn exact_mode(
     args: &BenchArgs,
     exact: RedisLimiter,

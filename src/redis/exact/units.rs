@@ -3,30 +3,18 @@
 //! outage, or before a key's first grant arrived). Many keys go in one script call per Cluster
 //! slot (the calls pipelined), as the exact tier's batches do.
 
-use std::sync::OnceLock;
-
-use redis::{Script, Value};
+use redis::Value;
 
 use super::{join_all, scatter, RedisConnection, RedisLimiter};
+use crate::redis::error::Error;
 use crate::redis::rule::{Kind, RedisRule};
-use crate::redis::{scripts as lua, Error};
+use crate::redis::scripts::scripts;
 
 const SEC: u64 = 1_000_000_000;
 
 /// The largest debt (ns) or count a state holds, `2^52 − 1`: a charge never pushes a state
 /// further (the scripts refuse larger stored values as foreign).
 pub(crate) const MAX_STATE: u64 = (1 << 52) - 1;
-
-fn scripts() -> &'static (Script, Script, Script) {
-    static SCRIPTS: OnceLock<(Script, Script, Script)> = OnceLock::new();
-    SCRIPTS.get_or_init(|| {
-        (
-            Script::new(lua::LEASE_GCRA),
-            Script::new(lua::LEASE_WINDOW),
-            Script::new(lua::CHARGE_LOG),
-        )
-    })
-}
 
 /// The algorithm whose state units are moved in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -125,7 +113,7 @@ impl<C: RedisConnection> RedisLimiter<C> {
         items: &[Units],
         chunk: &[usize],
     ) -> Result<Vec<Result<Reply, Error>>, Error> {
-        let (gcra_script, window_script, _) = scripts();
+        let (gcra_script, window_script) = (&scripts().lease_gcra, &scripts().lease_window);
         let [first, second] = self.rule().script_params();
         let (script, mode) = match algo {
             Algo::Gcra { .. } => (gcra_script, "1"),
@@ -211,7 +199,7 @@ impl<C: RedisConnection> RedisLimiter<C> {
         items: &[LogCharge],
         chunk: &[usize],
     ) -> Result<Vec<Result<u64, Error>>, Error> {
-        let (_, _, script) = scripts();
+        let script = &scripts().charge_log;
         let [limit, window] = self.rule().script_params();
         let mut invocation = script.prepare_invoke();
         invocation.arg(0).arg("0").arg(limit).arg(window);

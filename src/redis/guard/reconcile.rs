@@ -22,9 +22,9 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use dashmap::DashMap;
 
-use crate::redis::exact::{Algo, LogCharge, UnitOp, Units};
+use crate::redis::error::Error;
+use crate::redis::exact::{Algo, LogCharge, RedisConnection, RedisLimiter, UnitOp, Units};
 use crate::redis::rule::RedisRule;
-use crate::redis::{Error, RedisConnection, RedisLimiter};
 
 /// The wall clock, ns since the Unix epoch (the server's `TIME` on a synchronised fleet).
 pub(crate) fn wall_nanos() -> u64 {
@@ -47,6 +47,9 @@ struct Owed {
     prev_at: u64,
     /// Every unit recorded (what settling this entry takes off `Ledger::owed`).
     units: u64,
+    /// Units the node may still admit without owing them: a leased node's lease, granted
+    /// before the outage and handed over to the local limiter.
+    credit: u64,
 }
 
 impl Owed {
@@ -113,10 +116,20 @@ impl Ledger {
         if cost == 0 {
             return;
         }
-        // Relaxed: a statistic. Counted before the entry holds the units, so that a settle
-        // in between never takes off more than was counted.
+        // A known key's entry without allocating its key again.
+        let mut owed = match self.owed.get_mut(key) {
+            Some(owed) => owed,
+            None => self.owed.entry(key.into()).or_default(),
+        };
+        let covered = owed.credit.min(cost);
+        owed.credit -= covered;
+        let cost = cost - covered;
+        if cost == 0 {
+            return;
+        }
+        // Relaxed: a statistic. Counted while the entry is locked and before it holds the
+        // units, so that a settle never takes off more than was counted.
         self.pending.fetch_add(cost, Ordering::Relaxed);
-        let mut owed = self.owed.entry(key.into()).or_default();
         match self.target {
             Target::Units(Algo::Gcra { interval, .. }) => {
                 owed.tat = owed
@@ -130,6 +143,16 @@ impl Ledger {
             }
         }
         owed.units = owed.units.saturating_add(cost);
+    }
+
+    /// Lets `key` admit `units` more without owing them (units granted before the outage, now
+    /// spent by the policy). The credit ends with the entry: when it is settled.
+    pub(super) fn credit(&self, key: &[u8], units: u64) {
+        if units == 0 {
+            return;
+        }
+        let mut owed = self.owed.entry(key.into()).or_default();
+        owed.credit = owed.credit.saturating_add(units);
     }
 
     /// Units recorded and not yet settled (charged, or found to change nothing).

@@ -1,0 +1,147 @@
+//! The leased tier's lease word and route (`src/redis/lease/word.rs`, `route.rs`).
+//!
+//! Issue 13: a lost update planted in `take` (its CAS replaced by a plain store) passed 21 of
+//! the 22 leased integration tests. Here every transition of the word runs against the others,
+//! and every execution must account for each unit exactly once: spent by a check, taken back,
+//! emptied (given back or handed over), expired, or still held.
+
+use loom::sync::atomic::{AtomicU64, Ordering};
+use loom::sync::Arc;
+use loom::thread;
+use tollgate_loom_tests::lease_route::{Route, Way};
+use tollgate_loom_tests::lease_word::{units_of, LeaseWord, MS};
+
+use crate::explore;
+
+/// Checks spend one unit at a time, twice each, while a grant deposits and the lease is
+/// emptied: nothing is spent twice, nothing lost.
+#[test]
+fn takes_deposits_and_empty_account_for_every_unit() {
+    explore("lease: take x take x deposit+empty", || {
+        let word = Arc::new(LeaseWord::new(2, 0));
+        let checks: Vec<_> = (0..2)
+            .map(|_| {
+                let word = Arc::clone(&word);
+                thread::spawn(move || {
+                    (0..2)
+                        .map(|_| word.take(1, 0, false).map_or(0, |_| 1))
+                        .sum::<u64>()
+                })
+            })
+            .collect();
+        let level = word.deposit(1, true, 0);
+        assert!(level <= 3);
+        let emptied = units_of(word.empty(0));
+        let spent: u64 = checks.into_iter().map(|t| t.join().unwrap()).sum();
+        assert_eq!(
+            spent + emptied + units_of(word.load()),
+            3,
+            "2 held + 1 granted"
+        );
+    });
+}
+
+/// First-touch units taken back while checks spend them.
+#[test]
+fn take_up_to_races_checks_without_losing_a_unit() {
+    explore("lease: take x take x take_up_to", || {
+        let word = Arc::new(LeaseWord::new(3, 0));
+        let checks: Vec<_> = (0..2)
+            .map(|_| {
+                let word = Arc::clone(&word);
+                thread::spawn(move || word.take(1, 0, false).map_or(0, |_| 1))
+            })
+            .collect();
+        let (before, taken) = word.take_up_to(2);
+        assert!(taken <= 2 && taken <= before);
+        let spent: u64 = checks.into_iter().map(|t| t.join().unwrap()).sum();
+        assert_eq!(spent + taken + units_of(word.load()), 3);
+    });
+}
+
+/// The sweeper voids an expired window lease only if no check changed the word since it read
+/// it; checks never spend an expired lease.
+#[test]
+fn expire_and_take_never_both_have_a_unit() {
+    explore("lease: take x expire", || {
+        // Deadline at 5 ms; the check runs at 4 ms (valid), the sweeper at 5 ms.
+        let word = Arc::new(LeaseWord::new(2, 5));
+        let check = {
+            let word = Arc::clone(&word);
+            thread::spawn(move || word.take(1, 4 * MS, true).map_or(0, |_| 1))
+        };
+        let seen = word.load();
+        let expired = if word.expire(seen) { units_of(seen) } else { 0 };
+        let spent = check.join().unwrap();
+        assert_eq!(spent + expired + units_of(word.load()), 2);
+        assert_eq!(word.take(1, 5 * MS, true), None, "expired at 5 ms");
+    });
+}
+
+/// The handover: one thread empties the lease into the policy's state and ends it; checks
+/// spend from the lease until they read `Policy`, then from the policy's state, which they
+/// must find seeded (the Release/Acquire pair of the route). Every unit once.
+#[test]
+fn a_check_routed_to_the_policy_sees_the_handed_over_units() {
+    const UNSEEDED: u64 = u64::MAX;
+    explore("lease: route handover x check x check", || {
+        let word = Arc::new(LeaseWord::new(2, 0));
+        let route = Arc::new(Route::default());
+        // The policy's state for the key (units), unseeded until the handover writes it.
+        let local = Arc::new(AtomicU64::new(UNSEEDED));
+        let checks: Vec<_> = (0..2)
+            .map(|_| {
+                let (word, route, local) = (word.clone(), route.clone(), local.clone());
+                thread::spawn(move || {
+                    let (mut from_lease, mut from_local) = (0, 0);
+                    for _ in 0..2 {
+                        match route.way() {
+                            Way::Leases | Way::Handing => {
+                                from_lease += word.take(1, 0, false).map_or(0, |_| 1);
+                            }
+                            Way::Policy => {
+                                // Relaxed: the model's stand-in for the local limiter's own
+                                // state; what makes the seed visible is the route's Acquire.
+                                let units = local.load(Ordering::Relaxed);
+                                assert_ne!(units, UNSEEDED, "routed to an unseeded policy");
+                                if units > 0
+                                    && local
+                                        .compare_exchange(
+                                            units,
+                                            units - 1,
+                                            Ordering::Relaxed,
+                                            Ordering::Relaxed,
+                                        )
+                                        .is_ok()
+                                {
+                                    from_local += 1;
+                                }
+                            }
+                        }
+                    }
+                    (from_lease, from_local)
+                })
+            })
+            .collect();
+        assert!(route.begin(), "the only handover");
+        assert!(!route.begin(), "elected once");
+        let handed = units_of(word.empty(0));
+        // Relaxed: published by `finish`'s Release.
+        local.store(handed, Ordering::Relaxed);
+        route.finish();
+        let (mut lease, mut policy) = (0, 0);
+        for check in checks {
+            let (a, b) = check.join().unwrap();
+            lease += a;
+            policy += b;
+        }
+        assert_eq!(
+            lease + handed,
+            2,
+            "each unit spent from the lease or handed over"
+        );
+        assert_eq!(policy + local.load(Ordering::Relaxed), handed);
+        assert!(route.back());
+        assert_eq!(route.way(), Way::Leases);
+    });
+}

@@ -1,0 +1,233 @@
+//! What a leased node is told ([`LeaseConfig`]), what it refuses ([`LeaseError`]) and what
+//! it counts ([`LeaseStats`]).
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use super::word::MAX_LEASE;
+use crate::redis::exact::Algo;
+use crate::redis::rule::RedisRule;
+
+/// Why a [`LeasedLimiter`](super::LeasedLimiter) could not be built.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum LeaseError {
+    /// The rule's algorithm cannot be leased: a lease is a count of units, which fits GCRA /
+    /// token bucket / leaky bucket (meter), fixed window and sliding window counter. The
+    /// leaky bucket as a queue must tell each request its own delay, and the sliding log
+    /// must record each request's time: use the exact tier for them.
+    #[error("the leased tier does not support {algorithm}: use gcra (token-bucket, leaky-bucket), fixed-window or sliding-window, or the exact tier")]
+    Unsupported {
+        /// The rule's algorithm.
+        algorithm: &'static str,
+    },
+    /// Not called on a tokio runtime: refills run as tokio tasks.
+    #[error("the leased tier needs a tokio runtime")]
+    NoRuntime,
+}
+
+/// How a [`LeasedLimiter`](super::LeasedLimiter) sizes, refills and returns its leases.
+///
+/// # Examples
+/// ```
+/// use std::time::Duration;
+/// use tollgate::redis::LeaseConfig;
+/// let config = LeaseConfig::new()
+///     .horizon(Duration::from_millis(20))
+///     .max_lease(10_000)
+///     .idle_timeout(Duration::from_millis(500));
+/// assert_eq!(config.max_lease_for(1_000_000), 10_000);
+/// assert_eq!(LeaseConfig::new().max_lease_for(1_600), 100);
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LeaseConfig {
+    pub(super) horizon: Duration,
+    pub(super) max_lease: Option<u64>,
+    pub(super) idle_timeout: Duration,
+    pub(super) max_age: Duration,
+    pub(super) backoff: Duration,
+    pub(super) first_touch: Option<u64>,
+}
+
+impl Default for LeaseConfig {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl LeaseConfig {
+    /// Leases of 50 ms of demand, at most 1/16 of the capacity, returned after 1 s idle;
+    /// window leases live at most 10 s; a short grant is retried after at least 1 ms.
+    pub fn new() -> Self {
+        LeaseConfig {
+            horizon: Duration::from_millis(50),
+            max_lease: None,
+            idle_timeout: Duration::from_secs(1),
+            max_age: Duration::from_secs(10),
+            backoff: Duration::from_millis(1),
+            first_touch: Some(0),
+        }
+    }
+
+    /// A lease holds about this much of the key's recent demand (default 50 ms; at least
+    /// 1 ms). Longer means fewer round trips and a larger under-admission bound.
+    pub fn horizon(mut self, horizon: Duration) -> Self {
+        self.horizon = horizon.max(Duration::from_millis(1));
+        self
+    }
+
+    /// The most units a node holds for one key (default: the rule's capacity ÷ 16, at least
+    /// 1; at most [`MAX_LEASE`]). The under-admission bound is `nodes × max_lease`.
+    pub fn max_lease(mut self, units: u64) -> Self {
+        self.max_lease = Some(units.clamp(1, MAX_LEASE));
+        self
+    }
+
+    /// A key whose lease is untouched this long gives its units back and is forgotten
+    /// (default 1 s; at least 10 ms).
+    pub fn idle_timeout(mut self, timeout: Duration) -> Self {
+        self.idle_timeout = timeout.max(Duration::from_millis(10));
+        self
+    }
+
+    /// A window lease expires after this long even if its window lasts longer (default 10 s,
+    /// between 1 ms and 1 day): it bounds how far the node's clock may drift from the
+    /// server's while it holds units.
+    pub fn max_age(mut self, age: Duration) -> Self {
+        self.max_age = age.clamp(Duration::from_millis(1), Duration::from_secs(86_400));
+        self
+    }
+
+    /// After a grant that was short (the global budget ran out), the next request for that
+    /// key waits at least this long (default 1 ms), and at most the
+    /// [horizon](LeaseConfig::horizon) or until more budget is due, whichever comes first
+    /// (units given back by other nodes are picked up within the horizon).
+    pub fn backoff(mut self, backoff: Duration) -> Self {
+        self.backoff = backoff;
+        self
+    }
+
+    /// How many units a node may admit for a key it holds no lease of, while the key's first
+    /// grant is in flight (its *first touch*; see [`LeasedLimiter`](super::LeasedLimiter)). Default `0`, strict: a
+    /// key's checks are denied until its first grant arrives (or [`LeasedLimiter::prefetch`](super::LeasedLimiter::prefetch)
+    /// ran), and the fleet never admits more than the limit. A positive allowance serves first
+    /// touches at once, at the price of the bounded overdraft documented on
+    /// [`LeasedLimiter`](super::LeasedLimiter); [`LeaseConfig::first_touch_share`] picks one per node. At most
+    /// [`MAX_LEASE`].
+    ///
+    /// # Examples
+    /// ```
+    /// use tollgate::redis::LeaseConfig;
+    /// assert_eq!(LeaseConfig::new().first_touch_for(1_600, 1), 0);
+    /// assert_eq!(LeaseConfig::new().first_touch(10).first_touch_for(1_600, 1), 10);
+    /// assert_eq!(LeaseConfig::new().first_touch_share().first_touch_for(1_600, 2), 25);
+    /// assert_eq!(LeaseConfig::new().first_touch_share().first_touch_for(1_600, 100), 16);
+    /// ```
+    pub fn first_touch(mut self, units: u64) -> Self {
+        self.first_touch = Some(units.min(MAX_LEASE));
+        self
+    }
+
+    /// First touches get this node's share of the capacity, `⌊capacity ÷ live nodes⌋`, at most
+    /// a quarter of the largest lease (see [`LeaseConfig::first_touch`]).
+    pub fn first_touch_share(mut self) -> Self {
+        self.first_touch = None;
+        self
+    }
+
+    /// The first-touch allowance for a rule of capacity `capacity` on a fleet of `nodes`
+    /// (examples on [`LeaseConfig::first_touch`]).
+    pub fn first_touch_for(&self, capacity: u64, nodes: u64) -> u64 {
+        match self.first_touch {
+            Some(units) => units.min(capacity),
+            None => (capacity / nodes.max(1)).min((self.max_lease_for(capacity) / 4).max(1)),
+        }
+    }
+
+    /// The largest lease for a rule of capacity `capacity`.
+    pub fn max_lease_for(&self, capacity: u64) -> u64 {
+        self.max_lease
+            .unwrap_or(capacity / 16)
+            .clamp(1, MAX_LEASE)
+            .min(capacity.max(1))
+    }
+}
+
+/// Counters of a [`LeasedLimiter`](super::LeasedLimiter)'s traffic with Redis, since it was built.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct LeaseStats {
+    /// Script calls sent to Redis (grants, returns and charges). Refills and returns of many
+    /// keys due together share calls: one per Cluster slot (per 256 keys on a single server).
+    pub round_trips: u64,
+    /// Grant requests (one per key refilled), however many calls carried them.
+    pub refills: u64,
+    /// Units Redis granted.
+    pub granted: u64,
+    /// Units given back to Redis.
+    pub returned: u64,
+    /// Units admitted on first touches, before the key's first grant arrived.
+    pub provisional: u64,
+    /// Of those, units the first grant did not cover (the global budget was spent): admitted
+    /// beyond the limit, and charged to Redis so that its state counts them.
+    pub overdrawn: u64,
+}
+
+/// The counters behind [`LeaseStats`]. Relaxed everywhere: counters that publish nothing.
+#[derive(Debug, Default)]
+pub(super) struct Counters {
+    pub round_trips: AtomicU64,
+    pub refills: AtomicU64,
+    pub granted: AtomicU64,
+    pub returned: AtomicU64,
+    pub provisional: AtomicU64,
+    pub overdrawn: AtomicU64,
+}
+
+impl Counters {
+    /// Adds `n` to `counter`.
+    pub fn add(counter: &AtomicU64, n: u64) {
+        // Relaxed: a statistics counter.
+        counter.fetch_add(n, Ordering::Relaxed);
+    }
+
+    pub fn snapshot(&self) -> LeaseStats {
+        // Relaxed: statistics counters.
+        let read = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        LeaseStats {
+            round_trips: read(&self.round_trips),
+            refills: read(&self.refills),
+            granted: read(&self.granted),
+            returned: read(&self.returned),
+            provisional: read(&self.provisional),
+            overdrawn: read(&self.overdrawn),
+        }
+    }
+}
+
+/// What every part of a leased node reads and nobody changes: the rule, its algorithm, the
+/// configuration and the largest lease it implies.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Terms {
+    pub rule: RedisRule,
+    pub algo: Algo,
+    pub config: LeaseConfig,
+    pub max_lease: u64,
+}
+
+impl Terms {
+    pub fn windowed(&self) -> bool {
+        self.algo.windowed()
+    }
+
+    /// The window `W` in ns (`None` for GCRA).
+    pub fn window(&self) -> Option<u64> {
+        match self.algo {
+            Algo::Gcra { .. } => None,
+            Algo::Fixed { window } | Algo::Sliding { window } => Some(window),
+        }
+    }
+
+    pub fn nanos(duration: Duration) -> u64 {
+        u64::try_from(duration.as_nanos()).unwrap_or(u64::MAX)
+    }
+}

@@ -1,0 +1,185 @@
+//! The grant protocol, on one lease: how much a refill asks for, and how Redis's answer becomes
+//! units in the word, a low-water mark, a backoff and the figures checks report. No network
+//! here: the scheduler sends what [`prepare`] asks and hands the reply to [`install`].
+
+use std::sync::atomic::Ordering;
+
+use super::cell::Lease;
+use super::config::{Counters, Terms};
+use super::first_touch::cover;
+use super::word::{now_ms, MAX_LEASE};
+use crate::clock::Nanos;
+use crate::redis::exact::{Algo, Reply, UnitOp};
+
+/// What a refill of `lease`, asked for at `t0`, requests: `(want, target)`, or `None`.
+pub(super) fn prepare(terms: &Terms, lease: &Lease, t0: Nanos) -> Option<(u64, u64)> {
+    let held = lease.hot.word.held(t0, terms.windowed());
+    let mut bg = lease.bg.lock();
+    // First-touch units are not held: the first grant must cover them.
+    let owed = bg.provisional;
+    let held = held.saturating_sub(owed);
+    if bg.installed_at > 0 && t0 > bg.installed_at {
+        let consumed = bg.level_after.saturating_sub(held) as f64;
+        let rate = consumed / (t0 - bg.installed_at) as f64;
+        bg.rate = if bg.rate == 0.0 {
+            rate
+        } else {
+            0.5 * rate + 0.5 * bg.rate
+        };
+    }
+    // Enough for the horizon, and for four of the slowest recent refills.
+    let horizon = (terms.config.horizon.as_nanos() as f64).max(4.0 * bg.slowest as f64);
+    bg.target = if bg.rate > 0.0 {
+        ((bg.rate * horizon).ceil() as u64).clamp(1, terms.max_lease)
+    } else {
+        // No history yet: a quarter of the largest lease.
+        (terms.max_lease / 4).max(1)
+    };
+    // Relaxed: a self-contained hint; no other memory is published through it.
+    let need = lease.need.swap(0, Ordering::Relaxed);
+    let want = bg
+        .target
+        .saturating_sub(held)
+        .max(need.saturating_sub(held))
+        .max(1)
+        .saturating_add(owed)
+        .min(MAX_LEASE - held.min(MAX_LEASE));
+    (want > 0).then_some((want, bg.target))
+}
+
+/// Installs the answer to a grant request of `want` units asked at `t0` (`now` is the limiter
+/// clock after the reply). Returns the charge to send if first-touch units were spent that the
+/// grant did not cover.
+pub(super) fn install(
+    terms: &Terms,
+    lease: &Lease,
+    reply: &Reply,
+    (t0, now): (Nanos, Nanos),
+    (want, target): (u64, u64),
+    stats: &Counters,
+) -> Option<(UnitOp, u64)> {
+    Counters::add(&stats.granted, reply.units);
+    let horizon = Terms::nanos(terms.config.horizon);
+    let mut bg = lease.bg.lock();
+    // The deadline, the window's start on the server's clock, and when more budget is
+    // expected.
+    let (deadline, window_start, retry, poll) = match terms.algo {
+        Algo::Gcra { interval, span } => {
+            let next_unit = (reply.fact + interval).saturating_sub(span);
+            let wanted = reply
+                .fact
+                .saturating_add(want.saturating_mul(interval))
+                .saturating_sub(span);
+            (0, None, next_unit, wanted.min(horizon))
+        }
+        Algo::Fixed { window } | Algo::Sliding { window } => {
+            let e = reply.fact;
+            let left = window - e;
+            // The node's clock started before the server read its own: `t0 + left` is at or
+            // before the window's end; a thousandth more covers clock drift.
+            let life = (left - left / 1024).min(Terms::nanos(terms.config.max_age));
+            let deadline = now_ms(t0.saturating_add(life));
+            // A spent fixed window has budget again when it ends; a sliding estimate frees
+            // some continuously. Either may get units back from other nodes sooner: ask again
+            // within the horizon.
+            let retry = if matches!(terms.algo, Algo::Fixed { .. }) {
+                left
+            } else {
+                window / 64
+            };
+            (deadline, Some(reply.time - e), retry, retry.min(horizon))
+        }
+    };
+    let (granted, charge) = cover(terms, lease, &mut bg, reply.units, window_start, stats);
+    // The slowest recent refill, forgotten by an eighth per refill.
+    bg.slowest = (now - t0).max(bg.slowest - bg.slowest / 8);
+    // Refill when what is left covers two of the slowest recent refills, or half the target,
+    // whichever is more (at most the target).
+    let low_water = ((bg.rate * 2.0 * bg.slowest as f64) as u64)
+        .max(target / 2)
+        .min(target);
+    // Units of the same window stay valid until the new grant's deadline (it is as
+    // conservative as the old one, and the server has just confirmed the window), even if the
+    // old lease expired by age; a new window voids what is left of the old one.
+    let same = window_start.is_none() || bg.window_start == window_start;
+    let level = lease.hot.word.deposit(granted, same, deadline);
+    bg.window_start = window_start;
+    bg.grant_time = reply.time;
+    // The reply came after the server read its clock: the window is surely over by then.
+    bg.window_over = terms
+        .window()
+        .map_or(u64::MAX, |window| now.saturating_add(window - reply.fact));
+    bg.installed_at = now;
+    bg.level_after = level;
+    // Relaxed: a self-contained hint; no other memory is published through it.
+    lease.hot.low_water.store(low_water, Ordering::Relaxed);
+    // An overdraft charged now lands in the grant's window (one of an earlier window does not).
+    let extra = match charge {
+        Some((UnitOp::Charge { at: None }, units)) => units,
+        _ => 0,
+    };
+    let (left, full_in) = view(terms, reply, extra);
+    // Relaxed, all three: hints for the figures of decisions (see `LeasedLimiter::check_n`).
+    lease.hot.view_left.store(left, Ordering::Relaxed);
+    lease.hot.view_at.store(now, Ordering::Relaxed);
+    lease.hot.view_full_at.store(
+        full_in.map_or(0, |d| now.saturating_add(d)),
+        Ordering::Relaxed,
+    );
+    let backoff = Terms::nanos(terms.config.backoff);
+    let retry_at = if reply.units < want {
+        bg.not_before = t0.saturating_add(poll.max(backoff));
+        t0.saturating_add(retry)
+    } else {
+        bg.not_before = 0;
+        0
+    };
+    // Relaxed: a self-contained hint; no other memory is published through it.
+    lease.retry_at.store(retry_at, Ordering::Relaxed);
+    charge
+}
+
+/// The global state right after a grant, from its reply: the units it could still grant
+/// (every unit held in a lease counts as spent), and the wait until it is back to full
+/// capacity (`None` if it is full), by SPEC's `remaining` and `reset_after` at the server's
+/// time; `extra` units are about to be charged on top.
+fn view(terms: &Terms, reply: &Reply, extra: u64) -> (u64, Option<u64>) {
+    let limit = terms.rule.limit();
+    match terms.algo {
+        Algo::Gcra { interval, span } => {
+            let debt = reply.fact.saturating_add(extra.saturating_mul(interval));
+            let left = span.saturating_sub(debt) / interval.max(1);
+            (left, (debt > 0).then_some(debt))
+        }
+        Algo::Fixed { window } => {
+            let count = reply.count.saturating_add(extra);
+            let left = limit.saturating_sub(count);
+            (left, (count > 0).then_some(window - reply.fact))
+        }
+        Algo::Sliding { window } => {
+            let (l, w, e) = (limit as i128, window as i128, reply.fact as i128);
+            let cur = reply.count.saturating_add(extra) as i128;
+            let prev = reply.prev as i128;
+            // (L − est)·W, est = cur + prev·(W − e)/W; remaining = ⌈L − est⌉.
+            let headroom = l * w - cur * w - prev * (w - e);
+            let left = if headroom <= 0 {
+                0
+            } else {
+                u64::try_from((headroom + w - 1) / w).unwrap_or(u64::MAX)
+            };
+            let full_in = if cur > 0 {
+                Some(2 * window - reply.fact)
+            } else if prev > 0 {
+                Some(window - reply.fact)
+            } else {
+                None
+            };
+            (left, full_in)
+        }
+    }
+}
+
+/// GCRA: the units refilled between `since` and `now`, one per `interval`.
+pub(super) fn accrued(interval: u64, since: Nanos, now: Nanos) -> u64 {
+    now.saturating_sub(since) / interval.max(1)
+}

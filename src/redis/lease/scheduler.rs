@@ -1,0 +1,374 @@
+//! The refill scheduler: one node's leases, the queue of refills asked for, and the two
+//! background tasks: the refill task (every refill asked for since its last batch, in one
+//! script call per Cluster slot) and the sweeper (units of idle keys and expired window leases
+//! go back to Redis).
+
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use dashmap::DashMap;
+use parking_lot::Mutex;
+
+use super::cell::Lease;
+use super::config::{Counters, Terms};
+use super::first_touch::void_provisional;
+use super::grant::{install, prepare};
+use super::route::Route;
+use super::word::{deadline_of, expired, now_ms, units_of};
+use crate::clock::{Clock, Nanos, QuantaClock};
+use crate::redis::error::Error;
+use crate::redis::exact::{RedisConnection, RedisLimiter, Reply, UnitOp, Units};
+use crate::redis::guard::{GuardedLimiter, Mode};
+
+/// The leases of one node and what serves them.
+pub(super) struct Node<C: RedisConnection> {
+    pub exact: RedisLimiter<C>,
+    pub guard: GuardedLimiter<C>,
+    pub terms: Terms,
+    pub leases: DashMap<Box<[u8]>, Arc<Lease>, foldhash::fast::RandomState>,
+    pub clock: QuantaClock,
+    runtime: tokio::runtime::Handle,
+    pub stats: Counters,
+    /// Where checks go: leases, or the failure policy (see `route.rs`).
+    pub route: Route,
+    /// Refills asked for and not yet sent; the refill task takes them all at once.
+    queue: Mutex<Vec<Queued>>,
+    wake: tokio::sync::Notify,
+}
+
+/// A refill asked for: the lease, and when (limiter clock, ns).
+struct Queued {
+    lease: Arc<Lease>,
+    at: Nanos,
+}
+
+/// A return to send: the lease, its units, and the server time of their window's last grant.
+type Return = (Arc<Lease>, u64, u64);
+
+/// Aborts the background tasks (the sweeper and the refiller) when the last clone of the
+/// limiter is dropped.
+pub(super) struct Tasks([tokio::task::AbortHandle; 2]);
+
+impl Drop for Tasks {
+    fn drop(&mut self) {
+        for task in &self.0 {
+            task.abort();
+        }
+    }
+}
+
+impl<C: RedisConnection> Node<C> {
+    /// A node, with its refill task and sweeper running on `runtime`.
+    pub fn start(
+        exact: RedisLimiter<C>,
+        guard: GuardedLimiter<C>,
+        terms: Terms,
+        runtime: tokio::runtime::Handle,
+    ) -> (Arc<Node<C>>, Tasks) {
+        let node = Arc::new(Node {
+            exact,
+            guard,
+            terms,
+            leases: DashMap::with_hasher(foldhash::fast::RandomState::default()),
+            clock: QuantaClock::new(),
+            runtime,
+            stats: Counters::default(),
+            route: Route::default(),
+            queue: Mutex::new(Vec::new()),
+            wake: tokio::sync::Notify::new(),
+        });
+        let sweeper = node.runtime.spawn(sweep(Arc::downgrade(&node)));
+        let refiller = node.runtime.spawn(refills(Arc::clone(&node)));
+        let tasks = Tasks([sweeper.abort_handle(), refiller.abort_handle()]);
+        (node, tasks)
+    }
+
+    /// Queues a refill of `lease` for the refill task unless one is already queued or in
+    /// flight; after its backoff if it has one.
+    pub fn request_refill(self: &Arc<Self>, lease: &Arc<Lease>) {
+        // Relaxed: the flag only elects one refiller; the lease's bookkeeping is under `bg`.
+        if lease.pending.load(Ordering::Relaxed) || lease.pending.swap(true, Ordering::Relaxed) {
+            return;
+        }
+        let now = self.clock.now();
+        let not_before = lease.bg.lock().not_before;
+        if not_before > now {
+            let (node, lease) = (Arc::clone(self), Arc::clone(lease));
+            self.runtime.spawn(async move {
+                tokio::time::sleep(Duration::from_nanos(not_before - now)).await;
+                let at = node.clock.now();
+                node.enqueue(lease, at);
+            });
+        } else {
+            self.enqueue(Arc::clone(lease), now);
+        }
+    }
+
+    fn enqueue(&self, lease: Arc<Lease>, at: Nanos) {
+        self.queue.lock().push(Queued { lease, at });
+        // A permit is stored if the refill task is busy: no request is left waiting.
+        self.wake.notify_one();
+    }
+
+    /// Whether `lease` is no longer the key's current lease (given back, or forgotten).
+    fn retired(&self, lease: &Arc<Lease>) -> bool {
+        self.leases
+            .get(&lease.key)
+            .is_none_or(|current| !Arc::ptr_eq(&current, lease))
+    }
+
+    /// Sends the grant requests of `batch` together (one script call per Cluster slot, per
+    /// `max_batch` keys) and installs the grants. While the breaker is open, no request is
+    /// sent: the policy decides, and the next check after recovery asks again.
+    async fn refill_batch(&self, batch: Vec<Queued>) {
+        let global = self.guard.mode() == Mode::Global;
+        let mut asks = Vec::with_capacity(batch.len());
+        let mut done = Vec::with_capacity(batch.len());
+        for Queued { lease, at } in batch {
+            if global && !self.retired(&lease) {
+                if let Some(ask) = prepare(&self.terms, &lease, at) {
+                    asks.push((lease, at, ask));
+                    continue;
+                }
+            } else {
+                // No grant will cover first-touch units: the policy decides from now on.
+                let spent = self.void_provisional(&lease);
+                self.guard.record_admitted(&lease.key, spent);
+            }
+            done.push(lease);
+        }
+        if !asks.is_empty() {
+            let items: Vec<Units> = asks
+                .iter()
+                .map(|(lease, _, (want, _))| self.units(lease, UnitOp::Grant, *want))
+                .collect();
+            let (results, calls) = self.exact.move_units(self.terms.algo, &items).await;
+            Counters::add(&self.stats.round_trips, calls);
+            Counters::add(&self.stats.refills, items.len() as u64);
+            let mut charges = Vec::new();
+            let mut charged = Vec::new();
+            for ((lease, t0, ask), result) in asks.into_iter().zip(results) {
+                if let Some((op, units)) = self.finish(&lease, result, t0, ask) {
+                    charges.push(self.units(&lease, op, units));
+                    charged.push(Arc::clone(&lease));
+                }
+                done.push(lease);
+            }
+            if !charges.is_empty() {
+                // First-touch units the grants did not cover: the state must count them.
+                let (results, calls) = self.exact.move_units(self.terms.algo, &charges).await;
+                Counters::add(&self.stats.round_trips, calls);
+                for ((charge, lease), result) in charges.iter().zip(&charged).zip(results) {
+                    match result {
+                        Ok(_) => self.guard.answered(),
+                        Err(error) if error.is_transient() => {
+                            // Charged after the outage, if reconciliation is on.
+                            self.guard.record_admitted(&lease.key, charge.units);
+                            self.guard.transient_failure(&error);
+                        }
+                        Err(error) => tracing::warn!(%error, "charging an overdraft failed"),
+                    }
+                }
+            }
+        }
+        let mut returns = Vec::new();
+        for lease in done {
+            if self.retired(&lease) {
+                // Retired while the grant was in flight: whatever it brought goes back.
+                let (units, since) = self.take_all(&lease);
+                returns.push((lease, units, since));
+            } else {
+                // Release: `refilling` readers that see the flag clear also see the installed
+                // word.
+                lease.pending.store(false, Ordering::Release);
+                lease.refilled.notify_waiters();
+            }
+        }
+        self.give_back(&returns).await;
+        for (lease, _, _) in returns {
+            lease.refilled.notify_waiters();
+        }
+    }
+
+    fn units(&self, lease: &Lease, op: UnitOp, units: u64) -> Units {
+        Units {
+            key: self.exact.redis_key(&lease.key),
+            op,
+            units,
+        }
+    }
+
+    /// Takes back the first-touch units of `lease` that no grant will cover: how many were
+    /// spent (admitted without Redis).
+    pub fn void_provisional(&self, lease: &Lease) -> u64 {
+        let mut bg = lease.bg.lock();
+        let owed = bg.provisional;
+        void_provisional(lease, &mut bg, owed, &self.stats)
+    }
+
+    /// Applies the answer to a grant request asked at `t0`. Returns the charge to send if
+    /// first-touch units were spent that the grant did not cover.
+    fn finish(
+        &self,
+        lease: &Lease,
+        result: Result<Reply, Error>,
+        t0: Nanos,
+        ask: (u64, u64),
+    ) -> Option<(UnitOp, u64)> {
+        match result {
+            Ok(reply) => {
+                self.guard.answered();
+                lease.set_fatal(None);
+                let now = self.clock.now();
+                install(&self.terms, lease, &reply, (t0, now), ask, &self.stats)
+            }
+            Err(error) => {
+                let wait = Terms::nanos(self.guard.probe_interval());
+                lease.bg.lock().not_before = t0.saturating_add(wait);
+                let spent = self.void_provisional(lease);
+                if error.is_transient() {
+                    // Admitted without a grant, as during an outage.
+                    self.guard.record_admitted(&lease.key, spent);
+                    self.guard.transient_failure(&error);
+                } else {
+                    tracing::warn!(%error, "lease refill failed");
+                    lease.set_fatal(Some(error));
+                }
+                None
+            }
+        }
+    }
+
+    /// Takes back every unit of `lease` and forgets it: what to give back to Redis.
+    pub fn retire(&self, lease: Arc<Lease>) -> Return {
+        // Relaxed: keeps refills away for good; a check that still holds the lease finds it
+        // empty.
+        lease.pending.store(true, Ordering::Relaxed);
+        let (units, since) = self.take_all(&lease);
+        self.leases
+            .remove_if(&lease.key, |_, v| Arc::ptr_eq(v, &lease));
+        (lease, units, since)
+    }
+
+    /// Empties `lease`: its units and the server time of their window's last grant, read
+    /// together under the lock that installs grants.
+    fn take_all(&self, lease: &Lease) -> (u64, u64) {
+        let bg = lease.bg.lock();
+        let word = lease.hot.word.empty(now_ms(self.clock.now()));
+        // First-touch units were never granted: nothing of them goes back.
+        (units_of(word).saturating_sub(bg.provisional), bg.grant_time)
+    }
+
+    /// Returns `(lease, units, since)`: `units` of `lease`, granted in the window of server
+    /// time `since`, to Redis, all in one batch (one script call per Cluster slot, per
+    /// `max_batch` keys). Those of a window that is over change nothing (the script checks):
+    /// a fixed window's count is gone, a sliding window's `prev` still takes them back.
+    pub async fn give_back(&self, returns: &[Return]) {
+        let items: Vec<Units> = returns
+            .iter()
+            .filter(|(_, units, _)| *units > 0)
+            .map(|(lease, units, since)| {
+                self.units(lease, UnitOp::Return { since: *since }, *units)
+            })
+            .collect();
+        if items.is_empty() {
+            return;
+        }
+        let (results, calls) = self.exact.move_units(self.terms.algo, &items).await;
+        Counters::add(&self.stats.round_trips, calls);
+        for result in results {
+            match result {
+                Ok(reply) => {
+                    self.guard.answered();
+                    Counters::add(&self.stats.returned, reply.units);
+                }
+                // The units stay counted: under-admission, never over-admission.
+                Err(error) if error.is_transient() => self.guard.transient_failure(&error),
+                Err(error) => tracing::warn!(%error, "lease return failed"),
+            }
+        }
+    }
+}
+
+/// The refill task: sends every refill asked for since its last batch at once (one script
+/// call per Cluster slot), so that refills of many keys due together cost few round trips;
+/// requests that arrive while a batch is in flight make the next batch.
+async fn refills<C: RedisConnection>(node: Arc<Node<C>>) {
+    loop {
+        node.wake.notified().await;
+        loop {
+            let batch = std::mem::take(&mut *node.queue.lock());
+            if batch.is_empty() {
+                break;
+            }
+            node.refill_batch(batch).await;
+        }
+    }
+}
+
+/// The background task: returns the units of idle keys and of expired sliding-window leases.
+async fn sweep<C: RedisConnection>(node: Weak<Node<C>>) {
+    loop {
+        let period = match node.upgrade() {
+            // Often enough to notice idle keys within a quarter of the timeout, and expired
+            // window leases within a quarter of a window.
+            Some(node) => {
+                let config = node.terms.config;
+                let window = node.terms.window().unwrap_or(u64::MAX);
+                (config.idle_timeout / 4)
+                    .min(config.max_age / 2)
+                    .min(Duration::from_nanos(window / 4))
+                    .max(Duration::from_millis(5))
+            }
+            None => return,
+        };
+        tokio::time::sleep(period).await;
+        let Some(node) = node.upgrade() else {
+            return;
+        };
+        let now = node.clock.now();
+        let idle = Terms::nanos(node.terms.config.idle_timeout);
+        let windowed = node.terms.windowed();
+        let mut idle_leases = Vec::new();
+        let mut returns = Vec::new();
+        for entry in node.leases.iter() {
+            let lease = entry.value();
+            // Relaxed: the flag elects one refiller; the data it guards is under `bg`.
+            if lease.pending.load(Ordering::Relaxed) {
+                continue;
+            }
+            let word = lease.hot.word.load();
+            let mut bg = lease.bg.lock();
+            if word != bg.last_word || bg.still_since == 0 {
+                bg.last_word = word;
+                bg.still_since = now;
+            } else if now - bg.still_since >= idle {
+                idle_leases.push(lease.clone());
+                continue;
+            }
+            if windowed
+                && units_of(word) > 0
+                && expired(now_ms(now), deadline_of(word))
+                && lease.hot.word.expire(word)
+            {
+                bg.last_word = lease.hot.word.load();
+                // A fixed window that is over has forgotten its count: nothing to return.
+                let over = matches!(node.terms.algo, crate::redis::exact::Algo::Fixed { .. })
+                    && now >= bg.window_over;
+                if !over {
+                    returns.push((lease.clone(), units_of(word), bg.grant_time));
+                }
+            }
+        }
+        // All returns in one batch: a script call per Cluster slot.
+        for lease in idle_leases {
+            // Relaxed: the flag elects one refiller; the data it guards is under `bg`.
+            if !lease.pending.swap(true, Ordering::Relaxed) {
+                returns.push(node.retire(lease));
+            }
+        }
+        node.give_back(&returns).await;
+        drop(node);
+    }
+}

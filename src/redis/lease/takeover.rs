@@ -1,0 +1,75 @@
+//! The takeover: when the breaker opens, every lease's units move into the failure policy's
+//! own state at once, so that from then on a check goes straight to the policy (no lease, no
+//! lock, no task), and the policy starts each key from what the node last knew of it, not
+//! from a full bucket. The bound this gives is on [`LeasedLimiter`](super::LeasedLimiter)
+//! ("When Redis fails").
+
+use std::sync::atomic::Ordering;
+
+use super::cell::Lease;
+use super::config::Terms;
+use super::grant::accrued;
+use super::scheduler::Node;
+use super::word::{deadline_of, expired, now_ms, units_of};
+use crate::clock::{Clock, Nanos};
+use crate::redis::exact::{Algo, RedisConnection};
+
+impl<C: RedisConnection> Node<C> {
+    /// Routes checks to the failure policy, after handing every lease over to it if the
+    /// policy keeps state of its own (`Local`). Only one caller runs it (the route elects
+    /// it); the others keep to their leases meanwhile. The cost, one pass over the leases, is
+    /// paid once per outage by the check that noticed it.
+    #[cold]
+    pub fn hand_over(&self) {
+        if !self.route.begin() {
+            return;
+        }
+        if self.guard.keeps_local_state() {
+            let now = self.clock.now();
+            for entry in self.leases.iter() {
+                let lease = entry.value();
+                let (held, seen) = self.empty_for_takeover(lease, now);
+                self.guard.take_over(&lease.key, held, seen);
+            }
+        }
+        self.route.finish();
+    }
+
+    /// Empties `lease` for the takeover: the granted units it held, and what the global state
+    /// could still grant as far as this node knows (from the last grant's reply, plus for
+    /// GCRA the units that accrued since, at most the capacity; for a window that is over,
+    /// unknown: the capacity). First-touch units are settled as a failed grant settles them.
+    fn empty_for_takeover(&self, lease: &Lease, now: Nanos) -> (u64, u64) {
+        let spent = self.void_provisional(lease);
+        self.guard.record_admitted(&lease.key, spent);
+        let bg = lease.bg.lock();
+        let word = lease.hot.word.empty(now_ms(now));
+        let held = if self.terms.windowed() && expired(now_ms(now), deadline_of(word)) {
+            0
+        } else {
+            units_of(word)
+        };
+        let window_over = bg.window_over;
+        drop(bg);
+        (held, seen_left(&self.terms, lease, now, window_over))
+    }
+}
+
+/// What the global state could still grant at `now`, as `lease`'s last grant saw it.
+pub(super) fn seen_left(terms: &Terms, lease: &Lease, now: Nanos, window_over: Nanos) -> u64 {
+    let capacity = terms.rule.capacity();
+    // Relaxed, both: hints written by one grant's install (see `LeasedLimiter::check_n`).
+    let view_left = lease.hot.view_left.load(Ordering::Relaxed);
+    let view_at = lease.hot.view_at.load(Ordering::Relaxed);
+    if view_at == 0 {
+        // No grant yet: the node knows nothing of the key.
+        return capacity;
+    }
+    match terms.algo {
+        Algo::Gcra { interval, .. } => view_left
+            .saturating_add(accrued(interval, view_at, now))
+            .min(capacity),
+        Algo::Fixed { .. } | Algo::Sliding { .. } if now < window_over => view_left,
+        Algo::Fixed { .. } | Algo::Sliding { .. } => capacity,
+    }
+}
