@@ -26,7 +26,7 @@ use crate::quota::QuotaError;
 use std::hash::Hash;
 
 use crate::state::{AtomicWord, LogCell, Retired, Words};
-use crate::store::{DashMapStore, KeyedStore, WordTable};
+use crate::store::{KeyedStore, WordTable};
 
 /// GCRA and leaky-bucket TATs stay below `u64::MAX − 1` (`Gcra::decide_with_delay`).
 const TAT_MARKS: Retired = Retired {
@@ -102,8 +102,7 @@ pub trait Algorithm: Copy + Send + Sync + std::fmt::Debug + 'static + sealed::Se
     #[doc(hidden)]
     fn is_fresh(&self, cell: &Self::Cell, now: Nanos) -> bool;
 
-    /// The keyed store this rule's cells live in by default: the lock-free [`WordTable`] for
-    /// one-word cells, dashmap for the sliding log.
+    /// The keyed store this rule's cells live in by default: the lock-free [`WordTable`].
     #[doc(hidden)]
     type Store<K: Clone + Hash + Eq + Send + Sync>: KeyedStore<K, Self::Cell>;
 
@@ -357,12 +356,16 @@ impl Algorithm for SlidingLog {
         cell.with(now, |ring, t| self.refund(ring, t, cost))
     }
     fn is_fresh(&self, cell: &LogCell, now: Nanos) -> bool {
-        cell.with(|| now, |ring, t| self.is_empty_at(ring, t))
+        // A retired cell holds no state; its ring must stay marked (no prune on it).
+        cell.with_live(|| now, |ring, t| self.is_empty_at(ring, t))
+            .unwrap_or(true)
     }
-    type Store<K: Clone + Hash + Eq + Send + Sync> = DashMapStore<K, LogCell>;
+    type Store<K: Clone + Hash + Eq + Send + Sync> =
+        WordTable<K, foldhash::fast::RandomState, LogCell>;
     fn new_store<K: Clone + Hash + Eq + Send + Sync>() -> Self::Store<K> {
-        DashMapStore::new()
+        WordTable::new((), foldhash::fast::RandomState::default())
     }
+    #[inline]
     fn acquire_live<F: Fn() -> Nanos>(
         &self,
         cell: &LogCell,
@@ -370,20 +373,18 @@ impl Algorithm for SlidingLog {
         cost: u64,
         commit: bool,
     ) -> Option<Decision> {
-        Some(self.acquire(cell, now, cost, commit))
+        cell.with_live(now, |ring, t| self.decide(ring, t, cost, commit))
     }
     fn refund_live<F: Fn() -> Nanos>(&self, cell: &LogCell, now: F, cost: u64) -> Option<()> {
-        Algorithm::refund(self, cell, now, cost);
-        Some(())
+        cell.with_live(now, |ring, t| self.refund(ring, t, cost))
     }
-    /// A log is never retired in place: its store (dashmap) removes it under the shard's write
-    /// lock right after this judgement, with no decision running on it.
+    /// Under the cell's lock, so no decision runs between the judgement and the tombstone.
     fn evict_if_fresh(&self, cell: &LogCell, now: Nanos) -> bool {
-        Algorithm::is_fresh(self, cell, now)
+        cell.evict_if(|ring| self.is_empty_at(ring, now))
     }
-    /// The log keeps the dashmap store, which evicts by sweeps only: judged at `now`.
-    fn evict_if_idle(&self, cell: &LogCell, _since: Nanos, now: Nanos) -> bool {
-        Algorithm::is_fresh(self, cell, now)
+    /// Empty at `since` means no entry after `since − W`, so empty at `now ≥ since` too.
+    fn evict_if_idle(&self, cell: &LogCell, since: Nanos, now: Nanos) -> bool {
+        cell.evict_if(|ring| self.is_empty_at(ring, since.min(now)))
     }
     fn take_over(self, _previous: &Self, _now: Nanos) -> Self {
         // Entries are absolute times: a new window or limit applies to them as they are.

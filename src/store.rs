@@ -8,6 +8,8 @@
 
 // Explicit paths: `loom-tests` includes `keyed_store.rs` and `table.rs` with `#[path]` (without
 // dashmap); see `algorithm.rs` for why undecorated children would not resolve there.
+#[path = "store/cell.rs"]
+mod cell;
 #[path = "store/dashmap.rs"]
 mod dashmap;
 #[path = "store/keyed_store.rs"]
@@ -20,6 +22,7 @@ mod word_table;
 #[path = "store/word_table_tests.rs"]
 mod word_table_tests;
 
+pub use self::cell::TableCell;
 pub use self::dashmap::DashMapStore;
 pub use self::keyed_store::{Evictor, Inserted, KeyedStore};
 pub use self::word_table::{WordTable, DEFAULT_EVICT_ABOVE};

@@ -86,8 +86,6 @@ fn a_key_is_evicted_exactly_when_it_is_fresh() {
 /// A flood of unique keys over time: once the word table holds `evict_above` keys, keys that
 /// became fresh are evicted as new ones need their room (those unused since their shard last
 /// filled), so the table stays bounded near `evict_above` plus the keys that still hold state.
-/// (The sliding log's dashmap store sweeps instead when it has doubled: within a small multiple
-/// of the keys holding state.)
 #[test]
 fn len_stays_bounded_under_a_flood_of_unique_keys() {
     const EVICT_ABOVE: usize = 20_000;
@@ -149,6 +147,47 @@ fn returning_clients_keep_their_slots() {
         }
         if pass >= 3 {
             assert_eq!(lim.len(), keys as usize, "pass {pass}: keys were evicted");
+        }
+    }
+}
+
+/// Sliding logs move with their entries when the table grows (a drain carries each ring into
+/// the new table) and, at the `evict_above` bound, only empty logs are evicted: every key ends
+/// with exactly its entries, whatever tables it passed through.
+#[test]
+fn sliding_logs_keep_their_entries_across_tables() {
+    let rule = SlidingLog::new(Quota::new(3, Duration::from_secs(1)).unwrap()).unwrap();
+    for evict_above in [usize::MAX, 1_000] {
+        let (lim, clock) = evicting(rule, evict_above);
+        // 30k keys whose entries expire before the 10k keys that matter take two entries each,
+        // then 30k more: at the bound the empty logs of the first are the ones to go.
+        for key in 10_000..40_000u64 {
+            assert!(lim.check(&key).unwrap().allowed());
+        }
+        clock.advance(Duration::from_millis(1_500));
+        for key in 0..10_000u64 {
+            assert!(lim.check_n(&key, 2).unwrap().allowed());
+        }
+        for key in 40_000..70_000u64 {
+            assert!(lim.check(&key).unwrap().allowed());
+        }
+        clock.advance(Duration::from_millis(500));
+        for key in 0..10_000u64 {
+            let d = lim.check(&key).unwrap();
+            assert!(d.allowed(), "key {key}: one more fits ({evict_above})");
+            assert_eq!(
+                d.remaining(),
+                0,
+                "key {key}: two entries kept ({evict_above})"
+            );
+            assert!(!lim.check(&key).unwrap().allowed(), "key {key}: full");
+        }
+        if evict_above == 1_000 {
+            assert!(
+                lim.len() < 60_000,
+                "empty logs were evicted: {} held",
+                lim.len()
+            );
         }
     }
 }

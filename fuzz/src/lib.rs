@@ -108,6 +108,9 @@ struct Params {
     window_ms: u16,
     window_extra_ns: u32,
     burst: Option<u16>,
+    /// All 256 keys (instead of 4) on a limiter that evicts above one key: its tables are
+    /// replaced and drained all along, so decisions meet moved, evicted and revived cells.
+    churn: bool,
 }
 
 #[derive(Debug, Arbitrary)]
@@ -171,9 +174,17 @@ fn engine<A: Algorithm>(
     make: fn(Quota) -> Result<A, tollgate::QuotaError>,
     quota: Quota,
     clock: &ManualClock,
+    churn: bool,
 ) -> Option<(Box<dyn Subject>, A)> {
     let rule = make(quota).ok()?;
-    let limiter = KeyedLimiter::with_clock(rule, clock.clone()).ok()?;
+    let builder = KeyedLimiter::builder(rule).clock(clock.clone());
+    let limiter = if churn {
+        builder.evict_above(1)
+    } else {
+        builder
+    }
+    .build()
+    .ok()?;
     Some((
         Box::new(Engine {
             limiter,
@@ -221,13 +232,15 @@ fn differential(name: &str, scenario: &Scenario) {
         quota = quota.with_burst(b).expect("burst ≥ 1");
     }
     let clock = ManualClock::new();
+    let churn = p.churn;
     let built = match name {
-        "gcra" => engine(Gcra::new, quota, &clock).map(|(s, _)| (s, 0)),
-        "leaky_queue" => engine(LeakyQueue::new, quota, &clock).map(|(s, _)| (s, 0)),
-        "fixed_window" => engine(FixedWindow::new, quota, &clock).map(|(s, _)| (s, 0)),
-        "sliding_window" => engine(SlidingWindow::new, quota, &clock).map(|(s, _)| (s, 0)),
-        _ => engine(SlidingLog::new, quota, &clock).map(|(s, r)| (s, r.tick_nanos())),
+        "gcra" => engine(Gcra::new, quota, &clock, churn).map(|(s, _)| (s, 0)),
+        "leaky_queue" => engine(LeakyQueue::new, quota, &clock, churn).map(|(s, _)| (s, 0)),
+        "fixed_window" => engine(FixedWindow::new, quota, &clock, churn).map(|(s, _)| (s, 0)),
+        "sliding_window" => engine(SlidingWindow::new, quota, &clock, churn).map(|(s, _)| (s, 0)),
+        _ => engine(SlidingLog::new, quota, &clock, churn).map(|(s, r)| (s, r.tick_nanos())),
     };
+    let pick = |key: u8| if churn { key } else { key % 4 };
     let Some((subject, tick)) = built else {
         return;
     };
@@ -248,8 +261,8 @@ fn differential(name: &str, scenario: &Scenario) {
             Op::Check(key) => {
                 let t = time.see(t);
                 compare(
-                    subject.check_n(key % 4, 1),
-                    model.check(&(key % 4), t, 1),
+                    subject.check_n(pick(key), 1),
+                    model.check(&(pick(key)), t, 1),
                     op,
                 );
             }
@@ -257,8 +270,8 @@ fn differential(name: &str, scenario: &Scenario) {
                 let cost = cost % (model.algo.capacity() + 3);
                 let t = time.see(t);
                 compare(
-                    subject.check_n(key % 4, cost),
-                    model.check(&(key % 4), t, cost),
+                    subject.check_n(pick(key), cost),
+                    model.check(&(pick(key)), t, cost),
                     op,
                 );
             }
@@ -266,15 +279,15 @@ fn differential(name: &str, scenario: &Scenario) {
                 let cost = cost % (model.algo.capacity() + 3);
                 let t = time.see(t);
                 compare(
-                    subject.peek(key % 4, cost),
-                    model.peek(&(key % 4), t, cost),
+                    subject.peek(pick(key), cost),
+                    model.peek(&(pick(key)), t, cost),
                     op,
                 );
             }
             Op::Refund(key, cost) => {
                 let t = time.see(t);
-                subject.refund(key % 4, cost);
-                model.refund(&(key % 4), t, cost);
+                subject.refund(pick(key), cost);
+                model.refund(&(pick(key)), t, cost);
             }
             Op::SetLimit(new_limit, new_burst) => {
                 let new_limit = u64::from(new_limit.max(1));

@@ -43,6 +43,8 @@ pub mod state;
 // The store files, included one by one and re-exported as `store`, the path they use for each
 // other. The dashmap store compiles (the rules name it) but is not modelled: loom cannot see
 // its locks.
+#[path = "../../src/store/cell.rs"]
+mod cell;
 #[path = "../../src/store/dashmap.rs"]
 mod dashmap_store;
 #[path = "../../src/store/keyed_store.rs"]
@@ -57,6 +59,7 @@ pub mod store {
     //! count, `max_keys`, overflow, eviction) written against it, and the lock-free word table
     //! over loom's atomics, mutex, `Arc` and per-thread values.
 
+    pub use crate::cell::TableCell;
     pub use crate::dashmap_store::DashMapStore;
     pub use crate::keyed_store::{Evictor, Inserted, KeyedStore};
     pub use crate::table::{KeyTable, OverflowPolicy};

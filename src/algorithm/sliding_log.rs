@@ -113,7 +113,42 @@ impl Default for Ring {
     }
 }
 
+/// Ticks no rule uses (a rule's tick is at most 1 s), written by a keyed store into a ring it
+/// retired: see [`LogCell`](crate::state::LogCell).
+const TOMBSTONE_TICK: u64 = u64::MAX;
+const MOVED_TICK: u64 = u64::MAX - 1;
+
+/// Why a keyed store retired a ring.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Mark {
+    /// Evicted: its log was empty.
+    Tombstone,
+    /// Moved to a new table, with its entries.
+    Moved,
+}
+
 impl Ring {
+    /// An empty ring retired with `mark`.
+    pub(crate) fn marked(mark: Mark) -> Ring {
+        Ring {
+            tick: match mark {
+                Mark::Tombstone => TOMBSTONE_TICK,
+                Mark::Moved => MOVED_TICK,
+            },
+            ..Ring::default()
+        }
+    }
+
+    /// The mark a keyed store left on this ring, if it retired it.
+    #[inline]
+    pub(crate) fn mark(&self) -> Option<Mark> {
+        match self.tick {
+            TOMBSTONE_TICK => Some(Mark::Tombstone),
+            MOVED_TICK => Some(Mark::Moved),
+            _ => None,
+        }
+    }
+
     #[inline]
     fn slots(&self) -> &[u32] {
         match &self.slots {

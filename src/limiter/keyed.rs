@@ -18,7 +18,7 @@ pub use crate::store::table::OverflowPolicy;
 /// A key whose state can no longer be told apart from a fresh key's (a full bucket, an empty
 /// window or log) may be evicted, with no background thread, but only when its memory is
 /// needed: a client that comes back to a full bucket finds its slot again.
-/// - On the word table (GCRA, the leaky buckets, both window counters), the store keeps every
+/// - The lock-free table (every algorithm's default store) keeps every
 ///   key until it holds about [`evict_above`](KeyedLimiterBuilder::evict_above) keys (default
 ///   2^21, about 70 MB of `u64` keys): below that its shard tables grow as a hash map's do.
 ///   Above it, a full shard table is replaced by one of the same size and keys fresh and
@@ -29,9 +29,10 @@ pub use crate::store::table::OverflowPolicy;
 ///   does more than that fixed amount of eviction and copy work, plus allocating the new table
 ///   when it starts one (O(table size) for the allocation alone: about 25 bytes a slot, up to
 ///   ~50k slots a shard at the default bound), whatever the number of keys.
-/// - On the dashmap store (the sliding log) the table is swept when it has doubled since the
-///   last sweep, so it holds at most twice the keys that still hold state; that sweep runs in
-///   the call that triggers it.
+/// - On the dashmap store (a store of your choice, through
+///   [`build_with_store`](KeyedLimiterBuilder::build_with_store)) the table is swept when it has
+///   doubled since the last sweep, so it holds at most twice the keys that still hold state;
+///   that sweep runs in the call that triggers it.
 ///
 /// An optional `max_keys` bound with an [`OverflowPolicy`] caps memory under a flood of unique
 /// keys. At the bound, a new key on the word table lets an eviction hand judge up to 32 more
@@ -49,11 +50,11 @@ pub use crate::store::table::OverflowPolicy;
 /// ```
 ///
 /// # Store
-/// GCRA, the leaky buckets and both window counters keep their states in the lock-free
-/// [`WordTable`](crate::store::WordTable): a check on a known key takes no lock and writes no
-/// shared memory but the key's own state word. Inserts and evictions lock one of its 64
-/// shards; checks on known keys never wait for them. The sliding log (a ring per key, under a
-/// per-key lock) keeps the dashmap store. [`KeyedLimiterBuilder::build_with_store`] takes
+/// Every algorithm keeps its states in the lock-free [`WordTable`](crate::store::WordTable): a
+/// check on a known key takes no shared lock and writes no shared memory but the key's own
+/// state (GCRA, the leaky buckets and both window counters: one word, by a CAS; the sliding
+/// log: its ring, under the key's own lock). Inserts and evictions lock one of its 64 shards;
+/// checks on known keys never wait for them. [`KeyedLimiterBuilder::build_with_store`] takes
 /// another store (for example [`DashMapStore`](crate::store::DashMapStore), to compare).
 ///
 /// # Caveats
@@ -131,7 +132,7 @@ impl<K, A: Algorithm, C: Clock> KeyedLimiterBuilder<K, A, C> {
     /// find their slot. Above it, a full shard table evicts keys that are fresh and were not
     /// used since it last filled, so that a flood of unique keys holds about `keys` keys
     /// (plus those still holding state). A soft bound, per shard; [`max_keys`] is the hard
-    /// one. The dashmap store (the sliding log) ignores it.
+    /// one. The dashmap store ignores it.
     ///
     /// # Examples
     /// ```
@@ -150,8 +151,7 @@ impl<K, A: Algorithm, C: Clock> KeyedLimiterBuilder<K, A, C> {
         self
     }
 
-    /// The limiter, on the rule's default store: the lock-free [`WordTable`] for GCRA, the
-    /// leaky buckets and both window counters, dashmap for the sliding log.
+    /// The limiter, on the rule's default store: the lock-free [`WordTable`].
     ///
     /// # Errors
     /// [`QuotaError::ClockTooCoarse`] if the clock cannot serve the quota.

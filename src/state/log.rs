@@ -1,4 +1,4 @@
-use crate::algorithm::sliding_log::Ring;
+use crate::algorithm::sliding_log::{Mark, Ring};
 use crate::clock::Nanos;
 use crate::sync::Mutex;
 
@@ -9,6 +9,10 @@ use crate::sync::Mutex;
 /// late by a preempted thread would make a live entry look expired). The lock is per key, held
 /// for O(c + expired entries) work, and the clock is read while it is held, so entries are
 /// appended in time order.
+///
+/// In a keyed limiter the cell lives in the lock-free table, which finds it without a lock; the
+/// table retires it (evicts or moves it) under the same lock, leaving a mark in the ring that a
+/// decision sees first ([`LogCell::with_live`]), as a word rule's decision sees a retired word.
 #[derive(Debug, Default)]
 pub struct LogCell(Mutex<Ring>);
 
@@ -18,5 +22,60 @@ impl LogCell {
         let mut ring = self.0.lock();
         let t = now();
         f(&mut ring, t)
+    }
+
+    /// [`LogCell::with`] on a cell a keyed store may have retired: `None`, without running `f`,
+    /// if it did.
+    #[inline]
+    pub fn with_live<R>(
+        &self,
+        now: impl Fn() -> Nanos,
+        f: impl FnOnce(&mut Ring, Nanos) -> R,
+    ) -> Option<R> {
+        let mut ring = self.0.lock();
+        if ring.mark().is_some() {
+            return None;
+        }
+        let t = now();
+        Some(f(&mut ring, t))
+    }
+
+    /// Retires a live cell as a tombstone if `judge` finds its ring fresh; whether it did.
+    pub fn evict_if(&self, judge: impl FnOnce(&mut Ring) -> bool) -> bool {
+        let mut ring = self.0.lock();
+        let evict = ring.mark().is_none() && judge(&mut ring);
+        if evict {
+            *ring = Ring::marked(Mark::Tombstone);
+        }
+        evict
+    }
+
+    /// The mark of a retired cell.
+    pub(crate) fn retired(&self) -> Option<Mark> {
+        self.0.lock().mark()
+    }
+
+    /// Marks a live cell moved and returns its ring; `None` for a tombstone.
+    pub(crate) fn take_to_move(&self) -> Option<Ring> {
+        let mut ring = self.0.lock();
+        match ring.mark() {
+            Some(_) => None,
+            None => Some(std::mem::replace(&mut *ring, Ring::marked(Mark::Moved))),
+        }
+    }
+
+    /// Stores a moved ring in a cell no decision has reached yet.
+    pub(crate) fn put(&self, ring: Ring) {
+        *self.0.lock() = ring;
+    }
+
+    /// Makes a tombstone fresh again; whether it was one.
+    pub(crate) fn revive(&self) -> bool {
+        let mut ring = self.0.lock();
+        let tombstone = ring.mark() == Some(Mark::Tombstone);
+        if tombstone {
+            *ring = Ring::default();
+        }
+        tombstone
     }
 }

@@ -1,6 +1,7 @@
-//! The lock-free keyed store for the rules whose state is one word (GCRA, leaky bucket, both
-//! window counters): a lookup of an existing key takes no lock and writes nothing but the key's
-//! own state word.
+//! The lock-free keyed store: a lookup of an existing key takes no shared lock and writes
+//! nothing but the key's own state. A cell is one word for GCRA, the leaky buckets and both
+//! window counters (updated by a CAS), and the sliding log's ring under its own per-key lock
+//! ([`TableCell`] says what the table needs of a cell).
 //!
 //! # Design
 //! Keys are spread over [`SHARDS`] shards; each shard owns an open-addressing table (linear
@@ -9,9 +10,9 @@
 //!
 //! 1. **A slot's key never changes** within a table (a `OnceLock`), so a reader that matched a
 //!    key can never act on another key's state (no ABA through slot reuse).
-//! 2. **A cell is retired by one CAS** from a live state: eviction writes the rule's tombstone
-//!    (only if the state is fresh), a rebuild writes the rule's `moved` mark (whatever the live
-//!    state) and copies the state it replaced. A decision's CAS therefore lands either before the
+//! 2. **A cell is retired by one CAS** from a live state (a log cell: under its lock):
+//!    eviction writes the rule's tombstone (only if the state is fresh), a rebuild writes the
+//!    rule's `moved` mark (whatever the live state) and copies the state it replaced. A decision's CAS therefore lands either before the
 //!    retirement (which then re-reads and judges or copies the new state) or fails and sees it:
 //!    no admission is lost to an eviction or a move. Rules never produce either mark
 //!    (`WordRule::RETIRED`).
@@ -60,7 +61,8 @@
 //!   exited thread's cache passes to the next thread that gets its id): at most one replaced
 //!   table per shard per thread.
 //! - Keys are cloned when they move to a new table (`K: Clone`).
-//! - Only cells that are one [`AtomicWord`]: the sliding log keeps the dashmap store.
+//! - A sliding log's check takes its key's lock (`LogCell`): two checks on one key wait for
+//!   each other, checks on different keys do not.
 
 use std::borrow::Borrow;
 use std::cell::Cell;
@@ -68,8 +70,8 @@ use std::hash::{BuildHasher, Hash};
 use std::sync::OnceLock;
 
 use crate::clock::Nanos;
-use crate::state::{AtomicWord, Retired};
-use crate::store::{Evictor, Inserted, KeyedStore};
+use crate::state::AtomicWord;
+use crate::store::{Evictor, Inserted, KeyedStore, TableCell};
 use crate::sync::{Arc, AtomicU64, AtomicUsize, Mutex, Ordering, PerThread};
 
 /// Shards: inserts, evictions and rebuilds of different shards never wait for each other.
@@ -130,13 +132,13 @@ fn holding(keys: usize) -> usize {
     }
 }
 
-struct Slot<K> {
-    state: AtomicWord,
+struct Slot<K, C> {
+    state: C,
     key: OnceLock<K>,
 }
 
 /// One shard's table. Never shrinks or grows in place: a rebuild makes a new one.
-struct Table<K> {
+struct Table<K, C> {
     /// A byte a slot, eight to a word: 0 until the slot's key is set, then [`tag`] of
     /// its hash. A probe reads a word of tags at a time and reads a slot only when its tag
     /// matches: a probe past other keys reads no slot (nor, for `String` keys, the heap), and
@@ -145,13 +147,13 @@ struct Table<K> {
     /// operations, as in hashbrown's portable group.)
     tags: Box<[AtomicU64]>,
     /// A multiple of 8 slots, so that the words of tags cover them exactly.
-    slots: Box<[Slot<K>]>,
+    slots: Box<[Slot<K, C>]>,
 }
 
-impl<K> std::ops::Deref for Table<K> {
-    type Target = [Slot<K>];
+impl<K, C> std::ops::Deref for Table<K, C> {
+    type Target = [Slot<K, C>];
 
-    fn deref(&self) -> &[Slot<K>] {
+    fn deref(&self) -> &[Slot<K, C>] {
         &self.slots
     }
 }
@@ -173,16 +175,16 @@ fn table_len(capacity: usize) -> usize {
     capacity.max(MIN_CAPACITY).next_multiple_of(8)
 }
 
-impl<K> Slot<K> {
+impl<K, C: Default> Slot<K, C> {
     fn empty() -> Self {
         Slot {
-            state: AtomicWord::new(0),
+            state: C::default(),
             key: OnceLock::new(),
         }
     }
 }
 
-fn new_table<K>(capacity: usize) -> Arc<Table<K>> {
+fn new_table<K, C: Default>(capacity: usize) -> Arc<Table<K, C>> {
     let len = table_len(capacity);
     Arc::new(Table {
         tags: (0..len / 8).map(|_| AtomicU64::new(0)).collect(),
@@ -191,7 +193,7 @@ fn new_table<K>(capacity: usize) -> Arc<Table<K>> {
 }
 
 /// Sets the key of the empty slot `index` (under the shard lock), then its tag.
-fn occupy<K>(table: &Table<K>, index: usize, hash: u64, key: K) -> &Slot<K> {
+fn occupy<K, C>(table: &Table<K, C>, index: usize, hash: u64, key: K) -> &Slot<K, C> {
     let slot = &table.slots[index];
     let _ = slot.key.set(key);
     let word = &table.tags[index / 8];
@@ -204,7 +206,7 @@ fn occupy<K>(table: &Table<K>, index: usize, hash: u64, key: K) -> &Slot<K> {
 
 /// Where a hash's probe starts: the low 32 bits scaled to the table (any length).
 #[inline]
-fn home<K>(table: &Table<K>, hash: u64) -> usize {
+fn home<K, C>(table: &Table<K, C>, hash: u64) -> usize {
     ((hash as u32 as u64 * table.len() as u64) >> 32) as usize
 }
 
@@ -213,7 +215,7 @@ fn home<K>(table: &Table<K>, hash: u64) -> usize {
 /// lock, a key being inserted may read as absent (its tag not stored yet): lock-free callers
 /// then look again under the lock.
 #[inline]
-fn find<'t, K, Q>(table: &'t Table<K>, hash: u64, key: &Q) -> Result<&'t Slot<K>, usize>
+fn find<'t, K, C, Q>(table: &'t Table<K, C>, hash: u64, key: &Q) -> Result<&'t Slot<K, C>, usize>
 where
     K: Borrow<Q>,
     Q: Eq + ?Sized,
@@ -251,11 +253,11 @@ where
     }
 }
 
-struct Shard<K> {
+struct Shard<K, C> {
     /// Where lookups and inserts go.
-    table: Arc<Table<K>>,
+    table: Arc<Table<K, C>>,
     /// The table being emptied into `table`, a few slots per insert.
-    drain: Option<Drain<K>>,
+    drain: Option<Drain<K, C>>,
     /// Slots with a key (live or tombstoned) in `table`.
     used: usize,
     /// Live keys: in `table`, and in the drain's slots not yet visited.
@@ -266,7 +268,7 @@ struct Shard<K> {
     /// the next replacement, a key used since is kept.
     filled_at: Nanos,
     /// At the `evict_above` share, the last drained table, kept to serve as the next one.
-    spare: Option<Spare<K>>,
+    spare: Option<Spare<K, C>>,
 }
 
 /// A drained table being cleared [`CLEAR_STEP`] slots per insert, once no thread caches it
@@ -274,15 +276,15 @@ struct Shard<K> {
 /// its table every few thousand inserts, with one of the same size: taking a cleared spare,
 /// that call neither allocates nor fills a table (up to ~1 MB at the default bound), and no
 /// call drops a whole table's keys.
-struct Spare<K> {
-    table: Arc<Table<K>>,
+struct Spare<K, C> {
+    table: Arc<Table<K, C>>,
     cleared: usize,
 }
 
 /// A replaced table whose slots before `next` are visited: each live key there has been moved
 /// to the shard's table or, if fresh, evicted.
-struct Drain<K> {
-    from: Arc<Table<K>>,
+struct Drain<K, C> {
+    from: Arc<Table<K, C>>,
     next: usize,
     /// The drain evicts keys unused since this instant (the table's previous replacement);
     /// `None`: it moves every key (the table grew).
@@ -293,7 +295,7 @@ struct Drain<K> {
 }
 
 /// Retires a cell whose key may go (a fresh one) and says whether it did.
-type Judge<'j> = dyn FnMut(&AtomicWord) -> bool + 'j;
+type Judge<'j, C> = dyn FnMut(&C) -> bool + 'j;
 
 /// What a drain did with one slot.
 enum Visit {
@@ -305,30 +307,33 @@ enum Visit {
 /// Each thread's cached table per shard (see the module docs, rule 3). A lookup takes its
 /// shard's table out of the cell and puts it back when done; a lookup nested in it (a clock
 /// that calls its own limiter) finds the cell empty and fetches the table itself.
-struct Cache<K>([Cell<Option<Arc<Table<K>>>>; SHARDS]);
+struct Cache<K, C>([Cell<Cached<K, C>>; SHARDS]);
 
-impl<K> Default for Cache<K> {
+/// A thread's table of one shard, if it has fetched one.
+type Cached<K, C> = Option<Arc<Table<K, C>>>;
+
+impl<K, C> Default for Cache<K, C> {
     fn default() -> Self {
         Cache(std::array::from_fn(|_| Cell::new(None)))
     }
 }
 
-/// The lock-free keyed store for one-word cells. Built by [`KeyedLimiter`]'s builder for
-/// the word rules; see the module documentation for the protocol.
+/// The lock-free keyed store, for cells of one word (`C` = [`AtomicWord`]) or a sliding log's
+/// ring. Built by [`KeyedLimiter`]'s builder; see the module documentation for the protocol.
 ///
 /// [`KeyedLimiter`]: crate::KeyedLimiter
-pub struct WordTable<K: Send + Sync, H> {
-    shards: Box<[Mutex<Shard<K>>]>,
+pub struct WordTable<K: Send + Sync, H, C: TableCell = AtomicWord> {
+    shards: Box<[Mutex<Shard<K, C>>]>,
     /// The shard where the next `evict_some` starts (modulo `SHARDS`).
     hand: AtomicUsize,
     hasher: H,
-    retired: Retired,
-    cache: PerThread<Cache<K>>,
+    retired: C::Marks,
+    cache: PerThread<Cache<K, C>>,
     /// Live keys a shard holds before it evicts fresh ones (its share of `evict_above`).
     keep: usize,
 }
 
-impl<K: Send + Sync, H> std::fmt::Debug for WordTable<K, H> {
+impl<K: Send + Sync, H, C: TableCell> std::fmt::Debug for WordTable<K, H, C> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("WordTable")
             .field("retired", &self.retired)
@@ -336,13 +341,13 @@ impl<K: Send + Sync, H> std::fmt::Debug for WordTable<K, H> {
     }
 }
 
-impl<K: Send + Sync, H> WordTable<K, H> {
+impl<K: Send + Sync, H, C: TableCell> WordTable<K, H, C> {
     /// An empty store whose cells use `retired`'s marks, hashing with `hasher`. The marks must
     /// be those of the rule the store will serve (states that rule never produces), so build
     /// one through [`KeyedLimiterBuilder::build`](crate::KeyedLimiterBuilder::build) (or
     /// `Algorithm::new_store`); this constructor is public for the loom models.
     #[doc(hidden)]
-    pub fn new(retired: Retired, hasher: H) -> Self {
+    pub fn new(retired: C::Marks, hasher: H) -> Self {
         WordTable {
             shards: (0..SHARDS)
                 .map(|_| {
@@ -368,12 +373,12 @@ impl<K: Send + Sync, H> WordTable<K, H> {
     /// The shard's current table (under its lock): off the fast path.
     #[cold]
     #[inline(never)]
-    fn current(&self, shard: usize) -> Arc<Table<K>> {
+    fn current(&self, shard: usize) -> Arc<Table<K, C>> {
         self.shards[shard].lock().table.clone()
     }
 }
 
-impl<K: Send + Sync, H: BuildHasher> WordTable<K, H> {
+impl<K: Send + Sync, H: BuildHasher, C: TableCell> WordTable<K, H, C> {
     #[inline]
     fn hash<Q: Hash + ?Sized>(&self, key: &Q) -> (u64, usize) {
         let hash = self.hasher.hash_one(key);
@@ -381,7 +386,7 @@ impl<K: Send + Sync, H: BuildHasher> WordTable<K, H> {
     }
 }
 
-impl<K: Clone + Hash + Eq + Send + Sync, H: BuildHasher> WordTable<K, H> {
+impl<K: Clone + Hash + Eq + Send + Sync, H: BuildHasher, C: TableCell> WordTable<K, H, C> {
     /// Replaces `shard`'s table by an empty one and starts draining the old one. Below the
     /// store's [`WordTable::evict_above`] share, the new table holds every live key plus `room`
     /// inserts, as a hash map grows. At or above it, fresh keys unused since `since` may go:
@@ -392,8 +397,8 @@ impl<K: Clone + Hash + Eq + Send + Sync, H: BuildHasher> WordTable<K, H> {
     /// (the estimate was low), both tables are merged into one instead.
     fn replace_table(
         &self,
-        shard: &mut Shard<K>,
-        judge: Option<&mut Judge<'_>>,
+        shard: &mut Shard<K, C>,
+        judge: Option<&mut Judge<'_, C>>,
         room: usize,
         since: Nanos,
     ) {
@@ -428,8 +433,8 @@ impl<K: Clone + Hash + Eq + Send + Sync, H: BuildHasher> WordTable<K, H> {
     /// whose work grows with the shard.
     #[cold]
     #[inline(never)]
-    fn merge(&self, shard: &mut Shard<K>, mut judge: Option<&mut Judge<'_>>, room: usize) {
-        let next = new_table::<K>(sized_for(shard.live.saturating_add(room)));
+    fn merge(&self, shard: &mut Shard<K, C>, mut judge: Option<&mut Judge<'_, C>>, room: usize) {
+        let next = new_table::<K, C>(sized_for(shard.live.saturating_add(room)));
         let table = std::mem::replace(&mut shard.table, next);
         shard.used = 0;
         let drain = shard.drain.take();
@@ -448,13 +453,13 @@ impl<K: Clone + Hash + Eq + Send + Sync, H: BuildHasher> WordTable<K, H> {
     /// How many of the shard's live keys a drain judged by `fresh` would keep, from a sample
     /// of its table (whose fresh keys are evicted now). Errs high: `(k + 4) / (n + 4)` of the
     /// live keys when `k` of the `n` live keys sampled are kept.
-    fn estimate_kept(&self, shard: &mut Shard<K>, fresh: &mut Judge<'_>) -> usize {
+    fn estimate_kept(&self, shard: &mut Shard<K, C>, fresh: &mut Judge<'_, C>) -> usize {
         let retired = self.retired;
         let table = &shard.table;
         let step = (table.len() / SAMPLE).max(1);
         let (mut sampled, mut kept) = (0usize, 0usize);
         for slot in table.iter().step_by(step).take(SAMPLE) {
-            if slot.key.get().is_none() || retired.any(slot.state.load()) {
+            if slot.key.get().is_none() || !slot.state.is_live(retired) {
                 continue;
             }
             sampled += 1;
@@ -473,9 +478,9 @@ impl<K: Clone + Hash + Eq + Send + Sync, H: BuildHasher> WordTable<K, H> {
     /// keys evicted.
     fn drain(
         &self,
-        shard: &mut Shard<K>,
+        shard: &mut Shard<K, C>,
         budget: usize,
-        mut judge: Option<&mut Judge<'_>>,
+        mut judge: Option<&mut Judge<'_, C>>,
     ) -> usize {
         let Some(mut drain) = shard.drain.take() else {
             return 0;
@@ -513,7 +518,7 @@ impl<K: Clone + Hash + Eq + Send + Sync, H: BuildHasher> WordTable<K, H> {
     /// A drain ended. One that evicted (the shard is at its `evict_above` share, where a
     /// table is replaced by one of about its size) leaves its table as the shard's spare; a
     /// growing shard's old table is freed (it will not be wanted again).
-    fn drained(shard: &mut Shard<K>, drain: Drain<K>) {
+    fn drained(shard: &mut Shard<K, C>, drain: Drain<K, C>) {
         if drain.since.is_some() {
             shard.spare = Some(Spare {
                 table: drain.from,
@@ -523,7 +528,7 @@ impl<K: Clone + Hash + Eq + Send + Sync, H: BuildHasher> WordTable<K, H> {
     }
 
     /// Clears the next [`CLEAR_STEP`] slots of the shard's spare, if no thread caches it.
-    fn clear_spare(shard: &mut Shard<K>) {
+    fn clear_spare(shard: &mut Shard<K, C>) {
         let Some(spare) = &mut shard.spare else {
             return;
         };
@@ -539,7 +544,7 @@ impl<K: Clone + Hash + Eq + Send + Sync, H: BuildHasher> WordTable<K, H> {
 
     /// An empty table of at least `slots` slots: the spare if it is cleared and not more than
     /// half as large again, else a new one (and the spare is freed).
-    fn fresh_table(shard: &mut Shard<K>, slots: usize) -> Arc<Table<K>> {
+    fn fresh_table(shard: &mut Shard<K, C>, slots: usize) -> Arc<Table<K, C>> {
         let len = table_len(slots);
         match shard.spare.take() {
             Some(spare)
@@ -554,7 +559,12 @@ impl<K: Clone + Hash + Eq + Send + Sync, H: BuildHasher> WordTable<K, H> {
 
     /// Evicts or moves the key of `slot` (of a drained table) into `to`, which must have room
     /// for it (not `over_full` with one more key: `find` then ends at an empty slot).
-    fn visit<'j>(&self, slot: &Slot<K>, to: &Table<K>, judge: Option<&mut Judge<'j>>) -> Visit {
+    fn visit<'j>(
+        &self,
+        slot: &Slot<K, C>,
+        to: &Table<K, C>,
+        judge: Option<&mut Judge<'j, C>>,
+    ) -> Visit {
         let Some(key) = slot.key.get() else {
             return Visit::Empty;
         };
@@ -564,14 +574,14 @@ impl<K: Clone + Hash + Eq + Send + Sync, H: BuildHasher> WordTable<K, H> {
         if judge.is_some_and(|fresh| fresh(&slot.state)) {
             return Visit::Evicted;
         }
-        let Some(state) = slot.state.retire_if(retired.moved, |s| !retired.any(s)) else {
+        let Some(state) = slot.state.take_to_move(retired) else {
             return Visit::Empty; // a tombstone: dropped
         };
         let (hash, _) = self.hash(key);
         // A key is in at most one of the two tables: the insert path moves a key still in the
         // drain before it looks in the table.
         if let Err(empty) = find(to, hash, key) {
-            to[empty].state.retire_if(state, |_| true);
+            to[empty].state.put(state);
             occupy(to, empty, hash, key.clone());
         }
         Visit::Moved
@@ -579,7 +589,7 @@ impl<K: Clone + Hash + Eq + Send + Sync, H: BuildHasher> WordTable<K, H> {
 
     /// Moves `key` out of the shard's drain if it is still there and live, so that it is
     /// decided in the shard's table.
-    fn take_from_drain<Q>(&self, shard: &mut Shard<K>, hash: u64, key: &Q)
+    fn take_from_drain<Q>(&self, shard: &mut Shard<K, C>, hash: u64, key: &Q)
     where
         K: Borrow<Q>,
         Q: Eq + ?Sized,
@@ -614,7 +624,7 @@ impl<K: Clone + Hash + Eq + Send + Sync, H: BuildHasher> WordTable<K, H> {
         index: usize,
         hash: u64,
         key: &Q,
-        f: impl FnMut(&AtomicWord) -> Option<R>,
+        f: impl FnMut(&C) -> Option<R>,
     ) -> Option<R>
     where
         K: Borrow<Q>,
@@ -640,13 +650,13 @@ impl<K: Clone + Hash + Eq + Send + Sync, H: BuildHasher> WordTable<K, H> {
         hash: u64,
         shard: usize,
         key: &Q,
-        mut f: impl FnMut(&AtomicWord) -> Option<R>,
+        mut f: impl FnMut(&C) -> Option<R>,
     ) -> Option<R>
     where
         K: Borrow<Q>,
         Q: Eq + ?Sized,
     {
-        let moved = self.retired.moved;
+        let retired = self.retired;
         self.cache.with(|cache| {
             let cached = &cache.0[shard];
             let mut table = cached.take();
@@ -661,7 +671,7 @@ impl<K: Clone + Hash + Eq + Send + Sync, H: BuildHasher> WordTable<K, H> {
                             let result = f(&slot.state);
                             // Moved is final: the table is stale. A tombstone (or a key revived
                             // since): absent here; the locked path looks again.
-                            if result.is_some() || slot.state.load() != moved {
+                            if result.is_some() || !slot.state.is_moved(retired) {
                                 break result;
                             }
                         }
@@ -676,14 +686,15 @@ impl<K: Clone + Hash + Eq + Send + Sync, H: BuildHasher> WordTable<K, H> {
     }
 }
 
-impl<K, H> KeyedStore<K, AtomicWord> for WordTable<K, H>
+impl<K, H, C> KeyedStore<K, C> for WordTable<K, H, C>
 where
+    C: TableCell,
     K: Clone + Hash + Eq + Send + Sync,
     H: BuildHasher + Send + Sync,
 {
     const EVICTS_ON_INSERT: bool = true;
 
-    fn with_existing<Q, R>(&self, key: &Q, mut f: impl FnMut(&AtomicWord) -> Option<R>) -> Option<R>
+    fn with_existing<Q, R>(&self, key: &Q, mut f: impl FnMut(&C) -> Option<R>) -> Option<R>
     where
         K: Borrow<Q>,
         Q: Hash + Eq + ?Sized,
@@ -698,7 +709,7 @@ where
     }
 
     #[inline]
-    fn try_existing<Q, R>(&self, key: &Q, f: impl FnMut(&AtomicWord) -> Option<R>) -> Option<R>
+    fn try_existing<Q, R>(&self, key: &Q, f: impl FnMut(&C) -> Option<R>) -> Option<R>
     where
         K: Borrow<Q>,
         Q: Hash + Eq + ?Sized,
@@ -710,8 +721,8 @@ where
     fn with_inserted<Q, R>(
         &self,
         key: &Q,
-        f: impl FnOnce(&AtomicWord) -> R,
-        evictor: &impl Evictor<AtomicWord>,
+        f: impl FnOnce(&C) -> R,
+        evictor: &impl Evictor<C>,
     ) -> (R, Inserted)
     where
         K: Borrow<Q>,
@@ -719,7 +730,6 @@ where
     {
         let (hash, index) = self.hash(key);
         let mut shard = self.shards[index].lock();
-        let tombstone = self.retired.tombstone;
         // Each call drains a few slots (a fixed amount of work), evicting fresh keys if the
         // limiter lets it judge now; a drain never waits for a rule change.
         let mut evicted = 0;
@@ -737,7 +747,7 @@ where
         let (result, inserted) = match find(&shard.table, hash, key) {
             Ok(slot) => {
                 // A tombstoned key comes back in place, fresh (rule 1: same key).
-                let revived = slot.state.retire_if(0, |s| s == tombstone).is_some();
+                let revived = slot.state.revive(self.retired);
                 (f(&slot.state), revived)
             }
             Err(_) => {
@@ -752,7 +762,7 @@ where
                         .judging(|now, idle| {
                             let before = shard.live;
                             shard.filled_at = now;
-                            let judge = &mut |c: &AtomicWord| idle(c, since);
+                            let judge = &mut |c: &C| idle(c, since);
                             self.replace_table(&mut shard, Some(judge), room, since);
                             before - shard.live
                         })
@@ -785,12 +795,12 @@ where
     /// Judges up to `budget` keys, shard after shard from where the last call stopped (at most
     /// one round of the shards and `32 × budget` slots, mostly empty ones in a sparse table):
     /// a fixed amount of work.
-    fn evict_some(&self, evictor: &impl Evictor<AtomicWord>, budget: usize) -> usize {
+    fn evict_some(&self, evictor: &impl Evictor<C>, budget: usize) -> usize {
         // The bound is reached: memory is needed now, so any fresh key may go.
         let retired = self.retired;
         evictor
             .judging(|now, idle| {
-                let fresh = |c: &AtomicWord| idle(c, now);
+                let fresh = |c: &C| idle(c, now);
                 let (mut judged, mut slots, mut evicted) = (0, 0, 0);
                 for _ in 0..SHARDS {
                     if judged >= budget || slots >= 32 * budget {
@@ -807,7 +817,7 @@ where
                     for slot in shard.table.iter().cycle().skip(start).take(take) {
                         // Only live keys count as judged: a run of tombstones (the hand's own,
                         // kept until the table is next replaced) must not end the step.
-                        if slot.key.get().is_some() && !retired.any(slot.state.load()) {
+                        if slot.key.get().is_some() && slot.state.is_live(retired) {
                             judged += 1;
                             gone += usize::from(fresh(&slot.state));
                         }
@@ -831,7 +841,7 @@ where
         self.keep = keys.div_ceil(SHARDS).max(1);
     }
 
-    fn retain(&self, mut keep: impl FnMut(&AtomicWord) -> bool) -> usize {
+    fn retain(&self, mut keep: impl FnMut(&C) -> bool) -> usize {
         let retired = self.retired;
         let mut removed = 0;
         for shard in self.shards.iter() {
@@ -840,8 +850,7 @@ where
             removed += self.drain(&mut shard, usize::MAX, Some(&mut |cell| !keep(cell)));
             let mut gone = 0;
             for slot in shard.table.iter() {
-                if slot.key.get().is_some() && !retired.any(slot.state.load()) && !keep(&slot.state)
-                {
+                if slot.key.get().is_some() && slot.state.is_live(retired) && !keep(&slot.state) {
                     gone += 1;
                 }
             }
@@ -862,7 +871,7 @@ where
     }
 }
 
-impl<K: Send + Sync, H> WordTable<K, H> {
+impl<K: Send + Sync, H, C: TableCell> WordTable<K, H, C> {
     /// Shards with a table being drained (for tests).
     #[allow(dead_code)] // read by the unit tests in `word_table_tests.rs`
     pub(crate) fn draining(&self) -> usize {

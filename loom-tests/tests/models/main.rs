@@ -8,6 +8,7 @@ mod clamp;
 mod core;
 mod lease;
 mod log;
+mod log_table;
 mod multi;
 mod params;
 mod table;
@@ -20,20 +21,19 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use tollgate_loom_tests::clock::Nanos;
-use tollgate_loom_tests::state::AtomicWord;
 use tollgate_loom_tests::store::{Evictor, KeyTable, KeyedStore};
 use tollgate_loom_tests::{Algorithm, Gcra};
 
 /// A keyed limiter's evictor at a frozen instant: sweeps `table` and judges its cells under
 /// `rule` at `at`, as `KeyedLimiter` does under the rule in force (no quota change runs in the
 /// models).
-pub struct At<'a, S> {
-    pub table: &'a KeyTable<u64, AtomicWord, S>,
-    pub rule: Gcra,
+pub struct At<'a, S, A: Algorithm = Gcra> {
+    pub table: &'a KeyTable<u64, A::Cell, S>,
+    pub rule: A,
     pub at: Nanos,
 }
 
-impl<S: KeyedStore<u64, AtomicWord>> Evictor<AtomicWord> for At<'_, S> {
+impl<S: KeyedStore<u64, A::Cell>, A: Algorithm> Evictor<A::Cell> for At<'_, S, A> {
     fn sweep(&self) -> usize {
         self.table.evict_fresh(&self.rule, self.at)
     }
@@ -42,7 +42,7 @@ impl<S: KeyedStore<u64, AtomicWord>> Evictor<AtomicWord> for At<'_, S> {
     /// retire-vs-decide protocol, not which keys a shard keeps.
     fn judging<R>(
         &self,
-        f: impl FnOnce(Nanos, &dyn Fn(&AtomicWord, Nanos) -> bool) -> R,
+        f: impl FnOnce(Nanos, &dyn Fn(&A::Cell, Nanos) -> bool) -> R,
     ) -> Option<R> {
         Some(f(self.at, &|cell, _since| {
             self.rule.evict_if_fresh(cell, self.at)

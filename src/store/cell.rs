@@ -1,0 +1,89 @@
+//! What the lock-free table needs of a cell: a way to retire it (evict or move it) in one step
+//! that a decision on it cannot miss, and to carry its state into a new table.
+//!
+//! Two cells implement it: [`AtomicWord`] (GCRA, the leaky buckets and both window counters),
+//! retired by one CAS to a rule's mark, and [`LogCell`] (the sliding log), retired under its
+//! per-key lock. The table's protocol (module docs of `word_table.rs`) is the same for both.
+
+use crate::algorithm::sliding_log::Mark;
+use crate::state::{AtomicWord, LogCell, Retired};
+
+/// A per-key cell of [`WordTable`](crate::store::WordTable). A decision on the cell returns
+/// `None` when it finds the cell retired (`Algorithm::acquire_live`), so that the table looks
+/// the key up again where its state now is.
+pub trait TableCell: Default + Send + Sync {
+    /// What tells a retired cell from a live one: a rule's two marks for a word, nothing for a
+    /// log (its lock guards a flag of its own).
+    type Marks: Copy + Send + Sync + std::fmt::Debug;
+    /// A live state, taken out of a cell that is moved to a new table.
+    type State;
+
+    /// Whether the cell holds a live state: neither a tombstone nor moved.
+    fn is_live(&self, marks: Self::Marks) -> bool;
+
+    /// Whether the cell was moved to a new table (final: a table holding it is stale).
+    fn is_moved(&self, marks: Self::Marks) -> bool;
+
+    /// Marks a live cell moved and returns the state it held, in one step no decision can
+    /// interleave with; `None`, and the cell unchanged, if it is a tombstone.
+    fn take_to_move(&self, marks: Self::Marks) -> Option<Self::State>;
+
+    /// Stores a moved state in an empty cell of the new table, before its key is published.
+    fn put(&self, state: Self::State);
+
+    /// Turns a tombstone back into a fresh cell (its key came back); whether it was one.
+    fn revive(&self, marks: Self::Marks) -> bool;
+}
+
+impl TableCell for AtomicWord {
+    type Marks = Retired;
+    type State = u64;
+
+    #[inline]
+    fn is_live(&self, marks: Retired) -> bool {
+        !marks.any(self.load())
+    }
+
+    #[inline]
+    fn is_moved(&self, marks: Retired) -> bool {
+        self.load() == marks.moved
+    }
+
+    fn take_to_move(&self, marks: Retired) -> Option<u64> {
+        self.retire_if(marks.moved, |state| !marks.any(state))
+    }
+
+    fn put(&self, state: u64) {
+        self.retire_if(state, |_| true);
+    }
+
+    fn revive(&self, marks: Retired) -> bool {
+        self.retire_if(0, |state| state == marks.tombstone)
+            .is_some()
+    }
+}
+
+impl TableCell for LogCell {
+    type Marks = ();
+    type State = crate::algorithm::sliding_log::Ring;
+
+    fn is_live(&self, (): ()) -> bool {
+        self.retired().is_none()
+    }
+
+    fn is_moved(&self, (): ()) -> bool {
+        self.retired() == Some(Mark::Moved)
+    }
+
+    fn take_to_move(&self, (): ()) -> Option<Self::State> {
+        self.take_to_move()
+    }
+
+    fn put(&self, ring: Self::State) {
+        self.put(ring);
+    }
+
+    fn revive(&self, (): ()) -> bool {
+        self.revive()
+    }
+}
