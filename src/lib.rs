@@ -36,7 +36,7 @@
 //! - `tower` (feature `tower`): a tower layer for HTTP servers (policies, client keys, 429s).
 
 #![forbid(unsafe_code)]
-#![warn(missing_docs)]
+#![deny(missing_docs)]
 
 pub mod algorithm;
 pub mod clock;
