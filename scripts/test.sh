@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Runs every test tollgate has, installing what a fresh machine lacks first.
-#   bash scripts/test.sh            everything (lint, unit, integration, doc, loom, fuzz smoke)
+#   bash scripts/test.sh            everything (lint, rustdoc, package, unit, integration, doc
+#                                   tests, loom, fuzz smoke)
 #   FAST=1 bash scripts/test.sh     skip loom and fuzz
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -14,6 +15,13 @@ bash scripts/install-deps.sh
 step "format and lint"
 cargo fmt --all -- --check
 cargo clippy --all-targets --all-features -- -D warnings
+
+# Right after clippy: rustdoc reuses the dependencies' check builds clippy just made.
+step "documentation: every feature, rustdoc warnings are errors (broken links, missing docs)"
+RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --all-features
+
+step "package: the files a publish would upload, and that they build on their own"
+bash scripts/package-check.sh
 
 step "unit, integration and doc tests (all features)"
 cargo test --all-features

@@ -8,7 +8,8 @@ use crate::clock::Nanos;
 /// as `Retry-After`, `X-RateLimit-*` or the IETF `RateLimit` fields.
 ///
 /// Every figure is computed exactly from the key's state right after the decision, assuming no
-/// other request arrives for the key (SPEC "Result of a decision").
+/// other request arrives for the key ([`docs::decision_rules`](crate::docs::decision_rules),
+/// "What a decision reports").
 ///
 /// # Examples
 /// ```
@@ -90,50 +91,135 @@ impl Remaining {
 
 impl Decision {
     /// Whether the request may proceed (for a shaper: may proceed after [`Decision::delay`]).
+    ///
+    /// # Examples
+    /// ```
+    /// use tollgate::{Gcra, Limiter, Quota};
+    /// let limiter = Limiter::new(Gcra::new(Quota::per_second(10)?)?);
+    /// assert!(limiter.check().allowed());
+    /// # Ok::<(), tollgate::QuotaError>(())
+    /// ```
     #[inline]
     pub fn allowed(&self) -> bool {
         self.allowed.0 != 0
     }
 
     /// The quota's limit `L` (units per window).
+    ///
+    /// # Examples
+    /// ```
+    /// use tollgate::{Gcra, Limiter, Quota};
+    /// let limiter = Limiter::new(Gcra::new(Quota::per_second(10)?)?);
+    /// // What `X-RateLimit-Limit` / `RateLimit-Policy: q=` show.
+    /// assert_eq!(limiter.check().limit(), 10);
+    /// # Ok::<(), tollgate::QuotaError>(())
+    /// ```
     #[inline]
     pub fn limit(&self) -> u64 {
         self.limit
     }
 
     /// How many cost-1 requests in a row would be allowed right now.
+    ///
+    /// # Examples
+    /// ```
+    /// use tollgate::{clock::ManualClock, Gcra, Limiter, Quota};
+    /// let limiter = Limiter::with_clock(Gcra::new(Quota::per_second(10)?)?, ManualClock::new())?;
+    /// assert_eq!(limiter.check().remaining(), 9);
+    /// assert_eq!(limiter.check_n(9).unwrap().remaining(), 0);
+    /// # Ok::<(), tollgate::QuotaError>(())
+    /// ```
     pub fn remaining(&self) -> u64 {
         self.remaining.value()
     }
 
     /// Zero when allowed; when denied, the shortest wait after which this same request would be
     /// allowed.
+    ///
+    /// # Examples
+    /// ```
+    /// use std::time::Duration;
+    /// use tollgate::{clock::ManualClock, Gcra, Limiter, Quota};
+    /// let limiter = Limiter::with_clock(Gcra::new(Quota::per_second(2)?)?, ManualClock::new())?;
+    /// assert_eq!(limiter.check_n(2).unwrap().retry_after(), Duration::ZERO);
+    /// // Denied: one unit comes back every 500 ms.
+    /// assert_eq!(limiter.check().retry_after(), Duration::from_millis(500));
+    /// # Ok::<(), tollgate::QuotaError>(())
+    /// ```
     pub fn retry_after(&self) -> Duration {
         Duration::from_nanos(self.retry_after)
     }
 
     /// The wait until the key is back to full capacity; zero when it already is.
+    ///
+    /// # Examples
+    /// ```
+    /// use std::time::Duration;
+    /// use tollgate::{clock::ManualClock, Gcra, Limiter, Quota};
+    /// let limiter = Limiter::with_clock(Gcra::new(Quota::per_second(2)?)?, ManualClock::new())?;
+    /// // Two units spent: the bucket is full again after 1 s (`X-RateLimit-Reset`).
+    /// assert_eq!(limiter.check_n(2).unwrap().reset_after(), Duration::from_secs(1));
+    /// # Ok::<(), tollgate::QuotaError>(())
+    /// ```
     pub fn reset_after(&self) -> Duration {
         Duration::from_nanos(self.reset_after)
     }
 
     /// For the leaky-bucket queue (shaper): how long an admitted request must wait before it
     /// proceeds. Zero for every other algorithm.
+    ///
+    /// # Examples
+    /// ```
+    /// use std::time::Duration;
+    /// use tollgate::{clock::ManualClock, LeakyQueue, Limiter, Quota};
+    /// // A shaper: 10 a second, one every 100 ms; admitted requests are told when to go.
+    /// let queue = Limiter::with_clock(LeakyQueue::new(Quota::per_second(10)?)?, ManualClock::new())?;
+    /// assert_eq!(queue.reserve(1).unwrap().delay(), Duration::ZERO);
+    /// assert_eq!(queue.reserve(1).unwrap().delay(), Duration::from_millis(100));
+    /// # Ok::<(), tollgate::QuotaError>(())
+    /// ```
     pub fn delay(&self) -> Duration {
         Duration::from_nanos(self.delay)
     }
 
     /// [`Decision::retry_after`] in nanoseconds.
+    ///
+    /// # Examples
+    /// ```
+    /// use tollgate::{clock::ManualClock, Gcra, Limiter, Quota};
+    /// let limiter = Limiter::with_clock(Gcra::new(Quota::per_second(2)?)?, ManualClock::new())?;
+    /// limiter.check_n(2).unwrap();
+    /// // The exact figure, for callers that schedule in nanoseconds without a `Duration`.
+    /// assert_eq!(limiter.check().retry_after_nanos(), 500_000_000);
+    /// # Ok::<(), tollgate::QuotaError>(())
+    /// ```
     pub fn retry_after_nanos(&self) -> Nanos {
         self.retry_after
     }
 
     /// [`Decision::reset_after`] in nanoseconds.
+    ///
+    /// # Examples
+    /// ```
+    /// use tollgate::{clock::ManualClock, Gcra, Limiter, Quota};
+    /// let limiter = Limiter::with_clock(Gcra::new(Quota::per_second(2)?)?, ManualClock::new())?;
+    /// assert_eq!(limiter.check().reset_after_nanos(), 500_000_000);
+    /// # Ok::<(), tollgate::QuotaError>(())
+    /// ```
     pub fn reset_after_nanos(&self) -> Nanos {
         self.reset_after
     }
 
     /// [`Decision::delay`] in nanoseconds.
+    ///
+    /// # Examples
+    /// ```
+    /// use tollgate::{clock::ManualClock, LeakyQueue, Limiter, Quota};
+    /// let queue = Limiter::with_clock(LeakyQueue::new(Quota::per_second(10)?)?, ManualClock::new())?;
+    /// queue.reserve(1).unwrap();
+    /// assert_eq!(queue.reserve(1).unwrap().delay_nanos(), 100_000_000);
+    /// # Ok::<(), tollgate::QuotaError>(())
+    /// ```
     pub fn delay_nanos(&self) -> Nanos {
         self.delay
     }
@@ -165,6 +251,20 @@ impl Decision {
 
 /// Why a check could not be decided. A denial is not an error: it is a [`Decision`] with
 /// `allowed() == false`.
+///
+/// # Examples
+/// ```
+/// use tollgate::{Error, Gcra, Limiter, Quota};
+/// let limiter = Limiter::new(Gcra::new(Quota::per_second(10)?.with_burst(5)?)?);
+/// match limiter.check_n(6) {
+///     Ok(d) if d.allowed() => { /* serve */ }
+///     Ok(_) => { /* 429: try again after `retry_after` */ }
+///     // Never admissible, whatever the wait: a client error (400/413), not a 429.
+///     Err(Error::CapacityExceeded { cost, capacity }) => assert_eq!((cost, capacity), (6, 5)),
+///     Err(Error::KeyTableFull { .. }) => unreachable!("a direct limiter has no keys"),
+/// }
+/// # Ok::<(), tollgate::QuotaError>(())
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub enum Error {
     /// The cost can never be admitted: it exceeds the burst / capacity (GCRA, leaky) or the limit

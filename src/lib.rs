@@ -1,11 +1,13 @@
 //! # tollgate
 //!
 //! Exact, lock-free, in-process rate limiting: GCRA / token bucket, leaky bucket (meter and
-//! queue), fixed window, sliding window counter and sliding window log, each deciding exactly
-//! by the rules of [`docs::decision_rules`] (`docs/decision-rules.md` in the repository: the
-//! state, admission inequality, `remaining`, `retry_after` and `reset_after` of each algorithm,
-//! costs and capacity errors). Which one to pick, with figures measured by
-//! `tollgate replay --compare` on the sample traces: `docs/choosing.md` in the repository.
+//! queue), fixed window, sliding window counter and sliding window log. Each decides exactly by
+//! the rules written out in [`docs::decision_rules`]: the state, the admission inequality,
+//! `remaining`, `retry_after` and `reset_after` of every algorithm, and how costs and capacity
+//! errors work. "Exactly" is meant literally: the same requests at the same instants get the
+//! same decisions from every limiter, under any number of threads, and from the Redis tier.
+//!
+//! This page is the guide; each type's page has the details and examples.
 //!
 //! ## Quick start
 //! ```
@@ -24,6 +26,180 @@
 //! # Ok::<(), tollgate::QuotaError>(())
 //! ```
 //!
+//! A [`Quota`] is `L` units per window `W` (and, for GCRA, a burst `B`); an algorithm
+//! ([`Gcra`], [`FixedWindow`], …) turns it into a rule, after checking that its state can hold
+//! it; a limiter applies the rule at the instants its [`clock`] reads.
+//!
+//! ## What to pick
+//!
+//! | you want | take | why |
+//! |---|---|---|
+//! | an API limit with room for bursts | [`Gcra`] (= [`TokenBucket`]) | one `u64` per key, a burst separate from the rate, exact `retry_after`; never more than `B` plus what refills in a window |
+//! | a smooth outgoing stream (calls to a paid API, a job queue) | [`LeakyQueue`] | admitted requests are told when to go ([`Decision::delay`]), one unit every `W/L` |
+//! | "at most `L` in any window of length `W`", exactly | [`SlidingLog`] | no span of length `W` ever holds more than `L`; memory per admitted unit |
+//! | quotas that reset on the clock ("1000 a day") | [`FixedWindow`] | simple to explain; lets up to `2L` through around each boundary |
+//! | a cheap, smoother window | [`SlidingWindow`] | one `u64` per key; approximates the log, errs both ways by a little |
+//!
+//! When unsure, take [`Gcra`]: it is the cheapest, its burst is explicit, and it has no window
+//! boundary to game. `docs/choosing.md` in the repository and the package backs this table
+//! with `tollgate replay --compare` runs on the shipped traces (for example, what a fixed
+//! window lets through around a boundary); [`docs::decision_rules`] says exactly how each
+//! decides.
+//!
+//! ## Keyed or direct
+//!
+//! - [`Limiter`]: one state. Every call counts against the same quota: a whole service, one
+//!   outgoing connection, one tenant known when the program starts. Checks return a
+//!   [`Decision`] directly (they cannot fail, except for an impossible cost).
+//! - [`KeyedLimiter`]: one state per key (client IP, API key, user id) in a concurrent map; a
+//!   key is created on its first check. Look keys up by a borrowed form (`&str` for `String`):
+//!   a known key costs no allocation. Checks return `Result<Decision, Error>`, because a key
+//!   bound can refuse a new key.
+//! - [`MultiLimiter`]: several quotas on one key (10 a second *and* 1000 an hour), admitted
+//!   only if all admit; a request refused by one consumes nothing from the others.
+//!
+//! ```
+//! use tollgate::{FixedWindow, Gcra, KeyedLimiter, Limiter, MultiLimiter, Quota};
+//!
+//! // All calls to a paid upstream share 100 a minute.
+//! let upstream = Limiter::new(FixedWindow::new(Quota::per_minute(100)?)?);
+//! assert!(upstream.check().allowed());
+//!
+//! // Each user: 5 a second, and 1000 an hour.
+//! let users: MultiLimiter<u64, Gcra> = MultiLimiter::new([
+//!     Gcra::new(Quota::per_second(5)?)?,
+//!     Gcra::new(Quota::per_hour(1000)?)?,
+//! ]);
+//! assert!(users.check(&42).unwrap().allowed());
+//!
+//! // A keyed limiter with one quota.
+//! let ips: KeyedLimiter<String, Gcra> = KeyedLimiter::new(Gcra::new(Quota::per_second(5)?)?);
+//! assert!(ips.check("198.51.100.4").unwrap().allowed());
+//! # Ok::<(), tollgate::QuotaError>(())
+//! ```
+//!
+//! ## Costs
+//!
+//! A request may cost more than one unit (a batch of 50 rows, a 5-unit export):
+//! `check_n(cost)`. A cost is admitted whole or not at all. `peek` asks what a request
+//! would get without counting it, `refund` gives back units admitted but not used (a request
+//! that failed before doing work), and a cost of 0 is always allowed and changes nothing.
+//!
+//! A cost the quota can *never* admit (above the burst for GCRA, above `L` for windows) is
+//! not a denial, because no wait would help: it is [`Error::CapacityExceeded`], and nothing is
+//! charged. Waiting and retrying would loop forever, so handle it as a bad request.
+//!
+//! ```
+//! use tollgate::{Error, Gcra, Limiter, Quota};
+//!
+//! let limiter = Limiter::new(Gcra::new(Quota::per_second(10)?)?); // burst = 10
+//! assert!(limiter.check_n(8)?.allowed());
+//! assert!(!limiter.check_n(5)?.allowed()); // only 2 left: denied, nothing charged
+//! limiter.refund(8); // the 8-unit job failed before doing anything
+//! assert!(limiter.check_n(5)?.allowed());
+//! assert_eq!(
+//!     limiter.check_n(11),
+//!     Err(Error::CapacityExceeded { cost: 11, capacity: 10 })
+//! );
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
+//! ## Errors and what they mean
+//!
+//! - A **denial is not an error**: it is a [`Decision`] with `allowed() == false`, carrying
+//!   `retry_after` (the shortest wait after which the same request would pass), `remaining`,
+//!   `reset_after` and `limit`, ready for `Retry-After` or `RateLimit` headers.
+//! - [`QuotaError`], when building: a quota or rule the algorithm cannot represent (a zero
+//!   limit, a window under 1 ms for window algorithms, a limit above what the packed state
+//!   holds, a burst on a window algorithm, a clock too coarse for the quota). It is a
+//!   configuration mistake; report it at start-up.
+//! - [`Error`], when checking: [`Error::CapacityExceeded`] (see Costs above) or
+//!   [`Error::KeyTableFull`] (a keyed limiter at its `max_keys` bound with
+//!   [`OverflowPolicy::Deny`] refuses a key it does not hold yet; known keys are unaffected).
+//!
+//! No call panics on any input: constructors return [`QuotaError`], checks return [`Error`].
+//! The Redis tier and the tower layer have error types of their own, which say whether a failure
+//! is transient.
+//!
+//! ## The clock
+//!
+//! Limiters read time as nanoseconds since their own origin, through the [`Clock`](clock::Clock)
+//! trait, once per call. The default [`QuantaClock`](clock::QuantaClock) is precise (a TSC
+//! read); [`CoarseClock`](clock::CoarseClock) is one relaxed load, with a 1 ms tick, and is
+//! refused ([`QuotaError::ClockTooCoarse`]) for quotas it cannot resolve;
+//! [`ManualClock`](clock::ManualClock) moves only when told, for tests and replays.
+//!
+//! Time never goes backwards for a limiter: a reading older than the newest one it has seen is
+//! treated as that newest one (clocks read on different cores can disagree slightly).
+//!
+//! ```
+//! use std::time::Duration;
+//! use tollgate::{clock::ManualClock, Gcra, Limiter, Quota};
+//!
+//! let clock = ManualClock::new();
+//! let limiter = Limiter::with_clock(Gcra::new(Quota::per_second(1)?)?, clock.clone())?;
+//! assert!(limiter.check().allowed());
+//! let denied = limiter.check();
+//! assert_eq!(denied.retry_after(), Duration::from_secs(1));
+//! clock.advance(denied.retry_after());
+//! assert!(limiter.check().allowed());
+//! # Ok::<(), tollgate::QuotaError>(())
+//! ```
+//!
+//! ## Memory bounds
+//!
+//! A keyed limiter forgets a key only when its state is indistinguishable from a fresh key's,
+//! so forgetting never changes a decision. Two settings of [`KeyedLimiter::builder`] bound the
+//! memory:
+//! - [`evict_above`](KeyedLimiterBuilder::evict_above) (default
+//!   [`DEFAULT_EVICT_ABOVE`](store::DEFAULT_EVICT_ABOVE), 2^21 keys): below it, every key is
+//!   kept, so a client that returns finds its slot; above it, fresh unused keys make room, so
+//!   a flood of one-time keys holds about that many. A soft bound.
+//! - [`max_keys`](KeyedLimiterBuilder::max_keys) with an [`OverflowPolicy`]: a hard bound.
+//!   At the bound a new key replaces a fresh one if it finds one; otherwise `Deny` refuses it
+//!   ([`Error::KeyTableFull`]) and `Shared` counts every key that did not fit against one
+//!   shared state (strict in aggregate, never unlimited).
+//!
+//! ```
+//! use tollgate::{Error, Gcra, KeyedLimiter, OverflowPolicy, Quota};
+//!
+//! let limiter = KeyedLimiter::<u32, _>::builder(Gcra::new(Quota::per_hour(10)?)?)
+//!     .max_keys(2, OverflowPolicy::Deny)
+//!     .build()?;
+//! assert!(limiter.check(&1).unwrap().allowed());
+//! assert!(limiter.check(&2).unwrap().allowed());
+//! // Keys 1 and 2 hold state (a unit each, for the next 6 minutes): no room for key 3.
+//! assert_eq!(limiter.check(&3), Err(Error::KeyTableFull { max_keys: 2 }));
+//! assert!(limiter.check(&1).unwrap().allowed()); // known keys keep their limits
+//! # Ok::<(), tollgate::QuotaError>(())
+//! ```
+//!
+//! ## Features
+//!
+//! | feature | what it adds |
+//! |---|---|
+//! | (none) | the in-process limiters, clocks, algorithms and the [`replay`] trace format |
+//! | `tower` | `tollgate::tower`: a tower layer for HTTP services (policies, client keys behind trusted proxies, 429 and gRPC denials, rate-limit headers, tiers) |
+//! | `axum` | `tower`, and the layer reads axum's `ConnectInfo` for the peer address |
+//! | `tokio` | `tollgate::wait`: `until_ready` / `acquire` that wait on tokio's timer; with `tower`, the layer's delay mode |
+//! | `metrics` | `tower`, and per-policy counters through the `metrics` facade, plus `tracing` debug events |
+//! | `serde` | `tower`, and `tollgate::tower::config`: the whole layer from TOML, JSON or YAML |
+//! | `redis` | `tollgate::redis`: exact, leased and guarded global limits on Redis or Redis Cluster |
+//! | `cli` | the `tollgate` binary: `replay`, `replay --compare`, `--plot`, `bench` |
+//!
+//! (The modules named above appear in these docs when their feature is on; docs.rs builds
+//! with every feature.)
+//!
+//! ## Where to go next
+//!
+//! - [`docs::decision_rules`]: exactly how each algorithm decides; the boundary cases.
+//! - [`KeyedLimiter`]: the store, eviction and its caveats; [`Decision`]: every figure.
+//! - `tollgate replay` (feature `cli`, and README): what a limit would do to a recorded trace,
+//!   with a summary, a JSON object or an SVG plot; `--compare` runs every algorithm.
+//! - README's sections on the tower layer, async waiting, configuration files and the Redis
+//!   tier; `examples/server.rs`, a whole axum server limited from `examples/policies.toml`.
+//! - CONTRIBUTING.md, for anyone changing tollgate: commands, layout, rules and pitfalls.
+//!
 //! ## Design
 //! - [`algorithm`]: each algorithm's rule as a pure function (state, now, cost) → (decision,
 //!   state). Nothing there touches an atomic.
@@ -36,7 +212,7 @@
 //! - `tower` (feature `tower`): a tower layer for HTTP servers (policies, client keys, 429s).
 
 #![forbid(unsafe_code)]
-#![warn(missing_docs)]
+#![deny(missing_docs)]
 
 pub mod algorithm;
 pub mod clock;

@@ -40,6 +40,18 @@ pub struct MultiLimiter<K: Clone + Hash + Eq + Send + Sync, A: Algorithm, C: Clo
 
 impl<K: Clone + Hash + Eq + Send + Sync, A: Algorithm> MultiLimiter<K, A> {
     /// One keyed limiter per rule, on the precise default clock.
+    ///
+    /// # Examples
+    /// ```
+    /// use tollgate::{Gcra, MultiLimiter, Quota};
+    /// // Short bursts are fine, sustained scraping is not: 10 a second and 1000 an hour.
+    /// let limiter: MultiLimiter<String, Gcra> = MultiLimiter::new([
+    ///     Gcra::new(Quota::per_second(10)?)?,
+    ///     Gcra::new(Quota::per_hour(1000)?)?,
+    /// ]);
+    /// assert_eq!(limiter.limits().len(), 2);
+    /// # Ok::<(), tollgate::QuotaError>(())
+    /// ```
     pub fn new(rules: impl IntoIterator<Item = A>) -> Self {
         MultiLimiter {
             limits: rules.into_iter().map(KeyedLimiter::new).collect(),
@@ -52,6 +64,17 @@ impl<K: Clone + Hash + Eq + Send + Sync, A: Algorithm, C: Clock + Clone> MultiLi
     ///
     /// # Errors
     /// [`QuotaError::ClockTooCoarse`] if the clock cannot serve one of the quotas.
+    ///
+    /// # Examples
+    /// ```
+    /// use tollgate::{clock::ManualClock, Gcra, MultiLimiter, Quota};
+    /// let limiter: MultiLimiter<u64, Gcra, ManualClock> = MultiLimiter::with_clock(
+    ///     [Gcra::new(Quota::per_second(1)?)?, Gcra::new(Quota::per_minute(2)?)?],
+    ///     ManualClock::new(),
+    /// )?;
+    /// assert!(limiter.check(&7).unwrap().allowed());
+    /// # Ok::<(), tollgate::QuotaError>(())
+    /// ```
     pub fn with_clock(rules: impl IntoIterator<Item = A>, clock: C) -> Result<Self, QuotaError> {
         let limits = rules
             .into_iter()
@@ -63,6 +86,16 @@ impl<K: Clone + Hash + Eq + Send + Sync, A: Algorithm, C: Clock + Clone> MultiLi
 
 impl<K: Clone + Hash + Eq + Send + Sync, A: Algorithm, C: Clock> MultiLimiter<K, A, C> {
     /// The limits, in the order they are checked.
+    ///
+    /// # Examples
+    /// ```
+    /// use tollgate::{Gcra, MultiLimiter, Quota};
+    /// let limiter: MultiLimiter<String, Gcra> =
+    ///     MultiLimiter::new([Gcra::new(Quota::per_second(10)?)?, Gcra::new(Quota::per_hour(1000)?)?]);
+    /// // Each limit is a keyed limiter of its own: read its rule, its key count, or change its quota.
+    /// assert_eq!(limiter.limits()[1].rule().limit(), 1000);
+    /// # Ok::<(), tollgate::QuotaError>(())
+    /// ```
     pub fn limits(&self) -> &[KeyedLimiter<K, A, C>] {
         &self.limits
     }
@@ -71,6 +104,22 @@ impl<K: Clone + Hash + Eq + Send + Sync, A: Algorithm, C: Clock> MultiLimiter<K,
     ///
     /// # Errors
     /// As for [`MultiLimiter::check_n`].
+    ///
+    /// # Examples
+    /// ```
+    /// use tollgate::{clock::ManualClock, Gcra, MultiLimiter, Quota};
+    /// let limiter: MultiLimiter<String, Gcra, ManualClock> = MultiLimiter::with_clock(
+    ///     [Gcra::new(Quota::per_second(5)?)?, Gcra::new(Quota::per_minute(2)?)?],
+    ///     ManualClock::new(),
+    /// )?;
+    /// assert!(limiter.check("alice").unwrap().allowed());
+    /// assert!(limiter.check("alice").unwrap().allowed());
+    /// // The per-second limit would admit a third, the per-minute one refuses: denied.
+    /// let third = limiter.check("alice").unwrap();
+    /// assert!(!third.allowed());
+    /// assert_eq!(third.limit(), 2); // the refusing limit's figures
+    /// # Ok::<(), tollgate::QuotaError>(())
+    /// ```
     pub fn check<Q>(&self, key: &Q) -> Result<Decision, Error>
     where
         K: Borrow<Q>,
@@ -86,6 +135,20 @@ impl<K: Clone + Hash + Eq + Send + Sync, A: Algorithm, C: Clock> MultiLimiter<K,
     /// # Errors
     /// [`Error::CapacityExceeded`] if any limit can never admit `cost`; [`Error::KeyTableFull`]
     /// if a limit's key bound refuses the key. Nothing is consumed in either case.
+    ///
+    /// # Examples
+    /// ```
+    /// use tollgate::{clock::ManualClock, Gcra, MultiLimiter, Quota};
+    /// let limiter: MultiLimiter<String, Gcra, ManualClock> = MultiLimiter::with_clock(
+    ///     [Gcra::new(Quota::per_second(5)?)?, Gcra::new(Quota::per_minute(20)?)?],
+    ///     ManualClock::new(),
+    /// )?;
+    /// assert!(!limiter.check_n("bob", 6).is_ok_and(|d| d.allowed())); // above the first's burst
+    /// assert!(limiter.check_n("bob", 5).unwrap().allowed());
+    /// // Admitted: the figures of the limit with the fewest units left (the per-second one).
+    /// assert_eq!(limiter.check_n("bob", 0).unwrap().remaining(), 0);
+    /// # Ok::<(), tollgate::QuotaError>(())
+    /// ```
     pub fn check_n<Q>(&self, key: &Q, cost: u64) -> Result<Decision, Error>
     where
         K: Borrow<Q>,

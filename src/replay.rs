@@ -34,7 +34,17 @@ use crate::clock::ManualClock;
 use crate::limiter::KeyedLimiter;
 use crate::{FixedWindow, Gcra, LeakyQueue, Quota, QuotaError, SlidingLog, SlidingWindow};
 
-/// The algorithms by their SPEC names.
+/// The algorithms by the names of [`docs::decision_rules`](crate::docs::decision_rules).
+///
+/// # Examples
+/// ```
+/// use tollgate::replay::AlgorithmName;
+/// // The names `tollgate replay --algorithm` and configuration files accept.
+/// let name: AlgorithmName = "sliding-window".parse()?;
+/// assert_eq!(name, AlgorithmName::SlidingWindow);
+/// assert!("round-robin".parse::<AlgorithmName>().is_err());
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum AlgorithmName {
     /// `gcra`
@@ -54,7 +64,16 @@ pub enum AlgorithmName {
 }
 
 impl AlgorithmName {
-    /// Every algorithm, in the SPEC's order.
+    /// Every algorithm, in the order of the decision rules.
+    ///
+    /// # Examples
+    /// ```
+    /// use tollgate::replay::AlgorithmName;
+    /// // What `--compare` runs.
+    /// let names: Vec<&str> = AlgorithmName::ALL.iter().map(|a| a.as_str()).collect();
+    /// assert_eq!(names[0], "gcra");
+    /// assert_eq!(names.len(), 7);
+    /// ```
     pub const ALL: [AlgorithmName; 7] = [
         AlgorithmName::Gcra,
         AlgorithmName::TokenBucket,
@@ -65,7 +84,14 @@ impl AlgorithmName {
         AlgorithmName::SlidingLog,
     ];
 
-    /// The SPEC name.
+    /// The name, as `tollgate replay --algorithm` takes it.
+    ///
+    /// # Examples
+    /// ```
+    /// use tollgate::replay::AlgorithmName;
+    /// assert_eq!(AlgorithmName::LeakyQueue.as_str(), "leaky-queue");
+    /// assert_eq!(AlgorithmName::LeakyQueue.as_str().parse(), Ok(AlgorithmName::LeakyQueue));
+    /// ```
     pub fn as_str(self) -> &'static str {
         match self {
             AlgorithmName::Gcra => "gcra",
@@ -79,6 +105,14 @@ impl AlgorithmName {
     }
 
     /// Whether the algorithm takes a burst / capacity.
+    ///
+    /// # Examples
+    /// ```
+    /// use tollgate::replay::AlgorithmName;
+    /// // Whether `--burst` means anything: window algorithms refuse one.
+    /// assert!(AlgorithmName::Gcra.has_burst());
+    /// assert!(!AlgorithmName::FixedWindow.has_burst());
+    /// ```
     pub fn has_burst(self) -> bool {
         matches!(
             self,
@@ -151,6 +185,16 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
 }
 
 /// The cost field of a request.
+///
+/// # Examples
+/// ```
+/// use tollgate::replay::{parse_line, Cost};
+/// assert_eq!(parse_line("10,alice,3", 1)?.unwrap().cost, Cost::Units(3));
+/// // Too many digits for u64: kept (and decided as an error) rather than refused as a bad line.
+/// let huge = parse_line("10,alice,99999999999999999999999", 1)?.unwrap();
+/// assert_eq!(huge.cost, Cost::Unbounded);
+/// # Ok::<(), tollgate::replay::TraceError>(())
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Cost {
     /// A cost that fits in `u64`.
@@ -160,6 +204,14 @@ pub enum Cost {
 }
 
 /// One request of a trace, borrowing its key from the line it was read from.
+///
+/// # Examples
+/// ```
+/// use tollgate::replay::{parse_line, Cost, Request};
+/// let request = parse_line("1500,alice", 7)?.unwrap();
+/// assert_eq!(request, Request { line: 7, t_ms: 1500, key: "alice", cost: Cost::Units(1) });
+/// # Ok::<(), tollgate::replay::TraceError>(())
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Request<'a> {
     /// The line number (from 1) the request came from.
@@ -173,6 +225,16 @@ pub struct Request<'a> {
 }
 
 /// A line that is not a valid request, or a time that went backwards.
+///
+/// # Examples
+/// ```
+/// use tollgate::replay::TraceReader;
+/// let mut reader = TraceReader::new("100,a\n50,a\n".as_bytes());
+/// assert!(reader.next_request().unwrap().is_ok());
+/// let err = reader.next_request().unwrap().unwrap_err();
+/// assert_eq!(err.line, 2); // time went backwards: the message names the line
+/// assert!(reader.next_request().is_none()); // and reading stops there
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TraceError {
     /// The line number, from 1.
@@ -258,6 +320,21 @@ fn parse_count(text: &str) -> Option<Option<u64>> {
 /// Reads a trace from any `BufRead`, one request at a time, checking that time never goes
 /// backwards. Stops at the first error (the caller reports it and exits). Each request borrows
 /// the reader's line buffer, so reading allocates nothing per line.
+///
+/// # Examples
+/// ```
+/// use std::time::Duration;
+/// use tollgate::replay::{AlgorithmName, Outcome, Replayer, TraceReader};
+/// let trace = "# t_ms,key[,cost]\n0,alice\n10,alice\n20,bob,2\n";
+/// let mut replayer = Replayer::new(AlgorithmName::Gcra, 1, Duration::from_secs(1), None)?;
+/// let mut reader = TraceReader::new(trace.as_bytes());
+/// let mut outcomes = Vec::new();
+/// while let Some(request) = reader.next_request() {
+///     outcomes.push(replayer.decide(&request?));
+/// }
+/// assert_eq!(outcomes, [Outcome::Allow { delay_nanos: None }, Outcome::Deny, Outcome::Error]);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 #[derive(Debug)]
 pub struct TraceReader<R> {
     input: R,
@@ -269,6 +346,16 @@ pub struct TraceReader<R> {
 
 impl<R: BufRead> TraceReader<R> {
     /// A reader over `input`.
+    ///
+    /// # Examples
+    /// ```
+    /// use std::io::BufReader;
+    /// use tollgate::replay::TraceReader;
+    /// // Any `BufRead`: a file, standard input's lock, or bytes in memory.
+    /// let mut reader = TraceReader::new(BufReader::new("0,alice\n".as_bytes()));
+    /// assert_eq!(reader.next_request().unwrap()?.key, "alice");
+    /// # Ok::<(), tollgate::replay::TraceError>(())
+    /// ```
     pub fn new(input: R) -> Self {
         TraceReader {
             input,
@@ -280,6 +367,18 @@ impl<R: BufRead> TraceReader<R> {
     }
 
     /// The next request; `None` at the end of the input or after an error.
+    ///
+    /// # Examples
+    /// ```
+    /// use tollgate::replay::TraceReader;
+    /// // Blank lines and `#` comments are skipped; a request borrows the reader's buffer, so take
+    /// // what you need from it before reading the next one.
+    /// let mut reader = TraceReader::new("\n# header\n5,bob,2\n".as_bytes());
+    /// let request = reader.next_request().unwrap()?;
+    /// assert_eq!((request.line, request.t_ms, request.key), (3, 5, "bob"));
+    /// assert!(reader.next_request().is_none());
+    /// # Ok::<(), tollgate::replay::TraceError>(())
+    /// ```
     #[allow(clippy::should_implement_trait)] // a lending iterator: items borrow the reader
     pub fn next_request(&mut self) -> Option<Result<Request<'_>, TraceError>> {
         if self.failed {
@@ -339,6 +438,19 @@ impl<R: BufRead> TraceReader<R> {
 }
 
 /// The decision printed for one request.
+///
+/// # Examples
+/// ```
+/// use std::time::Duration;
+/// use tollgate::replay::{AlgorithmName, Outcome, Replayer, TraceReader};
+/// let mut queue = Replayer::new(AlgorithmName::LeakyQueue, 10, Duration::from_secs(1), None)?;
+/// let mut reader = TraceReader::new("0,a\n0,a\n".as_bytes());
+/// let first = queue.decide(&reader.next_request().unwrap()?);
+/// let second = queue.decide(&reader.next_request().unwrap()?);
+/// assert_eq!(first, Outcome::Allow { delay_nanos: Some(0) });
+/// assert_eq!(second, Outcome::Allow { delay_nanos: Some(100_000_000) }); // printed `allow 100`
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Outcome {
     /// Admitted; for `leaky-queue`, with its delay in nanoseconds.
@@ -354,6 +466,14 @@ pub enum Outcome {
 
 impl Outcome {
     /// Whether the request was admitted.
+    ///
+    /// # Examples
+    /// ```
+    /// use tollgate::replay::Outcome;
+    /// assert!(Outcome::Allow { delay_nanos: None }.is_allow());
+    /// assert!(!Outcome::Deny.is_allow());
+    /// assert!(!Outcome::Error.is_allow()); // an impossible cost is not admitted either
+    /// ```
     pub fn is_allow(&self) -> bool {
         matches!(self, Outcome::Allow { .. })
     }
@@ -418,6 +538,21 @@ enum AnyEngine {
 }
 
 /// Decides requests for one algorithm and quota, in the trace's time.
+///
+/// # Examples
+/// ```
+/// use std::time::Duration;
+/// use tollgate::replay::{AlgorithmName, Outcome, Replayer, TraceReader};
+/// // "What would 2 per second per key have done to this traffic?"
+/// let mut replayer = Replayer::new(AlgorithmName::FixedWindow, 2, Duration::from_secs(1), None)?;
+/// let mut reader = TraceReader::new("0,a\n1,a\n2,a\n3,b\n".as_bytes());
+/// let mut allowed = 0;
+/// while let Some(request) = reader.next_request() {
+///     allowed += usize::from(replayer.decide(&request?).is_allow());
+/// }
+/// assert_eq!(allowed, 3); // a's third request is denied; b has its own window
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 #[derive(Debug)]
 pub struct Replayer {
     algorithm: AlgorithmName,
@@ -430,6 +565,17 @@ impl Replayer {
     /// # Errors
     /// Any [`QuotaError`] the algorithm's constructor gives, e.g. a burst for a window
     /// algorithm or a window under 1 ms.
+    ///
+    /// # Examples
+    /// ```
+    /// use std::time::Duration;
+    /// use tollgate::replay::{AlgorithmName, Replayer};
+    /// use tollgate::QuotaError;
+    /// assert!(Replayer::new(AlgorithmName::Gcra, 10, Duration::from_secs(1), Some(20)).is_ok());
+    /// // The same refusals as the limiters: a window algorithm has no burst.
+    /// let refused = Replayer::new(AlgorithmName::FixedWindow, 10, Duration::from_secs(1), Some(20));
+    /// assert!(matches!(refused, Err(QuotaError::BurstNotSupported { .. })));
+    /// ```
     pub fn new(
         algorithm: AlgorithmName,
         limit: u64,
@@ -461,11 +607,33 @@ impl Replayer {
     }
 
     /// The algorithm this replayer runs.
+    ///
+    /// # Examples
+    /// ```
+    /// use std::time::Duration;
+    /// use tollgate::replay::{AlgorithmName, Replayer};
+    /// let replayer = Replayer::new(AlgorithmName::TokenBucket, 5, Duration::from_secs(1), None)?;
+    /// assert_eq!(replayer.algorithm().as_str(), "token-bucket"); // the name asked for, for reports
+    /// # Ok::<(), tollgate::QuotaError>(())
+    /// ```
     pub fn algorithm(&self) -> AlgorithmName {
         self.algorithm
     }
 
     /// Decides one request at its trace time.
+    ///
+    /// # Examples
+    /// ```
+    /// use std::time::Duration;
+    /// use tollgate::replay::{parse_line, AlgorithmName, Outcome, Replayer};
+    /// let mut replayer = Replayer::new(AlgorithmName::Gcra, 1, Duration::from_secs(1), None)?;
+    /// let first = parse_line("0,k", 1)?.unwrap();
+    /// assert_eq!(replayer.decide(&first), Outcome::Allow { delay_nanos: None });
+    /// assert_eq!(replayer.decide(&parse_line("999,k", 2)?.unwrap()), Outcome::Deny);
+    /// // The trace's time, not the wall clock: a second later in the trace, admitted again.
+    /// assert!(replayer.decide(&parse_line("1000,k", 3)?.unwrap()).is_allow());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn decide(&mut self, request: &Request) -> Outcome {
         let Cost::Units(cost) = request.cost else {
             return Outcome::Error;

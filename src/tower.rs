@@ -137,6 +137,18 @@ use self::stats::Outcome;
 use crate::Error;
 
 /// What the layer does with a request it cannot decide (no key, or a backend error).
+///
+/// # Examples
+/// ```
+/// use http::StatusCode;
+/// use tollgate::tower::{Fallback, RateLimitLayer};
+/// // No client key (no peer address, no API key header): a 400 says "your request is wrong".
+/// let layer = RateLimitLayer::builder()
+///     .on_missing_key(Fallback::Reject(StatusCode::BAD_REQUEST))
+///     .on_error(Fallback::Allow) // fail open while a backend cannot decide
+///     .build()?;
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Fallback {
     /// Answer with this status (a problem+json body, or the matching gRPC status).
@@ -146,6 +158,15 @@ pub enum Fallback {
 }
 
 /// Why a layer's configuration was refused.
+///
+/// # Examples
+/// ```
+/// use http::StatusCode;
+/// use tollgate::tower::{ConfigError, Fallback, RateLimitLayer};
+/// // A fallback "rejection" with 200 would pass the request while claiming to refuse it.
+/// let err = RateLimitLayer::builder().on_error(Fallback::Reject(StatusCode::OK)).build();
+/// assert_eq!(err.err(), Some(ConfigError::FallbackStatus(StatusCode::OK)));
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ConfigError {
     /// A policy name must be 1–64 printable ASCII characters (it goes into headers).
@@ -193,6 +214,17 @@ struct Shared {
 }
 
 /// Builds a [`RateLimitLayer`].
+///
+/// # Examples
+/// ```
+/// use tollgate::tower::{Key, Policy, RateLimitLayer};
+/// use tollgate::{Gcra, KeyedLimiter, Quota};
+/// let per_ip = KeyedLimiter::<Key, _>::new(Gcra::new(Quota::per_second(10)?)?);
+/// let layer = RateLimitLayer::builder()
+///     .policy(Policy::new("api", per_ip).path_prefix("/api/"))
+///     .build()?;
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 #[must_use]
 pub struct RateLimitLayerBuilder {
     policies: Vec<Policy>,
@@ -217,6 +249,20 @@ impl fmt::Debug for RateLimitLayerBuilder {
 
 impl RateLimitLayerBuilder {
     /// Adds a policy; the first policy that matches a request applies.
+    ///
+    /// # Examples
+    /// ```
+    /// use tollgate::tower::{Key, Policy, RateLimitLayer};
+    /// use tollgate::{Gcra, KeyedLimiter, Quota};
+    /// let per_ip = KeyedLimiter::<Key, _>::new(Gcra::new(Quota::per_second(10)?)?);
+    /// let uploads = KeyedLimiter::<Key, _>::new(Gcra::new(Quota::per_minute(5)?)?);
+    /// // Order matters: `/api/upload` must come before the `/api/` catch-all.
+    /// let layer = RateLimitLayer::builder()
+    ///     .policy(Policy::new("upload", uploads).path_prefix("/api/upload"))
+    ///     .policy(Policy::new("api", per_ip).path_prefix("/api/"))
+    ///     .build()?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn policy(mut self, policy: Policy) -> Self {
         self.policies.push(policy);
         self
@@ -224,6 +270,16 @@ impl RateLimitLayerBuilder {
 
     /// The policy for requests no other policy matches (its own path and method filters are
     /// ignored). Without one, such requests are not limited.
+    ///
+    /// # Examples
+    /// ```
+    /// use tollgate::tower::{Key, Policy, RateLimitLayer};
+    /// use tollgate::{Gcra, KeyedLimiter, Quota};
+    /// let per_ip = KeyedLimiter::<Key, _>::new(Gcra::new(Quota::per_second(10)?)?);
+    /// // Everything not matched by another policy, instead of not limiting it at all.
+    /// let layer = RateLimitLayer::builder().default_policy(Policy::new("site", per_ip)).build()?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn default_policy(mut self, policy: Policy) -> Self {
         self.default = Some(policy);
         self
@@ -231,6 +287,20 @@ impl RateLimitLayerBuilder {
 
     /// The proxies whose forwarding headers are believed (default: none, so client addresses
     /// are peer addresses). List every proxy between the internet and this server.
+    ///
+    /// # Examples
+    /// ```
+    /// use tollgate::tower::{Key, Policy, RateLimitLayer};
+    /// use tollgate::{Gcra, KeyedLimiter, Quota};
+    /// let per_ip = KeyedLimiter::<Key, _>::new(Gcra::new(Quota::per_second(10)?)?);
+    /// // Behind one load balancer: read X-Forwarded-For only when the peer is that balancer, so
+    /// // clients cannot choose their own key by sending the header themselves.
+    /// let layer = RateLimitLayer::builder()
+    ///     .policy(Policy::new("api", per_ip))
+    ///     .trusted_proxies(["10.0.0.0/8".parse()?])
+    ///     .build()?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn trusted_proxies(mut self, proxies: impl IntoIterator<Item = Cidr>) -> Self {
         self.addrs.trusted = proxies.into_iter().collect();
         self
@@ -238,6 +308,16 @@ impl RateLimitLayerBuilder {
 
     /// The header the trusted proxies write (default `X-Forwarded-For`). Only this one is
     /// read: a header the proxies do not write would be the client's to choose.
+    ///
+    /// # Examples
+    /// ```
+    /// use tollgate::tower::{ProxyHeader, RateLimitLayer};
+    /// let layer = RateLimitLayer::builder()
+    ///     .trusted_proxies(["192.0.2.10".parse()?])
+    ///     .proxy_header(ProxyHeader::Forwarded) // the proxy writes RFC 7239 `Forwarded`
+    ///     .build()?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn proxy_header(mut self, header: ProxyHeader) -> Self {
         self.addrs.header = header;
         self
@@ -245,24 +325,66 @@ impl RateLimitLayerBuilder {
 
     /// IPv6 client addresses are keyed by their first `prefix` bits (default 56; 64 for one
     /// subnet, 128 for one address). IPv4 addresses are keyed whole.
+    ///
+    /// # Examples
+    /// ```
+    /// use tollgate::tower::{ConfigError, RateLimitLayer};
+    /// // One key per /64: a host that owns a /64 cannot multiply its limit by rotating addresses.
+    /// let layer = RateLimitLayer::builder().ipv6_prefix(64).build()?;
+    /// assert_eq!(RateLimitLayer::builder().ipv6_prefix(129).build().err(), Some(ConfigError::Ipv6Prefix(129)));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn ipv6_prefix(mut self, prefix: u8) -> Self {
         self.addrs.ipv6_prefix = prefix;
         self
     }
 
     /// Requests whose client IP lies in one of `networks` bypass every policy.
+    ///
+    /// # Examples
+    /// ```
+    /// use tollgate::tower::{Key, Policy, RateLimitLayer};
+    /// use tollgate::{Gcra, KeyedLimiter, Quota};
+    /// let per_ip = KeyedLimiter::<Key, _>::new(Gcra::new(Quota::per_second(10)?)?);
+    /// // Internal services and monitoring are never limited.
+    /// let layer = RateLimitLayer::builder()
+    ///     .policy(Policy::new("api", per_ip))
+    ///     .allow_cidrs(["10.0.0.0/8".parse()?, "fd00::/8".parse()?])
+    ///     .build()?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn allow_cidrs(mut self, networks: impl IntoIterator<Item = Cidr>) -> Self {
         self.allow_cidrs.extend(networks);
         self
     }
 
     /// Requests for which `predicate` holds bypass every policy (e.g. `/health`).
+    ///
+    /// # Examples
+    /// ```
+    /// use tollgate::tower::{Key, Policy, RateLimitLayer};
+    /// use tollgate::{Gcra, KeyedLimiter, Quota};
+    /// let per_ip = KeyedLimiter::<Key, _>::new(Gcra::new(Quota::per_second(10)?)?);
+    /// let layer = RateLimitLayer::builder()
+    ///     .policy(Policy::new("api", per_ip))
+    ///     .allow_if(|req| req.uri.path() == "/health") // probes must never see a 429
+    ///     .build()?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn allow_if(mut self, predicate: impl Fn(&Parts) -> bool + Send + Sync + 'static) -> Self {
         self.allow_if = Some(Arc::new(predicate));
         self
     }
 
     /// The rate-limit fields on responses (default [`HeaderStyle::Draft`]).
+    ///
+    /// # Examples
+    /// ```
+    /// use tollgate::tower::{HeaderStyle, RateLimitLayer};
+    /// // Clients written for `X-RateLimit-*` and for the IETF draft fields both find theirs.
+    /// let layer = RateLimitLayer::builder().headers(HeaderStyle::Both).build()?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn headers(mut self, style: HeaderStyle) -> Self {
         self.headers = style;
         self
@@ -270,6 +392,14 @@ impl RateLimitLayerBuilder {
 
     /// What happens to a request whose key cannot be extracted (default
     /// `Reject(500 Internal Server Error)`).
+    ///
+    /// # Examples
+    /// ```
+    /// use tollgate::tower::{Fallback, RateLimitLayer};
+    /// // A public page keyed by an optional header: requests without it pass, uncounted.
+    /// let layer = RateLimitLayer::builder().on_missing_key(Fallback::Allow).build()?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn on_missing_key(mut self, fallback: Fallback) -> Self {
         self.on_missing_key = fallback;
         self
@@ -277,6 +407,14 @@ impl RateLimitLayerBuilder {
 
     /// What happens to a request whose backend could not decide (default
     /// `Reject(503 Service Unavailable)`). Shadow policies always pass such requests.
+    ///
+    /// # Examples
+    /// ```
+    /// use tollgate::tower::{Fallback, RateLimitLayer};
+    /// // Fail open: a Redis outage should not take the API down with it.
+    /// let layer = RateLimitLayer::builder().on_error(Fallback::Allow).build()?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn on_error(mut self, fallback: Fallback) -> Self {
         self.on_error = fallback;
         self
@@ -284,6 +422,23 @@ impl RateLimitLayerBuilder {
 
     /// Builds denials with `f` instead of the problem+json / gRPC answers. The layer then sets
     /// `Retry-After` and the rate-limit fields on what `f` returns.
+    ///
+    /// # Examples
+    /// ```
+    /// use bytes::Bytes;
+    /// use http::{Response, StatusCode};
+    /// use tollgate::tower::RateLimitLayer;
+    /// // A plain-text 429 for a client that cannot read problem+json.
+    /// let layer = RateLimitLayer::builder()
+    ///     .deny_with(|denial| {
+    ///         Response::builder()
+    ///             .status(StatusCode::TOO_MANY_REQUESTS)
+    ///             .body(Bytes::from(format!("slow down: retry in {} s\n", denial.retry_after_secs)))
+    ///             .unwrap()
+    ///     })
+    ///     .build()?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn deny_with(
         mut self,
         f: impl Fn(&Denial<'_>) -> Response<Bytes> + Send + Sync + 'static,
@@ -296,6 +451,20 @@ impl RateLimitLayerBuilder {
     ///
     /// # Errors
     /// A [`ConfigError`] naming the first setting that is refused.
+    ///
+    /// # Examples
+    /// ```
+    /// use tollgate::tower::{Key, Policy, RateLimitLayer};
+    /// use tollgate::{Gcra, KeyedLimiter, Quota};
+    /// let per_ip = KeyedLimiter::<Key, _>::new(Gcra::new(Quota::per_second(10)?)?);
+    /// use tollgate::tower::ConfigError;
+    /// let layer = RateLimitLayer::builder().policy(Policy::new("api", per_ip)).build()?;
+    /// // Policy names go into `RateLimit-Policy` headers: refused if they could not.
+    /// let other = KeyedLimiter::<Key, _>::new(Gcra::new(Quota::per_second(10)?)?);
+    /// let bad = RateLimitLayer::builder().policy(Policy::new("a\nb", other)).build();
+    /// assert!(matches!(bad, Err(ConfigError::PolicyName(_))));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn build(self) -> Result<RateLimitLayer, ConfigError> {
         if self.addrs.ipv6_prefix > 128 {
             return Err(ConfigError::Ipv6Prefix(self.addrs.ipv6_prefix));
@@ -344,6 +513,19 @@ impl RateLimitLayerBuilder {
 /// A tower [`Layer`] that rate-limits HTTP requests by policy (see the [module docs](self)).
 ///
 /// Cloning it is one reference count; clones share their limiters.
+///
+/// # Examples
+/// ```
+/// use tollgate::tower::{Key, Policy, RateLimitLayer};
+/// use tollgate::{Gcra, KeyedLimiter, Quota};
+/// let per_ip = KeyedLimiter::<Key, _>::new(Gcra::new(Quota::per_second(10)?)?);
+/// use axum::{routing::get, Router};
+/// let layer = RateLimitLayer::builder().policy(Policy::new("api", per_ip)).build()?;
+/// // Clones share the limiters: one layer can serve several routers.
+/// let app: Router = Router::new().route("/api/hello", get(|| async { "hello" })).layer(layer.clone());
+/// let admin: Router = Router::new().route("/admin", get(|| async { "ok" })).layer(layer);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 #[derive(Clone)]
 pub struct RateLimitLayer {
     shared: Arc<Shared>,
@@ -404,6 +586,14 @@ impl RateLimitLayer {
     }
 
     /// A builder with no policy, no trusted proxy, IPv6 grouped per /56, draft headers.
+    ///
+    /// # Examples
+    /// ```
+    /// use tollgate::tower::RateLimitLayer;
+    /// // With no policy nothing is limited: the layer then only sets no headers and passes through.
+    /// let layer = RateLimitLayer::builder().build()?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn builder() -> RateLimitLayerBuilder {
         RateLimitLayerBuilder {
             policies: Vec::new(),
@@ -435,6 +625,19 @@ impl<S> Layer<S> for RateLimitLayer {
 }
 
 /// The service [`RateLimitLayer`] wraps around `S`.
+///
+/// # Examples
+/// ```
+/// use tollgate::tower::{Key, Policy, RateLimitLayer};
+/// use tollgate::{Gcra, KeyedLimiter, Quota};
+/// let per_ip = KeyedLimiter::<Key, _>::new(Gcra::new(Quota::per_second(10)?)?);
+/// use tollgate::tower::RateLimit;
+/// use tower_layer::Layer;
+/// let layer = RateLimitLayer::builder().policy(Policy::new("api", per_ip)).build()?;
+/// // The service type users name when they store the wrapped service.
+/// let service: RateLimit<()> = layer.layer(());
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 #[derive(Clone)]
 pub struct RateLimit<S> {
     inner: S,

@@ -40,6 +40,18 @@ pub struct Gcra {
 
 impl Gcra {
     /// The rule for `quota`; refuses `W / L < 1 ns` and `B·T > 2^62 ns`.
+    ///
+    /// # Examples
+    /// ```
+    /// use std::time::Duration;
+    /// use tollgate::{Gcra, Quota, QuotaError};
+    /// let api = Gcra::new(Quota::per_second(10)?.with_burst(20)?)?;
+    /// assert_eq!(api.capacity(), 20);
+    /// // A billion a nanosecond cannot be spaced: refused here, not misjudged later.
+    /// let absurd = Quota::new(2, Duration::from_nanos(1))?;
+    /// assert!(matches!(Gcra::new(absurd), Err(QuotaError::IntervalTooShort { .. })));
+    /// # Ok::<(), tollgate::QuotaError>(())
+    /// ```
     pub fn new(quota: Quota) -> Result<Gcra, QuotaError> {
         let (window, limit, burst) = (quota.window_nanos(), quota.limit(), quota.burst());
         if window < limit {
@@ -66,21 +78,54 @@ impl Gcra {
     }
 
     /// `T` in nanoseconds.
+    ///
+    /// # Examples
+    /// ```
+    /// use tollgate::{Gcra, Quota};
+    /// // One unit comes back every T = W / L.
+    /// assert_eq!(Gcra::new(Quota::per_second(4)?)?.interval_nanos(), 250_000_000);
+    /// # Ok::<(), tollgate::QuotaError>(())
+    /// ```
     pub fn interval_nanos(&self) -> u64 {
         self.interval
     }
 
     /// `B`.
+    ///
+    /// # Examples
+    /// ```
+    /// use tollgate::{Gcra, Quota};
+    /// assert_eq!(Gcra::new(Quota::per_second(4)?.with_burst(8)?)?.burst(), 8);
+    /// # Ok::<(), tollgate::QuotaError>(())
+    /// ```
     pub fn burst(&self) -> u64 {
         self.burst
     }
 
     /// `L`.
+    ///
+    /// # Examples
+    /// ```
+    /// use tollgate::{Gcra, Quota};
+    /// assert_eq!(Gcra::new(Quota::per_second(4)?.with_burst(8)?)?.limit(), 4);
+    /// # Ok::<(), tollgate::QuotaError>(())
+    /// ```
     pub fn limit(&self) -> u64 {
         self.limit
     }
 
     /// `B`: the largest cost that can ever be admitted.
+    ///
+    /// # Examples
+    /// ```
+    /// use tollgate::{Error, Gcra, Limiter, Quota};
+    /// let rule = Gcra::new(Quota::per_second(4)?.with_burst(8)?)?;
+    /// assert_eq!(rule.capacity(), 8);
+    /// // A cost above it can never be admitted: an error, not a denial.
+    /// let limiter = Limiter::new(rule);
+    /// assert_eq!(limiter.check_n(9), Err(Error::CapacityExceeded { cost: 9, capacity: 8 }));
+    /// # Ok::<(), tollgate::QuotaError>(())
+    /// ```
     pub fn capacity(&self) -> u64 {
         self.burst
     }

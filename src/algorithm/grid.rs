@@ -228,21 +228,57 @@ macro_rules! windowed_rule {
     ($name:ident, $algorithm:literal, $doc:literal) => {
         impl $name {
             #[doc = $doc]
+            ///
+            /// # Examples
+            /// ```
+            #[doc = concat!("use tollgate::{", stringify!($name), ", Quota, QuotaError};")]
+            #[doc = concat!("// 100 a minute, counted per window: windows refuse a burst and windows under 1 ms.")]
+            #[doc = concat!("let rule = ", stringify!($name), "::new(Quota::per_minute(100)?)?;")]
+            #[doc = concat!("assert_eq!(rule.limit(), 100);")]
+            #[doc = concat!("let burst = Quota::per_minute(100)?.with_burst(10)?;")]
+            #[doc = concat!("assert!(matches!(", stringify!($name), "::new(burst), Err(QuotaError::BurstNotSupported { .. })));")]
+            #[doc = concat!("# Ok::<(), QuotaError>(())")]
+            /// ```
             pub fn new(quota: Quota) -> Result<$name, QuotaError> {
                 Windowed::new(&quota, $algorithm, MAX_LIMIT).map($name)
             }
 
             /// `L`.
+            ///
+            /// # Examples
+            /// ```
+            #[doc = concat!("use tollgate::{", stringify!($name), ", Quota};")]
+            #[doc = concat!("assert_eq!(", stringify!($name), "::new(Quota::per_second(50)?)?.limit(), 50);")]
+            #[doc = concat!("# Ok::<(), tollgate::QuotaError>(())")]
+            /// ```
             pub fn limit(&self) -> u64 {
                 self.0.limit
             }
 
-            /// `L`: the largest cost that can ever be admitted.
+            /// `L`: the largest cost that can ever be admitted. A larger cost is
+            /// [`Error::CapacityExceeded`](crate::Error::CapacityExceeded), not a denial.
+            ///
+            /// # Examples
+            /// ```
+            #[doc = concat!("use tollgate::{", stringify!($name), ", Error, Limiter, Quota};")]
+            #[doc = concat!("let rule = ", stringify!($name), "::new(Quota::per_second(50)?)?;")]
+            #[doc = concat!("assert_eq!(rule.capacity(), 50);")]
+            #[doc = concat!("let limiter = Limiter::new(rule);")]
+            #[doc = concat!("assert_eq!(limiter.check_n(51), Err(Error::CapacityExceeded { cost: 51, capacity: 50 }));")]
+            #[doc = concat!("# Ok::<(), tollgate::QuotaError>(())")]
+            /// ```
             pub fn capacity(&self) -> u64 {
                 self.0.limit
             }
 
             /// `W` in nanoseconds.
+            ///
+            /// # Examples
+            /// ```
+            #[doc = concat!("use tollgate::{", stringify!($name), ", Quota};")]
+            #[doc = concat!("assert_eq!(", stringify!($name), "::new(Quota::per_second(5)?)?.window(), 1_000_000_000);")]
+            #[doc = concat!("# Ok::<(), tollgate::QuotaError>(())")]
+            /// ```
             pub fn window(&self) -> u64 {
                 self.0.grid.window
             }

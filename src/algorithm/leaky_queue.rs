@@ -30,21 +30,54 @@ pub struct LeakyQueue(Gcra);
 
 impl LeakyQueue {
     /// The shaper for `quota` (same limits as [`Gcra::new`]).
+    ///
+    /// # Examples
+    /// ```
+    /// use tollgate::{LeakyQueue, Limiter, Quota};
+    /// // Calls to a paid API: at most 5 a second, spaced 200 ms apart, up to 10 queued.
+    /// let queue = Limiter::new(LeakyQueue::new(Quota::per_second(5)?.with_burst(10)?)?);
+    /// let slot = queue.reserve(1).unwrap();
+    /// assert!(slot.allowed());
+    /// // then sleep `slot.delay()` before the call
+    /// # Ok::<(), tollgate::QuotaError>(())
+    /// ```
     pub fn new(quota: Quota) -> Result<LeakyQueue, QuotaError> {
         Gcra::new(quota).map(LeakyQueue)
     }
 
     /// `T` in nanoseconds: the spacing of the shaped output.
+    ///
+    /// # Examples
+    /// ```
+    /// use tollgate::{LeakyQueue, Quota};
+    /// assert_eq!(LeakyQueue::new(Quota::per_second(5)?)?.interval_nanos(), 200_000_000);
+    /// # Ok::<(), tollgate::QuotaError>(())
+    /// ```
     pub fn interval_nanos(&self) -> u64 {
         self.0.interval_nanos()
     }
 
     /// `L`.
+    ///
+    /// # Examples
+    /// ```
+    /// use tollgate::{LeakyQueue, Quota};
+    /// assert_eq!(LeakyQueue::new(Quota::per_second(5)?)?.limit(), 5);
+    /// # Ok::<(), tollgate::QuotaError>(())
+    /// ```
     pub fn limit(&self) -> u64 {
         self.0.limit()
     }
 
     /// `C`.
+    ///
+    /// # Examples
+    /// ```
+    /// use tollgate::{LeakyQueue, Quota};
+    /// // How much may wait in the queue at once (the burst, default the limit).
+    /// assert_eq!(LeakyQueue::new(Quota::per_second(5)?.with_burst(10)?)?.capacity(), 10);
+    /// # Ok::<(), tollgate::QuotaError>(())
+    /// ```
     pub fn capacity(&self) -> u64 {
         self.0.capacity()
     }

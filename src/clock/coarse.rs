@@ -57,6 +57,17 @@ pub struct CoarseClock {
 
 impl CoarseClock {
     /// A coarse clock whose origin is now; starts the upkeep thread if none runs.
+    ///
+    /// # Examples
+    /// ```
+    /// use tollgate::{clock::CoarseClock, Gcra, KeyedLimiter, Quota};
+    /// // 10 a minute: a 1 ms tick is far below the 6 s between units, so reading it is safe.
+    /// let limiter = KeyedLimiter::<u64, _>::builder(Gcra::new(Quota::per_minute(10)?)?)
+    ///     .clock(CoarseClock::new())
+    ///     .build()?;
+    /// assert!(limiter.check(&1).unwrap().allowed());
+    /// # Ok::<(), tollgate::QuotaError>(())
+    /// ```
     pub fn new() -> Self {
         start_upkeep();
         CoarseClock {

@@ -26,17 +26,44 @@ pub struct ManualClock {
 
 impl ManualClock {
     /// A clock at instant 0.
+    ///
+    /// # Examples
+    /// ```
+    /// use tollgate::clock::{Clock, ManualClock};
+    /// assert_eq!(ManualClock::new().now(), 0);
+    /// ```
     pub fn new() -> Self {
         Self::default()
     }
 
     /// Moves the clock forward by `by`, saturating at `u64::MAX` nanoseconds.
+    ///
+    /// # Examples
+    /// ```
+    /// use std::time::Duration;
+    /// use tollgate::{clock::ManualClock, Gcra, Limiter, Quota};
+    /// let clock = ManualClock::new();
+    /// let limiter = Limiter::with_clock(Gcra::new(Quota::per_minute(1)?)?, clock.clone())?;
+    /// assert!(limiter.check().allowed());
+    /// assert!(!limiter.check().allowed());
+    /// clock.advance(Duration::from_secs(60)); // a minute passes in no time
+    /// assert!(limiter.check().allowed());
+    /// # Ok::<(), tollgate::QuotaError>(())
+    /// ```
     pub fn advance(&self, by: Duration) {
         let by = u64::try_from(by.as_nanos()).unwrap_or(u64::MAX);
         self.advance_nanos(by);
     }
 
     /// Moves the clock forward by `by` nanoseconds, saturating at `u64::MAX`.
+    ///
+    /// # Examples
+    /// ```
+    /// use tollgate::clock::{Clock, ManualClock};
+    /// let clock = ManualClock::new();
+    /// clock.advance_nanos(1_500);
+    /// assert_eq!(clock.now(), 1_500);
+    /// ```
     pub fn advance_nanos(&self, by: Nanos) {
         // Relaxed: the clock value carries no other data; limiters only read the number.
         let _ = self
@@ -47,6 +74,18 @@ impl ManualClock {
     }
 
     /// Sets the clock to `nanos`, which may be earlier than now.
+    ///
+    /// # Examples
+    /// ```
+    /// use tollgate::{clock::ManualClock, Gcra, Limiter, Quota};
+    /// let clock = ManualClock::new();
+    /// clock.set(5_000_000_000);
+    /// let limiter = Limiter::with_clock(Gcra::new(Quota::per_second(1)?)?, clock.clone())?;
+    /// assert!(limiter.check().allowed());
+    /// clock.set(0); // back in time: the limiter treats it as the newest reading, 5 s
+    /// assert!(!limiter.check().allowed());
+    /// # Ok::<(), tollgate::QuotaError>(())
+    /// ```
     pub fn set(&self, nanos: Nanos) {
         // Relaxed: see `advance_nanos`.
         self.nanos.store(nanos, Ordering::Relaxed);

@@ -51,6 +51,18 @@ pub struct QuantaClock {
 
 impl QuantaClock {
     /// A clock whose origin is now.
+    ///
+    /// # Examples
+    /// ```
+    /// use tollgate::{clock::QuantaClock, Gcra, KeyedLimiter, Quota};
+    /// // What `new` constructors use; pass one explicitly to share it between limiters.
+    /// let clock = QuantaClock::new();
+    /// let limiter = KeyedLimiter::<u64, _>::builder(Gcra::new(Quota::per_second(5)?)?)
+    ///     .clock(clock.clone())
+    ///     .build()?;
+    /// assert!(limiter.check(&1).unwrap().allowed());
+    /// # Ok::<(), tollgate::QuotaError>(())
+    /// ```
     pub fn new() -> Self {
         let clock = shared();
         QuantaClock {

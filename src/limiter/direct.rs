@@ -29,6 +29,15 @@ pub struct Limiter<A: Algorithm, C: Clock = QuantaClock> {
 /// # Construction
 impl<A: Algorithm> Limiter<A, QuantaClock> {
     /// A limiter on the precise default clock.
+    ///
+    /// # Examples
+    /// ```
+    /// use tollgate::{Gcra, Limiter, Quota};
+    /// // One limit for the whole process, e.g. outgoing calls to one upstream.
+    /// let upstream = Limiter::new(Gcra::new(Quota::per_second(100)?)?);
+    /// assert!(upstream.check().allowed());
+    /// # Ok::<(), tollgate::QuotaError>(())
+    /// ```
     pub fn new(rule: A) -> Self {
         Self::with_clock(rule, QuantaClock::new()).expect("the precise clock resolves 1 ns")
     }
@@ -37,6 +46,21 @@ impl<A: Algorithm> Limiter<A, QuantaClock> {
 impl<A: Algorithm, C: Clock> Limiter<A, C> {
     /// A limiter on `clock`. Refused if the clock is too coarse for the quota
     /// ([`QuotaError::ClockTooCoarse`]).
+    ///
+    /// # Examples
+    /// ```
+    /// use tollgate::{clock::{CoarseClock, ManualClock}, Gcra, Limiter, Quota, QuotaError};
+    /// // Tests drive time by hand.
+    /// let test = Limiter::with_clock(Gcra::new(Quota::per_second(2)?)?, ManualClock::new())?;
+    /// assert!(test.check().allowed());
+    /// // A 1 ms tick cannot enforce a bucket that spans 10 µs: refused up front.
+    /// let fine = Gcra::new(Quota::per_second(100_000)?.with_burst(1)?)?;
+    /// assert!(matches!(
+    ///     Limiter::with_clock(fine, CoarseClock::new()),
+    ///     Err(QuotaError::ClockTooCoarse { .. })
+    /// ));
+    /// # Ok::<(), tollgate::QuotaError>(())
+    /// ```
     pub fn with_clock(rule: A, clock: C) -> Result<Self, QuotaError> {
         Ok(Limiter {
             cell: CachePadded::new(A::Cell::default()),
@@ -45,11 +69,30 @@ impl<A: Algorithm, C: Clock> Limiter<A, C> {
     }
 
     /// The clock this limiter reads.
+    ///
+    /// # Examples
+    /// ```
+    /// use tollgate::{clock::ManualClock, Gcra, Limiter, Quota};
+    /// let clock = ManualClock::new();
+    /// let limiter = Limiter::with_clock(Gcra::new(Quota::per_second(2)?)?, clock.clone())?;
+    /// clock.advance(std::time::Duration::from_secs(1));
+    /// assert_eq!(tollgate::clock::Clock::now(limiter.clock()), 1_000_000_000); // clones share time
+    /// # Ok::<(), tollgate::QuotaError>(())
+    /// ```
     pub fn clock(&self) -> &C {
         self.core.clock()
     }
 
     /// The rule in force.
+    ///
+    /// # Examples
+    /// ```
+    /// use tollgate::{Gcra, Limiter, Quota};
+    /// let limiter = Limiter::new(Gcra::new(Quota::per_second(2)?)?);
+    /// limiter.set_quota(Gcra::new(Quota::per_second(5)?)?)?;
+    /// assert_eq!(limiter.rule().limit(), 5); // the rule in force now, after any `set_quota`
+    /// # Ok::<(), tollgate::QuotaError>(())
+    /// ```
     pub fn rule(&self) -> A {
         self.core.rule()
     }
@@ -58,6 +101,19 @@ impl<A: Algorithm, C: Clock> Limiter<A, C> {
 /// # Checking
 impl<A: Algorithm, C: Clock> Limiter<A, C> {
     /// Decides a request of cost 1, and counts it if allowed.
+    ///
+    /// # Examples
+    /// ```
+    /// use tollgate::{clock::ManualClock, Gcra, Limiter, Quota};
+    /// let clock = ManualClock::new();
+    /// let limiter = Limiter::with_clock(Gcra::new(Quota::per_second(2)?)?, clock.clone())?;
+    /// assert!(limiter.check().allowed());
+    /// assert!(limiter.check().allowed());
+    /// let denied = limiter.check();
+    /// assert!(!denied.allowed());
+    /// assert_eq!(denied.retry_after().as_millis(), 500);
+    /// # Ok::<(), tollgate::QuotaError>(())
+    /// ```
     #[inline]
     pub fn check(&self) -> Decision {
         loop {
@@ -74,6 +130,19 @@ impl<A: Algorithm, C: Clock> Limiter<A, C> {
     ///
     /// # Errors
     /// [`Error::CapacityExceeded`] when `cost` can never be admitted; nothing changes.
+    ///
+    /// # Examples
+    /// ```
+    /// use tollgate::{clock::ManualClock, Gcra, Limiter, Quota};
+    /// let clock = ManualClock::new();
+    /// let limiter = Limiter::with_clock(Gcra::new(Quota::per_second(2)?)?, clock.clone())?;
+    /// // A batch of 2 rows costs 2 units: admitted whole or not at all.
+    /// assert!(limiter.check_n(2)?.allowed());
+    /// assert!(!limiter.check_n(1)?.allowed());
+    /// assert!(limiter.check_n(0)?.allowed()); // free, changes nothing
+    /// assert!(limiter.check_n(3).is_err()); // above the burst: never admissible
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     #[inline]
     pub fn check_n(&self, cost: u64) -> Result<Decision, Error> {
         self.acquire(cost, true)
@@ -83,6 +152,18 @@ impl<A: Algorithm, C: Clock> Limiter<A, C> {
     ///
     /// # Errors
     /// [`Error::CapacityExceeded`] as for [`Limiter::check_n`].
+    ///
+    /// # Examples
+    /// ```
+    /// use tollgate::{clock::ManualClock, Gcra, Limiter, Quota};
+    /// let clock = ManualClock::new();
+    /// let limiter = Limiter::with_clock(Gcra::new(Quota::per_second(2)?)?, clock.clone())?;
+    /// // Ask before starting expensive work; nothing is counted.
+    /// assert!(limiter.peek(2)?.allowed());
+    /// assert!(limiter.peek(2)?.allowed());
+    /// assert_eq!(limiter.check().remaining(), 1);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn peek(&self, cost: u64) -> Result<Decision, Error> {
         self.acquire(cost, false)
     }
@@ -93,6 +174,18 @@ impl<A: Algorithm, C: Clock> Limiter<A, C> {
     /// a full bucket); the window counters take the units off the window that counted them;
     /// the sliding log drops its `cost` newest entries. Refunding more than was admitted cannot
     /// raise capacity above full.
+    ///
+    /// # Examples
+    /// ```
+    /// use tollgate::{clock::ManualClock, Gcra, Limiter, Quota};
+    /// let clock = ManualClock::new();
+    /// let limiter = Limiter::with_clock(Gcra::new(Quota::per_second(2)?)?, clock.clone())?;
+    /// assert!(limiter.check_n(2).unwrap().allowed());
+    /// // The request failed before doing any work: do not charge the client for it.
+    /// limiter.refund(2);
+    /// assert!(limiter.peek(2).unwrap().allowed()); // the whole burst is back
+    /// # Ok::<(), tollgate::QuotaError>(())
+    /// ```
     pub fn refund(&self, cost: u64) {
         loop {
             let at = self.core.attempt();
@@ -110,6 +203,21 @@ impl<A: Algorithm, C: Clock> Limiter<A, C> {
     ///
     /// # Errors
     /// [`QuotaError::ClockTooCoarse`] if this limiter's clock cannot serve the new quota.
+    ///
+    /// # Examples
+    /// ```
+    /// use tollgate::{clock::ManualClock, Gcra, Limiter, Quota};
+    /// let clock = ManualClock::new();
+    /// let limiter = Limiter::with_clock(Gcra::new(Quota::per_second(2)?)?, clock.clone())?;
+    /// limiter.check_n(2).unwrap();
+    /// // More per second from now on. The 1 s of debt already run up is kept: it fills the
+    /// // new bucket too (10 × 100 ms), so switching quotas never hands out a fresh burst.
+    /// limiter.set_quota(Gcra::new(Quota::per_second(10)?)?)?;
+    /// assert!(!limiter.check().allowed());
+    /// clock.advance(std::time::Duration::from_millis(200));
+    /// assert!(limiter.check().allowed()); // the new rate: a unit every 100 ms
+    /// # Ok::<(), tollgate::QuotaError>(())
+    /// ```
     pub fn set_quota(&self, rule: A) -> Result<(), QuotaError> {
         self.core.set_quota(rule)
     }
@@ -143,6 +251,19 @@ impl<C: Clock> Limiter<LeakyQueue, C> {
     ///
     /// # Errors
     /// [`Error::CapacityExceeded`] when `cost > C`.
+    ///
+    /// # Examples
+    /// ```
+    /// use std::time::Duration;
+    /// use tollgate::{clock::ManualClock, LeakyQueue, Limiter, Quota};
+    /// let queue = Limiter::with_clock(LeakyQueue::new(Quota::per_second(10)?)?, ManualClock::new())?;
+    /// let first = queue.reserve(1).unwrap();
+    /// let second = queue.reserve(1).unwrap();
+    /// assert!(first.allowed() && second.allowed());
+    /// // Both admitted; the second must wait its turn before it goes.
+    /// assert_eq!(second.delay(), Duration::from_millis(100));
+    /// # Ok::<(), tollgate::QuotaError>(())
+    /// ```
     pub fn reserve(&self, cost: u64) -> Result<Decision, Error> {
         self.check_n(cost)
     }

@@ -141,12 +141,38 @@ pub struct RedisLimiterBuilder {
 impl RedisLimiterBuilder {
     /// The first segment of every Redis key (default `tollgate`). Limiters that must not share
     /// state, such as two quotas on the same user keys, need different prefixes.
+    ///
+    /// # Examples
+    /// ```no_run
+    /// use std::time::Duration;
+    /// use tollgate::{Quota, redis::{RedisLimiter, RedisRule}};
+    /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+    /// let rule = RedisRule::gcra(Quota::per_second(10)?)?;
+    /// // Two quotas on the same user ids: without distinct prefixes they would share state.
+    /// let per_second = RedisLimiter::builder(rule).prefix("api:1s").connect("redis://127.0.0.1/").await?;
+    /// let per_day = RedisLimiter::builder(RedisRule::fixed_window(Quota::new(10_000, Duration::from_secs(86_400))?)?)
+    ///     .prefix("api:1d")
+    ///     .connect("redis://127.0.0.1/")
+    ///     .await?;
+    /// # Ok(()) }
+    /// ```
     pub fn prefix(mut self, prefix: impl AsRef<[u8]>) -> Self {
         self.prefix = prefix.as_ref().to_vec();
         self
     }
 
     /// The timeout of every Redis call ([`DEFAULT_TIMEOUT`] = 50 ms unless set).
+    ///
+    /// # Examples
+    /// ```no_run
+    /// use std::time::Duration;
+    /// use tollgate::{Quota, redis::{RedisLimiter, RedisRule}};
+    /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+    /// let rule = RedisRule::gcra(Quota::per_second(10)?)?;
+    /// // A check waits at most 20 ms for Redis; then the caller decides (fail open or closed).
+    /// let limiter = RedisLimiter::builder(rule).timeout(Duration::from_millis(20)).connect("redis://127.0.0.1/").await?;
+    /// # Ok(()) }
+    /// ```
     pub fn timeout(mut self, timeout: Duration) -> Self {
         self.timeout = timeout;
         self
@@ -154,6 +180,20 @@ impl RedisLimiterBuilder {
 
     /// The timeout for establishing the connection in [`RedisLimiterBuilder::connect`]
     /// ([`DEFAULT_CONNECT_TIMEOUT`] = 1 s unless set).
+    ///
+    /// # Examples
+    /// ```no_run
+    /// use std::time::Duration;
+    /// use tollgate::{Quota, redis::{RedisLimiter, RedisRule}};
+    /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+    /// let rule = RedisRule::gcra(Quota::per_second(10)?)?;
+    /// // Start-up may wait longer for Redis than a request ever should.
+    /// let limiter = RedisLimiter::builder(rule)
+    ///     .connect_timeout(Duration::from_secs(5))
+    ///     .connect("redis://127.0.0.1/")
+    ///     .await?;
+    /// # Ok(()) }
+    /// ```
     pub fn connect_timeout(mut self, timeout: Duration) -> Self {
         self.connect_timeout = timeout;
         self
@@ -162,6 +202,17 @@ impl RedisLimiterBuilder {
     /// The largest number of checks sent in one script call (at least 1; default
     /// [`DEFAULT_MAX_BATCH`]). A script blocks the server while it runs, so a batch is split
     /// into calls of at most this many checks.
+    ///
+    /// # Examples
+    /// ```no_run
+    /// use std::time::Duration;
+    /// use tollgate::{Quota, redis::{RedisLimiter, RedisRule}};
+    /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+    /// let rule = RedisRule::gcra(Quota::per_second(10)?)?;
+    /// // Keep each script short on a server that also serves latency-sensitive traffic.
+    /// let limiter = RedisLimiter::builder(rule).max_batch(32).connect("redis://127.0.0.1/").await?;
+    /// # Ok(()) }
+    /// ```
     pub fn max_batch(mut self, max_batch: usize) -> Self {
         self.max_batch = max_batch.max(1);
         self
@@ -171,6 +222,20 @@ impl RedisLimiterBuilder {
     /// server cannot see an injected clock, so the TTL it computes from one could expire a key
     /// while the injected time has not yet caught up (a replay running slower than its trace);
     /// this floor keeps state for the duration of a test or replay. Live checks are unaffected.
+    ///
+    /// # Examples
+    /// ```no_run
+    /// use std::time::Duration;
+    /// use tollgate::{Quota, redis::{RedisLimiter, RedisRule}};
+    /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+    /// let rule = RedisRule::gcra(Quota::per_second(10)?)?;
+    /// // A replay of a day-long trace at reduced speed: keep keys for a day.
+    /// let limiter = RedisLimiter::builder(rule)
+    ///     .injected_min_ttl(Duration::from_secs(86_400))
+    ///     .connect("redis://127.0.0.1/")
+    ///     .await?;
+    /// # Ok(()) }
+    /// ```
     pub fn injected_min_ttl(mut self, ttl: Duration) -> Self {
         self.injected_min_ttl = ttl;
         self
@@ -183,6 +248,17 @@ impl RedisLimiterBuilder {
     /// per check, in arrival order per key. A check waits at most for the call in flight
     /// (its timeout) and then its own call (the timeout again). With `false`, every check is
     /// its own call.
+    ///
+    /// # Examples
+    /// ```no_run
+    /// use std::time::Duration;
+    /// use tollgate::{Quota, redis::{RedisLimiter, RedisRule}};
+    /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+    /// let rule = RedisRule::gcra(Quota::per_second(10)?)?;
+    /// // One script call per check, e.g. to measure per-call latency.
+    /// let limiter = RedisLimiter::builder(rule).coalesce(false).connect("redis://127.0.0.1/").await?;
+    /// # Ok(()) }
+    /// ```
     pub fn coalesce(mut self, coalesce: bool) -> Self {
         self.coalesce = coalesce;
         self
@@ -195,6 +271,17 @@ impl RedisLimiterBuilder {
     /// # Errors
     /// [`Error::Server`] for a malformed URL; a transient error if Redis cannot be reached
     /// within the connect timeout.
+    ///
+    /// # Examples
+    /// ```no_run
+    /// use std::time::Duration;
+    /// use tollgate::{Quota, redis::{RedisLimiter, RedisRule}};
+    /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+    /// let rule = RedisRule::gcra(Quota::per_second(10)?)?;
+    /// let limiter = RedisLimiter::builder(rule).connect("redis://127.0.0.1:6379/0").await?;
+    /// assert!(limiter.check("alice").await?.allowed());
+    /// # Ok(()) }
+    /// ```
     pub async fn connect(self, url: &str) -> Result<RedisLimiter<ConnectionManager>, Error> {
         let client = redis::Client::open(url)?;
         let config = ConnectionManagerConfig::new()
@@ -251,6 +338,20 @@ impl RedisLimiterBuilder {
     /// A limiter on a connection of your own (for example a
     /// [`ClusterConnection`](redis::cluster_async::ClusterConnection)). Scripts are loaded on
     /// first use.
+    ///
+    /// # Examples
+    /// ```no_run
+    /// use std::time::Duration;
+    /// use tollgate::{Quota, redis::{RedisLimiter, RedisRule}};
+    /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+    /// let rule = RedisRule::gcra(Quota::per_second(10)?)?;
+    /// // Share one multiplexed connection between several limiters.
+    /// let client = redis::Client::open("redis://127.0.0.1/")?;
+    /// let conn = redis::aio::ConnectionManager::new(client).await?;
+    /// let a = RedisLimiter::builder(rule).prefix("a").build(conn.clone());
+    /// let b = RedisLimiter::builder(RedisRule::gcra(Quota::per_minute(100)?)?).prefix("b").build(conn);
+    /// # Ok(()) }
+    /// ```
     pub fn build<C: RedisConnection>(self, conn: C) -> RedisLimiter<C> {
         let ms = u64::try_from(self.injected_min_ttl.as_millis()).unwrap_or(u64::MAX);
         RedisLimiter {
@@ -269,6 +370,20 @@ impl RedisLimiterBuilder {
 /// # Construction
 impl RedisLimiter {
     /// A builder for a limiter running `rule`.
+    ///
+    /// # Examples
+    /// ```no_run
+    /// use std::time::Duration;
+    /// use tollgate::{Quota, redis::{RedisLimiter, RedisRule}};
+    /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+    /// let rule = RedisRule::gcra(Quota::per_second(10)?)?;
+    /// let limiter = RedisLimiter::builder(rule)
+    ///     .prefix("myapp")
+    ///     .timeout(Duration::from_millis(25))
+    ///     .connect("redis://127.0.0.1/")
+    ///     .await?;
+    /// # Ok(()) }
+    /// ```
     pub fn builder(rule: RedisRule) -> RedisLimiterBuilder {
         RedisLimiterBuilder {
             rule,
@@ -286,6 +401,17 @@ impl RedisLimiter {
     ///
     /// # Errors
     /// As for [`RedisLimiterBuilder::connect`].
+    ///
+    /// # Examples
+    /// ```no_run
+    /// use std::time::Duration;
+    /// use tollgate::{Quota, redis::{RedisLimiter, RedisRule}};
+    /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+    /// let rule = RedisRule::gcra(Quota::per_second(10)?)?;
+    /// // Every setting at its default: prefix `tollgate`, 50 ms per call, coalescing on.
+    /// let limiter = RedisLimiter::connect("redis://127.0.0.1:6379", rule).await?;
+    /// # Ok(()) }
+    /// ```
     pub async fn connect(url: &str, rule: RedisRule) -> Result<RedisLimiter, Error> {
         RedisLimiter::builder(rule).connect(url).await
     }
