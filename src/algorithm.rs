@@ -1,4 +1,5 @@
-//! The algorithms of SPEC.md, one file each, as pure decision rules.
+//! The algorithms of the decision rules (`docs/decision-rules.md`), one file each, as pure
+//! functions.
 //!
 //! Each rule is a plain `Copy` value (its parameters) with a function from (state, now, cost)
 //! to (decision, next state). Nothing here touches an atomic: [`crate::state`] stores the states
@@ -51,9 +52,9 @@ pub use self::leaky_queue::LeakyQueue;
 pub use self::sliding_log::SlidingLog;
 pub use self::sliding_window::SlidingWindow;
 
-/// The token bucket is GCRA (SPEC §1): the same decisions, kept as one number.
+/// The token bucket is GCRA (decision rules §1): the same decisions, kept as one number.
 pub type TokenBucket = Gcra;
-/// The leaky bucket as a meter decides exactly as GCRA with `B = C` (SPEC §2).
+/// The leaky bucket as a meter decides exactly as GCRA with `B = C` (decision rules §2).
 pub type LeakyBucket = Gcra;
 
 mod sealed {
@@ -65,7 +66,7 @@ mod sealed {
 ///
 /// The trait is sealed; its hidden methods are the glue between a rule and its stored state.
 pub trait Algorithm: Copy + Send + Sync + std::fmt::Debug + 'static + sealed::Sealed {
-    /// The SPEC name, e.g. `"gcra"`.
+    /// The canonical name, e.g. `"gcra"`.
     const NAME: &'static str;
 
     /// The per-key state as stored in a limiter.
@@ -407,7 +408,7 @@ pub(crate) fn no_burst(quota: &crate::Quota, algorithm: &'static str) -> Result<
     }
 }
 
-/// Refuses windows under 1 ms (SPEC: `W ≥ 1 ms` for windows).
+/// Refuses windows under 1 ms (decision rules: `W ≥ 1 ms` for windows).
 pub(crate) fn window_at_least_1ms(quota: &crate::Quota) -> Result<u64, QuotaError> {
     let window_nanos = quota.window_nanos();
     if window_nanos < 1_000_000 {

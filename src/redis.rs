@@ -1,7 +1,7 @@
 //! Global rate limits on Redis (feature `redis`, async on tokio).
 //!
 //! Where one node is not enough, a limit must hold across a fleet. This module keeps each key's
-//! state in Redis (a single server or a Cluster) and decides by the same SPEC.md rules as the
+//! state in Redis (a single server or a Cluster) and decides by the same decision rules as the
 //! in-process limiters.
 //!
 //! ## The exact tier: [`RedisLimiter`]
@@ -24,13 +24,13 @@
 //! # Ok(()) }
 //! ```
 //!
-//! - **Algorithms**: all of SPEC.md — GCRA / token bucket / leaky bucket (meter), leaky bucket
+//! - **Algorithms**: all of the decision rules — GCRA / token bucket / leaky bucket (meter), leaky bucket
 //!   as a queue (with [`Decision::delay`](crate::Decision::delay)), fixed window, sliding
 //!   window counter, sliding window log — chosen by a [`RedisRule`].
 //! - **Decisions** carry the same fields as in-process (`allowed`, `limit`, `remaining`,
-//!   `retry_after`, `reset_after`, `delay`), computed by the same SPEC formulas in integer
+//!   `retry_after`, `reset_after`, `delay`), computed by the same formulas of the decision rules in integer
 //!   arithmetic. With the server's clock the durations are rounded up to its microsecond.
-//! - **Windows** are aligned to the Unix epoch (SPEC §4).
+//! - **Windows** are aligned to the Unix epoch (decision rules §4).
 //! - **Keys** are `<prefix>:<algorithm>:{<key>}`: the user key is the Cluster hash tag, so each
 //!   key's state lives in one slot. Each state is one Redis key with a TTL equal to the time
 //!   until it is indistinguishable from a fresh key (rounded up to the millisecond): memory

@@ -1,6 +1,6 @@
 //! `tollgate replay`: deciding a trace of requests, line by line, in the trace's own time.
 //!
-//! The format (SPEC "`tollgate replay`"): one request a line, `t_ms,key[,cost]`; `t_ms` a
+//! The format (the `tollgate replay` trace format): one request a line, `t_ms,key[,cost]`; `t_ms` a
 //! non-negative integer of milliseconds, non-decreasing; cost defaults to 1; blank lines and
 //! lines starting with `#` are skipped. The origin is `t = 0` of the trace; no wall clock.
 //!

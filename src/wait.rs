@@ -8,7 +8,7 @@
 //!
 //! How a call waits depends on the algorithm:
 //! - **Leaky queue** ([`LeakyQueue`](crate::LeakyQueue)): the call reserves its slot once (the
-//!   queue's reservation, SPEC §3) and sleeps until the slot: waiters are served in the order
+//!   queue's reservation, decision rules §3) and sleeps until the slot: waiters are served in the order
 //!   they arrived, with no re-check. Dropping the future before its slot gives the slot back
 //!   (a [`refund`](KeyedLimiter::refund) of its cost).
 //! - **Every other algorithm** (GCRA, the windows, the log): a denied check changes nothing, so
@@ -222,7 +222,7 @@ fn unbounded(result: Result<Decision, WaitError>) -> Result<Decision, Error> {
 
 /// How long a peek's `decision` under rule `A` says an admission takes: its delay when
 /// admitted; when refused, `retry_after` and then, for the leaky queue, the delay the queue
-/// assigns then: `tat − t` in all, which is the refusal's `reset_after` (SPEC §3).
+/// assigns then: `tat − t` in all, which is the refusal's `reset_after` (decision rules §3).
 fn wait_of<A: Algorithm>(decision: Decision) -> Duration {
     if decision.allowed() {
         decision.delay()

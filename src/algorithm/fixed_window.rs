@@ -1,4 +1,4 @@
-//! Fixed window (SPEC §4): windows `[k·W, (k+1)·W)`, `n` = units admitted in the current one.
+//! Fixed window (decision rules §4): windows `[k·W, (k+1)·W)`, `n` = units admitted in the current one.
 //!
 //! ```text
 //! allow iff n + c ≤ L        then n += c

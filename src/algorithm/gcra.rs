@@ -1,4 +1,4 @@
-//! GCRA / token bucket (SPEC §1) and the leaky bucket as a meter (SPEC §2).
+//! GCRA / token bucket (decision rules §1) and the leaky bucket as a meter (decision rules §2).
 //!
 //! State: the theoretical arrival time `TAT`, in nanoseconds since the limiter's origin; a fresh
 //! key is `TAT = 0`, which behaves as `TAT = t` (a full bucket).

@@ -1,5 +1,5 @@
 //! Where the windows of the window algorithms lie: `[k·W, (k+1)·W)` from the limiter's origin
-//! (SPEC §4), re-anchored when `set_quota` changes `W`.
+//! (decision rules §4), re-anchored when `set_quota` changes `W`.
 
 use crate::algorithm::{limit_at_most, no_burst, window_at_least_1ms};
 use crate::clock::Nanos;
@@ -55,7 +55,7 @@ impl Grid {
 ///
 /// `Behind(d)`: `d` windows behind (0 = same window). `Ahead(a)`: the stored state is `a`
 /// windows *ahead*, written by a thread whose clock reading was newer than this one; the rules
-/// then judge the request in the stored window (SPEC: a reading older than the newest one seen
+/// then judge the request in the stored window (decision rules: a reading older than the newest one seen
 /// is treated as the newest one).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Lag {

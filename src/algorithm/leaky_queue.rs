@@ -1,4 +1,4 @@
-//! The leaky bucket as a queue, a shaper (SPEC §3): GCRA's admission rule with `B = C`, but an
+//! The leaky bucket as a queue, a shaper (decision rules §3): GCRA's admission rule with `B = C`, but an
 //! admitted request is told *when* it may proceed, so the output is one unit per `T`.
 //!
 //! ```text

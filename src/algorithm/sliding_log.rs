@@ -1,4 +1,4 @@
-//! Sliding window log (SPEC §6): the time of every admitted unit; at `t` the units with time
+//! Sliding window log (decision rules §6): the time of every admitted unit; at `t` the units with time
 //! `> t − W` count (an entry at exactly `t − W` has expired).
 //!
 //! ```text

@@ -1,4 +1,4 @@
-//! Sliding window counter (SPEC §5): the previous window's count, weighted by how much of it
+//! Sliding window counter (decision rules §5): the previous window's count, weighted by how much of it
 //! still overlaps the sliding window, plus the current window's count.
 //!
 //! ```text

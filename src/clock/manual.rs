@@ -7,7 +7,7 @@ use super::{Clock, Nanos};
 /// A clock that only moves when told to: for tests, simulations and trace replay.
 ///
 /// Clones share the same time. It may be set to any instant, earlier ones included; a limiter
-/// clamps a reading older than the newest it has seen (SPEC: time never goes backwards).
+/// clamps a reading older than the newest it has seen (decision rules: time never goes backwards).
 ///
 /// # Examples
 /// ```

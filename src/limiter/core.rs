@@ -85,7 +85,7 @@ impl<A: Algorithm, C: Clock> Core<A, C> {
         })
     }
 
-    /// The current time, clamped so it never goes back (SPEC: time never goes backwards).
+    /// The current time, clamped so it never goes back (decision rules: time never goes backwards).
     #[inline]
     pub fn now(&self) -> Nanos {
         let reading = self.clock.now();
@@ -208,7 +208,7 @@ fn check_resolution<A: Algorithm, C: Clock>(rule: &A, clock: &C) -> Result<(), Q
 }
 
 impl<A: Algorithm, C: Clock> Core<A, C> {
-    /// Refuses a cost that can never be admitted (SPEC: an error, not a denial). The clock is
+    /// Refuses a cost that can never be admitted (decision rules: an error, not a denial). The clock is
     /// still read, so that every call sees time the same way whatever its outcome.
     #[inline]
     pub fn check_cost(&self, rule: &A, cost: u64) -> Result<(), crate::Error> {

@@ -109,6 +109,20 @@ pub struct KeyedLimiterBuilder<K, A, C> {
 
 impl<K, A: Algorithm, C: Clock> KeyedLimiterBuilder<K, A, C> {
     /// Reads time from `clock` instead of the precise default.
+    ///
+    /// # Examples
+    /// ```
+    /// use tollgate::{clock::ManualClock, Gcra, KeyedLimiter, Quota};
+    /// let clock = ManualClock::new(); // tests move time by hand
+    /// let limiter = KeyedLimiter::<u64, _>::builder(Gcra::new(Quota::per_second(1)?)?)
+    ///     .clock(clock.clone())
+    ///     .build()?;
+    /// assert!(limiter.check(&7).unwrap().allowed());
+    /// assert!(!limiter.check(&7).unwrap().allowed());
+    /// clock.advance(std::time::Duration::from_secs(1));
+    /// assert!(limiter.check(&7).unwrap().allowed());
+    /// # Ok::<(), tollgate::QuotaError>(())
+    /// ```
     pub fn clock<C2: Clock>(self, clock: C2) -> KeyedLimiterBuilder<K, A, C2> {
         KeyedLimiterBuilder {
             rule: self.rule,
@@ -121,6 +135,19 @@ impl<K, A: Algorithm, C: Clock> KeyedLimiterBuilder<K, A, C> {
 
     /// Holds at most `max_keys` keys (at least 1); `policy` says what happens to new keys
     /// beyond it.
+    ///
+    /// # Examples
+    /// ```
+    /// use tollgate::{Error, Gcra, KeyedLimiter, OverflowPolicy, Quota};
+    /// let limiter = KeyedLimiter::<u64, _>::builder(Gcra::new(Quota::per_hour(10)?)?)
+    ///     .max_keys(2, OverflowPolicy::Deny)
+    ///     .build()?;
+    /// assert!(limiter.check(&1).unwrap().allowed());
+    /// assert!(limiter.check(&2).unwrap().allowed());
+    /// // Both keys hold state for an hour: a third key finds no room.
+    /// assert!(matches!(limiter.check(&3), Err(Error::KeyTableFull { .. })));
+    /// # Ok::<(), tollgate::QuotaError>(())
+    /// ```
     pub fn max_keys(mut self, max_keys: usize, policy: OverflowPolicy) -> Self {
         self.max_keys = Some((max_keys.max(1), policy));
         self
@@ -204,6 +231,16 @@ impl<K: Clone + Hash + Eq + Send + Sync, A: Algorithm> KeyedLimiter<K, A> {
     }
 
     /// A builder for a clock or a key bound.
+    ///
+    /// # Examples
+    /// ```
+    /// use tollgate::{Gcra, KeyedLimiter, OverflowPolicy, Quota};
+    /// let limiter = KeyedLimiter::<String, _>::builder(Gcra::new(Quota::per_second(5)?)?)
+    ///     .max_keys(100_000, OverflowPolicy::Shared)
+    ///     .build()?;
+    /// assert!(limiter.check("198.51.100.4").unwrap().allowed());
+    /// # Ok::<(), tollgate::QuotaError>(())
+    /// ```
     pub fn builder(rule: A) -> KeyedLimiterBuilder<K, A, QuantaClock> {
         KeyedLimiterBuilder {
             rule,
@@ -225,6 +262,15 @@ where
     ///
     /// # Errors
     /// [`QuotaError::ClockTooCoarse`] if the clock cannot serve the quota.
+    ///
+    /// # Examples
+    /// ```
+    /// use tollgate::{clock::ManualClock, FixedWindow, KeyedLimiter, Quota};
+    /// let limiter: KeyedLimiter<u64, _, _> =
+    ///     KeyedLimiter::with_clock(FixedWindow::new(Quota::per_second(2)?)?, ManualClock::new())?;
+    /// assert_eq!(limiter.check(&1).unwrap().remaining(), 1);
+    /// # Ok::<(), tollgate::QuotaError>(())
+    /// ```
     pub fn with_clock(rule: A, clock: C) -> Result<Self, QuotaError> {
         KeyedLimiter::<K, A>::builder(rule).clock(clock).build()
     }
@@ -250,6 +296,17 @@ where
     /// How many keys the limiter holds, fresh ones not yet evicted included. Without
     /// `max_keys`, on the word table, this locks each shard in turn (no shared counter is kept
     /// on the insert path).
+    ///
+    /// # Examples
+    /// ```
+    /// use tollgate::{Gcra, KeyedLimiter, Quota};
+    /// let limiter = KeyedLimiter::<u64, _>::new(Gcra::new(Quota::per_second(1)?)?);
+    /// assert!(limiter.is_empty());
+    /// limiter.check(&1).unwrap();
+    /// limiter.check(&2).unwrap();
+    /// assert_eq!(limiter.len(), 2);
+    /// # Ok::<(), tollgate::QuotaError>(())
+    /// ```
     pub fn len(&self) -> usize {
         self.table.len()
     }
@@ -270,6 +327,19 @@ where
 {
     /// Decides a request of cost 1 for `key`, and counts it if allowed.
     ///
+    /// # Examples
+    /// ```
+    /// use tollgate::{Gcra, KeyedLimiter, Quota};
+    /// // 2 requests per second per client, looked up by `&str` (no allocation once known).
+    /// let limiter = KeyedLimiter::<String, _>::new(Gcra::new(Quota::per_second(2)?)?);
+    /// assert!(limiter.check("alice").unwrap().allowed());
+    /// assert!(limiter.check("alice").unwrap().allowed());
+    /// let denied = limiter.check("alice").unwrap();
+    /// assert!(!denied.allowed());
+    /// assert!(denied.retry_after() > std::time::Duration::ZERO); // for `Retry-After`
+    /// # Ok::<(), tollgate::QuotaError>(())
+    /// ```
+    ///
     /// # Errors
     /// [`Error::KeyTableFull`] for a new key when `max_keys` is reached under
     /// [`OverflowPolicy::Deny`].
@@ -287,6 +357,18 @@ where
     /// # Errors
     /// [`Error::CapacityExceeded`] when `cost` can never be admitted (nothing changes, no key is
     /// inserted); [`Error::KeyTableFull`] as for [`KeyedLimiter::check`].
+    ///
+    /// # Examples
+    /// ```
+    /// use tollgate::{Error, KeyedLimiter, Quota, SlidingLog};
+    /// // 100 units a minute per key; an upload of 40 units costs 40.
+    /// let limiter = KeyedLimiter::<u64, _>::new(SlidingLog::new(Quota::per_minute(100)?)?);
+    /// assert_eq!(limiter.check_n(&1, 40).unwrap().remaining(), 60);
+    /// assert!(!limiter.check_n(&1, 61).unwrap().allowed()); // denied: state unchanged
+    /// // A cost no window can ever admit is an error, not a denial.
+    /// assert!(matches!(limiter.check_n(&1, 101), Err(Error::CapacityExceeded { .. })));
+    /// # Ok::<(), tollgate::QuotaError>(())
+    /// ```
     #[inline]
     pub fn check_n<Q>(&self, key: &Q, cost: u64) -> Result<Decision, Error>
     where
@@ -301,6 +383,15 @@ where
     ///
     /// # Errors
     /// [`Error::CapacityExceeded`] when `cost` can never be admitted.
+    ///
+    /// # Examples
+    /// ```
+    /// use tollgate::{FixedWindow, KeyedLimiter, Quota};
+    /// let limiter = KeyedLimiter::<u64, _>::new(FixedWindow::new(Quota::per_hour(3)?)?);
+    /// assert!(limiter.peek(&1, 1).unwrap().allowed());
+    /// assert!(limiter.is_empty(), "a peek inserts nothing");
+    /// # Ok::<(), tollgate::QuotaError>(())
+    /// ```
     pub fn peek<Q>(&self, key: &Q, cost: u64) -> Result<Decision, Error>
     where
         K: Borrow<Q>,
@@ -318,6 +409,17 @@ where
 
     /// Gives back `cost` units admitted to `key` but not used (see [`crate::Limiter::refund`]).
     /// Does nothing for a key the limiter does not hold.
+    ///
+    /// # Examples
+    /// ```
+    /// use tollgate::{FixedWindow, KeyedLimiter, Quota};
+    /// let limiter = KeyedLimiter::<u64, _>::new(FixedWindow::new(Quota::per_hour(3)?)?);
+    /// limiter.check_n(&1, 3).unwrap();
+    /// // The request failed upstream and should not count: hand two units back.
+    /// limiter.refund(&1, 2);
+    /// assert_eq!(limiter.peek(&1, 0).unwrap().remaining(), 2);
+    /// # Ok::<(), tollgate::QuotaError>(())
+    /// ```
     pub fn refund<Q>(&self, key: &Q, cost: u64)
     where
         K: Borrow<Q>,
@@ -339,6 +441,15 @@ where
     ///
     /// # Errors
     /// [`QuotaError::ClockTooCoarse`] if this limiter's clock cannot serve the new quota.
+    ///
+    /// # Examples
+    /// ```
+    /// use tollgate::{KeyedLimiter, Quota, SlidingWindow};
+    /// let limiter = KeyedLimiter::<u64, _>::new(SlidingWindow::new(Quota::per_minute(10)?)?);
+    /// limiter.set_quota(SlidingWindow::new(Quota::per_minute(100)?)?)?;
+    /// assert_eq!(limiter.rule().limit(), 100);
+    /// # Ok::<(), tollgate::QuotaError>(())
+    /// ```
     pub fn set_quota(&self, rule: A) -> Result<(), QuotaError> {
         self.core.set_quota(rule)
     }
@@ -346,6 +457,19 @@ where
     /// Evicts every key that is indistinguishable from a fresh one now; returns how many.
     /// Calls evict on their own when they need the room; this is for callers who want the
     /// memory back now (it visits every key, in this call).
+    ///
+    /// # Examples
+    /// ```
+    /// use tollgate::{clock::ManualClock, Gcra, KeyedLimiter, Quota};
+    /// let clock = ManualClock::new();
+    /// let limiter: KeyedLimiter<u64, _, _> =
+    ///     KeyedLimiter::with_clock(Gcra::new(Quota::per_second(10)?)?, clock.clone())?;
+    /// limiter.check(&1).unwrap();
+    /// clock.advance(std::time::Duration::from_secs(1)); // key 1's bucket is full again
+    /// assert_eq!(limiter.evict_fresh(), 1);
+    /// assert!(limiter.is_empty());
+    /// # Ok::<(), tollgate::QuotaError>(())
+    /// ```
     pub fn evict_fresh(&self) -> usize {
         self.core.sweep(&self.sweep())
     }
@@ -413,6 +537,17 @@ where
     ///
     /// # Errors
     /// As for [`KeyedLimiter::check_n`].
+    ///
+    /// # Examples
+    /// ```
+    /// use tollgate::{KeyedLimiter, LeakyQueue, Quota};
+    /// // Smooth each client to 10 requests a second, queueing up to 10.
+    /// let limiter = KeyedLimiter::<u64, _>::new(LeakyQueue::new(Quota::per_second(10)?)?);
+    /// assert_eq!(limiter.reserve(&1, 1).unwrap().delay_nanos(), 0);
+    /// let second = limiter.reserve(&1, 1).unwrap();
+    /// assert!(second.allowed() && second.delay_nanos() > 0); // wait, then proceed
+    /// # Ok::<(), tollgate::QuotaError>(())
+    /// ```
     pub fn reserve<Q>(&self, key: &Q, cost: u64) -> Result<Decision, Error>
     where
         K: Borrow<Q>,

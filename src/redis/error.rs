@@ -8,7 +8,7 @@ use redis::{ErrorKind, ServerErrorKind};
 /// [`Decision`](crate::Decision) with `allowed() == false`.
 ///
 /// Every error is one of three classes ([`Error::class`]):
-/// - [`ErrorClass::Request`]: the request itself can never be admitted (SPEC: `c` above the
+/// - [`ErrorClass::Request`]: the request itself can never be admitted (decision rules: `c` above the
 ///   capacity). Nothing was sent to Redis.
 /// - [`ErrorClass::Transient`]: Redis did not answer in time, the connection was refused or
 ///   dropped, or the server or cluster is (re)configuring (`LOADING`, `BUSY`, `MOVED`, `ASK`,
@@ -122,7 +122,7 @@ impl Error {
         self.class() == ErrorClass::Fatal
     }
 
-    /// The SPEC error for a cost above the capacity, as the in-process limiters return it.
+    /// The error of the decision rules for a cost above the capacity, as the in-process limiters return it.
     pub fn as_capacity_exceeded(&self) -> Option<crate::Error> {
         match *self {
             Error::Capacity { cost, capacity } => {

@@ -69,7 +69,7 @@ impl RedisConnection for ClusterConnection {
 /// An exact, global rate limiter on Redis: every check is one atomic Lua script on the server,
 /// judged by the server's clock, so every node of a fleet shares each key's state and clock.
 ///
-/// Decisions follow SPEC.md exactly and match the in-process limiters': the same requests at
+/// Decisions follow the decision rules exactly and match the in-process limiters': the same requests at
 /// the same times get the same decisions, with the same figures (tested against
 /// [`KeyedLimiter`](crate::KeyedLimiter) with a [`ManualClock`](crate::clock::ManualClock)).
 /// With the server's clock, durations are rounded up to its microsecond.

@@ -202,7 +202,7 @@ impl<C: RedisConnection> LeasedLimiter<C> {
     ///   See "First touch" on [`LeasedLimiter`] for what that does to the global bound.
     ///
     /// The figures are the best this node knows without asking Redis, from the global state
-    /// as its last grant of the key saw it (the server's answer, SPEC's formulas):
+    /// as its last grant of the key saw it (the server's answer, the decision rules' formulas):
     /// - `remaining` = the units this node still holds for the key **+** what the global state
     ///   could still grant at that grant (units held in any node's lease count as spent there)
     ///   **+**, for GCRA, the units refilled since (one per `T`), at most the capacity. It

@@ -34,7 +34,7 @@ const REPLAY_TIMEOUT: Duration = Duration::from_secs(5);
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum ReplayError {
     /// A malformed line or a time going backwards: the outcomes of every request before it
-    /// were emitted (SPEC: decisions already printed stay valid; exit status 2).
+    /// were emitted (decision rules: decisions already printed stay valid; exit status 2).
     #[error(transparent)]
     Trace(#[from] TraceError),
     /// Redis failed; outcomes already emitted stay valid, later requests were not decided.
@@ -148,7 +148,7 @@ pub fn replay_trace<R: BufRead>(
 
 /// Decides a parsed trace through the Redis server at `url`, as `tollgate replay` does
 /// in-process: `trace` yields `(t_ms, key, cost)` with non-decreasing `t_ms`; the result holds
-/// one outcome per request, in order: the [`Decision`], or the SPEC error for a cost above the
+/// one outcome per request, in order: the [`Decision`], or the error of the decision rules for a cost above the
 /// capacity.
 ///
 /// # Errors

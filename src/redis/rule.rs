@@ -24,7 +24,7 @@ pub const MAX_LIMIT: u64 = 1 << 51;
 /// bound keeps every sum and difference the scripts form below 2^52.
 pub const MAX_NANOS: u64 = 1 << 51;
 
-/// A rule the Redis tier can run: one of SPEC.md's algorithms with its parameters, checked
+/// A rule the Redis tier can run: one of the decision rules' algorithms with its parameters, checked
 /// against both the algorithm's rules and the Redis tier's limits ([`MAX_LIMIT`],
 /// [`MAX_NANOS`]).
 ///
@@ -74,7 +74,7 @@ pub(crate) enum Kind {
 /// Why [`RedisRule::named`] refused its arguments.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum RuleError {
-    /// The name is none of SPEC.md's algorithms.
+    /// The name is none of the decision rules' algorithms.
     #[error("unknown algorithm {name:?}: expected gcra, token-bucket, leaky-bucket, leaky-queue, fixed-window, sliding-window or sliding-log")]
     UnknownAlgorithm {
         /// The name given.
@@ -87,7 +87,7 @@ pub enum RuleError {
 
 /// # Construction
 impl RedisRule {
-    /// GCRA / token bucket (SPEC §1): `L` per `W`, burst `B` (default `L`), with `B·T ≤ 2^51 ns`.
+    /// GCRA / token bucket (decision rules §1): `L` per `W`, burst `B` (default `L`), with `B·T ≤ 2^51 ns`.
     ///
     /// # Examples
     /// ```
@@ -107,7 +107,7 @@ impl RedisRule {
         )
     }
 
-    /// The leaky bucket as a queue (SPEC §3): decisions carry the shaping
+    /// The leaky bucket as a queue (decision rules §3): decisions carry the shaping
     /// [`Decision::delay`]. Same limits as [`RedisRule::gcra`].
     ///
     /// # Examples
@@ -123,7 +123,7 @@ impl RedisRule {
         gcra_rule(limit, capacity, interval, quota.window_nanos(), true)
     }
 
-    /// Fixed window (SPEC §4), windows aligned to the Unix epoch: `1 ms ≤ W ≤ 2^51 ns`,
+    /// Fixed window (decision rules §4), windows aligned to the Unix epoch: `1 ms ≤ W ≤ 2^51 ns`,
     /// `L ≤ 2^51`, no burst.
     ///
     /// # Examples
@@ -142,7 +142,7 @@ impl RedisRule {
         })
     }
 
-    /// Sliding window counter (SPEC §5), windows aligned to the Unix epoch. Limits as
+    /// Sliding window counter (decision rules §5), windows aligned to the Unix epoch. Limits as
     /// [`RedisRule::fixed_window`].
     ///
     /// # Examples
@@ -160,7 +160,7 @@ impl RedisRule {
         })
     }
 
-    /// Sliding window log (SPEC §6). Limits as [`RedisRule::fixed_window`]. Redis keeps one
+    /// Sliding window log (decision rules §6). Limits as [`RedisRule::fixed_window`]. Redis keeps one
     /// sorted-set member per admitted *request* (not per unit), with its exact time in
     /// nanoseconds.
     ///
@@ -179,7 +179,7 @@ impl RedisRule {
         })
     }
 
-    /// The rule for a SPEC algorithm name, as `tollgate replay --algorithm` takes it: `gcra`,
+    /// The rule for an algorithm name, as `tollgate replay --algorithm` takes it: `gcra`,
     /// `token-bucket`, `leaky-bucket` (all three GCRA), `leaky-queue`, `fixed-window`,
     /// `sliding-window`, `sliding-log`.
     ///
@@ -237,7 +237,7 @@ impl RedisRule {
 
 /// # Parameters
 impl RedisRule {
-    /// The SPEC name of the algorithm: `gcra` (also for the token bucket and the leaky bucket
+    /// The canonical name of the algorithm: `gcra` (also for the token bucket and the leaky bucket
     /// as a meter), `leaky-queue`, `fixed-window`, `sliding-window` or `sliding-log`.
     pub fn name(&self) -> &'static str {
         match self.kind {
@@ -264,7 +264,7 @@ impl RedisRule {
     }
 
     /// The Redis key segment naming the algorithm (the leaky buckets as meters share GCRA's
-    /// state, SPEC §2).
+    /// state, decision rules §2).
     pub(crate) fn key_segment(&self) -> &'static str {
         self.name()
     }
@@ -562,7 +562,7 @@ struct Figures {
     delay: u64,
 }
 
-/// SPEC §1–3 from `debt = max(0, TAT − t)`. Values stay below 2^54 (`debt < 2^53`,
+/// decision rules §1–3 from `debt = max(0, TAT − t)`. Values stay below 2^54 (`debt < 2^53`,
 /// `c·T ≤ B·T ≤ 2^51`).
 fn gcra(interval: u64, span: u64, queue: bool, cost: u64, debt: u64) -> Figures {
     // Saturating only as a guard: the caller passes `cost ≤ B`.
@@ -583,7 +583,7 @@ fn gcra(interval: u64, span: u64, queue: bool, cost: u64, debt: u64) -> Figures 
     }
 }
 
-/// SPEC §4 from `e` (time into the window) and `n` (units admitted in it).
+/// decision rules §4 from `e` (time into the window) and `n` (units admitted in it).
 fn fixed_window(limit: u64, window: u64, cost: u64, e: u64, n: u64) -> Result<Figures, Error> {
     if e >= window {
         return Err(Error::bad_reply(format!(
@@ -602,7 +602,7 @@ fn fixed_window(limit: u64, window: u64, cost: u64, e: u64, n: u64) -> Result<Fi
     })
 }
 
-/// SPEC §5 from `e`, `prev` and `cur`, in 128-bit integers.
+/// decision rules §5 from `e`, `prev` and `cur`, in 128-bit integers.
 fn sliding_window(
     limit: u64,
     window: u64,
@@ -656,7 +656,7 @@ fn sliding_window(
     })
 }
 
-/// The first instant at which `c` units would be allowed, as a wait from `e` (SPEC §5: it may
+/// The first instant at which `c` units would be allowed, as a wait from `e` (decision rules §5: it may
 /// lie in a later window). Times relative to the current window's start.
 fn sliding_retry_after(l: i128, w: i128, e: i128, prev: i128, cur: i128, c: i128) -> i128 {
     let ceil_div = |a: i128, b: i128| (a + b - 1) / b;
@@ -682,7 +682,7 @@ fn sliding_retry_after(l: i128, w: i128, e: i128, prev: i128, cur: i128, c: i128
     2 * w - e
 }
 
-/// SPEC §6 from the live count and the ages of the entries that matter.
+/// decision rules §6 from the live count and the ages of the entries that matter.
 fn sliding_log(
     limit: u64,
     window: u64,

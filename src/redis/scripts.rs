@@ -19,7 +19,7 @@
 //!   the server (`TIME`, read once per call, so a whole batch is judged at one instant and every
 //!   client of the server shares one clock); a decimal time argument is an *injected* time, for
 //!   tests and trace replay only. Each state records the time of its newest admission; a reading
-//!   older than that is treated as that time (SPEC: time never goes backwards), which also keeps
+//!   older than that is treated as that time (decision rules: time never goes backwards), which also keeps
 //!   a key consistent across a failover to a replica whose clock lags.
 //! - **Exact integers.** Lua numbers are IEEE doubles: integers are exact below 2^53. An absolute
 //!   time in nanoseconds (~1.8·10^18) is not, so times are stored as decimal strings and handled

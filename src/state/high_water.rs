@@ -2,7 +2,7 @@ use crate::clock::Nanos;
 use crate::sync::{AtomicU64, Ordering};
 
 /// The newest clock reading a limiter has seen, for clocks that do not promise monotonic
-/// readings: SPEC's "a reading older than the newest one seen is treated as the newest one".
+/// readings: the decision rules' "a reading older than the newest one seen is treated as the newest one".
 #[derive(Debug, Default)]
 pub struct HighWater(AtomicU64);
 

@@ -29,7 +29,7 @@
 //! key = "client-ip"                # client-ip (default) | peer-ip | path
 //!                                  # | { header = "x-api-key" } | { constant = "all" }
 //!                                  # | a list of these (a composite key)
-//! algorithm = "gcra"               # any SPEC name; default gcra
+//! algorithm = "gcra"               # any algorithm name; default gcra
 //! quota = "10/1s burst 20"         # or { limit = 10, window = "1s", burst = 20 },
 //!                                  # or a list of quotas, all or nothing
 //! cost = 1                         # units per request; default 1
@@ -182,7 +182,7 @@ pub struct PolicyConfig {
     /// Where the key comes from (default the client IP).
     #[serde(default = "KeySource::client_ip")]
     pub key: KeySource,
-    /// The algorithm, by its SPEC name (default `gcra`).
+    /// The algorithm, by its canonical name (default `gcra`).
     #[serde(default = "default_algorithm")]
     pub algorithm: AlgorithmName,
     /// The quotas, all or nothing (at least one).
@@ -831,7 +831,7 @@ fn one_or_many<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<Quota>, D::Error> 
     d.deserialize_any(Many)
 }
 
-/// An algorithm by its SPEC name (`gcra`, `fixed-window`, …).
+/// An algorithm by its canonical name (`gcra`, `fixed-window`, …).
 impl<'de> Deserialize<'de> for AlgorithmName {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         let name = String::deserialize(d)?;

@@ -10,7 +10,7 @@
 //! tollgate bench --redis URL [--mode exact|leased] [--key K] [--json]
 //! ```
 //! `--format auto` (the default) prints the summary for a person when standard output is a
-//! terminal and SPEC's one line per request (`allow` / `deny` / `error`) otherwise, so scripts
+//! terminal and the stable one line per request (`allow` / `deny` / `error`) otherwise, so scripts
 //! that pipe or redirect the output read exactly the stable format.
 //!
 //! Exit status 2 on bad input (a malformed line, time going backwards, a bad option), with a

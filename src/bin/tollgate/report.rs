@@ -2,7 +2,7 @@
 //! the top keys by denials, the peak admitted in one window against the limit) and the same
 //! summary as one JSON object (`--format json`).
 //!
-//! The per-line `allow` / `deny` / `error` output (SPEC's replay format) is not here: it is
+//! The per-line `allow` / `deny` / `error` output (the decision rules' replay format) is not here: it is
 //! printed as each request is decided, and never changes.
 
 use std::collections::{HashMap, VecDeque};
@@ -31,7 +31,7 @@ struct KeyStats {
     denied: u64,
     errors: u64,
     /// Units admitted in the window ending at the key's latest request: `(t_ns, units)`
-    /// entries newer than `t − W` (SPEC's log rule: an entry at exactly `t − W` is gone).
+    /// entries newer than `t − W` (the decision rules' log rule: an entry at exactly `t − W` is gone).
     recent: VecDeque<(u64, u64)>,
     in_window: u64,
     /// The most units admitted in any one window of length `W`, and the time it was reached.

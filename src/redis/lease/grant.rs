@@ -141,7 +141,7 @@ pub(super) fn install(
 
 /// The global state right after a grant, from its reply: the units it could still grant
 /// (every unit held in a lease counts as spent), and the wait until it is back to full
-/// capacity (`None` if it is full), by SPEC's `remaining` and `reset_after` at the server's
+/// capacity (`None` if it is full), by the decision rules' `remaining` and `reset_after` at the server's
 /// time; `extra` units are about to be charged on top.
 fn view(terms: &Terms, reply: &Reply, extra: u64) -> (u64, Option<u64>) {
     let limit = terms.rule.limit();
