@@ -26,9 +26,11 @@ pub use crate::store::table::OverflowPolicy;
 ///   `evict_above` keys plus those still holding state (in two tables a shard: the current
 ///   one and the last one drained, reused as the next). Either way the old table is emptied 16
 ///   slots per call into that shard (inserts, and lookups that miss the new table): no call
-///   does more than that fixed amount of eviction and copy work, plus allocating the new table
-///   when it starts one (O(table size) for the allocation alone: about 25 bytes a slot, up to
-///   ~50k slots a shard at the default bound), whatever the number of keys.
+///   does more than that fixed amount of eviction and copy work, whatever the number of keys.
+///   Nor does a call fill a large new table: a growing shard builds its next one 16 slots per
+///   insert once 3/4 full, and a shard at the bound reuses its spare (tables of up to 4096
+///   slots, ~100 KB, are still allocated in the call that needs one, as is the first table a
+///   shard replaces at the bound).
 /// - On the dashmap store (a store of your choice, through
 ///   [`build_with_store`](KeyedLimiterBuilder::build_with_store)) the table is swept when it has
 ///   doubled since the last sweep, so it holds at most twice the keys that still hold state;

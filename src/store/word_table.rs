@@ -29,8 +29,9 @@
 //! its shard's table full, the table is replaced by an empty one and the old table is
 //! **drained**: every later insert into the shard, and every lookup that misses the new table,
 //! visits the next [`DRAIN_STEP`] slots of the old one. No call sweeps or copies a whole table,
-//! so no call does more than `DRAIN_STEP` slots of eviction and copying work, plus allocating
-//! the new table when it starts a drain.
+//! so no call does more than `DRAIN_STEP` slots of eviction and copying work. Nor does a call
+//! allocate a large table: a growing shard builds its next table [`BUILD_STEP`] slots per
+//! insert once its table is 3/4 full, and a shard at the bound reuses its spare (below).
 //!
 //! - **Below** the store's share of [`KeyedStore::set_evict_above`] (by default
 //!   [`DEFAULT_EVICT_ABOVE`] keys), the new table is larger, sized for every live key to fill
@@ -97,6 +98,13 @@ const SMALL_SLOTS: usize = 1024;
 const DRAIN_STEP: usize = 16;
 /// Slots of a spare table that each insert into its shard clears (a multiple of 8).
 const CLEAR_STEP: usize = 64;
+/// Slots of its next table that each insert into a growing shard builds, once the shard's
+/// table is [`BUILD_FROM`] full: from there to [`FULL`] it takes `len / 8` inserts, and the next
+/// table (about `1.27 len` slots) needs `1.27 len / BUILD_STEP` of them, so it is ready first.
+const BUILD_STEP: usize = 16;
+const BUILD_FROM: (usize, usize) = (3, 4);
+/// Tables up to this many slots are allocated when needed (at most ~100 KB: a few µs).
+const BUILD_ABOVE: usize = 4096;
 /// Keys a store holds before it evicts fresh ones, by default (see
 /// [`KeyedLimiterBuilder::evict_above`](crate::KeyedLimiterBuilder::evict_above)): about 70 MB
 /// of `u64` keys.
@@ -269,6 +277,19 @@ struct Shard<K, C> {
     filled_at: Nanos,
     /// At the `evict_above` share, the last drained table, kept to serve as the next one.
     spare: Option<Spare<K, C>>,
+    /// Below it, the next (larger) table, built a few slots per insert before it is needed.
+    next: Option<Building<K, C>>,
+    /// Tables of more than [`BUILD_ABOVE`] slots allocated in one call (for tests: growth
+    /// builds them ahead, so only the first table at the bound and merges should).
+    allocated_large: usize,
+}
+
+/// A table being built [`BUILD_STEP`] slots per insert (see [`WordTable::build_next`]).
+struct Building<K, C> {
+    tags: Vec<AtomicU64>,
+    slots: Vec<Slot<K, C>>,
+    /// The slots it will have (a multiple of 8).
+    len: usize,
 }
 
 /// A drained table being cleared [`CLEAR_STEP`] slots per insert, once no thread caches it
@@ -359,6 +380,8 @@ impl<K: Send + Sync, H, C: TableCell> WordTable<K, H, C> {
                         hand: 0,
                         filled_at: 0,
                         spare: None,
+                        next: None,
+                        allocated_large: 0,
                     })
                 })
                 .collect(),
@@ -542,18 +565,56 @@ impl<K: Clone + Hash + Eq + Send + Sync, H: BuildHasher, C: TableCell> WordTable
         spare.cleared = end;
     }
 
-    /// An empty table of at least `slots` slots: the spare if it is cleared and not more than
-    /// half as large again, else a new one (and the spare is freed).
+    /// An empty table of at least `slots` slots: the spare if it is cleared, or the table
+    /// built ahead if it is complete, and not more than half as large again; else a new one
+    /// (and the spare or the table built ahead is freed).
     fn fresh_table(shard: &mut Shard<K, C>, slots: usize) -> Arc<Table<K, C>> {
         let len = table_len(slots);
-        match shard.spare.take() {
-            Some(spare)
-                if spare.cleared == spare.table.len()
-                    && (len..=len + len / 2).contains(&spare.table.len()) =>
-            {
-                spare.table
+        let fits = |table_len: usize| (len..=len + len / 2).contains(&table_len);
+        if let Some(spare) = shard.spare.take() {
+            if spare.cleared == spare.table.len() && fits(spare.table.len()) {
+                return spare.table;
             }
-            _ => new_table(slots),
+        }
+        if let Some(next) = shard.next.take() {
+            if next.slots.len() == next.len && fits(next.len) {
+                // Both vectors are full to capacity: no copy, no reallocation.
+                return Arc::new(Table {
+                    tags: next.tags.into_boxed_slice(),
+                    slots: next.slots.into_boxed_slice(),
+                });
+            }
+        }
+        shard.allocated_large += usize::from(len > BUILD_ABOVE);
+        new_table(slots)
+    }
+
+    /// Builds [`BUILD_STEP`] more slots of the table a growing shard will move to, once its
+    /// table is [`BUILD_FROM`] full, so that the insert that finds it full allocates and
+    /// fills nothing (a large table is up to ~1 MB at the default bound: hundreds of µs in
+    /// one call otherwise). Sized for the live keys the shard will hold when full.
+    fn build_next(&self, shard: &mut Shard<K, C>) {
+        let len = shard.table.len();
+        if shard.next.is_none() {
+            let growing = shard.live < self.keep && shard.drain.is_none();
+            if !growing || shard.used * BUILD_FROM.1 <= len * BUILD_FROM.0 {
+                return;
+            }
+            let at_full = shard.live + (len * FULL.0 / FULL.1).saturating_sub(shard.used);
+            let target = table_len(sized_for(at_full));
+            if target <= BUILD_ABOVE {
+                return;
+            }
+            shard.next = Some(Building {
+                tags: Vec::with_capacity(target / 8),
+                slots: Vec::with_capacity(target),
+                len: target,
+            });
+        }
+        if let Some(next) = &mut shard.next {
+            let end = next.len.min(next.slots.len() + BUILD_STEP);
+            next.slots.resize_with(end, Slot::empty);
+            next.tags.resize_with(end / 8, || AtomicU64::new(0));
         }
     }
 
@@ -743,6 +804,7 @@ where
                 .unwrap_or_else(|| self.drain(&mut shard, DRAIN_STEP, None));
         }
         Self::clear_spare(&mut shard);
+        self.build_next(&mut shard);
         self.take_from_drain(&mut shard, hash, key);
         let (result, inserted) = match find(&shard.table, hash, key) {
             Ok(slot) => {
@@ -879,6 +941,15 @@ impl<K: Send + Sync, H, C: TableCell> WordTable<K, H, C> {
             .iter()
             .filter(|shard| shard.lock().drain.is_some())
             .count()
+    }
+
+    /// Tables of more than [`BUILD_ABOVE`] slots allocated in one call (for tests).
+    #[allow(dead_code)] // read by the unit tests in `word_table_tests.rs`
+    pub(crate) fn allocated_large(&self) -> usize {
+        self.shards
+            .iter()
+            .map(|shard| shard.lock().allocated_large)
+            .sum()
     }
 
     /// Slots in all current tables (for tests of the sizing).

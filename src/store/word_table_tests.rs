@@ -336,3 +336,19 @@ fn probes_past_equal_tags_and_the_table_end() {
     }
     assert_eq!(store.len(), n as usize);
 }
+
+/// A growing store builds each large table ahead, a few slots per insert, so that the insert
+/// that finds its table full takes it ready-made: up to 600k keys (tables of ~20k slots a
+/// shard), no call allocates and fills a large table.
+#[test]
+fn growth_builds_large_tables_ahead() {
+    let store = store();
+    for key in 0..600_000u64 {
+        assert!(insert(&store, key, 1, &KEEP_ALL));
+    }
+    assert!(capacity(&store) > 64 * 4096, "the tables did grow large");
+    assert_eq!(store.allocated_large(), 0);
+    for key in (0..600_000u64).step_by(997) {
+        assert_eq!(get(&store, key), Some(1), "key {key}");
+    }
+}
