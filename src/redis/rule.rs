@@ -72,6 +72,19 @@ pub(crate) enum Kind {
 }
 
 /// Why [`RedisRule::named`] refused its arguments.
+///
+/// # Examples
+/// ```
+/// use std::time::Duration;
+/// use tollgate::{Quota, QuotaError, redis::{RedisRule, RuleError}};
+/// let err = RedisRule::named("lottery", Quota::per_second(5)?).unwrap_err();
+/// assert_eq!(err, RuleError::UnknownAlgorithm { name: "lottery".into() });
+/// // A window below 1 ms is refused as in-process: the quota's error, passed through.
+/// let quota = Quota::new(1, Duration::from_micros(10))?;
+/// let err = RedisRule::named("fixed-window", quota).unwrap_err();
+/// assert!(matches!(err, RuleError::Quota(QuotaError::WindowTooShort { .. })));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum RuleError {
     /// The name is none of the decision rules' algorithms.
@@ -239,6 +252,15 @@ impl RedisRule {
 impl RedisRule {
     /// The canonical name of the algorithm: `gcra` (also for the token bucket and the leaky bucket
     /// as a meter), `leaky-queue`, `fixed-window`, `sliding-window` or `sliding-log`.
+    ///
+    /// # Examples
+    /// ```
+    /// use tollgate::{Quota, redis::RedisRule};
+    /// // The token bucket is GCRA under another name: one script, one name.
+    /// assert_eq!(RedisRule::named("token-bucket", Quota::per_second(5)?)?.name(), "gcra");
+    /// assert_eq!(RedisRule::sliding_log(Quota::per_second(5)?)?.name(), "sliding-log");
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn name(&self) -> &'static str {
         match self.kind {
             Kind::Gcra { queue: false, .. } => "gcra",
@@ -250,12 +272,29 @@ impl RedisRule {
     }
 
     /// `L`, as reported in every decision.
+    ///
+    /// # Examples
+    /// ```
+    /// use tollgate::{Quota, redis::RedisRule};
+    /// assert_eq!(RedisRule::fixed_window(Quota::per_minute(100)?)?.limit(), 100);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn limit(&self) -> u64 {
         self.limit
     }
 
     /// The largest cost that can ever be admitted: `B` / `C` for GCRA and the leaky buckets,
     /// `L` otherwise. A larger cost is an error, not a denial.
+    ///
+    /// # Examples
+    /// ```
+    /// use tollgate::{Quota, redis::RedisRule};
+    /// // GCRA: the burst.
+    /// assert_eq!(RedisRule::gcra(Quota::per_second(10)?.with_burst(50)?)?.capacity(), 50);
+    /// // A window: the limit.
+    /// assert_eq!(RedisRule::sliding_window(Quota::per_second(10)?)?.capacity(), 10);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn capacity(&self) -> u64 {
         match self.kind {
             Kind::Gcra { burst, .. } => burst,
