@@ -8,11 +8,28 @@ pub struct HighWater(AtomicU64);
 
 impl HighWater {
     /// No reading seen yet.
+    ///
+    /// # Examples
+    /// ```
+    /// use tollgate::state::HighWater;
+    /// // Before any reading, the first one passes as it is.
+    /// assert_eq!(HighWater::new().clamp(5), 5);
+    /// ```
     pub fn new() -> Self {
         HighWater(AtomicU64::new(0))
     }
 
     /// The time `reading` stands for: the newest reading seen, this one included.
+    ///
+    /// # Examples
+    /// ```
+    /// use tollgate::state::HighWater;
+    /// let newest = HighWater::new();
+    /// assert_eq!(newest.clamp(1_000), 1_000);
+    /// // A clock that stepped back is read as the newest time seen: time never goes backwards.
+    /// assert_eq!(newest.clamp(900), 1_000);
+    /// assert_eq!(newest.clamp(1_200), 1_200);
+    /// ```
     #[inline]
     pub fn clamp(&self, reading: Nanos) -> Nanos {
         // Relaxed: the clamp needs only this location's modification order; a thread that sees

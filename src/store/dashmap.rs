@@ -23,6 +23,18 @@ impl<K, V> std::fmt::Debug for DashMapStore<K, V> {
 
 impl<K: Hash + Eq, V> DashMapStore<K, V> {
     /// An empty store.
+    ///
+    /// # Examples
+    /// ```
+    /// use tollgate::{store::DashMapStore, FixedWindow, KeyedLimiter, Quota};
+    /// // The dashmap store for a word rule, e.g. to compare it with the default word table.
+    /// let limiter = KeyedLimiter::<String, _>::builder(FixedWindow::new(Quota::per_second(1)?)?)
+    ///     .build_with_store(DashMapStore::new())?;
+    /// assert!(limiter.check("alice").unwrap().allowed());
+    /// assert!(!limiter.check("alice").unwrap().allowed());
+    /// assert_eq!(limiter.len(), 1);
+    /// # Ok::<(), tollgate::QuotaError>(())
+    /// ```
     pub fn new() -> Self {
         DashMapStore {
             map: DashMap::with_hasher(foldhash::fast::RandomState::default()),
