@@ -5,6 +5,17 @@
 //! to (decision, next state). Nothing here touches an atomic: [`crate::state`] stores the states
 //! and runs the compare-and-swap loops, which is what makes the rules testable, fuzzable and
 //! model-checkable on their own.
+//!
+//! ```
+//! use tollgate::{algorithm::WordRule, FixedWindow, Quota};
+//! // A rule on its own: no limiter, no atomics, no clock; times are plain nanoseconds.
+//! let rule = FixedWindow::new(Quota::per_second(2)?)?;
+//! let (d1, s) = rule.decide(0, 0, 1);
+//! let (d2, s) = rule.decide(s, 100, 1);
+//! let (d3, _) = rule.decide(s, 200, 1);
+//! assert_eq!([d1.allowed(), d2.allowed(), d3.allowed()], [true, true, false]);
+//! # Ok::<(), tollgate::QuotaError>(())
+//! ```
 
 // Explicit paths: `loom-tests` includes this file with `#[path]`, which makes rustc look for
 // undecorated child modules beside it (`src/gcra.rs`); these resolve the same from both crates.

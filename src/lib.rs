@@ -253,6 +253,21 @@
 pub mod algorithm;
 pub mod clock;
 /// Documents of the repository's `docs/` folder that travel with the crate.
+///
+/// # Examples
+/// A boundary case of [`decision_rules`](docs::decision_rules), run: in a sliding log, an
+/// entry at exactly `t − W` has expired.
+/// ```
+/// use std::time::Duration;
+/// use tollgate::{clock::ManualClock, Limiter, Quota, SlidingLog};
+/// let clock = ManualClock::new();
+/// let rule = SlidingLog::new(Quota::new(1, Duration::from_millis(60))?)?;
+/// let limiter = Limiter::with_clock(rule, clock.clone())?;
+/// assert!(limiter.check().allowed());
+/// clock.advance(Duration::from_millis(60));
+/// assert!(limiter.check().allowed()); // the entry at 0 stopped counting at 60 ms
+/// # Ok::<(), tollgate::QuotaError>(())
+/// ```
 pub mod docs {
     #[doc = include_str!("../docs/decision-rules.md")]
     pub mod decision_rules {}

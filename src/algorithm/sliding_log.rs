@@ -12,6 +12,14 @@ use crate::quota::{Quota, QuotaError};
 use crate::state::Words;
 
 /// The largest limit: one 4-byte slot per unit, 2^20 − 1 slots (4 MiB) at most per key.
+///
+/// # Examples
+/// ```
+/// use tollgate::{algorithm::sliding_log::MAX_LIMIT, Quota, QuotaError, SlidingLog};
+/// assert!(SlidingLog::new(Quota::per_hour(MAX_LIMIT)?).is_ok());
+/// assert!(matches!(SlidingLog::new(Quota::per_hour(MAX_LIMIT + 1)?), Err(QuotaError::TooLarge { .. })));
+/// # Ok::<(), tollgate::QuotaError>(())
+/// ```
 pub const MAX_LIMIT: u64 = (1 << 20) - 1;
 
 /// Slot time units, finest first. All up to 1 ms divide 1 ms, so traces with millisecond times
@@ -87,6 +95,18 @@ enum Slots {
 /// `repr(C)` keeps the header, which every check reads first, at the front: next to the key and
 /// the lock in the store's bucket, so that it more often shares the cache line the lookup has
 /// just fetched.
+///
+/// # Examples
+/// ```
+/// use tollgate::{algorithm::sliding_log::Ring, Quota, SlidingLog};
+/// // The per-key state of a sliding log, decided by the pure rule (a limiter holds one per key).
+/// let rule = SlidingLog::new(Quota::per_second(3)?)?;
+/// let mut ring = Ring::default();
+/// assert!(rule.decide(&mut ring, 0, 3, true).allowed());
+/// assert!(!rule.decide(&mut ring, 0, 1, true).allowed());
+/// assert_eq!(ring.len(), 3);
+/// # Ok::<(), tollgate::QuotaError>(())
+/// ```
 #[derive(Debug)]
 #[repr(C)]
 pub struct Ring {
@@ -344,6 +364,18 @@ impl Ring {
 
 impl SlidingLog {
     /// The rule for `quota`: `W ≥ 1 ms`, `L ≤ 2^20 − 1`, no burst.
+    ///
+    /// # Examples
+    /// ```
+    /// use tollgate::{Quota, QuotaError, SlidingLog};
+    /// assert!(SlidingLog::new(Quota::per_minute(60)?).is_ok());
+    /// // A log admits at most L in any window: there is no burst to give it.
+    /// assert!(matches!(
+    ///     SlidingLog::new(Quota::per_minute(60)?.with_burst(100)?),
+    ///     Err(QuotaError::BurstNotSupported { .. })
+    /// ));
+    /// # Ok::<(), tollgate::QuotaError>(())
+    /// ```
     pub fn new(quota: Quota) -> Result<SlidingLog, QuotaError> {
         no_burst(&quota, "sliding-log")?;
         let window = window_at_least_1ms(&quota)?;
@@ -384,6 +416,16 @@ impl SlidingLog {
     }
 
     /// The unit entry times are kept in (see the type's docs).
+    ///
+    /// # Examples
+    /// ```
+    /// use tollgate::{Quota, SlidingLog};
+    /// // W = 1 s fits in 2^31 ns: exact to the nanosecond.
+    /// assert_eq!(SlidingLog::new(Quota::per_second(10)?)?.tick_nanos(), 1);
+    /// // W = 1 h needs a coarser tick: 10 µs.
+    /// assert_eq!(SlidingLog::new(Quota::per_hour(10)?)?.tick_nanos(), 10_000);
+    /// # Ok::<(), tollgate::QuotaError>(())
+    /// ```
     pub fn tick_nanos(&self) -> u64 {
         self.tick
     }

@@ -17,11 +17,34 @@ use super::error::Error;
 
 /// The largest limit `L` the Redis tier accepts for the window algorithms and the log: 2^51.
 /// (GCRA and the leaky buckets are bounded by [`MAX_NANOS`] on `B·T` instead.)
+///
+/// # Examples
+/// ```
+/// use tollgate::{Quota, FixedWindow, redis::{RedisRule, MAX_LIMIT}};
+/// assert_eq!(MAX_LIMIT, 1 << 51);
+/// // Far above the in-process packed counters: a limit FixedWindow refuses, Redis takes.
+/// let quota = Quota::per_second(100_000_000)?;
+/// assert!(FixedWindow::new(quota).is_err());
+/// assert_eq!(RedisRule::fixed_window(quota)?.limit(), 100_000_000);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 pub const MAX_LIMIT: u64 = 1 << 51;
 
 /// The longest duration the Redis tier accepts, in nanoseconds: 2^51 ns ≈ 26.06 days, for the
 /// window `W` and for GCRA's bucket span `B·T`. Lua numbers are doubles, exact below 2^53; this
 /// bound keeps every sum and difference the scripts form below 2^52.
+///
+/// # Examples
+/// ```
+/// use std::time::Duration;
+/// use tollgate::{Quota, redis::{RedisRule, MAX_NANOS}};
+/// // 2^51 ns: a little over 26 days.
+/// assert_eq!(MAX_NANOS / 1_000_000_000 / 86_400, 26);
+/// assert!(RedisRule::fixed_window(Quota::new(100, Duration::from_secs(7 * 86_400))?).is_ok());
+/// // A 30-day window does not fit.
+/// assert!(RedisRule::fixed_window(Quota::new(100, Duration::from_secs(30 * 86_400))?).is_err());
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 pub const MAX_NANOS: u64 = 1 << 51;
 
 /// A rule the Redis tier can run: one of the decision rules' algorithms with its parameters, checked

@@ -3,6 +3,15 @@ use crate::sync::{AtomicU64, Ordering};
 
 /// The newest clock reading a limiter has seen, for clocks that do not promise monotonic
 /// readings: the decision rules' "a reading older than the newest one seen is treated as the newest one".
+///
+/// # Examples
+/// ```
+/// use tollgate::state::HighWater;
+/// // Readings from two cores whose clocks disagree by a little.
+/// let newest = HighWater::new();
+/// let seen: Vec<u64> = [100, 250, 240, 300].iter().map(|&r| newest.clamp(r)).collect();
+/// assert_eq!(seen, [100, 250, 250, 300]); // never backwards
+/// ```
 #[derive(Debug, Default)]
 pub struct HighWater(AtomicU64);
 

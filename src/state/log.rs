@@ -13,6 +13,22 @@ use crate::sync::Mutex;
 /// In a keyed limiter the cell lives in the lock-free table, which finds it without a lock; the
 /// table retires it (evicts or moves it) under the same lock, leaving a mark in the ring that a
 /// decision sees first ([`LogCell::with_live`]), as a word rule's decision sees a retired word.
+///
+/// # Examples
+/// ```
+/// use tollgate::{state::LogCell, Quota, SlidingLog};
+/// let rule = SlidingLog::new(Quota::per_second(100)?)?;
+/// let cell = LogCell::default();
+/// // Four threads, 50 requests each at the same instant: exactly L = 100 admitted.
+/// let admitted: usize = std::thread::scope(|s| {
+///     let workers: Vec<_> = (0..4)
+///         .map(|_| s.spawn(|| (0..50).filter(|_| cell.with(|| 0, |ring, t| rule.decide(ring, t, 1, true)).allowed()).count()))
+///         .collect();
+///     workers.into_iter().map(|w| w.join().unwrap()).sum()
+/// });
+/// assert_eq!(admitted, 100);
+/// # Ok::<(), tollgate::QuotaError>(())
+/// ```
 #[derive(Debug, Default)]
 pub struct LogCell(Mutex<Ring>);
 

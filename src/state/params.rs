@@ -26,6 +26,15 @@ pub type Words = [u64; WORDS];
 ///
 /// `seq` is even when the words are stable and odd while a writer is storing them; a reader
 /// retries when `seq` was odd or changed under it. Writers must be serialised by the caller.
+///
+/// # Examples
+/// ```
+/// use tollgate::state::ParamCell;
+/// // The type parameter says what the words encode (here: nothing in particular).
+/// let cell = ParamCell::<()>::new([10, 0, 0, 0, 0]);
+/// cell.store([20, 0, 0, 0, 0]); // a quota change, under the caller's lock
+/// assert_eq!(cell.load()[0], 20);
+/// ```
 #[derive(Debug)]
 pub struct ParamCell<P> {
     seq: AtomicU64,

@@ -4,6 +4,18 @@ use crate::sync::{AtomicU64, Ordering};
 /// The two states a keyed store writes into a cell it retires, and that the cell's rule never
 /// produces (each rule documents why): a lookup that meets one knows the cell no longer holds
 /// the key's state.
+///
+/// # Examples
+/// ```
+/// use tollgate::{algorithm::WordRule, state::{AtomicWord, Retired}, FixedWindow, Quota};
+/// let marks = Retired { tombstone: u64::MAX, moved: u64::MAX - 1 };
+/// let rule = FixedWindow::new(Quota::per_second(5)?)?;
+/// let cell = AtomicWord::new(marks.tombstone); // a store evicted this key
+/// // A decision that meets the mark backs off, so the store can look the key up again.
+/// let r = cell.try_update(|| 0, |st, t| rule.decide(st, t, 1), |st| marks.any(st));
+/// assert!(r.is_err());
+/// # Ok::<(), tollgate::QuotaError>(())
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Retired {
     /// An evicted key (its state was fresh).
@@ -32,6 +44,19 @@ impl Retired {
 /// One packed 64-bit state, changed only by [`AtomicWord::update`]'s CAS loop.
 ///
 /// 0 is a fresh key for every rule that uses it.
+///
+/// # Examples
+/// ```
+/// use tollgate::{algorithm::WordRule, state::AtomicWord, FixedWindow, Quota};
+/// // One key's state, decided by a word rule: the core of every limiter but the log.
+/// let rule = FixedWindow::new(Quota::per_second(2)?)?;
+/// let cell = AtomicWord::default();
+/// let decide = || cell.update(|| 0, |state, now| rule.decide(state, now, 1));
+/// assert!(decide().allowed());
+/// assert!(decide().allowed());
+/// assert!(!decide().allowed());
+/// # Ok::<(), tollgate::QuotaError>(())
+/// ```
 #[derive(Debug, Default)]
 pub struct AtomicWord(AtomicU64);
 
