@@ -5,6 +5,17 @@
 //! to (decision, next state). Nothing here touches an atomic: [`crate::state`] stores the states
 //! and runs the compare-and-swap loops, which is what makes the rules testable, fuzzable and
 //! model-checkable on their own.
+//!
+//! ```
+//! use tollgate::{algorithm::WordRule, FixedWindow, Quota};
+//! // A rule on its own: no limiter, no atomics, no clock; times are plain nanoseconds.
+//! let rule = FixedWindow::new(Quota::per_second(2)?)?;
+//! let (d1, s) = rule.decide(0, 0, 1);
+//! let (d2, s) = rule.decide(s, 100, 1);
+//! let (d3, _) = rule.decide(s, 200, 1);
+//! assert_eq!([d1.allowed(), d2.allowed(), d3.allowed()], [true, true, false]);
+//! # Ok::<(), tollgate::QuotaError>(())
+//! ```
 
 // Explicit paths: `loom-tests` includes this file with `#[path]`, which makes rustc look for
 // undecorated child modules beside it (`src/gcra.rs`); these resolve the same from both crates.
@@ -53,8 +64,35 @@ pub use self::sliding_log::SlidingLog;
 pub use self::sliding_window::SlidingWindow;
 
 /// The token bucket is GCRA (decision rules §1): the same decisions, kept as one number.
+///
+/// # Examples
+/// ```
+/// use tollgate::{algorithm::TokenBucket, Limiter, Quota};
+/// // Refill 10 tokens a second into a bucket of 20.
+/// let bucket = TokenBucket::new(Quota::per_second(10)?.with_burst(20)?)?;
+/// let limiter = Limiter::new(bucket);
+/// // A full bucket to start with: 20 at once, then it is empty.
+/// assert!(limiter.check_n(20)?.allowed());
+/// assert!(!limiter.check().allowed());
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 pub type TokenBucket = Gcra;
 /// The leaky bucket as a meter decides exactly as GCRA with `B = C` (decision rules §2).
+///
+/// # Examples
+/// ```
+/// use tollgate::{algorithm::LeakyBucket, Limiter, Quota};
+/// // Leaks 5 a second; holds at most 5 (the burst is the bucket's capacity C).
+/// let limiter = Limiter::new(LeakyBucket::new(Quota::per_second(5)?)?);
+/// for _ in 0..5 {
+///     assert!(limiter.check().allowed());
+/// }
+/// // Full: the next drop overflows until one leaks out (200 ms).
+/// let d = limiter.check();
+/// assert!(!d.allowed());
+/// assert!(d.retry_after() <= std::time::Duration::from_millis(200));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 pub type LeakyBucket = Gcra;
 
 mod sealed {
@@ -65,8 +103,34 @@ mod sealed {
 /// [`LeakyBucket`]), [`LeakyQueue`], [`FixedWindow`], [`SlidingWindow`], [`SlidingLog`].
 ///
 /// The trait is sealed; its hidden methods are the glue between a rule and its stored state.
+///
+/// # Examples
+/// Code generic over the rule, as a configuration loader or a report might be:
+/// ```
+/// use std::time::Duration;
+/// use tollgate::{algorithm::Algorithm, FixedWindow, Gcra, KeyedLimiter, Quota};
+/// fn describe<A: Algorithm>(rule: A) -> String {
+///     format!("{}: {} per period, up to {} at once", A::NAME, rule.limit(), rule.capacity())
+/// }
+/// fn per_user<A: Algorithm>(rule: A) -> KeyedLimiter<u64, A> {
+///     KeyedLimiter::new(rule)
+/// }
+/// let quota = Quota::per_minute(60)?;
+/// assert_eq!(describe(Gcra::new(quota.with_burst(5)?)?), "gcra: 60 per period, up to 5 at once");
+/// assert_eq!(describe(FixedWindow::new(quota)?), "fixed-window: 60 per period, up to 60 at once");
+/// assert!(per_user(FixedWindow::new(quota)?).check(&7)?.allowed());
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 pub trait Algorithm: Copy + Send + Sync + std::fmt::Debug + 'static + sealed::Sealed {
     /// The canonical name, e.g. `"gcra"`.
+    ///
+    /// # Examples
+    /// ```
+    /// use tollgate::{algorithm::{Algorithm, TokenBucket}, SlidingLog};
+    /// assert_eq!(SlidingLog::NAME, "sliding-log");
+    /// // An alias shares its rule's name.
+    /// assert_eq!(TokenBucket::NAME, "gcra");
+    /// ```
     const NAME: &'static str;
 
     /// The per-key state as stored in a limiter.
@@ -74,13 +138,41 @@ pub trait Algorithm: Copy + Send + Sync + std::fmt::Debug + 'static + sealed::Se
     type Cell: Default + Send + Sync;
 
     /// `L`, as reported in every decision.
+    ///
+    /// # Examples
+    /// ```
+    /// use tollgate::{algorithm::Algorithm, Gcra, Quota};
+    /// let rule = Gcra::new(Quota::per_second(10)?.with_burst(50)?)?;
+    /// assert_eq!(Algorithm::limit(&rule), 10);
+    /// # Ok::<(), tollgate::QuotaError>(())
+    /// ```
     fn limit(&self) -> u64;
 
     /// The largest cost that can ever be admitted (`B`, `C` or `L`).
+    ///
+    /// # Examples
+    /// ```
+    /// use tollgate::{algorithm::Algorithm, Gcra, Limiter, Quota};
+    /// let rule = Gcra::new(Quota::per_second(10)?.with_burst(50)?)?;
+    /// assert_eq!(Algorithm::capacity(&rule), 50);
+    /// // A larger cost is an error, not a denial: waiting would never help.
+    /// assert!(Limiter::new(rule).check_n(51).is_err());
+    /// # Ok::<(), tollgate::QuotaError>(())
+    /// ```
     fn capacity(&self) -> u64;
 
     /// The interval the rule must resolve: `B·T` for GCRA and the leaky buckets, `W` for the
     /// windows. A clock whose resolution exceeds a tenth of it is refused.
+    ///
+    /// # Examples
+    /// ```
+    /// use tollgate::{algorithm::Algorithm, FixedWindow, Gcra, Quota};
+    /// // Windows: W.
+    /// assert_eq!(FixedWindow::new(Quota::per_minute(100)?)?.period(), 60_000_000_000);
+    /// // GCRA: B·T = 50 × 100 ms = 5 s.
+    /// assert_eq!(Gcra::new(Quota::per_second(10)?.with_burst(50)?)?.period(), 5_000_000_000);
+    /// # Ok::<(), tollgate::QuotaError>(())
+    /// ```
     fn period(&self) -> Nanos;
 
     /// Decides a request of `cost ≤ capacity()` against `cell`, committing it when `commit` and
@@ -189,10 +281,48 @@ pub trait WordRule: Copy {
     /// (decision, next state). The next state equals `state` when denied or `cost == 0`. A cost
     /// above the rule's capacity is denied with `retry_after` = `u64::MAX` ns (never), the state
     /// unchanged (limiters refuse such a cost with [`crate::Error::CapacityExceeded`] instead).
+    ///
+    /// # Examples
+    /// ```
+    /// use tollgate::{algorithm::WordRule, Gcra, Quota};
+    /// let rule = Gcra::new(Quota::per_second(2)?)?; // T = 500 ms, burst 2
+    /// let (d, state) = rule.decide(0, 0, 2);
+    /// assert!(d.allowed());
+    /// // Denied: the state is unchanged, and the next unit is due in T.
+    /// let (d, after) = rule.decide(state, 0, 1);
+    /// assert_eq!((d.allowed(), after), (false, state));
+    /// assert_eq!(d.retry_after().as_millis(), 500);
+    /// // Above the capacity: denied for ever, not an error at this level.
+    /// assert_eq!(rule.decide(0, 0, 3).0.retry_after().as_nanos(), u64::MAX as u128);
+    /// # Ok::<(), tollgate::QuotaError>(())
+    /// ```
     fn decide(&self, state: u64, now: Nanos, cost: u64) -> (Decision, u64);
     /// The state after giving back `cost` units at `now`.
+    ///
+    /// # Examples
+    /// ```
+    /// use tollgate::{algorithm::WordRule, FixedWindow, Quota};
+    /// let rule = FixedWindow::new(Quota::per_second(1)?)?;
+    /// let (_, spent) = rule.decide(0, 0, 1);
+    /// assert!(!rule.decide(spent, 10, 1).0.allowed());
+    /// // The request failed downstream: give its unit back, and the next one is admitted.
+    /// let state = rule.refunded(spent, 10, 1);
+    /// assert!(rule.decide(state, 10, 1).0.allowed());
+    /// # Ok::<(), tollgate::QuotaError>(())
+    /// ```
     fn refunded(&self, state: u64, now: Nanos, cost: u64) -> u64;
     /// Whether `state` behaves as a fresh key at `now`.
+    ///
+    /// # Examples
+    /// ```
+    /// use tollgate::{algorithm::WordRule, Gcra, Quota};
+    /// let rule = Gcra::new(Quota::per_second(2)?)?; // T = 500 ms
+    /// let (_, state) = rule.decide(0, 0, 1);
+    /// assert!(!rule.is_fresh(state, 0));
+    /// // One unit refills in T: the key is then as good as new, and a store may forget it.
+    /// assert!(rule.is_fresh(state, 500_000_000));
+    /// # Ok::<(), tollgate::QuotaError>(())
+    /// ```
     fn is_fresh(&self, state: u64, now: Nanos) -> bool;
 }
 

@@ -146,7 +146,7 @@
 //! # Ok::<(), tollgate::QuotaError>(())
 //! ```
 //!
-//! ## Memory bounds
+//! ## Eviction and memory bounds
 //!
 //! A keyed limiter forgets a key only when its state is indistinguishable from a fresh key's,
 //! so forgetting never changes a decision. Two settings of [`KeyedLimiter::builder`] bound the
@@ -173,6 +173,42 @@
 //! assert!(limiter.check(&1).unwrap().allowed()); // known keys keep their limits
 //! # Ok::<(), tollgate::QuotaError>(())
 //! ```
+//!
+//! ## The Redis tier
+//!
+//! Where one process is not enough, a limit must hold across a fleet. With feature `redis`,
+//! `tollgate::redis` keeps each key's state in Redis (a single server or a Cluster) and
+//! decides by the same decision rules, so a key admits exactly what one in-process limiter
+//! would:
+//! - `RedisLimiter`, the exact tier: every check is one atomic script on the server, judged by
+//!   the server's clock (one round trip, async on tokio). Errors say whether they are
+//!   transient (`Error::is_transient`: a timeout, a dropped connection) or fatal.
+//! - `GuardedLimiter` (`RedisLimiter::guarded`): the same behind a circuit breaker, with a
+//!   `FailurePolicy` for outages: fail open, fail closed, or `Local`, this node's share of the
+//!   quota in process.
+//! - `LeasedLimiter` (`RedisLimiter::leased`): synchronous checks at in-process speed on units
+//!   Redis granted this node in advance; the fleet never admits more than the limit, and falls
+//!   short of it by at most the units held in leases.
+//!
+//! ```no_run
+//! # #[cfg(feature = "redis")]
+//! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+//! use tollgate::{Quota, redis::{FailureHandling, FailurePolicy, RedisLimiter, RedisRule}};
+//!
+//! // 100 a minute per tenant, across every node that shares this Redis.
+//! let rule = RedisRule::gcra(Quota::per_minute(100)?)?;
+//! let exact = RedisLimiter::connect("redis://127.0.0.1:6379", rule).await?;
+//! let limiter = exact.guarded(FailureHandling::new(FailurePolicy::Local)).await;
+//! if !limiter.check("tenant-42").await?.allowed() {
+//!     // 429
+//! }
+//! # Ok(()) }
+//! ```
+//!
+//! The tower layer takes any of them as a policy's backend (`tollgate::tower::RedisBackend`),
+//! so moving a limit from one node to the fleet changes one argument. The `redis` module's
+//! page covers the scripts, keys and TTLs, the bounds on limits and windows, and what each
+//! tier guarantees when Redis fails.
 //!
 //! ## Features
 //!
@@ -217,6 +253,21 @@
 pub mod algorithm;
 pub mod clock;
 /// Documents of the repository's `docs/` folder that travel with the crate.
+///
+/// # Examples
+/// A boundary case of [`decision_rules`](docs::decision_rules), run: in a sliding log, an
+/// entry at exactly `t − W` has expired.
+/// ```
+/// use std::time::Duration;
+/// use tollgate::{clock::ManualClock, Limiter, Quota, SlidingLog};
+/// let clock = ManualClock::new();
+/// let rule = SlidingLog::new(Quota::new(1, Duration::from_millis(60))?)?;
+/// let limiter = Limiter::with_clock(rule, clock.clone())?;
+/// assert!(limiter.check().allowed());
+/// clock.advance(Duration::from_millis(60));
+/// assert!(limiter.check().allowed()); // the entry at 0 stopped counting at 60 ms
+/// # Ok::<(), tollgate::QuotaError>(())
+/// ```
 pub mod docs {
     #[doc = include_str!("../docs/decision-rules.md")]
     pub mod decision_rules {}

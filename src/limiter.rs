@@ -3,6 +3,16 @@
 //! - [`Limiter`]: one state (a whole service, one connection, one tenant known up front).
 //! - [`KeyedLimiter`]: one state per key, in a sharded concurrent map, with automatic eviction
 //!   of keys that have become indistinguishable from fresh ones and an optional `max_keys`.
+//!
+//! ```
+//! use tollgate::{limiter::{KeyedLimiter, Limiter}, FixedWindow, Quota};
+//! let global = Limiter::new(FixedWindow::new(Quota::per_second(100)?)?);
+//! let per_user = KeyedLimiter::<u64, _>::new(FixedWindow::new(Quota::per_second(5)?)?);
+//! // Admitted only if the user's limit and the global one both admit.
+//! let admitted = per_user.check(&7).unwrap().allowed() && global.check().allowed();
+//! assert!(admitted);
+//! # Ok::<(), tollgate::QuotaError>(())
+//! ```
 
 // Explicit path: `loom-tests` includes `core.rs` on its own (see `algorithm.rs`).
 #[path = "limiter/core.rs"]

@@ -5,6 +5,16 @@
 //! (counting keys, the `max_keys` bound, the sweeps of a store that does not evict on its own)
 //! is `table.rs`, written
 //! against [`KeyedStore`] and `crate::sync` only, so that `loom-tests` can model-check it.
+//!
+//! ```
+//! use tollgate::{store::DashMapStore, Gcra, KeyedLimiter, Quota};
+//! let rule = Gcra::new(Quota::per_second(5)?)?;
+//! // The default store (the lock-free word table), and the dashmap one: the same decisions.
+//! let default = KeyedLimiter::<u64, _>::new(rule);
+//! let dashmap = KeyedLimiter::<u64, _>::builder(rule).build_with_store(DashMapStore::new())?;
+//! assert_eq!(default.check(&1).unwrap().remaining(), dashmap.check(&1).unwrap().remaining());
+//! # Ok::<(), tollgate::QuotaError>(())
+//! ```
 
 // Explicit paths: `loom-tests` includes `keyed_store.rs` and `table.rs` with `#[path]` (without
 // dashmap); see `algorithm.rs` for why undecorated children would not resolve there.

@@ -849,6 +849,35 @@ type BoxedResponse<B, E> =
     Pin<Box<dyn Future<Output = Result<Response<RateLimitBody<B>>, E>> + Send>>;
 
 /// The future of [`RateLimit`]'s responses.
+///
+/// # Examples
+/// ```
+/// use axum::{body::Body, routing::get, Router};
+/// use http::{Request, StatusCode};
+/// use tollgate::tower::{Key, Policy, RateLimitLayer};
+/// use tollgate::{Gcra, KeyedLimiter, Quota};
+/// use tower_layer::Layer;
+/// use tower_service::Service;
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let per_ip = KeyedLimiter::<Key, _>::new(Gcra::new(Quota::per_hour(1)?)?);
+/// let mut app = RateLimitLayer::builder()
+///     .policy(Policy::new("api", per_ip))
+///     .build()?
+///     .layer(Router::new().route("/", get(|| async { "ok" })));
+/// let mut statuses = Vec::new();
+/// for _ in 0..2 {
+///     let mut request = Request::get("/").body(Body::empty())?;
+///     request.extensions_mut().insert(std::net::SocketAddr::from(([192, 0, 2, 1], 40000)));
+///     std::future::poll_fn(|cx| Service::<Request<Body>>::poll_ready(&mut app, cx)).await?;
+///     let future: tollgate::tower::ResponseFuture<_, _> = app.call(request);
+///     statuses.push(future.await?.status());
+/// }
+/// // One an hour: the second is refused.
+/// assert_eq!(statuses, [StatusCode::OK, StatusCode::TOO_MANY_REQUESTS]);
+/// # Ok(())
+/// # }
+/// ```
 pub struct ResponseFuture<B, E> {
     inner: BoxedResponse<B, E>,
 }

@@ -113,6 +113,23 @@ pub struct TokioClock {
 
 impl TokioClock {
     /// A clock whose origin is now.
+    ///
+    /// # Examples
+    /// ```
+    /// use tollgate::{clock::Clock, wait::TokioClock, Gcra, Limiter, Quota};
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let clock = TokioClock::new();
+    /// assert_eq!(clock.now(), 0); // its origin: the moment it was made
+    /// // A limiter on tokio's (here paused) time: a test advances it without sleeping for real.
+    /// let limiter = Limiter::with_clock(Gcra::new(Quota::per_second(1)?)?, clock)?;
+    /// assert!(limiter.check().allowed());
+    /// assert!(!limiter.check().allowed());
+    /// tokio::time::advance(std::time::Duration::from_secs(1)).await;
+    /// assert!(limiter.check().allowed());
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn new() -> Self {
         TokioClock {
             origin: Instant::now(),

@@ -16,6 +16,17 @@ use crate::state::Words;
 
 /// The largest bucket span `B·T` the state can hold: 2^62 ns, about 146 years. Keeping two bits
 /// of headroom means `(TAT − t) + c·T` never overflows.
+///
+/// # Examples
+/// ```
+/// use std::time::Duration;
+/// use tollgate::{algorithm::gcra::MAX_SPAN, Gcra, Quota, QuotaError};
+/// assert_eq!(MAX_SPAN, 1 << 62);
+/// // One unit per 150 years: B·T = 150 years, beyond the 146 the state spans.
+/// let quota = Quota::new(1, Duration::from_secs(150 * 365 * 86_400))?;
+/// assert!(matches!(Gcra::new(quota), Err(QuotaError::SpanOverflow { .. })));
+/// # Ok::<(), tollgate::QuotaError>(())
+/// ```
 pub const MAX_SPAN: u64 = 1 << 62;
 
 /// GCRA: `limit` per `window`, emission interval `T = W / L` rounded to the nearest

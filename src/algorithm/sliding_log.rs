@@ -12,6 +12,14 @@ use crate::quota::{Quota, QuotaError};
 use crate::state::Words;
 
 /// The largest limit: one 4-byte slot per unit, 2^20 − 1 slots (4 MiB) at most per key.
+///
+/// # Examples
+/// ```
+/// use tollgate::{algorithm::sliding_log::MAX_LIMIT, Quota, QuotaError, SlidingLog};
+/// assert!(SlidingLog::new(Quota::per_hour(MAX_LIMIT)?).is_ok());
+/// assert!(matches!(SlidingLog::new(Quota::per_hour(MAX_LIMIT + 1)?), Err(QuotaError::TooLarge { .. })));
+/// # Ok::<(), tollgate::QuotaError>(())
+/// ```
 pub const MAX_LIMIT: u64 = (1 << 20) - 1;
 
 /// Slot time units, finest first. All up to 1 ms divide 1 ms, so traces with millisecond times
@@ -87,6 +95,18 @@ enum Slots {
 /// `repr(C)` keeps the header, which every check reads first, at the front: next to the key and
 /// the lock in the store's bucket, so that it more often shares the cache line the lookup has
 /// just fetched.
+///
+/// # Examples
+/// ```
+/// use tollgate::{algorithm::sliding_log::Ring, Quota, SlidingLog};
+/// // The per-key state of a sliding log, decided by the pure rule (a limiter holds one per key).
+/// let rule = SlidingLog::new(Quota::per_second(3)?)?;
+/// let mut ring = Ring::default();
+/// assert!(rule.decide(&mut ring, 0, 3, true).allowed());
+/// assert!(!rule.decide(&mut ring, 0, 1, true).allowed());
+/// assert_eq!(ring.len(), 3);
+/// # Ok::<(), tollgate::QuotaError>(())
+/// ```
 #[derive(Debug)]
 #[repr(C)]
 pub struct Ring {
@@ -287,16 +307,53 @@ impl Ring {
     }
 
     /// The number of entries; for tests and memory accounting.
+    ///
+    /// # Examples
+    /// ```
+    /// use tollgate::{algorithm::sliding_log::Ring, Quota, SlidingLog};
+    /// let rule = SlidingLog::new(Quota::per_second(100)?)?;
+    /// let mut ring = Ring::default();
+    /// rule.decide(&mut ring, 0, 3, true);
+    /// // One entry per admitted unit still in the window.
+    /// assert_eq!(ring.len(), 3);
+    /// # Ok::<(), tollgate::QuotaError>(())
+    /// ```
     pub fn len(&self) -> usize {
         self.len as usize
     }
 
     /// Whether the log holds no entry.
+    ///
+    /// # Examples
+    /// ```
+    /// use tollgate::{algorithm::sliding_log::Ring, Quota, SlidingLog};
+    /// let rule = SlidingLog::new(Quota::per_second(100)?)?;
+    /// let mut ring = Ring::default();
+    /// assert!(ring.is_empty());
+    /// // A decision that does not commit leaves no entry.
+    /// assert!(rule.decide(&mut ring, 0, 1, false).allowed());
+    /// assert!(ring.is_empty());
+    /// # Ok::<(), tollgate::QuotaError>(())
+    /// ```
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }
 
     /// Bytes of slot storage on the heap (0 while the log fits in its state).
+    ///
+    /// # Examples
+    /// ```
+    /// use tollgate::{algorithm::sliding_log::Ring, Quota, SlidingLog};
+    /// let rule = SlidingLog::new(Quota::per_second(100)?)?;
+    /// let mut ring = Ring::default();
+    /// // Nine entries fit in the state itself: no heap.
+    /// rule.decide(&mut ring, 0, 9, true);
+    /// assert_eq!(ring.slot_bytes(), 0);
+    /// // A tenth moves the log to a heap ring of 4-byte slots.
+    /// rule.decide(&mut ring, 0, 1, true);
+    /// assert!(ring.slot_bytes() >= 10 * 4);
+    /// # Ok::<(), tollgate::QuotaError>(())
+    /// ```
     pub fn slot_bytes(&self) -> usize {
         match &self.slots {
             Slots::Inline(_) => 0,
@@ -307,6 +364,18 @@ impl Ring {
 
 impl SlidingLog {
     /// The rule for `quota`: `W ≥ 1 ms`, `L ≤ 2^20 − 1`, no burst.
+    ///
+    /// # Examples
+    /// ```
+    /// use tollgate::{Quota, QuotaError, SlidingLog};
+    /// assert!(SlidingLog::new(Quota::per_minute(60)?).is_ok());
+    /// // A log admits at most L in any window: there is no burst to give it.
+    /// assert!(matches!(
+    ///     SlidingLog::new(Quota::per_minute(60)?.with_burst(100)?),
+    ///     Err(QuotaError::BurstNotSupported { .. })
+    /// ));
+    /// # Ok::<(), tollgate::QuotaError>(())
+    /// ```
     pub fn new(quota: Quota) -> Result<SlidingLog, QuotaError> {
         no_burst(&quota, "sliding-log")?;
         let window = window_at_least_1ms(&quota)?;
@@ -323,16 +392,40 @@ impl SlidingLog {
     }
 
     /// `L`.
+    ///
+    /// # Examples
+    /// ```
+    /// use tollgate::{Quota, SlidingLog};
+    /// assert_eq!(SlidingLog::new(Quota::per_minute(60)?)?.limit(), 60);
+    /// # Ok::<(), tollgate::QuotaError>(())
+    /// ```
     pub fn limit(&self) -> u64 {
         self.limit
     }
 
     /// `W` in nanoseconds.
+    ///
+    /// # Examples
+    /// ```
+    /// use tollgate::{Quota, SlidingLog};
+    /// assert_eq!(SlidingLog::new(Quota::per_minute(60)?)?.window(), 60_000_000_000);
+    /// # Ok::<(), tollgate::QuotaError>(())
+    /// ```
     pub fn window(&self) -> u64 {
         self.window
     }
 
     /// The unit entry times are kept in (see the type's docs).
+    ///
+    /// # Examples
+    /// ```
+    /// use tollgate::{Quota, SlidingLog};
+    /// // W = 1 s fits in 2^31 ns: exact to the nanosecond.
+    /// assert_eq!(SlidingLog::new(Quota::per_second(10)?)?.tick_nanos(), 1);
+    /// // W = 1 h needs a coarser tick: 10 µs.
+    /// assert_eq!(SlidingLog::new(Quota::per_hour(10)?)?.tick_nanos(), 10_000);
+    /// # Ok::<(), tollgate::QuotaError>(())
+    /// ```
     pub fn tick_nanos(&self) -> u64 {
         self.tick
     }
@@ -395,6 +488,22 @@ impl SlidingLog {
 
     /// Decides `cost ≤ L` at `now`, appending the entries when `commit` and allowed: the pure
     /// rule over one key's ring (the limiter runs it under the key's lock).
+    ///
+    /// # Examples
+    /// ```
+    /// use tollgate::{algorithm::sliding_log::Ring, Quota, SlidingLog};
+    /// const MS: u64 = 1_000_000;
+    /// let rule = SlidingLog::new(Quota::per_second(2)?)?;
+    /// let mut ring = Ring::default();
+    /// assert!(rule.decide(&mut ring, 0, 1, true).allowed());
+    /// assert!(rule.decide(&mut ring, 400 * MS, 1, true).allowed());
+    /// // Two in the last second: denied until the entry at 0 leaves the window, at 1 s.
+    /// let d = rule.decide(&mut ring, 600 * MS, 1, true);
+    /// assert!(!d.allowed());
+    /// assert_eq!(d.retry_after().as_millis(), 400);
+    /// assert!(rule.decide(&mut ring, 1_000 * MS, 1, true).allowed());
+    /// # Ok::<(), tollgate::QuotaError>(())
+    /// ```
     #[inline]
     pub fn decide(&self, ring: &mut Ring, now: Nanos, cost: u64, commit: bool) -> Decision {
         self.prune(ring, now);
@@ -437,6 +546,20 @@ impl SlidingLog {
     }
 
     /// Removes up to `cost` of the newest live entries.
+    ///
+    /// # Examples
+    /// ```
+    /// use tollgate::{algorithm::sliding_log::Ring, Quota, SlidingLog};
+    /// let rule = SlidingLog::new(Quota::per_second(2)?)?;
+    /// let mut ring = Ring::default();
+    /// rule.decide(&mut ring, 0, 2, true);
+    /// assert!(!rule.decide(&mut ring, 0, 1, false).allowed());
+    /// // Give one unit back: the newest entry goes, and one more fits.
+    /// rule.refund(&mut ring, 0, 1);
+    /// assert_eq!(ring.len(), 1);
+    /// assert!(rule.decide(&mut ring, 0, 1, false).allowed());
+    /// # Ok::<(), tollgate::QuotaError>(())
+    /// ```
     pub fn refund(&self, ring: &mut Ring, now: Nanos, cost: u64) {
         self.prune(ring, now);
         for _ in 0..cost.min(ring.len as u64) {
@@ -445,6 +568,18 @@ impl SlidingLog {
     }
 
     /// Whether no entry counts at `now`.
+    ///
+    /// # Examples
+    /// ```
+    /// use tollgate::{algorithm::sliding_log::Ring, Quota, SlidingLog};
+    /// let rule = SlidingLog::new(Quota::per_second(2)?)?;
+    /// let mut ring = Ring::default();
+    /// rule.decide(&mut ring, 0, 1, true);
+    /// assert!(!rule.is_empty_at(&mut ring, 999_999_999));
+    /// // The entry at 0 stops counting at W = 1 s: the key can be forgotten.
+    /// assert!(rule.is_empty_at(&mut ring, 1_000_000_000));
+    /// # Ok::<(), tollgate::QuotaError>(())
+    /// ```
     pub fn is_empty_at(&self, ring: &mut Ring, now: Nanos) -> bool {
         self.prune(ring, now);
         ring.len == 0

@@ -186,6 +186,21 @@ impl<K, A: Algorithm, C: Clock> KeyedLimiterBuilder<K, A, C> {
     /// [`QuotaError::ClockTooCoarse`] if the clock cannot serve the quota.
     ///
     /// [`WordTable`]: crate::store::WordTable
+    ///
+    /// # Examples
+    /// ```
+    /// use std::time::Duration;
+    /// use tollgate::{clock::CoarseClock, FixedWindow, Gcra, KeyedLimiter, Quota, QuotaError};
+    /// let limiter = KeyedLimiter::<String, _>::builder(Gcra::new(Quota::per_second(5)?)?).build()?;
+    /// assert!(limiter.check("alice").unwrap().allowed());
+    /// // A 1 ms clock cannot resolve a 5 ms window (it needs a tenth of it): refused here,
+    /// // not mid-traffic.
+    /// let coarse = KeyedLimiter::<String, _>::builder(FixedWindow::new(Quota::new(10, Duration::from_millis(5))?)?)
+    ///     .clock(CoarseClock::new())
+    ///     .build();
+    /// assert!(matches!(coarse, Err(QuotaError::ClockTooCoarse { .. })));
+    /// # Ok::<(), tollgate::QuotaError>(())
+    /// ```
     pub fn build(self) -> Result<KeyedLimiter<K, A, C>, QuotaError>
     where
         K: Clone + Hash + Eq + Send + Sync,
@@ -226,6 +241,18 @@ impl<K, A: Algorithm, C: Clock> KeyedLimiterBuilder<K, A, C> {
 /// # Construction
 impl<K: Clone + Hash + Eq + Send + Sync, A: Algorithm> KeyedLimiter<K, A> {
     /// A keyed limiter on the precise default clock, with no key bound.
+    ///
+    /// # Examples
+    /// ```
+    /// use tollgate::{Gcra, KeyedLimiter, Quota};
+    /// // Per user id: 2 a second.
+    /// let limiter = KeyedLimiter::<u64, _>::new(Gcra::new(Quota::per_second(2)?)?);
+    /// assert!(limiter.check(&1).unwrap().allowed());
+    /// assert!(limiter.check(&1).unwrap().allowed());
+    /// assert!(!limiter.check(&1).unwrap().allowed());
+    /// assert!(limiter.check(&2).unwrap().allowed()); // another key, its own budget
+    /// # Ok::<(), tollgate::QuotaError>(())
+    /// ```
     pub fn new(rule: A) -> Self {
         Self::builder(rule)
             .build()
@@ -286,11 +313,32 @@ where
     S: KeyedStore<K, A::Cell>,
 {
     /// The clock this limiter reads.
+    ///
+    /// # Examples
+    /// ```
+    /// use std::time::Duration;
+    /// use tollgate::{clock::{Clock, ManualClock}, Gcra, KeyedLimiter, Quota};
+    /// let limiter = KeyedLimiter::<u64, _>::builder(Gcra::new(Quota::per_second(1)?)?)
+    ///     .clock(ManualClock::new())
+    ///     .build()?;
+    /// // A test moves the limiter's own clock.
+    /// limiter.clock().advance(Duration::from_millis(5));
+    /// assert_eq!(limiter.clock().now(), 5_000_000);
+    /// # Ok::<(), tollgate::QuotaError>(())
+    /// ```
     pub fn clock(&self) -> &C {
         self.core.clock()
     }
 
     /// The rule in force.
+    ///
+    /// # Examples
+    /// ```
+    /// use tollgate::{Gcra, KeyedLimiter, Quota};
+    /// let limiter = KeyedLimiter::<u64, _>::new(Gcra::new(Quota::per_second(10)?.with_burst(20)?)?);
+    /// assert_eq!((limiter.rule().limit(), limiter.rule().capacity()), (10, 20));
+    /// # Ok::<(), tollgate::QuotaError>(())
+    /// ```
     pub fn rule(&self) -> A {
         self.core.rule()
     }
@@ -314,6 +362,16 @@ where
     }
 
     /// Whether no key holds state.
+    ///
+    /// # Examples
+    /// ```
+    /// use tollgate::{Gcra, KeyedLimiter, Quota};
+    /// let limiter = KeyedLimiter::<u64, _>::new(Gcra::new(Quota::per_second(10)?)?);
+    /// assert!(limiter.is_empty());
+    /// limiter.check(&1).unwrap();
+    /// assert!(!limiter.is_empty());
+    /// # Ok::<(), tollgate::QuotaError>(())
+    /// ```
     pub fn is_empty(&self) -> bool {
         self.table.is_empty()
     }

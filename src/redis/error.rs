@@ -89,6 +89,21 @@ pub enum Error {
 }
 
 /// What kind of failure an [`Error`] is: see [`Error`].
+///
+/// # Examples
+/// A failure policy keyed on the class: retry transient errors, give up on the others.
+/// ```
+/// use tollgate::redis::{Error, ErrorClass};
+/// fn should_retry(e: &Error) -> bool {
+///     match e.class() {
+///         ErrorClass::Transient => true,
+///         ErrorClass::Request | ErrorClass::Fatal => false,
+///     }
+/// }
+/// // A cost above the capacity is the request's fault, not Redis's: never retried.
+/// assert!(!should_retry(&Error::Capacity { cost: 11, capacity: 10 }));
+/// assert!(!should_retry(&Error::BadReply { detail: "nil".into() }));
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum ErrorClass {
     /// The request can never be admitted; Redis is fine.
@@ -101,6 +116,15 @@ pub enum ErrorClass {
 
 impl Error {
     /// The class of this error.
+    ///
+    /// # Examples
+    /// ```
+    /// use tollgate::redis::{Error, ErrorClass};
+    /// let e = Error::Capacity { cost: 11, capacity: 10 };
+    /// assert_eq!(e.class(), ErrorClass::Request);
+    /// let e = Error::CorruptState { key: "tollgate:gcra:{alice}".into() };
+    /// assert_eq!(e.class(), ErrorClass::Fatal);
+    /// ```
     pub fn class(&self) -> ErrorClass {
         match self {
             Error::Capacity { .. } => ErrorClass::Request,
@@ -113,16 +137,47 @@ impl Error {
     }
 
     /// Whether the same call may succeed later (timeouts, connection and cluster failures).
+    ///
+    /// # Examples
+    /// ```
+    /// use std::time::Duration;
+    /// use tollgate::redis::Error;
+    /// assert!(Error::Timeout { timeout: Duration::from_millis(50) }.is_transient());
+    /// // A cost above the capacity fails the same way every time.
+    /// assert!(!Error::Capacity { cost: 11, capacity: 10 }.is_transient());
+    /// ```
     pub fn is_transient(&self) -> bool {
         self.class() == ErrorClass::Transient
     }
 
     /// Whether retrying cannot help (wrong type, corrupt state, bad reply, refused call).
+    ///
+    /// # Examples
+    /// ```
+    /// use std::time::Duration;
+    /// use tollgate::redis::Error;
+    /// assert!(Error::WrongType { key: "tollgate:gcra:{alice}".into() }.is_fatal());
+    /// assert!(!Error::Timeout { timeout: Duration::from_millis(50) }.is_fatal());
+    /// ```
     pub fn is_fatal(&self) -> bool {
         self.class() == ErrorClass::Fatal
     }
 
     /// The error of the decision rules for a cost above the capacity, as the in-process limiters return it.
+    ///
+    /// # Examples
+    /// The same error an in-process limiter returns for that cost, so one error path serves
+    /// both tiers; any other error has no such counterpart.
+    /// ```
+    /// use std::time::Duration;
+    /// use tollgate::redis::Error;
+    /// let e = Error::Capacity { cost: 11, capacity: 10 };
+    /// assert_eq!(
+    ///     e.as_capacity_exceeded(),
+    ///     Some(tollgate::Error::CapacityExceeded { cost: 11, capacity: 10 })
+    /// );
+    /// assert_eq!(Error::Timeout { timeout: Duration::from_millis(50) }.as_capacity_exceeded(), None);
+    /// ```
     pub fn as_capacity_exceeded(&self) -> Option<crate::Error> {
         match *self {
             Error::Capacity { cost, capacity } => {

@@ -26,16 +26,48 @@ use self::coalesce::Lanes;
 pub(crate) use self::units::{Algo, LogCharge, Reply, UnitOp, Units};
 
 /// The default timeout of every Redis call.
+///
+/// # Examples
+/// ```
+/// use std::time::Duration;
+/// use tollgate::redis::DEFAULT_TIMEOUT;
+/// // The timeout of a limiter whose builder did not set one.
+/// assert_eq!(DEFAULT_TIMEOUT, Duration::from_millis(50));
+/// ```
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_millis(50);
 
 /// The default timeout for establishing the connection in [`RedisLimiterBuilder::connect`].
+///
+/// # Examples
+/// ```
+/// use std::time::Duration;
+/// use tollgate::redis::DEFAULT_CONNECT_TIMEOUT;
+/// assert_eq!(DEFAULT_CONNECT_TIMEOUT, Duration::from_secs(1));
+/// // Start-up may wait for Redis twenty times as long as one check.
+/// assert_eq!(DEFAULT_CONNECT_TIMEOUT, 20 * tollgate::redis::DEFAULT_TIMEOUT);
+/// ```
 pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// The default largest number of checks sent in one script call.
+///
+/// # Examples
+/// ```
+/// use tollgate::redis::DEFAULT_MAX_BATCH;
+/// // On a single server, a batch of 1,000 checks goes out as 4 script calls.
+/// assert_eq!(1_000usize.div_ceil(DEFAULT_MAX_BATCH), 4);
+/// ```
 pub const DEFAULT_MAX_BATCH: usize = 256;
 
 /// The default TTL floor for keys written with an injected time (see
 /// [`RedisLimiterBuilder::injected_min_ttl`]).
+///
+/// # Examples
+/// ```
+/// use std::time::Duration;
+/// use tollgate::redis::DEFAULT_INJECTED_MIN_TTL;
+/// // A replay with injected times keeps its keys for at least an hour.
+/// assert_eq!(DEFAULT_INJECTED_MIN_TTL, Duration::from_secs(3600));
+/// ```
 pub const DEFAULT_INJECTED_MIN_TTL: Duration = Duration::from_secs(3600);
 
 /// A connection the exact tier can send its scripts over.
@@ -631,11 +663,34 @@ impl<C> RedisLimiter<C> {
     }
 
     /// The timeout of every call.
+    ///
+    /// # Examples
+    /// ```no_run
+    /// use std::time::Duration;
+    /// use tollgate::{Quota, redis::{RedisLimiter, RedisRule, DEFAULT_TIMEOUT}};
+    /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+    /// let rule = RedisRule::gcra(Quota::per_second(10)?)?;
+    /// let limiter = RedisLimiter::connect("redis://127.0.0.1/", rule).await?;
+    /// // Not set on the builder: the default.
+    /// assert_eq!(limiter.timeout(), DEFAULT_TIMEOUT);
+    /// # Ok(()) }
+    /// ```
     pub fn timeout(&self) -> Duration {
         self.timeout
     }
 
     /// The connection (a clone shares it).
+    ///
+    /// # Examples
+    /// ```no_run
+    /// use tollgate::redis::RedisLimiter;
+    /// # async fn demo(limiter: RedisLimiter) -> Result<(), Box<dyn std::error::Error>> {
+    /// // Run other commands over the limiter's own connection (the default reconnects by itself).
+    /// let mut conn = limiter.connection().clone();
+    /// let pong: String = redis::cmd("PING").query_async(&mut conn).await?;
+    /// assert_eq!(pong, "PONG");
+    /// # Ok(()) }
+    /// ```
     pub fn connection(&self) -> &C {
         &self.conn
     }

@@ -26,6 +26,16 @@ pub(crate) use self::reconcile::wall_nanos;
 use self::reconcile::Ledger;
 
 /// What a [`GuardedLimiter`] does while Redis is unreachable.
+///
+/// # Examples
+/// ```
+/// use tollgate::redis::{FailureHandling, FailurePolicy, Mode};
+/// // A login endpoint: better to refuse than to let a credential-stuffing burst through.
+/// let handling = FailureHandling::new(FailurePolicy::FailClosed);
+/// assert_eq!(handling.policy(), FailurePolicy::FailClosed);
+/// // While Redis is down, a limiter's mode names the policy deciding.
+/// assert_ne!(Mode::Degraded(FailurePolicy::FailClosed), Mode::Global);
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum FailurePolicy {
     /// Allow every request (that the rule could ever admit). Availability first: the limit is
@@ -47,6 +57,21 @@ pub enum FailurePolicy {
 }
 
 /// Whether checks are decided globally, in Redis, or by the failure policy.
+///
+/// # Examples
+/// ```
+/// use tollgate::redis::{FailurePolicy, Mode};
+/// fn header(mode: Mode) -> &'static str {
+///     match mode {
+///         Mode::Global => "global",
+///         Mode::Degraded(FailurePolicy::Local) => "local-share",
+///         Mode::Degraded(FailurePolicy::FailOpen | FailurePolicy::FailClosed) => "degraded",
+///     }
+/// }
+/// assert_eq!(header(Mode::Degraded(FailurePolicy::Local)), "local-share");
+/// ```
+/// A live limiter reports its mode with [`GuardedLimiter::mode`] and
+/// [`LeasedLimiter::mode`](crate::redis::LeasedLimiter::mode).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Mode {
     /// Redis answers: every check is exact and global.
@@ -79,6 +104,23 @@ pub struct FailureHandling {
 impl FailureHandling {
     /// `policy`, opening after 1 transient failure, probing every 200 ms, heartbeats every
     /// second, 1 node assumed until the first heartbeat.
+    ///
+    /// # Examples
+    /// ```
+    /// use std::time::Duration;
+    /// use tollgate::redis::{FailureHandling, FailurePolicy};
+    /// let handling = FailureHandling::new(FailurePolicy::FailOpen);
+    /// // The defaults, spelled out: setting them changes nothing.
+    /// assert_eq!(
+    ///     handling,
+    ///     FailureHandling::new(FailurePolicy::FailOpen)
+    ///         .failure_threshold(1)
+    ///         .probe_interval(Duration::from_millis(200))
+    ///         .heartbeat_interval(Duration::from_secs(1))
+    ///         .assumed_nodes(1)
+    ///         .reconcile(false)
+    /// );
+    /// ```
     pub fn new(policy: FailurePolicy) -> Self {
         FailureHandling {
             policy,
@@ -91,18 +133,49 @@ impl FailureHandling {
     }
 
     /// The policy.
+    ///
+    /// # Examples
+    /// ```
+    /// use tollgate::redis::{FailureHandling, FailurePolicy};
+    /// assert_eq!(FailureHandling::new(FailurePolicy::Local).policy(), FailurePolicy::Local);
+    /// ```
     pub fn policy(&self) -> FailurePolicy {
         self.policy
     }
 
     /// How many transient failures in a row open the breaker (at least 1; default 1, so that
     /// no later check waits on a dead server).
+    ///
+    /// # Examples
+    /// ```
+    /// use tollgate::redis::{FailureHandling, FailurePolicy};
+    /// // Tolerate two lost replies on a flaky network before degrading.
+    /// let handling = FailureHandling::new(FailurePolicy::Local).failure_threshold(3);
+    /// # let _ = handling;
+    /// // 0 would never open the breaker: it is raised to 1.
+    /// let zero = FailureHandling::new(FailurePolicy::Local).failure_threshold(0);
+    /// assert_eq!(zero, FailureHandling::new(FailurePolicy::Local).failure_threshold(1));
+    /// ```
     pub fn failure_threshold(mut self, failures: u32) -> Self {
         self.failure_threshold = failures.max(1);
         self
     }
 
     /// How often an open breaker probes Redis (default 200 ms; at least 1 ms).
+    ///
+    /// # Examples
+    /// ```
+    /// use std::time::Duration;
+    /// use tollgate::redis::{FailureHandling, FailurePolicy};
+    /// // With FailClosed, denials carry the probe interval as their retry-after: keep it short.
+    /// let handling = FailureHandling::new(FailurePolicy::FailClosed).probe_interval(Duration::from_millis(50));
+    /// # let _ = handling;
+    /// // Below the 1 ms floor, the floor applies.
+    /// assert_eq!(
+    ///     FailureHandling::new(FailurePolicy::FailClosed).probe_interval(Duration::ZERO),
+    ///     FailureHandling::new(FailurePolicy::FailClosed).probe_interval(Duration::from_millis(1))
+    /// );
+    /// ```
     pub fn probe_interval(mut self, interval: Duration) -> Self {
         self.probe_interval = interval.max(Duration::from_millis(1));
         self
@@ -110,6 +183,19 @@ impl FailureHandling {
 
     /// How often a node with the `Local` policy renews its heartbeat (default 1 s; at least
     /// 10 ms). A node silent for three intervals is no longer counted.
+    ///
+    /// # Examples
+    /// ```
+    /// use std::time::Duration;
+    /// use tollgate::redis::{FailureHandling, FailurePolicy};
+    /// // A node that dies is dropped from the count after 3 × 250 ms, not 3 s.
+    /// let handling = FailureHandling::new(FailurePolicy::Local).heartbeat_interval(Duration::from_millis(250));
+    /// # let _ = handling;
+    /// assert_eq!(
+    ///     FailureHandling::new(FailurePolicy::Local).heartbeat_interval(Duration::from_millis(1)),
+    ///     FailureHandling::new(FailurePolicy::Local).heartbeat_interval(Duration::from_millis(10))
+    /// );
+    /// ```
     pub fn heartbeat_interval(mut self, interval: Duration) -> Self {
         self.heartbeat_interval = interval.max(Duration::from_millis(10));
         self
@@ -117,6 +203,19 @@ impl FailureHandling {
 
     /// The number of nodes assumed before the first heartbeat answers (default 1: a node that
     /// never reached Redis takes the whole quota; set the expected fleet size to be safe).
+    ///
+    /// # Examples
+    /// ```
+    /// use tollgate::redis::{FailureHandling, FailurePolicy};
+    /// // A fleet of 8: a node that starts during an outage takes 1/8 of the quota, not all of it.
+    /// let handling = FailureHandling::new(FailurePolicy::Local).assumed_nodes(8);
+    /// # let _ = handling;
+    /// // There is always at least this node.
+    /// assert_eq!(
+    ///     FailureHandling::new(FailurePolicy::Local).assumed_nodes(0),
+    ///     FailureHandling::new(FailurePolicy::Local).assumed_nodes(1)
+    /// );
+    /// ```
     pub fn assumed_nodes(mut self, nodes: u64) -> Self {
         self.assumed_nodes = nodes.max(1);
         self
@@ -168,6 +267,14 @@ impl FailureHandling {
 
     /// Whether units admitted during an outage are charged after it
     /// ([`FailureHandling::reconcile`]).
+    ///
+    /// # Examples
+    /// ```
+    /// use tollgate::redis::{FailureHandling, FailurePolicy};
+    /// // Off unless asked for.
+    /// assert!(!FailureHandling::new(FailurePolicy::Local).reconciles());
+    /// assert!(FailureHandling::new(FailurePolicy::Local).reconcile(true).reconciles());
+    /// ```
     pub fn reconciles(&self) -> bool {
         self.reconcile
     }
@@ -362,11 +469,31 @@ impl<C: RedisConnection> GuardedLimiter<C> {
 
     /// The live nodes counted by the last heartbeat (`Local` policy; otherwise the assumed
     /// number).
+    ///
+    /// # Examples
+    /// ```no_run
+    /// # use tollgate::redis::GuardedLimiter;
+    /// # fn demo(limiter: GuardedLimiter) {
+    /// // With the Local policy, an outage leaves this node L / n of the quota.
+    /// let share = limiter.exact().rule().limit() / limiter.live_nodes();
+    /// println!("local share during an outage: {share}");
+    /// # }
+    /// ```
     pub fn live_nodes(&self) -> u64 {
         self.shared.live_nodes.load(Ordering::Relaxed)
     }
 
     /// The exact limiter underneath.
+    ///
+    /// # Examples
+    /// ```no_run
+    /// # use tollgate::redis::GuardedLimiter;
+    /// # async fn demo(limiter: GuardedLimiter) -> Result<(), tollgate::redis::Error> {
+    /// // Bypass the breaker, e.g. in a health check that must see Redis's own errors.
+    /// let decision = limiter.exact().check("health-probe").await?;
+    /// # let _ = decision;
+    /// # Ok(()) }
+    /// ```
     pub fn exact(&self) -> &RedisLimiter<C> {
         &self.shared.exact
     }
@@ -403,6 +530,15 @@ impl<C: RedisConnection> GuardedLimiter<C> {
 
     /// Withdraws this node's heartbeat now (best effort, within the timeout), so the other
     /// nodes' shares grow at their next heartbeat instead of three intervals later.
+    ///
+    /// # Examples
+    /// ```no_run
+    /// # use tollgate::redis::GuardedLimiter;
+    /// # async fn demo(limiter: GuardedLimiter) {
+    /// // On shutdown (say, on SIGTERM), before the process exits.
+    /// limiter.leave().await;
+    /// # }
+    /// ```
     pub async fn leave(&self) {
         if self.shared.local.is_some() {
             let _ = self.shared.heartbeat(false).await;

@@ -371,22 +371,61 @@ impl<C: RedisConnection> LeasedLimiter<C> {
 /// # Inspection
 impl<C: RedisConnection> LeasedLimiter<C> {
     /// Whether Redis answers (`Global`) or the failure policy decides (the breaker is open).
+    ///
+    /// # Examples
+    /// ```no_run
+    /// # use tollgate::redis::{LeasedLimiter, Mode};
+    /// # fn demo(limiter: LeasedLimiter) {
+    /// if limiter.mode() != Mode::Global {
+    ///     eprintln!("Redis unreachable: checks decided by the failure policy");
+    /// }
+    /// # }
+    /// ```
     pub fn mode(&self) -> Mode {
         self.node.guard.mode()
     }
 
     /// The rule.
+    ///
+    /// # Examples
+    /// ```no_run
+    /// # fn demo(limiter: tollgate::redis::LeasedLimiter) {
+    /// println!("{} with L = {}", limiter.rule().name(), limiter.rule().limit());
+    /// # }
+    /// ```
     pub fn rule(&self) -> RedisRule {
         self.node.terms.rule
     }
 
     /// The largest lease this node takes for one key.
+    ///
+    /// # Examples
+    /// ```no_run
+    /// use tollgate::{Quota, redis::{FailureHandling, FailurePolicy, LeaseConfig, RedisLimiter, RedisRule}};
+    /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+    /// let rule = RedisRule::gcra(Quota::per_second(1_600)?)?;
+    /// let exact = RedisLimiter::connect("redis://127.0.0.1/", rule).await?;
+    /// let limiter = exact.leased(LeaseConfig::new(), FailureHandling::new(FailurePolicy::Local)).await?;
+    /// // By default 1/16 of the capacity: with 10 nodes, at most 1,000 units sit unused in leases.
+    /// assert_eq!(limiter.max_lease(), 100);
+    /// # Ok(()) }
+    /// ```
     pub fn max_lease(&self) -> u64 {
         self.node.terms.max_lease
     }
 
     /// The units this node holds for `key` right now (0 if none or expired), provisional
     /// first-touch units included.
+    ///
+    /// # Examples
+    /// ```no_run
+    /// # async fn demo(limiter: tollgate::redis::LeasedLimiter) -> Result<(), tollgate::redis::Error> {
+    /// limiter.prefetch("tenant-7").await?;
+    /// // The units the next checks of tenant-7 spend without a network call.
+    /// println!("{} units in hand", limiter.held("tenant-7"));
+    /// assert!(limiter.held("tenant-7") <= limiter.max_lease());
+    /// # Ok(()) }
+    /// ```
     pub fn held(&self, key: impl AsRef<[u8]>) -> u64 {
         let node = &self.node;
         node.leases.get(key.as_ref()).map_or(0, |lease| {
@@ -397,6 +436,18 @@ impl<C: RedisConnection> LeasedLimiter<C> {
     /// Whether a refill of `key` is queued or in flight on this node. Once it reads `false`,
     /// [`LeasedLimiter::held`] includes everything Redis granted this node for `key`, until a
     /// check asks for the next refill.
+    ///
+    /// # Examples
+    /// ```no_run
+    /// # async fn demo(limiter: tollgate::redis::LeasedLimiter) {
+    /// let _ = limiter.check("tenant-7");
+    /// // In a test: wait for the refill that check may have started, then read the lease.
+    /// while limiter.refilling("tenant-7") {
+    ///     tokio::task::yield_now().await;
+    /// }
+    /// println!("{} units in hand", limiter.held("tenant-7"));
+    /// # }
+    /// ```
     pub fn refilling(&self, key: impl AsRef<[u8]>) -> bool {
         self.node.leases.get(key.as_ref()).is_some_and(|lease| {
             // Acquire: pairs with the Release that clears the flag after the grant's install.
@@ -425,16 +476,40 @@ impl<C: RedisConnection> LeasedLimiter<C> {
 
     /// Units charged to Redis after outages so far (see [`FailureHandling::reconcile`]; an
     /// example is on [`LeasedLimiter::unreconciled`]).
+    ///
+    /// # Examples
+    /// ```no_run
+    /// # fn demo(limiter: tollgate::redis::LeasedLimiter) {
+    /// println!("{} units admitted during outages were charged", limiter.reconciled());
+    /// # }
+    /// ```
     pub fn reconciled(&self) -> u64 {
         self.node.guard.reconciled()
     }
 
     /// The traffic with Redis so far.
+    ///
+    /// # Examples
+    /// ```no_run
+    /// # fn demo(limiter: tollgate::redis::LeasedLimiter) {
+    /// let stats = limiter.stats();
+    /// println!("{} grants in {} round trips", stats.refills, stats.round_trips);
+    /// # }
+    /// ```
     pub fn stats(&self) -> LeaseStats {
         self.node.stats.snapshot()
     }
 
     /// The exact limiter underneath (same connection, rule and prefix).
+    ///
+    /// # Examples
+    /// ```no_run
+    /// # async fn demo(limiter: tollgate::redis::LeasedLimiter) -> Result<(), tollgate::redis::Error> {
+    /// // An exact check of the same key's global state (one round trip), e.g. for an audit.
+    /// let decision = limiter.exact().check("tenant-7").await?;
+    /// println!("{} left globally", decision.remaining());
+    /// # Ok(()) }
+    /// ```
     pub fn exact(&self) -> &RedisLimiter<C> {
         &self.node.exact
     }

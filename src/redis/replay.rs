@@ -31,6 +31,20 @@ const REPLAY_BATCH: usize = 512;
 const REPLAY_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Why [`replay_trace`] stopped before the end of its input.
+///
+/// # Examples
+/// The two causes, told apart as `tollgate replay --redis` does (a bad trace is the input's
+/// fault, exit status 2). Both built here without a server:
+/// ```
+/// use std::time::Duration;
+/// use tollgate::{redis::{Error, ReplayError}, replay::TraceReader};
+/// // A time that is not a number: the reader's error, at line 1.
+/// let bad = TraceReader::new("soon,alice\n".as_bytes()).next_request().unwrap().unwrap_err();
+/// let stop = ReplayError::from(bad);
+/// assert!(matches!(stop, ReplayError::Trace(_)));
+/// let stop = ReplayError::from(Error::Timeout { timeout: Duration::from_secs(5) });
+/// assert!(matches!(stop, ReplayError::Redis(e) if e.is_transient()));
+/// ```
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum ReplayError {
     /// A malformed line or a time going backwards: the outcomes of every request before it

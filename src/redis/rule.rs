@@ -17,11 +17,34 @@ use super::error::Error;
 
 /// The largest limit `L` the Redis tier accepts for the window algorithms and the log: 2^51.
 /// (GCRA and the leaky buckets are bounded by [`MAX_NANOS`] on `B·T` instead.)
+///
+/// # Examples
+/// ```
+/// use tollgate::{Quota, FixedWindow, redis::{RedisRule, MAX_LIMIT}};
+/// assert_eq!(MAX_LIMIT, 1 << 51);
+/// // Far above the in-process packed counters: a limit FixedWindow refuses, Redis takes.
+/// let quota = Quota::per_second(100_000_000)?;
+/// assert!(FixedWindow::new(quota).is_err());
+/// assert_eq!(RedisRule::fixed_window(quota)?.limit(), 100_000_000);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 pub const MAX_LIMIT: u64 = 1 << 51;
 
 /// The longest duration the Redis tier accepts, in nanoseconds: 2^51 ns ≈ 26.06 days, for the
 /// window `W` and for GCRA's bucket span `B·T`. Lua numbers are doubles, exact below 2^53; this
 /// bound keeps every sum and difference the scripts form below 2^52.
+///
+/// # Examples
+/// ```
+/// use std::time::Duration;
+/// use tollgate::{Quota, redis::{RedisRule, MAX_NANOS}};
+/// // 2^51 ns: a little over 26 days.
+/// assert_eq!(MAX_NANOS / 1_000_000_000 / 86_400, 26);
+/// assert!(RedisRule::fixed_window(Quota::new(100, Duration::from_secs(7 * 86_400))?).is_ok());
+/// // A 30-day window does not fit.
+/// assert!(RedisRule::fixed_window(Quota::new(100, Duration::from_secs(30 * 86_400))?).is_err());
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 pub const MAX_NANOS: u64 = 1 << 51;
 
 /// A rule the Redis tier can run: one of the decision rules' algorithms with its parameters, checked
@@ -72,6 +95,19 @@ pub(crate) enum Kind {
 }
 
 /// Why [`RedisRule::named`] refused its arguments.
+///
+/// # Examples
+/// ```
+/// use std::time::Duration;
+/// use tollgate::{Quota, QuotaError, redis::{RedisRule, RuleError}};
+/// let err = RedisRule::named("lottery", Quota::per_second(5)?).unwrap_err();
+/// assert_eq!(err, RuleError::UnknownAlgorithm { name: "lottery".into() });
+/// // A window below 1 ms is refused as in-process: the quota's error, passed through.
+/// let quota = Quota::new(1, Duration::from_micros(10))?;
+/// let err = RedisRule::named("fixed-window", quota).unwrap_err();
+/// assert!(matches!(err, RuleError::Quota(QuotaError::WindowTooShort { .. })));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum RuleError {
     /// The name is none of the decision rules' algorithms.
@@ -239,6 +275,15 @@ impl RedisRule {
 impl RedisRule {
     /// The canonical name of the algorithm: `gcra` (also for the token bucket and the leaky bucket
     /// as a meter), `leaky-queue`, `fixed-window`, `sliding-window` or `sliding-log`.
+    ///
+    /// # Examples
+    /// ```
+    /// use tollgate::{Quota, redis::RedisRule};
+    /// // The token bucket is GCRA under another name: one script, one name.
+    /// assert_eq!(RedisRule::named("token-bucket", Quota::per_second(5)?)?.name(), "gcra");
+    /// assert_eq!(RedisRule::sliding_log(Quota::per_second(5)?)?.name(), "sliding-log");
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn name(&self) -> &'static str {
         match self.kind {
             Kind::Gcra { queue: false, .. } => "gcra",
@@ -250,12 +295,29 @@ impl RedisRule {
     }
 
     /// `L`, as reported in every decision.
+    ///
+    /// # Examples
+    /// ```
+    /// use tollgate::{Quota, redis::RedisRule};
+    /// assert_eq!(RedisRule::fixed_window(Quota::per_minute(100)?)?.limit(), 100);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn limit(&self) -> u64 {
         self.limit
     }
 
     /// The largest cost that can ever be admitted: `B` / `C` for GCRA and the leaky buckets,
     /// `L` otherwise. A larger cost is an error, not a denial.
+    ///
+    /// # Examples
+    /// ```
+    /// use tollgate::{Quota, redis::RedisRule};
+    /// // GCRA: the burst.
+    /// assert_eq!(RedisRule::gcra(Quota::per_second(10)?.with_burst(50)?)?.capacity(), 50);
+    /// // A window: the limit.
+    /// assert_eq!(RedisRule::sliding_window(Quota::per_second(10)?)?.capacity(), 10);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn capacity(&self) -> u64 {
         match self.kind {
             Kind::Gcra { burst, .. } => burst,

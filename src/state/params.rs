@@ -3,8 +3,22 @@ use std::marker::PhantomData;
 use crate::sync::{fence, AtomicU64, Ordering};
 
 /// How many `u64` words a rule's parameters take.
+///
+/// # Examples
+/// ```
+/// use tollgate::state::{Words, WORDS};
+/// assert_eq!(std::mem::size_of::<Words>(), WORDS * 8);
+/// ```
 pub const WORDS: usize = 5;
 /// A rule's parameters as plain words.
+///
+/// # Examples
+/// ```
+/// use tollgate::state::{ParamCell, Words};
+/// let words: Words = [10, 100_000_000, 0, 0, 0];
+/// let cell = ParamCell::<()>::new(words);
+/// assert_eq!(cell.load(), words);
+/// ```
 pub type Words = [u64; WORDS];
 
 /// A rule's parameters, read on every check and replaced by `set_quota`: a sequence lock over
@@ -12,6 +26,15 @@ pub type Words = [u64; WORDS];
 ///
 /// `seq` is even when the words are stable and odd while a writer is storing them; a reader
 /// retries when `seq` was odd or changed under it. Writers must be serialised by the caller.
+///
+/// # Examples
+/// ```
+/// use tollgate::state::ParamCell;
+/// // The type parameter says what the words encode (here: nothing in particular).
+/// let cell = ParamCell::<()>::new([10, 0, 0, 0, 0]);
+/// cell.store([20, 0, 0, 0, 0]); // a quota change, under the caller's lock
+/// assert_eq!(cell.load()[0], 20);
+/// ```
 #[derive(Debug)]
 pub struct ParamCell<P> {
     seq: AtomicU64,
@@ -21,6 +44,14 @@ pub struct ParamCell<P> {
 
 impl<P> ParamCell<P> {
     /// A cell holding `words`.
+    ///
+    /// # Examples
+    /// ```
+    /// use tollgate::state::ParamCell;
+    /// // The type parameter names what the words encode; it is not stored.
+    /// let cell = ParamCell::<u8>::new([1, 2, 3, 4, 5]);
+    /// assert_eq!(cell.load(), [1, 2, 3, 4, 5]);
+    /// ```
     pub fn new(words: Words) -> Self {
         ParamCell {
             seq: AtomicU64::new(0),
@@ -30,6 +61,27 @@ impl<P> ParamCell<P> {
     }
 
     /// A consistent snapshot of the words.
+    ///
+    /// # Examples
+    /// ```
+    /// use std::sync::Mutex;
+    /// use tollgate::state::ParamCell;
+    /// let cell = ParamCell::<()>::new([1; 5]);
+    /// let writer = Mutex::new(()); // writers must be serialised by the caller
+    /// std::thread::scope(|s| {
+    ///     s.spawn(|| {
+    ///         for n in 2..100 {
+    ///             let _guard = writer.lock().unwrap();
+    ///             cell.store([n; 5]);
+    ///         }
+    ///     });
+    ///     for _ in 0..1_000 {
+    ///         // Never a mix of two stores: all five words come from one.
+    ///         let words = cell.load();
+    ///         assert!(words.iter().all(|&w| w == words[0]));
+    ///     }
+    /// });
+    /// ```
     #[inline]
     pub fn load(&self) -> Words {
         loop {
@@ -51,6 +103,14 @@ impl<P> ParamCell<P> {
     }
 
     /// Replaces the words. Callers serialise writers (the limiter holds a lock).
+    ///
+    /// # Examples
+    /// ```
+    /// use tollgate::state::ParamCell;
+    /// let cell = ParamCell::<()>::new([0; 5]);
+    /// cell.store([7, 7, 7, 7, 7]);
+    /// assert_eq!(cell.load(), [7; 5]);
+    /// ```
     pub fn store(&self, words: Words) {
         // Relaxed: only writers change `seq`, and they are serialised by the caller's lock.
         let seq = self.seq.load(Ordering::Relaxed);

@@ -11,6 +11,26 @@ use crate::state::{AtomicWord, LogCell, Retired};
 /// A per-key cell of [`WordTable`](crate::store::WordTable). A decision on the cell returns
 /// `None` when it finds the cell retired (`Algorithm::acquire_live`), so that the table looks
 /// the key up again where its state now is.
+///
+/// # Examples
+/// A word cell's life in the table, driven by hand: live, moved to a new table, revived
+/// from a tombstone.
+/// ```
+/// use tollgate::{state::{AtomicWord, Retired}, store::TableCell};
+/// let marks = Retired { tombstone: u64::MAX, moved: u64::MAX - 1 };
+/// let old = AtomicWord::new(42);
+/// assert!(old.is_live(marks));
+/// // A rebuild moves the state: the old cell says so, the new one holds it.
+/// let state = old.take_to_move(marks).unwrap();
+/// assert!(old.is_moved(marks) && !old.is_live(marks));
+/// let new = AtomicWord::default();
+/// new.put(state);
+/// assert_eq!(new.load(), 42);
+/// // A tombstone (an evicted key) comes back fresh when its key returns.
+/// let evicted = AtomicWord::new(marks.tombstone);
+/// assert!(evicted.revive(marks));
+/// assert_eq!(evicted.load(), 0);
+/// ```
 pub trait TableCell: Default + Send + Sync {
     /// What tells a retired cell from a live one: a rule's two marks for a word, nothing for a
     /// log (its lock guards a flag of its own).

@@ -11,6 +11,16 @@ use crate::store::{Evictor, Inserted, KeyedStore};
 /// A lookup of an existing key takes its shard's read lock, runs the decision, and releases it:
 /// no allocation, no clone of the key. Only a miss clones the key (`ToOwned`) and takes the
 /// shard's write lock.
+///
+/// # Examples
+/// ```
+/// use tollgate::{store::DashMapStore, Gcra, KeyedLimiter, Quota};
+/// let limiter = KeyedLimiter::<u64, _>::builder(Gcra::new(Quota::per_second(1)?)?)
+///     .build_with_store(DashMapStore::new())?;
+/// assert!(limiter.check(&1).unwrap().allowed());
+/// assert!(!limiter.check(&1).unwrap().allowed());
+/// # Ok::<(), tollgate::QuotaError>(())
+/// ```
 pub struct DashMapStore<K, V> {
     map: DashMap<K, V, foldhash::fast::RandomState>,
 }
@@ -23,6 +33,18 @@ impl<K, V> std::fmt::Debug for DashMapStore<K, V> {
 
 impl<K: Hash + Eq, V> DashMapStore<K, V> {
     /// An empty store.
+    ///
+    /// # Examples
+    /// ```
+    /// use tollgate::{store::DashMapStore, FixedWindow, KeyedLimiter, Quota};
+    /// // The dashmap store for a word rule, e.g. to compare it with the default word table.
+    /// let limiter = KeyedLimiter::<String, _>::builder(FixedWindow::new(Quota::per_second(1)?)?)
+    ///     .build_with_store(DashMapStore::new())?;
+    /// assert!(limiter.check("alice").unwrap().allowed());
+    /// assert!(!limiter.check("alice").unwrap().allowed());
+    /// assert_eq!(limiter.len(), 1);
+    /// # Ok::<(), tollgate::QuotaError>(())
+    /// ```
     pub fn new() -> Self {
         DashMapStore {
             map: DashMap::with_hasher(foldhash::fast::RandomState::default()),

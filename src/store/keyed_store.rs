@@ -12,6 +12,22 @@ use crate::clock::Nanos;
 /// to `f` stays in the map while `f` runs (the dashmap store: a shard lock), or the cell is
 /// retired by one CAS that a decision in `f` cannot miss (the word table: `f` sees the mark and
 /// returns `None`).
+///
+/// # Examples
+/// A limiter is generic over its store; the two stores of this crate decide alike:
+/// ```
+/// use tollgate::{algorithm::Algorithm, store::{DashMapStore, KeyedStore}, clock::QuantaClock};
+/// use tollgate::{Gcra, KeyedLimiter, Quota};
+/// fn burst_of<S: KeyedStore<u64, <Gcra as Algorithm>::Cell>>(limiter: &KeyedLimiter<u64, Gcra, QuantaClock, S>) -> usize {
+///     (0..10).take_while(|_| limiter.check(&1).unwrap().allowed()).count()
+/// }
+/// let rule = Gcra::new(Quota::per_hour(3)?)?;
+/// let on_dashmap = KeyedLimiter::<u64, _>::builder(rule).build_with_store(DashMapStore::new())?;
+/// let on_word_table = KeyedLimiter::<u64, _>::new(rule);
+/// assert_eq!(burst_of(&on_dashmap), 3);
+/// assert_eq!(burst_of(&on_word_table), 3);
+/// # Ok::<(), tollgate::QuotaError>(())
+/// ```
 pub trait KeyedStore<K, V>: Send + Sync {
     /// Whether the store evicts fresh keys on its own, when it needs room for a new one (the
     /// word table). A store that does not is swept by its key table, every time it doubles.
@@ -78,6 +94,14 @@ pub trait KeyedStore<K, V>: Send + Sync {
 }
 
 /// What [`KeyedStore::with_inserted`] did besides running its closure.
+///
+/// # Examples
+/// ```
+/// use tollgate::store::Inserted;
+/// // A new key, for which the store made room by evicting two fresh ones.
+/// let what = Inserted { inserted: true, evicted: 2 };
+/// assert_ne!(what, Inserted::default()); // default: an existing key, nothing evicted
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Inserted {
     /// Whether the key was inserted (or revived) by this call.
@@ -87,6 +111,26 @@ pub struct Inserted {
 }
 
 /// What a keyed limiter lends its store to evict with: the rule in force and a clock reading.
+///
+/// # Examples
+/// Stores receive one from the limiter; a test of a store can lend its own. This one judges
+/// a cell fresh when it holds 0, as every word rule's fresh state is:
+/// ```
+/// use tollgate::{clock::Nanos, state::AtomicWord, store::Evictor};
+/// struct ZeroIsFresh;
+/// impl Evictor<AtomicWord> for ZeroIsFresh {
+///     fn sweep(&self) -> usize {
+///         0
+///     }
+///     fn judging<R>(&self, f: impl FnOnce(Nanos, &dyn Fn(&AtomicWord, Nanos) -> bool) -> R) -> Option<R> {
+///         Some(f(0, &|cell, _since| cell.retire_if(u64::MAX, |state| state == 0).is_some()))
+///     }
+/// }
+/// let (fresh, busy) = (AtomicWord::new(0), AtomicWord::new(5));
+/// let evicted = ZeroIsFresh.judging(|now, judge| [&fresh, &busy].iter().filter(|c| judge(c, now)).count());
+/// assert_eq!(evicted, Some(1));
+/// assert_eq!(fresh.load(), u64::MAX); // the tombstone
+/// ```
 pub trait Evictor<V> {
     /// Evicts every fresh key now (the amortised sweep of a store that does not evict on its
     /// own); returns how many.

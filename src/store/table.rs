@@ -31,6 +31,25 @@ const HAND_STEP: usize = 32;
 /// when no fresh key could be evicted to make room (on the word table: none among the few
 /// cells its eviction hand judged for this request; on the dashmap store: none left after a
 /// sweep).
+///
+/// # Examples
+/// ```
+/// use tollgate::{FixedWindow, KeyedLimiter, OverflowPolicy, Quota};
+/// // A bound of 2 keys; keys beyond it share one state (one key's quota between them).
+/// let limiter = KeyedLimiter::<u64, _>::builder(FixedWindow::new(Quota::per_hour(3)?)?)
+///     .max_keys(2, OverflowPolicy::Shared)
+///     .build()?;
+/// assert!(limiter.check(&1).unwrap().allowed());
+/// assert!(limiter.check(&2).unwrap().allowed());
+/// // Keys 3, 4 and 5 do not fit: together they get 3 an hour, not 3 each.
+/// assert!(limiter.check(&3).unwrap().allowed());
+/// assert!(limiter.check(&4).unwrap().allowed());
+/// assert!(limiter.check(&5).unwrap().allowed());
+/// assert!(!limiter.check(&6).unwrap().allowed());
+/// // Known keys keep their own limits.
+/// assert!(limiter.check(&1).unwrap().allowed());
+/// # Ok::<(), tollgate::QuotaError>(())
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum OverflowPolicy {
     /// Refuse the request with [`Error::KeyTableFull`]. Known keys keep their own limits.

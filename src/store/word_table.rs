@@ -108,6 +108,13 @@ const BUILD_ABOVE: usize = 4096;
 /// Keys a store holds before it evicts fresh ones, by default (see
 /// [`KeyedLimiterBuilder::evict_above`](crate::KeyedLimiterBuilder::evict_above)): about 70 MB
 /// of `u64` keys.
+///
+/// # Examples
+/// ```
+/// use tollgate::store::DEFAULT_EVICT_ABOVE;
+/// // 2^21: about two million keys before fresh ones are evicted.
+/// assert_eq!(DEFAULT_EVICT_ABOVE, 2_097_152);
+/// ```
 pub const DEFAULT_EVICT_ABOVE: usize = 1 << 21;
 /// Slots judged to estimate how many keys of a full table are fresh, before sizing its
 /// replacement.
@@ -341,6 +348,18 @@ impl<K, C> Default for Cache<K, C> {
 
 /// The lock-free keyed store, for cells of one word (`C` = [`AtomicWord`]) or a sliding log's
 /// ring. Built by [`KeyedLimiter`]'s builder; see the module documentation for the protocol.
+///
+/// # Examples
+/// The store every keyed limiter uses unless told otherwise (its type is the limiter's fourth
+/// parameter):
+/// ```
+/// use tollgate::{clock::QuantaClock, store::WordTable, Gcra, KeyedLimiter, Quota};
+/// let limiter: KeyedLimiter<u64, Gcra, QuantaClock, WordTable<u64, _>> =
+///     KeyedLimiter::new(Gcra::new(Quota::per_second(5)?)?);
+/// assert!(limiter.check(&1).unwrap().allowed());
+/// assert_eq!(limiter.len(), 1);
+/// # Ok::<(), tollgate::QuotaError>(())
+/// ```
 ///
 /// [`KeyedLimiter`]: crate::KeyedLimiter
 pub struct WordTable<K: Send + Sync, H, C: TableCell = AtomicWord> {

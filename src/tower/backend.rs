@@ -14,6 +14,24 @@ use crate::{FixedWindow, Gcra, KeyedLimiter, LeakyQueue, MultiLimiter, SlidingLo
 use super::Key;
 
 /// What a backend answered: the decision, and which of its quotas it is about.
+///
+/// # Examples
+/// ```
+/// use tollgate::tower::{CheckBackend, Key};
+/// use tollgate::{Gcra, MultiLimiter, Quota};
+/// // Two quotas: 10 per second, 3 per hour.
+/// let backend = MultiLimiter::<Key, _>::new([Gcra::new(Quota::per_second(10)?)?, Gcra::new(Quota::per_hour(3)?)?]);
+/// let rt = tokio::runtime::Builder::new_current_thread().build()?;
+/// let key = Key::from("alice");
+/// let verdict = rt.block_on(CheckBackend::check(&backend, &key, 2))?;
+/// // Admitted; the hourly quota (index 1) is the one with the fewest units left: 1.
+/// assert!(verdict.decision.allowed());
+/// assert_eq!((verdict.quota, verdict.decision.remaining()), (1, 1));
+/// // Refused by the hourly quota: 1 unit left, 2 asked.
+/// let verdict = rt.block_on(CheckBackend::check(&backend, &key, 2))?;
+/// assert_eq!((verdict.decision.allowed(), verdict.quota), (false, 1));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Verdict {
     /// The decision (for several quotas: the refusing quota's, or when admitted the one with
@@ -24,6 +42,24 @@ pub struct Verdict {
 }
 
 /// Why a backend could not decide.
+///
+/// # Examples
+/// ```
+/// use tollgate::tower::{CheckBackend, CheckError, Key};
+/// use tollgate::{Gcra, KeyedLimiter, Quota};
+/// let backend = KeyedLimiter::<Key, _>::new(Gcra::new(Quota::per_second(10)?)?);
+/// let rt = tokio::runtime::Builder::new_current_thread().build()?;
+/// // A cost above the capacity (10) can never be admitted: an error, not a denial.
+/// let err = rt.block_on(CheckBackend::check(&backend, &Key::from("k"), 11)).unwrap_err();
+/// assert!(matches!(
+///     err,
+///     CheckError::Limit(tollgate::Error::CapacityExceeded { cost: 11, capacity: 10 })
+/// ));
+/// // A network backend reports its own failures as `Backend`.
+/// let err = CheckError::Backend("connection reset".into());
+/// assert_eq!(err.to_string(), "rate-limit backend failed: connection reset");
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 #[derive(Debug, thiserror::Error)]
 pub enum CheckError {
     /// The limiter refused to decide: a cost above the capacity (the request can never be
@@ -36,6 +72,16 @@ pub enum CheckError {
 }
 
 /// One quota of a backend, as the IETF `RateLimit-Policy` field shows it.
+///
+/// # Examples
+/// ```
+/// use std::time::Duration;
+/// use tollgate::tower::{CheckBackend, Key, QuotaInfo};
+/// use tollgate::{FixedWindow, KeyedLimiter, Quota};
+/// let backend = KeyedLimiter::<Key, _>::new(FixedWindow::new(Quota::per_minute(100)?)?);
+/// assert_eq!(backend.quota(0), Some(QuotaInfo { limit: 100, window: Duration::from_secs(60) }));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct QuotaInfo {
     /// `L`: units per window.
@@ -46,6 +92,20 @@ pub struct QuotaInfo {
 
 /// The future of [`CheckBackend::check`]: ready at once for an in-process limiter (no
 /// allocation), or a boxed future for a network backend.
+///
+/// # Examples
+/// ```
+/// use tollgate::tower::{CheckBackend, Key};
+/// use tollgate::{Gcra, KeyedLimiter, Quota};
+/// let backend = KeyedLimiter::<Key, _>::new(Gcra::new(Quota::per_second(10)?)?);
+/// let key = Key::from("k");
+/// let future = CheckBackend::check(&backend, &key, 1);
+/// // In process: decided already, nothing boxed.
+/// assert_eq!(format!("{future:?}"), "CheckFuture::Ready");
+/// let rt = tokio::runtime::Builder::new_current_thread().build()?;
+/// assert!(rt.block_on(future)?.decision.allowed());
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 pub struct CheckFuture<'a>(State<'a>);
 
 type BoxedCheck<'a> = Pin<Box<dyn Future<Output = Result<Verdict, CheckError>> + Send + 'a>>;
@@ -57,11 +117,57 @@ enum State<'a> {
 
 impl<'a> CheckFuture<'a> {
     /// An answer known now.
+    ///
+    /// # Examples
+    /// A backend that admits everything, as a stand-in in tests:
+    /// ```
+    /// use tollgate::tower::{CheckBackend, CheckFuture, Key, QuotaInfo, Verdict};
+    /// use tollgate::{Decision, Gcra, Quota};
+    /// struct Always(Decision);
+    /// impl CheckBackend for Always {
+    ///     fn check<'a>(&'a self, _key: &'a Key, _cost: u64) -> CheckFuture<'a> {
+    ///         CheckFuture::ready(Ok(Verdict { decision: self.0, quota: 0 }))
+    ///     }
+    ///     fn quota_count(&self) -> usize { 1 }
+    ///     fn quota(&self, _index: usize) -> Option<QuotaInfo> { None }
+    /// }
+    /// // Any allowed decision will do: a fresh limiter's first one.
+    /// let decision = tollgate::Limiter::new(Gcra::new(Quota::per_second(1)?)?).check();
+    /// let backend = Always(decision);
+    /// let rt = tokio::runtime::Builder::new_current_thread().build()?;
+    /// assert!(rt.block_on(backend.check(&Key::from("k"), 5))?.decision.allowed());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn ready(result: Result<Verdict, CheckError>) -> Self {
         CheckFuture(State::Ready(Some(result)))
     }
 
     /// An answer `future` will give.
+    ///
+    /// # Examples
+    /// A backend that asks another service (here a `tokio` task standing in for the network):
+    /// ```
+    /// use tollgate::tower::{CheckBackend, CheckError, CheckFuture, Key, QuotaInfo};
+    /// use tollgate::{Gcra, KeyedLimiter, Quota};
+    /// struct Remote(std::sync::Arc<KeyedLimiter<Key, Gcra>>);
+    /// impl CheckBackend for Remote {
+    ///     fn check<'a>(&'a self, key: &'a Key, cost: u64) -> CheckFuture<'a> {
+    ///         let (limiter, key) = (self.0.clone(), key.clone());
+    ///         CheckFuture::boxed(async move {
+    ///             let answer = tokio::spawn(async move { CheckBackend::check(&*limiter, &key, cost).await }).await;
+    ///             answer.map_err(|e| CheckError::Backend(e.into()))?
+    ///         })
+    ///     }
+    ///     fn quota_count(&self) -> usize { 1 }
+    ///     fn quota(&self, index: usize) -> Option<QuotaInfo> { self.0.quota(index) }
+    /// }
+    /// let backend = Remote(std::sync::Arc::new(KeyedLimiter::new(Gcra::new(Quota::per_second(1)?)?)));
+    /// let rt = tokio::runtime::Builder::new_current_thread().build()?;
+    /// let key = Key::from("k");
+    /// assert!(rt.block_on(backend.check(&key, 1))?.decision.allowed());
+    /// assert!(!rt.block_on(backend.check(&key, 1))?.decision.allowed()); // 1 per second
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn boxed(future: impl Future<Output = Result<Verdict, CheckError>> + Send + 'a) -> Self {
         CheckFuture(State::Boxed(Box::pin(future)))
     }
@@ -136,12 +242,46 @@ impl std::fmt::Debug for CheckFuture<'_> {
 /// ```
 pub trait CheckBackend: Send + Sync + 'static {
     /// Decides a request of `cost` units for `key`, and counts it if allowed.
+    ///
+    /// # Examples
+    /// ```
+    /// use tollgate::tower::{CheckBackend, Key};
+    /// use tollgate::{Gcra, KeyedLimiter, Quota};
+    /// let backend = KeyedLimiter::<Key, _>::new(Gcra::new(Quota::per_second(10)?)?);
+    /// let rt = tokio::runtime::Builder::new_current_thread().build()?;
+    /// let verdict = rt.block_on(CheckBackend::check(&backend, &Key::from("k"), 4))?;
+    /// // Capacity 10, 4 spent.
+    /// assert_eq!(verdict.decision.remaining(), 6);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     fn check<'a>(&'a self, key: &'a Key, cost: u64) -> CheckFuture<'a>;
 
     /// How many quotas this backend enforces (all or nothing).
+    ///
+    /// # Examples
+    /// ```
+    /// use tollgate::tower::{CheckBackend, Key};
+    /// use tollgate::{Gcra, KeyedLimiter, MultiLimiter, Quota};
+    /// let one = KeyedLimiter::<Key, _>::new(Gcra::new(Quota::per_second(10)?)?);
+    /// let two = MultiLimiter::<Key, _>::new([Gcra::new(Quota::per_second(10)?)?, Gcra::new(Quota::per_hour(1_000)?)?]);
+    /// assert_eq!((one.quota_count(), two.quota_count()), (1, 2));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     fn quota_count(&self) -> usize;
 
     /// Quota `index` (for the `RateLimit-Policy` header), or `None` if out of range.
+    ///
+    /// # Examples
+    /// ```
+    /// use std::time::Duration;
+    /// use tollgate::tower::{CheckBackend, Key};
+    /// use tollgate::{Gcra, MultiLimiter, Quota};
+    /// let backend = MultiLimiter::<Key, _>::new([Gcra::new(Quota::per_second(10)?)?, Gcra::new(Quota::per_hour(1_000)?)?]);
+    /// let hourly = backend.quota(1).unwrap();
+    /// assert_eq!((hourly.limit, hourly.window), (1_000, Duration::from_secs(3_600)));
+    /// assert_eq!(backend.quota(2), None);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     fn quota(&self, index: usize) -> Option<QuotaInfo>;
 
     /// Whether [`CheckBackend::refund`] gives units back (default `false`). A policy that
@@ -166,6 +306,19 @@ pub trait CheckBackend: Send + Sync + 'static {
 
     /// Gives back `cost` units admitted to `key` (a refund by response status). The default
     /// does nothing.
+    ///
+    /// # Examples
+    /// ```
+    /// use tollgate::tower::{CheckBackend, Key};
+    /// use tollgate::{FixedWindow, KeyedLimiter, Quota};
+    /// let backend = KeyedLimiter::<Key, _>::new(FixedWindow::new(Quota::per_hour(3)?)?);
+    /// let key = Key::from("k");
+    /// assert_eq!(backend.check_n(&key, 3)?.remaining(), 0);
+    /// // The request failed with a 5xx: its units were not really used.
+    /// CheckBackend::refund(&backend, &key, 3);
+    /// assert_eq!(backend.check(&key)?.remaining(), 2);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     fn refund(&self, key: &Key, cost: u64) {
         let _ = (key, cost);
     }
@@ -189,6 +342,16 @@ pub trait CheckBackend: Send + Sync + 'static {
 
     /// Whether the backend is degraded (a Redis limiter deciding by its failure policy while
     /// Redis is unreachable), if it can be; `None` for a backend that has no such mode.
+    ///
+    /// # Examples
+    /// ```
+    /// use tollgate::tower::{CheckBackend, Key};
+    /// use tollgate::{Gcra, KeyedLimiter, Quota};
+    /// let backend = KeyedLimiter::<Key, _>::new(Gcra::new(Quota::per_second(10)?)?);
+    /// // An in-process limiter never depends on a server.
+    /// assert_eq!(backend.degraded(), None);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     fn degraded(&self) -> Option<bool> {
         None
     }
@@ -226,6 +389,19 @@ impl<T: CheckBackend + ?Sized> CheckBackend for Arc<T> {
 
 /// The window `W` of a rule, for the `RateLimit-Policy` header: implemented by every
 /// algorithm.
+///
+/// # Examples
+/// ```
+/// use std::time::Duration;
+/// use tollgate::tower::RuleWindow;
+/// use tollgate::{Gcra, Quota, SlidingWindow};
+/// let w = SlidingWindow::new(Quota::per_minute(100)?)?;
+/// assert_eq!(w.window_nanos(), 60_000_000_000);
+/// // GCRA keeps only T = 1 s / 7, rounded; W = 1 s is recovered from 7·T.
+/// let g = Gcra::new(Quota::new(7, Duration::from_secs(1))?)?;
+/// assert_eq!(g.window_nanos(), 1_000_000_000);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 pub trait RuleWindow {
     /// `W` in nanoseconds (GCRA and the leaky queue keep only `T = W/L`, rounded to the nearest
     /// ns: `W` is recovered from `L·T` when it is a multiple of the first power of ten above

@@ -30,6 +30,13 @@ pub struct Cidr {
 }
 
 /// Why a network could not be parsed or built.
+///
+/// # Examples
+/// ```
+/// use tollgate::tower::{Cidr, CidrError};
+/// assert_eq!("10.0.0.0/33".parse::<Cidr>(), Err(CidrError::Prefix("33".into())));
+/// assert!(matches!("intranet/8".parse::<Cidr>(), Err(CidrError::Address(_))));
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum CidrError {
     /// The address part is not an IPv4 or IPv6 address.
@@ -45,6 +52,17 @@ impl Cidr {
     ///
     /// # Errors
     /// [`CidrError::Prefix`] if `prefix` exceeds the address's width.
+    ///
+    /// # Examples
+    /// ```
+    /// use std::net::IpAddr;
+    /// use tollgate::tower::{Cidr, CidrError};
+    /// let ip: IpAddr = "192.0.2.77".parse()?;
+    /// // The host bits are cleared: the network, not the address given.
+    /// assert_eq!(Cidr::new(ip, 24)?.to_string(), "192.0.2.0/24");
+    /// assert_eq!(Cidr::new(ip, 40), Err(CidrError::Prefix("40".into())));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn new(addr: IpAddr, prefix: u8) -> Result<Cidr, CidrError> {
         let addr = addr.to_canonical();
         let max = match addr {
@@ -61,16 +79,44 @@ impl Cidr {
     }
 
     /// The network address (host bits zero).
+    ///
+    /// # Examples
+    /// ```
+    /// use tollgate::tower::Cidr;
+    /// let net: Cidr = "2001:db8:1234::1/32".parse()?;
+    /// assert_eq!(net.addr(), "2001:db8::".parse::<std::net::IpAddr>()?);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn addr(&self) -> IpAddr {
         self.addr
     }
 
     /// The prefix length.
+    ///
+    /// # Examples
+    /// ```
+    /// use tollgate::tower::Cidr;
+    /// assert_eq!("10.0.0.0/8".parse::<Cidr>()?.prefix(), 8);
+    /// // A bare IPv4 address is one host.
+    /// assert_eq!("10.0.0.1".parse::<Cidr>()?.prefix(), 32);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn prefix(&self) -> u8 {
         self.prefix
     }
 
     /// Whether `ip` lies in this network (an IPv4-mapped IPv6 address counts as IPv4).
+    ///
+    /// # Examples
+    /// ```
+    /// use tollgate::tower::Cidr;
+    /// let net: Cidr = "192.0.2.0/24".parse()?;
+    /// assert!(net.contains("192.0.2.200".parse()?));
+    /// // What a dual-stack socket reports for an IPv4 peer: the same address.
+    /// assert!(net.contains("::ffff:192.0.2.200".parse()?));
+    /// assert!(!net.contains("192.0.3.1".parse()?));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn contains(&self, ip: IpAddr) -> bool {
         match (self.addr, ip.to_canonical()) {
             (IpAddr::V4(_), ip @ IpAddr::V4(_)) | (IpAddr::V6(_), ip @ IpAddr::V6(_)) => {

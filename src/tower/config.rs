@@ -287,6 +287,16 @@ pub enum StatusMatch {
 
 impl StatusMatch {
     /// Whether `status` matches.
+    ///
+    /// # Examples
+    /// ```
+    /// use http::StatusCode;
+    /// use tollgate::tower::config::StatusMatch;
+    /// // `"5xx"`: every server error.
+    /// assert!(StatusMatch::Class(5).matches(StatusCode::SERVICE_UNAVAILABLE));
+    /// assert!(!StatusMatch::Class(5).matches(StatusCode::TOO_MANY_REQUESTS));
+    /// assert!(StatusMatch::Exact(StatusCode::CONFLICT).matches(StatusCode::CONFLICT));
+    /// ```
     pub fn matches(&self, status: StatusCode) -> bool {
         match *self {
             StatusMatch::Exact(s) => s == status,

@@ -93,6 +93,39 @@ type KeyFn = dyn Fn(&Parts) -> Option<Key> + Send + Sync;
 /// or a plain [`SocketAddr`] request extension (insert it yourself with hyper-util). IP keys
 /// are grouped as the layer is configured: IPv4 per address, IPv6 per prefix (default /56, see
 /// [`RateLimitLayerBuilder::ipv6_prefix`](super::RateLimitLayerBuilder::ipv6_prefix)).
+///
+/// # Examples
+/// One request an hour per API key, run through the layer: each key has its own budget, and
+/// a request without the header is refused with a 400 ("no key" is the client's mistake).
+/// ```
+/// use axum::{body::Body, routing::get, Router};
+/// use http::{HeaderName, Request, StatusCode};
+/// use tollgate::tower::{Fallback, Key, KeySource, Policy, RateLimitLayer};
+/// use tollgate::{Gcra, KeyedLimiter, Quota};
+/// use tower_layer::Layer;
+/// use tower_service::Service;
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let per_key = KeyedLimiter::<Key, _>::new(Gcra::new(Quota::per_hour(1)?)?);
+/// let layer = RateLimitLayer::builder()
+///     .policy(Policy::new("api", per_key).key(KeySource::header(HeaderName::from_static("x-api-key"))))
+///     .on_missing_key(Fallback::Reject(StatusCode::BAD_REQUEST))
+///     .build()?;
+/// let mut app = layer.layer(Router::new().route("/", get(|| async { "ok" })));
+/// let mut statuses = Vec::new();
+/// for api_key in [Some("alice"), Some("alice"), Some("bob"), None] {
+///     let mut request = Request::get("/");
+///     if let Some(k) = api_key {
+///         request = request.header("x-api-key", k);
+///     }
+///     std::future::poll_fn(|cx| Service::<Request<Body>>::poll_ready(&mut app, cx)).await?;
+///     statuses.push(app.call(request.body(Body::empty())?).await?.status());
+/// }
+/// use StatusCode as S;
+/// assert_eq!(statuses, [S::OK, S::TOO_MANY_REQUESTS, S::OK, S::BAD_REQUEST]);
+/// # Ok(())
+/// # }
+/// ```
 #[derive(Clone)]
 pub struct KeySource(Source);
 
@@ -123,6 +156,17 @@ impl fmt::Debug for KeySource {
 
 impl KeySource {
     /// The peer's address (the TCP connection's), ignoring every forwarding header.
+    ///
+    /// # Examples
+    /// ```
+    /// use tollgate::tower::{Key, KeySource, Policy};
+    /// use tollgate::{Gcra, KeyedLimiter, Quota};
+    /// // A service reached directly (no proxy in front): a forwarding header could only be forged.
+    /// let policy = Policy::new("direct", KeyedLimiter::<Key, _>::new(Gcra::new(Quota::per_second(10)?)?))
+    ///     .key(KeySource::peer_ip());
+    /// # let _ = policy;
+    /// # Ok::<(), tollgate::QuotaError>(())
+    /// ```
     pub fn peer_ip() -> Self {
         KeySource(Source::PeerIp)
     }
@@ -131,33 +175,114 @@ impl KeySource {
     /// the peer is a trusted proxy, the forwarding header read right to left past every trusted
     /// hop (see [`RateLimitLayerBuilder::trusted_proxies`](super::RateLimitLayerBuilder::trusted_proxies)).
     /// The default source.
+    ///
+    /// # Examples
+    /// ```
+    /// use tollgate::tower::{Key, KeySource, Policy, RateLimitLayer};
+    /// use tollgate::{Gcra, KeyedLimiter, Quota};
+    /// // Behind a load balancer in 10.0.0.0/8: the client is read from its X-Forwarded-For.
+    /// let policy = Policy::new("api", KeyedLimiter::<Key, _>::new(Gcra::new(Quota::per_second(10)?)?))
+    ///     .key(KeySource::client_ip()); // the default, spelled out
+    /// let layer = RateLimitLayer::builder()
+    ///     .policy(policy)
+    ///     .trusted_proxies(["10.0.0.0/8".parse()?])
+    ///     .build()?;
+    /// # let _ = layer;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn client_ip() -> Self {
         KeySource(Source::ClientIp)
     }
 
     /// The value of header `name` (e.g. `x-api-key`); missing when absent or empty. Of
     /// several lines of the header, the first counts.
+    ///
+    /// # Examples
+    /// ```
+    /// use http::HeaderName;
+    /// use tollgate::tower::{Key, KeySource, Policy};
+    /// use tollgate::{Gcra, KeyedLimiter, Quota};
+    /// // Per customer, whatever address they call from (a run of it is on [`KeySource`]).
+    /// let policy = Policy::new("api", KeyedLimiter::<Key, _>::new(Gcra::new(Quota::per_minute(600)?)?))
+    ///     .key(KeySource::header(HeaderName::from_static("x-api-key")));
+    /// # let _ = policy;
+    /// # Ok::<(), tollgate::QuotaError>(())
+    /// ```
     pub fn header(name: HeaderName) -> Self {
         KeySource(Source::Header(name))
     }
 
     /// The request's path (without the query).
+    ///
+    /// # Examples
+    /// ```
+    /// use tollgate::tower::{Key, KeySource, Policy};
+    /// use tollgate::{Gcra, KeyedLimiter, Quota};
+    /// // Protect each expensive report page, whoever asks: 5 renders a second per path.
+    /// let policy = Policy::new("reports", KeyedLimiter::<Key, _>::new(Gcra::new(Quota::per_second(5)?)?))
+    ///     .path_prefix("/reports")
+    ///     .key(KeySource::path());
+    /// # let _ = policy;
+    /// # Ok::<(), tollgate::QuotaError>(())
+    /// ```
     pub fn path() -> Self {
         KeySource(Source::Path)
     }
 
     /// One key for every request: the policy's limit is then global to it.
+    ///
+    /// # Examples
+    /// ```
+    /// use tollgate::tower::{Key, KeySource, Policy};
+    /// use tollgate::{Gcra, KeyedLimiter, Quota};
+    /// // The upstream search service takes 100 requests a second in all, from everyone.
+    /// let policy = Policy::new("search", KeyedLimiter::<Key, _>::new(Gcra::new(Quota::per_second(100)?)?))
+    ///     .path_prefix("/search")
+    ///     .key(KeySource::constant("search"));
+    /// # let _ = policy;
+    /// # Ok::<(), tollgate::QuotaError>(())
+    /// ```
     pub fn constant(key: impl Into<Key>) -> Self {
         KeySource(Source::Constant(key.into()))
     }
 
     /// A key computed by `f` from the request's head; `None` means no key.
+    ///
+    /// # Examples
+    /// ```
+    /// use http::request::Parts;
+    /// use tollgate::tower::{Key, KeySource, Policy};
+    /// use tollgate::{Gcra, KeyedLimiter, Quota};
+    /// // The tenant is the first label of the host name: `acme.example.com` → `acme`.
+    /// fn tenant(parts: &Parts) -> Option<Key> {
+    ///     let host = parts.headers.get(http::header::HOST)?.to_str().ok()?;
+    ///     host.split_once('.').map(|(tenant, _)| Key::from(tenant))
+    /// }
+    /// let (parts, ()) = http::Request::get("/").header("host", "acme.example.com").body(())?.into_parts();
+    /// assert_eq!(tenant(&parts), Some(Key::from("acme")));
+    /// let policy = Policy::new("tenant", KeyedLimiter::<Key, _>::new(Gcra::new(Quota::per_second(50)?)?))
+    ///     .key(KeySource::from_fn(tenant));
+    /// # let _ = policy;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn from_fn(f: impl Fn(&Parts) -> Option<Key> + Send + Sync + 'static) -> Self {
         KeySource(Source::Fn(Arc::new(f)))
     }
 
     /// All of `parts` together, as a [`Key::Composite`] (e.g. `[path(), client_ip()]`); missing
     /// if any part is.
+    ///
+    /// # Examples
+    /// ```
+    /// use tollgate::tower::{Key, KeySource, Policy};
+    /// use tollgate::{Gcra, KeyedLimiter, Quota};
+    /// // Each client gets 2 logins a minute on each login form (the key is path + client IP).
+    /// let policy = Policy::new("login", KeyedLimiter::<Key, _>::new(Gcra::new(Quota::per_minute(2)?)?))
+    ///     .path_pattern("/*/login")
+    ///     .key(KeySource::composite([KeySource::path(), KeySource::client_ip()]));
+    /// # let _ = policy;
+    /// # Ok::<(), tollgate::QuotaError>(())
+    /// ```
     pub fn composite(parts: impl IntoIterator<Item = KeySource>) -> Self {
         KeySource(Source::Composite(parts.into_iter().collect()))
     }
@@ -190,6 +315,19 @@ impl KeySource {
 }
 
 /// Which forwarding header a trusted proxy writes.
+///
+/// # Examples
+/// ```
+/// use tollgate::tower::{ProxyHeader, RateLimitLayer};
+/// assert_eq!(ProxyHeader::default(), ProxyHeader::XForwardedFor);
+/// // A proxy that writes RFC 7239 `Forwarded: for=…` instead.
+/// let layer = RateLimitLayer::builder()
+///     .trusted_proxies(["10.0.0.0/8".parse()?])
+///     .proxy_header(ProxyHeader::Forwarded)
+///     .build()?;
+/// # let _ = layer;
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum ProxyHeader {
     /// `X-Forwarded-For: client, proxy1, proxy2` (the default).

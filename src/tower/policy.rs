@@ -47,6 +47,15 @@ type CostFn = dyn Fn(&Parts) -> u64 + Send + Sync;
 type RefundFn = dyn Fn(StatusCode) -> bool + Send + Sync;
 
 /// How many units a request costs.
+///
+/// Set on a policy with [`Policy::cost`] (`Fixed`) or [`Policy::cost_fn`] (`Fn`).
+///
+/// # Examples
+/// ```
+/// use tollgate::tower::Cost;
+/// let cost = Cost::Fixed(5);
+/// assert_eq!(format!("{cost:?}"), "Fixed(5)");
+/// ```
 #[derive(Clone)]
 pub enum Cost {
     /// The same for every request of the policy.
@@ -179,6 +188,15 @@ impl Policy {
     /// `backend`, matching every request, keyed by client IP, cost 1, enforced.
     ///
     /// To put a policy on another backend (say, a global one), change this argument only.
+    ///
+    /// # Examples
+    /// ```
+    /// use tollgate::tower::{Key, Policy};
+    /// use tollgate::{Gcra, KeyedLimiter, Quota};
+    /// let policy = Policy::new("api", KeyedLimiter::<Key, _>::new(Gcra::new(Quota::per_second(10)?)?));
+    /// assert_eq!(policy.name(), "api");
+    /// # Ok::<(), tollgate::QuotaError>(())
+    /// ```
     pub fn new(name: impl Into<String>, backend: impl CheckBackend) -> Self {
         let tiers = (&backend as &dyn std::any::Any)
             .downcast_ref::<Tiers>()
@@ -199,6 +217,16 @@ impl Policy {
 
     /// Matches paths starting with `prefix` in whole segments: `/api` covers `/api`, `/api/`
     /// and `/api/users`, not `/apis`; `/api/` covers `/api/` and below, not `/api`.
+    ///
+    /// # Examples
+    /// ```
+    /// use tollgate::tower::{Key, Policy};
+    /// use tollgate::{Gcra, KeyedLimiter, Quota};
+    /// // `/v1/users` and `/v1`, not `/v1beta`.
+    /// let policy = Policy::new("v1", KeyedLimiter::<Key, _>::new(Gcra::new(Quota::per_second(10)?)?)).path_prefix("/v1");
+    /// # let _ = policy;
+    /// # Ok::<(), tollgate::QuotaError>(())
+    /// ```
     pub fn path_prefix(mut self, prefix: impl Into<String>) -> Self {
         self.path = PathMatch::Prefix(prefix.into());
         self
@@ -206,18 +234,53 @@ impl Policy {
 
     /// Matches paths segment by segment: `*` stands for any one segment and a final `**` for
     /// any rest, e.g. `/users/*/posts` or `/static/**`.
+    ///
+    /// # Examples
+    /// ```
+    /// use tollgate::tower::{Key, Policy};
+    /// use tollgate::{Gcra, KeyedLimiter, Quota};
+    /// // `/users/7/posts`, not `/users/7/posts/1` nor `/users/posts`.
+    /// let posts = Policy::new("posts", KeyedLimiter::<Key, _>::new(Gcra::new(Quota::per_second(10)?)?)).path_pattern("/users/*/posts");
+    /// // `/static`, `/static/app.js`, `/static/img/logo.svg`.
+    /// let assets = Policy::new("assets", KeyedLimiter::<Key, _>::new(Gcra::new(Quota::per_second(10)?)?)).path_pattern("/static/**");
+    /// # let _ = (posts, assets);
+    /// # Ok::<(), tollgate::QuotaError>(())
+    /// ```
     pub fn path_pattern(mut self, pattern: &str) -> Self {
         self.path = PathMatch::Pattern(pattern.split('/').map(str::to_owned).collect());
         self
     }
 
     /// Matches only these methods (default: every method).
+    ///
+    /// # Examples
+    /// ```
+    /// use http::Method;
+    /// use tollgate::tower::{Key, Policy};
+    /// use tollgate::{Gcra, KeyedLimiter, Quota};
+    /// // Writes only: reads of the same paths are not limited by this policy.
+    /// let writes = Policy::new("writes", KeyedLimiter::<Key, _>::new(Gcra::new(Quota::per_second(10)?)?))
+    ///     .methods([Method::POST, Method::PUT, Method::PATCH, Method::DELETE]);
+    /// # let _ = writes;
+    /// # Ok::<(), tollgate::QuotaError>(())
+    /// ```
     pub fn methods(mut self, methods: impl IntoIterator<Item = Method>) -> Self {
         self.methods = Some(methods.into_iter().collect());
         self
     }
 
     /// Counts requests under this key (default [`KeySource::client_ip`]).
+    ///
+    /// # Examples
+    /// ```
+    /// use tollgate::tower::{Key, KeySource, Policy};
+    /// use tollgate::{Gcra, KeyedLimiter, Quota};
+    /// // One budget per customer: the API key header.
+    /// let policy = Policy::new("api", KeyedLimiter::<Key, _>::new(Gcra::new(Quota::per_second(10)?)?))
+    ///     .key(KeySource::header(http::HeaderName::from_static("x-api-key")));
+    /// # let _ = policy;
+    /// # Ok::<(), tollgate::QuotaError>(())
+    /// ```
     pub fn key(mut self, key: KeySource) -> Self {
         self.key = key;
         self
@@ -225,18 +288,59 @@ impl Policy {
 
     /// Every request costs `cost` units (default 1). A cost of 0 is always admitted; a cost
     /// above the quota's capacity never is (a 429 without `Retry-After`).
+    ///
+    /// # Examples
+    /// ```
+    /// use tollgate::tower::{Key, Policy};
+    /// use tollgate::{Gcra, KeyedLimiter, Quota};
+    /// // An export weighs as much as 10 ordinary calls: 10 per second, or 1 export.
+    /// let export = Policy::new("export", KeyedLimiter::<Key, _>::new(Gcra::new(Quota::per_second(10)?)?)).path_prefix("/export").cost(10);
+    /// # let _ = export;
+    /// # Ok::<(), tollgate::QuotaError>(())
+    /// ```
     pub fn cost(mut self, cost: u64) -> Self {
         self.cost = Cost::Fixed(cost);
         self
     }
 
     /// Each request costs what `f` computes from its head.
+    ///
+    /// # Examples
+    /// ```
+    /// use http::request::Parts;
+    /// use tollgate::tower::{Key, Policy};
+    /// use tollgate::{Gcra, KeyedLimiter, Quota};
+    /// // Uploads cost one unit per started MiB (at least 1), from `content-length`.
+    /// fn mib(parts: &Parts) -> u64 {
+    ///     let bytes = parts.headers.get(http::header::CONTENT_LENGTH)
+    ///         .and_then(|v| v.to_str().ok()?.parse::<u64>().ok())
+    ///         .unwrap_or(0);
+    ///     bytes.div_ceil(1 << 20).max(1)
+    /// }
+    /// let (parts, ()) = http::Request::post("/upload").header("content-length", "3000000").body(())?.into_parts();
+    /// assert_eq!(mib(&parts), 3); // 2.86 MiB, three started
+    /// let uploads = Policy::new("uploads", KeyedLimiter::<Key, _>::new(Gcra::new(Quota::per_minute(100)?)?))
+    ///     .path_prefix("/upload")
+    ///     .cost_fn(mib);
+    /// # let _ = uploads;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn cost_fn(mut self, f: impl Fn(&Parts) -> u64 + Send + Sync + 'static) -> Self {
         self.cost = Cost::Fn(Arc::new(f));
         self
     }
 
     /// Enforce (default), shadow, or delay (feature `tokio`).
+    ///
+    /// # Examples
+    /// ```
+    /// use tollgate::tower::{Key, Mode, Policy};
+    /// use tollgate::{Gcra, KeyedLimiter, Quota};
+    /// // Try a new, tighter limit in production: count and report, refuse nothing yet.
+    /// let trial = Policy::new("trial", KeyedLimiter::<Key, _>::new(Gcra::new(Quota::per_second(10)?)?)).mode(Mode::Shadow);
+    /// # let _ = trial;
+    /// # Ok::<(), tollgate::QuotaError>(())
+    /// ```
     pub fn mode(mut self, mode: Mode) -> Self {
         self.mode = mode;
         self
@@ -265,11 +369,31 @@ impl Policy {
     }
 
     /// The policy's name.
+    ///
+    /// # Examples
+    /// ```
+    /// use tollgate::tower::{Key, Policy};
+    /// use tollgate::{Gcra, KeyedLimiter, Quota};
+    /// // The name is what the `RateLimit` headers and the 429 body show.
+    /// assert_eq!(Policy::new("api", KeyedLimiter::<Key, _>::new(Gcra::new(Quota::per_second(10)?)?)).name(), "api");
+    /// # Ok::<(), tollgate::QuotaError>(())
+    /// ```
     pub fn name(&self) -> &str {
         &self.name
     }
 
     /// The backend this policy checks.
+    ///
+    /// # Examples
+    /// ```
+    /// use tollgate::tower::{CheckBackend, Key, Policy};
+    /// use tollgate::{Gcra, KeyedLimiter, Quota};
+    /// let policy = Policy::new("api", KeyedLimiter::<Key, _>::new(Gcra::new(Quota::per_second(10)?)?));
+    /// // The quota its `RateLimit-Policy` header shows.
+    /// let quota = policy.backend().quota(0).unwrap();
+    /// assert_eq!(quota.limit, 10);
+    /// # Ok::<(), tollgate::QuotaError>(())
+    /// ```
     pub fn backend(&self) -> &Arc<dyn CheckBackend> {
         &self.backend
     }

@@ -30,6 +30,37 @@ use crate::Decision;
 /// A policy with several quotas names them `name-1`, `name-2`, … in `RateLimit-Policy`;
 /// `RateLimit` and the legacy fields report the quota the decision is about (the refusing
 /// one, or when admitted the one with the fewest units remaining).
+///
+/// # Examples
+/// A request through a layer with the legacy fields (the client's address is a plain
+/// `SocketAddr` extension here; a server sets it):
+/// ```
+/// use axum::{body::Body, routing::get, Router};
+/// use http::{Request, StatusCode};
+/// use tollgate::tower::{HeaderStyle, Key, Policy, RateLimitLayer};
+/// use tollgate::{FixedWindow, KeyedLimiter, Quota};
+/// use tower_layer::Layer;
+/// use tower_service::Service;
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let per_ip = KeyedLimiter::<Key, _>::new(FixedWindow::new(Quota::per_minute(100)?)?);
+/// let layer = RateLimitLayer::builder()
+///     .policy(Policy::new("api", per_ip))
+///     .headers(HeaderStyle::Legacy)
+///     .build()?;
+/// let mut app = layer.layer(Router::new().route("/", get(|| async { "ok" })));
+/// let mut request = Request::get("/").body(Body::empty())?;
+/// request.extensions_mut().insert(std::net::SocketAddr::from(([192, 0, 2, 1], 40000)));
+/// std::future::poll_fn(|cx| Service::<Request<Body>>::poll_ready(&mut app, cx)).await?;
+/// let response = app.call(request).await?;
+/// assert_eq!(response.status(), StatusCode::OK);
+/// // 100 a minute, one spent.
+/// assert_eq!(response.headers()["x-ratelimit-limit"], "100");
+/// assert_eq!(response.headers()["x-ratelimit-remaining"], "99");
+/// assert!(!response.headers().contains_key("ratelimit")); // the draft's fields: not asked for
+/// # Ok(())
+/// # }
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum HeaderStyle {
     /// No rate-limit fields.
@@ -161,7 +192,27 @@ fn policy_field(
     Some(value)
 }
 
-/// What a user-supplied denial response is built from.
+/// What a user-supplied denial response is built from (see
+/// [`RateLimitLayerBuilder::deny_with`](super::RateLimitLayerBuilder::deny_with)).
+///
+/// # Examples
+/// ```
+/// use bytes::Bytes;
+/// use http::{Response, StatusCode};
+/// use tollgate::tower::Denial;
+/// use tollgate::{Gcra, Limiter, Quota};
+/// fn plain(denial: Denial<'_>) -> Response<Bytes> {
+///     let text = format!("{}: {} left, retry in {} s\n", denial.policy, denial.decision.remaining(), denial.retry_after_secs);
+///     Response::builder().status(StatusCode::TOO_MANY_REQUESTS).body(Bytes::from(text)).unwrap()
+/// }
+/// // A real refusal to feed it: the second request of a 1-per-minute limit.
+/// let limiter = Limiter::new(Gcra::new(Quota::per_minute(1)?)?);
+/// limiter.check();
+/// let decision = limiter.check();
+/// let denial = Denial { policy: "api", decision: &decision, retry_after_secs: 60, grpc: false };
+/// assert_eq!(plain(denial).body(), "api: 0 left, retry in 60 s\n");
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 #[derive(Debug, Clone, Copy)]
 pub struct Denial<'a> {
     /// The refusing policy's name.
@@ -270,6 +321,17 @@ pin_project_lite::pin_project! {
     ///
     /// It implements [`http_body::Body`] when the inner body's `Data` is [`Bytes`] (as for
     /// axum, hyper and tonic).
+    ///
+    /// # Examples
+    /// ```
+    /// use bytes::Bytes;
+    /// use http_body::Body as _;
+    /// use http_body_util::Full;
+    /// use tollgate::tower::RateLimitBody;
+    /// // The inner service's body passes through as it is; the layer's own is a known length.
+    /// let body = RateLimitBody::<Full<Bytes>>::full(Bytes::from_static(b"{\"status\":429}"));
+    /// assert_eq!(body.size_hint().exact(), Some(14));
+    /// ```
     pub struct RateLimitBody<B> {
         #[pin]
         kind: Kind<B>,
@@ -286,6 +348,19 @@ pin_project_lite::pin_project! {
 
 impl<B> RateLimitBody<B> {
     /// The inner service's body.
+    ///
+    /// # Examples
+    /// ```
+    /// use bytes::Bytes;
+    /// use http_body_util::{BodyExt, Full};
+    /// use tollgate::tower::RateLimitBody;
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let body = RateLimitBody::inner(Full::new(Bytes::from("hello")));
+    /// assert_eq!(body.collect().await?.to_bytes(), "hello");
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn inner(body: B) -> Self {
         RateLimitBody {
             kind: Kind::Inner { body },
@@ -293,6 +368,23 @@ impl<B> RateLimitBody<B> {
     }
 
     /// A body of `data`.
+    ///
+    /// # Examples
+    /// ```
+    /// use bytes::Bytes;
+    /// use http_body::Body as _;
+    /// use http_body_util::{BodyExt, Full};
+    /// use tollgate::tower::RateLimitBody;
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// // The type parameter is the inner service's body type, which this body does not use.
+    /// let body = RateLimitBody::<Full<Bytes>>::full(Bytes::from("slow down"));
+    /// assert_eq!(body.collect().await?.to_bytes(), "slow down");
+    /// // An empty body ends at once.
+    /// assert!(RateLimitBody::<Full<Bytes>>::full(Bytes::new()).is_end_stream());
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn full(data: Bytes) -> Self {
         RateLimitBody {
             kind: Kind::Full {

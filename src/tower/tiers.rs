@@ -104,15 +104,46 @@ impl fmt::Debug for TiersBuilder {
 }
 
 impl TiersBuilder {
-    /// Adds tier `name` over `backend` (see the [builder's example](TiersBuilder)).
+    /// Adds tier `name` over `backend` (see also the [builder's example](TiersBuilder)).
+    ///
+    /// # Examples
+    /// ```
+    /// use tollgate::tower::{Key, Tiers};
+    /// use tollgate::{Gcra, KeyedLimiter, Quota};
+    /// let free = KeyedLimiter::<Key, _>::new(Gcra::new(Quota::per_minute(10)?)?);
+    /// let pro = KeyedLimiter::<Key, _>::new(Gcra::new(Quota::per_minute(1_000)?)?);
+    /// let tiers = Tiers::builder("free", free).tier("pro", pro).build()?;
+    /// // A key nobody placed is in the first tier, the default.
+    /// assert_eq!(tiers.tier_of(&Key::from("new-customer")), "free");
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn tier(mut self, name: impl Into<String>, backend: impl CheckBackend) -> Self {
         self.tiers.push((name.into().into(), Arc::new(backend)));
         self
     }
 
     /// Consults `f` for keys the map does not hold: the name of their tier, or `None` for the
-    /// default tier (a name that is no tier also means the default). Example:
+    /// default tier (a name that is no tier also means the default). Another example:
     /// [`Tiers::tier_of`].
+    ///
+    /// # Examples
+    /// ```
+    /// use std::sync::Arc;
+    /// use tollgate::tower::{Key, Tiers};
+    /// use tollgate::{Gcra, KeyedLimiter, Quota};
+    /// let q = |n| -> Result<_, tollgate::QuotaError> { Ok(KeyedLimiter::<Key, _>::new(Gcra::new(Quota::per_minute(n)?)?)) };
+    /// // Internal callers come from 10.x addresses; everyone else is free until placed.
+    /// let tiers = Tiers::builder("free", q(10)?)
+    ///     .tier("internal", q(100_000)?)
+    ///     .classify(|key| match key {
+    ///         Key::Ip(std::net::IpAddr::V4(ip)) if ip.octets()[0] == 10 => Some(Arc::from("internal")),
+    ///         _ => None,
+    ///     })
+    ///     .build()?;
+    /// assert_eq!(tiers.tier_of(&Key::Ip("10.1.2.3".parse()?)), "internal");
+    /// assert_eq!(tiers.tier_of(&Key::Ip("192.0.2.1".parse()?)), "free");
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn classify(
         mut self,
         f: impl Fn(&Key) -> Option<Arc<str>> + Send + Sync + 'static,

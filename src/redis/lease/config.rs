@@ -9,6 +9,27 @@ use crate::redis::exact::Algo;
 use crate::redis::rule::RedisRule;
 
 /// Why a [`LeasedLimiter`](super::LeasedLimiter) could not be built.
+///
+/// # Examples
+/// ```
+/// use tollgate::redis::LeaseError;
+/// let e = LeaseError::Unsupported { algorithm: "sliding-log" };
+/// // The message names the algorithm and what to use instead.
+/// assert!(e.to_string().contains("sliding-log"));
+/// assert_eq!(LeaseError::NoRuntime.to_string(), "the leased tier needs a tokio runtime");
+/// ```
+/// Where it comes from: [`RedisLimiter::leased`](crate::redis::RedisLimiter::leased) (which
+/// needs a server, so `no_run`):
+/// ```no_run
+/// use tollgate::{Quota, redis::{FailureHandling, FailurePolicy, LeaseConfig, LeaseError, RedisLimiter, RedisRule}};
+/// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+/// let rule = RedisRule::sliding_log(Quota::per_minute(100)?)?;
+/// let exact = RedisLimiter::connect("redis://127.0.0.1/", rule).await?;
+/// // A sliding log records each request's time: it cannot be leased as a count of units.
+/// let err = exact.leased(LeaseConfig::new(), FailureHandling::new(FailurePolicy::Local)).await.unwrap_err();
+/// assert!(matches!(err, LeaseError::Unsupported { .. }));
+/// # Ok(()) }
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum LeaseError {
@@ -58,6 +79,22 @@ impl Default for LeaseConfig {
 impl LeaseConfig {
     /// Leases of 50 ms of demand, at most 1/16 of the capacity, returned after 1 s idle;
     /// window leases live at most 10 s; a short grant is retried after at least 1 ms.
+    ///
+    /// # Examples
+    /// ```
+    /// use std::time::Duration;
+    /// use tollgate::redis::LeaseConfig;
+    /// // The defaults, spelled out (Default is the same).
+    /// assert_eq!(
+    ///     LeaseConfig::new(),
+    ///     LeaseConfig::default()
+    ///         .horizon(Duration::from_millis(50))
+    ///         .idle_timeout(Duration::from_secs(1))
+    ///         .max_age(Duration::from_secs(10))
+    ///         .backoff(Duration::from_millis(1))
+    ///         .first_touch(0)
+    /// );
+    /// ```
     pub fn new() -> Self {
         LeaseConfig {
             horizon: Duration::from_millis(50),
@@ -71,6 +108,20 @@ impl LeaseConfig {
 
     /// A lease holds about this much of the key's recent demand (default 50 ms; at least
     /// 1 ms). Longer means fewer round trips and a larger under-admission bound.
+    ///
+    /// # Examples
+    /// ```
+    /// use std::time::Duration;
+    /// use tollgate::redis::LeaseConfig;
+    /// // Fewer round trips for a steady, high-rate key.
+    /// let config = LeaseConfig::new().horizon(Duration::from_millis(200));
+    /// assert_ne!(config, LeaseConfig::new());
+    /// // Below the 1 ms floor, the floor applies.
+    /// assert_eq!(
+    ///     LeaseConfig::new().horizon(Duration::ZERO),
+    ///     LeaseConfig::new().horizon(Duration::from_millis(1))
+    /// );
+    /// ```
     pub fn horizon(mut self, horizon: Duration) -> Self {
         self.horizon = horizon.max(Duration::from_millis(1));
         self
@@ -78,6 +129,16 @@ impl LeaseConfig {
 
     /// The most units a node holds for one key (default: the rule's capacity ÷ 16, at least
     /// 1; at most [`MAX_LEASE`]). The under-admission bound is `nodes × max_lease`.
+    ///
+    /// # Examples
+    /// ```
+    /// use tollgate::redis::{LeaseConfig, MAX_LEASE};
+    /// // 10 nodes × 500 units: the fleet falls short of the limit by at most 5,000 units.
+    /// assert_eq!(LeaseConfig::new().max_lease(500).max_lease_for(1_000_000), 500);
+    /// // Clamped to [1, MAX_LEASE].
+    /// assert_eq!(LeaseConfig::new().max_lease(0).max_lease_for(1_000_000), 1);
+    /// assert_eq!(LeaseConfig::new().max_lease(u64::MAX).max_lease_for(u64::MAX), MAX_LEASE);
+    /// ```
     pub fn max_lease(mut self, units: u64) -> Self {
         self.max_lease = Some(units.clamp(1, MAX_LEASE));
         self
@@ -85,6 +146,19 @@ impl LeaseConfig {
 
     /// A key whose lease is untouched this long gives its units back and is forgotten
     /// (default 1 s; at least 10 ms).
+    ///
+    /// # Examples
+    /// ```
+    /// use std::time::Duration;
+    /// use tollgate::redis::LeaseConfig;
+    /// // Many short-lived keys (one per client IP): give their units back sooner.
+    /// let config = LeaseConfig::new().idle_timeout(Duration::from_millis(200));
+    /// assert_ne!(config, LeaseConfig::new());
+    /// assert_eq!(
+    ///     LeaseConfig::new().idle_timeout(Duration::from_millis(1)),
+    ///     LeaseConfig::new().idle_timeout(Duration::from_millis(10))
+    /// );
+    /// ```
     pub fn idle_timeout(mut self, timeout: Duration) -> Self {
         self.idle_timeout = timeout.max(Duration::from_millis(10));
         self
@@ -93,6 +167,20 @@ impl LeaseConfig {
     /// A window lease expires after this long even if its window lasts longer (default 10 s,
     /// between 1 ms and 1 day): it bounds how far the node's clock may drift from the
     /// server's while it holds units.
+    ///
+    /// # Examples
+    /// ```
+    /// use std::time::Duration;
+    /// use tollgate::redis::LeaseConfig;
+    /// // Nodes whose clocks are only loosely synchronized: hold window units 2 s at most.
+    /// let config = LeaseConfig::new().max_age(Duration::from_secs(2));
+    /// assert_ne!(config, LeaseConfig::new());
+    /// // At most a day.
+    /// assert_eq!(
+    ///     LeaseConfig::new().max_age(Duration::from_secs(7 * 86_400)),
+    ///     LeaseConfig::new().max_age(Duration::from_secs(86_400))
+    /// );
+    /// ```
     pub fn max_age(mut self, age: Duration) -> Self {
         self.max_age = age.clamp(Duration::from_millis(1), Duration::from_secs(86_400));
         self
@@ -102,6 +190,15 @@ impl LeaseConfig {
     /// key waits at least this long (default 1 ms), and at most the
     /// [horizon](LeaseConfig::horizon) or until more budget is due, whichever comes first
     /// (units given back by other nodes are picked up within the horizon).
+    ///
+    /// # Examples
+    /// ```
+    /// use std::time::Duration;
+    /// use tollgate::redis::LeaseConfig;
+    /// // A key whose budget is spent: ask Redis again at most every 5 ms, not every 1 ms.
+    /// let config = LeaseConfig::new().backoff(Duration::from_millis(5));
+    /// assert_ne!(config, LeaseConfig::new());
+    /// ```
     pub fn backoff(mut self, backoff: Duration) -> Self {
         self.backoff = backoff;
         self
@@ -130,13 +227,30 @@ impl LeaseConfig {
 
     /// First touches get this node's share of the capacity, `⌊capacity ÷ live nodes⌋`, at most
     /// a quarter of the largest lease (see [`LeaseConfig::first_touch`]).
+    ///
+    /// # Examples
+    /// ```
+    /// use tollgate::redis::LeaseConfig;
+    /// let config = LeaseConfig::new().first_touch_share();
+    /// // Capacity 1,600 on 4 nodes: a share of 400, capped at a quarter of the 100-unit lease.
+    /// assert_eq!(config.first_touch_for(1_600, 4), 25);
+    /// // Capacity 1,600 on 200 nodes: the share, 8, is below the cap.
+    /// assert_eq!(config.first_touch_for(1_600, 200), 8);
+    /// ```
     pub fn first_touch_share(mut self) -> Self {
         self.first_touch = None;
         self
     }
 
     /// The first-touch allowance for a rule of capacity `capacity` on a fleet of `nodes`
-    /// (examples on [`LeaseConfig::first_touch`]).
+    /// (more examples on [`LeaseConfig::first_touch`]).
+    ///
+    /// # Examples
+    /// ```
+    /// use tollgate::redis::LeaseConfig;
+    /// // A fixed allowance never exceeds the rule's capacity.
+    /// assert_eq!(LeaseConfig::new().first_touch(50).first_touch_for(20, 1), 20);
+    /// ```
     pub fn first_touch_for(&self, capacity: u64, nodes: u64) -> u64 {
         match self.first_touch {
             Some(units) => units.min(capacity),
@@ -145,6 +259,17 @@ impl LeaseConfig {
     }
 
     /// The largest lease for a rule of capacity `capacity`.
+    ///
+    /// # Examples
+    /// ```
+    /// use tollgate::redis::LeaseConfig;
+    /// // By default, capacity ÷ 16 …
+    /// assert_eq!(LeaseConfig::new().max_lease_for(1_600), 100);
+    /// // … at least 1 …
+    /// assert_eq!(LeaseConfig::new().max_lease_for(10), 1);
+    /// // … and never more than the capacity.
+    /// assert_eq!(LeaseConfig::new().max_lease(500).max_lease_for(200), 200);
+    /// ```
     pub fn max_lease_for(&self, capacity: u64) -> u64 {
         self.max_lease
             .unwrap_or(capacity / 16)
@@ -154,6 +279,18 @@ impl LeaseConfig {
 }
 
 /// Counters of a [`LeasedLimiter`](super::LeasedLimiter)'s traffic with Redis, since it was built.
+///
+/// # Examples
+/// ```
+/// use tollgate::redis::LeaseStats;
+/// // Read from a live limiter with `LeasedLimiter::stats`; here, figures such a node might show.
+/// let stats = LeaseStats { round_trips: 40, refills: 120, granted: 9_000, returned: 600, ..LeaseStats::default() };
+/// // Three keys' refills shared each script call on average.
+/// assert_eq!(stats.refills / stats.round_trips, 3);
+/// // Units granted and not given back: spent, or still held in leases.
+/// assert_eq!(stats.granted - stats.returned, 8_400);
+/// assert_eq!(stats.overdrawn, 0);
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct LeaseStats {
     /// Script calls sent to Redis (grants, returns and charges). Refills and returns of many

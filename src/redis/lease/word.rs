@@ -23,6 +23,14 @@ use crate::sync::{spin_loop, AtomicU64, Ordering};
 pub const MS: u64 = 1_000_000;
 
 /// The largest lease a node holds for one key (units are kept in 32 bits of the lease word).
+///
+/// # Examples
+/// ```
+/// use tollgate::redis::{LeaseConfig, MAX_LEASE};
+/// assert_eq!(MAX_LEASE, u64::from(u32::MAX));
+/// // A larger lease asked for is held to it.
+/// assert_eq!(LeaseConfig::new().max_lease(1 << 40).max_lease_for(1 << 50), MAX_LEASE);
+/// ```
 pub const MAX_LEASE: u64 = u32::MAX as u64;
 
 /// The word's layout:
