@@ -27,8 +27,8 @@ pub use crate::store::table::OverflowPolicy;
 ///   one and the last one drained, reused as the next). Either way the old table is emptied 16
 ///   slots per call into that shard (inserts, and lookups that miss the new table): no call
 ///   does more than that fixed amount of eviction and copy work, whatever the number of keys.
-///   Nor does a call fill a large new table: a growing shard builds its next one 16 slots per
-///   insert once 3/4 full, and a shard at the bound reuses its spare (tables of up to 4096
+///   Nor does a call fill a large new table: a growing shard builds its next one 64 slots per
+///   insert once 27/32 full, and a shard at the bound reuses its spare (tables of up to 4096
 ///   slots, ~100 KB, are still allocated in the call that needs one, as is the first table a
 ///   shard replaces at the bound).
 /// - On the dashmap store (a store of your choice, through

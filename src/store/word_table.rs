@@ -31,7 +31,7 @@
 //! visits the next [`DRAIN_STEP`] slots of the old one. No call sweeps or copies a whole table,
 //! so no call does more than `DRAIN_STEP` slots of eviction and copying work. Nor does a call
 //! allocate a large table: a growing shard builds its next table [`BUILD_STEP`] slots per
-//! insert once its table is 3/4 full, and a shard at the bound reuses its spare (below).
+//! insert once its table is 27/32 full, and a shard at the bound reuses its spare (below).
 //!
 //! - **Below** the store's share of [`KeyedStore::set_evict_above`] (by default
 //!   [`DEFAULT_EVICT_ABOVE`] keys), the new table is larger, sized for every live key to fill
@@ -99,10 +99,12 @@ const DRAIN_STEP: usize = 16;
 /// Slots of a spare table that each insert into its shard clears (a multiple of 8).
 const CLEAR_STEP: usize = 64;
 /// Slots of its next table that each insert into a growing shard builds, once the shard's
-/// table is [`BUILD_FROM`] full: from there to [`FULL`] it takes `len / 8` inserts, and the next
-/// table (about `1.27 len` slots) needs `1.27 len / BUILD_STEP` of them, so it is ready first.
-const BUILD_STEP: usize = 16;
-const BUILD_FROM: (usize, usize) = (3, 4);
+/// table is [`BUILD_FROM`] full: from there to [`FULL`] it takes `len / 32` inserts, and the
+/// next table (about `1.27 len` slots) needs `1.27 len / BUILD_STEP` = `len / 50` of them, so it
+/// is ready first. Late, so that both tables are held for a short while only (a growing shard
+/// holds a next table over a sixth of its growth).
+const BUILD_STEP: usize = 64;
+const BUILD_FROM: (usize, usize) = (27, 32);
 /// Tables up to this many slots are allocated when needed (at most ~100 KB: a few µs).
 const BUILD_ABOVE: usize = 4096;
 /// Keys a store holds before it evicts fresh ones, by default (see
@@ -609,7 +611,7 @@ impl<K: Clone + Hash + Eq + Send + Sync, H: BuildHasher, C: TableCell> WordTable
     }
 
     /// Builds [`BUILD_STEP`] more slots of the table a growing shard will move to, once its
-    /// table is [`BUILD_FROM`] full, so that the insert that finds it full allocates and
+    /// table is [`BUILD_FROM`] (27/32) full, so that the insert that finds it full allocates and
     /// fills nothing (a large table is up to ~1 MB at the default bound: hundreds of µs in
     /// one call otherwise). Sized for the live keys the shard will hold when full.
     fn build_next(&self, shard: &mut Shard<K, C>) {
