@@ -972,13 +972,17 @@ where
                 return Ok(shared.deny(policy, &verdict, grpc));
             }
             let mut response = inner.call(request).await?.map(RateLimitBody::inner);
+            let mut verdict = verdict;
             if verdict.decision.allowed()
                 && policy
                     .refund
                     .as_ref()
                     .is_some_and(|refund| refund(response.status()))
             {
-                policy.backend.refund(&key, cost);
+                // The headers then say what the client has once the units are back.
+                if let Some(after) = policy.backend.refund(&key, cost) {
+                    verdict = after;
+                }
                 stats::record(policy, Outcome::Refunded);
             }
             add_headers(response.headers_mut(), shared.headers, policy, &verdict);

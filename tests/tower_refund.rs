@@ -95,6 +95,66 @@ fn server_errors_are_not_charged() {
     );
 }
 
+/// The response of a refunded request carries the state after the refund: its units are back
+/// in `X-RateLimit-Remaining`, for one quota and for the tightest of several.
+#[test]
+fn headers_after_a_refund_show_the_units_given_back() {
+    use tollgate::tower::HeaderStyle;
+    fn remaining(svc: &mut RateLimit<StatusFromPath>, path: &str) -> (u16, String) {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        let mut request = Request::builder().uri(path).body(String::new()).unwrap();
+        request
+            .extensions_mut()
+            .insert(SocketAddr::new(IpAddr::from([192, 0, 2, 1]), 40_000));
+        let response = rt.block_on(async {
+            poll_fn(|cx| svc.poll_ready(cx)).await.unwrap();
+            svc.call(request).await.unwrap()
+        });
+        let header = response.headers()["x-ratelimit-remaining"]
+            .to_str()
+            .unwrap()
+            .to_owned();
+        (response.status().as_u16(), header)
+    }
+    let clock = ManualClock::new();
+    let three = KeyedLimiter::<Key, _, _>::with_clock(
+        Gcra::new(Quota::per_hour(3).unwrap()).unwrap(),
+        clock.clone(),
+    )
+    .unwrap();
+    let mut svc = RateLimitLayer::builder()
+        .default_policy(Policy::new("api", three).refund_when(|s| s.is_server_error()))
+        .headers(HeaderStyle::Legacy)
+        .build()
+        .unwrap()
+        .layer(StatusFromPath);
+    assert_eq!(remaining(&mut svc, "/200"), (200, "2".to_owned()));
+    // Admitted with 1 left, then refunded: the client still has 2.
+    assert_eq!(remaining(&mut svc, "/500"), (500, "2".to_owned()));
+    assert_eq!(remaining(&mut svc, "/200"), (200, "1".to_owned()));
+
+    let both = MultiLimiter::<Key, _, _>::with_clock(
+        [
+            Gcra::new(Quota::per_hour(4).unwrap()).unwrap(),
+            Gcra::new(Quota::per_minute(2).unwrap()).unwrap(),
+        ],
+        clock.clone(),
+    )
+    .unwrap();
+    let mut svc = RateLimitLayer::builder()
+        .default_policy(Policy::new("multi", both).refund_when(|s| s.is_server_error()))
+        .headers(HeaderStyle::Legacy)
+        .build()
+        .unwrap()
+        .layer(StatusFromPath);
+    // The per-minute quota is the tightest: 1 left after one request, 1 again after a refund.
+    assert_eq!(remaining(&mut svc, "/200"), (200, "1".to_owned()));
+    assert_eq!(remaining(&mut svc, "/503"), (503, "1".to_owned()));
+    assert_eq!(remaining(&mut svc, "/200"), (200, "0".to_owned()));
+}
+
 #[test]
 fn a_login_throttle_charges_only_failures() {
     let clock = ManualClock::new();

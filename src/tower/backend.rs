@@ -304,8 +304,10 @@ pub trait CheckBackend: Send + Sync + 'static {
         false
     }
 
-    /// Gives back `cost` units admitted to `key` (a refund by response status). The default
-    /// does nothing.
+    /// Gives back `cost` units admitted to `key` (a refund by response status), and returns the
+    /// key's state after it, as a decision of cost 0 sees it, so that the response's headers
+    /// show the units given back (`None`: unknown, the headers keep the first decision). The
+    /// default does nothing and returns `None`.
     ///
     /// # Examples
     /// ```
@@ -315,12 +317,14 @@ pub trait CheckBackend: Send + Sync + 'static {
     /// let key = Key::from("k");
     /// assert_eq!(backend.check_n(&key, 3)?.remaining(), 0);
     /// // The request failed with a 5xx: its units were not really used.
-    /// CheckBackend::refund(&backend, &key, 3);
+    /// let after = CheckBackend::refund(&backend, &key, 3).expect("an in-process limiter knows");
+    /// assert_eq!(after.decision.remaining(), 3); // what the response's headers now say
     /// assert_eq!(backend.check(&key)?.remaining(), 2);
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
-    fn refund(&self, key: &Key, cost: u64) {
+    fn refund(&self, key: &Key, cost: u64) -> Option<Verdict> {
         let _ = (key, cost);
+        None
     }
 
     /// How many keys this backend holds state for, if it knows (the in-process limiters do);
@@ -374,8 +378,8 @@ impl<T: CheckBackend + ?Sized> CheckBackend for Arc<T> {
         (**self).can_refund()
     }
 
-    fn refund(&self, key: &Key, cost: u64) {
-        (**self).refund(key, cost);
+    fn refund(&self, key: &Key, cost: u64) -> Option<Verdict> {
+        (**self).refund(key, cost)
     }
 
     fn keys_held(&self) -> Option<usize> {
@@ -490,8 +494,10 @@ where
         true
     }
 
-    fn refund(&self, key: &Key, cost: u64) {
+    fn refund(&self, key: &Key, cost: u64) -> Option<Verdict> {
         KeyedLimiter::refund(self, key, cost);
+        let decision = self.peek(key, 0).ok()?;
+        Some(Verdict { decision, quota: 0 })
     }
 
     fn keys_held(&self) -> Option<usize> {
@@ -523,10 +529,17 @@ where
         true
     }
 
-    fn refund(&self, key: &Key, cost: u64) {
-        for limit in self.limits() {
+    /// Refunds every limit, then reports the tightest (least remaining), as a check does.
+    fn refund(&self, key: &Key, cost: u64) -> Option<Verdict> {
+        let mut tightest: Option<Verdict> = None;
+        for (quota, limit) in self.limits().iter().enumerate() {
             limit.refund(key, cost);
+            let decision = limit.peek(key, 0).ok()?;
+            if tightest.is_none_or(|t| decision.remaining() < t.decision.remaining()) {
+                tightest = Some(Verdict { decision, quota });
+            }
         }
+        tightest
     }
 
     /// The most keys any of the limits holds.

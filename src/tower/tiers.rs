@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use parking_lot::RwLock;
 
-use super::{CheckBackend, CheckFuture, ConfigError, Key, QuotaInfo};
+use super::{CheckBackend, CheckFuture, ConfigError, Key, QuotaInfo, Verdict};
 
 type TierFn = dyn Fn(&Key) -> Option<Arc<str>> + Send + Sync;
 
@@ -359,7 +359,7 @@ impl CheckBackend for Tiers {
 
     /// Refunds in the key's tier now (a key moved between its check and its refund is
     /// refunded in its new tier).
-    fn refund(&self, key: &Key, cost: u64) {
-        self.inner.tiers[self.find(key)].backend.refund(key, cost);
+    fn refund(&self, key: &Key, cost: u64) -> Option<Verdict> {
+        self.inner.tiers[self.find(key)].backend.refund(key, cost)
     }
 }
