@@ -20,7 +20,8 @@
 //! library sees one warm key. Quotas (GCRA on both sides, one per group, the same for every
 //! subject): `allow` = 1000/s, burst 1000 (a client comes back at most a few hundred times a
 //! second here, so every request is allowed: the path most requests take); `deny` = 1/s, burst
-//! 1 (after a client's first request nearly every one is denied: tollgate's 429 with its
+//! 1 (a client's unit comes back once a second: at ~1M requests/s over 10k clients about 1 %
+//! of requests are allowed, more right after a pause; tollgate's 429 with its
 //! problem+json body and `Retry-After`, tower-governor's 429 with its text body). Each subject
 //! gets a fresh limiter. After its samples each subject serves 100 000 more requests and the
 //! bench prints the share it allowed (and panics if the share does not fit the group, a guard
@@ -83,7 +84,7 @@ const GROUPS: [Group; 2] = [
     Group {
         name: "deny",
         per_second: 1,
-        plausible: |share| share < 0.05,
+        plausible: |share| share < 0.2,
     },
 ];
 
