@@ -1,0 +1,317 @@
+//! The tower layer's own cost per request (issue 12, "Bench", the criterion part): what
+//! `RateLimitLayer` adds to a request on top of the service it wraps, against tower-governor
+//! (the peer issue 12 names) with the same quota and the same key.
+//!
+//! ```text
+//! cargo bench --features axum,metrics --bench tower          # every row (about 1 minute)
+//! cargo bench --features axum --bench tower                  # without `metrics` compiled in
+//! ```
+//!
+//! Each iteration builds a fresh `Request<()>` (a static URI, cloned: a reference count; a
+//! `ConnectInfo<SocketAddr>` extension, as axum's `into_make_service_with_connect_info` inserts
+//! on every request: one small allocation for the extension map), calls the service once, polls
+//! the returned future once with a no-op waker (every inner response is ready at once: no
+//! runtime, no network) and drops the response. So `no_layer` is the floor every row pays: the
+//! request, the inner service (an empty `axum::body::Body` response) and the drop; a row's
+//! overhead is its figure minus `no_layer`'s.
+//!
+//! Keys: the peer IP (tollgate `KeySource::peer_ip()`, tower-governor `PeerIpKeyExtractor`),
+//! drawn from 10 000 distinct IPv4 addresses in a pre-generated random order, so neither
+//! library sees one warm key. Quotas (GCRA on both sides, one per group, the same for every
+//! subject): `allow` = 1000/s, burst 1000 (a client comes back at most a few hundred times a
+//! second here, so every request is allowed: the path most requests take); `deny` = 1/s, burst
+//! 1 (a client's unit comes back once a second: at ~1M requests/s over 10k clients about 1 %
+//! of requests are allowed, more right after a pause; tollgate's 429 with its
+//! problem+json body and `Retry-After`, tower-governor's 429 with its text body). Each subject
+//! gets a fresh limiter. After its samples each subject serves 100 000 more requests and the
+//! bench prints the share it allowed (and panics if the share does not fit the group, a guard
+//! against a row measuring another path than it names); not under `cargo test --benches`.
+//!
+//! Subjects: `no_layer`; `tollgate` (default header style, the draft's `RateLimit-Policy` and
+//! `RateLimit`); `tollgate_no_headers` (`HeaderStyle::None`); `tollgate_metrics` (only with
+//! feature `metrics`: default headers, every request counted in metrics-util's
+//! `DebuggingRecorder`, a real registry of atomic counters, installed as the thread's local
+//! recorder for the row); `tower_governor` (0.8, `GovernorLayer`, no headers, its default);
+//! `tower_governor_headers` (its `use_headers()`: `x-ratelimit-*` on every response). With
+//! feature `metrics` compiled in, the rows other than `tollgate_metrics` count into the
+//! `metrics` facade's no-op recorder (none is installed).
+//!
+//! Figures and the goals (≤ 1 µs per request, faster than tower-governor, with and without
+//! metrics): `benches/README.md`, "tower layer (issue 12)".
+
+use std::future::Future;
+use std::hint::black_box;
+use std::net::{Ipv4Addr, SocketAddr};
+use std::pin::pin;
+use std::sync::Arc;
+use std::task::{Context, Poll, Wake, Waker};
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::extract::ConnectInfo;
+use criterion::measurement::WallTime;
+use criterion::{criterion_group, criterion_main, BenchmarkGroup, Criterion, Throughput};
+use http::{Request, Response, StatusCode, Uri};
+use tollgate::tower::{HeaderStyle, Key, KeySource, Policy, RateLimitLayer};
+use tollgate::{Gcra, KeyedLimiter, Quota};
+use tower_governor::governor::GovernorConfigBuilder;
+use tower_governor::GovernorLayer;
+use tower_layer::Layer;
+use tower_service::Service;
+
+/// Distinct client IPs.
+const CLIENTS: usize = 10_000;
+/// Length of the visiting order (a power of two, random draws from the clients).
+const SEQUENCE: usize = 1 << 16;
+/// Requests served after a row's samples to judge its share of allowed requests.
+const GUARD_REQUESTS: usize = 100_000;
+
+/// A quota of `limit` per second, bursts of `limit`, in both libraries' terms.
+#[derive(Clone, Copy)]
+struct Group {
+    name: &'static str,
+    per_second: u32,
+    /// The share of allowed requests a subject must show.
+    plausible: fn(f64) -> bool,
+}
+
+const GROUPS: [Group; 2] = [
+    Group {
+        name: "allow",
+        per_second: 1000,
+        plausible: |share| share > 0.99,
+    },
+    Group {
+        name: "deny",
+        per_second: 1,
+        plausible: |share| share < 0.2,
+    },
+];
+
+/// The inner service: answers at once with an empty 200.
+#[derive(Clone, Copy)]
+struct Inner;
+
+impl Service<Request<()>> for Inner {
+    type Response = Response<Body>;
+    type Error = std::convert::Infallible;
+    type Future = std::future::Ready<Result<Response<Body>, Self::Error>>;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, _: Request<()>) -> Self::Future {
+        std::future::ready(Ok(Response::new(Body::empty())))
+    }
+}
+
+struct NoopWake;
+
+impl Wake for NoopWake {
+    fn wake(self: Arc<Self>) {}
+}
+
+/// The visiting order: `SEQUENCE` peer addresses drawn at random from `CLIENTS` distinct ones.
+fn peers() -> Vec<SocketAddr> {
+    // Distinct: multiplying by an odd constant is a bijection of the low 24 bits.
+    let clients: Vec<SocketAddr> = (0..CLIENTS as u32)
+        .map(|i| {
+            let ip = Ipv4Addr::from(0x0A00_0000 | (i.wrapping_mul(0x9E37_79B1) & 0x00FF_FFFF));
+            SocketAddr::from((ip, 40_000 + (i % 20_000) as u16))
+        })
+        .collect();
+    let mut state = 0x5EED_u64;
+    (0..SEQUENCE)
+        .map(|_| {
+            // splitmix64
+            state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
+            let mut z = state;
+            z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+            clients[((z ^ (z >> 31)) % CLIENTS as u64) as usize]
+        })
+        .collect()
+}
+
+/// Serves requests from the peers in turn: one fresh request each, the future polled once.
+struct Driver<'a> {
+    peers: &'a [SocketAddr],
+    next: usize,
+    uri: Uri,
+    cx: Context<'static>,
+}
+
+impl<'a> Driver<'a> {
+    fn new(peers: &'a [SocketAddr], waker: &'static Waker) -> Self {
+        Driver {
+            peers,
+            next: 0,
+            uri: Uri::from_static("/api/hello"),
+            cx: Context::from_waker(waker),
+        }
+    }
+
+    /// One request through `service`: its status.
+    fn serve<S, B>(&mut self, service: &mut S) -> StatusCode
+    where
+        S: Service<Request<()>, Response = Response<B>>,
+        S::Error: std::fmt::Debug,
+    {
+        let peer = self.peers[self.next];
+        self.next = (self.next + 1) & (SEQUENCE - 1);
+        let mut request = Request::new(());
+        *request.uri_mut() = self.uri.clone();
+        request.extensions_mut().insert(ConnectInfo(peer));
+        let ready = service.poll_ready(&mut self.cx);
+        debug_assert!(ready.is_ready());
+        let future = pin!(service.call(request));
+        match future.poll(&mut self.cx) {
+            Poll::Ready(response) => response.expect("the inner service never fails").status(),
+            Poll::Pending => panic!("every response here is ready at once"),
+        }
+    }
+}
+
+fn tollgate_layer(per_second: u32, headers: HeaderStyle) -> RateLimitLayer {
+    let quota = Quota::per_second(u64::from(per_second))
+        .and_then(|q| q.with_burst(u64::from(per_second)))
+        .expect("a valid quota");
+    let limiter = KeyedLimiter::<Key, _>::new(Gcra::new(quota).expect("a valid rule"));
+    RateLimitLayer::builder()
+        .policy(Policy::new("api", limiter).key(KeySource::peer_ip()))
+        .headers(headers)
+        .build()
+        .expect("a valid layer")
+}
+
+/// tower-governor's config for the same GCRA quota: one cell every `1/per_second` s, bursts of
+/// `per_second`.
+macro_rules! governor_config {
+    ($per_second:expr $(, $headers:ident)?) => {{
+        let per_second: u32 = $per_second;
+        let mut builder = GovernorConfigBuilder::default();
+        builder
+            .period(Duration::from_nanos(1_000_000_000 / u64::from(per_second)))
+            .burst_size(per_second);
+        builder$(.$headers())?.finish().expect("a valid governor config")
+    }};
+}
+
+/// Times `service` in the group, then judges its share of allowed requests. False when a
+/// filter skipped the row.
+fn row<S, B>(
+    group: &mut BenchmarkGroup<'_, WallTime>,
+    spec: Group,
+    name: &str,
+    driver: &mut Driver<'_>,
+    mut service: S,
+) -> bool
+where
+    S: Service<Request<()>, Response = Response<B>>,
+    S::Error: std::fmt::Debug,
+{
+    let mut timed = false;
+    group.bench_function(name, |b| {
+        timed = true;
+        b.iter(|| black_box(driver.serve(&mut service)));
+    });
+    // Only for a row criterion timed (not one a filter skipped), and not under `cargo test
+    // --benches` (no `--bench`), where criterion runs each row once: one request says nothing
+    // about a share, and 100 000 debug-build requests a row would only slow the tests down.
+    if !timed || !std::env::args().any(|arg| arg == "--bench") {
+        return timed;
+    }
+    let allowed = (0..GUARD_REQUESTS)
+        .filter(|_| driver.serve(&mut service) == StatusCode::OK)
+        .count();
+    let share = allowed as f64 / GUARD_REQUESTS as f64;
+    println!(
+        "tower/{}/{name}: {:.1} % of {GUARD_REQUESTS} requests allowed after the samples",
+        spec.name,
+        share * 100.0
+    );
+    if name != "no_layer" {
+        assert!(
+            (spec.plausible)(share),
+            "tower/{}/{name}: a share of {share} allowed does not fit the group",
+            spec.name
+        );
+    }
+    true
+}
+
+fn bench_all(c: &mut Criterion) {
+    let peers = peers();
+    let waker: &'static Waker = Box::leak(Box::new(Waker::from(Arc::new(NoopWake))));
+    for spec in GROUPS {
+        let mut group = c.benchmark_group(format!("tower/{}", spec.name));
+        group
+            .warm_up_time(Duration::from_millis(800))
+            .measurement_time(Duration::from_secs(3))
+            .sample_size(30)
+            .throughput(Throughput::Elements(1));
+        let mut driver = Driver::new(&peers, waker);
+        let per_second = spec.per_second;
+        row(&mut group, spec, "no_layer", &mut driver, Inner);
+        row(
+            &mut group,
+            spec,
+            "tollgate",
+            &mut driver,
+            tollgate_layer(per_second, HeaderStyle::default()).layer(Inner),
+        );
+        row(
+            &mut group,
+            spec,
+            "tollgate_no_headers",
+            &mut driver,
+            tollgate_layer(per_second, HeaderStyle::None).layer(Inner),
+        );
+        #[cfg(feature = "metrics")]
+        {
+            let recorder = metrics_util::debugging::DebuggingRecorder::new();
+            let snapshotter = recorder.snapshotter();
+            let timed = metrics::with_local_recorder(&recorder, || {
+                row(
+                    &mut group,
+                    spec,
+                    "tollgate_metrics",
+                    &mut driver,
+                    tollgate_layer(per_second, HeaderStyle::default()).layer(Inner),
+                )
+            });
+            let counted: u64 = snapshotter
+                .snapshot()
+                .into_vec()
+                .into_iter()
+                .filter_map(|(_, _, _, value)| match value {
+                    metrics_util::debugging::DebugValue::Counter(n) => Some(n),
+                    _ => None,
+                })
+                .sum();
+            assert!(
+                !timed || counted > 0,
+                "the recorder counted the row's requests"
+            );
+        }
+        row(
+            &mut group,
+            spec,
+            "tower_governor",
+            &mut driver,
+            GovernorLayer::new(governor_config!(per_second)).layer(Inner),
+        );
+        row(
+            &mut group,
+            spec,
+            "tower_governor_headers",
+            &mut driver,
+            GovernorLayer::new(governor_config!(per_second, use_headers)).layer(Inner),
+        );
+        group.finish();
+    }
+}
+
+criterion_group!(benches, bench_all);
+criterion_main!(benches);
