@@ -12,10 +12,11 @@
 //!    key can never act on another key's state (no ABA through slot reuse).
 //! 2. **A cell is retired by one CAS** from a live state (a log cell: under its lock):
 //!    eviction writes the rule's tombstone (only if the state is fresh), a rebuild writes the
-//!    rule's `moved` mark (whatever the live state) and copies the state it replaced. A decision's CAS therefore lands either before the
-//!    retirement (which then re-reads and judges or copies the new state) or fails and sees it:
-//!    no admission is lost to an eviction or a move. Rules never produce either mark
-//!    (`WordRule::RETIRED`).
+//!    rule's `moved` mark (whatever the live state) and copies the state it replaced. A
+//!    decision's CAS therefore lands either before the retirement (which then re-reads and
+//!    judges or copies the new state) or fails and sees it: no admission is lost to an
+//!    eviction or a move. Rules never produce either mark (`WordRule::RETIRED`; a log's marks
+//!    are ticks no rule uses).
 //! 3. **Tables are reference-counted and each thread caches its shard tables** (a thread-local
 //!    per store), so the hot path reads the cached table without touching any shared counter.
 //!    A stale cached table is still safe: a key live there is decided there (the drain's CAS
