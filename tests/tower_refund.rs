@@ -48,22 +48,28 @@ impl Service<Request<String>> for StatusFromPath {
     }
 }
 
-fn statuses(svc: &mut RateLimit<StatusFromPath>, paths: &[&str]) -> Vec<u16> {
+/// The layer's response to one request for `path` from one client.
+fn respond(
+    svc: &mut RateLimit<StatusFromPath>,
+    path: &str,
+) -> <RateLimit<StatusFromPath> as Service<Request<String>>>::Response {
     let rt = tokio::runtime::Builder::new_current_thread()
         .build()
         .unwrap();
+    let mut request = Request::builder().uri(path).body(String::new()).unwrap();
+    request
+        .extensions_mut()
+        .insert(SocketAddr::new(IpAddr::from([192, 0, 2, 1]), 40_000));
+    rt.block_on(async {
+        poll_fn(|cx| svc.poll_ready(cx)).await.unwrap();
+        svc.call(request).await.unwrap()
+    })
+}
+
+fn statuses(svc: &mut RateLimit<StatusFromPath>, paths: &[&str]) -> Vec<u16> {
     paths
         .iter()
-        .map(|path| {
-            let mut request = Request::builder().uri(*path).body(String::new()).unwrap();
-            request
-                .extensions_mut()
-                .insert(SocketAddr::new(IpAddr::from([192, 0, 2, 1]), 40_000));
-            rt.block_on(async {
-                poll_fn(|cx| svc.poll_ready(cx)).await.unwrap();
-                svc.call(request).await.unwrap().status().as_u16()
-            })
-        })
+        .map(|path| respond(svc, path).status().as_u16())
         .collect()
 }
 
@@ -101,17 +107,7 @@ fn server_errors_are_not_charged() {
 fn headers_after_a_refund_show_the_units_given_back() {
     use tollgate::tower::HeaderStyle;
     fn remaining(svc: &mut RateLimit<StatusFromPath>, path: &str) -> (u16, String) {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .build()
-            .unwrap();
-        let mut request = Request::builder().uri(path).body(String::new()).unwrap();
-        request
-            .extensions_mut()
-            .insert(SocketAddr::new(IpAddr::from([192, 0, 2, 1]), 40_000));
-        let response = rt.block_on(async {
-            poll_fn(|cx| svc.poll_ready(cx)).await.unwrap();
-            svc.call(request).await.unwrap()
-        });
+        let response = respond(svc, path);
         let header = response.headers()["x-ratelimit-remaining"]
             .to_str()
             .unwrap()

@@ -7,7 +7,6 @@
 //! empty (evictable) at `NOW`, a key admitted at `NOW` is not. Every allowed decision must be
 //! found exactly once in the key's log at the end.
 
-use std::hash::{BuildHasher, BuildHasherDefault, DefaultHasher};
 use std::time::Duration;
 
 use loom::sync::Arc;
@@ -17,12 +16,10 @@ use tollgate_loom_tests::state::LogCell;
 use tollgate_loom_tests::store::{KeyTable, KeyedStore, WordTable};
 use tollgate_loom_tests::{Algorithm, Quota, SlidingLog};
 
-use crate::{explore_reaching, At, MS};
+use crate::{explore_reaching, same_shard_keys, At, Hasher, MS};
 
 const NOW: Nanos = 5 * MS;
 
-/// A fixed hasher: loom replays executions, so slots must not move between them.
-type Hasher = BuildHasherDefault<DefaultHasher>;
 type Table = KeyTable<u64, LogCell, WordTable<u64, Hasher, LogCell>>;
 
 fn rule() -> SlidingLog {
@@ -59,13 +56,6 @@ fn held(table: &Table, key: u64) -> u64 {
                 .map(|d| 2 - d.remaining())
         })
         .unwrap_or(0)
-}
-
-/// `n` keys that fall in the same shard (the top 6 bits of their hash).
-fn same_shard_keys(n: usize) -> Vec<u64> {
-    let shard = |key: &u64| Hasher::default().hash_one(key) >> 58;
-    let first = shard(&0);
-    (0..).filter(|k| shard(k) == first).take(n).collect()
 }
 
 /// (a) Key 1's log is empty at `NOW`. One thread admits on it (a lock-free lookup, then the

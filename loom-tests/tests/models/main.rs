@@ -50,6 +50,19 @@ impl<S: KeyedStore<u64, A::Cell>, A: Algorithm> Evictor<A::Cell> for At<'_, S, A
     }
 }
 
+/// A fixed hasher for the table models: loom replays executions, so slots must not move
+/// between them.
+pub type Hasher = std::hash::BuildHasherDefault<std::hash::DefaultHasher>;
+
+/// `n` keys that fall in the same shard of a table hashed by [`Hasher`] (the top 6 bits of
+/// their hash), so that inserting them fills one table of 8 slots.
+pub fn same_shard_keys(n: usize) -> Vec<u64> {
+    use std::hash::BuildHasher;
+    let shard = |key: &u64| Hasher::default().hash_one(key) >> 58;
+    let first = shard(&0);
+    (0..).filter(|k| shard(k) == first).take(n).collect()
+}
+
 /// One millisecond in nanoseconds.
 pub const MS: u64 = 1_000_000;
 

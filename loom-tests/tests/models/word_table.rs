@@ -6,7 +6,6 @@
 //! a key admitted at 0 is fresh (evictable) at `NOW`, a key admitted at `NOW` is not. Every
 //! allowed decision must be found exactly once in the key's state at the end.
 
-use std::hash::{BuildHasher, BuildHasherDefault, DefaultHasher};
 use std::time::Duration;
 
 use loom::sync::Arc;
@@ -16,7 +15,7 @@ use tollgate_loom_tests::state::{AtomicWord, Retired};
 use tollgate_loom_tests::store::{KeyTable, KeyedStore, WordTable};
 use tollgate_loom_tests::{Algorithm, Gcra, Quota};
 
-use crate::{explore_reaching, At, MS};
+use crate::{explore_reaching, same_shard_keys, At, Hasher, MS};
 
 const NOW: Nanos = 5 * MS;
 
@@ -26,8 +25,6 @@ const MARKS: Retired = Retired {
     moved: u64::MAX - 1,
 };
 
-/// A fixed hasher: loom replays executions, so slots must not move between them.
-type Hasher = BuildHasherDefault<DefaultHasher>;
 type Table = KeyTable<u64, AtomicWord, WordTable<u64, Hasher>>;
 
 fn rule() -> Gcra {
@@ -64,14 +61,6 @@ fn held(table: &Table, key: u64) -> u64 {
                 .map(|d| 2 - d.remaining())
         })
         .unwrap_or(0)
-}
-
-/// `n` keys that fall in the same shard (the top 6 bits of their hash), so that inserting them
-/// fills one table of 8 slots.
-fn same_shard_keys(n: usize) -> Vec<u64> {
-    let shard = |key: &u64| Hasher::default().hash_one(key) >> 58;
-    let first = shard(&0);
-    (0..).filter(|k| shard(k) == first).take(n).collect()
 }
 
 /// (a) Key 1 is fresh at `NOW`. One thread admits on it (a lock-free lookup) while another
