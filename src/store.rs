@@ -32,7 +32,7 @@ mod word_table;
 #[path = "store/word_table_tests.rs"]
 mod word_table_tests;
 
-pub use self::cell::TableCell;
+pub use self::cell::{CacheLine, TableCell};
 pub use self::dashmap::DashMapStore;
 pub use self::keyed_store::{Evictor, Inserted, KeyedStore};
 pub use self::word_table::{WordTable, DEFAULT_EVICT_ABOVE};

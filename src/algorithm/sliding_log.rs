@@ -48,9 +48,9 @@ const MAX_WINDOW_TICKS: u64 = 1 << 31;
 ///
 /// # Storage
 /// Each key keeps a ring buffer of 4-byte slots, one per admitted unit still in the window, in
-/// a 64-byte state (72 with its lock): up to 9 slots live in the state itself, so a short log
+/// a 40-byte state (48 with its lock): up to 7 slots live in the state itself, so a short log
 /// needs no allocation and no second memory access; a longer log moves to a heap ring that
-/// grows by doubling up to `L` slots, and moves back into the state once it is down to 6
+/// grows by doubling up to `L` slots, and moves back into the state once it is down to 4
 /// entries. A slot holds its entry's time in *ticks* modulo 2^32; the tick is the finest of 1,
 /// 2, …, 64 ns, 1 µs, 10 µs, … that keeps `W` under 2^31 ticks (1 ns for `W` up to 2.1 s, 64 ns
 /// up to 137 s, 1 µs up to 35 min, 1 ms up to 24.8 days). An entry's time is rounded *up* to its
@@ -71,30 +71,38 @@ pub struct SlidingLog {
     tick: u64,
 }
 
-/// How many slots a log keeps inside its own state. Nine fill the state's 40-byte storage field
-/// (the size of a boxed slice and its tag), so a short log costs no allocation and no second
-/// cache miss: at 100k keys, reaching a heap ring cost more than the rest of a check.
-const INLINE: usize = 9;
+/// How many slots a log keeps inside its own state. Seven fill the slots field (the size of a
+/// boxed slice, its head and length, and the tag), so a short log costs no allocation and no
+/// second cache miss, and the state with its lock and a `u64` key fills one 64-byte cache line
+/// of the keyed store's table.
+const INLINE: usize = 7;
 
 /// A log on the heap moves back into its state once it holds at most this many entries. Below
-/// `INLINE`, so that a log hovering around nine entries does not allocate and free on every
+/// `INLINE`, so that a log hovering around seven entries does not allocate and free on every
 /// check.
-const SHRINK_AT: u32 = 6;
+const SHRINK_AT: u32 = 4;
 
-/// Where a log's slots live.
+/// Where a log's slots live, with the ring's head (index of the oldest entry) and length.
 #[derive(Debug)]
 enum Slots {
     /// Up to [`INLINE`] entries, in the state itself.
-    Inline([u32; INLINE]),
+    Inline {
+        head: u8,
+        len: u8,
+        entries: [u32; INLINE],
+    },
     /// A longer log: a ring that grows by doubling, up to `L` slots.
-    Heap(Box<[u32]>),
+    Heap {
+        head: u32,
+        len: u32,
+        entries: Box<[u32]>,
+    },
 }
 
 /// A key's log: entry times in ticks, oldest first, in a ring of 4-byte slots.
 ///
-/// `repr(C)` keeps the header, which every check reads first, at the front: next to the key and
-/// the lock in the store's bucket, so that it more often shares the cache line the lookup has
-/// just fetched.
+/// 40 bytes: a slot holds the low half of its entry's time, and the ring keeps only the high
+/// half of the newest entry's (all the entries lie within 2^31 ticks of it).
 ///
 /// # Examples
 /// ```
@@ -108,35 +116,33 @@ enum Slots {
 /// # Ok::<(), tollgate::QuotaError>(())
 /// ```
 #[derive(Debug)]
-#[repr(C)]
 pub struct Ring {
-    /// The newest entry's time in ticks (all 64 bits); meaningless when empty.
-    newest: u64,
-    /// The tick the slots are counted in; 0 until the first entry.
-    tick: u64,
-    /// Index of the oldest entry.
-    head: u32,
-    /// Number of entries.
-    len: u32,
+    /// The high half of the newest entry's time in ticks; the low half is the newest slot.
+    newest_high: u32,
+    /// The tick the slots are counted in, in ns (at most 1 s); 0 until the first entry, or a
+    /// keyed store's mark.
+    tick: u32,
     slots: Slots,
 }
 
 impl Default for Ring {
     fn default() -> Self {
         Ring {
-            newest: 0,
+            newest_high: 0,
             tick: 0,
-            head: 0,
-            len: 0,
-            slots: Slots::Inline([0; INLINE]),
+            slots: Slots::Inline {
+                head: 0,
+                len: 0,
+                entries: [0; INLINE],
+            },
         }
     }
 }
 
 /// Ticks no rule uses (a rule's tick is at most 1 s), written by a keyed store into a ring it
 /// retired: see [`LogCell`](crate::state::LogCell).
-const TOMBSTONE_TICK: u64 = u64::MAX;
-const MOVED_TICK: u64 = u64::MAX - 1;
+const TOMBSTONE_TICK: u32 = u32::MAX;
+const MOVED_TICK: u32 = u32::MAX - 1;
 
 /// Why a keyed store retired a ring.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -169,19 +175,40 @@ impl Ring {
         }
     }
 
+    /// The index of the oldest entry and the number of entries.
+    #[inline]
+    fn head_len(&self) -> (u32, u32) {
+        match &self.slots {
+            Slots::Inline { head, len, .. } => (u32::from(*head), u32::from(*len)),
+            Slots::Heap { head, len, .. } => (*head, *len),
+        }
+    }
+
+    /// Sets the head and length (`head < capacity`, `len ≤ capacity`: they fit an inline
+    /// ring's bytes).
+    #[inline]
+    fn set_head_len(&mut self, new_head: u32, new_len: u32) {
+        match &mut self.slots {
+            Slots::Inline { head, len, .. } => {
+                (*head, *len) = (new_head as u8, new_len as u8);
+            }
+            Slots::Heap { head, len, .. } => (*head, *len) = (new_head, new_len),
+        }
+    }
+
     #[inline]
     fn slots(&self) -> &[u32] {
         match &self.slots {
-            Slots::Inline(slots) => slots,
-            Slots::Heap(slots) => slots,
+            Slots::Inline { entries, .. } => entries,
+            Slots::Heap { entries, .. } => entries,
         }
     }
 
     #[inline]
     fn slots_mut(&mut self) -> &mut [u32] {
         match &mut self.slots {
-            Slots::Inline(slots) => slots,
-            Slots::Heap(slots) => slots,
+            Slots::Inline { entries, .. } => entries,
+            Slots::Heap { entries, .. } => entries,
         }
     }
 
@@ -189,7 +216,8 @@ impl Ring {
     /// subtraction wraps it; no division on the hot path).
     #[inline]
     fn index(&self, i: u32) -> usize {
-        let (at, capacity) = (self.head as usize + i as usize, self.slots().len());
+        let (head, _) = self.head_len();
+        let (at, capacity) = (head as usize + i as usize, self.slots().len());
         if at >= capacity {
             at - capacity
         } else {
@@ -197,22 +225,33 @@ impl Ring {
         }
     }
 
+    /// The newest entry's time in ticks; 0 when the log is empty.
+    #[inline]
+    fn newest(&self) -> u64 {
+        match self.head_len().1 {
+            0 => 0,
+            len => u64::from(self.newest_high) << 32 | u64::from(self.slots()[self.index(len - 1)]),
+        }
+    }
+
     /// The time in ticks of the `i`-th oldest entry (`i < len`).
     #[inline]
     fn entry(&self, i: u32) -> u64 {
+        let newest = self.newest();
         let slot = self.slots()[self.index(i)];
-        self.newest - (self.newest as u32).wrapping_sub(slot) as u64
+        newest - (newest as u32).wrapping_sub(slot) as u64
     }
 
     #[inline]
     fn push(&mut self, ticks: u64, limit: u64) {
-        if self.len as usize == self.slots().len() {
+        if self.head_len().1 as usize == self.slots().len() {
             self.grow(limit);
         }
-        let at = self.index(self.len);
+        let (head, len) = self.head_len();
+        let at = self.index(len);
         self.slots_mut()[at] = ticks as u32;
-        self.len += 1;
-        self.newest = ticks;
+        self.set_head_len(head, len + 1);
+        self.newest_high = (ticks >> 32) as u32;
     }
 
     /// Doubles the slots (at most `limit`, at least `len + 1`).
@@ -226,27 +265,38 @@ impl Ring {
     #[cold]
     #[inline(never)]
     fn resize(&mut self, capacity: usize) {
+        let (_, len) = self.head_len();
         let mut slots = if capacity <= INLINE {
-            Slots::Inline([0; INLINE])
+            Slots::Inline {
+                head: 0,
+                len: 0,
+                entries: [0; INLINE],
+            }
         } else {
-            Slots::Heap(vec![0u32; capacity].into_boxed_slice())
+            Slots::Heap {
+                head: 0,
+                len: 0,
+                entries: vec![0u32; capacity].into_boxed_slice(),
+            }
         };
         let to = match &mut slots {
-            Slots::Inline(to) => &mut to[..],
-            Slots::Heap(to) => &mut to[..],
+            Slots::Inline { entries, .. } => &mut entries[..],
+            Slots::Heap { entries, .. } => &mut entries[..],
         };
-        for (i, to) in to.iter_mut().take(self.len as usize).enumerate() {
+        for (i, to) in to.iter_mut().take(len as usize).enumerate() {
             *to = self.slots()[self.index(i as u32)];
         }
         self.slots = slots;
-        self.head = 0;
+        self.set_head_len(0, len);
     }
 
     /// Brings a heap log that has become short back into the state.
     #[inline]
     fn shrink_if_short(&mut self) {
-        if self.len <= SHRINK_AT && matches!(self.slots, Slots::Heap(_)) {
-            self.resize(INLINE);
+        if let Slots::Heap { len, .. } = self.slots {
+            if len <= SHRINK_AT {
+                self.resize(INLINE);
+            }
         }
     }
 
@@ -255,37 +305,37 @@ impl Ring {
     /// loop is a load, a subtraction and a comparison per dropped entry.
     #[inline]
     fn expire_through(&mut self, last_expired: u64) {
-        if self.len == 0 {
+        let (head, len) = self.head_len();
+        if len == 0 {
             return;
         }
-        if self.newest <= last_expired {
-            self.len = 0;
-            self.head = 0;
+        let newest = self.newest();
+        if newest <= last_expired {
+            self.set_head_len(0, 0);
         } else {
             // An entry is live iff its age is below `max_age`; the newest (age 0) always is,
             // so the loop stops before the log is empty.
-            let max_age = self.newest - last_expired;
-            let newest = self.newest as u32;
-            let (mut head, mut len) = (self.head as usize, self.len);
+            let max_age = newest - last_expired;
+            let (mut head, mut len) = (head as usize, len);
             let slots = self.slots();
-            while u64::from(newest.wrapping_sub(slots[head])) >= max_age {
+            while u64::from((newest as u32).wrapping_sub(slots[head])) >= max_age {
                 head += 1;
                 if head == slots.len() {
                     head = 0;
                 }
                 len -= 1;
             }
-            self.head = head as u32;
-            self.len = len;
+            self.set_head_len(head as u32, len);
         }
         self.shrink_if_short();
     }
 
     fn pop_back(&mut self) {
-        self.len -= 1;
-        if self.len > 0 {
-            self.newest = self.entry(self.len - 1);
+        let (head, len) = self.head_len();
+        if len > 1 {
+            self.newest_high = (self.entry(len - 2) >> 32) as u32;
         }
+        self.set_head_len(head, len - 1);
     }
 
     /// Re-expresses the entries in another tick (after `set_quota` changed the window), rounding
@@ -293,17 +343,22 @@ impl Ring {
     #[cold]
     #[inline(never)]
     fn retick(&mut self, tick: u64) {
-        if self.len > 0 && self.tick != 0 {
-            let times: Vec<u64> = (0..self.len)
-                .map(|i| self.entry(i).saturating_mul(self.tick).div_ceil(tick))
+        let (_, len) = self.head_len();
+        if len > 0 && self.tick != 0 {
+            let times: Vec<u64> = (0..len)
+                .map(|i| {
+                    self.entry(i)
+                        .saturating_mul(u64::from(self.tick))
+                        .div_ceil(tick)
+                })
                 .collect();
-            self.len = 0;
-            self.head = 0;
+            self.set_head_len(0, 0);
             for t in times {
                 self.push(t, u64::MAX);
             }
         }
-        self.tick = tick;
+        // A rule's tick is one of `TICKS`, at most 1 s: it fits.
+        self.tick = tick as u32;
     }
 
     /// The number of entries; for tests and memory accounting.
@@ -319,7 +374,7 @@ impl Ring {
     /// # Ok::<(), tollgate::QuotaError>(())
     /// ```
     pub fn len(&self) -> usize {
-        self.len as usize
+        self.head_len().1 as usize
     }
 
     /// Whether the log holds no entry.
@@ -336,7 +391,7 @@ impl Ring {
     /// # Ok::<(), tollgate::QuotaError>(())
     /// ```
     pub fn is_empty(&self) -> bool {
-        self.len == 0
+        self.len() == 0
     }
 
     /// Bytes of slot storage on the heap (0 while the log fits in its state).
@@ -346,18 +401,18 @@ impl Ring {
     /// use tollgate::{algorithm::sliding_log::Ring, Quota, SlidingLog};
     /// let rule = SlidingLog::new(Quota::per_second(100)?)?;
     /// let mut ring = Ring::default();
-    /// // Nine entries fit in the state itself: no heap.
-    /// rule.decide(&mut ring, 0, 9, true);
+    /// // Seven entries fit in the state itself: no heap.
+    /// rule.decide(&mut ring, 0, 7, true);
     /// assert_eq!(ring.slot_bytes(), 0);
-    /// // A tenth moves the log to a heap ring of 4-byte slots.
+    /// // An eighth moves the log to a heap ring of 4-byte slots.
     /// rule.decide(&mut ring, 0, 1, true);
-    /// assert!(ring.slot_bytes() >= 10 * 4);
+    /// assert!(ring.slot_bytes() >= 8 * 4);
     /// # Ok::<(), tollgate::QuotaError>(())
     /// ```
     pub fn slot_bytes(&self) -> usize {
         match &self.slots {
-            Slots::Inline(_) => 0,
-            Slots::Heap(slots) => slots.len() * 4,
+            Slots::Inline { .. } => 0,
+            Slots::Heap { entries, .. } => entries.len() * 4,
         }
     }
 }
@@ -469,7 +524,7 @@ impl SlidingLog {
     /// Drops expired entries and brings the ring to this rule's tick.
     #[inline]
     fn prune(&self, ring: &mut Ring, now: Nanos) {
-        if ring.tick != self.tick {
+        if u64::from(ring.tick) != self.tick {
             ring.retick(self.tick);
         }
         // Before `W` has passed since the origin nothing has expired. After, an entry at
@@ -507,13 +562,13 @@ impl SlidingLog {
     #[inline]
     pub fn decide(&self, ring: &mut Ring, now: Nanos, cost: u64, commit: bool) -> Decision {
         self.prune(ring, now);
-        let count = ring.len as u64;
+        let count = ring.len() as u64;
         let allowed = count + cost <= self.limit;
         if allowed && commit && cost > 0 {
             // Rounded up to the tick, and never before the newest entry (time order).
             let mut ticks = self.ticks_ceil(now);
-            if ring.len > 0 {
-                ticks = ticks.max(ring.newest);
+            if count > 0 {
+                ticks = ticks.max(ring.newest());
             }
             for _ in 0..cost {
                 ring.push(ticks, self.limit);
@@ -530,7 +585,7 @@ impl SlidingLog {
             0
         } else if !(allowed && cost > 0 && !commit) {
             // `newest` is the newest entry's time whenever the log is not empty.
-            self.expires_in(ring.newest, now)
+            self.expires_in(ring.newest(), now)
         } else {
             // A peek that would append: the new entries would be the newest.
             self.expires_in(self.ticks_ceil(now), now)
@@ -562,7 +617,7 @@ impl SlidingLog {
     /// ```
     pub fn refund(&self, ring: &mut Ring, now: Nanos, cost: u64) {
         self.prune(ring, now);
-        for _ in 0..cost.min(ring.len as u64) {
+        for _ in 0..cost.min(ring.len() as u64) {
             ring.pop_back();
         }
     }
@@ -582,7 +637,7 @@ impl SlidingLog {
     /// ```
     pub fn is_empty_at(&self, ring: &mut Ring, now: Nanos) -> bool {
         self.prune(ring, now);
-        ring.len == 0
+        ring.is_empty()
     }
 }
 
@@ -610,18 +665,22 @@ mod tests {
     }
 
     #[test]
-    fn ring_is_64_bytes_and_short_logs_stay_inline() {
-        assert_eq!(std::mem::size_of::<Ring>(), 64);
+    fn ring_is_40_bytes_and_short_logs_stay_inline() {
+        assert_eq!(std::mem::size_of::<Ring>(), 40);
+        assert_eq!(std::mem::size_of::<crate::state::LogCell>(), 48);
         let log = SlidingLog::new(Quota::new(64, Duration::from_millis(10)).unwrap()).unwrap();
         let mut ring = Ring::default();
         for i in 0..INLINE as u64 {
             assert!(log.decide(&mut ring, i, 1, true).allowed());
         }
-        assert_eq!(ring.slot_bytes(), 0, "nine entries fit in the state");
+        assert_eq!(ring.slot_bytes(), 0, "seven entries fit in the state");
         assert!(log.decide(&mut ring, 100, 1, true).allowed());
-        assert_eq!(ring.len(), 10);
-        assert!(ring.slot_bytes() > 0, "the tenth moves the log to the heap");
-        // 10 ms later the first nine have expired: the log is back in its state, in order.
+        assert_eq!(ring.len(), 8);
+        assert!(
+            ring.slot_bytes() > 0,
+            "the eighth moves the log to the heap"
+        );
+        // 10 ms later the first seven have expired: the log is back in its state, in order.
         let d = log.decide(&mut ring, 10 * MS + 8, 1, true);
         assert!(d.allowed());
         assert_eq!(ring.len(), 2);

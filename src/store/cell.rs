@@ -37,6 +37,8 @@ pub trait TableCell: Default + Send + Sync {
     type Marks: Copy + Send + Sync + std::fmt::Debug;
     /// A live state, taken out of a cell that is moved to a new table.
     type State;
+    /// A zero-sized type whose alignment the table gives each slot (cell and key).
+    type Align: Send + Sync;
 
     /// Whether the cell holds a live state: neither a tombstone nor moved.
     fn is_live(&self, marks: Self::Marks) -> bool;
@@ -55,9 +57,21 @@ pub trait TableCell: Default + Send + Sync {
     fn revive(&self, marks: Self::Marks) -> bool;
 }
 
+/// Aligns a table slot to a 64-byte cache line (zero-sized).
+///
+/// # Examples
+/// ```
+/// use tollgate::store::CacheLine;
+/// assert_eq!((std::mem::size_of::<CacheLine>(), std::mem::align_of::<CacheLine>()), (0, 64));
+/// ```
+#[derive(Debug, Clone, Copy, Default)]
+#[repr(align(64))]
+pub struct CacheLine;
+
 impl TableCell for AtomicWord {
     type Marks = Retired;
     type State = u64;
+    type Align = ();
 
     #[inline]
     fn is_live(&self, marks: Retired) -> bool {
@@ -86,6 +100,9 @@ impl TableCell for AtomicWord {
 impl TableCell for LogCell {
     type Marks = ();
     type State = crate::algorithm::sliding_log::Ring;
+    /// A log's cell (48 bytes) and a `u64` key fill one cache line: a check reads one line,
+    /// as a word rule's does.
+    type Align = CacheLine;
 
     fn is_live(&self, (): ()) -> bool {
         self.retired().is_none()

@@ -150,13 +150,15 @@ fn holding(keys: usize) -> usize {
     }
 }
 
-struct Slot<K, C> {
+struct Slot<K, C: TableCell> {
     state: C,
     key: OnceLock<K>,
+    /// Aligns the slot as the cell asks (a log's slot to a cache line).
+    _align: [C::Align; 0],
 }
 
 /// One shard's table. Never shrinks or grows in place: a rebuild makes a new one.
-struct Table<K, C> {
+struct Table<K, C: TableCell> {
     /// A byte a slot, eight to a word: 0 until the slot's key is set, then [`tag`] of
     /// its hash. A probe reads a word of tags at a time and reads a slot only when its tag
     /// matches: a probe past other keys reads no slot (nor, for `String` keys, the heap), and
@@ -168,7 +170,7 @@ struct Table<K, C> {
     slots: Box<[Slot<K, C>]>,
 }
 
-impl<K, C> std::ops::Deref for Table<K, C> {
+impl<K, C: TableCell> std::ops::Deref for Table<K, C> {
     type Target = [Slot<K, C>];
 
     fn deref(&self) -> &[Slot<K, C>] {
@@ -193,16 +195,17 @@ fn table_len(capacity: usize) -> usize {
     capacity.max(MIN_CAPACITY).next_multiple_of(8)
 }
 
-impl<K, C: Default> Slot<K, C> {
+impl<K, C: TableCell> Slot<K, C> {
     fn empty() -> Self {
         Slot {
             state: C::default(),
             key: OnceLock::new(),
+            _align: [],
         }
     }
 }
 
-fn new_table<K, C: Default>(capacity: usize) -> Arc<Table<K, C>> {
+fn new_table<K, C: TableCell>(capacity: usize) -> Arc<Table<K, C>> {
     let len = table_len(capacity);
     Arc::new(Table {
         tags: (0..len / 8).map(|_| AtomicU64::new(0)).collect(),
@@ -211,7 +214,7 @@ fn new_table<K, C: Default>(capacity: usize) -> Arc<Table<K, C>> {
 }
 
 /// Sets the key of the empty slot `index` (under the shard lock), then its tag.
-fn occupy<K, C>(table: &Table<K, C>, index: usize, hash: u64, key: K) -> &Slot<K, C> {
+fn occupy<K, C: TableCell>(table: &Table<K, C>, index: usize, hash: u64, key: K) -> &Slot<K, C> {
     let slot = &table.slots[index];
     let _ = slot.key.set(key);
     let word = &table.tags[index / 8];
@@ -224,7 +227,7 @@ fn occupy<K, C>(table: &Table<K, C>, index: usize, hash: u64, key: K) -> &Slot<K
 
 /// Where a hash's probe starts: the low 32 bits scaled to the table (any length).
 #[inline]
-fn home<K, C>(table: &Table<K, C>, hash: u64) -> usize {
+fn home<K, C: TableCell>(table: &Table<K, C>, hash: u64) -> usize {
     ((hash as u32 as u64 * table.len() as u64) >> 32) as usize
 }
 
@@ -233,7 +236,11 @@ fn home<K, C>(table: &Table<K, C>, hash: u64) -> usize {
 /// lock, a key being inserted may read as absent (its tag not stored yet): lock-free callers
 /// then look again under the lock.
 #[inline]
-fn find<'t, K, C, Q>(table: &'t Table<K, C>, hash: u64, key: &Q) -> Result<&'t Slot<K, C>, usize>
+fn find<'t, K, C: TableCell, Q>(
+    table: &'t Table<K, C>,
+    hash: u64,
+    key: &Q,
+) -> Result<&'t Slot<K, C>, usize>
 where
     K: Borrow<Q>,
     Q: Eq + ?Sized,
@@ -271,7 +278,7 @@ where
     }
 }
 
-struct Shard<K, C> {
+struct Shard<K, C: TableCell> {
     /// Where lookups and inserts go.
     table: Arc<Table<K, C>>,
     /// The table being emptied into `table`, a few slots per insert.
@@ -295,7 +302,7 @@ struct Shard<K, C> {
 }
 
 /// A table being built [`BUILD_STEP`] slots per insert (see [`WordTable::build_next`]).
-struct Building<K, C> {
+struct Building<K, C: TableCell> {
     tags: Vec<AtomicU64>,
     slots: Vec<Slot<K, C>>,
     /// The slots it will have (a multiple of 8).
@@ -307,14 +314,14 @@ struct Building<K, C> {
 /// its table every few thousand inserts, with one of the same size: taking a cleared spare,
 /// that call neither allocates nor fills a table (up to ~1 MB at the default bound), and no
 /// call drops a whole table's keys.
-struct Spare<K, C> {
+struct Spare<K, C: TableCell> {
     table: Arc<Table<K, C>>,
     cleared: usize,
 }
 
 /// A replaced table whose slots before `next` are visited: each live key there has been moved
 /// to the shard's table or, if fresh, evicted.
-struct Drain<K, C> {
+struct Drain<K, C: TableCell> {
     from: Arc<Table<K, C>>,
     next: usize,
     /// The drain evicts keys unused since this instant (the table's previous replacement);
@@ -338,12 +345,12 @@ enum Visit {
 /// Each thread's cached table per shard (see the module docs, rule 3). A lookup takes its
 /// shard's table out of the cell and puts it back when done; a lookup nested in it (a clock
 /// that calls its own limiter) finds the cell empty and fetches the table itself.
-struct Cache<K, C>([Cell<Cached<K, C>>; SHARDS]);
+struct Cache<K, C: TableCell>([Cell<Cached<K, C>>; SHARDS]);
 
 /// A thread's table of one shard, if it has fetched one.
 type Cached<K, C> = Option<Arc<Table<K, C>>>;
 
-impl<K, C> Default for Cache<K, C> {
+impl<K, C: TableCell> Default for Cache<K, C> {
     fn default() -> Self {
         Cache(std::array::from_fn(|_| Cell::new(None)))
     }

@@ -62,7 +62,7 @@ fn log_cell_never_over_limit() {
 }
 
 /// The same race on a log of L = 12, one thread appending 8 then 1, the other 3: the log can
-/// outgrow the 9 slots its cell holds and move to the heap, and move back into the cell when a
+/// outgrow the 7 slots its cell holds and move to the heap, and move back into the cell when a
 /// call after the clock passed W finds its entries expired. The moves change nothing SPEC can
 /// see.
 #[test]
