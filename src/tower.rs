@@ -848,51 +848,193 @@ fn record_outcome(
 type BoxedResponse<B, E> =
     Pin<Box<dyn Future<Output = Result<Response<RateLimitBody<B>>, E>> + Send>>;
 
-/// The future of [`RateLimit`]'s responses.
-///
-/// # Examples
-/// ```
-/// use axum::{body::Body, routing::get, Router};
-/// use http::{Request, StatusCode};
-/// use tollgate::tower::{Key, Policy, RateLimitLayer};
-/// use tollgate::{Gcra, KeyedLimiter, Quota};
-/// use tower_layer::Layer;
-/// use tower_service::Service;
-/// # #[tokio::main(flavor = "current_thread")]
-/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-/// let per_ip = KeyedLimiter::<Key, _>::new(Gcra::new(Quota::per_hour(1)?)?);
-/// let mut app = RateLimitLayer::builder()
-///     .policy(Policy::new("api", per_ip))
-///     .build()?
-///     .layer(Router::new().route("/", get(|| async { "ok" })));
-/// let mut statuses = Vec::new();
-/// for _ in 0..2 {
-///     let mut request = Request::get("/").body(Body::empty())?;
-///     request.extensions_mut().insert(std::net::SocketAddr::from(([192, 0, 2, 1], 40000)));
-///     std::future::poll_fn(|cx| Service::<Request<Body>>::poll_ready(&mut app, cx)).await?;
-///     let future: tollgate::tower::ResponseFuture<_, _> = app.call(request);
-///     statuses.push(future.await?.status());
-/// }
-/// // One an hour: the second is refused.
-/// assert_eq!(statuses, [StatusCode::OK, StatusCode::TOO_MANY_REQUESTS]);
-/// # Ok(())
-/// # }
-/// ```
-pub struct ResponseFuture<B, E> {
-    inner: BoxedResponse<B, E>,
+/// What an admitted request's response still needs once the inner service answered: the
+/// headers, and a refund by status.
+struct Admitted {
+    shared: Arc<Shared>,
+    policy: usize,
+    key: Key,
+    cost: u64,
+    verdict: Verdict,
 }
 
-impl<B, E> fmt::Debug for ResponseFuture<B, E> {
+impl Admitted {
+    /// The inner service's `response`, with what `admitted` adds to it (nothing for `None`).
+    fn finish<B>(admitted: Option<Admitted>, response: Response<B>) -> Response<RateLimitBody<B>> {
+        let mut response = response.map(RateLimitBody::inner);
+        let Some(this) = admitted else {
+            return response;
+        };
+        let policy = &this.shared.policies[this.policy];
+        let mut verdict = this.verdict;
+        if verdict.decision.allowed()
+            && policy
+                .refund
+                .as_ref()
+                .is_some_and(|refund| refund(response.status()))
+        {
+            // The headers then say what the client has once the units are back.
+            if let Some(after) = policy.backend.refund(&this.key, this.cost) {
+                verdict = after;
+            }
+            stats::record(policy, Outcome::Refunded);
+        }
+        add_headers(
+            response.headers_mut(),
+            this.shared.headers,
+            policy,
+            &verdict,
+        );
+        response
+    }
+}
+
+/// What becomes of a checked request.
+enum Next<B> {
+    /// This answer, without calling the inner service (a denial, a rejection).
+    Respond(Response<RateLimitBody<B>>),
+    /// The inner service's answer, finished by `Admitted` when there is anything to add.
+    Call(Option<Admitted>),
+}
+
+/// Counts what policy `index` `decided` for `key`, and what the request gets for it.
+fn next<B>(
+    shared: &Arc<Shared>,
+    index: usize,
+    key: Key,
+    cost: u64,
+    decided: Result<(Verdict, std::time::Duration), CheckError>,
+    grpc: bool,
+) -> Next<B> {
+    let policy = &shared.policies[index];
+    record_outcome(policy, &key, &decided);
+    let verdict = match decided {
+        Ok((verdict, _)) => verdict,
+        Err(_) if policy.mode == Mode::Shadow => return Next::Call(None),
+        Err(CheckError::Limit(Error::CapacityExceeded { cost, capacity })) => {
+            let detail = format!(
+                "Rate limit \"{}\": a cost of {cost} exceeds the capacity {capacity}; this request can never be admitted.",
+                policy.name()
+            );
+            return Next::Respond(if grpc {
+                grpc_response(GRPC_RESOURCE_EXHAUSTED, &detail)
+            } else {
+                problem_response(StatusCode::TOO_MANY_REQUESTS, &detail, None)
+            });
+        }
+        Err(_) => {
+            return match shared.on_error {
+                Fallback::Allow => Next::Call(None),
+                Fallback::Reject(status) => Next::Respond(shared.reject(
+                    status,
+                    "The rate limiter could not decide this request.",
+                    grpc,
+                )),
+            }
+        }
+    };
+    if !verdict.decision.allowed() && policy.mode != Mode::Shadow {
+        return Next::Respond(shared.deny(policy, &verdict, grpc));
+    }
+    if shared.headers == HeaderStyle::None && policy.refund.is_none() {
+        // Nothing to add to the response: it passes as it is.
+        return Next::Call(None);
+    }
+    Next::Call(Some(Admitted {
+        shared: Arc::clone(shared),
+        policy: index,
+        key,
+        cost,
+        verdict,
+    }))
+}
+
+pin_project_lite::pin_project! {
+    /// The future of [`RateLimit`]'s responses: no allocation when the policy's backend decides
+    /// at once ([`CheckBackend::check_now`]: the in-process limiters); a boxed future when it
+    /// must wait (a network backend, delay mode).
+    ///
+    /// # Examples
+    /// ```
+    /// use axum::{body::Body, routing::get, Router};
+    /// use http::{Request, StatusCode};
+    /// use tollgate::tower::{Key, Policy, RateLimitLayer};
+    /// use tollgate::{Gcra, KeyedLimiter, Quota};
+    /// use tower_layer::Layer;
+    /// use tower_service::Service;
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let per_ip = KeyedLimiter::<Key, _>::new(Gcra::new(Quota::per_hour(1)?)?);
+    /// let mut app = RateLimitLayer::builder()
+    ///     .policy(Policy::new("api", per_ip))
+    ///     .build()?
+    ///     .layer(Router::new().route("/", get(|| async { "ok" })));
+    /// let mut statuses = Vec::new();
+    /// for _ in 0..2 {
+    ///     let mut request = Request::get("/").body(Body::empty())?;
+    ///     request.extensions_mut().insert(std::net::SocketAddr::from(([192, 0, 2, 1], 40000)));
+    ///     std::future::poll_fn(|cx| Service::<Request<Body>>::poll_ready(&mut app, cx)).await?;
+    ///     let future: tollgate::tower::ResponseFuture<_, _, _> = app.call(request);
+    ///     statuses.push(future.await?.status());
+    /// }
+    /// // One an hour: the second is refused.
+    /// assert_eq!(statuses, [StatusCode::OK, StatusCode::TOO_MANY_REQUESTS]);
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub struct ResponseFuture<F, B, E> {
+        #[pin]
+        stage: Stage<F, B, E>,
+    }
+}
+
+pin_project_lite::pin_project! {
+    #[project = StageProj]
+    enum Stage<F, B, E> {
+        /// Answered without the inner service.
+        Ready { response: Option<Response<RateLimitBody<B>>> },
+        /// The inner service's future, and what its response still needs.
+        Inner {
+            #[pin]
+            future: F,
+            admitted: Option<Admitted>,
+        },
+        /// A decision that waits, and then the inner service.
+        Boxed { future: BoxedResponse<B, E> },
+    }
+}
+
+impl<F, B, E> ResponseFuture<F, B, E> {
+    fn stage(stage: Stage<F, B, E>) -> Self {
+        ResponseFuture { stage }
+    }
+}
+
+impl<F, B, E> fmt::Debug for ResponseFuture<F, B, E> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str("ResponseFuture")
     }
 }
 
-impl<B, E> Future for ResponseFuture<B, E> {
+impl<F, B, E> Future for ResponseFuture<F, B, E>
+where
+    F: Future<Output = Result<Response<B>, E>>,
+{
     type Output = Result<Response<RateLimitBody<B>>, E>;
 
-    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        self.inner.as_mut().poll(cx)
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        match self.project().stage.project() {
+            StageProj::Ready { response } => match response.take() {
+                Some(response) => Poll::Ready(Ok(response)),
+                // Polled again after completion: a caller bug; stay pending rather than panic.
+                None => Poll::Pending,
+            },
+            StageProj::Inner { future, admitted } => {
+                let response = std::task::ready!(future.poll(cx))?;
+                Poll::Ready(Ok(Admitted::finish(admitted.take(), response)))
+            }
+            StageProj::Boxed { future } => future.as_mut().poll(cx),
+        }
     }
 }
 
@@ -906,7 +1048,7 @@ where
 {
     type Response = Response<RateLimitBody<ResBody>>;
     type Error = S::Error;
-    type Future = ResponseFuture<ResBody, S::Error>;
+    type Future = ResponseFuture<S::Future, ResBody, S::Error>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
         self.inner.poll_ready(cx)
@@ -916,78 +1058,56 @@ where
         // The service polled ready is the one to call: keep it, leave a fresh clone behind.
         let clone = self.inner.clone();
         let mut inner = std::mem::replace(&mut self.inner, clone);
-        let shared = Arc::clone(&self.shared);
         let (parts, body) = request.into_parts();
-        let plan = shared.plan(&parts);
+        let plan = self.shared.plan(&parts);
         let grpc = is_grpc(&parts.headers);
         let request = Request::from_parts(parts, body);
-        let inner = Box::pin(async move {
-            let (policy, key, cost) = match plan {
-                Plan::Pass => {
-                    return inner
-                        .call(request)
-                        .await
-                        .map(|r| r.map(RateLimitBody::inner))
-                }
-                Plan::Reject(status, detail) => return Ok(shared.reject(status, detail, grpc)),
-                Plan::Check { policy, key, cost } => (policy, key, cost),
-            };
-            let policy = &shared.policies[policy];
-            let decided = decide(policy, &key, cost).await;
-            record_outcome(policy, &key, &decided);
-            let verdict = match decided {
-                Ok((verdict, _)) => verdict,
-                Err(_) if policy.mode == Mode::Shadow => {
-                    return inner
-                        .call(request)
-                        .await
-                        .map(|r| r.map(RateLimitBody::inner))
-                }
-                Err(CheckError::Limit(Error::CapacityExceeded { cost, capacity })) => {
-                    let detail = format!(
-                        "Rate limit \"{}\": a cost of {cost} exceeds the capacity {capacity}; this request can never be admitted.",
-                        policy.name()
-                    );
-                    return Ok(if grpc {
-                        grpc_response(GRPC_RESOURCE_EXHAUSTED, &detail)
-                    } else {
-                        problem_response(StatusCode::TOO_MANY_REQUESTS, &detail, None)
-                    });
-                }
-                Err(_) => {
-                    return match shared.on_error {
-                        Fallback::Allow => inner
-                            .call(request)
-                            .await
-                            .map(|r| r.map(RateLimitBody::inner)),
-                        Fallback::Reject(status) => Ok(shared.reject(
-                            status,
-                            "The rate limiter could not decide this request.",
-                            grpc,
-                        )),
-                    }
-                }
-            };
-            if !verdict.decision.allowed() && policy.mode != Mode::Shadow {
-                return Ok(shared.deny(policy, &verdict, grpc));
+        let (index, key, cost) = match plan {
+            Plan::Pass => {
+                return ResponseFuture::stage(Stage::Inner {
+                    future: inner.call(request),
+                    admitted: None,
+                })
             }
-            let mut response = inner.call(request).await?.map(RateLimitBody::inner);
-            let mut verdict = verdict;
-            if verdict.decision.allowed()
-                && policy
-                    .refund
-                    .as_ref()
-                    .is_some_and(|refund| refund(response.status()))
-            {
-                // The headers then say what the client has once the units are back.
-                if let Some(after) = policy.backend.refund(&key, cost) {
-                    verdict = after;
-                }
-                stats::record(policy, Outcome::Refunded);
+            Plan::Reject(status, detail) => {
+                return ResponseFuture::stage(Stage::Ready {
+                    response: Some(self.shared.reject(status, detail, grpc)),
+                })
             }
-            add_headers(response.headers_mut(), shared.headers, policy, &verdict);
-            Ok(response)
+            Plan::Check { policy, key, cost } => (policy, key, cost),
+        };
+        let policy = &self.shared.policies[index];
+        // Delay mode may sleep: it always takes the boxed path.
+        let decided = match policy.mode {
+            #[cfg(feature = "tokio")]
+            Mode::Delay { .. } => None,
+            _ => policy.backend.check_now(&key, cost),
+        };
+        if let Some(decided) = decided {
+            let decided = decided.map(|verdict| (verdict, std::time::Duration::ZERO));
+            return ResponseFuture::stage(
+                match next(&self.shared, index, key, cost, decided, grpc) {
+                    Next::Respond(response) => Stage::Ready {
+                        response: Some(response),
+                    },
+                    Next::Call(admitted) => Stage::Inner {
+                        future: inner.call(request),
+                        admitted,
+                    },
+                },
+            );
+        }
+        let shared = Arc::clone(&self.shared);
+        let future = Box::pin(async move {
+            let decided = decide(&shared.policies[index], &key, cost).await;
+            // (Bound before the await: a `Next` holds a response body, which need not be `Send`.)
+            let admitted = match next(&shared, index, key, cost, decided, grpc) {
+                Next::Respond(response) => return Ok(response),
+                Next::Call(admitted) => admitted,
+            };
+            let response = inner.call(request).await?;
+            Ok(Admitted::finish(admitted, response))
         });
-        ResponseFuture { inner }
+        ResponseFuture::stage(Stage::Boxed { future })
     }
 }

@@ -41,6 +41,16 @@ pub struct Verdict {
     pub quota: usize,
 }
 
+impl Verdict {
+    /// The same verdict about quota `quota + offset` (a backend's quotas among a policy's).
+    pub(crate) fn offset_quota(self, offset: usize) -> Verdict {
+        Verdict {
+            quota: self.quota + offset,
+            ..self
+        }
+    }
+}
+
 /// Why a backend could not decide.
 ///
 /// # Examples
@@ -175,10 +185,7 @@ impl<'a> CheckFuture<'a> {
     /// The same answer with its quota index moved by `offset` (a ready answer stays ready:
     /// no allocation).
     pub(crate) fn offset_quota(self, offset: usize) -> Self {
-        let shift = move |v: Verdict| Verdict {
-            quota: v.quota + offset,
-            ..v
-        };
+        let shift = move |v: Verdict| v.offset_quota(offset);
         match self.0 {
             State::Ready(result) => CheckFuture(State::Ready(result.map(|r| r.map(shift)))),
             State::Boxed(future) => CheckFuture::boxed(async move { future.await.map(shift) }),
@@ -255,6 +262,27 @@ pub trait CheckBackend: Send + Sync + 'static {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     fn check<'a>(&'a self, key: &'a Key, cost: u64) -> CheckFuture<'a>;
+
+    /// Decides as [`CheckBackend::check`] does, when the backend can without waiting (an
+    /// in-process limiter); `None` if it cannot, and then it did nothing: no unit is charged
+    /// and the caller uses `check`. The default returns `None`. A backend that answers here
+    /// lets the tower layer serve a request without allocating a future for it.
+    ///
+    /// # Examples
+    /// ```
+    /// use tollgate::tower::{CheckBackend, Key};
+    /// use tollgate::{Gcra, KeyedLimiter, Quota};
+    /// let backend = KeyedLimiter::<Key, _>::new(Gcra::new(Quota::per_hour(1)?)?);
+    /// let key = Key::from("k");
+    /// // In process: decided at once, and counted.
+    /// assert!(backend.check_now(&key, 1).unwrap()?.decision.allowed());
+    /// assert!(!backend.check_now(&key, 1).unwrap()?.decision.allowed());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    fn check_now(&self, key: &Key, cost: u64) -> Option<Result<Verdict, CheckError>> {
+        let _ = (key, cost);
+        None
+    }
 
     /// How many quotas this backend enforces (all or nothing).
     ///
@@ -366,6 +394,10 @@ impl<T: CheckBackend + ?Sized> CheckBackend for Arc<T> {
         (**self).check(key, cost)
     }
 
+    fn check_now(&self, key: &Key, cost: u64) -> Option<Result<Verdict, CheckError>> {
+        (**self).check_now(key, cost)
+    }
+
     fn quota_count(&self) -> usize {
         (**self).quota_count()
     }
@@ -475,11 +507,11 @@ where
     C: Clock + 'static,
 {
     fn check<'a>(&'a self, key: &'a Key, cost: u64) -> CheckFuture<'a> {
-        CheckFuture::ready(
-            self.check_n(key, cost)
-                .map(|decision| Verdict { decision, quota: 0 })
-                .map_err(CheckError::Limit),
-        )
+        CheckFuture::ready(keyed_verdict(self, key, cost))
+    }
+
+    fn check_now(&self, key: &Key, cost: u64) -> Option<Result<Verdict, CheckError>> {
+        Some(keyed_verdict(self, key, cost))
     }
 
     fn quota_count(&self) -> usize {
@@ -517,6 +549,10 @@ where
         CheckFuture::ready(all_or_nothing(self.limits(), key, cost))
     }
 
+    fn check_now(&self, key: &Key, cost: u64) -> Option<Result<Verdict, CheckError>> {
+        Some(all_or_nothing(self.limits(), key, cost))
+    }
+
     fn quota_count(&self) -> usize {
         self.limits().len()
     }
@@ -546,6 +582,17 @@ where
     fn keys_held(&self) -> Option<usize> {
         self.limits().iter().map(KeyedLimiter::len).max()
     }
+}
+
+fn keyed_verdict<A: Algorithm, C: Clock>(
+    limiter: &KeyedLimiter<Key, A, C>,
+    key: &Key,
+    cost: u64,
+) -> Result<Verdict, CheckError> {
+    limiter
+        .check_n(key, cost)
+        .map(|decision| Verdict { decision, quota: 0 })
+        .map_err(CheckError::Limit)
 }
 
 fn all_or_nothing<A: Algorithm, C: Clock>(

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use parking_lot::RwLock;
 
-use super::{CheckBackend, CheckFuture, ConfigError, Key, QuotaInfo, Verdict};
+use super::{CheckBackend, CheckError, CheckFuture, ConfigError, Key, QuotaInfo, Verdict};
 
 type TierFn = dyn Fn(&Key) -> Option<Arc<str>> + Send + Sync;
 
@@ -320,6 +320,12 @@ impl CheckBackend for Tiers {
     fn check<'a>(&'a self, key: &'a Key, cost: u64) -> CheckFuture<'a> {
         let tier = &self.inner.tiers[self.find(key)];
         tier.backend.check(key, cost).offset_quota(tier.first_quota)
+    }
+
+    fn check_now(&self, key: &Key, cost: u64) -> Option<Result<Verdict, CheckError>> {
+        let tier = &self.inner.tiers[self.find(key)];
+        let decided = tier.backend.check_now(key, cost)?;
+        Some(decided.map(|v| v.offset_quota(tier.first_quota)))
     }
 
     fn quota_count(&self) -> usize {
