@@ -96,6 +96,23 @@ fn number(n: u64) -> HeaderValue {
     HeaderValue::from(n)
 }
 
+/// Appends `n` in decimal: on every response, where `core::fmt` costs more than the digits.
+fn push_decimal(out: &mut String, mut n: u64) {
+    let mut digits = [0u8; 20];
+    let mut at = digits.len();
+    loop {
+        at -= 1;
+        digits[at] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    for &d in &digits[at..] {
+        out.push(char::from(d));
+    }
+}
+
 /// The name of quota `index` of a policy with `count` quotas.
 fn quota_name(out: &mut String, policy: &str, index: usize, count: usize) {
     out.push('"');
@@ -108,7 +125,8 @@ fn quota_name(out: &mut String, policy: &str, index: usize, count: usize) {
         out.push(c);
     }
     if count > 1 {
-        let _ = write!(out, "-{}", index + 1);
+        out.push('-');
+        push_decimal(out, index as u64 + 1);
     }
     out.push('"');
 }
@@ -134,9 +152,12 @@ pub(crate) fn add_headers(
         let Some(policy_field) = policy_field(policy, backend, count, decision, reset) else {
             return;
         };
-        let mut current = String::with_capacity(name.len() + 40);
+        let mut current = String::with_capacity(name.len() + 48);
         quota_name(&mut current, name, verdict.quota, count);
-        let _ = write!(current, ";r={};t={reset}", decision.remaining());
+        current.push_str(";r=");
+        push_decimal(&mut current, decision.remaining());
+        current.push_str(";t=");
+        push_decimal(&mut current, reset);
         // Hands the string's buffer over: no copy.
         if let Ok(current) = HeaderValue::from_maybe_shared(Bytes::from(current)) {
             headers.insert(RATELIMIT_POLICY.clone(), policy_field);
@@ -448,6 +469,15 @@ mod tests {
         assert_eq!(ceil_secs(Duration::from_secs(2)), 2);
         assert_eq!(ceil_secs(Duration::from_millis(2001)), 3);
         assert_eq!(ceil_secs(Duration::MAX), u64::MAX);
+    }
+
+    #[test]
+    fn decimals_are_written_as_format_writes_them() {
+        for n in [0, 1, 9, 10, 42, 1_000_000, u64::MAX - 1, u64::MAX] {
+            let mut out = String::from("x");
+            push_decimal(&mut out, n);
+            assert_eq!(out, format!("x{n}"));
+        }
     }
 
     #[test]
