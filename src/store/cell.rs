@@ -101,7 +101,7 @@ impl TableCell for LogCell {
     type Marks = ();
     type State = crate::algorithm::sliding_log::Ring;
     /// A log's cell (48 bytes) and a `u64` key fill one cache line: a check reads one line,
-    /// as a word rule's does.
+    /// as a word rule's does. A key over 8 bytes makes the slot two lines (128 bytes).
     type Align = CacheLine;
 
     fn is_live(&self, (): ()) -> bool {
