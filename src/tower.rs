@@ -34,7 +34,8 @@
 //! # Client addresses
 //! The peer address comes from axum's `ConnectInfo<SocketAddr>` (feature `axum`; serve with
 //! `into_make_service_with_connect_info::<SocketAddr>()`) or from a plain
-//! [`SocketAddr`](std::net::SocketAddr) request extension. Behind proxies, list them with [`RateLimitLayerBuilder::trusted_proxies`]: only
+//! [`SocketAddr`](std::net::SocketAddr) request extension; another server says where it keeps
+//! it with [`RateLimitLayerBuilder::peer_addr`] (tonic: its `TcpConnectInfo`). Behind proxies, list them with [`RateLimitLayerBuilder::trusted_proxies`]: only
 //! when the peer is one of them is the forwarding header ([`ProxyHeader`]: `X-Forwarded-For`
 //! by default, or RFC 7239 `Forwarded`) read, right to left, skipping trusted hops; the first
 //! untrusted hop is the client. A client talking to the server directly cannot choose its key.
@@ -197,6 +198,7 @@ pub enum ConfigError {
 }
 
 type Predicate = dyn Fn(&Parts) -> bool + Send + Sync;
+type PeerFn = dyn Fn(&Parts) -> Option<std::net::IpAddr> + Send + Sync;
 type DenyFn = dyn Fn(&Denial<'_>) -> Response<Bytes> + Send + Sync;
 
 /// The layer's configuration, shared by every clone.
@@ -205,6 +207,8 @@ struct Shared {
     policies: Vec<Policy>,
     has_default: bool,
     addrs: AddrConfig,
+    /// Where the peer's address comes from, if not from the request's extensions.
+    peer: Option<Arc<PeerFn>>,
     allow_cidrs: Vec<Cidr>,
     allow_if: Option<Arc<Predicate>>,
     headers: HeaderStyle,
@@ -230,6 +234,8 @@ pub struct RateLimitLayerBuilder {
     policies: Vec<Policy>,
     default: Option<Policy>,
     addrs: AddrConfig,
+    /// Where the peer's address comes from, if not from the request's extensions.
+    peer: Option<Arc<PeerFn>>,
     allow_cidrs: Vec<Cidr>,
     allow_if: Option<Arc<Predicate>>,
     headers: HeaderStyle,
@@ -376,6 +382,33 @@ impl RateLimitLayerBuilder {
         self
     }
 
+    /// Where the peer's address comes from, for a server that does not put it where the layer
+    /// looks by default (axum's `ConnectInfo<SocketAddr>`, or a `SocketAddr` request
+    /// extension). The address then goes through the trusted proxies and the IPv6 grouping as
+    /// any peer address does.
+    ///
+    /// # Examples
+    /// tonic puts a `TcpConnectInfo` in each request's extensions (its `transport` feature):
+    /// ```
+    /// use tollgate::tower::{Key, Policy, RateLimitLayer};
+    /// use tollgate::{Gcra, KeyedLimiter, Quota};
+    /// use tonic::transport::server::TcpConnectInfo;
+    /// let per_ip = KeyedLimiter::<Key, _>::new(Gcra::new(Quota::per_second(10)?)?);
+    /// let layer = RateLimitLayer::builder()
+    ///     .policy(Policy::new("grpc", per_ip))
+    ///     .peer_addr(|parts| parts.extensions.get::<TcpConnectInfo>()?.remote_addr().map(|a| a.ip()))
+    ///     .build()?;
+    /// // tonic::transport::Server::builder().layer(layer).add_service(…)
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn peer_addr(
+        mut self,
+        peer: impl Fn(&Parts) -> Option<std::net::IpAddr> + Send + Sync + 'static,
+    ) -> Self {
+        self.peer = Some(Arc::new(peer));
+        self
+    }
+
     /// The rate-limit fields on responses (default [`HeaderStyle::Draft`]).
     ///
     /// # Examples
@@ -499,6 +532,7 @@ impl RateLimitLayerBuilder {
                 policies,
                 has_default,
                 addrs: self.addrs,
+                peer: self.peer,
                 allow_cidrs: self.allow_cidrs,
                 allow_if: self.allow_if,
                 headers: self.headers,
@@ -603,6 +637,7 @@ impl RateLimitLayer {
                 header: ProxyHeader::default(),
                 ipv6_prefix: 56,
             },
+            peer: None,
             allow_cidrs: Vec::new(),
             allow_if: None,
             headers: HeaderStyle::default(),
@@ -671,7 +706,11 @@ impl Shared {
             _ => return Plan::Pass,
         };
         let policy = &self.policies[index];
-        let mut addrs = Addrs::new(&self.addrs).with_peer(peer_addr(parts));
+        let peer = match &self.peer {
+            Some(peer) => peer(parts),
+            None => peer_addr(parts),
+        };
+        let mut addrs = Addrs::new(&self.addrs).with_peer(peer);
         if !self.allow_cidrs.is_empty() {
             if let Some(ip) = addrs.client(parts) {
                 if self.allow_cidrs.iter().any(|net| net.contains(ip)) {
