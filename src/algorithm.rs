@@ -191,6 +191,28 @@ pub trait Algorithm: Copy + Send + Sync + std::fmt::Debug + 'static + sealed::Se
     #[doc(hidden)]
     fn refund<F: Fn() -> Nanos>(&self, cell: &Self::Cell, now: F, cost: u64);
 
+    /// Reserves `cost ≤ capacity()` units: as [`Algorithm::acquire`] with `commit`, except
+    /// that a rule that can ([`WordRule::reserve`]: GCRA) takes the units even when it would
+    /// refuse them now, and the decision's delay says when they are due. What the waiting
+    /// calls use, so that waiters are served in the order they reserved.
+    #[doc(hidden)]
+    #[inline]
+    fn reserve<F: Fn() -> Nanos>(&self, cell: &Self::Cell, now: F, cost: u64) -> Decision {
+        self.acquire(cell, now, cost, true)
+    }
+
+    /// [`Algorithm::reserve`] in a keyed store: `None` if the cell was retired.
+    #[doc(hidden)]
+    #[inline]
+    fn reserve_live<F: Fn() -> Nanos>(
+        &self,
+        cell: &Self::Cell,
+        now: F,
+        cost: u64,
+    ) -> Option<Decision> {
+        self.acquire_live(cell, now, cost, true)
+    }
+
     /// Whether `cell` can no longer be told apart from a fresh key at `now` (safe to evict).
     #[doc(hidden)]
     fn is_fresh(&self, cell: &Self::Cell, now: Nanos) -> bool;
@@ -311,6 +333,28 @@ pub trait WordRule: Copy {
     /// # Ok::<(), tollgate::QuotaError>(())
     /// ```
     fn refunded(&self, state: u64, now: Nanos, cost: u64) -> u64;
+    /// (decision, next state) of a reservation of `cost` units at `now`: by default the same
+    /// as [`WordRule::decide`]. GCRA takes the units even when it would refuse them now
+    /// (`TAT := max(TAT, t) + c·T`) and admits them with a delay, the instant its check would:
+    /// waiters that reserve are served in the order they reserved, each charged once.
+    ///
+    /// # Examples
+    /// ```
+    /// use tollgate::{algorithm::WordRule, Gcra, Quota};
+    /// let rule = Gcra::new(Quota::per_second(2)?)?; // T = 500 ms, burst 2
+    /// let (_, spent) = rule.decide(0, 0, 2);
+    /// // A check now is refused; a reservation is admitted, due in 500 ms, and the next one
+    /// // queues behind it.
+    /// assert!(!rule.decide(spent, 0, 1).0.allowed());
+    /// let (d, first) = rule.reserve(spent, 0, 1);
+    /// assert_eq!((d.allowed(), d.delay().as_millis()), (true, 500));
+    /// let (d, _) = rule.reserve(first, 0, 1);
+    /// assert_eq!(d.delay().as_millis(), 1000);
+    /// # Ok::<(), tollgate::QuotaError>(())
+    /// ```
+    fn reserve(&self, state: u64, now: Nanos, cost: u64) -> (Decision, u64) {
+        self.decide(state, now, cost)
+    }
     /// Whether `state` behaves as a fresh key at `now`.
     ///
     /// # Examples
@@ -366,6 +410,23 @@ macro_rules! word_algorithm {
                 cell.update(now, |state, t| {
                     ((), WordRule::refunded(self, state, t, cost))
                 })
+            }
+            fn reserve<F: Fn() -> Nanos>(&self, cell: &AtomicWord, now: F, cost: u64) -> Decision {
+                cell.update(now, |state, t| WordRule::reserve(self, state, t, cost))
+            }
+            fn reserve_live<F: Fn() -> Nanos>(
+                &self,
+                cell: &AtomicWord,
+                now: F,
+                cost: u64,
+            ) -> Option<Decision> {
+                let marks: Retired = $marks;
+                cell.try_update(
+                    now,
+                    |state, t| WordRule::reserve(self, state, t, cost),
+                    |state| marks.any(state),
+                )
+                .ok()
             }
             fn is_fresh(&self, cell: &AtomicWord, now: Nanos) -> bool {
                 WordRule::is_fresh(self, cell.load(), now)

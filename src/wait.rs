@@ -7,16 +7,20 @@
 //!   it returns [`WaitError::TooLong`] at once, without charging anything.
 //!
 //! How a call waits depends on the algorithm:
-//! - **Leaky queue** ([`LeakyQueue`](crate::LeakyQueue)): the call reserves its slot once (the
-//!   queue's reservation, decision rules §3) and sleeps until the slot: waiters are served in the order
-//!   they arrived, with no re-check. Dropping the future before its slot gives the slot back
-//!   (a [`refund`](KeyedLimiter::refund) of its cost).
-//! - **Every other algorithm** (GCRA, the windows, the log): a denied check changes nothing, so
-//!   the call sleeps for the decision's `retry_after` and checks again. It is charged once, by
-//!   the check that admits it, and dropping it while it sleeps costs nothing (cancel-safe).
-//!   Waiters are not served in order: one that wakes first may take the unit another waited
-//!   for, and that one waits again (within `max_wait` for `acquire`). Use the leaky queue
-//!   for first-come, first-served shaping.
+//! - **GCRA** ([`Gcra`](crate::Gcra), the token and leaky buckets) and the **leaky queue**
+//!   ([`LeakyQueue`](crate::LeakyQueue)): the call reserves its slot once and sleeps until it.
+//!   GCRA's reservation takes the units even when a check would refuse them now
+//!   (`TAT := max(TAT, t) + c·T`, [`WordRule::reserve`](crate::algorithm::WordRule::reserve))
+//!   and is due when a check would have admitted them; the queue's is its own (decision rules
+//!   §3). Waiters are served in the order they reserved, with no re-check and no thundering
+//!   herd, and each is charged once. Dropping the future before its slot gives the slot back (a
+//!   [`refund`](KeyedLimiter::refund) of its cost: the tail moves back, later waiters keep the
+//!   slots they were given).
+//! - **The windows and the log**: a denied check changes nothing, so the call sleeps for the
+//!   decision's `retry_after` and checks again. It is charged once, by the check that admits
+//!   it, and dropping it while it sleeps costs nothing (cancel-safe). These waiters are not
+//!   served in order: one that wakes first may take the unit another waited for, and that one
+//!   waits again (within `max_wait` for `acquire`).
 //!
 //! Sleeping uses tokio's timer, and the limiter reads its own clock: with tokio's paused time
 //! (tests), give the limiter a [`TokioClock`] so that both see the same time.
@@ -224,6 +228,41 @@ async fn drive(
     }
 }
 
+/// Reserves `cost` on every limit, in order: the decision with the longest delay (the
+/// request may go when every limit has its slot). If a limit refuses (a window or the log,
+/// which do not reserve; a full queue), the limits reserved before it are refunded and its
+/// refusal returned, so that a refused call leaves nothing charged.
+fn reserve_all<K, A, C, Q>(
+    limits: &[KeyedLimiter<K, A, C>],
+    key: &Q,
+    cost: u64,
+) -> Result<Decision, Error>
+where
+    K: Clone + Hash + Eq + Send + Sync + Borrow<Q>,
+    A: Algorithm,
+    C: Clock,
+    Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+{
+    let mut latest: Option<Decision> = None;
+    for (reserved, limit) in limits.iter().enumerate() {
+        match limit.reserve_n(key, cost) {
+            Ok(decision) if decision.allowed() => {
+                if latest.is_none_or(|l| decision.delay() >= l.delay()) {
+                    latest = Some(decision);
+                }
+            }
+            other => {
+                for earlier in &limits[..reserved] {
+                    earlier.refund(key, cost);
+                }
+                return other;
+            }
+        }
+    }
+    // No limit at all admits everything, as `MultiLimiter::check_n` does.
+    Ok(latest.unwrap_or_else(|| Decision::free(0, crate::decision::Remaining::Exact(0), 0)))
+}
+
 /// The outcome of a wait without a bound: it is never too long.
 fn unbounded(result: Result<Decision, WaitError>) -> Result<Decision, Error> {
     result.map_err(|e| match e {
@@ -309,7 +348,7 @@ impl<A: Algorithm, C: Clock> Limiter<A, C> {
         max_wait: Option<Duration>,
     ) -> Result<Decision, WaitError> {
         drive(
-            || self.check_n(cost),
+            || self.reserve_n(cost),
             || self.peek(cost).map(wait_of::<A>),
             || self.refund(cost),
             max_wait,
@@ -403,7 +442,7 @@ where
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
         drive(
-            || self.check_n(key, cost),
+            || self.reserve_n(key, cost),
             || self.peek(key, cost).map(wait_of::<A>),
             || self.refund(key, cost),
             max_wait,
@@ -496,7 +535,7 @@ where
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
         drive(
-            || self.check_n(key, cost),
+            || reserve_all(self.limits(), key, cost),
             || {
                 // The longest wait of any limit.
                 let mut wait = Duration::ZERO;

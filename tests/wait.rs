@@ -147,6 +147,55 @@ async fn the_leaky_queue_serves_in_order_and_a_dropped_waiter_gives_its_slot_bac
 }
 
 #[tokio::test(start_paused = true)]
+async fn gcra_waiters_are_served_in_the_order_they_reserved() {
+    // T = 100 ms, bursts of 3, spent at 0.
+    let limiter = keyed(Gcra::new(Quota::per_second(10).unwrap().with_burst(3).unwrap()).unwrap());
+    assert!(limiter.check_n("k", 3).unwrap().allowed());
+    let start = Instant::now();
+    let done = std::sync::Mutex::new(Vec::new());
+    let waiter = |name: &'static str, cost: u64| {
+        let limiter = &limiter;
+        let done = &done;
+        async move {
+            limiter.until_ready("k", cost).await.unwrap();
+            done.lock()
+                .unwrap()
+                .push((name, start.elapsed().as_millis()));
+        }
+    };
+    // `big` reserves first and is due at 300 ms; `small`, behind it, at 400 ms. (A re-check
+    // loop would let `small` in at 100 ms, and `big` wait again.) Each is charged once.
+    tokio::join!(waiter("big", 3), waiter("small", 1));
+    assert_eq!(done.lock().unwrap().clone(), [("big", 300), ("small", 400)]);
+    assert_eq!(
+        limiter.peek("k", 1).unwrap().retry_after(),
+        Duration::from_millis(100)
+    );
+    // The next slot is at 500 ms. A waiter reserves it and leaves after 50 ms: its slot goes
+    // back, and the next caller gets it.
+    assert!(
+        timeout(Duration::from_millis(50), limiter.until_ready("k", 1))
+            .await
+            .is_err()
+    );
+    let decision = limiter.until_ready("k", 1).await.unwrap();
+    assert_eq!(decision.delay(), Duration::from_millis(50));
+    assert_eq!(start.elapsed(), Duration::from_millis(500));
+    // A reservation further away than max_wait is refused at once, and not made.
+    let before = limiter.peek("k", 1).unwrap();
+    let e = limiter
+        .acquire("k", 2, Duration::from_millis(150))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(e, WaitError::TooLong { wait, .. } if wait == Duration::from_millis(200)),
+        "{e}"
+    );
+    assert_eq!(limiter.peek("k", 1).unwrap(), before);
+    assert_eq!(start.elapsed(), Duration::from_millis(500));
+}
+
+#[tokio::test(start_paused = true)]
 async fn multi_limits_wait_for_the_slowest_and_direct_limiters_wait_too() {
     let multi = MultiLimiter::<String, _, _>::with_clock(
         [

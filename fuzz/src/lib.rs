@@ -125,6 +125,8 @@ enum Op {
     CheckN(u8, u64),
     Peek(u8, u64),
     Refund(u8, u64),
+    /// A reservation (GCRA's `reserve`; the other rules reserve as they check).
+    Reserve(u8, u64),
     /// New limit (and burst) on the live limiter; the window stays.
     SetLimit(u16, Option<u16>),
 }
@@ -140,13 +142,19 @@ trait Subject {
     fn check_n(&self, key: u8, cost: u64) -> Result<Decision, Error>;
     fn peek(&self, key: u8, cost: u64) -> Result<Decision, Error>;
     fn refund(&self, key: u8, cost: u64);
+    fn reserve(&self, key: u8, cost: u64) -> Result<Decision, Error>;
     /// `false` if the engine refused the new quota.
     fn set_limit(&self, limit: u64, burst: Option<u64>) -> bool;
 }
 
+/// A rule's reservation on the engine (GCRA's `reserve`, the leaky queue's, else `check_n`).
+type Reserve<A> = fn(&KeyedLimiter<u8, A, ManualClock>, u8, u64) -> Result<Decision, Error>;
+
 struct Engine<A: Algorithm> {
     limiter: KeyedLimiter<u8, A, ManualClock>,
     make: fn(Quota) -> Result<A, tollgate::QuotaError>,
+    /// The rule's reservation: GCRA's `reserve`, else `check_n`.
+    reserve: Reserve<A>,
     window: Duration,
 }
 
@@ -160,6 +168,9 @@ impl<A: Algorithm> Subject for Engine<A> {
     fn refund(&self, key: u8, cost: u64) {
         self.limiter.refund(&key, cost)
     }
+    fn reserve(&self, key: u8, cost: u64) -> Result<Decision, Error> {
+        (self.reserve)(&self.limiter, key, cost)
+    }
     fn set_limit(&self, limit: u64, burst: Option<u64>) -> bool {
         let quota =
             Quota::new(limit, self.window).and_then(|q| burst.map_or(Ok(q), |b| q.with_burst(b)));
@@ -172,6 +183,7 @@ impl<A: Algorithm> Subject for Engine<A> {
 
 fn engine<A: Algorithm>(
     make: fn(Quota) -> Result<A, tollgate::QuotaError>,
+    reserve: Reserve<A>,
     quota: Quota,
     clock: &ManualClock,
     churn: bool,
@@ -189,6 +201,7 @@ fn engine<A: Algorithm>(
         Box::new(Engine {
             limiter,
             make,
+            reserve,
             window: quota.window(),
         }),
         rule,
@@ -234,11 +247,41 @@ fn differential(name: &str, scenario: &Scenario) {
     let clock = ManualClock::new();
     let churn = p.churn;
     let built = match name {
-        "gcra" => engine(Gcra::new, quota, &clock, churn).map(|(s, _)| (s, 0)),
-        "leaky_queue" => engine(LeakyQueue::new, quota, &clock, churn).map(|(s, _)| (s, 0)),
-        "fixed_window" => engine(FixedWindow::new, quota, &clock, churn).map(|(s, _)| (s, 0)),
-        "sliding_window" => engine(SlidingWindow::new, quota, &clock, churn).map(|(s, _)| (s, 0)),
-        _ => engine(SlidingLog::new, quota, &clock, churn).map(|(s, r)| (s, r.tick_nanos())),
+        "gcra" => {
+            engine(Gcra::new, |l, k, c| l.reserve(&k, c), quota, &clock, churn).map(|(s, _)| (s, 0))
+        }
+        "leaky_queue" => engine(
+            LeakyQueue::new,
+            |l, k, c| l.reserve(&k, c),
+            quota,
+            &clock,
+            churn,
+        )
+        .map(|(s, _)| (s, 0)),
+        "fixed_window" => engine(
+            FixedWindow::new,
+            |l, k, c| l.check_n(&k, c),
+            quota,
+            &clock,
+            churn,
+        )
+        .map(|(s, _)| (s, 0)),
+        "sliding_window" => engine(
+            SlidingWindow::new,
+            |l, k, c| l.check_n(&k, c),
+            quota,
+            &clock,
+            churn,
+        )
+        .map(|(s, _)| (s, 0)),
+        _ => engine(
+            SlidingLog::new,
+            |l, k, c| l.check_n(&k, c),
+            quota,
+            &clock,
+            churn,
+        )
+        .map(|(s, r)| (s, r.tick_nanos())),
     };
     let pick = |key: u8| if churn { key } else { key % 4 };
     let Some((subject, tick)) = built else {
@@ -281,6 +324,15 @@ fn differential(name: &str, scenario: &Scenario) {
                 compare(
                     subject.peek(pick(key), cost),
                     model.peek(&(pick(key)), t, cost),
+                    op,
+                );
+            }
+            Op::Reserve(key, cost) => {
+                let cost = cost % (model.algo.capacity() + 3);
+                let t = time.see(t);
+                compare(
+                    subject.reserve(pick(key), cost),
+                    model.reserve(&pick(key), t, cost),
                     op,
                 );
             }

@@ -238,6 +238,24 @@ impl WordRule for Gcra {
         (decision, next)
     }
 
+    /// A refused request of `cost ≤ B` is reserved: `TAT` moves on by `c·T` as for an
+    /// admission, and the decision admits it after the refusal's `retry_after`, the instant a
+    /// check would have admitted it. Above `B`, or past the end of the time range, as `decide`.
+    #[inline]
+    fn reserve(&self, tat: u64, now: Nanos, cost: u64) -> (Decision, u64) {
+        let (decision, next, _) = self.decide_with_delay(tat, now, cost);
+        let wait = decision.retry_after_nanos();
+        if decision.allowed() || cost > self.burst || wait == u64::MAX {
+            return (decision, next);
+        }
+        // Refused: `max(TAT, t) + c·T` fits (below the marks) and its debt exceeds `B·T` by `wait`.
+        let increment = cost * self.interval;
+        let debt_after = wait + self.span;
+        let mut reserved = self.figures(true, debt_after, debt_after, 0);
+        reserved.delay = wait;
+        (reserved, tat.max(now) + increment)
+    }
+
     fn refunded(&self, tat: u64, now: Nanos, cost: u64) -> u64 {
         let back = cost.saturating_mul(self.interval);
         if tat <= now {

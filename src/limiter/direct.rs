@@ -1,6 +1,6 @@
 use crossbeam_utils::CachePadded;
 
-use crate::algorithm::{Algorithm, LeakyQueue};
+use crate::algorithm::{Algorithm, Gcra, LeakyQueue};
 use crate::clock::{Clock, QuantaClock};
 use crate::decision::{Decision, Error};
 use crate::limiter::{Core, Sweep};
@@ -234,6 +234,19 @@ impl<A: Algorithm, C: Clock> Limiter<A, C> {
         }
     }
 
+    /// [`Limiter::check_n`] as a reservation (`Algorithm::reserve`): what the waiting calls
+    /// charge with.
+    pub(crate) fn reserve_n(&self, cost: u64) -> Result<Decision, Error> {
+        loop {
+            let at = self.core.attempt();
+            self.core.check_cost(at.rule(), cost)?;
+            let decision = at.rule().reserve(&self.cell, || at.now(), cost);
+            if self.core.settle(&at, &self.sweep()) {
+                return Ok(decision);
+            }
+        }
+    }
+
     /// A direct limiter's sweep: its one state back to fresh if it is.
     fn sweep(&self) -> impl Sweep<A> + '_ {
         |rule: &A, now| {
@@ -266,5 +279,27 @@ impl<C: Clock> Limiter<LeakyQueue, C> {
     /// ```
     pub fn reserve(&self, cost: u64) -> Result<Decision, Error> {
         self.check_n(cost)
+    }
+}
+
+/// # Reservations
+impl<C: Clock> Limiter<Gcra, C> {
+    /// Reserves `cost` units: admitted at once when the bucket holds them, else taken anyway
+    /// and due after the decision's [`Decision::delay`] (see [`KeyedLimiter::reserve`](crate::KeyedLimiter::reserve)).
+    ///
+    /// # Errors
+    /// [`Error::CapacityExceeded`] when `cost` exceeds the burst.
+    ///
+    /// # Examples
+    /// ```
+    /// use std::time::Duration;
+    /// use tollgate::{clock::ManualClock, Gcra, Limiter, Quota};
+    /// let limiter = Limiter::with_clock(Gcra::new(Quota::per_second(2)?)?, ManualClock::new())?;
+    /// limiter.check_n(2)?;
+    /// assert_eq!(limiter.reserve(1)?.delay(), Duration::from_millis(500));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn reserve(&self, cost: u64) -> Result<Decision, Error> {
+        self.reserve_n(cost)
     }
 }

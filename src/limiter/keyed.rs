@@ -2,7 +2,7 @@ use std::borrow::Borrow;
 use std::hash::Hash;
 use std::marker::PhantomData;
 
-use crate::algorithm::{Algorithm, LeakyQueue};
+use crate::algorithm::{Algorithm, Gcra, LeakyQueue};
 use crate::clock::{Clock, Nanos, QuantaClock};
 use crate::decision::{Decision, Error};
 use crate::limiter::{Core, Sweep};
@@ -557,6 +557,30 @@ where
         }
     }
 
+    /// [`KeyedLimiter::check_n`] as a reservation (`Algorithm::reserve`): what the waiting
+    /// calls charge with.
+    pub(crate) fn reserve_n<Q>(&self, key: &Q, cost: u64) -> Result<Decision, Error>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        let sweep = self.sweep();
+        let evictor = LimiterEvictor {
+            core: &self.core,
+            sweep: &sweep,
+        };
+        loop {
+            let at = self.core.attempt();
+            self.core.check_cost(at.rule(), cost)?;
+            let result = self
+                .table
+                .reserve(key, at.rule(), || at.now(), cost, &evictor);
+            if self.core.settle(&at, &sweep) {
+                return result;
+            }
+        }
+    }
+
     /// A keyed limiter's sweep: every key that is fresh evicted, the overflow state reset.
     fn sweep(&self) -> impl Sweep<A> + '_ {
         |rule: &A, now| self.table.sweep_all(rule, now)
@@ -614,6 +638,43 @@ where
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
         self.check_n(key, cost)
+    }
+}
+
+/// # Reservations
+impl<K, C, S> KeyedLimiter<K, Gcra, C, S>
+where
+    K: Hash + Eq + Send + Sync,
+    C: Clock,
+    S: KeyedStore<K, <Gcra as Algorithm>::Cell>,
+{
+    /// Reserves `cost` units for `key`: admitted at once when the bucket holds them, as
+    /// [`KeyedLimiter::check_n`]; otherwise taken anyway, and the decision's
+    /// [`Decision::delay`] says when they are due (when a check would have admitted them).
+    /// Reservations queue behind each other, first come, first served: what
+    /// [`until_ready`](KeyedLimiter::until_ready) does (feature `tokio`). A reservation is kept
+    /// even if the caller gives up; call [`KeyedLimiter::refund`] to hand it back.
+    ///
+    /// # Errors
+    /// As for [`KeyedLimiter::check_n`].
+    ///
+    /// # Examples
+    /// ```
+    /// use std::time::Duration;
+    /// use tollgate::{clock::ManualClock, Gcra, KeyedLimiter, Quota};
+    /// let limiter = KeyedLimiter::<u64, _, _>::with_clock(Gcra::new(Quota::per_second(10)?)?, ManualClock::new())?;
+    /// assert_eq!(limiter.reserve(&1, 10)?.delay(), Duration::ZERO); // the burst
+    /// // The bucket is empty: the next units are due 100 ms apart, in the order reserved.
+    /// assert_eq!(limiter.reserve(&1, 1)?.delay(), Duration::from_millis(100));
+    /// assert_eq!(limiter.reserve(&1, 2)?.delay(), Duration::from_millis(300));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn reserve<Q>(&self, key: &Q, cost: u64) -> Result<Decision, Error>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        self.reserve_n(key, cost)
     }
 }
 

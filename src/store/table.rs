@@ -141,6 +141,43 @@ impl<K, V, S> KeyTable<K, V, S> {
     }
 }
 
+/// How a decision on a new key's cell counts a request.
+#[derive(Clone, Copy)]
+enum Charge {
+    /// A check: counted if allowed.
+    Check,
+    /// A reservation ([`Algorithm::reserve`]).
+    Reserve,
+}
+
+impl Charge {
+    fn on<A: Algorithm>(
+        self,
+        rule: &A,
+        cell: &A::Cell,
+        now: impl Fn() -> Nanos,
+        cost: u64,
+    ) -> Decision {
+        match self {
+            Charge::Check => rule.acquire(cell, now, cost, true),
+            Charge::Reserve => rule.reserve(cell, now, cost),
+        }
+    }
+
+    fn on_live<A: Algorithm>(
+        self,
+        rule: &A,
+        cell: &A::Cell,
+        now: impl Fn() -> Nanos,
+        cost: u64,
+    ) -> Option<Decision> {
+        match self {
+            Charge::Check => rule.acquire_live(cell, now, cost, true),
+            Charge::Reserve => rule.reserve_live(cell, now, cost),
+        }
+    }
+}
+
 impl<K, V, S> KeyTable<K, V, S>
 where
     K: Hash + Eq,
@@ -174,7 +211,35 @@ where
         {
             return Ok(decision);
         }
-        self.decide_new_key(key, rule, now, cost, evictor)
+        self.decide_new_key(key, rule, now, cost, evictor, Charge::Check)
+    }
+
+    /// [`KeyTable::decide`] as a reservation ([`Algorithm::reserve`]): for GCRA the units are
+    /// taken even when the check would refuse them now, and the decision's delay says when
+    /// they are due.
+    ///
+    /// # Errors
+    /// As [`KeyTable::decide`].
+    pub fn reserve<Q, A>(
+        &self,
+        key: &Q,
+        rule: &A,
+        now: impl Fn() -> Nanos + Copy,
+        cost: u64,
+        evictor: &impl Evictor<V>,
+    ) -> Result<Decision, Error>
+    where
+        A: Algorithm<Cell = V>,
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        if let Some(decision) = self
+            .store
+            .try_existing(key, |cell| rule.reserve_live(cell, now, cost))
+        {
+            return Ok(decision);
+        }
+        self.decide_new_key(key, rule, now, cost, evictor, Charge::Reserve)
     }
 
     /// The decision a request of `cost` for `key` would get; changes nothing, inserts nothing.
@@ -227,6 +292,7 @@ where
         now: impl Fn() -> Nanos,
         cost: u64,
         evictor: &impl Evictor<V>,
+        charge: Charge,
     ) -> Result<Decision, Error>
     where
         A: Algorithm<Cell = V>,
@@ -238,7 +304,7 @@ where
             if !self.counts() {
                 let (decision, _) = self.store.with_inserted(
                     key,
-                    |cell| rule.acquire(cell, &now, cost, true),
+                    |cell| charge.on(rule, cell, &now, cost),
                     evictor,
                 );
                 return Ok(decision);
@@ -249,7 +315,7 @@ where
             // sweep at `usize::MAX`, i.e. never (loom: `key_evicted_before_it_is_counted`).
             // Relaxed: a counter; no memory is published through it.
             self.keys.fetch_add(1, Ordering::Relaxed);
-            return Ok(self.insert_in_place(key, rule, now, cost, evictor));
+            return Ok(self.insert_in_place(key, rule, now, cost, evictor, charge));
         };
         // Reserve a place first, and only below the bound, so that racing inserts cannot
         // overshoot it, not even for an instant (`len()` never reads above `max_keys`).
@@ -267,16 +333,16 @@ where
             // a new table: `with_existing` looks there too).
             if let Some(decision) = self
                 .store
-                .with_existing(key, |cell| rule.acquire_live(cell, &now, cost, true))
+                .with_existing(key, |cell| charge.on_live(rule, cell, &now, cost))
             {
                 return Ok(decision);
             }
             return match policy {
                 OverflowPolicy::Deny => Err(Error::KeyTableFull { max_keys }),
-                OverflowPolicy::Shared => Ok(rule.acquire(&self.overflow, &now, cost, true)),
+                OverflowPolicy::Shared => Ok(charge.on(rule, &self.overflow, &now, cost)),
             };
         }
-        Ok(self.insert_in_place(key, rule, now, cost, evictor))
+        Ok(self.insert_in_place(key, rule, now, cost, evictor, charge))
     }
 
     /// Decides on `key`'s cell, inserting it into the place counted for it in `keys`; gives
@@ -288,6 +354,7 @@ where
         now: impl Fn() -> Nanos,
         cost: u64,
         evictor: &impl Evictor<V>,
+        charge: Charge,
     ) -> Decision
     where
         A: Algorithm<Cell = V>,
@@ -296,7 +363,7 @@ where
     {
         let (decision, done) =
             self.store
-                .with_inserted(key, |cell| rule.acquire(cell, &now, cost, true), evictor);
+                .with_inserted(key, |cell| charge.on(rule, cell, &now, cost), evictor);
         // Relaxed: a counter; evicted keys are uncounted after they are gone (see `keys`).
         self.keys.fetch_sub(
             usize::from(!done.inserted) + done.evicted,

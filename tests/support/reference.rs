@@ -414,6 +414,31 @@ impl<K: Hash + Eq + Clone> Model<K> {
         self.algo.decide(state, t, cost, true)
     }
 
+    /// A reservation of `cost` for `key` at `t`: a check, except that GCRA takes the units of
+    /// a refused request anyway (`TAT := max(TAT, t) + c·T`) and admits it with the delay
+    /// `TAT − B·T − t`, the instant a check would admit it. The other rules reserve as they check.
+    pub fn reserve(&mut self, key: &K, t: u128, cost: u64) -> Result<Outcome, RefError> {
+        let outcome = self.check(key, t, cost)?;
+        let Algo::Gcra { burst, .. } = self.algo else {
+            return Ok(outcome);
+        };
+        if outcome.allowed {
+            return Ok(outcome);
+        }
+        let tt = self.algo.interval();
+        let state = self.keys.entry(key.clone()).or_default();
+        let tat = state.tat.unwrap_or(t).max(t) + cost as u128 * tt;
+        state.tat = Some(tat);
+        Ok(Outcome {
+            allowed: true,
+            limit: self.algo.limit(),
+            remaining: 0,
+            retry_after: 0,
+            reset_after: tat - t,
+            delay: tat - t - burst as u128 * tt,
+        })
+    }
+
     /// The decision a request would get at `t`; changes nothing.
     pub fn peek(&self, key: &K, t: u128, cost: u64) -> Result<Outcome, RefError> {
         let mut state = self.keys.get(key).cloned().unwrap_or_default();

@@ -280,6 +280,48 @@ fn leaky_queue_distinct_slots() {
     });
 }
 
+/// GCRA reservations of 1, 2 and 1 units racing on an empty bucket of 2 at one instant: every
+/// one is admitted, their slots (`[TAT, TAT + c·T)` before each, read back from the delay as
+/// `t + delay + B·T − c·T`) tile the time after the bucket's debt with no gap or overlap (first
+/// come, first served), and the final `TAT` holds all four units (no update lost).
+#[test]
+fn gcra_reservations_tile_the_queue() {
+    const T: u64 = MS;
+    const BURST: u64 = 2;
+    const NOW: Nanos = 10 * MS;
+    let rule = Gcra::new(quota(BURST, Duration::from_millis(2))).unwrap();
+    assert_eq!(rule.interval_nanos(), T);
+    // The bucket is spent: TAT = t + B·T.
+    let (_, initial) = rule.decide(0, NOW, BURST);
+    explore("gcra_reservations_tile_the_queue", move || {
+        let cell = Arc::new(AtomicWord::new(initial));
+        let workers = [1, 2, 1].map(|cost| {
+            let cell = Arc::clone(&cell);
+            thread::spawn(move || (cost, Algorithm::reserve(&rule, &*cell, || NOW, cost)))
+        });
+        let outcomes = workers.map(|w| w.join().unwrap());
+        let mut slots: Vec<(Nanos, Nanos)> = outcomes
+            .iter()
+            .map(|(cost, d)| {
+                assert!(d.allowed(), "a reservation was refused: {outcomes:?}");
+                let end = NOW + d.delay_nanos() + BURST * T;
+                (end - cost * T, end)
+            })
+            .collect();
+        slots.sort_unstable();
+        let mut tail = initial;
+        for &(from, to) in &slots {
+            assert_eq!(
+                from, tail,
+                "reservations overlap or leave a gap: {slots:?}; outcomes: {outcomes:?}"
+            );
+            tail = to;
+        }
+        assert_eq!(tail, initial + 4 * T);
+        assert_eq!(cell.load(), tail, "an update was lost: {outcomes:?}");
+    });
+}
+
 /// A check that refunds what it was admitted, racing two plain checks, capacity 2, one
 /// instant: the final state holds exactly `admitted − refunded` units (no update lost), never
 /// more than the capacity, and a check is refused only while both other checks hold a unit.
