@@ -41,7 +41,7 @@ use crate::state::{AtomicWord, LogCell, Retired, Words};
 use crate::store::{KeyedStore, WordTable};
 
 /// GCRA and leaky-bucket TATs stay below `u64::MAX − 1` (`Gcra::decide_with_delay`).
-const TAT_MARKS: Retired = Retired {
+pub(crate) const TAT_MARKS: Retired = Retired {
     tombstone: u64::MAX,
     moved: u64::MAX - 1,
 };
@@ -52,7 +52,7 @@ const IDLE_HORIZON: u64 = 1 << 20;
 
 /// Both window states have impossible low bits: the fixed window's count (24 bits, `MAX_LIMIT`
 /// = 2^24 − 2) and the sliding window's `cur` (21 bits, at most 2^20 − 1) never are all ones.
-const WINDOW_MARKS: Retired = Retired {
+pub(crate) const WINDOW_MARKS: Retired = Retired {
     tombstone: u64::MAX,
     moved: u64::MAX >> 1,
 };

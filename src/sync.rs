@@ -8,6 +8,10 @@ pub(crate) use std::hint::spin_loop;
 pub(crate) use std::sync::atomic::{fence, AtomicBool, AtomicU64, AtomicUsize, Ordering};
 pub(crate) use std::sync::Arc;
 
+/// Whether this build is the loom model (`loom-tests`), where a retried step only multiplies
+/// the interleavings loom must explore (see `HAND_TRIES`).
+pub(crate) const MODEL_CHECKED: bool = false;
+
 /// One value per thread and per owner (the `thread_local` crate: a lookup by thread id, no
 /// shared write).
 pub(crate) struct PerThread<T: Send>(thread_local::ThreadLocal<T>);

@@ -8,6 +8,9 @@ pub(crate) use loom::sync::atomic::{fence, AtomicBool, AtomicU64, AtomicUsize, O
 /// happens-before edges loom checks are all there; only the reference count is not modelled.
 pub(crate) use std::sync::Arc;
 
+/// This build is the loom model (see `src/sync.rs`).
+pub(crate) const MODEL_CHECKED: bool = true;
+
 /// `src/sync.rs`'s per-thread value, without the caching: every call starts from a default
 /// value. For the word table this means a reader loads its shard's table under the lock at each
 /// lookup; what the cache adds in the library, a table that went stale between two lookups, is

@@ -27,6 +27,14 @@ const FIRST_SWEEP: usize = 1024;
 /// bound.
 const HAND_STEP: usize = 32;
 
+/// Steps of the eviction hand a new key at the bound may take before it is refused. One step
+/// can find no fresh key where many are held: its slot budget spent on a run of tombstones
+/// (the hand's own, kept until the table is replaced) or on a nearly empty table.
+///
+/// One step in the loom models: the steps run one after another, each the protocol the models
+/// check, and four of them exceed loom's branch budget (a step there visits every shard).
+const HAND_TRIES: usize = if crate::sync::MODEL_CHECKED { 1 } else { 4 };
+
 /// What a keyed limiter at its `max_keys` bound does with a request for a key it does not hold,
 /// when no fresh key could be evicted to make room (on the word table: none among the few
 /// cells its eviction hand judged for this request; on the dashmap store: none left after a
@@ -372,13 +380,18 @@ where
         decision
     }
 
-    /// At the bound, for a store that evicts on its own: a step of its eviction hand (a fixed
-    /// amount of work); whether it freed a place.
+    /// At the bound, for a store that evicts on its own: up to [`HAND_TRIES`] steps of its
+    /// eviction hand (a fixed amount of work), until one frees a place; whether one did.
     fn make_room(&self, evictor: &impl Evictor<V>) -> bool {
-        let evicted = self.store.evict_some(evictor, HAND_STEP);
-        // Relaxed: a counter; uncounted after the keys are gone (see `keys`).
-        self.keys.fetch_sub(evicted, Ordering::Relaxed);
-        evicted > 0
+        for _ in 0..HAND_TRIES {
+            let evicted = self.store.evict_some(evictor, HAND_STEP);
+            // Relaxed: a counter; uncounted after the keys are gone (see `keys`).
+            self.keys.fetch_sub(evicted, Ordering::Relaxed);
+            if evicted > 0 {
+                return true;
+            }
+        }
+        false
     }
 
     /// Amortised eviction of a store that does not evict on its own: sweep when the table has

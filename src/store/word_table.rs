@@ -900,10 +900,30 @@ where
                     // Relaxed: the hand's position is a schedule; any value is a valid shard.
                     let index = self.hand.fetch_add(1, Ordering::Relaxed) % SHARDS;
                     let mut shard = self.shards[index].lock();
+                    if shard.live == 0 {
+                        // Nothing to judge: its table may still be a long run of tombstones,
+                        // which would spend the step's slots for nothing.
+                        continue;
+                    }
                     // A fresh key still in a drain counts too: no insert drains it meanwhile.
-                    evicted += self.drain(&mut shard, budget, Some(&mut |c| fresh(c)));
+                    // The drain takes from the step's slot budget first: while a shard is
+                    // drained most of its keys are still in the old table, and the new one,
+                    // nearly empty, would use the budget up and judge next to nothing (the
+                    // bound then refused a new key with 90 % of the held keys fresh).
+                    let left = |shard: &Shard<K, C>| {
+                        shard.drain.as_ref().map_or(0, |d| d.from.len() - d.next)
+                    };
+                    let before = left(&shard);
+                    let drained =
+                        self.drain(&mut shard, 32 * budget - slots, Some(&mut |c| fresh(c)));
+                    slots += before.saturating_sub(left(&shard));
+                    judged += drained;
+                    evicted += drained;
                     let len = shard.table.len();
-                    let (start, take) = (shard.hand % len, len.min(32 * budget - slots));
+                    let (start, take) = (
+                        shard.hand % len,
+                        len.min((32 * budget).saturating_sub(slots)),
+                    );
                     let mut gone = 0;
                     for slot in shard.table.iter().cycle().skip(start).take(take) {
                         // Only live keys count as judged: a run of tombstones (the hand's own,
