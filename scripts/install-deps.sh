@@ -5,6 +5,8 @@ set -euo pipefail
 need_apt=()
 command -v redis-server >/dev/null 2>&1 || need_apt+=(redis-server)
 command -v redis-cli >/dev/null 2>&1 || need_apt+=(redis-tools)
+# The tower layer's load test (scripts/load.sh).
+command -v wrk >/dev/null 2>&1 || need_apt+=(wrk)
 if [ ${#need_apt[@]} -gt 0 ]; then
   SUDO=""
   [ "$(id -u)" = 0 ] || SUDO="sudo"

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Runs every test tollgate has, installing what a fresh machine lacks first.
 #   bash scripts/test.sh            everything (lint, rustdoc, package, unit, integration, doc
-#                                   tests, loom, fuzz smoke)
-#   FAST=1 bash scripts/test.sh     skip loom and fuzz
+#                                   tests, loom, load smoke, fuzz smoke)
+#   FAST=1 bash scripts/test.sh     skip loom, the load smoke and fuzz
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export CARGO_TERM_COLOR=never
@@ -35,6 +35,8 @@ if [ "${FAST:-0}" != 1 ]; then
     LOOM_MAX_PREEMPTIONS="${LOOM_MAX_PREEMPTIONS:-2}" \
       cargo test --release -p tollgate-loom-tests
   fi
+  step "load smoke: wrk for 2 s against each of the three example servers (scripts/load.sh)"
+  LOAD_SECONDS=2 ROUNDS=1 bash scripts/load.sh
   if [ -x scripts/fuzz-smoke.sh ]; then
     step "fuzz smoke"
     bash scripts/fuzz-smoke.sh

@@ -1,0 +1,69 @@
+//! The three servers of the load test (`scripts/load.sh`, figures in benches/README.md): the
+//! example's router (`examples/server.rs`) with its tollgate layer, with no layer, or with
+//! tower-governor at the same quota.
+//!
+//! ```sh
+//! cargo run --release --example load_server --features axum,serde,tokio,metrics -- tollgate
+//! ```
+//!
+//! The first argument picks the server:
+//! - `tollgate`: exactly `examples/server.rs` (the layer from `examples/policies.toml`: per
+//!   client IP 10 a second, bursts of 20, on `/api/`; the client IP read from
+//!   `X-Forwarded-For` when the peer is the trusted 127.0.0.1; Prometheus metrics counted);
+//! - `none`: the same routes, no layer;
+//! - `governor`: the same routes behind tower-governor 0.8 at 10 a second, bursts of 20, keyed
+//!   by its `SmartIpKeyExtractor` (`X-Forwarded-For`, then `X-Real-Ip`, `Forwarded`, the peer).
+//!
+//! It listens on `TOLLGATE_ADDR` (default `127.0.0.1:3000`).
+
+use std::net::SocketAddr;
+
+use axum::routing::get;
+use axum::Router;
+use tower_governor::governor::GovernorConfigBuilder;
+use tower_governor::key_extractor::SmartIpKeyExtractor;
+use tower_governor::GovernorLayer;
+
+#[path = "server.rs"]
+#[allow(dead_code)] // its `main`: this file serves its router
+mod server;
+
+#[tokio::main]
+async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let mode = std::env::args()
+        .nth(1)
+        .unwrap_or_else(|| "tollgate".to_owned());
+    let hello = || Router::new().route("/api/hello", get(|| async { "hello\n" }));
+    let app = match mode.as_str() {
+        "tollgate" => {
+            let prometheus =
+                metrics_exporter_prometheus::PrometheusBuilder::new().install_recorder()?;
+            let path = concat!(env!("CARGO_MANIFEST_DIR"), "/examples/policies.toml");
+            let config: tollgate::tower::config::LayerConfig =
+                toml::from_str(&std::fs::read_to_string(path)?)?;
+            server::app(config.build()?, prometheus)
+        }
+        "none" => hello(),
+        "governor" => {
+            let config = GovernorConfigBuilder::default()
+                .per_millisecond(100)
+                .burst_size(20)
+                .key_extractor(SmartIpKeyExtractor)
+                .finish()
+                .ok_or("an invalid governor config")?;
+            hello().layer(GovernorLayer::new(config))
+        }
+        other => {
+            return Err(format!("unknown server {other:?}: tollgate, none or governor").into())
+        }
+    };
+    let addr = std::env::var("TOLLGATE_ADDR").unwrap_or_else(|_| "127.0.0.1:3000".to_owned());
+    let listener = tokio::net::TcpListener::bind(&addr).await?;
+    println!("{mode}: listening on http://{}", listener.local_addr()?);
+    axum::serve(
+        listener,
+        app.into_make_service_with_connect_info::<SocketAddr>(),
+    )
+    .await?;
+    Ok(())
+}
