@@ -80,6 +80,9 @@ pub struct KeyTable<K, V, S> {
     sweep_at: AtomicUsize,
     misses_since_sweep: AtomicUsize,
     sweeping: AtomicBool,
+    /// The last new key at the bound was refused: the hand found nothing fresh in all its
+    /// tries, so the next new key takes one step, not [`HAND_TRIES`], until a step evicts.
+    hand_found_none: AtomicBool,
     _keys: PhantomData<fn(K)>,
 }
 
@@ -94,6 +97,7 @@ impl<K, V: Default, S> KeyTable<K, V, S> {
             sweep_at: AtomicUsize::new(FIRST_SWEEP),
             misses_since_sweep: AtomicUsize::new(0),
             sweeping: AtomicBool::new(false),
+            hand_found_none: AtomicBool::new(false),
             _keys: PhantomData,
         }
     }
@@ -381,15 +385,25 @@ where
     }
 
     /// At the bound, for a store that evicts on its own: up to [`HAND_TRIES`] steps of its
-    /// eviction hand (a fixed amount of work), until one frees a place; whether one did.
+    /// eviction hand (a fixed amount of work), until one frees a place; whether one did. Under
+    /// a flood of keys that all hold state, each refused key after the first pays one step.
     fn make_room(&self, evictor: &impl Evictor<V>) -> bool {
-        for _ in 0..HAND_TRIES {
+        // Relaxed (this load and the stores): a heuristic for how hard to look; a stale value
+        // costs a few steps, or refuses a key that three more steps might have made room for.
+        let found_none = self.hand_found_none.load(Ordering::Relaxed);
+        for _ in 0..if found_none { 1 } else { HAND_TRIES } {
             let evicted = self.store.evict_some(evictor, HAND_STEP);
             // Relaxed: a counter; uncounted after the keys are gone (see `keys`).
             self.keys.fetch_sub(evicted, Ordering::Relaxed);
             if evicted > 0 {
+                if found_none {
+                    self.hand_found_none.store(false, Ordering::Relaxed);
+                }
                 return true;
             }
+        }
+        if !found_none {
+            self.hand_found_none.store(true, Ordering::Relaxed);
         }
         false
     }

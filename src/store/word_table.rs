@@ -97,6 +97,8 @@ const SMALL_SLOTS: usize = 1024;
 /// Slots of a replaced table that each insert into its shard visits (moves or evicts): the
 /// most eviction and copying work any one call does, whatever the table's size.
 const DRAIN_STEP: usize = 16;
+/// Runs of slots, spread evenly over a table, that a step of the eviction hand judges.
+const HAND_RUNS: usize = 4;
 /// Slots of a spare table that each insert into its shard clears (a multiple of 8).
 const CLEAR_STEP: usize = 64;
 /// Slots of its next table that each insert into a growing shard builds, once the shard's
@@ -323,13 +325,26 @@ struct Spare<K, C: TableCell> {
 /// to the shard's table or, if fresh, evicted.
 struct Drain<K, C: TableCell> {
     from: Arc<Table<K, C>>,
+    /// Slots visited.
     next: usize,
+    /// Where the eviction hand stood in `from`: the drain goes on from there, as the hand
+    /// would have, so it meets the keys judged longest ago first (the likeliest fresh), not
+    /// the run the hand just swept.
+    start: usize,
     /// The drain evicts keys unused since this instant (the table's previous replacement);
     /// `None`: it moves every key (the table grew).
     since: Option<Nanos>,
     /// Live keys not visited yet: the drain ends (and its table is freed) when none is left,
     /// even if no call visits the empty slots after the last one.
     left: usize,
+}
+
+impl<K, C: TableCell> Drain<K, C> {
+    /// The `i`th slot the drain visits: the hand's way, down from `start`, round the table.
+    fn slot(&self, i: usize) -> &Slot<K, C> {
+        let len = self.from.len();
+        &self.from[(self.start + len - 1 - i % len) % len]
+    }
 }
 
 /// Retires a cell whose key may go (a fresh one) and says whether it did.
@@ -471,6 +486,7 @@ impl<K: Clone + Hash + Eq + Send + Sync, H: BuildHasher, C: TableCell> WordTable
         let next = Self::fresh_table(shard, slots);
         let from = std::mem::replace(&mut shard.table, next);
         shard.drain = Some(Drain {
+            start: shard.hand % from.len(),
             from,
             next: 0,
             since,
@@ -490,9 +506,11 @@ impl<K: Clone + Hash + Eq + Send + Sync, H: BuildHasher, C: TableCell> WordTable
         let table = std::mem::replace(&mut shard.table, next);
         shard.used = 0;
         let drain = shard.drain.take();
-        let rest = drain.as_ref().map_or(&[][..], |d| &d.from[d.next..]);
+        let rest = drain
+            .iter()
+            .flat_map(|d| (d.next..d.from.len()).map(|i| d.slot(i)));
         let mut evicted = 0;
-        for slot in rest.iter().chain(table.iter()) {
+        for slot in rest.chain(table.iter()) {
             match self.visit(slot, &shard.table, judge.as_deref_mut()) {
                 Visit::Empty => {}
                 Visit::Moved => shard.used += 1,
@@ -546,7 +564,7 @@ impl<K: Clone + Hash + Eq + Send + Sync, H: BuildHasher, C: TableCell> WordTable
                 self.merge(shard, judge, 0);
                 return live - shard.live;
             }
-            match self.visit(&drain.from[drain.next], &shard.table, judge.as_deref_mut()) {
+            match self.visit(drain.slot(drain.next), &shard.table, judge.as_deref_mut()) {
                 Visit::Empty => {}
                 Visit::Moved => {
                     shard.used += 1;
@@ -883,9 +901,10 @@ where
         (result, Inserted { inserted, evicted })
     }
 
-    /// Judges up to `budget` keys, shard after shard from where the last call stopped (at most
-    /// one round of the shards and `32 × budget` slots, mostly empty ones in a sparse table):
-    /// a fixed amount of work.
+    /// Judges about `budget` keys, shard after shard from where the last call stopped: first
+    /// those of a shard's drain, then `HAND_RUNS` runs spread over its table. At most one
+    /// round of the shards and `32 × budget` slots (tombstones and empty slots cost a visit
+    /// too): a fixed amount of work, about `budget` slots in a dense table.
     fn evict_some(&self, evictor: &impl Evictor<C>, budget: usize) -> usize {
         // The bound is reached: memory is needed now, so any fresh key may go.
         let retired = self.retired;
@@ -906,36 +925,61 @@ where
                         continue;
                     }
                     // A fresh key still in a drain counts too: no insert drains it meanwhile.
-                    // The drain takes from the step's slot budget first: while a shard is
-                    // drained most of its keys are still in the old table, and the new one,
-                    // nearly empty, would use the budget up and judge next to nothing (the
-                    // bound then refused a new key with 90 % of the held keys fresh).
+                    // The drain goes first: while a shard is drained most of its keys are still
+                    // in the old table, and the new one, nearly empty, would use the slots up
+                    // and judge next to nothing (the bound then refused a new key with 90 % of
+                    // the held keys fresh). Every key it visits is judged (evicted or moved).
                     let left = |shard: &Shard<K, C>| {
-                        shard.drain.as_ref().map_or(0, |d| d.from.len() - d.next)
+                        shard
+                            .drain
+                            .as_ref()
+                            .map_or((0, 0), |d| (d.left, d.from.len() - d.next))
                     };
-                    let before = left(&shard);
-                    let drained =
-                        self.drain(&mut shard, 32 * budget - slots, Some(&mut |c| fresh(c)));
-                    slots += before.saturating_sub(left(&shard));
-                    judged += drained;
-                    evicted += drained;
-                    let len = shard.table.len();
-                    let (start, take) = (
-                        shard.hand % len,
-                        len.min((32 * budget).saturating_sub(slots)),
-                    );
-                    let mut gone = 0;
-                    for slot in shard.table.iter().cycle().skip(start).take(take) {
-                        // Only live keys count as judged: a run of tombstones (the hand's own,
-                        // kept until the table is next replaced) must not end the step.
-                        if slot.key.get().is_some() && slot.state.is_live(retired) {
-                            judged += 1;
-                            gone += usize::from(fresh(&slot.state));
-                        }
+                    while shard.drain.is_some() && judged < budget && slots < 32 * budget {
+                        let ((keys, unvisited), chunk) = (left(&shard), budget - judged);
+                        // At most one key a slot: `chunk` slots judge at most `chunk` keys.
+                        evicted += self.drain(&mut shard, chunk, Some(&mut |c| fresh(c)));
+                        let (keys_now, unvisited_now) = left(&shard);
+                        judged += keys - keys_now;
+                        // A drain that ended skipped its last, keyless, slots.
+                        slots += chunk.min(unvisited - unvisited_now).max(1);
                     }
-                    shard.hand = start + take;
+                    // Runs spread over the table, so that keys placed by age (the newest
+                    // after the hand's tombstones, or every key by a hasher that keeps
+                    // neighbouring keys together) cannot fill a step with keys that hold
+                    // state. The first run judges its share of keys, the others walk as many
+                    // slots. Against the probe direction: a key inserted past the hand's
+                    // tombstones lands after them, behind the hand.
+                    let (table, len) = (&shard.table, shard.table.len());
+                    let judge_run = |from: usize, slots: usize, keys: usize| {
+                        let (mut visited, mut judged, mut gone) = (0, 0, 0);
+                        while visited < slots && judged < keys {
+                            visited += 1;
+                            let slot = &table[(from + len - visited % len) % len];
+                            // Only live keys count as judged: a run of tombstones (the hand's
+                            // own, kept until the table is next replaced) must not end the step.
+                            if slot.key.get().is_some() && slot.state.is_live(retired) {
+                                judged += 1;
+                                gone += usize::from(fresh(&slot.state));
+                            }
+                        }
+                        (visited, judged, gone)
+                    };
+                    let hand = shard.hand % len;
+                    let run_slots = len.min((32 * budget).saturating_sub(slots)) / HAND_RUNS;
+                    let run_keys = budget.saturating_sub(judged).div_ceil(HAND_RUNS);
+                    let (mut run, mut visited, mut gone) = (run_slots.max(1), 0, 0);
+                    for i in 0..HAND_RUNS {
+                        let keys = if i == 0 { run_keys } else { usize::MAX };
+                        let (v, j, g) = judge_run(hand + i * (len / HAND_RUNS), run, keys);
+                        if i == 0 {
+                            run = v;
+                        }
+                        (visited, judged, gone) = (visited + v, judged + j, gone + g);
+                    }
+                    shard.hand = (hand + len - run % len) % len;
                     shard.live -= gone;
-                    slots += take;
+                    slots += visited;
                     evicted += gone;
                 }
                 evicted
