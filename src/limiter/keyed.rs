@@ -7,7 +7,7 @@ use crate::clock::{Clock, Nanos, QuantaClock};
 use crate::decision::{Decision, Error};
 use crate::limiter::{Core, Sweep};
 use crate::quota::QuotaError;
-use crate::store::table::KeyTable;
+use crate::store::table::{Charge, Check, KeyTable, Reserve};
 use crate::store::{Evictor, KeyedStore};
 
 pub use crate::store::table::OverflowPolicy;
@@ -409,7 +409,7 @@ where
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
-        self.decide(key, 1)
+        self.decide(key, 1, Check)
     }
 
     /// Decides a request of cost `cost` for `key`, and counts it if allowed.
@@ -435,7 +435,7 @@ where
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
-        self.decide(key, cost)
+        self.decide(key, cost, Check)
     }
 
     /// The decision a request of cost `cost` for `key` would get now; changes nothing and
@@ -534,8 +534,9 @@ where
         self.core.sweep(&self.sweep())
     }
 
+    /// A request of `cost` for `key`, counted as `charge` says, under the rule in force.
     #[inline]
-    fn decide<Q>(&self, key: &Q, cost: u64) -> Result<Decision, Error>
+    fn decide<Q>(&self, key: &Q, cost: u64, charge: impl Charge) -> Result<Decision, Error>
     where
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
@@ -550,7 +551,7 @@ where
             self.core.check_cost(at.rule(), cost)?;
             let result = self
                 .table
-                .decide(key, at.rule(), || at.now(), cost, &evictor);
+                .decide(key, at.rule(), || at.now(), cost, &evictor, charge);
             if self.core.settle(&at, &sweep) {
                 return result;
             }
@@ -564,21 +565,7 @@ where
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
-        let sweep = self.sweep();
-        let evictor = LimiterEvictor {
-            core: &self.core,
-            sweep: &sweep,
-        };
-        loop {
-            let at = self.core.attempt();
-            self.core.check_cost(at.rule(), cost)?;
-            let result = self
-                .table
-                .reserve(key, at.rule(), || at.now(), cost, &evictor);
-            if self.core.settle(&at, &sweep) {
-                return result;
-            }
-        }
+        self.decide(key, cost, Reserve)
     }
 
     /// A keyed limiter's sweep: every key that is fresh evicted, the overflow state reset.

@@ -18,7 +18,7 @@ use loom::thread;
 use tollgate_loom_tests::clock::Nanos;
 use tollgate_loom_tests::state::{AtomicWord, Retired};
 use tollgate_loom_tests::store::{
-    Evictor, Inserted, KeyTable, KeyedStore, OverflowPolicy, WordTable,
+    Check, Evictor, Inserted, KeyTable, KeyedStore, OverflowPolicy, WordTable,
 };
 use tollgate_loom_tests::{Algorithm, Decision, Error, Gcra, Quota};
 
@@ -116,7 +116,7 @@ fn admit_at<S: KeyedStore<u64, AtomicWord>>(
 ) -> Result<Decision, Error> {
     let rule = rule();
     let evictor = At { table, rule, at };
-    table.decide(&key, &rule, || at, 1, &evictor)
+    table.decide(&key, &rule, || at, 1, &evictor, Check)
 }
 
 fn admit<S: KeyedStore<u64, AtomicWord>>(table: &Keyed<S>, key: u64) -> Result<Decision, Error> {

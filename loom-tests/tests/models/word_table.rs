@@ -12,7 +12,7 @@ use loom::sync::Arc;
 use loom::thread;
 use tollgate_loom_tests::clock::Nanos;
 use tollgate_loom_tests::state::{AtomicWord, Retired};
-use tollgate_loom_tests::store::{KeyTable, KeyedStore, WordTable};
+use tollgate_loom_tests::store::{Check, KeyTable, KeyedStore, WordTable};
 use tollgate_loom_tests::{Algorithm, Gcra, Quota};
 
 use crate::{explore_reaching, same_shard_keys, At, Hasher, MS};
@@ -46,7 +46,7 @@ fn admit_at(table: &Table, key: u64, at: Nanos) -> bool {
     let rule = rule();
     let evictor = At { table, rule, at };
     table
-        .decide(&key, &rule, || at, 1, &evictor)
+        .decide(&key, &rule, || at, 1, &evictor, Check)
         .unwrap()
         .allowed()
 }
