@@ -156,6 +156,39 @@ impl<K: Clone + Hash + Eq + Send + Sync, A: Algorithm, C: Clock> MultiLimiter<K,
     {
         all_or_nothing(&self.limits, key, cost)
     }
+
+    /// Reserves `cost` on every limit, in order ([`KeyedLimiter::reserve`]'s first come, first
+    /// served for GCRA): the decision with the longest delay (the request may go when every
+    /// limit has its slot) and its limit's index. If a limit refuses (a window or the log,
+    /// which do not reserve; a full queue), the limits reserved before it are refunded and its
+    /// refusal returned, so that a refused call leaves nothing charged.
+    pub(crate) fn reserve_n<Q>(&self, key: &Q, cost: u64) -> Result<(Decision, usize), Error>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        let mut latest: Option<(Decision, usize)> = None;
+        for (index, limit) in self.limits.iter().enumerate() {
+            match limit.reserve_n(key, cost) {
+                Ok(decision) if decision.allowed() => {
+                    if latest.is_none_or(|(l, _)| decision.delay() >= l.delay()) {
+                        latest = Some((decision, index));
+                    }
+                }
+                other => {
+                    for earlier in &self.limits[..index] {
+                        earlier.refund(key, cost);
+                    }
+                    return other.map(|decision| (decision, index));
+                }
+            }
+        }
+        // No limit at all admits everything, as `check_n` does.
+        Ok(latest.unwrap_or_else(|| {
+            let free = Decision::free(0, crate::decision::Remaining::Exact(0), 0);
+            (free, 0)
+        }))
+    }
 }
 
 impl<K, A, C, Q> Limit<Q> for KeyedLimiter<K, A, C>

@@ -16,7 +16,10 @@
 //! - **Denied in [`Mode::Shadow`]**: passed on, with the rate-limit fields (no `Retry-After`).
 //! - **Denied in `Mode::Delay`** (feature `tokio`): the request waits for its slot, then is
 //!   passed on; if admission would take longer than the policy's `max_wait`, it is denied as
-//!   in `Enforce`.
+//!   in `Enforce`. On a backend that reserves ([`CheckBackend::reserve`]: GCRA and the leaky
+//!   queue in process) waiters are served first come, first served, each charged once, and one
+//!   that hangs up gives its slot back; on others (the windows, the log, Redis) a waiter checks
+//!   again after each refusal's `retry_after`.
 //! - **No key** (no peer address, a missing header, a closure's `None`):
 //!   [`RateLimitLayerBuilder::on_missing_key`] says: reject it with a status (default 500: a
 //!   missing peer address is a server set-up error; choose 400 for a missing API key), or let it
@@ -788,60 +791,104 @@ impl Shared {
 }
 
 /// The policy's verdict on `key`, and how long the request waited for it: one check, or in
-/// delay mode the check that admits the request within `max_wait` (else the last refusal).
+/// delay mode the decision that admits the request within `max_wait` (else a refusal).
+///
+/// Delay mode checks first (most requests pass at once, and a refusal says how long the wait
+/// would be, charging nothing). A refusal within `max_wait` takes a place in the queue where
+/// the backend keeps one ([`CheckBackend::reserve`]: GCRA, the leaky queue), so waiters are
+/// served first come, first served and charged once; a backend without reservations sleeps for
+/// the refusal's `retry_after` and checks again.
 async fn decide(
     policy: &Policy,
     key: &Key,
     cost: u64,
 ) -> Result<(Verdict, std::time::Duration), CheckError> {
+    let verdict = policy.backend.check(key, cost).await?;
     #[cfg(feature = "tokio")]
     if let Mode::Delay { max_wait } = policy.mode {
-        let start = tokio::time::Instant::now();
-        // A bound too far away to represent is no bound.
-        let deadline = start.checked_add(max_wait);
-        // Zero unless the request slept: only then was it delayed.
-        let waited = |slept: bool| {
-            if slept {
-                start.elapsed()
-            } else {
-                std::time::Duration::ZERO
-            }
-        };
-        let mut slept = false;
-        loop {
-            let verdict = policy.backend.check(key, cost).await?;
-            let decision = &verdict.decision;
-            if decision.allowed() {
-                // A leaky queue's reservation: its slot is `delay` away. A client that hangs
-                // up before it gives the slot back (where the backend can refund).
-                if !decision.delay().is_zero() {
-                    let mut guard = RefundOnDrop {
-                        policy,
-                        key,
-                        cost,
-                        armed: policy.backend.can_refund(),
-                    };
-                    tokio::time::sleep(decision.delay()).await;
-                    guard.armed = false;
-                    slept = true;
-                }
-                return Ok((verdict, waited(slept)));
-            }
-            // A refusal always has a positive wait; a zero one must not spin.
-            let wait = decision
-                .retry_after()
-                .max(std::time::Duration::from_micros(1));
-            // (`checked_add`: an instant past the clock's range is past any deadline.)
-            let wake = tokio::time::Instant::now().checked_add(wait);
-            if deadline.is_some_and(|d| wake.is_none_or(|wake| wake > d)) {
-                return Ok((verdict, waited(slept)));
-            }
-            tokio::time::sleep(wait).await;
-            slept = true;
-        }
+        return delay(policy, key, cost, max_wait, verdict).await;
     }
-    let verdict = policy.backend.check(key, cost).await?;
     Ok((verdict, std::time::Duration::ZERO))
+}
+
+/// Delay mode after the first check's `verdict` (see [`decide`]).
+#[cfg(feature = "tokio")]
+async fn delay(
+    policy: &Policy,
+    key: &Key,
+    cost: u64,
+    max_wait: std::time::Duration,
+    mut verdict: Verdict,
+) -> Result<(Verdict, std::time::Duration), CheckError> {
+    let start = tokio::time::Instant::now();
+    // A bound too far away to represent is no bound.
+    let deadline = start.checked_add(max_wait);
+    // (`checked_add`: an instant past the clock's range is past any deadline.)
+    let too_long = |wait: std::time::Duration| {
+        let wake = tokio::time::Instant::now().checked_add(wait);
+        deadline.is_some_and(|d| wake.is_none_or(|wake| wake > d))
+    };
+    // Zero unless the request slept: only then was it delayed.
+    let waited = |slept: bool| {
+        if slept {
+            start.elapsed()
+        } else {
+            std::time::Duration::ZERO
+        }
+    };
+    let mut slept = false;
+    loop {
+        let decision = verdict.decision;
+        if decision.allowed() {
+            // A reservation: its slot is `delay` away. A client that hangs up before it gives
+            // the slot back (where the backend can refund).
+            if !decision.delay().is_zero() {
+                let mut guard = RefundOnDrop {
+                    policy,
+                    key,
+                    cost,
+                    armed: policy.backend.can_refund(),
+                };
+                tokio::time::sleep(decision.delay()).await;
+                guard.armed = false;
+                slept = true;
+            }
+            return Ok((verdict, waited(slept)));
+        }
+        if too_long(retry(&verdict)) {
+            return Ok((verdict, waited(slept)));
+        }
+        // Within reach: take a place in the queue where the backend keeps one.
+        let refused = match policy.backend.reserve(key, cost).transpose()? {
+            Some(reserved) if reserved.decision.allowed() => {
+                if too_long(reserved.decision.delay()) {
+                    // Others took the places up to the deadline since the check.
+                    policy.backend.refund(key, cost);
+                    return Ok((verdict, waited(slept)));
+                }
+                verdict = reserved; // slept for above
+                continue;
+            }
+            // A rule that does not reserve refused again.
+            Some(refused) => refused,
+            None => verdict,
+        };
+        let wait = retry(&refused);
+        if too_long(wait) {
+            return Ok((refused, waited(slept)));
+        }
+        tokio::time::sleep(wait).await;
+        slept = true;
+        verdict = policy.backend.check(key, cost).await?;
+    }
+}
+
+/// How long a refusal says to wait; a refusal always has a positive wait, and a zero one must
+/// not spin.
+#[cfg(feature = "tokio")]
+fn retry(verdict: &Verdict) -> std::time::Duration {
+    let wait = verdict.decision.retry_after();
+    wait.max(std::time::Duration::from_micros(1))
 }
 
 /// Gives a reservation back if the request waiting for it is dropped (delay mode).

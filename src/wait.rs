@@ -228,41 +228,6 @@ async fn drive(
     }
 }
 
-/// Reserves `cost` on every limit, in order: the decision with the longest delay (the
-/// request may go when every limit has its slot). If a limit refuses (a window or the log,
-/// which do not reserve; a full queue), the limits reserved before it are refunded and its
-/// refusal returned, so that a refused call leaves nothing charged.
-fn reserve_all<K, A, C, Q>(
-    limits: &[KeyedLimiter<K, A, C>],
-    key: &Q,
-    cost: u64,
-) -> Result<Decision, Error>
-where
-    K: Clone + Hash + Eq + Send + Sync + Borrow<Q>,
-    A: Algorithm,
-    C: Clock,
-    Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
-{
-    let mut latest: Option<Decision> = None;
-    for (reserved, limit) in limits.iter().enumerate() {
-        match limit.reserve_n(key, cost) {
-            Ok(decision) if decision.allowed() => {
-                if latest.is_none_or(|l| decision.delay() >= l.delay()) {
-                    latest = Some(decision);
-                }
-            }
-            other => {
-                for earlier in &limits[..reserved] {
-                    earlier.refund(key, cost);
-                }
-                return other;
-            }
-        }
-    }
-    // No limit at all admits everything, as `MultiLimiter::check_n` does.
-    Ok(latest.unwrap_or_else(|| Decision::free(0, crate::decision::Remaining::Exact(0), 0)))
-}
-
 /// The outcome of a wait without a bound: it is never too long.
 fn unbounded(result: Result<Decision, WaitError>) -> Result<Decision, Error> {
     result.map_err(|e| match e {
@@ -535,7 +500,7 @@ where
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
         drive(
-            || reserve_all(self.limits(), key, cost),
+            || self.reserve_n(key, cost).map(|(decision, _)| decision),
             || {
                 // The longest wait of any limit.
                 let mut wait = Duration::ZERO;

@@ -284,6 +284,34 @@ pub trait CheckBackend: Send + Sync + 'static {
         None
     }
 
+    /// Reserves `cost` units for `key`, for the layer's delay mode: as a check, except that a
+    /// rule that can take units ahead (GCRA, the leaky queue) admits the request at once with a
+    /// [`Decision::delay`](crate::Decision::delay) until its slot, and the next reservation
+    /// queues after it, so that waiters are served first come, first served, each charged
+    /// once. `None` (the default): the backend cannot, and did nothing; delay mode then sleeps
+    /// for each refusal's `retry_after` and checks again. A backend that reserves must also
+    /// [`refund`](CheckBackend::refund): a waiter that gives up hands its slot back.
+    ///
+    /// # Examples
+    /// ```
+    /// use std::time::Duration;
+    /// use tollgate::clock::ManualClock;
+    /// use tollgate::tower::{CheckBackend, Key};
+    /// use tollgate::{Gcra, KeyedLimiter, Quota};
+    /// let backend = KeyedLimiter::<Key, _, _>::with_clock(Gcra::new(Quota::per_second(10)?)?, ManualClock::new())?;
+    /// let key = Key::from("k");
+    /// backend.check_n(&key, 10)?; // the burst
+    /// let first = backend.reserve(&key, 1).unwrap()?.decision;
+    /// let second = backend.reserve(&key, 1).unwrap()?.decision;
+    /// assert!(first.allowed() && second.allowed());
+    /// assert_eq!((first.delay(), second.delay()), (Duration::from_millis(100), Duration::from_millis(200)));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    fn reserve(&self, key: &Key, cost: u64) -> Option<Result<Verdict, CheckError>> {
+        let _ = (key, cost);
+        None
+    }
+
     /// How many quotas this backend enforces (all or nothing).
     ///
     /// # Examples
@@ -396,6 +424,10 @@ impl<T: CheckBackend + ?Sized> CheckBackend for Arc<T> {
 
     fn check_now(&self, key: &Key, cost: u64) -> Option<Result<Verdict, CheckError>> {
         (**self).check_now(key, cost)
+    }
+
+    fn reserve(&self, key: &Key, cost: u64) -> Option<Result<Verdict, CheckError>> {
+        (**self).reserve(key, cost)
     }
 
     fn quota_count(&self) -> usize {
@@ -514,6 +546,15 @@ where
         Some(keyed_verdict(self, key, cost))
     }
 
+    fn reserve(&self, key: &Key, cost: u64) -> Option<Result<Verdict, CheckError>> {
+        let reserved = self.reserve_n(key, cost);
+        Some(
+            reserved
+                .map(|decision| Verdict { decision, quota: 0 })
+                .map_err(CheckError::Limit),
+        )
+    }
+
     fn quota_count(&self) -> usize {
         1
     }
@@ -551,6 +592,15 @@ where
 
     fn check_now(&self, key: &Key, cost: u64) -> Option<Result<Verdict, CheckError>> {
         Some(all_or_nothing(self.limits(), key, cost))
+    }
+
+    fn reserve(&self, key: &Key, cost: u64) -> Option<Result<Verdict, CheckError>> {
+        let reserved = self.reserve_n(key, cost);
+        Some(
+            reserved
+                .map(|(decision, quota)| Verdict { decision, quota })
+                .map_err(CheckError::Limit),
+        )
     }
 
     fn quota_count(&self) -> usize {

@@ -328,6 +328,12 @@ impl CheckBackend for Tiers {
         Some(decided.map(|v| v.offset_quota(tier.first_quota)))
     }
 
+    fn reserve(&self, key: &Key, cost: u64) -> Option<Result<Verdict, CheckError>> {
+        let tier = &self.inner.tiers[self.find(key)];
+        let reserved = tier.backend.reserve(key, cost)?;
+        Some(reserved.map(|v| v.offset_quota(tier.first_quota)))
+    }
+
     fn quota_count(&self) -> usize {
         self.inner
             .tiers
