@@ -6,39 +6,21 @@
 
 #![cfg(feature = "tower")]
 
-use std::convert::Infallible;
-use std::future::{poll_fn, Ready};
-use std::net::{IpAddr, SocketAddr};
+#[path = "support/tower.rs"]
+mod tower_support;
+
+use std::net::IpAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::task::{Context, Poll};
 
-use http::{HeaderMap, Request, Response};
+use http::HeaderMap;
 use tollgate::clock::ManualClock;
 use tollgate::tower::{
     CheckBackend, CheckError, CheckFuture, Key, Policy, QuotaInfo, RateLimitLayer, Verdict,
 };
 use tollgate::{Gcra, KeyedLimiter, Quota};
 use tower_layer::Layer;
-use tower_service::Service;
-
-/// Answers at once with an empty 200.
-#[derive(Clone)]
-struct Ok200;
-
-impl Service<Request<String>> for Ok200 {
-    type Response = Response<String>;
-    type Error = Infallible;
-    type Future = Ready<Result<Response<String>, Infallible>>;
-
-    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
-        Poll::Ready(Ok(()))
-    }
-
-    fn call(&mut self, _: Request<String>) -> Self::Future {
-        std::future::ready(Ok(Response::new(String::new())))
-    }
-}
+use tower_support::{call, gcra, request, runtime, Ok200};
 
 /// A limiter that counts how it is asked; `at_once` says whether it answers `check_now`.
 struct Counted {
@@ -80,19 +62,11 @@ fn serve(backend: Arc<Counted>) -> Vec<(u16, HeaderMap)> {
         .build()
         .unwrap()
         .layer(Ok200);
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .build()
-        .unwrap();
+    let rt = runtime();
     (0..4)
         .map(|_| {
-            let mut request = Request::builder().uri("/").body(String::new()).unwrap();
-            request
-                .extensions_mut()
-                .insert(SocketAddr::new(IpAddr::from([192, 0, 2, 1]), 40_000));
-            let response = rt.block_on(async {
-                poll_fn(|cx| svc.poll_ready(cx)).await.unwrap();
-                svc.call(request).await.unwrap()
-            });
+            let client = Some(IpAddr::from([192, 0, 2, 1]));
+            let response = call(&rt, &mut svc, request("/", client, &[]));
             (response.status().as_u16(), response.headers().clone())
         })
         .collect()
@@ -100,11 +74,7 @@ fn serve(backend: Arc<Counted>) -> Vec<(u16, HeaderMap)> {
 
 fn counted(at_once: bool) -> Arc<Counted> {
     Arc::new(Counted {
-        limiter: KeyedLimiter::with_clock(
-            Gcra::new(Quota::per_hour(2).unwrap()).unwrap(),
-            ManualClock::default(),
-        )
-        .unwrap(),
+        limiter: gcra(&ManualClock::default(), Quota::per_hour(2).unwrap()),
         at_once,
         checks: AtomicUsize::new(0),
         checks_now: AtomicUsize::new(0),

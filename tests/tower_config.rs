@@ -6,38 +6,21 @@
 
 #![cfg(all(feature = "serde", feature = "tokio"))]
 
-use std::convert::Infallible;
-use std::future::{poll_fn, Ready};
-use std::net::{IpAddr, SocketAddr};
-use std::task::{Context, Poll};
+#[path = "support/tower.rs"]
+mod tower_support;
+
+use std::net::IpAddr;
 use std::time::Duration;
 
-use http::{Request, Response, StatusCode};
+use http::{Response, StatusCode};
 use tollgate::clock::ManualClock;
 use tollgate::tower::config::LayerConfig;
 use tollgate::tower::{ConfigError, RateLimit, RateLimitBody};
 use tollgate::QuotaError;
 use tower_layer::Layer;
-use tower_service::Service;
+use tower_support::{call, header, paused_runtime, request, runtime, status, Ok200};
 
 const POLICIES: &str = include_str!("../examples/policies.toml");
-
-#[derive(Clone)]
-struct Ok200;
-
-impl Service<Request<String>> for Ok200 {
-    type Response = Response<String>;
-    type Error = Infallible;
-    type Future = Ready<Result<Response<String>, Infallible>>;
-
-    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
-        Poll::Ready(Ok(()))
-    }
-
-    fn call(&mut self, _: Request<String>) -> Self::Future {
-        std::future::ready(Ok(Response::new("ok".to_owned())))
-    }
-}
 
 struct Harness {
     svc: RateLimit<Ok200>,
@@ -53,9 +36,7 @@ impl Harness {
             .expect("a valid layer");
         Harness {
             svc: layer.layer(Ok200),
-            rt: tokio::runtime::Builder::new_current_thread()
-                .build()
-                .expect("a runtime"),
+            rt: runtime(),
         }
     }
 
@@ -65,28 +46,13 @@ impl Harness {
         peer: [u8; 4],
         headers: &[(&str, &str)],
     ) -> Response<RateLimitBody<String>> {
-        let mut request = Request::builder().uri(path);
-        for (name, value) in headers {
-            request = request.header(*name, *value);
-        }
-        let mut request = request.body(String::new()).unwrap();
-        request
-            .extensions_mut()
-            .insert(SocketAddr::new(IpAddr::from(peer), 40_000));
-        let svc = &mut self.svc;
-        self.rt.block_on(async {
-            poll_fn(|cx| svc.poll_ready(cx)).await.unwrap();
-            svc.call(request).await.unwrap()
-        })
+        let request = request(path, Some(IpAddr::from(peer)), headers);
+        call(&self.rt, &mut self.svc, request)
     }
 
     fn status(&mut self, path: &str, peer: [u8; 4], headers: &[(&str, &str)]) -> u16 {
         self.send(path, peer, headers).status().as_u16()
     }
-}
-
-fn header<'a>(response: &'a Response<RateLimitBody<String>>, name: &str) -> Option<&'a str> {
-    response.headers().get(name).map(|v| v.to_str().unwrap())
 }
 
 fn example() -> LayerConfig {
@@ -377,24 +343,14 @@ fn max_keys_bounds_a_configured_policy() {
 /// Sends one request through `svc` (a clone: each call its own service, as a server's
 /// connections have).
 async fn send_async(svc: &RateLimit<Ok200>, path: &str, peer: [u8; 4]) -> u16 {
-    let mut svc = svc.clone();
-    let mut request = Request::builder().uri(path).body(String::new()).unwrap();
-    request
-        .extensions_mut()
-        .insert(SocketAddr::new(IpAddr::from(peer), 40_000));
-    poll_fn(|cx| svc.poll_ready(cx)).await.unwrap();
-    svc.call(request).await.unwrap().status().as_u16()
+    status(svc, request(path, Some(IpAddr::from(peer)), &[])).await
 }
 
 /// Delay mode on tokio's paused time: the limiter reads tokio's clock, so a wait of 500 ms is
 /// exactly 500 ms of (virtual) time.
 #[test]
 fn the_example_upload_policy_waits_up_to_500ms_then_refuses() {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_time()
-        .start_paused(true)
-        .build()
-        .unwrap();
+    let rt = paused_runtime();
     rt.block_on(async {
         use tokio::time::{timeout, Instant};
         let layer = example()
@@ -580,11 +536,7 @@ fn extreme_values_build_or_are_refused() {
 /// one that gives up before its slot hands the slot back.
 #[test]
 fn a_queued_request_that_gives_up_returns_its_slot() {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_time()
-        .start_paused(true)
-        .build()
-        .unwrap();
+    let rt = paused_runtime();
     rt.block_on(async {
         use tokio::time::{timeout, Instant};
         let config: LayerConfig = toml::from_str(

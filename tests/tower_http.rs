@@ -8,6 +8,9 @@
 
 #![cfg(feature = "tower")]
 
+#[path = "support/tower.rs"]
+mod tower_support;
+
 use std::net::SocketAddr;
 use std::time::Duration;
 
@@ -16,37 +19,13 @@ use axum::Router;
 use bytes::Bytes;
 use http::{HeaderMap, HeaderName, Method, Request, StatusCode};
 use http_body_util::{BodyExt, Full};
-use hyper_util::client::legacy::{connect::HttpConnector, Client};
-use hyper_util::rt::TokioExecutor;
 use tollgate::clock::ManualClock;
 use tollgate::tower::{
     Cidr, Fallback, HeaderStyle, Key, KeySource, Mode, Policy, ProxyHeader, RateLimitLayer,
     RateLimitLayerBuilder,
 };
-use tollgate::{Decision, Gcra, KeyedLimiter, MultiLimiter, Quota};
-
-type Http = Client<HttpConnector, Full<Bytes>>;
-
-fn client() -> Http {
-    Client::builder(TokioExecutor::new()).build_http()
-}
-
-/// Serves `app` on 127.0.0.1:0 with `ConnectInfo`; the server task ends with the test's runtime.
-async fn serve(app: Router) -> SocketAddr {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("binds a loopback port");
-    let addr = listener.local_addr().expect("a local address");
-    tokio::spawn(async move {
-        axum::serve(
-            listener,
-            app.into_make_service_with_connect_info::<SocketAddr>(),
-        )
-        .await
-        .expect("serves");
-    });
-    addr
-}
+use tollgate::{Decision, Gcra, MultiLimiter, Quota};
+use tower_support::{ceil_secs, client, gcra, serve, Http};
 
 fn app(layer: RateLimitLayer) -> Router {
     peer_extension(
@@ -125,10 +104,6 @@ async fn get_with(http: &Http, addr: SocketAddr, path: &str, headers: &[(&str, &
     send(http, addr, Method::GET, path, headers).await
 }
 
-fn ceil_secs(d: Duration) -> u64 {
-    d.as_secs() + u64::from(d.subsec_nanos() > 0)
-}
-
 /// Asserts that `reply` carries exactly `decision`'s figures in both header styles, for a
 /// one-quota policy `name` of window `window_secs`.
 fn assert_headers(reply: &Reply, decision: &Decision, name: &str, window_secs: u64) {
@@ -172,10 +147,6 @@ fn assert_headers(reply: &Reply, decision: &Decision, name: &str, window_secs: u
             )
         );
     }
-}
-
-fn gcra(clock: &ManualClock, quota: Quota) -> KeyedLimiter<Key, Gcra, ManualClock> {
-    KeyedLimiter::with_clock(Gcra::new(quota).unwrap(), clock.clone()).unwrap()
 }
 
 fn loopback() -> Key {

@@ -5,55 +5,19 @@
 
 #![cfg(all(feature = "metrics", feature = "tokio"))]
 
+#[path = "support/tower.rs"]
+mod tower_support;
+
 use std::collections::BTreeMap;
-use std::convert::Infallible;
-use std::future::{poll_fn, Ready};
-use std::net::{IpAddr, SocketAddr};
-use std::task::{Context, Poll};
 use std::time::Duration;
 
-use http::{HeaderName, Request, Response};
+use http::HeaderName;
 use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
-use tollgate::tower::{Fallback, Key, KeySource, Mode, Policy, RateLimit, RateLimitLayer};
+use tollgate::tower::{Fallback, Key, KeySource, Mode, Policy, RateLimitLayer};
 use tollgate::wait::TokioClock;
 use tollgate::{Gcra, KeyedLimiter, OverflowPolicy, Quota};
 use tower_layer::Layer;
-use tower_service::Service;
-
-#[derive(Clone)]
-struct Ok200;
-
-impl Service<Request<String>> for Ok200 {
-    type Response = Response<String>;
-    type Error = Infallible;
-    type Future = Ready<Result<Response<String>, Infallible>>;
-
-    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
-        Poll::Ready(Ok(()))
-    }
-
-    fn call(&mut self, _: Request<String>) -> Self::Future {
-        std::future::ready(Ok(Response::new("ok".to_owned())))
-    }
-}
-
-async fn send(svc: &RateLimit<Ok200>, path: &str, ip: u8, api_key: Option<&str>) -> u16 {
-    let mut svc = svc.clone();
-    let mut request = Request::builder().uri(path);
-    if let Some(k) = api_key {
-        request = request.header("x-api-key", k);
-    }
-    let mut request = request.body(String::new()).unwrap();
-    request
-        .extensions_mut()
-        .insert(SocketAddr::new(IpAddr::from([192, 0, 2, ip]), 40_000));
-    poll_fn(|cx| svc.poll_ready(cx)).await.unwrap();
-    svc.call(request).await.unwrap().status().as_u16()
-}
-
-fn gcra(quota: Quota, clock: &TokioClock) -> KeyedLimiter<Key, Gcra, TokioClock> {
-    KeyedLimiter::with_clock(Gcra::new(quota).unwrap(), *clock).unwrap()
-}
+use tower_support::{gcra, paused_runtime, send, Ok200};
 
 /// Counters by (policy, outcome), and histograms by policy.
 #[allow(clippy::type_complexity)]
@@ -89,11 +53,7 @@ fn every_outcome_is_counted_per_policy() {
     let recorder = DebuggingRecorder::new();
     let snapshotter = recorder.snapshotter();
     metrics::with_local_recorder(&recorder, || {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_time()
-            .start_paused(true)
-            .build()
-            .unwrap();
+        let rt = paused_runtime();
         rt.block_on(async {
             let clock = TokioClock::new();
             let per_hour = |n| Quota::per_hour(n).unwrap();
@@ -104,16 +64,16 @@ fn every_outcome_is_counted_per_policy() {
                     .build()
                     .unwrap();
             let layer = RateLimitLayer::builder()
-                .policy(Policy::new("api", gcra(per_hour(2), &clock)).path_prefix("/api"))
+                .policy(Policy::new("api", gcra(&clock, per_hour(2))).path_prefix("/api"))
                 .policy(
-                    Policy::new("beta", gcra(per_hour(1), &clock))
+                    Policy::new("beta", gcra(&clock, per_hour(1)))
                         .path_prefix("/beta")
                         .mode(Mode::Shadow),
                 )
                 .policy(
                     Policy::new(
                         "slow",
-                        gcra(Quota::per_second(1).unwrap().with_burst(1).unwrap(), &clock),
+                        gcra(&clock, Quota::per_second(1).unwrap().with_burst(1).unwrap()),
                     )
                     .path_prefix("/slow")
                     .mode(Mode::Delay {
@@ -121,7 +81,7 @@ fn every_outcome_is_counted_per_policy() {
                     }),
                 )
                 .policy(
-                    Policy::new("keyed", gcra(per_hour(9), &clock))
+                    Policy::new("keyed", gcra(&clock, per_hour(9)))
                         .path_prefix("/keyed")
                         .key(KeySource::header(HeaderName::from_static("x-api-key"))),
                 )
@@ -177,16 +137,12 @@ fn gauges_report_the_keys_held_when_asked() {
     let recorder = DebuggingRecorder::new();
     let snapshotter = recorder.snapshotter();
     metrics::with_local_recorder(&recorder, || {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_time()
-            .start_paused(true)
-            .build()
-            .unwrap();
+        let rt = paused_runtime();
         rt.block_on(async {
             let clock = TokioClock::new();
             let layer = RateLimitLayer::builder()
                 .policy(
-                    Policy::new("api", gcra(Quota::per_hour(5).unwrap(), &clock))
+                    Policy::new("api", gcra(&clock, Quota::per_hour(5).unwrap()))
                         .path_prefix("/api"),
                 )
                 .build()

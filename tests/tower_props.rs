@@ -7,77 +7,24 @@
 
 #![cfg(feature = "tower")]
 
-use std::convert::Infallible;
-use std::future::{poll_fn, Ready};
-use std::net::{IpAddr, SocketAddr};
+#[path = "support/tower.rs"]
+mod tower_support;
+
+use std::net::IpAddr;
 use std::sync::{Arc, Mutex};
-use std::task::{Context, Poll};
 use std::time::Duration;
 
-use http::{HeaderValue, Request, Response, StatusCode};
+use http::{HeaderValue, StatusCode};
 use proptest::prelude::*;
 use tollgate::algorithm::Algorithm;
 use tollgate::clock::ManualClock;
 use tollgate::tower::{
-    CheckBackend, CheckFuture, HeaderStyle, Key, Mode, Policy, QuotaInfo, RateLimitBody,
-    RateLimitLayer, RuleWindow, Verdict,
+    CheckBackend, CheckFuture, HeaderStyle, Key, Mode, Policy, QuotaInfo, RateLimitLayer,
+    RuleWindow, Verdict,
 };
 use tollgate::{Decision, FixedWindow, Gcra, KeyedLimiter, MultiLimiter, Quota, SlidingWindow};
 use tower_layer::Layer;
-use tower_service::Service;
-
-/// An inner service that answers 200 at once.
-#[derive(Clone)]
-struct Ok200;
-
-impl Service<Request<String>> for Ok200 {
-    type Response = Response<String>;
-    type Error = Infallible;
-    type Future = Ready<Result<Response<String>, Infallible>>;
-
-    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
-        Poll::Ready(Ok(()))
-    }
-
-    fn call(&mut self, _: Request<String>) -> Self::Future {
-        std::future::ready(Ok(Response::new("ok".to_owned())))
-    }
-}
-
-type Svc = tollgate::tower::RateLimit<Ok200>;
-
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_current_thread()
-        .build()
-        .expect("a runtime")
-}
-
-fn call(
-    rt: &tokio::runtime::Runtime,
-    svc: &mut Svc,
-    request: Request<String>,
-) -> Response<RateLimitBody<String>> {
-    rt.block_on(async {
-        poll_fn(|cx| svc.poll_ready(cx)).await.unwrap();
-        svc.call(request).await.unwrap()
-    })
-}
-
-fn request(path: &str, peer: Option<IpAddr>) -> Request<String> {
-    let mut request = Request::builder().uri(path).body(String::new()).unwrap();
-    if let Some(ip) = peer {
-        request.extensions_mut().insert(SocketAddr::new(ip, 40_000));
-    }
-    request
-}
-
-fn header<'a>(response: &'a Response<RateLimitBody<String>>, name: &str) -> Option<&'a str> {
-    response.headers().get(name).map(|v| v.to_str().unwrap())
-}
-
-fn ceil_secs(d: Duration) -> u64 {
-    d.as_secs() + u64::from(d.subsec_nanos() > 0)
-}
+use tower_support::{call, ceil_secs, header, request, runtime, Ok200};
 
 /// One request: advance the clock, then send from client `client` to `/a` (limited) or `/b`
 /// (no policy).
@@ -134,7 +81,7 @@ fn agree(
         clock.advance(Duration::from_millis(step.advance_ms));
         let ip = IpAddr::from([192, 0, 2, step.client]);
         let path = if step.limited { "/a/x" } else { "/b" };
-        let response = call(&rt, &mut svc, request(path, Some(ip)));
+        let response = call(&rt, &mut svc, request(path, Some(ip), &[]));
         if !step.limited {
             prop_assert_eq!(response.status(), StatusCode::OK);
             prop_assert!(header(&response, "ratelimit").is_none());
@@ -267,7 +214,7 @@ proptest! {
             .unwrap();
         let mut svc = layer.layer(Ok200);
         let rt = runtime();
-        let mut req = request("/", Some(IpAddr::from([127, 0, 0, 1])));
+        let mut req = request("/", Some(IpAddr::from([127, 0, 0, 1])), &[]);
         let joined = texts.join("");
         for (name, bytes) in [("x-forwarded-for", &xff[..]), ("forwarded", forwarded.as_bytes()), ("x-forwarded-for", joined.as_bytes()), ("forwarded", joined.as_bytes())] {
             if let Ok(value) = HeaderValue::from_bytes(bytes) {
@@ -320,13 +267,13 @@ fn a_request_without_a_peer_address_gets_the_configured_outcome() {
         .build()
         .unwrap()
         .layer(Ok200);
-    let response = call(&rt, &mut svc, request("/", None));
+    let response = call(&rt, &mut svc, request("/", None, &[]));
     assert_eq!(response.status(), StatusCode::INTERNAL_SERVER_ERROR);
     assert_eq!(
         header(&response, "content-type"),
         Some("application/problem+json")
     );
-    let mut grpc = request("/", None);
+    let mut grpc = request("/", None, &[]);
     grpc.headers_mut()
         .insert("content-type", HeaderValue::from_static("application/grpc"));
     let response = call(&rt, &mut svc, grpc);
@@ -391,11 +338,11 @@ fn a_backend_error_gets_the_configured_outcome_and_shadow_passes() {
         }
         let mut svc = builder.build().unwrap().layer(Ok200);
         assert_eq!(
-            call(&rt, &mut svc, request("/", one)).status(),
+            call(&rt, &mut svc, request("/", one, &[])).status(),
             StatusCode::OK
         );
         // A second key does not fit: the limiter answers KeyTableFull.
-        let response = call(&rt, &mut svc, request("/", two));
+        let response = call(&rt, &mut svc, request("/", two, &[]));
         assert_eq!(response.status(), want, "{fallback:?} {mode:?}");
         assert!(header(&response, "ratelimit").is_none());
     }
@@ -416,12 +363,12 @@ fn the_policy_field_follows_a_quota_changed_at_run_time() {
     let rt = runtime();
     let ip = Some(IpAddr::from([192, 0, 2, 1]));
     for _ in 0..2 {
-        let response = call(&rt, &mut svc, request("/", ip));
+        let response = call(&rt, &mut svc, request("/", ip, &[]));
         assert_eq!(header(&response, "ratelimit-policy"), Some("\"p\";q=5;w=1"));
     }
     limiter
         .set_quota(Gcra::new(quota(7, 2_000)).unwrap())
         .unwrap();
-    let response = call(&rt, &mut svc, request("/", ip));
+    let response = call(&rt, &mut svc, request("/", ip, &[]));
     assert_eq!(header(&response, "ratelimit-policy"), Some("\"p\";q=7;w=2"));
 }

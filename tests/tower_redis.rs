@@ -8,6 +8,8 @@
 
 #[path = "support/redis_server.rs"]
 mod redis_server;
+#[path = "support/tower.rs"]
+mod tower_support;
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -18,8 +20,6 @@ use axum::Router;
 use bytes::Bytes;
 use http::{Request, StatusCode};
 use http_body_util::{BodyExt, Full};
-use hyper_util::client::legacy::{connect::HttpConnector, Client};
-use hyper_util::rt::TokioExecutor;
 use redis::aio::ConnectionManager;
 use redis_server::RedisServer;
 use tollgate::redis::{FailureHandling, FailurePolicy, LeaseConfig, RedisLimiter, RedisRule};
@@ -27,8 +27,7 @@ use tollgate::tower::{
     redis_key, CheckBackend, HeaderStyle, Key, Policy, RateLimitLayer, RedisBackend,
 };
 use tollgate::Quota;
-
-type Http = Client<HttpConnector, Full<Bytes>>;
+use tower_support::{client, Http};
 
 /// Serves a router limited by `backend` under policy "api" on 127.0.0.1:0.
 async fn serve(backend: impl CheckBackend) -> SocketAddr {
@@ -45,19 +44,7 @@ async fn serve_layer(layer: RateLimitLayer) -> SocketAddr {
         .route("/api/x", get(|| async { "ok" }))
         .route("/other", get(|| async { "ok" }))
         .layer(layer);
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("binds a loopback port");
-    let addr = listener.local_addr().expect("a local address");
-    tokio::spawn(async move {
-        axum::serve(
-            listener,
-            app.into_make_service_with_connect_info::<SocketAddr>(),
-        )
-        .await
-        .expect("serves");
-    });
-    addr
+    tower_support::serve(app).await
 }
 
 struct Reply {
@@ -133,7 +120,7 @@ fn two_servers_share_one_exact_global_limit() {
             quota,
         ))
         .await;
-        let http: Http = Client::builder(TokioExecutor::new()).build_http();
+        let http = client();
         let mut statuses = Vec::new();
         for i in 0..8 {
             let reply = get_api(&http, if i % 2 == 0 { a } else { b }).await;
@@ -190,7 +177,7 @@ fn guarded_and_leased_nodes_hold_the_limit_too() {
         );
         let a = serve(guarded).await;
         let b = serve(leased).await;
-        let http: Http = Client::builder(TokioExecutor::new()).build_http();
+        let http = client();
         let mut admitted = 0;
         let mut from_leased = 0;
         for i in 0..16 {
@@ -234,7 +221,7 @@ fn a_configured_layer_goes_global_with_one_closure() {
                 .expect("a valid layer");
             nodes.push(serve_layer(layer).await);
         }
-        let http: Http = Client::builder(TokioExecutor::new()).build_http();
+        let http = client();
         let mut statuses = Vec::new();
         for path in ["/api/x", "/other"] {
             for i in 0..3 {

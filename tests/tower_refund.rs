@@ -6,9 +6,12 @@
 
 #![cfg(feature = "tower")]
 
+#[path = "support/tower.rs"]
+mod tower_support;
+
 use std::convert::Infallible;
-use std::future::{poll_fn, Ready};
-use std::net::{IpAddr, SocketAddr};
+use std::future::Ready;
+use std::net::IpAddr;
 use std::task::{Context, Poll};
 
 use http::{Request, Response, StatusCode};
@@ -19,6 +22,7 @@ use tollgate::tower::{
 use tollgate::{Gcra, KeyedLimiter, MultiLimiter, Quota};
 use tower_layer::Layer;
 use tower_service::Service;
+use tower_support::{call, gcra, request, runtime};
 
 /// Answers with the status named by the path's last segment (`/x/500` → 500).
 #[derive(Clone)]
@@ -53,17 +57,8 @@ fn respond(
     svc: &mut RateLimit<StatusFromPath>,
     path: &str,
 ) -> <RateLimit<StatusFromPath> as Service<Request<String>>>::Response {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .build()
-        .unwrap();
-    let mut request = Request::builder().uri(path).body(String::new()).unwrap();
-    request
-        .extensions_mut()
-        .insert(SocketAddr::new(IpAddr::from([192, 0, 2, 1]), 40_000));
-    rt.block_on(async {
-        poll_fn(|cx| svc.poll_ready(cx)).await.unwrap();
-        svc.call(request).await.unwrap()
-    })
+    let client = Some(IpAddr::from([192, 0, 2, 1]));
+    call(&runtime(), svc, request(path, client, &[]))
 }
 
 fn statuses(svc: &mut RateLimit<StatusFromPath>, paths: &[&str]) -> Vec<u16> {
@@ -74,11 +69,7 @@ fn statuses(svc: &mut RateLimit<StatusFromPath>, paths: &[&str]) -> Vec<u16> {
 }
 
 fn two_an_hour(clock: &ManualClock) -> KeyedLimiter<Key, Gcra, ManualClock> {
-    KeyedLimiter::with_clock(
-        Gcra::new(Quota::per_hour(2).unwrap()).unwrap(),
-        clock.clone(),
-    )
-    .unwrap()
+    gcra(clock, Quota::per_hour(2).unwrap())
 }
 
 #[test]
@@ -115,11 +106,7 @@ fn headers_after_a_refund_show_the_units_given_back() {
         (response.status().as_u16(), header)
     }
     let clock = ManualClock::new();
-    let three = KeyedLimiter::<Key, _, _>::with_clock(
-        Gcra::new(Quota::per_hour(3).unwrap()).unwrap(),
-        clock.clone(),
-    )
-    .unwrap();
+    let three = gcra(&clock, Quota::per_hour(3).unwrap());
     let mut svc = RateLimitLayer::builder()
         .default_policy(Policy::new("api", three).refund_when(|s| s.is_server_error()))
         .headers(HeaderStyle::Legacy)

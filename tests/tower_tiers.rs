@@ -5,54 +5,28 @@
 
 #![cfg(feature = "tower")]
 
-use std::convert::Infallible;
-use std::future::{poll_fn, Ready};
-use std::net::{IpAddr, SocketAddr};
-use std::sync::Arc;
-use std::task::{Context, Poll};
+#[path = "support/tower.rs"]
+mod tower_support;
 
-use http::{HeaderName, Request, Response};
+use std::net::IpAddr;
+use std::sync::Arc;
+
+use http::{HeaderName, Response};
 use tollgate::clock::ManualClock;
 use tollgate::tower::{
     CheckBackend, Key, KeySource, Policy, RateLimit, RateLimitBody, RateLimitLayer, Tiers,
 };
 use tollgate::{Gcra, KeyedLimiter, Quota};
 use tower_layer::Layer;
-use tower_service::Service;
-
-#[derive(Clone)]
-struct Ok200;
-
-impl Service<Request<String>> for Ok200 {
-    type Response = Response<String>;
-    type Error = Infallible;
-    type Future = Ready<Result<Response<String>, Infallible>>;
-
-    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
-        Poll::Ready(Ok(()))
-    }
-
-    fn call(&mut self, _: Request<String>) -> Self::Future {
-        std::future::ready(Ok(Response::new(String::new())))
-    }
-}
+use tower_support::{call, gcra, request, runtime, Ok200};
 
 fn send(svc: &mut RateLimit<Ok200>, api_key: &str) -> Response<RateLimitBody<String>> {
-    let mut request = Request::builder()
-        .uri("/")
-        .header("x-api-key", api_key)
-        .body(String::new())
-        .unwrap();
-    request
-        .extensions_mut()
-        .insert(SocketAddr::new(IpAddr::from([192, 0, 2, 1]), 40_000));
-    tokio::runtime::Builder::new_current_thread()
-        .build()
-        .unwrap()
-        .block_on(async {
-            poll_fn(|cx| svc.poll_ready(cx)).await.unwrap();
-            svc.call(request).await.unwrap()
-        })
+    let client = Some(IpAddr::from([192, 0, 2, 1]));
+    call(
+        &runtime(),
+        svc,
+        request("/", client, &[("x-api-key", api_key)]),
+    )
 }
 
 fn admitted(svc: &mut RateLimit<Ok200>, api_key: &str, n: usize) -> usize {
@@ -62,11 +36,7 @@ fn admitted(svc: &mut RateLimit<Ok200>, api_key: &str, n: usize) -> usize {
 }
 
 fn per_hour(n: u64, clock: &ManualClock) -> KeyedLimiter<Key, Gcra, ManualClock> {
-    KeyedLimiter::with_clock(
-        Gcra::new(Quota::per_hour(n).unwrap()).unwrap(),
-        clock.clone(),
-    )
-    .unwrap()
+    gcra(clock, Quota::per_hour(n).unwrap())
 }
 
 #[test]

@@ -9,52 +9,15 @@
 
 #![cfg(all(feature = "metrics", feature = "tokio"))]
 
-use std::convert::Infallible;
-use std::future::{poll_fn, Ready};
-use std::net::{IpAddr, SocketAddr};
-use std::task::{Context, Poll};
+#[path = "support/tower.rs"]
+mod tower_support;
 
-use http::{HeaderName, Request, Response};
-use tollgate::tower::{Fallback, Key, KeySource, Mode, Policy, RateLimit, RateLimitLayer};
+use http::HeaderName;
+use tollgate::tower::{Fallback, KeySource, Mode, Policy, RateLimitLayer};
 use tollgate::wait::TokioClock;
-use tollgate::{Gcra, KeyedLimiter, Quota};
+use tollgate::Quota;
 use tower_layer::Layer;
-use tower_service::Service;
-
-#[derive(Clone)]
-struct Ok200;
-
-impl Service<Request<String>> for Ok200 {
-    type Response = Response<String>;
-    type Error = Infallible;
-    type Future = Ready<Result<Response<String>, Infallible>>;
-
-    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
-        Poll::Ready(Ok(()))
-    }
-
-    fn call(&mut self, _: Request<String>) -> Self::Future {
-        std::future::ready(Ok(Response::new("ok".to_owned())))
-    }
-}
-
-async fn send(svc: &RateLimit<Ok200>, path: &str, ip: u8, api_key: Option<&str>) -> u16 {
-    let mut svc = svc.clone();
-    let mut request = Request::builder().uri(path);
-    if let Some(k) = api_key {
-        request = request.header("x-api-key", k);
-    }
-    let mut request = request.body(String::new()).unwrap();
-    request
-        .extensions_mut()
-        .insert(SocketAddr::new(IpAddr::from([192, 0, 2, ip]), 40_000));
-    poll_fn(|cx| svc.poll_ready(cx)).await.unwrap();
-    svc.call(request).await.unwrap().status().as_u16()
-}
-
-fn gcra(quota: Quota, clock: &TokioClock) -> KeyedLimiter<Key, Gcra, TokioClock> {
-    KeyedLimiter::with_clock(Gcra::new(quota).unwrap(), *clock).unwrap()
-}
+use tower_support::{gcra, paused_runtime, send, Ok200};
 
 /// A `tracing` subscriber that keeps every event's message and fields as text.
 #[derive(Default, Clone)]
@@ -98,14 +61,10 @@ impl tracing::Subscriber for Events {
 fn denials_and_missing_keys_are_debug_events() {
     let events = Events::default();
     tracing::subscriber::with_default(events.clone(), || {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_time()
-            .start_paused(true)
-            .build()
-            .unwrap();
+        let rt = paused_runtime();
         rt.block_on(async {
             let clock = TokioClock::new();
-            let one = || gcra(Quota::per_hour(1).unwrap(), &clock);
+            let one = || gcra(&clock, Quota::per_hour(1).unwrap());
             let layer = RateLimitLayer::builder()
                 .policy(Policy::new("api", one()).path_prefix("/api"))
                 .policy(

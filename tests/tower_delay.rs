@@ -1,0 +1,162 @@
+//! Delay mode on backends that reserve (`CheckBackend::reserve`: GCRA, in one limiter or
+//! several): waiters are served first come, first served, each charged once, and a reservation
+//! that others pushed past `max_wait` is given back. On tokio's paused time.
+//!
+//! Run with `cargo test --features tower,tokio --test tower_delay`.
+
+#![cfg(all(feature = "tower", feature = "tokio"))]
+
+#[path = "support/tower.rs"]
+mod tower_support;
+
+use std::net::{IpAddr, Ipv4Addr};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::time::Instant;
+use tollgate::tower::{CheckBackend, Key, Mode, Policy, RateLimitLayer};
+use tollgate::wait::TokioClock;
+use tollgate::{Gcra, MultiLimiter, Quota};
+use tower_layer::Layer;
+use tower_support::{gcra, paused_runtime, request, status, Ok200};
+
+const CLIENT: IpAddr = IpAddr::V4(Ipv4Addr::new(192, 0, 2, 7));
+
+fn delayed(backend: impl CheckBackend, max_wait: Duration) -> tollgate::tower::RateLimit<Ok200> {
+    let policy = Policy::new("p", backend).mode(Mode::Delay { max_wait });
+    let layer = RateLimitLayer::builder()
+        .default_policy(policy)
+        .build()
+        .unwrap();
+    layer.layer(Ok200)
+}
+
+/// Requests `0..n`, sent 1 ms apart, each recording when it passed; returns those instants
+/// relative to the start, in request order, and the statuses.
+async fn burst(svc: &tollgate::tower::RateLimit<Ok200>, n: usize) -> Vec<(u16, Duration)> {
+    let start = Instant::now();
+    let mut tasks = Vec::new();
+    for i in 0..n {
+        let svc = svc.clone();
+        tasks.push(tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(i as u64)).await;
+            let code = status(&svc, request("/", Some(CLIENT), &[])).await;
+            (code, start.elapsed())
+        }));
+    }
+    let mut out = Vec::new();
+    for task in tasks {
+        out.push(task.await.unwrap());
+    }
+    out
+}
+
+#[test]
+fn waiters_pass_in_the_order_they_came_each_at_its_own_slot() {
+    paused_runtime().block_on(async {
+        let clock = TokioClock::new();
+        // 10 a second, burst 1: one at once, then one every 100 ms.
+        let limiter = Arc::new(gcra(
+            &clock,
+            Quota::per_second(10).unwrap().with_burst(1).unwrap(),
+        ));
+        let svc = delayed(limiter.clone(), Duration::from_secs(1));
+        let passed = burst(&svc, 5).await;
+        let slots: Vec<_> = passed
+            .iter()
+            .map(|&(code, at)| (code, at.as_millis()))
+            .collect();
+        // Request i came at i ms and took slot i·100 ms: in order, none re-checked past
+        // another, none waiting longer than its place in the queue.
+        assert_eq!(
+            slots,
+            [(200, 0), (200, 100), (200, 200), (200, 300), (200, 400)]
+        );
+        // Each charged once: the bucket's next slot is after the fifth.
+        let next = limiter.peek(&Key::from(CLIENT), 1).unwrap();
+        assert_eq!(next.retry_after(), Duration::from_millis(100));
+    });
+}
+
+#[test]
+fn a_wait_past_max_wait_is_refused_and_charges_nothing() {
+    paused_runtime().block_on(async {
+        let clock = TokioClock::new();
+        let limiter = Arc::new(gcra(
+            &clock,
+            Quota::per_second(10).unwrap().with_burst(1).unwrap(),
+        ));
+        // Up to 250 ms: the first passes, the next two wait 100 and 200 ms, the rest are
+        // refused at once.
+        let svc = delayed(limiter.clone(), Duration::from_millis(250));
+        let passed = burst(&svc, 5).await;
+        let codes: Vec<_> = passed.iter().map(|&(code, _)| code).collect();
+        assert_eq!(codes, [200, 200, 200, 429, 429]);
+        assert_eq!(passed[2].1.as_millis(), 200);
+        // The refused ones left nothing: the bucket is free again 100 ms after the third.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let after = limiter.peek(&Key::from(CLIENT), 1).unwrap();
+        assert!(after.allowed(), "{after:?}");
+    });
+}
+
+#[test]
+fn several_quotas_reserve_on_each_and_wait_for_the_latest_slot() {
+    paused_runtime().block_on(async {
+        let clock = TokioClock::new();
+        // 10 a second and 20 a second, bursts 1: the slower quota sets the slots.
+        let rules = [
+            Gcra::new(Quota::per_second(10).unwrap().with_burst(1).unwrap()).unwrap(),
+            Gcra::new(Quota::per_second(20).unwrap().with_burst(1).unwrap()).unwrap(),
+        ];
+        let limiter = Arc::new(MultiLimiter::<Key, _, _>::with_clock(rules, clock).unwrap());
+        let svc = delayed(limiter.clone(), Duration::from_secs(1));
+        let passed = burst(&svc, 3).await;
+        let slots: Vec<_> = passed
+            .iter()
+            .map(|&(code, at)| (code, at.as_millis()))
+            .collect();
+        assert_eq!(slots, [(200, 0), (200, 100), (200, 200)]);
+    });
+}
+
+#[test]
+fn a_small_request_does_not_pass_a_large_one_that_came_first() {
+    paused_runtime().block_on(async {
+        let clock = TokioClock::new();
+        // 10 a second, burst 3; the cost is the request's `x-cost`.
+        let limiter = gcra(
+            &clock,
+            Quota::per_second(10).unwrap().with_burst(3).unwrap(),
+        );
+        let policy = Policy::new("p", limiter)
+            .mode(Mode::Delay {
+                max_wait: Duration::from_secs(1),
+            })
+            .cost_fn(|parts| {
+                let cost = parts.headers.get("x-cost").and_then(|v| v.to_str().ok());
+                cost.and_then(|c| c.parse().ok()).unwrap_or(1)
+            });
+        let layer = RateLimitLayer::builder()
+            .default_policy(policy)
+            .build()
+            .unwrap();
+        let svc = layer.layer(Ok200);
+        let start = Instant::now();
+        let send = |at: u64, cost: &'static str| {
+            let svc = svc.clone();
+            tokio::spawn(async move {
+                tokio::time::sleep(Duration::from_millis(at)).await;
+                let request = request("/", Some(CLIENT), &[("x-cost", cost)]);
+                (status(&svc, request).await, start.elapsed().as_millis())
+            })
+        };
+        // The burst at once; then 3 units at 1 ms and 1 unit at 2 ms. Checking again after
+        // each refusal, the single unit would be free first (at 100 ms) and pass the three
+        // (due at 300 ms, then pushed to 400); in the queue, the three go first.
+        let (all, large, small) = (send(0, "3"), send(1, "3"), send(2, "1"));
+        assert_eq!(all.await.unwrap(), (200, 0));
+        assert_eq!(large.await.unwrap(), (200, 300));
+        assert_eq!(small.await.unwrap(), (200, 400));
+    });
+}
