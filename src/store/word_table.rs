@@ -342,8 +342,12 @@ struct Drain<K, C: TableCell> {
 impl<K, C: TableCell> Drain<K, C> {
     /// The `i`th slot the drain visits: the hand's way, down from `start`, round the table.
     fn slot(&self, i: usize) -> &Slot<K, C> {
-        let len = self.from.len();
-        &self.from[(self.start + len - 1 - i % len) % len]
+        // `i < len` and `start < len`; no division on the insert path.
+        let at = match self.start.checked_sub(i + 1) {
+            Some(at) => at,
+            None => self.start + self.from.len() - 1 - i,
+        };
+        &self.from[at]
     }
 }
 
@@ -952,10 +956,11 @@ where
                     // tombstones lands after them, behind the hand.
                     let (table, len) = (&shard.table, shard.table.len());
                     let judge_run = |from: usize, slots: usize, keys: usize| {
-                        let (mut visited, mut judged, mut gone) = (0, 0, 0);
+                        let (mut at, mut visited, mut judged, mut gone) = (from % len, 0, 0, 0);
                         while visited < slots && judged < keys {
                             visited += 1;
-                            let slot = &table[(from + len - visited % len) % len];
+                            at = at.checked_sub(1).unwrap_or(len - 1);
+                            let slot = &table[at];
                             // Only live keys count as judged: a run of tombstones (the hand's
                             // own, kept until the table is next replaced) must not end the step.
                             if slot.key.get().is_some() && slot.state.is_live(retired) {
