@@ -236,6 +236,20 @@ impl Decision {
         }
     }
 
+    /// A reservation given back because its slot was too far away (the tower layer's delay
+    /// mode, past `max_wait`): denied, nothing left, to be retried when the slot would have
+    /// come.
+    #[cfg(all(feature = "tower", feature = "tokio"))]
+    pub(crate) fn too_late(self) -> Self {
+        Decision {
+            allowed: false.into(),
+            retry_after: self.delay.max(1),
+            delay: 0,
+            remaining: Remaining::Exact(0),
+            ..self
+        }
+    }
+
     /// The decision for a cost-0 request or a peek of cost 0 on any state: always allowed.
     pub(crate) fn free(limit: u64, remaining: Remaining, reset_after: Nanos) -> Self {
         Decision {

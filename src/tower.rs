@@ -842,6 +842,19 @@ async fn delay(
         if decision.allowed() {
             // A reservation: its slot is `delay` away. A client that hangs up before it gives
             // the slot back (where the backend can refund).
+            if !decision.delay().is_zero() && too_long(decision.delay()) {
+                // A queue deeper than `max_wait` (a leaky queue's check reserves), or others
+                // took the places up to the deadline since the check: give it back, refuse.
+                policy.backend.refund(key, cost);
+                let decision = decision.too_late();
+                return Ok((
+                    Verdict {
+                        decision,
+                        ..verdict
+                    },
+                    waited(slept),
+                ));
+            }
             if !decision.delay().is_zero() {
                 let mut guard = RefundOnDrop {
                     policy,
@@ -861,12 +874,7 @@ async fn delay(
         // Within reach: take a place in the queue where the backend keeps one.
         let refused = match policy.backend.reserve(key, cost).transpose()? {
             Some(reserved) if reserved.decision.allowed() => {
-                if too_long(reserved.decision.delay()) {
-                    // Others took the places up to the deadline since the check.
-                    policy.backend.refund(key, cost);
-                    return Ok((verdict, waited(slept)));
-                }
-                verdict = reserved; // slept for above
+                verdict = reserved; // slept for (or given back) above
                 continue;
             }
             // A rule that does not reserve refused again.

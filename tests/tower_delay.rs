@@ -16,7 +16,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 use tollgate::tower::{CheckBackend, Key, Mode, Policy, RateLimitLayer};
 use tollgate::wait::TokioClock;
-use tollgate::{Gcra, MultiLimiter, Quota};
+use tollgate::{Gcra, KeyedLimiter, LeakyQueue, MultiLimiter, Quota};
 use tower_layer::Layer;
 use tower_support::{gcra, paused_runtime, request, status, Ok200};
 
@@ -158,5 +158,29 @@ fn a_small_request_does_not_pass_a_large_one_that_came_first() {
         assert_eq!(all.await.unwrap(), (200, 0));
         assert_eq!(large.await.unwrap(), (200, 300));
         assert_eq!(small.await.unwrap(), (200, 400));
+    });
+}
+
+#[test]
+fn a_leaky_queue_deeper_than_max_wait_refuses_and_gives_the_place_back() {
+    paused_runtime().block_on(async {
+        let clock = TokioClock::new();
+        // One every 100 ms, a queue of 10: the check itself reserves a place in the queue.
+        let rule = LeakyQueue::new(Quota::per_second(10).unwrap()).unwrap();
+        let limiter = Arc::new(KeyedLimiter::<Key, _, _>::with_clock(rule, clock).unwrap());
+        let svc = delayed(limiter.clone(), Duration::from_millis(250));
+        let passed = burst(&svc, 5).await;
+        let slots: Vec<_> = passed
+            .iter()
+            .map(|&(code, at)| (code, at.as_millis()))
+            .collect();
+        // The fourth would wait 297 ms, the fifth as long: refused at once, places given back.
+        assert_eq!(
+            slots,
+            [(200, 0), (200, 100), (200, 200), (429, 3), (429, 4)]
+        );
+        // Only the three admitted hold places: the next is due 100 ms after the third.
+        let next = limiter.peek(&Key::from(CLIENT), 1).unwrap();
+        assert_eq!(next.delay(), Duration::from_millis(100));
     });
 }

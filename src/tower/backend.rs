@@ -301,8 +301,9 @@ pub trait CheckBackend: Send + Sync + 'static {
     /// let backend = KeyedLimiter::<Key, _, _>::with_clock(Gcra::new(Quota::per_second(10)?)?, ManualClock::new())?;
     /// let key = Key::from("k");
     /// backend.check_n(&key, 10)?; // the burst
-    /// let first = backend.reserve(&key, 1).unwrap()?.decision;
-    /// let second = backend.reserve(&key, 1).unwrap()?.decision;
+    /// // (The trait's method: `KeyedLimiter::reserve` answers a `Decision` directly.)
+    /// let first = CheckBackend::reserve(&backend, &key, 1).unwrap()?.decision;
+    /// let second = CheckBackend::reserve(&backend, &key, 1).unwrap()?.decision;
     /// assert!(first.allowed() && second.allowed());
     /// assert_eq!((first.delay(), second.delay()), (Duration::from_millis(100), Duration::from_millis(200)));
     /// # Ok::<(), Box<dyn std::error::Error>>(())
