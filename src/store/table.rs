@@ -157,79 +157,57 @@ impl<K, V, S> KeyTable<K, V, S> {
 /// each charge compiles to its own path: an enum argument left a match (and the reservation's
 /// code) on the check's hot path, 66 instructions more per check at 100k keys (callgrind).
 pub trait Charge: Copy {
+    /// A reservation ([`Algorithm::reserve`]) rather than a check; a constant of the type, so
+    /// the branches below fold away.
+    const RESERVE: bool;
+
     /// On a new key's cell.
+    #[inline]
     fn on<A: Algorithm>(
         self,
         rule: &A,
         cell: &A::Cell,
         now: impl Fn() -> Nanos,
         cost: u64,
-    ) -> Decision;
+    ) -> Decision {
+        if Self::RESERVE {
+            rule.reserve(cell, now, cost)
+        } else {
+            rule.acquire(cell, now, cost, true)
+        }
+    }
 
     /// On a held key's cell; `None` if the cell was retired meanwhile.
+    #[inline]
     fn on_live<A: Algorithm>(
         self,
         rule: &A,
         cell: &A::Cell,
         now: impl Fn() -> Nanos,
         cost: u64,
-    ) -> Option<Decision>;
+    ) -> Option<Decision> {
+        if Self::RESERVE {
+            rule.reserve_live(cell, now, cost)
+        } else {
+            rule.acquire_live(cell, now, cost, true)
+        }
+    }
 }
 
 /// A check: counted if allowed.
 #[derive(Clone, Copy)]
 pub struct Check;
 
+impl Charge for Check {
+    const RESERVE: bool = false;
+}
+
 /// A reservation ([`Algorithm::reserve`]).
 #[derive(Clone, Copy)]
 pub struct Reserve;
 
-impl Charge for Check {
-    #[inline]
-    fn on<A: Algorithm>(
-        self,
-        rule: &A,
-        cell: &A::Cell,
-        now: impl Fn() -> Nanos,
-        cost: u64,
-    ) -> Decision {
-        rule.acquire(cell, now, cost, true)
-    }
-
-    #[inline]
-    fn on_live<A: Algorithm>(
-        self,
-        rule: &A,
-        cell: &A::Cell,
-        now: impl Fn() -> Nanos,
-        cost: u64,
-    ) -> Option<Decision> {
-        rule.acquire_live(cell, now, cost, true)
-    }
-}
-
 impl Charge for Reserve {
-    #[inline]
-    fn on<A: Algorithm>(
-        self,
-        rule: &A,
-        cell: &A::Cell,
-        now: impl Fn() -> Nanos,
-        cost: u64,
-    ) -> Decision {
-        rule.reserve(cell, now, cost)
-    }
-
-    #[inline]
-    fn on_live<A: Algorithm>(
-        self,
-        rule: &A,
-        cell: &A::Cell,
-        now: impl Fn() -> Nanos,
-        cost: u64,
-    ) -> Option<Decision> {
-        rule.reserve_live(cell, now, cost)
-    }
+    const RESERVE: bool = true;
 }
 
 impl<K, V, S> KeyTable<K, V, S>
