@@ -14,18 +14,17 @@
 #[allow(dead_code)]
 #[path = "../examples/server.rs"]
 mod server;
+#[path = "support/tower.rs"]
+mod tower_support;
 
 use std::net::SocketAddr;
 
 use bytes::Bytes;
 use http::{Method, Request, StatusCode};
 use http_body_util::{BodyExt, Full};
-use hyper_util::client::legacy::{connect::HttpConnector, Client};
-use hyper_util::rt::TokioExecutor;
 use tollgate::clock::ManualClock;
 use tollgate::tower::config::LayerConfig;
-
-type Http = Client<HttpConnector, Full<Bytes>>;
+use tower_support::{client, serve, Http};
 
 async fn send(
     http: &Http,
@@ -67,20 +66,8 @@ async fn the_example_router_limits_as_its_file_says() {
     let prometheus = metrics_exporter_prometheus::PrometheusBuilder::new()
         .build_recorder()
         .handle();
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("binds a loopback port");
-    let addr = listener.local_addr().expect("a local address");
-    let app = server::app(layer, prometheus);
-    tokio::spawn(async move {
-        axum::serve(
-            listener,
-            app.into_make_service_with_connect_info::<SocketAddr>(),
-        )
-        .await
-        .expect("serves");
-    });
-    let http: Http = Client::builder(TokioExecutor::new()).build_http();
+    let addr = serve(server::app(layer, prometheus)).await;
+    let http = client();
 
     // /api/: 10/s, bursts of 20, per client IP (the test's 127.0.0.1).
     for i in 0..20 {
