@@ -891,12 +891,10 @@ async fn delay(
     }
 }
 
-/// How long a refusal says to wait; a refusal always has a positive wait, and a zero one must
-/// not spin.
+/// How long a refusal says to wait, at least [`crate::wait::MIN_SLEEP`].
 #[cfg(feature = "tokio")]
 fn retry(verdict: &Verdict) -> std::time::Duration {
-    let wait = verdict.decision.retry_after();
-    wait.max(std::time::Duration::from_micros(1))
+    verdict.decision.retry_after().max(crate::wait::MIN_SLEEP)
 }
 
 /// Gives a reservation back if the request waiting for it is dropped (delay mode).

@@ -158,7 +158,7 @@ impl Clock for TokioClock {
 
 /// The shortest sleep between two checks: a denied decision always has a positive
 /// `retry_after`, but a zero one must not spin.
-const MIN_SLEEP: Duration = Duration::from_micros(1);
+pub(crate) const MIN_SLEEP: Duration = Duration::from_micros(1);
 
 /// Gives a reservation back if its waiter is dropped before its slot.
 struct RefundOnDrop<F: FnMut()> {
