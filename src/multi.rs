@@ -162,6 +162,7 @@ impl<K: Clone + Hash + Eq + Send + Sync, A: Algorithm, C: Clock> MultiLimiter<K,
     /// limit has its slot) and its limit's index. If a limit refuses (a window or the log,
     /// which do not reserve; a full queue), the limits reserved before it are refunded and its
     /// refusal returned, so that a refused call leaves nothing charged.
+    #[cfg(any(feature = "tokio", feature = "tower"))]
     pub(crate) fn reserve_n<Q>(&self, key: &Q, cost: u64) -> Result<(Decision, usize), Error>
     where
         K: Borrow<Q>,

@@ -32,7 +32,7 @@
 //! visits the next [`DRAIN_STEP`] slots of the old one. No call sweeps or copies a whole table,
 //! so no call does more than `DRAIN_STEP` slots of eviction and copying work. Nor does a call
 //! allocate a large table: a growing shard builds its next table [`BUILD_STEP`] slots per
-//! insert once its table is 27/32 full, and a shard at the bound reuses its spare (below).
+//! insert once its table is 27/28 of its capacity, and a shard at the bound reuses its spare (below).
 //!
 //! - **Below** the store's share of [`KeyedStore::set_evict_above`] (by default
 //!   [`DEFAULT_EVICT_ABOVE`] keys), the new table is larger, sized for every live key to fill
@@ -44,7 +44,8 @@
 //!   judging [`SAMPLE`] slots), and never below the share: a smaller table would fill again
 //!   sooner, and its shorter cycles would evict clients that come back (session 6's tables
 //!   collapsed so, to a few slots, with 1,500 keys a shard cycling through them). Under a
-//!   flood of unique keys the store so holds about `evict_above` keys plus those holding state.
+//!   flood of unique keys the store so holds about `evict_above` keys plus those holding state
+//!   (measured: 1.15 to 1.4 × that, with the drains' keys not visited yet and their room).
 //!   There a shard replaces its table every few thousand inserts by one of the same size: the
 //!   drained table is kept as a spare and cleared a few slots per insert once no thread
 //!   caches it, and serves as the next table, so the replacing call allocates and fills
@@ -81,17 +82,17 @@ pub const SHARDS: usize = 64;
 const SHARD_BITS: u32 = SHARDS.trailing_zeros();
 /// The smallest table a shard holds.
 const MIN_CAPACITY: usize = 8;
-/// A shard is rebuilt before its used slots (live keys and tombstones) exceed 7/8 of its
-/// table, into a table that the live keys fill to 11/16 ...
+/// A large table is rebuilt before its used slots (live keys and tombstones) exceed 7/8 of it,
+/// into a table that the live keys fill to 11/16 of its capacity ...
 const FULL: (usize, usize) = (7, 8);
-const REFILL: (usize, usize) = (11, 16);
-/// ... except a small table, which stays at most half full (rebuilt before 1/2, refilled to
-/// 1/4): its slots stay in cache whatever their number, and a lookup's probe then nearly always
-/// ends at the home slot, so the probe loop's exit is predicted (1k keys: 217 → 206
-/// instructions, about 33 → 28 ns a check). A large table's lookups are bound by the miss on
-/// the slot, and a fuller table holds more keys per byte (1M keys: 32.6 bytes each).
+const REFILL: (usize, usize) = (11, 14);
+/// ... and a small table before they exceed half of it (refilled to 2/3 of that): its slots stay
+/// in cache whatever their number, and a lookup's probe then nearly always ends at the home
+/// slot, so the probe loop's exit is predicted (1k keys: 217 → 206 instructions, about 33 → 28 ns
+/// a check). A large table's lookups are bound by the miss on the slot, and a fuller table holds
+/// more keys per byte (1M keys: 32.6 bytes each). Between the two, see [`capacity`].
 const SMALL_FULL: (usize, usize) = (1, 2);
-const SMALL_REFILL: (usize, usize) = (1, 3);
+const SMALL_REFILL: (usize, usize) = (2, 3);
 /// The largest small table, in slots (64 shards of it: 1.5 MiB of 24-byte slots).
 const SMALL_SLOTS: usize = 1024;
 /// Slots of a replaced table that each insert into its shard visits (moves or evicts): the
@@ -102,12 +103,12 @@ const HAND_RUNS: usize = 4;
 /// Slots of a spare table that each insert into its shard clears (a multiple of 8).
 const CLEAR_STEP: usize = 64;
 /// Slots of its next table that each insert into a growing shard builds, once the shard's
-/// table is [`BUILD_FROM`] full: from there to [`FULL`] it takes `len / 32` inserts, and the
+/// table is [`BUILD_FROM`] of its [`capacity`]: from there it takes `len / 32` inserts, and the
 /// next table (about `1.27 len` slots) needs `1.27 len / BUILD_STEP` = `len / 50` of them, so it
 /// is ready first. Late, so that both tables are held for a short while only (a growing shard
 /// holds a next table over a sixth of its growth).
 const BUILD_STEP: usize = 64;
-const BUILD_FROM: (usize, usize) = (27, 32);
+const BUILD_FROM: (usize, usize) = (27, 28);
 /// Tables up to this many slots are allocated when needed (at most ~100 KB: a few µs).
 const BUILD_ABOVE: usize = 4096;
 /// Keys a store holds before it evicts fresh ones, by default (see
@@ -125,30 +126,43 @@ pub const DEFAULT_EVICT_ABOVE: usize = 1 << 21;
 /// replacement.
 const SAMPLE: usize = 32;
 
+/// The used slots a table of `len` slots holds before it is rebuilt: half a small table; a
+/// large one keeps [`SMALL_SLOTS`]` / 2` slots free, or an eighth of its slots if that is
+/// less. So the capacity grows with the length without a step. (With a step, a table just
+/// larger than the small ones held 896 keys where 520 were needed; at the `evict_above` bound a
+/// flooded shard's kept keys then kept it there, and the store held 2.3 × its bound.)
+fn capacity(len: usize) -> usize {
+    let small = len * SMALL_FULL.0 / SMALL_FULL.1;
+    let large = (len * FULL.0 / FULL.1).min(len.saturating_sub(SMALL_SLOTS - small_capacity()));
+    small.max(large)
+}
+
+/// The capacity of the largest small table.
+const fn small_capacity() -> usize {
+    SMALL_SLOTS * SMALL_FULL.0 / SMALL_FULL.1
+}
+
 /// Whether a table of `len` slots must be rebuilt before it holds `used` used slots.
 fn over_full(used: usize, len: usize) -> bool {
-    let (num, den) = if len <= SMALL_SLOTS { SMALL_FULL } else { FULL };
-    used * den > len * num
+    used > capacity(len)
 }
 
-/// The slots of a table rebuilt for `keys` live keys: small while the small refill fits, else
-/// larger than any small table (so that `over_full` judges it by the large rule).
-fn sized_for(keys: usize) -> usize {
-    let small = keys * SMALL_REFILL.1 / SMALL_REFILL.0 + 1;
-    if small <= SMALL_SLOTS {
-        small
-    } else {
-        (keys * REFILL.1 / REFILL.0 + 1).max(SMALL_SLOTS + 1)
-    }
-}
-
-/// The slots of the smallest table that holds `keys` keys before it is `over_full`.
+/// The slots of the smallest table whose [`capacity`] is `keys`.
 fn holding(keys: usize) -> usize {
-    let small = keys * SMALL_FULL.1 / SMALL_FULL.0;
+    let small_or_mid = (keys * SMALL_FULL.1 / SMALL_FULL.0)
+        .min(keys.saturating_add(SMALL_SLOTS - small_capacity()));
+    small_or_mid.max((keys * FULL.1).div_ceil(FULL.0))
+}
+
+/// The slots of a table rebuilt for `keys` live keys: they fill its capacity to [`REFILL`]
+/// (to [`SMALL_REFILL`] while that fits a small table), so that it takes inserts before it is
+/// rebuilt again.
+fn sized_for(keys: usize) -> usize {
+    let small = holding(keys * SMALL_REFILL.1 / SMALL_REFILL.0 + 1);
     if small <= SMALL_SLOTS {
         small
     } else {
-        (keys * FULL.1 / FULL.0).max(SMALL_SLOTS + 1)
+        holding(keys * REFILL.1 / REFILL.0 + 1)
     }
 }
 
@@ -641,17 +655,17 @@ impl<K: Clone + Hash + Eq + Send + Sync, H: BuildHasher, C: TableCell> WordTable
     }
 
     /// Builds [`BUILD_STEP`] more slots of the table a growing shard will move to, once its
-    /// table is [`BUILD_FROM`] (27/32) full, so that the insert that finds it full allocates and
+    /// table is [`BUILD_FROM`] (27/28) of its capacity, so that the insert that finds it full allocates and
     /// fills nothing (a large table is up to ~1 MB at the default bound: hundreds of µs in
     /// one call otherwise). Sized for the live keys the shard will hold when full.
     fn build_next(&self, shard: &mut Shard<K, C>) {
         let len = shard.table.len();
         if shard.next.is_none() {
             let growing = shard.live < self.keep && shard.drain.is_none();
-            if !growing || shard.used * BUILD_FROM.1 <= len * BUILD_FROM.0 {
+            if !growing || shard.used * BUILD_FROM.1 <= capacity(len) * BUILD_FROM.0 {
                 return;
             }
-            let at_full = shard.live + (len * FULL.0 / FULL.1).saturating_sub(shard.used);
+            let at_full = shard.live + capacity(len).saturating_sub(shard.used);
             let target = table_len(sized_for(at_full));
             if target <= BUILD_ABOVE {
                 return;
