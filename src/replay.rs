@@ -1,8 +1,11 @@
 //! `tollgate replay`: deciding a trace of requests, line by line, in the trace's own time.
 //!
-//! The format (the `tollgate replay` trace format): one request a line, `t_ms,key[,cost]`; `t_ms` a
-//! non-negative integer of milliseconds, non-decreasing; cost defaults to 1; blank lines and
-//! lines starting with `#` are skipped. The origin is `t = 0` of the trace; no wall clock.
+//! The format (the `tollgate replay` trace format): one request a line,
+//! `t_ms,key[,cost[,method,path]]`; `t_ms` a non-negative integer of milliseconds,
+//! non-decreasing; cost defaults to 1 (`tollgate replay --config`: to the policy's cost), and
+//! may be left empty before a method and path; the method is an HTTP method token and the path
+//! starts with `/` (the rest of the line: it may hold commas). Blank lines and lines starting
+//! with `#` are skipped. The origin is `t = 0` of the trace; no wall clock.
 //!
 //! Everything here streams: a [`Replayer`] holds one keyed limiter whose idle keys are evicted
 //! as it goes, so a trace of millions of lines runs in memory proportional to the keys that
@@ -189,10 +192,10 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
 /// # Examples
 /// ```
 /// use tollgate::replay::{parse_line, Cost};
-/// assert_eq!(parse_line("10,alice,3", 1)?.unwrap().cost, Cost::Units(3));
+/// assert_eq!(parse_line("10,alice,3", 1)?.unwrap().cost, Some(Cost::Units(3)));
 /// // Too many digits for u64: kept (and decided as an error) rather than refused as a bad line.
 /// let huge = parse_line("10,alice,99999999999999999999999", 1)?.unwrap();
-/// assert_eq!(huge.cost, Cost::Unbounded);
+/// assert_eq!(huge.cost, Some(Cost::Unbounded));
 /// # Ok::<(), tollgate::replay::TraceError>(())
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -209,7 +212,12 @@ pub enum Cost {
 /// ```
 /// use tollgate::replay::{parse_line, Cost, Request};
 /// let request = parse_line("1500,alice", 7)?.unwrap();
-/// assert_eq!(request, Request { line: 7, t_ms: 1500, key: "alice", cost: Cost::Units(1) });
+/// let expected = Request { line: 7, t_ms: 1500, key: "alice", cost: None, method: None, path: None };
+/// assert_eq!(request, expected);
+/// assert_eq!(request.units(), Cost::Units(1));
+/// // With a method and a path (for `tollgate replay --config`), the cost may be left empty.
+/// let routed = parse_line("1500,203.0.113.7,,POST,/api/export?fields=a,b", 8)?.unwrap();
+/// assert_eq!((routed.cost, routed.method, routed.path), (None, Some("POST"), Some("/api/export?fields=a,b")));
 /// # Ok::<(), tollgate::replay::TraceError>(())
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -220,8 +228,19 @@ pub struct Request<'a> {
     pub t_ms: u64,
     /// The key.
     pub key: &'a str,
-    /// The cost.
-    pub cost: Cost,
+    /// The cost, if the line gives one.
+    pub cost: Option<Cost>,
+    /// The HTTP method, if the line gives a route (always with a path).
+    pub method: Option<&'a str>,
+    /// The path and query, if the line gives a route (always with a method).
+    pub path: Option<&'a str>,
+}
+
+impl Request<'_> {
+    /// The cost, 1 unless the line gives one.
+    pub fn units(&self) -> Cost {
+        self.cost.unwrap_or(Cost::Units(1))
+    }
 }
 
 /// A line that is not a valid request, or a time that went backwards.
@@ -257,7 +276,7 @@ impl std::error::Error for TraceError {}
 /// ```
 /// use tollgate::replay::{parse_line, Cost};
 /// let r = parse_line("1500,alice,3", 1).unwrap().unwrap();
-/// assert_eq!((r.t_ms, r.key, r.cost), (1500, "alice", Cost::Units(3)));
+/// assert_eq!((r.t_ms, r.key, r.units()), (1500, "alice", Cost::Units(3)));
 /// assert_eq!(parse_line("# comment", 2), Ok(None));
 /// assert!(parse_line("soon,alice", 3).is_err());
 /// ```
@@ -270,18 +289,17 @@ pub fn parse_line(line: &str, number: usize) -> Result<Option<Request<'_>>, Trac
         line: number,
         message,
     };
-    let mut fields = line.split(',');
+    const FORMAT: &str = "'t_ms,key[,cost[,method,path]]'";
+    // The path is the rest of the line: a query may hold commas.
+    let mut fields = line.splitn(5, ',');
     let time = fields.next().unwrap_or_default().trim();
     let key = fields
         .next()
-        .ok_or_else(|| error(format!("expected 't_ms,key[,cost]', found '{line}'")))?
+        .ok_or_else(|| error(format!("expected {FORMAT}, found '{line}'")))?
         .trim();
     let cost = fields.next().map(str::trim);
-    if fields.next().is_some() {
-        return Err(error(format!(
-            "too many fields: expected 't_ms,key[,cost]', found '{line}'"
-        )));
-    }
+    let method = fields.next().map(str::trim);
+    let path = fields.next().map(str::trim);
     let t_ms = parse_count(time)
         .ok_or_else(|| {
             error(format!(
@@ -290,8 +308,10 @@ pub fn parse_line(line: &str, number: usize) -> Result<Option<Request<'_>>, Trac
         })?
         .ok_or_else(|| error(format!("time '{time}' is too large")))?;
     let cost = match cost {
-        None => Cost::Units(1),
-        Some(text) => match parse_count(text) {
+        None => None,
+        // Left empty before a route: the policy's cost.
+        Some("") if method.is_some() => None,
+        Some(text) => Some(match parse_count(text) {
             Some(Some(units)) => Cost::Units(units),
             Some(None) => Cost::Unbounded,
             None => {
@@ -299,14 +319,40 @@ pub fn parse_line(line: &str, number: usize) -> Result<Option<Request<'_>>, Trac
                     "cost '{text}' is not a non-negative integer"
                 )))
             }
-        },
+        }),
+    };
+    let (method, path) = match (method, path) {
+        (None, _) => (None, None),
+        (Some(_), None) => {
+            return Err(error(format!(
+                "a method needs a path: expected {FORMAT}, found '{line}'"
+            )))
+        }
+        (Some(method), Some(path)) => {
+            if method.is_empty() || !method.bytes().all(is_token_byte) {
+                return Err(error(format!("method '{method}' is not an HTTP method")));
+            }
+            if !path.starts_with('/') || path.bytes().any(|b| b <= b' ' || b == 0x7f) {
+                return Err(error(format!(
+                    "path '{path}' does not start with '/', or holds a space or a control character"
+                )));
+            }
+            (Some(method), Some(path))
+        }
     };
     Ok(Some(Request {
         line: number,
         t_ms,
         key,
         cost,
+        method,
+        path,
     }))
+}
+
+/// Whether `b` may appear in an HTTP token (RFC 9110 `tchar`), such as a method.
+fn is_token_byte(b: u8) -> bool {
+    b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b)
 }
 
 /// `None`: not all digits; `Some(None)`: digits that overflow `u64`.
@@ -385,8 +431,8 @@ impl<R: BufRead> TraceReader<R> {
             return None;
         }
         // Find the next line that is not blank or a comment. The request is kept as numbers and
-        // the key's place in the buffer, because a borrow cannot leave this loop.
-        let (t_ms, cost, key) = loop {
+        // its fields' places in the buffer, because a borrow cannot leave this loop.
+        let (t_ms, cost, [key, method, path]) = loop {
             self.buffer.clear();
             self.line += 1;
             match self.input.read_until(b'\n', &mut self.buffer) {
@@ -408,8 +454,16 @@ impl<R: BufRead> TraceReader<R> {
                     return self.fail(message);
                 }
                 Ok(Some(r)) => {
-                    let start = r.key.as_ptr() as usize - text.as_ptr() as usize;
-                    break (r.t_ms, r.cost, start..start + r.key.len());
+                    let place = |field: &str| {
+                        let start = field.as_ptr() as usize - text.as_ptr() as usize;
+                        start..start + field.len()
+                    };
+                    let route = |field: Option<&str>| field.map(place);
+                    break (
+                        r.t_ms,
+                        r.cost,
+                        [Some(place(r.key)), route(r.method), route(r.path)],
+                    );
                 }
                 Err(e) => {
                     self.failed = true;
@@ -418,13 +472,17 @@ impl<R: BufRead> TraceReader<R> {
             }
         };
         self.last_ms = t_ms;
-        // The key's bytes were checked as UTF-8 with the rest of the line.
-        let key = std::str::from_utf8(&self.buffer[key]).unwrap_or_default();
+        // The fields' bytes were checked as UTF-8 with the rest of the line.
+        let field = |place: Option<std::ops::Range<usize>>| {
+            place.map(|place| std::str::from_utf8(&self.buffer[place]).unwrap_or_default())
+        };
         Some(Ok(Request {
             line: self.line,
             t_ms,
-            key,
+            key: field(key).unwrap_or_default(),
             cost,
+            method: field(method),
+            path: field(path),
         }))
     }
 
@@ -434,6 +492,29 @@ impl<R: BufRead> TraceReader<R> {
             line: self.line,
             message,
         }))
+    }
+}
+
+/// Nanoseconds printed as milliseconds, exactly: `1500000` as `1.5`, `1` as `0.000001`.
+///
+/// # Examples
+/// ```
+/// use tollgate::replay::Millis;
+/// assert_eq!(Millis(250_000_000).to_string(), "250");
+/// assert_eq!(Millis(1_500_000).to_string(), "1.5");
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Millis(pub u64);
+
+impl fmt::Display for Millis {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let (ms, rest) = (self.0 / 1_000_000, self.0 % 1_000_000);
+        if rest == 0 {
+            write!(f, "{ms}")
+        } else {
+            let fraction = format!("{rest:06}");
+            write!(f, "{ms}.{}", fraction.trim_end_matches('0'))
+        }
     }
 }
 
@@ -485,15 +566,7 @@ impl fmt::Display for Outcome {
             Outcome::Allow { delay_nanos: None } => f.write_str("allow"),
             Outcome::Allow {
                 delay_nanos: Some(ns),
-            } => {
-                let (ms, rest) = (ns / 1_000_000, ns % 1_000_000);
-                if rest == 0 {
-                    write!(f, "allow {ms}")
-                } else {
-                    let fraction = format!("{rest:06}");
-                    write!(f, "allow {ms}.{}", fraction.trim_end_matches('0'))
-                }
-            }
+            } => write!(f, "allow {}", Millis(*ns)),
             Outcome::Deny => f.write_str("deny"),
             Outcome::Error => f.write_str("error"),
         }
@@ -635,7 +708,7 @@ impl Replayer {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn decide(&mut self, request: &Request) -> Outcome {
-        let Cost::Units(cost) = request.cost else {
+        let Cost::Units(cost) = request.units() else {
             return Outcome::Error;
         };
         // A time past 2^64 ns (584 years) cannot be represented: such a request is judged at
@@ -662,11 +735,21 @@ mod tests {
         assert_eq!(parse_line("   ", 1), Ok(None));
         assert_eq!(parse_line("#x,y", 1), Ok(None));
         let r = parse_line("5,k\r", 1).unwrap().unwrap();
-        assert_eq!((r.t_ms, r.key, r.cost), (5, "k", Cost::Units(1)));
+        assert_eq!((r.t_ms, r.key, r.units()), (5, "k", Cost::Units(1)));
         let r = parse_line("5,k,99999999999999999999999", 1)
             .unwrap()
             .unwrap();
-        assert_eq!(r.cost, Cost::Unbounded);
+        assert_eq!(r.cost, Some(Cost::Unbounded));
+        let r = parse_line("5,k,,get,/a?b=c,d", 1).unwrap().unwrap();
+        assert_eq!(
+            (r.cost, r.method, r.path),
+            (None, Some("get"), Some("/a?b=c,d"))
+        );
+        let r = parse_line("5,k,2,PATCH,/", 1).unwrap().unwrap();
+        assert_eq!(
+            (r.units(), r.method, r.path),
+            (Cost::Units(2), Some("PATCH"), Some("/"))
+        );
         for bad in [
             "5",
             "-1,k",
@@ -674,6 +757,12 @@ mod tests {
             "5,k,-2",
             "5,k,1,2",
             "5,k,",
+            "5,k,1,GET",
+            "5,k,1,,/a",
+            "5,k,1,G(T,/a",
+            "5,k,1,GET,a",
+            "5,k,1,GET,/a b",
+            "5,k,1,GET,",
             ",k",
             "99999999999999999999999,k",
         ] {

@@ -130,6 +130,7 @@ pub use self::policy::{Cost, Mode, Policy};
 #[cfg(feature = "redis")]
 pub use self::redis_backend::{redis_key, RedisBackend};
 pub use self::response::{Denial, HeaderStyle, RateLimitBody};
+pub use self::stats::Outcome;
 pub use self::tiers::{Tiers, TiersBuilder, UnknownTier};
 
 use self::key::{peer_addr, AddrConfig, Addrs};
@@ -137,7 +138,6 @@ use self::response::{
     add_headers, grpc_code, grpc_response, is_grpc, problem_response, retry_after_secs,
     set_retry_after, GRPC_RESOURCE_EXHAUSTED,
 };
-use self::stats::Outcome;
 use crate::Error;
 
 /// What the layer does with a request it cannot decide (no key, or a backend error).
@@ -622,6 +622,73 @@ impl RateLimitLayer {
         }
     }
 
+    /// Decides `parts` as the layer's service would, without a service: the policy that
+    /// applies, the key it derives, its check (in delay mode, the wait for the slot) and
+    /// whether the request would reach the inner service. It charges the backend and counts the
+    /// metrics exactly as a request would; with no response, a refund by status does not apply.
+    /// `cost` replaces the policy's cost when given (a cost the server computes by other means).
+    /// This is what `tollgate replay --config` runs for every line of a trace.
+    ///
+    /// # Examples
+    /// ```
+    /// use http::Request;
+    /// use tollgate::tower::{Key, Outcome, Policy, RateLimitLayer};
+    /// use tollgate::{Gcra, KeyedLimiter, Quota};
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let per_ip = KeyedLimiter::<Key, _>::new(Gcra::new(Quota::per_hour(1)?)?);
+    /// let layer = RateLimitLayer::builder().policy(Policy::new("api", per_ip)).build()?;
+    /// let mut request = Request::get("/api/x").body(())?;
+    /// request.extensions_mut().insert(std::net::SocketAddr::from(([192, 0, 2, 1], 40000)));
+    /// let (parts, ()) = request.into_parts();
+    /// let first = layer.evaluate(&parts, None).await;
+    /// assert_eq!((first.outcome, first.passes), (Outcome::Allowed, true));
+    /// assert_eq!(first.key.unwrap().to_string(), "192.0.2.1");
+    /// let second = layer.evaluate(&parts, None).await;
+    /// assert_eq!((second.outcome, second.passes), (Outcome::Denied, false));
+    /// assert_eq!(second.policy.as_deref(), Some("api"));
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub async fn evaluate(&self, parts: &Parts, cost: Option<u64>) -> Evaluation {
+        let shared = &self.shared;
+        let unchecked = |policy: Option<usize>, outcome, passes| Evaluation {
+            policy: policy.map(|i| Arc::clone(&shared.policies[i].name)),
+            key: None,
+            cost: 0,
+            outcome,
+            decision: None,
+            waited: std::time::Duration::ZERO,
+            passes,
+        };
+        let (index, key, policy_cost) = match shared.plan(parts) {
+            Plan::Pass => return unchecked(None, Outcome::Passed, true),
+            Plan::NoKey { policy } => {
+                let passes = matches!(shared.on_missing_key, Fallback::Allow);
+                return unchecked(Some(policy), Outcome::NoKey, passes);
+            }
+            Plan::Check { policy, key, cost } => (policy, key, cost),
+        };
+        let cost = cost.unwrap_or(policy_cost);
+        let policy = &shared.policies[index];
+        let decided = decide(policy, &key, cost).await;
+        let outcome = outcome(policy, &decided);
+        let (decision, waited) = match &decided {
+            Ok((verdict, waited)) => (Some(verdict.decision), *waited),
+            Err(_) => (None, std::time::Duration::ZERO),
+        };
+        let next = next::<()>(shared, index, key.clone(), cost, decided, false);
+        Evaluation {
+            policy: Some(Arc::clone(&policy.name)),
+            key: Some(key),
+            cost,
+            outcome,
+            decision,
+            waited,
+            passes: matches!(next, Next::Call(_)),
+        }
+    }
+
     /// A builder with no policy, no trusted proxy, IPv6 grouped per /56, draft headers.
     ///
     /// # Examples
@@ -649,6 +716,28 @@ impl RateLimitLayer {
             deny_with: None,
         }
     }
+}
+
+/// What [`RateLimitLayer::evaluate`] decided for one request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Evaluation {
+    /// The policy that applied; `None` when none does, or the request is allow-listed.
+    pub policy: Option<Arc<str>>,
+    /// The client key the policy derived (its IPv6 prefix, its composite); `None` without a
+    /// check.
+    pub key: Option<Key>,
+    /// The cost checked; 0 without a check.
+    pub cost: u64,
+    /// What happened, as the metrics count it ([`Outcome::Passed`] when no policy applies).
+    pub outcome: Outcome,
+    /// The backend's decision; `None` without a check, or when the backend failed.
+    pub decision: Option<crate::Decision>,
+    /// How long the request waited for its slot (delay mode); zero otherwise.
+    pub waited: std::time::Duration,
+    /// Whether the request reaches the inner service: a shadow denial does; a denial, and a
+    /// request a fallback rejects, does not.
+    pub passes: bool,
 }
 
 impl<S> Layer<S> for RateLimitLayer {
@@ -694,8 +783,9 @@ impl<S: fmt::Debug> fmt::Debug for RateLimit<S> {
 enum Plan {
     /// Pass it on, uncounted.
     Pass,
-    /// Answer it with this status at once.
-    Reject(StatusCode, &'static str),
+    /// Policy `policy` applies but the request has no client key: the layer's
+    /// `on_missing_key` fallback decides (counted as `no_key`).
+    NoKey { policy: usize },
     /// Check `cost` for `key` against policy `policy`.
     Check { policy: usize, key: Key, cost: u64 },
 }
@@ -727,13 +817,7 @@ impl Shared {
         let Some(key) = policy.key.extract(parts, &mut addrs) else {
             stats::record(policy, Outcome::NoKey);
             stats::trace_no_key(policy);
-            return match self.on_missing_key {
-                Fallback::Allow => Plan::Pass,
-                Fallback::Reject(status) => Plan::Reject(
-                    status,
-                    "The request carries no client key for rate limiting.",
-                ),
-            };
+            return Plan::NoKey { policy: index };
         };
         Plan::Check {
             policy: index,
@@ -915,6 +999,25 @@ impl Drop for RefundOnDrop<'_> {
     }
 }
 
+/// The detail of the answer to a request without a client key.
+const NO_KEY_DETAIL: &str = "The request carries no client key for rate limiting.";
+
+/// What `decided` means for a request of `policy`.
+fn outcome(
+    policy: &Policy,
+    decided: &Result<(Verdict, std::time::Duration), CheckError>,
+) -> Outcome {
+    match decided {
+        Err(_) => Outcome::Error,
+        Ok((verdict, waited)) => match (verdict.decision.allowed(), policy.mode) {
+            (true, _) if waited.is_zero() => Outcome::Allowed,
+            (true, _) => Outcome::Delayed,
+            (false, Mode::Shadow) => Outcome::ShadowDenied,
+            (false, _) => Outcome::Denied,
+        },
+    }
+}
+
 /// Counts what `decided` means for a request of `policy` (feature `metrics`).
 fn record_outcome(
     policy: &Policy,
@@ -922,18 +1025,10 @@ fn record_outcome(
     decided: &Result<(Verdict, std::time::Duration), CheckError>,
 ) {
     stats::trace(policy, key, decided);
-    let outcome = match decided {
-        Err(_) => Outcome::Error,
-        Ok((verdict, waited)) => match (verdict.decision.allowed(), policy.mode) {
-            (true, _) if waited.is_zero() => Outcome::Allowed,
-            (true, _) => {
-                stats::record_wait(policy, *waited);
-                Outcome::Delayed
-            }
-            (false, Mode::Shadow) => Outcome::ShadowDenied,
-            (false, _) => Outcome::Denied,
-        },
-    };
+    let outcome = outcome(policy, decided);
+    if let (Outcome::Delayed, Ok((_, waited))) = (outcome, decided) {
+        stats::record_wait(policy, *waited);
+    }
     stats::record(policy, outcome);
 }
 
@@ -1161,9 +1256,15 @@ where
                     admitted: None,
                 })
             }
-            Plan::Reject(status, detail) => {
-                return ResponseFuture::stage(Stage::Ready {
-                    response: Some(self.shared.reject(status, detail, grpc)),
+            Plan::NoKey { .. } => {
+                return ResponseFuture::stage(match self.shared.on_missing_key {
+                    Fallback::Allow => Stage::Inner {
+                        future: inner.call(request),
+                        admitted: None,
+                    },
+                    Fallback::Reject(status) => Stage::Ready {
+                        response: Some(self.shared.reject(status, NO_KEY_DETAIL, grpc)),
+                    },
                 })
             }
             Plan::Check { policy, key, cost } => (policy, key, cost),

@@ -1,5 +1,7 @@
 //! The `tollgate` binary: replay output, bad input (message naming the line, exit status 2),
-//! summary (CSV, for people, JSON; per-line output when piped), compare, bench, and `--redis` printing exactly what the in-process replay prints.
+//! summary (CSV, for people, JSON; per-line output when piped), compare, bench, `--redis`
+//! printing exactly what the in-process replay prints, and `--config` deciding through the
+//! tower layer a server builds from the same file.
 #![cfg(feature = "cli")]
 
 #[cfg(feature = "redis")]
@@ -83,7 +85,9 @@ fn bad_lines_name_the_line_and_exit_2_after_printing_what_was_decided() {
         ("0,a\n5,a,x\n", 2, "cost", 1),
         ("0,a\n\n#\nsoon,a\n", 4, "time", 1),
         ("10,a\n5,a\n", 2, "backwards", 1),
-        ("0,a\n1,a,1,1\n", 2, "too many", 1),
+        ("0,a\n1,a,1,1\n", 2, "method needs a path", 1),
+        ("0,a\n1,a,1,GET,api\n", 2, "path", 1),
+        ("0,a\n1,a,1,G@T,/api\n", 2, "method", 1),
         ("-1,a\n", 1, "time", 0),
         ("0\n", 1, "expected", 0),
     ] {
@@ -977,4 +981,234 @@ fn the_readme_shows_what_the_main_job_prints() {
         .output()
         .unwrap();
     assert_eq!(stdout(&o), quoted);
+}
+
+/// `tollgate replay --config FILE` on `trace`, with `extra` options.
+fn replay_config(config: &str, extra: &[&str], trace: &str) -> Output {
+    let mut args = vec!["replay", "--config", config];
+    args.extend_from_slice(extra);
+    tollgate(&args, trace)
+}
+
+const POLICIES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/examples/policies.toml");
+
+#[test]
+fn config_replay_decides_as_the_example_server_would() {
+    let trace = "\
+# t_ms,key[,cost[,method,path]]
+0,203.0.113.7,,GET,/api/items
+0,203.0.113.7,,GET,/api/export
+0,203.0.113.7,,GET,/api/export
+0,203.0.113.7,,GET,/api/export
+0,203.0.113.7,,GET,/api/export
+0,203.0.113.7,,GET,/api/items
+0,2001:db8:0:1::1,,GET,/api/items
+0,pro-key-1,,GET,/partner/x
+0,free-key,,GET,/partner/x
+0,203.0.113.9,,GET,/beta/x
+0,203.0.113.9,,GET,/beta/x
+0,203.0.113.9,,GET,/beta/x
+0,203.0.113.9,,GET,/health
+0,203.0.113.9,,GET,/elsewhere
+20,alice
+";
+    let o = replay_config(POLICIES, &[], trace);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let expected = [
+        // 10/s, burst 20 per IP: 1 + 5 + 5 + 5 = 16, a fourth export would make 21.
+        "allowed api",
+        "allowed api",
+        "allowed api",
+        "allowed api",
+        "denied api",
+        "allowed api",
+        "allowed api",
+        // Keyed by the x-api-key header: the trace's key.
+        "allowed partner",
+        "allowed partner",
+        // Sliding window, 2 a minute, shadow: the third would be denied, and passes.
+        "allowed beta",
+        "allowed beta",
+        "shadow_denied beta",
+        // Allow-listed, no policy matches, and no route (GET /): uncounted.
+        "passed",
+        "passed",
+        "passed",
+    ];
+    assert_eq!(stdout(&o).lines().collect::<Vec<_>>(), expected);
+    assert!(stderr(&o).is_empty());
+}
+
+#[test]
+fn config_replay_waits_in_the_traces_time_and_prints_in_its_order() {
+    // /upload: 2 a second per client (burst 2), delay mode up to 500 ms. The third request's
+    // slot is 500 ms away: it waits (in the trace's time: the replay does not sleep) and the
+    // lines after it are decided meanwhile, printed after it.
+    let trace = "\
+0,192.0.2.1,,POST,/upload
+0,192.0.2.1,,POST,/upload
+0,192.0.2.1,,POST,/upload
+100,192.0.2.1,,POST,/upload
+100,192.0.2.2,,POST,/upload
+600,192.0.2.1,,POST,/upload
+";
+    let o = replay_config(POLICIES, &["--format", "lines"], trace);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(
+        stdout(&o),
+        "allowed upload\nallowed upload\ndelayed upload 500\ndenied upload\n\
+         allowed upload\ndelayed upload 400\n"
+    );
+
+    // A rule without reservations (a fixed window) sleeps until its window opens and checks
+    // again: the second request waits 1 s for the next window, the third (which lost that
+    // window to it) 2 s, the fourth until the window after the third's.
+    let dir = temp_dir("config_replay_window");
+    let config = dir.join("window.toml");
+    std::fs::write(
+        &config,
+        "[[policy]]\nname = \"w\"\nalgorithm = \"fixed-window\"\nquota = \"1/1s\"\nmode = { delay = \"2s\" }\n",
+    )
+    .unwrap();
+    let o = replay_config(
+        config.to_str().unwrap(),
+        &[],
+        "0,::1\n0,::1\n0,::1\n2500,::1\n",
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(
+        stdout(&o),
+        "allowed w\ndelayed w 1000\ndelayed w 2000\ndelayed w 500\n"
+    );
+}
+
+fn temp_dir(name: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("tollgate-cli-{}-{name}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+#[test]
+fn config_replay_costs_come_from_the_line_or_else_the_policy() {
+    // The export costs 5 by the configuration; a line's own cost replaces it.
+    let trace = "\
+0,198.51.100.1,,GET,/api/export
+0,198.51.100.1,15,GET,/api/items
+0,198.51.100.1,,GET,/api/items
+0,198.51.100.2,21,GET,/api/items
+0,198.51.100.2,99999999999999999999999,GET,/api/items
+";
+    let o = replay_config(POLICIES, &[], trace);
+    assert!(o.status.success(), "{}", stderr(&o));
+    // 5 + 15 = 20: the burst is spent. A cost above the burst, or past u64, is an error.
+    assert_eq!(
+        stdout(&o),
+        "allowed api\nallowed api\ndenied api\nerror api\nerror api\n"
+    );
+}
+
+#[test]
+fn config_replay_summary_and_json_count_per_policy() {
+    let trace = "\
+0,203.0.113.7,,GET,/api/export
+0,203.0.113.7,,GET,/api/export
+0,203.0.113.7,,GET,/api/export
+0,203.0.113.7,,GET,/api/export
+0,203.0.113.7,,GET,/api/export
+0,,,GET,/partner/x
+0,203.0.113.9,,GET,/health
+";
+    let o = replay_config(POLICIES, &["--format", "summary"], trace);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = stdout(&o);
+    assert!(out.contains("7 requests; 1 passed"), "{out}");
+    let row = |name: &str| -> Vec<String> {
+        let line = out
+            .lines()
+            .find(|l| l.split_whitespace().next() == Some(name))
+            .unwrap_or_else(|| panic!("no row for {name}: {out}"));
+        line.split_whitespace().skip(1).map(str::to_owned).collect()
+    };
+    // requests, allowed, delayed, denied, shadow_denied, no_key, error
+    assert_eq!(row("api"), ["5", "4", "0", "1", "0", "0", "0"]);
+    // An empty key is no x-api-key header: the configured 400, counted as no_key.
+    assert_eq!(row("partner"), ["1", "0", "0", "0", "0", "1", "0"]);
+    assert_eq!(row("upload"), ["0", "0", "0", "0", "0", "0", "0"]);
+    assert!(out.contains("203.0.113.7"), "{out}");
+
+    let o = replay_config(POLICIES, &["--format", "json"], trace);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let json: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    assert_eq!(json["requests"], 7);
+    assert_eq!(json["passed"], 1);
+    assert_eq!(json["policies"][0]["name"], "api");
+    assert_eq!(json["policies"][0]["denied"], 1);
+    assert_eq!(json["policies"][1]["no_key"], 1);
+    assert_eq!(json["top_keys"][0]["key"], "203.0.113.7");
+    assert_eq!(json["top_keys"][0]["refused"], 1);
+}
+
+#[test]
+fn config_replay_reads_json_and_reports_bad_configurations_and_lines() {
+    let dir = temp_dir("config_replay_errors");
+    let json = dir.join("policies.json");
+    std::fs::write(
+        &json,
+        r#"{ "policy": [ { "name": "api", "quota": "1/1m", "key": { "header": "x-api-key" } } ] }"#,
+    )
+    .unwrap();
+    let o = replay_config(json.to_str().unwrap(), &[], "0,k1\n0,k1\n0,k2\n");
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(stdout(&o), "allowed api\ndenied api\nallowed api\n");
+
+    let bad = dir.join("bad.toml");
+    std::fs::write(&bad, "[[policy]]\nname = \"a\"\nquota = \"0/1s\"\n").unwrap();
+    let o = replay_config(bad.to_str().unwrap(), &[], "0,k\n");
+    assert_eq!(o.status.code(), Some(2));
+    let err = stderr(&o);
+    assert!(
+        err.contains("bad.toml") && err.contains("\"0/1s\""),
+        "{err}"
+    );
+
+    let o = replay_config("/nonexistent/policies.toml", &[], "0,k\n");
+    assert_eq!(o.status.code(), Some(2));
+    assert!(stderr(&o).contains("cannot read"), "{}", stderr(&o));
+
+    // A bad line: what came before is printed, the message names the line, exit status 2.
+    let o = replay_config(json.to_str().unwrap(), &[], "0,k1\n5,k1,1,GET\n");
+    assert_eq!(o.status.code(), Some(2));
+    assert_eq!(stdout(&o), "allowed api\n");
+    assert!(stderr(&o).contains("line 2"), "{}", stderr(&o));
+    // A key no header can carry, for a policy keyed by a header.
+    let o = replay_config(json.to_str().unwrap(), &[], "0,k1\n5,a\u{1}b\n");
+    assert_eq!(o.status.code(), Some(2));
+    assert!(stderr(&o).contains("line 2"), "{}", stderr(&o));
+
+    // The algorithm's options belong to the other replay.
+    let o = replay_config(POLICIES, &["--limit", "5"], "0,k\n");
+    assert_eq!(o.status.code(), Some(2));
+}
+
+#[test]
+fn the_readmes_config_replay_is_what_the_command_prints() {
+    let root = env!("CARGO_MANIFEST_DIR");
+    let readme = std::fs::read_to_string(format!("{root}/README.md")).unwrap();
+    let command = "$ cargo run --release --features cli -- replay --config examples/policies.toml --format summary examples/traces/server.csv\n";
+    let start = readme.find(command).expect("the README shows the command") + command.len();
+    let shown = &readme[start..start + readme[start..].find("```").unwrap()];
+    let o = Command::new(env!("CARGO_BIN_EXE_tollgate"))
+        .current_dir(root)
+        .args([
+            "replay",
+            "--config",
+            "examples/policies.toml",
+            "--format",
+            "summary",
+            "examples/traces/server.csv",
+        ])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(stdout(&o), shown);
 }

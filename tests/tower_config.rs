@@ -573,3 +573,67 @@ fn a_queued_request_that_gives_up_returns_its_slot() {
         assert_eq!(start.elapsed(), Duration::from_millis(100));
     });
 }
+
+/// `RateLimitLayer::evaluate` (what `tollgate replay --config` runs) decides as the service
+/// does: two layers from one configuration, one request sequence, the same answers.
+#[test]
+fn evaluate_decides_as_the_service_does() {
+    use tollgate::tower::Outcome;
+    let (clock, twin_clock) = (ManualClock::new(), ManualClock::new());
+    let mut served = Harness::new(example(), &clock);
+    let evaluated = example()
+        .builder_with_clock(twin_clock.clone())
+        .expect("a valid configuration")
+        .build()
+        .expect("a valid layer");
+    let paths = [
+        "/api/items",
+        "/api/export",
+        "/partner/x",
+        "/beta/x",
+        "/health",
+        "/other",
+    ];
+    let keys = [None, Some("pro-key-1"), Some("free-1")];
+    let mut seed = 0x2545_f491_4f6c_dd1du64;
+    let mut next = |n: u64| {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed % n
+    };
+    let mut outcomes = std::collections::HashSet::new();
+    for _ in 0..3000 {
+        let step = Duration::from_millis(next(40));
+        clock.advance(step);
+        twin_clock.advance(step);
+        let path = paths[next(paths.len() as u64) as usize];
+        let peer = [192, 0, 2, 1 + next(3) as u8];
+        let api_key = keys[next(keys.len() as u64) as usize];
+        let headers: Vec<(&str, &str)> = api_key.iter().map(|k| ("x-api-key", *k)).collect();
+        let status = served.status(path, peer, &headers);
+        let (parts, _) = request(path, Some(IpAddr::from(peer)), &headers).into_parts();
+        let evaluation = served.rt.block_on(evaluated.evaluate(&parts, None));
+        outcomes.insert(evaluation.outcome);
+        let expected = match (evaluation.passes, evaluation.outcome) {
+            (true, _) => 200,
+            (false, Outcome::Denied) => 429,
+            (false, Outcome::NoKey) => 400,
+            (false, other) => panic!("{path}: {other} does not pass"),
+        };
+        assert_eq!(
+            status, expected,
+            "{path} from {peer:?} with {api_key:?}: {evaluation:?}"
+        );
+    }
+    // The sequence met every outcome this configuration has without delay mode.
+    for outcome in [
+        Outcome::Allowed,
+        Outcome::Denied,
+        Outcome::ShadowDenied,
+        Outcome::NoKey,
+        Outcome::Passed,
+    ] {
+        assert!(outcomes.contains(&outcome), "never {outcome}: {outcomes:?}");
+    }
+}

@@ -116,7 +116,7 @@ pub fn replay_trace<R: BufRead>(
                     // As in-process: a time past 2^64 ns is judged at the end of time.
                     Some(Ok(r)) => batch.push((
                         r.key.as_bytes().to_vec(),
-                        r.cost,
+                        r.units(),
                         r.t_ms.saturating_mul(1_000_000),
                     )),
                 }

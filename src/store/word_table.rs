@@ -1030,8 +1030,13 @@ where
             }
             shard.live -= gone;
             removed += gone;
-            // Reclaim tombstones once they outnumber the live keys (into a smaller table).
-            if shard.used - shard.live > shard.live.max(MIN_CAPACITY) {
+            // Reclaim tombstones once they outnumber the live keys, and a table four times
+            // the size its live keys need (a growing shard's new table, whose drain this sweep
+            // ended, holds its few keys): into a table sized for them.
+            let needed = sized_for(shard.live.max(MIN_CAPACITY));
+            if shard.used - shard.live > shard.live.max(MIN_CAPACITY)
+                || shard.table.len() > 4 * needed
+            {
                 let since = shard.filled_at;
                 self.replace_table(&mut shard, None, 0, since);
                 self.drain(&mut shard, usize::MAX, None);

@@ -212,6 +212,26 @@ impl KeySource {
         KeySource(Source::Header(name))
     }
 
+    /// The headers this source reads a key from, its parts' included (a closure's are
+    /// unknown): what a tool that builds requests for it must set.
+    ///
+    /// # Examples
+    /// ```
+    /// use http::HeaderName;
+    /// use tollgate::tower::KeySource;
+    /// let api_key = HeaderName::from_static("x-api-key");
+    /// let source = KeySource::composite([KeySource::path(), KeySource::header(api_key.clone())]);
+    /// assert_eq!(source.headers(), [&api_key]);
+    /// assert!(KeySource::client_ip().headers().is_empty());
+    /// ```
+    pub fn headers(&self) -> Vec<&HeaderName> {
+        match &self.0 {
+            Source::Header(name) => vec![name],
+            Source::Composite(parts) => parts.iter().flat_map(KeySource::headers).collect(),
+            _ => Vec::new(),
+        }
+    }
+
     /// The request's path (without the query).
     ///
     /// # Examples

@@ -21,21 +21,40 @@ use std::time::Duration;
 
 use super::{CheckError, Key, Policy, Verdict};
 
-/// What happened to a request, as the `outcome` label says.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Outcome {
+/// What happened to a request: the `outcome` label of `tollgate_requests_total`, and what
+/// [`RateLimitLayer::evaluate`](super::RateLimitLayer::evaluate) reports.
+///
+/// # Examples
+/// ```
+/// use tollgate::tower::Outcome;
+/// assert_eq!(Outcome::ShadowDenied.label(), "shadow_denied");
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Outcome {
+    /// Admitted at once.
     Allowed,
+    /// Refused: the layer answered 429 (or gRPC status 8).
     Denied,
+    /// Refused by a shadow policy, and let through.
     ShadowDenied,
+    /// Admitted after waiting for its slot (delay mode).
     Delayed,
+    /// No client key could be extracted: the layer's missing-key fallback decided.
     NoKey,
+    /// The backend could not decide, or the cost can never be admitted.
     Error,
+    /// An admitted request given back by its response's status (counted as allowed or
+    /// delayed too). Never the outcome of an evaluation, which has no response.
     Refunded,
+    /// No policy applies, or the request is allow-listed: it passes uncounted (no metric).
+    Passed,
 }
 
 impl Outcome {
-    #[cfg_attr(not(feature = "metrics"), allow(dead_code))]
-    fn label(self) -> &'static str {
+    /// The name metrics and `tollgate replay --config` use: `allowed`, `denied`,
+    /// `shadow_denied`, `delayed`, `no_key`, `error`, `refunded` or `passed`.
+    pub fn label(self) -> &'static str {
         match self {
             Outcome::Allowed => "allowed",
             Outcome::Denied => "denied",
@@ -44,7 +63,14 @@ impl Outcome {
             Outcome::NoKey => "no_key",
             Outcome::Error => "error",
             Outcome::Refunded => "refunded",
+            Outcome::Passed => "passed",
         }
+    }
+}
+
+impl std::fmt::Display for Outcome {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.label())
     }
 }
 

@@ -6,6 +6,7 @@
 //!                 [--format auto|lines|summary|json] [--top N] [--summary] [FILE]
 //! tollgate replay --compare --limit L --window DUR [--burst B] [FILE]
 //! tollgate replay … --plot OUT.svg [--key K] [--bucket DUR]
+//! tollgate replay --config policies.toml [--format …] [--top N] [FILE]
 //! tollgate bench [--threads N] [--keys N] [--distribution uniform|zipf] [--clock precise|coarse]
 //! tollgate bench --redis URL [--mode exact|leased] [--key K] [--json]
 //! ```
@@ -26,6 +27,7 @@ use std::time::Duration;
 mod bench;
 #[cfg(feature = "redis")]
 mod bench_redis;
+mod config_replay;
 mod plot;
 mod report;
 
@@ -52,8 +54,8 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Decide a trace (`t_ms,key[,cost]` per line): a summary on a terminal, allow / deny /
-    /// error per request when piped (`--format` chooses).
+    /// Decide a trace (`t_ms,key[,cost[,method,path]]` per line): a summary on a terminal,
+    /// allow / deny / error per request when piped (`--format` chooses).
     Replay(ReplayArgs),
     /// Measure this crate's algorithms on this machine: ns/op, Mops/s, ratio to the floor
     /// (one clock read + one CAS), bytes per key.
@@ -63,14 +65,21 @@ enum Command {
 #[derive(Args)]
 struct ReplayArgs {
     /// gcra | token-bucket | leaky-bucket | leaky-queue | fixed-window | sliding-window | sliding-log
-    #[arg(long, value_parser = parse_algorithm, required_unless_present = "compare")]
+    #[arg(long, value_parser = parse_algorithm, required_unless_present_any = ["compare", "config"])]
     algorithm: Option<AlgorithmName>,
     /// L: units allowed per window.
-    #[arg(long)]
-    limit: u64,
+    #[arg(long, required_unless_present = "config")]
+    limit: Option<u64>,
     /// W: e.g. 250ms, 1s, 60s, 1m, 1h.
-    #[arg(long, value_parser = parse_duration)]
-    window: Duration,
+    #[arg(long, value_parser = parse_duration, required_unless_present = "config")]
+    window: Option<Duration>,
+    /// Decide through the tower layer this configuration (TOML, or JSON by its `.json`
+    /// extension) builds, as a server loading it would: the policy each line's method and path
+    /// match, the key it reads (the trace's key is the client's IP address and the value of
+    /// every header a policy keys by), tiers, costs, shadow and delay modes. Prints
+    /// `OUTCOME [POLICY] [WAITED_MS]` per line (outcomes as the metrics name them).
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["algorithm", "limit", "window", "burst", "compare", "summary", "redis", "plot"])]
+    config: Option<PathBuf>,
     /// B / C: the burst (gcra, token-bucket) or capacity (leaky-bucket, leaky-queue).
     #[arg(long)]
     burst: Option<u64>,
@@ -111,7 +120,7 @@ struct ReplayArgs {
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
-enum Format {
+pub(crate) enum Format {
     Auto,
     Lines,
     Summary,
@@ -226,7 +235,31 @@ fn source_name(file: &Option<PathBuf>) -> String {
         .map_or_else(|| "stdin".to_owned(), |p| p.display().to_string())
 }
 
+impl ReplayArgs {
+    /// L and W: clap requires both unless `--config` is given, which returns before either is read.
+    fn limit(&self) -> u64 {
+        self.limit.unwrap_or_default()
+    }
+
+    fn window(&self) -> Duration {
+        self.window.unwrap_or_default()
+    }
+}
+
 fn replay(args: ReplayArgs) -> Result<(), Fatal> {
+    if let Some(config) = &args.config {
+        let options = config_replay::Options {
+            config,
+            source: source_name(&args.file),
+            format: args.format.resolve(),
+            top: args.top,
+        };
+        let mut out = BufWriter::with_capacity(1 << 16, io::stdout().lock());
+        let result = config_replay::replay(&options, open(&args.file)?, &mut out);
+        // Decisions already made are flushed before any error is reported.
+        out.flush()?;
+        return result;
+    }
     if args.compare {
         return compare(&args);
     }
@@ -242,7 +275,7 @@ fn replay(args: ReplayArgs) -> Result<(), Fatal> {
     if let Some(url) = &args.redis {
         return replay_redis(&args, algorithm, url);
     }
-    let mut replayer = Replayer::new(algorithm, args.limit, args.window, args.burst)
+    let mut replayer = Replayer::new(algorithm, args.limit(), args.window(), args.burst)
         .map_err(|e| Fatal(format!("invalid quota for {algorithm}: {e}")))?;
     let format = args.format.resolve();
     let (input, bar) = open_with_progress(&args.file)?;
@@ -253,8 +286,8 @@ fn replay(args: ReplayArgs) -> Result<(), Fatal> {
         (!args.summary && matches!(format, Format::Summary | Format::Json)).then(|| {
             Report::new(Setting {
                 algorithm,
-                limit: args.limit,
-                window: args.window,
+                limit: args.limit(),
+                window: args.window(),
                 burst: args.burst,
                 source: source_name(&args.file),
                 top: args.top,
@@ -307,7 +340,7 @@ fn replay(args: ReplayArgs) -> Result<(), Fatal> {
 }
 
 fn timeline(args: &ReplayArgs, series: usize) -> Timeline {
-    Timeline::new(series, args.bucket.unwrap_or(args.window))
+    Timeline::new(series, args.bucket.unwrap_or(args.window()))
 }
 
 fn chart<'a>(args: &ReplayArgs, names: &'a [&'a str], denied: bool) -> Chart<'a> {
@@ -318,8 +351,8 @@ fn chart<'a>(args: &ReplayArgs, names: &'a [&'a str], denied: bool) -> Chart<'a>
     };
     let mut title = format!(
         "{what}, {} per {}",
-        args.limit,
-        report::duration_text(args.window)
+        args.limit(),
+        report::duration_text(args.window())
     );
     if let Some(burst) = args.burst {
         title.push_str(&format!(", burst {burst}"));
@@ -332,8 +365,8 @@ fn chart<'a>(args: &ReplayArgs, names: &'a [&'a str], denied: bool) -> Chart<'a>
         title,
         names,
         denied,
-        limit: args.limit,
-        window: args.window,
+        limit: args.limit(),
+        window: args.window(),
         one_key: args.key.is_some(),
     }
 }
@@ -357,7 +390,7 @@ fn each_request(
 #[cfg(feature = "redis")]
 fn replay_redis(args: &ReplayArgs, algorithm: AlgorithmName, url: &str) -> Result<(), Fatal> {
     use tollgate::redis::{replay_trace, RedisRule, ReplayError};
-    let mut quota = tollgate::Quota::new(args.limit, args.window)?;
+    let mut quota = tollgate::Quota::new(args.limit(), args.window())?;
     if let Some(burst) = args.burst {
         quota = quota.with_burst(burst)?;
     }
@@ -455,7 +488,7 @@ fn compare(args: &ReplayArgs) -> Result<(), Fatal> {
     let mut replayers = Vec::new();
     for algorithm in COMPARED {
         let burst = args.burst.filter(|_| algorithm.has_burst());
-        let replayer = Replayer::new(algorithm, args.limit, args.window, burst)
+        let replayer = Replayer::new(algorithm, args.limit(), args.window(), burst)
             .map_err(|e| Fatal(format!("invalid quota for {algorithm}: {e}")))?;
         replayers.push(replayer);
     }

@@ -102,7 +102,7 @@ impl Report {
 
     pub(crate) fn add(&mut self, request: &Request, outcome: Outcome) {
         self.requests += 1;
-        let units = match request.cost {
+        let units = match request.units() {
             Cost::Units(units) => units,
             Cost::Unbounded => 0,
         };
