@@ -21,10 +21,10 @@ use std::time::Duration;
 
 use http::{HeaderName, HeaderValue};
 use tokio::sync::mpsc;
-use tollgate::clock::{Clock, Nanos};
 use tollgate::replay::{Cost, Millis, Request as Line, TraceReader};
 use tollgate::tower::config::LayerConfig;
 use tollgate::tower::{Evaluation, Key, Outcome};
+use tollgate::wait::TokioClock;
 
 use crate::{Fatal, Format};
 
@@ -63,21 +63,6 @@ fn load(path: &Path) -> Result<LayerConfig, Fatal> {
     parsed.map_err(|e| Fatal(format!("{}: {e}", path.display())))
 }
 
-/// The trace's time: tokio's clock (paused: it moves only when every task waits) since the
-/// replay's origin.
-#[derive(Clone)]
-struct TraceClock(tokio::time::Instant);
-
-impl Clock for TraceClock {
-    fn now(&self) -> Nanos {
-        Nanos::try_from(self.0.elapsed().as_nanos()).unwrap_or(Nanos::MAX)
-    }
-
-    fn is_monotonic(&self) -> bool {
-        true // tokio's clock never goes back
-    }
-}
-
 /// One decided line.
 struct Decided {
     key: String,
@@ -108,9 +93,10 @@ async fn run(
             }
         }
     }
+    // The clock is paused: the origin and the layer's clock read the same instant.
     let origin = tokio::time::Instant::now();
     let layer = config
-        .builder_with_clock(TraceClock(origin))
+        .builder_with_clock(TokioClock::new())
         .and_then(|builder| builder.build())
         .map_err(|e| Fatal(format!("{}: {e}", options.config.display())))?;
     let mut printer = Printer::new(options, names);
