@@ -51,13 +51,16 @@ use axum::body::Body;
 use axum::extract::ConnectInfo;
 use criterion::measurement::WallTime;
 use criterion::{criterion_group, criterion_main, BenchmarkGroup, Criterion, Throughput};
-use http::{Request, Response, StatusCode, Uri};
+use http::{HeaderName, HeaderValue, Request, Response, StatusCode, Uri};
 use tollgate::tower::{HeaderStyle, Key, KeySource, Policy, RateLimitLayer};
 use tollgate::{Gcra, KeyedLimiter, Quota};
 use tower_governor::governor::GovernorConfigBuilder;
+use tower_governor::key_extractor::SmartIpKeyExtractor;
 use tower_governor::GovernorLayer;
 use tower_layer::Layer;
 use tower_service::Service;
+
+static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 
 /// Distinct client IPs.
 const CLIENTS: usize = 10_000;
@@ -73,18 +76,30 @@ struct Group {
     per_second: u32,
     /// The share of allowed requests a subject must show.
     plausible: fn(f64) -> bool,
+    /// Requests come from a reverse proxy on 127.0.0.1 naming the client in
+    /// `X-Forwarded-For` (as in the load test): tollgate keys by the client IP behind the
+    /// trusted proxy, tower-governor by its `SmartIpKeyExtractor`.
+    proxied: bool,
 }
 
-const GROUPS: [Group; 2] = [
+const GROUPS: [Group; 3] = [
     Group {
         name: "allow",
         per_second: 1000,
         plausible: |share| share > 0.99,
+        proxied: false,
     },
     Group {
         name: "deny",
         per_second: 1,
         plausible: |share| share < 0.2,
+        proxied: false,
+    },
+    Group {
+        name: "proxied",
+        per_second: 1000,
+        plausible: |share| share > 0.99,
+        proxied: true,
     },
 ];
 
@@ -137,15 +152,24 @@ fn peers() -> Vec<SocketAddr> {
 /// Serves requests from the peers in turn: one fresh request each, the future polled once.
 struct Driver<'a> {
     peers: &'a [SocketAddr],
+    /// For a proxied group, each peer's address as an `X-Forwarded-For` value.
+    forwarded: Option<Vec<HeaderValue>>,
     next: usize,
     uri: Uri,
     cx: Context<'static>,
 }
 
 impl<'a> Driver<'a> {
-    fn new(peers: &'a [SocketAddr], waker: &'static Waker) -> Self {
+    fn new(peers: &'a [SocketAddr], waker: &'static Waker, proxied: bool) -> Self {
+        let forwarded = proxied.then(|| {
+            peers
+                .iter()
+                .map(|peer| HeaderValue::from_str(&peer.ip().to_string()).expect("an address"))
+                .collect()
+        });
         Driver {
             peers,
+            forwarded,
             next: 0,
             uri: Uri::from_static("/api/hello"),
             cx: Context::from_waker(waker),
@@ -158,10 +182,17 @@ impl<'a> Driver<'a> {
         S: Service<Request<()>, Response = Response<B>>,
         S::Error: std::fmt::Debug,
     {
-        let peer = self.peers[self.next];
+        let (mut peer, at) = (self.peers[self.next], self.next);
         self.next = (self.next + 1) & (SEQUENCE - 1);
         let mut request = Request::new(());
         *request.uri_mut() = self.uri.clone();
+        if let Some(forwarded) = &self.forwarded {
+            // (A clone of a shared value: a reference count.)
+            request
+                .headers_mut()
+                .insert(&X_FORWARDED_FOR, forwarded[at].clone());
+            peer = SocketAddr::from((Ipv4Addr::LOCALHOST, 40_000));
+        }
         request.extensions_mut().insert(ConnectInfo(peer));
         let ready = service.poll_ready(&mut self.cx);
         debug_assert!(ready.is_ready());
@@ -173,13 +204,23 @@ impl<'a> Driver<'a> {
     }
 }
 
-fn tollgate_layer(per_second: u32, headers: HeaderStyle) -> RateLimitLayer {
-    let quota = Quota::per_second(u64::from(per_second))
-        .and_then(|q| q.with_burst(u64::from(per_second)))
+fn tollgate_layer(spec: Group, headers: HeaderStyle) -> RateLimitLayer {
+    let per_second = u64::from(spec.per_second);
+    let quota = Quota::per_second(per_second)
+        .and_then(|q| q.with_burst(per_second))
         .expect("a valid quota");
     let limiter = KeyedLimiter::<Key, _>::new(Gcra::new(quota).expect("a valid rule"));
+    let (key, trusted) = if spec.proxied {
+        (
+            KeySource::client_ip(),
+            vec!["127.0.0.1".parse().expect("a CIDR")],
+        )
+    } else {
+        (KeySource::peer_ip(), Vec::new())
+    };
     RateLimitLayer::builder()
-        .policy(Policy::new("api", limiter).key(KeySource::peer_ip()))
+        .policy(Policy::new("api", limiter).key(key))
+        .trusted_proxies(trusted)
         .headers(headers)
         .build()
         .expect("a valid layer")
@@ -188,13 +229,13 @@ fn tollgate_layer(per_second: u32, headers: HeaderStyle) -> RateLimitLayer {
 /// tower-governor's config for the same GCRA quota: one cell every `1/per_second` s, bursts of
 /// `per_second`.
 macro_rules! governor_config {
-    ($per_second:expr $(, $headers:ident)?) => {{
+    ($per_second:expr $(, $option:ident $(($argument:expr))?)*) => {{
         let per_second: u32 = $per_second;
         let mut builder = GovernorConfigBuilder::default();
         builder
             .period(Duration::from_nanos(1_000_000_000 / u64::from(per_second)))
             .burst_size(per_second);
-        builder$(.$headers())?.finish().expect("a valid governor config")
+        builder$(.$option($($argument)?))*.finish().expect("a valid governor config")
     }};
 }
 
@@ -251,7 +292,7 @@ fn bench_all(c: &mut Criterion) {
             .measurement_time(Duration::from_secs(3))
             .sample_size(30)
             .throughput(Throughput::Elements(1));
-        let mut driver = Driver::new(&peers, waker);
+        let mut driver = Driver::new(&peers, waker, spec.proxied);
         let per_second = spec.per_second;
         row(&mut group, spec, "no_layer", &mut driver, Inner);
         row(
@@ -259,15 +300,37 @@ fn bench_all(c: &mut Criterion) {
             spec,
             "tollgate",
             &mut driver,
-            tollgate_layer(per_second, HeaderStyle::default()).layer(Inner),
+            tollgate_layer(spec, HeaderStyle::default()).layer(Inner),
         );
         row(
             &mut group,
             spec,
             "tollgate_no_headers",
             &mut driver,
-            tollgate_layer(per_second, HeaderStyle::None).layer(Inner),
+            tollgate_layer(spec, HeaderStyle::None).layer(Inner),
         );
+        if spec.proxied {
+            row(
+                &mut group,
+                spec,
+                "tollgate_both_headers",
+                &mut driver,
+                tollgate_layer(spec, HeaderStyle::Both).layer(Inner),
+            );
+            row(
+                &mut group,
+                spec,
+                "tower_governor",
+                &mut driver,
+                GovernorLayer::new(governor_config!(
+                    per_second,
+                    key_extractor(SmartIpKeyExtractor)
+                ))
+                .layer(Inner),
+            );
+            group.finish();
+            continue;
+        }
         #[cfg(feature = "metrics")]
         {
             let recorder = metrics_util::debugging::DebuggingRecorder::new();
@@ -278,7 +341,7 @@ fn bench_all(c: &mut Criterion) {
                     spec,
                     "tollgate_metrics",
                     &mut driver,
-                    tollgate_layer(per_second, HeaderStyle::default()).layer(Inner),
+                    tollgate_layer(spec, HeaderStyle::default()).layer(Inner),
                 )
             });
             let counted: u64 = snapshotter

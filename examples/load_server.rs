@@ -38,7 +38,11 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         "tollgate" => {
             let prometheus =
                 metrics_exporter_prometheus::PrometheusBuilder::new().install_recorder()?;
-            let path = concat!(env!("CARGO_MANIFEST_DIR"), "/examples/policies.toml");
+            // `TOLLGATE_POLICIES` names another configuration (e.g. the example's without
+            // headers, to split what the headers cost from what the decision costs).
+            let path = std::env::var("TOLLGATE_POLICIES").unwrap_or_else(|_| {
+                concat!(env!("CARGO_MANIFEST_DIR"), "/examples/policies.toml").to_owned()
+            });
             let config: tollgate::tower::config::LayerConfig =
                 toml::from_str(&std::fs::read_to_string(path)?)?;
             server::app(config.build()?, prometheus)

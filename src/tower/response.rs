@@ -92,9 +92,39 @@ pub(crate) fn retry_after_secs(decision: &Decision) -> u64 {
     ceil_secs(decision.retry_after()).max(1)
 }
 
+/// `n` as a header value. Below [`STATIC_NUMBERS`] (most limits, remainders and resets) a
+/// view of one string made once and kept for the program's life: no allocation and no
+/// reference count per response (a value of its own costs a heap allocation and, often on
+/// another thread, its free: measured under load, the legacy fields' three values cost more
+/// than the decision).
 fn number(n: u64) -> HeaderValue {
-    HeaderValue::from(n)
+    static NUMBERS: std::sync::LazyLock<Box<[HeaderValue]>> = std::sync::LazyLock::new(|| {
+        let mut text = String::new();
+        let ends: Vec<usize> = (0..STATIC_NUMBERS)
+            .map(|n| {
+                push_decimal(&mut text, n);
+                text.len()
+            })
+            .collect();
+        // Once per process, about 3 KB.
+        let text: &'static str = Box::leak(text.into_boxed_str());
+        let mut start = 0;
+        ends.into_iter()
+            .map(|end| {
+                let value = HeaderValue::from_static(&text[start..end]);
+                start = end;
+                value
+            })
+            .collect()
+    });
+    match usize::try_from(n).ok().and_then(|i| NUMBERS.get(i)) {
+        Some(value) => value.clone(),
+        None => HeaderValue::from(n),
+    }
 }
+
+/// The numbers [`number`] keeps made.
+const STATIC_NUMBERS: u64 = 1000;
 
 /// Appends `n` in decimal: on every response, where `core::fmt` costs more than the digits.
 fn push_decimal(out: &mut String, mut n: u64) {
@@ -140,10 +170,18 @@ pub(crate) fn add_headers(
 ) {
     let decision = &verdict.decision;
     let reset = ceil_secs(decision.reset_after());
+    // Room for every field at once: the map grows once, not once per field. (A map at
+    // `http`'s size limit takes no more fields: they are left out rather than a panic.)
+    let _ = headers.try_reserve(match style {
+        HeaderStyle::None => 0,
+        HeaderStyle::Legacy => 3,
+        HeaderStyle::Draft => 2,
+        HeaderStyle::Both => 5,
+    });
     if matches!(style, HeaderStyle::Legacy | HeaderStyle::Both) {
-        headers.insert(X_LIMIT.clone(), number(decision.limit()));
-        headers.insert(X_REMAINING.clone(), number(decision.remaining()));
-        headers.insert(X_RESET.clone(), number(reset));
+        let _ = headers.try_insert(X_LIMIT.clone(), number(decision.limit()));
+        let _ = headers.try_insert(X_REMAINING.clone(), number(decision.remaining()));
+        let _ = headers.try_insert(X_RESET.clone(), number(reset));
     }
     if matches!(style, HeaderStyle::Draft | HeaderStyle::Both) {
         let name = policy.name();
@@ -160,8 +198,8 @@ pub(crate) fn add_headers(
         push_decimal(&mut current, reset);
         // Hands the string's buffer over: no copy.
         if let Ok(current) = HeaderValue::from_maybe_shared(Bytes::from(current)) {
-            headers.insert(RATELIMIT_POLICY.clone(), policy_field);
-            headers.insert(RATELIMIT.clone(), current);
+            let _ = headers.try_insert(RATELIMIT_POLICY.clone(), policy_field);
+            let _ = headers.try_insert(RATELIMIT.clone(), current);
         }
     }
 }
