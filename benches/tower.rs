@@ -22,7 +22,11 @@
 //! second here, so every request is allowed: the path most requests take); `deny` = 1/s, burst
 //! 1 (a client's unit comes back once a second: at ~1M requests/s over 10k clients about 1 %
 //! of requests are allowed, more right after a pause; tollgate's 429 with its
-//! problem+json body and `Retry-After`, tower-governor's 429 with its text body). Each subject
+//! problem+json body and `Retry-After`, tower-governor's 429 with its text body); `proxied` =
+//! `allow`'s quota with the load test's traffic: every request from the proxy 127.0.0.1 with
+//! its client in `X-Forwarded-For` (tollgate `KeySource::client_ip()` behind that trusted
+//! proxy, tower-governor `SmartIpKeyExtractor`; rows `no_layer`, `tollgate`,
+//! `tollgate_no_headers`, `tollgate_both_headers`, `tower_governor`). Each subject
 //! gets a fresh limiter. After its samples each subject serves 100 000 more requests and the
 //! bench prints the share it allowed (and panics if the share does not fit the group, a guard
 //! against a row measuring another path than it names); not under `cargo test --benches`.
