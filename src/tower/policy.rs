@@ -159,14 +159,22 @@ pub struct Policy {
     pub(crate) tiers: Option<Tiers>,
     /// The last `RateLimit-Policy` value and the quotas it was built from.
     pub(crate) policy_header: Arc<PolicyHeaderCache>,
+    /// This policy's metric keys, built once (feature `metrics`).
+    #[cfg(feature = "metrics")]
+    pub(crate) metric_keys: Arc<super::stats::MetricKeys>,
 }
 
 /// The `RateLimit-Policy` field of a policy: the same on every response while its quotas stay
 /// the same, so it is built once and reused (checked against the backend's quotas on each
 /// use: a quota changed at run time rebuilds it).
+///
+/// A sharded lock: every response reads it, and a reader locks only its own thread's shard,
+/// so the workers of a server never write one shared lock word (a plain read-write lock's
+/// reader count is written by every reader).
 #[derive(Debug, Default)]
 pub(crate) struct PolicyHeaderCache {
-    pub(crate) value: parking_lot::RwLock<Option<(Vec<QuotaInfo>, http::HeaderValue)>>,
+    pub(crate) value:
+        crossbeam_utils::sync::ShardedLock<Option<(Vec<QuotaInfo>, http::HeaderValue)>>,
 }
 
 impl fmt::Debug for Policy {
@@ -201,10 +209,13 @@ impl Policy {
         let tiers = (&backend as &dyn std::any::Any)
             .downcast_ref::<Tiers>()
             .cloned();
+        let name: Arc<str> = name.into().into();
         Policy {
             tiers,
             policy_header: Arc::default(),
-            name: name.into().into(),
+            #[cfg(feature = "metrics")]
+            metric_keys: Arc::new(super::stats::MetricKeys::new(&name)),
+            name,
             path: PathMatch::Any,
             methods: None,
             backend: Arc::new(backend),

@@ -215,14 +215,21 @@ fn policy_field(
     reset: u64,
 ) -> Option<HeaderValue> {
     let cache = &policy.policy_header.value;
-    if let Some((quotas, value)) = cache.read().as_ref() {
-        if quotas.len() == count
-            && quotas
-                .iter()
-                .enumerate()
-                .all(|(i, q)| backend.quota(i).as_ref() == Some(q))
-        {
-            return Some(value.clone());
+    {
+        // (Its own scope: the read guard is gone before the write below.) A poisoned lock
+        // still holds a whole value: a writer only ever stores one.
+        let read = cache
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some((quotas, value)) = read.as_ref() {
+            if quotas.len() == count
+                && quotas
+                    .iter()
+                    .enumerate()
+                    .all(|(i, q)| backend.quota(i).as_ref() == Some(q))
+            {
+                return Some(value.clone());
+            }
         }
     }
     let name = policy.name();
@@ -246,7 +253,10 @@ fn policy_field(
     }
     let value = HeaderValue::from_maybe_shared(Bytes::from(field)).ok()?;
     if quotas.len() == count {
-        *cache.write() = Some((quotas, value.clone()));
+        let mut write = cache
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        *write = Some((quotas, value.clone()));
     }
     Some(value)
 }

@@ -105,17 +105,57 @@ pub(crate) fn trace_no_key(policy: &Policy) {
     let _ = policy;
 }
 
+/// Every outcome, in declaration order (`Outcome as usize` indexes [`MetricKeys`]).
+#[cfg(feature = "metrics")]
+const OUTCOMES: [Outcome; 8] = [
+    Outcome::Allowed,
+    Outcome::Denied,
+    Outcome::ShadowDenied,
+    Outcome::Delayed,
+    Outcome::NoKey,
+    Outcome::Error,
+    Outcome::Refunded,
+    Outcome::Passed,
+];
+
+/// A policy's per-request metric keys, built once: a request hands the recorder a ready key
+/// (labels allocated, sorted and hashed once) instead of building one, which the macros do on
+/// every call when a label is not a literal (an allocation, a sort and a hash a request).
+/// The recorder is still looked up on every request, so a local recorder works as before.
+#[cfg(feature = "metrics")]
+pub(crate) struct MetricKeys {
+    requests: [::metrics::Key; OUTCOMES.len()],
+    delay: ::metrics::Key,
+}
+
+#[cfg(feature = "metrics")]
+impl MetricKeys {
+    pub(crate) fn new(policy: &std::sync::Arc<str>) -> Self {
+        use ::metrics::{Key, Label};
+        let label = || Label::new("policy", std::sync::Arc::clone(policy));
+        MetricKeys {
+            requests: OUTCOMES.map(|outcome| {
+                let labels = vec![label(), Label::new("outcome", outcome.label())];
+                Key::from_parts("tollgate_requests_total", labels)
+            }),
+            delay: Key::from_parts("tollgate_delay_seconds", vec![label()]),
+        }
+    }
+}
+
+/// What the `metrics` macros would pass as the metadata of this module's metrics.
+#[cfg(feature = "metrics")]
+static METADATA: ::metrics::Metadata<'static> =
+    ::metrics::Metadata::new(module_path!(), ::metrics::Level::INFO, Some(module_path!()));
+
 /// Counts one request of `policy`.
 #[inline]
 pub(crate) fn record(policy: &Policy, outcome: Outcome) {
     #[cfg(feature = "metrics")]
-    ::metrics::counter!(
-        "tollgate_requests_total",
-        // An `Arc<str>` label: a reference count, no copy of the name.
-        "policy" => std::sync::Arc::clone(&policy.name),
-        "outcome" => outcome.label()
-    )
-    .increment(1);
+    {
+        let key = &policy.metric_keys.requests[outcome as usize];
+        ::metrics::with_recorder(|recorder| recorder.register_counter(key, &METADATA)).increment(1);
+    }
     #[cfg(not(feature = "metrics"))]
     let _ = (policy, outcome);
 }
@@ -124,11 +164,11 @@ pub(crate) fn record(policy: &Policy, outcome: Outcome) {
 #[inline]
 pub(crate) fn record_wait(policy: &Policy, waited: Duration) {
     #[cfg(feature = "metrics")]
-    ::metrics::histogram!(
-        "tollgate_delay_seconds",
-        "policy" => std::sync::Arc::clone(&policy.name)
-    )
-    .record(waited.as_secs_f64());
+    {
+        let key = &policy.metric_keys.delay;
+        ::metrics::with_recorder(|recorder| recorder.register_histogram(key, &METADATA))
+            .record(waited.as_secs_f64());
+    }
     #[cfg(not(feature = "metrics"))]
     let _ = (policy, waited);
 }
@@ -152,4 +192,22 @@ pub(crate) fn record_gauges(policy: &Policy) {
     }
     #[cfg(not(feature = "metrics"))]
     let _ = policy;
+}
+
+#[cfg(all(test, feature = "metrics"))]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_outcome_indexes_its_own_key() {
+        let keys = MetricKeys::new(&std::sync::Arc::from("api"));
+        for (i, outcome) in OUTCOMES.into_iter().enumerate() {
+            assert_eq!(outcome as usize, i);
+            let labels: Vec<_> = keys.requests[i]
+                .labels()
+                .map(|l| l.value().to_owned())
+                .collect();
+            assert_eq!(labels, ["api", outcome.label()]);
+        }
+    }
 }
