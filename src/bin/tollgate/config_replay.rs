@@ -278,16 +278,8 @@ impl<'a> Printer<'a> {
 
     /// The keys with the most refusals (then the most requests, then by policy and key).
     fn top(&self) -> Vec<(&(Arc<str>, Key), &KeyTally)> {
-        let mut keys: Vec<_> = self.keys.iter().filter(|(_, t)| t.refused > 0).collect();
-        keys.sort_by(|a, b| {
-            (b.1.refused, b.1.requests)
-                .cmp(&(a.1.refused, a.1.requests))
-                .then_with(|| a.0.cmp(b.0))
-        });
-        if self.options.top > 0 {
-            keys.truncate(self.options.top);
-        }
-        keys
+        let keys = self.keys.iter().filter(|(_, t)| t.refused > 0).collect();
+        crate::most(keys, |k| (k.refused, k.requests), self.options.top)
     }
 
     fn finish(&self, out: &mut impl Write) -> io::Result<()> {

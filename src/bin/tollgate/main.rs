@@ -142,6 +142,19 @@ pub(crate) fn parse_algorithm(text: &str) -> Result<AlgorithmName, String> {
     text.parse()
 }
 
+/// The `top` rows with the highest `score` (all of them for 0), ties by key.
+pub(crate) fn most<'a, K: Ord, V>(
+    mut rows: Vec<(&'a K, &'a V)>,
+    score: impl Fn(&V) -> (u64, u64),
+    top: usize,
+) -> Vec<(&'a K, &'a V)> {
+    rows.sort_by(|a, b| score(b.1).cmp(&score(a.1)).then_with(|| a.0.cmp(b.0)));
+    if top > 0 {
+        rows.truncate(top);
+    }
+    rows
+}
+
 /// A failure that ends the run with exit status 2.
 pub(crate) struct Fatal(String);
 

@@ -130,16 +130,8 @@ impl Report {
 
     /// The keys the table shows: most denials first, then most requests, then by name.
     fn top_keys(&self) -> Vec<(&String, &KeyStats)> {
-        let mut keys: Vec<_> = self.keys.iter().collect();
-        keys.sort_by(|a, b| {
-            (b.1.denied, b.1.requests)
-                .cmp(&(a.1.denied, a.1.requests))
-                .then_with(|| a.0.cmp(b.0))
-        });
-        if self.setting.top > 0 {
-            keys.truncate(self.setting.top);
-        }
-        keys
+        let keys = self.keys.iter().collect();
+        crate::most(keys, |k| (k.denied, k.requests), self.setting.top)
     }
 
     /// The key with the highest peak (first by name on a tie).
