@@ -382,7 +382,7 @@ pub(crate) fn is_grpc(headers: &HeaderMap) -> bool {
 
 /// Sets `Retry-After`.
 pub(crate) fn set_retry_after(headers: &mut HeaderMap, secs: u64) {
-    headers.insert(RETRY_AFTER, number(secs));
+    let _ = headers.try_insert(RETRY_AFTER, number(secs));
 }
 
 pin_project_lite::pin_project! {
