@@ -1,4 +1,4 @@
-//! The three servers of the load test (`scripts/load.sh`, figures in benches/README.md): the
+//! The servers of the load test (`scripts/load.sh`, figures in benches/README.md): the
 //! example's router (`examples/server.rs`) with its tollgate layer, with no layer, or with
 //! tower-governor at the same quota.
 //!
@@ -10,6 +10,8 @@
 //! - `tollgate`: exactly `examples/server.rs` (the layer from `examples/policies.toml`: per
 //!   client IP 10 a second, bursts of 20, on `/api/`; the client IP read from
 //!   `X-Forwarded-For` when the peer is the trusted 127.0.0.1; Prometheus metrics counted);
+//! - `tollgate-no-headers`: the same with `headers = "none"` (what the rate-limit fields cost
+//!   under load, apart from the decision);
 //! - `none`: the same routes, no layer;
 //! - `governor`: the same routes behind tower-governor 0.8 at 10 a second, bursts of 20, keyed
 //!   by its `SmartIpKeyExtractor` (`X-Forwarded-For`, then `X-Real-Ip`, `Forwarded`, the peer).
@@ -35,16 +37,19 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .unwrap_or_else(|| "tollgate".to_owned());
     let hello = || Router::new().route("/api/hello", get(|| async { "hello\n" }));
     let app = match mode.as_str() {
-        "tollgate" => {
+        "tollgate" | "tollgate-no-headers" => {
             let prometheus =
                 metrics_exporter_prometheus::PrometheusBuilder::new().install_recorder()?;
-            // `TOLLGATE_POLICIES` names another configuration (e.g. the example's without
-            // headers, to split what the headers cost from what the decision costs).
+            // `TOLLGATE_POLICIES` names another configuration.
             let path = std::env::var("TOLLGATE_POLICIES").unwrap_or_else(|_| {
                 concat!(env!("CARGO_MANIFEST_DIR"), "/examples/policies.toml").to_owned()
             });
-            let config: tollgate::tower::config::LayerConfig =
+            let mut config: tollgate::tower::config::LayerConfig =
                 toml::from_str(&std::fs::read_to_string(path)?)?;
+            if mode == "tollgate-no-headers" {
+                // What the fields cost apart from what the decision costs.
+                config.headers = tollgate::tower::HeaderStyle::None;
+            }
             server::app(config.build()?, prometheus)
         }
         "none" => hello(),
@@ -58,7 +63,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             hello().layer(GovernorLayer::new(config))
         }
         other => {
-            return Err(format!("unknown server {other:?}: tollgate, none or governor").into())
+            return Err(format!(
+                "unknown server {other:?}: tollgate, tollgate-no-headers, none or governor"
+            )
+            .into())
         }
     };
     let addr = std::env::var("TOLLGATE_ADDR").unwrap_or_else(|_| "127.0.0.1:3000".to_owned());

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The load test of the tower layer (issue 12): wrk against the example's router on loopback,
 # 10,000 client IPs in X-Forwarded-For from the trusted 127.0.0.1 (benches/load/xff.lua), for
-# three servers (examples/load_server.rs): no layer, the tollgate layer, tower-governor.
+# four servers (examples/load_server.rs): no layer, the tollgate layer, the tollgate layer
+# without its rate-limit header fields, tower-governor.
 #   bash scripts/load.sh                   10 s a server, 2 rounds, the servers alternating
 #   LOAD_SECONDS=2 ROUNDS=1 bash scripts/load.sh   a smoke run (what CI runs)
 # Prints requests/s, latency percentiles and non-2xx counts per run, then each server's best
@@ -28,7 +29,7 @@ free_port() {
 results="$(mktemp)"
 trap 'rm -f "$results"; [ -n "${pid:-}" ] && kill "$pid" 2>/dev/null || true' EXIT
 for round in $(seq 1 "$rounds"); do
-  for server in none tollgate governor; do
+  for server in none tollgate tollgate-no-headers governor; do
     port="$(free_port)"
     TOLLGATE_ADDR="127.0.0.1:$port" "$server_bin" "$server" >/dev/null &
     pid=$!
@@ -50,7 +51,7 @@ for round in $(seq 1 "$rounds"); do
       echo "$out" >&2
       exit 1
     fi
-    printf 'round %s  %-9s %10s req/s  p50 %8s  p99 %8s  non-2xx %s %s\n' \
+    printf 'round %s  %-19s %10s req/s  p50 %8s  p99 %8s  non-2xx %s %s\n' \
       "$round" "$server" "$rps" "$p50" "$p99" "${non2xx:-0}" "$errors"
     echo "$server $rps $p99" >>"$results"
   done
@@ -65,7 +66,7 @@ for line in open(sys.argv[1]):
     if server not in best or float(rps) > best[server][0]:
         best[server] = (float(rps), p99)
 base = best["none"][0]
-for server in ("none", "tollgate", "governor"):
+for server in ("none", "tollgate", "tollgate-no-headers", "governor"):
     rps, p99 = best[server]
-    print(f"  {server:9} {rps:12.0f} req/s  p99 {p99:>8}  {rps / base:6.3f}x of none")
+    print(f"  {server:19} {rps:12.0f} req/s  p99 {p99:>8}  {rps / base:6.3f}x of none")
 PY

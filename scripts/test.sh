@@ -35,7 +35,7 @@ if [ "${FAST:-0}" != 1 ]; then
     LOOM_MAX_PREEMPTIONS="${LOOM_MAX_PREEMPTIONS:-2}" \
       cargo test --release -p tollgate-loom-tests
   fi
-  step "load smoke: wrk for 2 s against each of the three example servers (scripts/load.sh)"
+  step "load smoke: wrk for 2 s against each of the example servers (scripts/load.sh)"
   LOAD_SECONDS=2 ROUNDS=1 bash scripts/load.sh
   if [ -x scripts/fuzz-smoke.sh ]; then
     step "fuzz smoke"
