@@ -636,8 +636,13 @@ fn bench_redis_prints_one_json_object_per_process() {
 }
 
 /// A fresh path for an SVG in the system's temporary directory.
+/// A file of this test run's own in the temporary directory.
+fn temp_path(name: &str) -> std::path::PathBuf {
+    std::env::temp_dir().join(format!("tollgate-cli-{}-{name}", std::process::id()))
+}
+
 fn svg_path(name: &str) -> std::path::PathBuf {
-    std::env::temp_dir().join(format!("tollgate-cli-{}-{name}.svg", std::process::id()))
+    temp_path(&format!("{name}.svg"))
 }
 
 /// The plot's data series (polylines of more than two points: axes, ticks, legend marks and
@@ -886,11 +891,7 @@ fn the_shipped_plots_are_current() {
             "examples/traces/boundary.csv"
         };
         args.push(trace);
-        let o = Command::new(env!("CARGO_BIN_EXE_tollgate"))
-            .current_dir(root)
-            .args(&args)
-            .output()
-            .unwrap();
+        let o = tollgate_at_root(&args);
         assert!(o.status.success(), "{}", stderr(&o));
         let drawn = std::fs::read_to_string(&path).unwrap();
         std::fs::remove_file(&path).ok();
@@ -908,7 +909,7 @@ fn the_shipped_plots_are_current() {
 /// util-linux's `script` is missing.
 #[test]
 fn a_progress_bar_only_on_a_terminal() {
-    let path = std::env::temp_dir().join(format!("tollgate-cli-{}-long.csv", std::process::id()));
+    let path = temp_path("long.csv");
     let mut trace = String::new();
     let mut t = 0u64;
     while trace.len() < 4 << 20 {
@@ -952,33 +953,45 @@ fn a_progress_bar_only_on_a_terminal() {
 
 /// README's sample of the main job's summary is what the command prints today (run from the
 /// repository's root, as README says).
+/// The README's text from the end of `after` (the first place it appears) to the end of its
+/// code block.
+fn readme_quote(after: &str) -> String {
+    let readme =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
+    let start = readme.find(after).expect("the README has it") + after.len();
+    readme[start..start + readme[start..].find("```").unwrap()].to_owned()
+}
+
+/// The binary run from the repository's root (the README's commands name files from there).
+fn tollgate_at_root(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_tollgate"))
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .args(args)
+        .output()
+        .unwrap()
+}
+
 #[test]
 fn the_readme_shows_what_the_main_job_prints() {
-    let root = env!("CARGO_MANIFEST_DIR");
-    let readme = std::fs::read_to_string(format!("{root}/README.md")).unwrap();
-    let start = readme
-        .find("```text\ntollgate replay: gcra")
-        .expect("README quotes the summary")
-        + "```text\n".len();
-    let quoted = &readme[start..start + readme[start..].find("```").unwrap()];
-    let o = Command::new(env!("CARGO_BIN_EXE_tollgate"))
-        .current_dir(root)
-        .args([
-            "replay",
-            "--algorithm",
-            "gcra",
-            "--limit",
-            "10",
-            "--window",
-            "1s",
-            "--burst",
-            "20",
-            "--format",
-            "summary",
-            "examples/traces/api.csv",
-        ])
-        .output()
-        .unwrap();
+    // The quote starts with the summary's first line, inside its ```text block.
+    let quoted = format!(
+        "tollgate replay: gcra{}",
+        readme_quote("```text\ntollgate replay: gcra")
+    );
+    let o = tollgate_at_root(&[
+        "replay",
+        "--algorithm",
+        "gcra",
+        "--limit",
+        "10",
+        "--window",
+        "1s",
+        "--burst",
+        "20",
+        "--format",
+        "summary",
+        "examples/traces/api.csv",
+    ]);
     assert_eq!(stdout(&o), quoted);
 }
 
@@ -1062,8 +1075,7 @@ fn config_replay_waits_in_the_traces_time_and_prints_in_its_order() {
     // A rule without reservations (a fixed window) sleeps until its window opens and checks
     // again: the second request waits 1 s for the next window, the third (which lost that
     // window to it) 2 s, the fourth until the window after the third's.
-    let dir = temp_dir("config_replay_window");
-    let config = dir.join("window.toml");
+    let config = temp_path("window.toml");
     std::fs::write(
         &config,
         "[[policy]]\nname = \"w\"\nalgorithm = \"fixed-window\"\nquota = \"1/1s\"\nmode = { delay = \"2s\" }\n",
@@ -1079,12 +1091,6 @@ fn config_replay_waits_in_the_traces_time_and_prints_in_its_order() {
         stdout(&o),
         "allowed w\ndelayed w 1000\ndelayed w 2000\ndelayed w 500\n"
     );
-}
-
-fn temp_dir(name: &str) -> std::path::PathBuf {
-    let dir = std::env::temp_dir().join(format!("tollgate-cli-{}-{name}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
 }
 
 #[test]
@@ -1149,8 +1155,7 @@ fn config_replay_summary_and_json_count_per_policy() {
 
 #[test]
 fn config_replay_reads_json_and_reports_bad_configurations_and_lines() {
-    let dir = temp_dir("config_replay_errors");
-    let json = dir.join("policies.json");
+    let json = temp_path("policies.json");
     std::fs::write(
         &json,
         r#"{ "policy": [ { "name": "api", "quota": "1/1m", "key": { "header": "x-api-key" } } ] }"#,
@@ -1160,7 +1165,7 @@ fn config_replay_reads_json_and_reports_bad_configurations_and_lines() {
     assert!(o.status.success(), "{}", stderr(&o));
     assert_eq!(stdout(&o), "allowed api\ndenied api\nallowed api\n");
 
-    let bad = dir.join("bad.toml");
+    let bad = temp_path("bad.toml");
     std::fs::write(&bad, "[[policy]]\nname = \"a\"\nquota = \"0/1s\"\n").unwrap();
     let o = replay_config(bad.to_str().unwrap(), &[], "0,k\n");
     assert_eq!(o.status.code(), Some(2));
@@ -1191,23 +1196,15 @@ fn config_replay_reads_json_and_reports_bad_configurations_and_lines() {
 
 #[test]
 fn the_readmes_config_replay_is_what_the_command_prints() {
-    let root = env!("CARGO_MANIFEST_DIR");
-    let readme = std::fs::read_to_string(format!("{root}/README.md")).unwrap();
-    let command = "$ cargo run --release --features cli -- replay --config examples/policies.toml --format summary examples/traces/server.csv\n";
-    let start = readme.find(command).expect("the README shows the command") + command.len();
-    let shown = &readme[start..start + readme[start..].find("```").unwrap()];
-    let o = Command::new(env!("CARGO_BIN_EXE_tollgate"))
-        .current_dir(root)
-        .args([
-            "replay",
-            "--config",
-            "examples/policies.toml",
-            "--format",
-            "summary",
-            "examples/traces/server.csv",
-        ])
-        .output()
-        .unwrap();
+    let shown = readme_quote("$ cargo run --release --features cli -- replay --config examples/policies.toml --format summary examples/traces/server.csv\n");
+    let o = tollgate_at_root(&[
+        "replay",
+        "--config",
+        "examples/policies.toml",
+        "--format",
+        "summary",
+        "examples/traces/server.csv",
+    ]);
     assert!(o.status.success(), "{}", stderr(&o));
     assert_eq!(stdout(&o), shown);
 }
