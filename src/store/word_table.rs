@@ -83,7 +83,7 @@ const SHARD_BITS: u32 = SHARDS.trailing_zeros();
 /// The smallest table a shard holds.
 const MIN_CAPACITY: usize = 8;
 /// A large table is rebuilt before its used slots (live keys and tombstones) exceed 7/8 of it,
-/// into a table that the live keys fill to 11/16 of its capacity ...
+/// into a table whose capacity the live keys fill to 11/14 (11/16 of its slots) ...
 const FULL: (usize, usize) = (7, 8);
 const REFILL: (usize, usize) = (11, 14);
 /// ... and a small table before they exceed half of it (refilled to 2/3 of that): its slots stay
@@ -133,14 +133,12 @@ const SAMPLE: usize = 32;
 /// flooded shard's kept keys then kept it there, and the store held 2.3 × its bound.)
 fn capacity(len: usize) -> usize {
     let small = len * SMALL_FULL.0 / SMALL_FULL.1;
-    let large = (len * FULL.0 / FULL.1).min(len.saturating_sub(SMALL_SLOTS - small_capacity()));
+    let large = (len * FULL.0 / FULL.1).min(len.saturating_sub(SMALL_SLOTS - SMALL_CAPACITY));
     small.max(large)
 }
 
 /// The capacity of the largest small table.
-const fn small_capacity() -> usize {
-    SMALL_SLOTS * SMALL_FULL.0 / SMALL_FULL.1
-}
+const SMALL_CAPACITY: usize = SMALL_SLOTS * SMALL_FULL.0 / SMALL_FULL.1;
 
 /// Whether a table of `len` slots must be rebuilt before it holds `used` used slots.
 fn over_full(used: usize, len: usize) -> bool {
@@ -149,8 +147,8 @@ fn over_full(used: usize, len: usize) -> bool {
 
 /// The slots of the smallest table whose [`capacity`] is `keys`.
 fn holding(keys: usize) -> usize {
-    let small_or_mid = (keys * SMALL_FULL.1 / SMALL_FULL.0)
-        .min(keys.saturating_add(SMALL_SLOTS - small_capacity()));
+    let small_or_mid =
+        (keys * SMALL_FULL.1 / SMALL_FULL.0).min(keys.saturating_add(SMALL_SLOTS - SMALL_CAPACITY));
     small_or_mid.max((keys * FULL.1).div_ceil(FULL.0))
 }
 

@@ -79,14 +79,9 @@ async fn run(
     input: Box<dyn BufRead>,
     out: &mut impl Write,
 ) -> Result<(), Fatal> {
-    let names: Vec<String> = config
-        .policies
-        .iter()
-        .chain(&config.default_policy)
-        .map(|p| p.name.clone())
-        .collect();
-    let mut headers: Vec<HeaderName> = Vec::new();
+    let (mut names, mut headers) = (Vec::new(), Vec::<HeaderName>::new());
     for policy in config.policies.iter().chain(&config.default_policy) {
+        names.push(policy.name.clone());
         for name in policy.key.headers() {
             if !headers.contains(name) {
                 headers.push(name.clone());
