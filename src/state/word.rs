@@ -209,4 +209,12 @@ impl AtomicWord {
             }
         }
     }
+
+    /// Stores `state` in a cell no other thread can reach yet (a new table's slot, before its
+    /// key is published): a plain store, where a CAS would wait for every load before it.
+    pub(crate) fn init(&self, state: u64) {
+        // Relaxed: the slot's publication (the Release store of its tag) orders this store
+        // before any reader's Acquire load of the tag.
+        self.0.store(state, Ordering::Relaxed);
+    }
 }

@@ -88,7 +88,7 @@ impl TableCell for AtomicWord {
     }
 
     fn put(&self, state: u64) {
-        self.retire_if(state, |_| true);
+        self.init(state);
     }
 
     fn revive(&self, marks: Retired) -> bool {
