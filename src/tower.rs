@@ -107,7 +107,7 @@ use std::task::{Context, Poll};
 
 use bytes::Bytes;
 use http::request::Parts;
-use http::{Request, Response, StatusCode};
+use http::{HeaderMap, Request, Response, StatusCode};
 use tower_layer::Layer;
 use tower_service::Service;
 
@@ -677,7 +677,7 @@ impl RateLimitLayer {
             Ok((verdict, waited)) => (Some(verdict.decision), *waited),
             Err(_) => (None, std::time::Duration::ZERO),
         };
-        let next = next::<()>(shared, index, key.clone(), cost, decided, false);
+        let next = next::<()>(shared, index, key.clone(), cost, decided, &parts.headers);
         Evaluation {
             policy: Some(Arc::clone(&policy.name)),
             key: Some(key),
@@ -1084,14 +1084,15 @@ enum Next<B> {
     Call(Option<Admitted>),
 }
 
-/// Counts what policy `index` `decided` for `key`, and what the request gets for it.
+/// Counts what policy `index` `decided` for `key`, and what the request (with `headers`) gets
+/// for it. Whether it is a gRPC request is read only when the layer answers it itself.
 fn next<B>(
     shared: &Arc<Shared>,
     index: usize,
     key: Key,
     cost: u64,
     decided: Result<(Verdict, std::time::Duration), CheckError>,
-    grpc: bool,
+    headers: &HeaderMap,
 ) -> Next<B> {
     let policy = &shared.policies[index];
     record_outcome(policy, &key, &decided);
@@ -1103,7 +1104,7 @@ fn next<B>(
                 "Rate limit \"{}\": a cost of {cost} exceeds the capacity {capacity}; this request can never be admitted.",
                 policy.name()
             );
-            return Next::Respond(if grpc {
+            return Next::Respond(if is_grpc(headers) {
                 grpc_response(GRPC_RESOURCE_EXHAUSTED, &detail)
             } else {
                 problem_response(StatusCode::TOO_MANY_REQUESTS, &detail, None)
@@ -1115,13 +1116,13 @@ fn next<B>(
                 Fallback::Reject(status) => Next::Respond(shared.reject(
                     status,
                     "The rate limiter could not decide this request.",
-                    grpc,
+                    is_grpc(headers),
                 )),
             }
         }
     };
     if !verdict.decision.allowed() && policy.mode != Mode::Shadow {
-        return Next::Respond(shared.deny(policy, &verdict, grpc));
+        return Next::Respond(shared.deny(policy, &verdict, is_grpc(headers)));
     }
     if shared.headers == HeaderStyle::None && policy.refund.is_none() {
         // Nothing to add to the response: it passes as it is.
@@ -1247,7 +1248,6 @@ where
         let mut inner = std::mem::replace(&mut self.inner, clone);
         let (parts, body) = request.into_parts();
         let plan = self.shared.plan(&parts);
-        let grpc = is_grpc(&parts.headers);
         let request = Request::from_parts(parts, body);
         let (index, key, cost) = match plan {
             Plan::Pass => {
@@ -1263,7 +1263,11 @@ where
                         admitted: None,
                     },
                     Fallback::Reject(status) => Stage::Ready {
-                        response: Some(self.shared.reject(status, NO_KEY_DETAIL, grpc)),
+                        response: Some(self.shared.reject(
+                            status,
+                            NO_KEY_DETAIL,
+                            is_grpc(request.headers()),
+                        )),
                     },
                 })
             }
@@ -1279,7 +1283,7 @@ where
         if let Some(decided) = decided {
             let decided = decided.map(|verdict| (verdict, std::time::Duration::ZERO));
             return ResponseFuture::stage(
-                match next(&self.shared, index, key, cost, decided, grpc) {
+                match next(&self.shared, index, key, cost, decided, request.headers()) {
                     Next::Respond(response) => Stage::Ready {
                         response: Some(response),
                     },
@@ -1294,7 +1298,7 @@ where
         let future = Box::pin(async move {
             let decided = decide(&shared.policies[index], &key, cost).await;
             // (Bound before the await: a `Next` holds a response body, which need not be `Send`.)
-            let admitted = match next(&shared, index, key, cost, decided, grpc) {
+            let admitted = match next(&shared, index, key, cost, decided, request.headers()) {
                 Next::Respond(response) => return Ok(response),
                 Next::Call(admitted) => admitted,
             };

@@ -408,5 +408,9 @@ fn replaced_tables_are_dropped_a_few_keys_per_call() {
         assert!(!inserted.inserted);
     }
     let (made, gone) = COPIES.with(|c| c.get());
-    assert_eq!(made - gone, store.len(), "copies alive beyond the keys held");
+    assert_eq!(
+        made - gone,
+        store.len(),
+        "copies alive beyond the keys held"
+    );
 }
