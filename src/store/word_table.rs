@@ -32,7 +32,8 @@
 //! visits the next [`DRAIN_STEP`] slots of the old one. No call sweeps or copies a whole table,
 //! so no call does more than `DRAIN_STEP` slots of eviction and copying work. Nor does a call
 //! allocate a large table: a growing shard builds its next table [`BUILD_STEP`] slots per
-//! insert once its table is 27/28 of its capacity, and a shard at the bound reuses its spare (below).
+//! insert once its table is 27/28 of its capacity (the first table at the bound too), and a shard
+//! at the bound reuses its spare (below).
 //!
 //! - **Below** the store's share of [`KeyedStore::set_evict_above`] (by default
 //!   [`DEFAULT_EVICT_ABOVE`] keys), the new table is larger, sized for every live key to fill
@@ -333,7 +334,7 @@ struct Shard<K, C: TableCell> {
     /// Slots of retired tables being dropped, the last vector first.
     freeing: Vec<Vec<Slot<K, C>>>,
     /// Tables of more than [`BUILD_ABOVE`] slots allocated in one call (for tests: growth
-    /// builds them ahead, so only the first table at the bound and merges should).
+    /// builds them ahead, and the bound reuses them, so only merges should).
     allocated_large: usize,
 }
 
@@ -739,19 +740,28 @@ impl<K: Clone + Hash + Eq + Send + Sync, H: BuildHasher, C: TableCell> WordTable
         new_table(slots)
     }
 
-    /// Builds [`BUILD_STEP`] more slots of the table a growing shard will move to, once its
-    /// table is [`BUILD_FROM`] (27/28) of its capacity, so that the insert that finds it full allocates and
-    /// fills nothing (a large table is up to ~1 MB at the default bound: hundreds of µs in
-    /// one call otherwise). Sized for the live keys the shard will hold when full.
+    /// Builds [`BUILD_STEP`] more slots of the table the shard will move to, once its table is
+    /// [`BUILD_FROM`] (27/28) of its capacity, so that the insert that finds it full allocates
+    /// and fills nothing (a large table is up to ~1 MB at the default bound: hundreds of µs in
+    /// one call otherwise). The table [`WordTable::replace_table`] will want: below the
+    /// `evict_above` share, one for the live keys the shard will hold when full; at it, one for
+    /// the share and the drain's inserts, unless the shard has a spare of that size to reuse
+    /// (then nothing is built: a table built there was never used, and held ~1 MB a shard).
     fn build_next(&self, shard: &mut Shard<K, C>) {
         let len = shard.table.len();
         if shard.next.is_none() {
-            let growing = shard.live < self.keep && shard.drain.is_none();
-            if !growing || shard.used * BUILD_FROM.1 <= capacity(len) * BUILD_FROM.0 {
+            if shard.drain.is_some() || shard.used * BUILD_FROM.1 <= capacity(len) * BUILD_FROM.0 {
                 return;
             }
             let at_full = shard.live + capacity(len).saturating_sub(shard.used);
-            let target = table_len(sized_for(at_full));
+            let target = if at_full < self.keep {
+                table_len(sized_for(at_full))
+            } else if shard.spare.is_none() {
+                let room = len / DRAIN_STEP + 1;
+                table_len(holding(self.keep.saturating_add(2 * room)))
+            } else {
+                return;
+            };
             if target <= BUILD_ABOVE {
                 return;
             }
@@ -1164,6 +1174,15 @@ impl<K: Send + Sync, H, C: TableCell> WordTable<K, H, C> {
         self.shards
             .iter()
             .map(|shard| shard.lock().allocated_large)
+            .sum()
+    }
+
+    /// Slots of tables being built ahead, or built and not used yet (for tests).
+    #[allow(dead_code)] // read by the unit tests in `word_table_tests.rs`
+    pub(crate) fn built_ahead(&self) -> usize {
+        self.shards
+            .iter()
+            .map(|shard| shard.lock().next.as_ref().map_or(0, |next| next.len))
             .sum()
     }
 

@@ -414,3 +414,19 @@ fn replaced_tables_are_dropped_a_few_keys_per_call() {
         "copies alive beyond the keys held"
     );
 }
+
+/// A shard reaching its `evict_above` share builds the table it then moves to ahead, as a
+/// growing shard does, and later replacements reuse the drained table: a flood of fresh keys
+/// through the bound makes no call allocate and fill a large table, and leaves no table
+/// built for nothing.
+#[test]
+fn a_flood_through_the_bound_allocates_no_large_table_in_a_call() {
+    let mut store = store();
+    store.set_evict_above(64 * 10_000);
+    for key in 0..3_000_000u64 {
+        insert(&store, key, 0, &EVICT_ZERO);
+    }
+    assert_eq!(store.allocated_large(), 0);
+    assert!(store.len() < 2 * 640_000, "held {}", store.len());
+    assert_eq!(store.built_ahead(), 0, "tables built and not used");
+}
