@@ -251,16 +251,6 @@ fn home<K, C: TableCell>(table: &Table<K, C>, hash: u64) -> usize {
     ((hash as u32 as u64 * table.len() as u64) >> 32) as usize
 }
 
-/// Loads the cache lines where a probe for `hash` starts (its word of tags and its home
-/// slot), so that a batch of probes waits for its misses together, not one after another.
-/// The value means nothing; pass it to `black_box` so that the loads stay.
-#[inline]
-fn touch<K, C: TableCell>(table: &Table<K, C>, hash: u64) -> u64 {
-    let i = home(table, hash);
-    // Relaxed: a prefetch; the value is not used.
-    table.tags[i / 8].load(Ordering::Relaxed) ^ u64::from(table.slots[i].key.get().is_some())
-}
-
 /// The slot holding `key`, or the first empty slot of its probe (`Err`). A table always has
 /// an empty slot (rebuilds keep used slots below 7/8), so the probe ends. Without the shard
 /// lock, a key being inserted may read as absent (its tag not stored yet): lock-free callers
@@ -377,16 +367,12 @@ struct Drain<K, C: TableCell> {
 impl<K, C: TableCell> Drain<K, C> {
     /// The `i`th slot the drain visits: the hand's way, down from `start`, round the table.
     fn slot(&self, i: usize) -> &Slot<K, C> {
-        &self.from[self.index(i)]
-    }
-
-    /// The index of the `i`th slot the drain visits.
-    fn index(&self, i: usize) -> usize {
         // `i < len` and `start < len`; no division on the insert path.
-        match self.start.checked_sub(i + 1) {
+        let at = match self.start.checked_sub(i + 1) {
             Some(at) => at,
             None => self.start + self.from.len() - 1 - i,
-        }
+        };
+        &self.from[at]
     }
 }
 
@@ -605,47 +591,24 @@ impl<K: Clone + Hash + Eq + Send + Sync, H: BuildHasher, C: TableCell> WordTable
         let end = drain.from.len().min(drain.next.saturating_add(budget));
         let live = shard.live;
         while drain.next < end {
-            // First hash a batch's keys and load where each would go in the table, then judge
-            // and move them: the moves' cache misses overlap instead of following one another
-            // (16 moves into a table larger than the cache took 2 µs). The first pass makes no
-            // atomic read-modify-write: on x86 one waits for every load before it.
-            let batch = (end - drain.next).min(DRAIN_STEP);
-            let mut hashes = [None; DRAIN_STEP];
-            let mut touched = 0;
-            for (i, hash) in hashes.iter_mut().enumerate().take(batch) {
-                if let Some(key) = drain.slot(drain.next + i).key.get() {
-                    let (h, _) = self.hash(key);
-                    touched ^= touch(&shard.table, h);
-                    *hash = Some(h);
-                }
+            if over_full(shard.used + 1, shard.table.len()) {
+                // The table would overfill: merge what is left instead.
+                shard.drain = Some(drain);
+                self.merge(shard, judge, 0);
+                return live - shard.live;
             }
-            std::hint::black_box(touched);
-            for hash in hashes.iter().take(batch) {
-                let slot = &drain.from[drain.index(drain.next)];
-                drain.next += 1;
-                let Some(hash) = *hash else {
-                    continue;
-                };
-                // A judge retires the cell itself (one CAS to the tombstone), so an admission
-                // racing it either lands first, and the key is not fresh any more, or sees the
-                // tombstone.
-                if judge.as_deref_mut().is_some_and(|fresh| fresh(&slot.state)) {
-                    shard.live -= 1;
-                    drain.left -= 1;
-                    continue;
-                }
-                if over_full(shard.used + 1, shard.table.len()) {
-                    // The table would overfill: merge what is left instead.
-                    drain.next -= 1;
-                    shard.drain = Some(drain);
-                    self.merge(shard, judge, 0);
-                    return live - shard.live;
-                }
-                if let Visit::Moved = self.move_key(slot, hash, &shard.table) {
+            match self.visit(drain.slot(drain.next), &shard.table, judge.as_deref_mut()) {
+                Visit::Empty => {}
+                Visit::Moved => {
                     shard.used += 1;
                     drain.left -= 1;
                 }
+                Visit::Evicted => {
+                    shard.live -= 1;
+                    drain.left -= 1;
+                }
             }
+            drain.next += 1;
         }
         if end < drain.from.len() && drain.left > 0 {
             shard.drain = Some(drain);
@@ -789,22 +752,16 @@ impl<K: Clone + Hash + Eq + Send + Sync, H: BuildHasher, C: TableCell> WordTable
         let Some(key) = slot.key.get() else {
             return Visit::Empty;
         };
-        // As in `drain`: the judge retires the cell itself.
+        let retired = self.retired;
+        // A judge retires the cell itself (one CAS to the tombstone), so an admission racing
+        // it either lands first, and the key is not fresh any more, or sees the tombstone.
         if judge.is_some_and(|fresh| fresh(&slot.state)) {
             return Visit::Evicted;
         }
-        self.move_key(slot, self.hash(key).0, to)
-    }
-
-    /// Moves the key of `slot` (of a drained table; `hash` its hash) into `to`, which must
-    /// have room for it, unless it is a tombstone (then dropped: `Visit::Empty`).
-    fn move_key(&self, slot: &Slot<K, C>, hash: u64, to: &Table<K, C>) -> Visit {
-        let Some(key) = slot.key.get() else {
-            return Visit::Empty;
-        };
-        let Some(state) = slot.state.take_to_move(self.retired) else {
+        let Some(state) = slot.state.take_to_move(retired) else {
             return Visit::Empty; // a tombstone: dropped
         };
+        let (hash, _) = self.hash(key);
         // A key is in at most one of the two tables: the insert path moves a key still in the
         // drain before it looks in the table.
         if let Err(empty) = find(to, hash, key) {
