@@ -779,6 +779,155 @@ fn sigstop_under_load_leased_nodes_take_over_without_a_burst() {
     takeover_under_load("STOP", "CONT");
 }
 
+/// What one guarded node saw under load: its admissions (key, when), and per key the last
+/// decision it had before the fault (units remaining, when).
+struct GuardedNode {
+    admitted: Vec<(usize, Instant)>,
+    last: Vec<Option<(u64, Instant)>>,
+}
+
+/// `N` guarded nodes (each its own runtime, connection and checking task) keep every one of
+/// a few keys hot; Redis gets `signal`. Each node's share starts each key from `⌊r / n⌋` of
+/// the last reply it had (`FailurePolicy::Local`), not from a full bucket, so the fleet's
+/// admissions per key in the outage's first 250 ms stay within
+/// `Σ_nodes (⌊r_i / n⌋ + ⌈(fault + 250 ms − t_i) · ⌊L/n⌋ / W⌉ + 2)`, with `r_i` and `t_i` the
+/// node's last reply before the fault and when it came (the 2: the share's rounding, and a
+/// reply that arrived as the server died); then global mode is back.
+fn guarded_takeover_under_load(signal: &str, heal: &str) {
+    const NODES: usize = 2;
+    const KEYS: usize = 2;
+    let Some(mut server) = RedisServer::start() else {
+        return;
+    };
+    let (limit, window) = (1_000u64, Duration::from_secs(1));
+    let rule = RedisRule::gcra(Quota::per_second(limit).unwrap()).unwrap();
+    let handling = FailureHandling::new(FailurePolicy::Local)
+        .probe_interval(Duration::from_millis(100))
+        .heartbeat_interval(Duration::from_millis(250));
+    let runtimes: Vec<_> = (0..NODES).map(|_| runtime()).collect();
+    let nodes: Vec<GuardedLimiter> = runtimes
+        .iter()
+        .map(|rt| rt.block_on(guarded(&server, rule, handling)))
+        .collect();
+    // Every bucket empty from the start: the keys stay hot (demand above the rate).
+    runtimes[0].block_on(async {
+        for key in 0..KEYS {
+            assert!(nodes[0]
+                .check_n(format!("key-{key}"), limit)
+                .await
+                .unwrap()
+                .allowed());
+        }
+    });
+    let stop = Arc::new(AtomicBool::new(false));
+    let fault_at: Arc<Mutex<Option<Instant>>> = Arc::new(Mutex::new(None));
+    let tasks: Vec<_> = nodes
+        .iter()
+        .zip(&runtimes)
+        .map(|(node, rt)| {
+            let (node, stop, fault_at) = (node.clone(), stop.clone(), fault_at.clone());
+            rt.spawn(async move {
+                let mut seen = GuardedNode {
+                    admitted: Vec::new(),
+                    last: vec![None; KEYS],
+                };
+                let mut i = 0usize;
+                while !stop.load(Ordering::Relaxed) {
+                    let key = i % KEYS;
+                    i += 1;
+                    let decision = node.check(format!("key-{key}")).await.expect("no error");
+                    let at = Instant::now();
+                    if decision.allowed() {
+                        seen.admitted.push((key, at));
+                    }
+                    if fault_at.lock().unwrap().is_none_or(|fault| at < fault) {
+                        seen.last[key] = Some((decision.remaining(), at));
+                    }
+                    // Degraded checks never await: let the breaker's probe run.
+                    tokio::task::yield_now().await;
+                }
+                seen
+            })
+        })
+        .collect();
+    // Every key hot, and every node counted by the others' heartbeats.
+    std::thread::sleep(Duration::from_millis(1_000));
+    let live: Vec<u64> = nodes.iter().map(GuardedLimiter::live_nodes).collect();
+    assert!(
+        live.iter().all(|&n| n == NODES as u64),
+        "live nodes {live:?}"
+    );
+    let fault = Instant::now();
+    *fault_at.lock().unwrap() = Some(fault);
+    server.signal(signal);
+    std::thread::sleep(Duration::from_millis(800));
+    let healed = Instant::now();
+    if heal == "restart" {
+        server.restart();
+    } else {
+        server.signal(heal);
+    }
+    for (node, rt) in nodes.iter().zip(&runtimes) {
+        rt.block_on(wait_for(node, Mode::Global, Duration::from_secs(2)));
+    }
+    let back = healed.elapsed();
+    stop.store(true, Ordering::Relaxed);
+    let seen: Vec<GuardedNode> = tasks
+        .into_iter()
+        .zip(&runtimes)
+        .map(|(task, rt)| rt.block_on(task).expect("no node task panicked"))
+        .collect();
+
+    let first = Duration::from_millis(250);
+    let share = limit / NODES as u64;
+    let accrues =
+        |d: Duration| (d.as_nanos() * u128::from(share)).div_ceil(window.as_nanos()) as u64;
+    let mut worst = (0, 0);
+    for key in 0..KEYS {
+        let admitted = seen
+            .iter()
+            .flat_map(|node| &node.admitted)
+            .filter(|&&(k, at)| k == key && at >= fault && at < fault + first)
+            .count() as u64;
+        let bound: u64 = seen
+            .iter()
+            .map(|node| {
+                let (remaining, at) = node.last[key].expect("the node checked every key");
+                remaining / NODES as u64 + accrues(fault + first - at) + 2
+            })
+            .sum();
+        assert!(
+            admitted <= bound,
+            "key-{key}: {admitted} admitted in the outage's first {first:?} > bound {bound}"
+        );
+        if admitted > worst.0 {
+            worst = (admitted, bound);
+        }
+    }
+    // What a full bucket per node would allow: the burst this test guards against.
+    let fresh = NODES as u64 * (share + accrues(first));
+    println!(
+        "guarded {signal}: per key in the outage's first {first:?}: max {} (bound {}; a fresh \
+         bucket per node would allow {fresh}); global again {back:?} after {heal}",
+        worst.0, worst.1
+    );
+    assert!(back < Duration::from_secs(2));
+    drop(nodes);
+    drop(runtimes);
+}
+
+#[test]
+fn kill_9_under_load_guarded_nodes_take_over_without_a_burst() {
+    let _serial = serial();
+    guarded_takeover_under_load("KILL", "restart");
+}
+
+#[test]
+fn sigstop_under_load_guarded_nodes_take_over_without_a_burst() {
+    let _serial = serial();
+    guarded_takeover_under_load("STOP", "CONT");
+}
+
 /// The guarded limiter's degraded check (an `async fn` that never awaits) against an
 /// in-process check of the same rule and key type, alternately, from a tokio task.
 #[test]

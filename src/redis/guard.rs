@@ -51,8 +51,18 @@ pub enum FailurePolicy {
     /// (a leased node starts from its lease and last grant: see "When Redis fails" on
     /// `LeasedLimiter`). While every node does the same, the fleet admits about `L` per window
     /// during an outage, plus, in its first window, what the nodes' last replies left (each
-    /// node's part of it). With [`FailureHandling::reconcile`], what the shares admitted is
-    /// charged to Redis after the outage.
+    /// node's part of it). For a GCRA rule, over the first `d` of an outage that starts at
+    /// `f`, per key:
+    ///
+    /// ```text
+    /// admitted  ≤  Σ_nodes ( ⌊r_i / n⌋ + ⌈(f + d − t_i) · ⌊L / n⌋ / W⌉ + 1 )
+    /// ```
+    ///
+    /// with `r_i` the units node `i`'s last reply for the key said were left and `t_i` when it
+    /// came (`tests/redis_faults.rs` checks it with two nodes under load, `kill -9` and
+    /// `SIGSTOP`: 249-251 admitted per hot key in the first 250 ms, against a bound of 256 and
+    /// 1,250 for a full bucket per node). With [`FailureHandling::reconcile`], what the shares
+    /// admitted is charged to Redis after the outage.
     Local,
 }
 

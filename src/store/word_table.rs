@@ -620,7 +620,8 @@ impl<K: Clone + Hash + Eq + Send + Sync, H: BuildHasher, C: TableCell> WordTable
 
     /// A drain ended. One that evicted (the shard is at its `evict_above` share, where a
     /// table is replaced by one of about its size) leaves its table as the shard's spare; a
-    /// growing shard's old table is freed (it will not be wanted again).
+    /// growing shard's old table (it will not be wanted again) is retired, to be released a
+    /// few slots per insert.
     fn drained(shard: &mut Shard<K, C>, drain: Drain<K, C>) {
         if drain.since.is_some() {
             let spare = Spare {
