@@ -59,10 +59,13 @@ pub enum FailurePolicy {
     /// ```
     ///
     /// with `r_i` the units node `i`'s last reply for the key said were left and `t_i` when it
-    /// came (`tests/redis_faults.rs` checks it with two nodes under load, `kill -9` and
-    /// `SIGSTOP`: 249-251 admitted per hot key in the first 250 ms, against a bound of 256 and
-    /// 1,250 for a full bucket per node). With [`FailureHandling::reconcile`], what the shares
-    /// admitted is charged to Redis after the outage.
+    /// came. For a window rule, `⌊r_i / n⌋ + 1` per node until a window of the node's share
+    /// ends (the share's windows are the node's, not the server's), and `⌊L / n⌋` more per node
+    /// for each one that does. `tests/redis_faults.rs` checks both with two nodes under load:
+    /// GCRA 1000/s, `kill -9` and `SIGSTOP`, 249-251 admitted per hot key in the first 250 ms
+    /// against a bound of 256 (a full bucket per node: 1,250); fixed and sliding windows of a
+    /// day, 0 against 6 (a fresh window per node: 1,000). With [`FailureHandling::reconcile`],
+    /// what the shares admitted is charged to Redis after the outage.
     Local,
 }
 
