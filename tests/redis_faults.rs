@@ -644,14 +644,14 @@ fn a_leased_takeover_starts_from_what_the_node_knew_and_charges_each_unit_once()
 /// 16 keys hot; Redis gets `signal`. The fleet's admissions per key in the outage's first
 /// 250 ms stay within the bound documented on `LeasedLimiter` ("When Redis fails"), with the
 /// handover delay and the age of the last grant measured here; then global mode is back.
-fn takeover_under_load(signal: &str, heal: &str) {
+/// `rule` allows `limit` per `window`; a window rule's window must be long enough not to end
+/// during the test (the share's windows are the node's clock's, not the server's).
+fn takeover_under_load(signal: &str, heal: &str, rule: RedisRule, limit: u64, window: Duration) {
     const NODES: usize = 2;
     const KEYS: usize = 16;
     let Some(mut server) = RedisServer::start() else {
         return;
     };
-    let (limit, window) = (1_000u64, Duration::from_secs(1));
-    let rule = RedisRule::gcra(Quota::per_second(limit).unwrap()).unwrap();
     let handling = FailureHandling::new(FailurePolicy::Local)
         .probe_interval(Duration::from_millis(100))
         .heartbeat_interval(Duration::from_millis(250))
@@ -750,10 +750,11 @@ fn takeover_under_load(signal: &str, heal: &str) {
     }
     let fresh_buckets = limit + accrues(first);
     println!(
-        "{signal}: per key in the outage's first {first:?}: max {} (bound {bound}; a fresh \
+        "leased {} {signal}: per key in the outage's first {first:?}: max {} (bound {bound}; a fresh \
          bucket per node would allow {fresh_buckets}); nodes degraded within {noticed:?}; \
          global again {back:?} after {heal}; {charged} of {in_outage} units admitted in the \
          outage charged after it",
+        rule.name(),
         per_key.iter().max().unwrap()
     );
     for (key, &admitted) in per_key.iter().enumerate() {
@@ -770,13 +771,30 @@ fn takeover_under_load(signal: &str, heal: &str) {
 #[test]
 fn kill_9_under_load_leased_nodes_take_over_without_a_burst() {
     let _serial = serial();
-    takeover_under_load("KILL", "restart");
+    let (rule, limit, window) = per_second_gcra();
+    takeover_under_load("KILL", "restart", rule, limit, window);
 }
 
 #[test]
 fn sigstop_under_load_leased_nodes_take_over_without_a_burst() {
     let _serial = serial();
-    takeover_under_load("STOP", "CONT");
+    let (rule, limit, window) = per_second_gcra();
+    takeover_under_load("STOP", "CONT", rule, limit, window);
+}
+
+/// Leased window rules start their share's window from the same `s_i` (a window of a day, so
+/// that none ends during the test).
+#[test]
+fn kill_9_under_load_leased_windows_take_over_without_a_burst() {
+    let _serial = serial();
+    let (limit, window) = (1_000, Duration::from_secs(86_400));
+    let quota = Quota::new(limit, window).unwrap();
+    for rule in [
+        RedisRule::fixed_window(quota).unwrap(),
+        RedisRule::sliding_window(quota).unwrap(),
+    ] {
+        takeover_under_load("KILL", "restart", rule, limit, window);
+    }
 }
 
 /// What one guarded node saw under load: its admissions (key, when), and per key the last
