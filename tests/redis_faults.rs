@@ -644,9 +644,8 @@ fn a_leased_takeover_starts_from_what_the_node_knew_and_charges_each_unit_once()
 /// 16 keys hot; Redis gets `signal`. The fleet's admissions per key in the outage's first
 /// 250 ms stay within the bound documented on `LeasedLimiter` ("When Redis fails"), with the
 /// handover delay and the age of the last grant measured here; then global mode is back.
-/// `rule` allows `limit` per `window`; a window rule's window must be long enough not to end
-/// during the test (the share's windows are the node's clock's, not the server's).
-fn takeover_under_load(signal: &str, heal: &str, rule: RedisRule, limit: u64, window: Duration) {
+/// The window of a window rule must not end during the test (see [`day_windows`]).
+fn takeover_under_load(signal: &str, heal: &str, (rule, limit, window): Limit) {
     const NODES: usize = 2;
     const KEYS: usize = 16;
     let Some(mut server) = RedisServer::start() else {
@@ -768,32 +767,45 @@ fn takeover_under_load(signal: &str, heal: &str, rule: RedisRule, limit: u64, wi
     drop(runtimes);
 }
 
+/// A rule of the takeover tests, with the `limit` it allows per `window`.
+type Limit = (RedisRule, u64, Duration);
+
+/// GCRA 1000/s, burst 1000.
+fn per_second_gcra() -> Limit {
+    let rule = RedisRule::gcra(Quota::per_second(1_000).unwrap()).unwrap();
+    (rule, 1_000, Duration::from_secs(1))
+}
+
+/// Fixed and sliding windows of 1000 a day: no window ends during a test (the share's windows
+/// are the node's clock's, not the server's, so a shorter one could end inside the first 250
+/// ms and start a fresh share the bounds do not count).
+fn day_windows() -> [Limit; 2] {
+    let window = Duration::from_secs(86_400);
+    let quota = Quota::new(1_000, window).unwrap();
+    [
+        (RedisRule::fixed_window(quota).unwrap(), 1_000, window),
+        (RedisRule::sliding_window(quota).unwrap(), 1_000, window),
+    ]
+}
+
 #[test]
 fn kill_9_under_load_leased_nodes_take_over_without_a_burst() {
     let _serial = serial();
-    let (rule, limit, window) = per_second_gcra();
-    takeover_under_load("KILL", "restart", rule, limit, window);
+    takeover_under_load("KILL", "restart", per_second_gcra());
 }
 
 #[test]
 fn sigstop_under_load_leased_nodes_take_over_without_a_burst() {
     let _serial = serial();
-    let (rule, limit, window) = per_second_gcra();
-    takeover_under_load("STOP", "CONT", rule, limit, window);
+    takeover_under_load("STOP", "CONT", per_second_gcra());
 }
 
-/// Leased window rules start their share's window from the same `s_i` (a window of a day, so
-/// that none ends during the test).
+/// Leased window rules start their share's window from the same `s_i`.
 #[test]
 fn kill_9_under_load_leased_windows_take_over_without_a_burst() {
     let _serial = serial();
-    let (limit, window) = (1_000, Duration::from_secs(86_400));
-    let quota = Quota::new(limit, window).unwrap();
-    for rule in [
-        RedisRule::fixed_window(quota).unwrap(),
-        RedisRule::sliding_window(quota).unwrap(),
-    ] {
-        takeover_under_load("KILL", "restart", rule, limit, window);
+    for limit in day_windows() {
+        takeover_under_load("KILL", "restart", limit);
     }
 }
 
@@ -810,16 +822,9 @@ struct GuardedNode {
 /// admissions per key in the outage's first 250 ms stay within
 /// `Σ_nodes (⌊r_i / n⌋ + ⌈(fault + 250 ms − t_i) · ⌊L/n⌋ / W⌉ + 2)`, with `r_i` and `t_i` the
 /// node's last reply before the fault and when it came (the 2: the share's rounding, and a
-/// reply that arrived as the server died); then global mode is back. `rule` allows `limit`
-/// per `window`; a window rule's window must be long enough not to end during the test (the
-/// share's windows are not the server's).
-fn guarded_takeover_under_load(
-    signal: &str,
-    heal: &str,
-    rule: RedisRule,
-    limit: u64,
-    window: Duration,
-) {
+/// reply that arrived as the server died); then global mode is back. The window of a window
+/// rule must not end during the test (see [`day_windows`]).
+fn guarded_takeover_under_load(signal: &str, heal: &str, (rule, limit, window): Limit) {
     const NODES: usize = 2;
     const KEYS: usize = 2;
     let Some(mut server) = RedisServer::start() else {
@@ -941,37 +946,25 @@ fn guarded_takeover_under_load(
     drop(runtimes);
 }
 
-fn per_second_gcra() -> (RedisRule, u64, Duration) {
-    let rule = RedisRule::gcra(Quota::per_second(1_000).unwrap()).unwrap();
-    (rule, 1_000, Duration::from_secs(1))
-}
-
 #[test]
 fn kill_9_under_load_guarded_nodes_take_over_without_a_burst() {
     let _serial = serial();
-    let (rule, limit, window) = per_second_gcra();
-    guarded_takeover_under_load("KILL", "restart", rule, limit, window);
+    guarded_takeover_under_load("KILL", "restart", per_second_gcra());
 }
 
 #[test]
 fn sigstop_under_load_guarded_nodes_take_over_without_a_burst() {
     let _serial = serial();
-    let (rule, limit, window) = per_second_gcra();
-    guarded_takeover_under_load("STOP", "CONT", rule, limit, window);
+    guarded_takeover_under_load("STOP", "CONT", per_second_gcra());
 }
 
 /// The window rules take over the same way: each key's share starts from what the last reply
-/// left of the window (a day long, so that no window ends during the test), not a fresh one.
+/// left of the window, not a fresh one.
 #[test]
 fn kill_9_under_load_guarded_windows_take_over_from_the_last_reply() {
     let _serial = serial();
-    let (limit, window) = (1_000, Duration::from_secs(86_400));
-    let quota = Quota::new(limit, window).unwrap();
-    for rule in [
-        RedisRule::fixed_window(quota).unwrap(),
-        RedisRule::sliding_window(quota).unwrap(),
-    ] {
-        guarded_takeover_under_load("KILL", "restart", rule, limit, window);
+    for limit in day_windows() {
+        guarded_takeover_under_load("KILL", "restart", limit);
     }
 }
 
