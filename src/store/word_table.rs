@@ -151,6 +151,12 @@ fn over_full(used: usize, len: usize) -> bool {
     used > capacity(len)
 }
 
+/// The inserts into a shard until a drain of its table of `len` slots ends (each visits
+/// [`DRAIN_STEP`] slots).
+fn drain_inserts(len: usize) -> usize {
+    len / DRAIN_STEP + 1
+}
+
 /// The slots of the smallest table whose [`capacity`] is `keys`.
 fn holding(keys: usize) -> usize {
     let small_or_mid =
@@ -506,9 +512,7 @@ impl<K: Clone + Hash + Eq + Send + Sync, H: BuildHasher, C: TableCell> WordTable
         let (slots, since) = match judge {
             Some(fresh) if shard.live >= self.keep => {
                 let kept = self.estimate_kept(shard, fresh);
-                // Room for the inserts until the drain ends, and as many after it.
-                let slots = holding(kept.saturating_add(2 * room).max(self.keep));
-                (slots, Some(since))
+                (self.bound_slots(kept, room), Some(since))
             }
             // (No room for the drain's inserts here: the larger table takes a quarter of its
             // keys in inserts before it fills, and the drain ends after a sixteenth.)
@@ -524,6 +528,13 @@ impl<K: Clone + Hash + Eq + Send + Sync, H: BuildHasher, C: TableCell> WordTable
             left: shard.live,
         });
         shard.used = 0;
+    }
+
+    /// The slots of the table a shard at its `evict_above` share moves to when the drain will
+    /// keep `kept` keys: room for the `room` inserts until the drain ends, and as many after
+    /// it, and never less than the share (what [`WordTable::build_next`] builds ahead).
+    fn bound_slots(&self, kept: usize, room: usize) -> usize {
+        holding(kept.saturating_add(2 * room).max(self.keep))
     }
 
     /// The fallback when a drain would overfill the table it drains into (its sizing estimate
@@ -721,8 +732,7 @@ impl<K: Clone + Hash + Eq + Send + Sync, H: BuildHasher, C: TableCell> WordTable
             let target = if at_full < self.keep {
                 table_len(sized_for(at_full))
             } else if shard.spare.is_none() {
-                let room = len / DRAIN_STEP + 1;
-                table_len(holding(self.keep.saturating_add(2 * room)))
+                table_len(self.bound_slots(self.keep, drain_inserts(len)))
             } else {
                 return;
             };
@@ -944,7 +954,7 @@ where
                     // a few slots per call: `room` is the inserts until that drain ends. Above
                     // the shard's share of `evict_above`, keys unused since the table's previous
                     // replacement may go.
-                    let room = shard.table.len() / DRAIN_STEP + 1;
+                    let room = drain_inserts(shard.table.len());
                     let since = shard.filled_at;
                     evicted += evictor
                         .judging(|now, idle| {
