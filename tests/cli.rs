@@ -224,19 +224,22 @@ fn summary_counts_per_key_and_in_total() {
 
 const API_TRACE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/examples/traces/api.csv");
 
+/// The README's main job, up to its options and trace.
+const MAIN_JOB: [&str; 9] = [
+    "replay",
+    "--algorithm",
+    "gcra",
+    "--limit",
+    "10",
+    "--window",
+    "1s",
+    "--burst",
+    "20",
+];
+
 /// The README's main-job arguments, with `extra` before the trace.
 fn main_job(extra: &[&str]) -> Output {
-    let mut args = vec![
-        "replay",
-        "--algorithm",
-        "gcra",
-        "--limit",
-        "10",
-        "--window",
-        "1s",
-        "--burst",
-        "20",
-    ];
+    let mut args = MAIN_JOB.to_vec();
     args.extend_from_slice(extra);
     args.push(API_TRACE);
     tollgate(&args, "")
@@ -851,20 +854,7 @@ fn plot_options_are_checked() {
 fn the_shipped_plots_are_current() {
     let root = env!("CARGO_MANIFEST_DIR");
     for (shipped, args) in [
-        (
-            "api.svg",
-            vec![
-                "replay",
-                "--algorithm",
-                "gcra",
-                "--limit",
-                "10",
-                "--window",
-                "1s",
-                "--burst",
-                "20",
-            ],
-        ),
+        ("api.svg", MAIN_JOB.to_vec()),
         (
             "boundary.svg",
             vec![
@@ -978,20 +968,9 @@ fn the_readme_shows_what_the_main_job_prints() {
         "tollgate replay: gcra{}",
         readme_quote("```text\ntollgate replay: gcra")
     );
-    let o = tollgate_at_root(&[
-        "replay",
-        "--algorithm",
-        "gcra",
-        "--limit",
-        "10",
-        "--window",
-        "1s",
-        "--burst",
-        "20",
-        "--format",
-        "summary",
-        "examples/traces/api.csv",
-    ]);
+    let mut args = MAIN_JOB.to_vec();
+    args.extend(["--format", "summary", "examples/traces/api.csv"]);
+    let o = tollgate_at_root(&args);
     assert_eq!(stdout(&o), quoted);
 }
 

@@ -694,11 +694,7 @@ fn takeover_under_load(signal: &str, heal: &str, (rule, limit, window): Limit) {
     server.signal(signal);
     std::thread::sleep(Duration::from_millis(800));
     let healed = Instant::now();
-    if heal == "restart" {
-        server.restart();
-    } else {
-        server.signal(heal);
-    }
+    heal_with(&mut server, heal);
     for node in &nodes {
         wait_mode(node, Mode::Global, Duration::from_secs(2));
     }
@@ -765,6 +761,15 @@ fn takeover_under_load(signal: &str, heal: &str, (rule, limit, window): Limit) {
     assert!(back < Duration::from_secs(2));
     drop(nodes);
     drop(runtimes);
+}
+
+/// Ends an outage: `restart` after `kill -9`, else the signal `heal` (`CONT` after `STOP`).
+fn heal_with(server: &mut RedisServer, heal: &str) {
+    if heal == "restart" {
+        server.restart();
+    } else {
+        server.signal(heal);
+    }
 }
 
 /// A rule of the takeover tests, with the `limit` it allows per `window`.
@@ -891,11 +896,7 @@ fn guarded_takeover_under_load(signal: &str, heal: &str, (rule, limit, window): 
     server.signal(signal);
     std::thread::sleep(Duration::from_millis(800));
     let healed = Instant::now();
-    if heal == "restart" {
-        server.restart();
-    } else {
-        server.signal(heal);
-    }
+    heal_with(&mut server, heal);
     for (node, rt) in nodes.iter().zip(&runtimes) {
         rt.block_on(wait_for(node, Mode::Global, Duration::from_secs(2)));
     }
