@@ -26,7 +26,7 @@ use std::time::Duration;
 use governor::clock::{Clock as GovernorClock, QuantaClock as GovernorQuantaClock};
 use governor::RateLimiter;
 use tollgate::clock::{Clock, CoarseClock, QuantaClock};
-use tollgate::Limiter;
+use tollgate::{Limiter, TextKey};
 
 #[path = "../src/bin/tollgate/regime.rs"]
 mod regime;
@@ -170,6 +170,7 @@ fn keyed_row(row: &Row, checks: u64, retain: bool) -> Vec<Tails> {
         KeyType::U64 => on_clock::<u64>(row, checks, retain),
         KeyType::Ip => on_clock::<IpAddr>(row, checks, retain),
         KeyType::String => on_clock::<String>(row, checks, retain),
+        KeyType::Text => on_clock::<TextKey>(row, checks, retain),
     }
 }
 

@@ -25,7 +25,9 @@ use std::time::Duration;
 
 use stats_alloc::{StatsAlloc, INSTRUMENTED_SYSTEM};
 use tollgate::algorithm::Algorithm;
-use tollgate::{FixedWindow, Gcra, KeyedLimiter, LeakyQueue, Quota, SlidingLog, SlidingWindow};
+use tollgate::{
+    FixedWindow, Gcra, KeyedLimiter, LeakyQueue, Quota, SlidingLog, SlidingWindow, TextKey,
+};
 
 /// `stats_alloc`'s counting wrapper of the system allocator (no unsafe code of ours).
 #[global_allocator]
@@ -70,12 +72,12 @@ struct Row {
 }
 
 /// Builds a subject, inserts every key with `insert`, then checks every key again with `check`.
-fn measure<L>(
+fn measure<T: Copy, L>(
     name: &str,
-    keys: &[u64],
+    keys: &[T],
     build: impl FnOnce() -> L,
-    insert: impl Fn(&L, u64),
-    check: impl Fn(&L, u64),
+    insert: impl Fn(&L, T),
+    check: impl Fn(&L, T),
     held: impl Fn(&L) -> usize,
 ) -> Row {
     let (bytes_before, calls_before) = (live(), calls());
@@ -130,6 +132,67 @@ fn governor_row(keys: &[u64]) -> Row {
         },
         |limiter| limiter.len(),
     )
+}
+
+/// Text keys: every key's address as text (three in four IPv4, one in four IPv6 in
+/// 2001:db8::/32), kept as `String` or as `TextKey` by tollgate, as `String` by governor. The
+/// texts to look up are made before measuring; a `String` key's heap block is counted, a
+/// `TextKey` of these texts has none (every one fits inline).
+fn text_rows(keys: &[u64], quota: Quota) -> Vec<Row> {
+    let texts: Vec<String> = keys
+        .iter()
+        .enumerate()
+        .map(|(i, &key)| {
+            if i % 4 == 3 {
+                std::net::Ipv6Addr::from((0x2001_0db8_u128 << 96) | u128::from(key)).to_string()
+            } else {
+                std::net::Ipv4Addr::from(key as u32).to_string()
+            }
+        })
+        .collect();
+    let texts: Vec<&String> = texts.iter().collect();
+    let rule = || Gcra::new(quota).expect("valid");
+    let governor_quota = governor::Quota::per_hour(NonZeroU32::new(10).expect("non-zero"));
+    vec![
+        measure(
+            "tollgate gcra, String keys (IP text)",
+            &texts,
+            || KeyedLimiter::<String, Gcra>::new(rule()),
+            |limiter, text| {
+                assert!(limiter
+                    .check(text.as_str())
+                    .expect("no key bound")
+                    .allowed())
+            },
+            |limiter, text| {
+                black_box(limiter.check(text.as_str()).expect("no key bound"));
+            },
+            |limiter| limiter.len(),
+        ),
+        measure(
+            "tollgate gcra, TextKey keys (IP text)",
+            &texts,
+            || KeyedLimiter::<TextKey, Gcra>::new(rule()),
+            |limiter, text| {
+                let decision = limiter.check(&TextKey::new(text)).expect("no key bound");
+                assert!(decision.allowed());
+            },
+            |limiter, text| {
+                black_box(limiter.check(&TextKey::new(text)).expect("no key bound"));
+            },
+            |limiter| limiter.len(),
+        ),
+        measure(
+            "governor keyed, String keys (IP text)",
+            &texts,
+            || governor::RateLimiter::<String, _, _>::keyed(governor_quota),
+            |limiter, text| assert!(limiter.check_key(text).is_ok()),
+            |limiter, text| {
+                let _ = black_box(limiter.check_key(text));
+            },
+            |limiter| limiter.len(),
+        ),
+    ]
 }
 
 /// Bytes per key of tollgate's GCRA and of governor over a range of key counts.
@@ -199,6 +262,7 @@ fn main() {
         64,
     ));
     rows.push(governor_row(&keys));
+    rows.extend(text_rows(&keys, ten));
     // For scale: the least a map of 8-byte keys to 8-byte states can take.
     rows.push(measure(
         "floor: HashMap<u64, u64> (foldhash), no shards",

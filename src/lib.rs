@@ -282,6 +282,7 @@ pub mod replay;
 pub mod state;
 pub mod store;
 mod sync;
+mod text_key;
 #[cfg(feature = "tower")]
 pub mod tower;
 #[cfg(feature = "tokio")]
@@ -294,3 +295,4 @@ pub use decision::{Decision, Error};
 pub use limiter::{KeyedLimiter, KeyedLimiterBuilder, Limiter, OverflowPolicy};
 pub use multi::MultiLimiter;
 pub use quota::{Quota, QuotaError};
+pub use text_key::TextKey;

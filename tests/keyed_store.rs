@@ -9,7 +9,7 @@ use std::time::Duration;
 use tollgate::clock::ManualClock;
 use tollgate::{
     Algorithm, Error, FixedWindow, Gcra, KeyedLimiter, LeakyQueue, OverflowPolicy, Quota,
-    SlidingLog, SlidingWindow,
+    SlidingLog, SlidingWindow, TextKey,
 };
 
 const MS: u64 = 1_000_000;
@@ -278,6 +278,33 @@ fn string_keys_are_looked_up_by_str() {
     clock.set(SEC);
     assert!(bytes.check(&b"k"[..]).unwrap().allowed());
     assert!(!bytes.check(&vec![b'k']).unwrap().allowed());
+}
+
+/// `TextKey` keys decide exactly as `String` keys of the same texts, through table growth,
+/// with texts inline and on the heap.
+#[test]
+fn text_keys_decide_as_string_keys() {
+    let rule = || Gcra::new(Quota::per_second(3).unwrap()).unwrap();
+    let (strings, clock) = keyed::<String, _>(rule());
+    let texts = KeyedLimiter::<TextKey, _, _>::with_clock(rule(), clock.clone()).unwrap();
+    // Short texts (addresses) and long ones (tokens past the inline capacity).
+    let text = |i: u64| match i % 3 {
+        0 => format!("10.{}.{}.{}", i >> 16 & 255, i >> 8 & 255, i & 255),
+        1 => format!("2001:db8::{i:x}"),
+        _ => format!("token-{i:040}"),
+    };
+    let mut state = 0x5EED_u64;
+    for step in 0..40_000u64 {
+        state = state
+            .wrapping_mul(6_364_136_223_846_793_005)
+            .wrapping_add(1_442_695_040_888_963_407);
+        let key = text((state >> 33) % 5_000);
+        clock.set(step * 50_000);
+        let want = strings.check(key.as_str());
+        let got = texts.check(&TextKey::from(key.as_str()));
+        assert_eq!(got, want, "step {step}, key {key}");
+    }
+    assert_eq!(texts.len(), strings.len());
 }
 
 #[test]

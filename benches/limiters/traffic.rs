@@ -32,7 +32,7 @@ use crossbeam_utils::CachePadded;
 use governor::clock::{Clock as GovernorClock, QuantaClock as GovernorQuantaClock};
 use governor::RateLimiter;
 use tollgate::clock::{Clock, CoarseClock, QuantaClock};
-use tollgate::Limiter;
+use tollgate::{Limiter, TextKey};
 
 use crate::common;
 use crate::regime::{self, ClockKind, Flood, KeyType, Regime, Row, Source, TrafficKey};
@@ -52,6 +52,7 @@ pub fn bench_all(c: &mut Criterion) {
             }
             KeyType::Ip => keyed::<IpAddr>(&mut group, &row),
             KeyType::String => keyed::<String>(&mut group, &row),
+            KeyType::Text => keyed::<TextKey>(&mut group, &row),
         }
     }
     direct(&mut group);

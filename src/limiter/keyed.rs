@@ -51,6 +51,17 @@ pub use crate::store::table::OverflowPolicy;
 /// # Ok::<(), tollgate::QuotaError>(())
 /// ```
 ///
+/// # Text keys
+/// A `String` key keeps its bytes on the heap, and a check reads them there to compare the
+/// key: a second cache miss per check once the keys outgrow the caches. [`TextKey`](crate::TextKey)
+/// holds text of up to 38 bytes inline, in the table's slot:
+/// ```
+/// use tollgate::{Gcra, KeyedLimiter, Quota, TextKey};
+/// let limiter = KeyedLimiter::<TextKey, _>::new(Gcra::new(Quota::per_second(1)?)?);
+/// assert!(limiter.check(&TextKey::new("203.0.113.7")).unwrap().allowed());
+/// # Ok::<(), tollgate::QuotaError>(())
+/// ```
+///
 /// # Store
 /// Every algorithm keeps its states in the lock-free [`WordTable`](crate::store::WordTable): a
 /// check on a known key takes no shared lock and writes no shared memory but the key's own

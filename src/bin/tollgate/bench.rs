@@ -23,7 +23,9 @@ use clap::{Args, ValueEnum};
 use tollgate::algorithm::Algorithm;
 use tollgate::clock::{Clock, CoarseClock, ManualClock, QuantaClock};
 use tollgate::replay::{parse_duration, AlgorithmName};
-use tollgate::{FixedWindow, Gcra, KeyedLimiter, LeakyQueue, Quota, SlidingLog, SlidingWindow};
+use tollgate::{
+    FixedWindow, Gcra, KeyedLimiter, LeakyQueue, Quota, SlidingLog, SlidingWindow, TextKey,
+};
 
 use crate::{Fatal, ALLOCATOR};
 
@@ -95,8 +97,8 @@ pub struct BenchArgs {
     /// and print p50, p99, p99.9, p99.99, max and the checks over 10 µs.
     #[arg(long, requires = "regime")]
     latency: bool,
-    /// With `--regime`: u64, ip (IpAddr, 3 in 4 IPv4, 1 in 4 IPv6) or string (the same
-    /// addresses as text, looked up by &str).
+    /// With `--regime`: u64, ip (IpAddr, 3 in 4 IPv4, 1 in 4 IPv6), string (the same
+    /// addresses as text, looked up by &str) or text (the same texts as `TextKey`, inline).
     #[arg(long, value_enum, default_value_t = KeyType::U64)]
     key_type: KeyType,
     /// With `--latency`: checks timed, in all threads.
@@ -433,6 +435,7 @@ fn bench_regime(args: &BenchArgs, regime: Regime) -> Result<(), Fatal> {
         KeyType::U64 => regime_keys::<u64>(args, &row),
         KeyType::Ip => regime_keys::<IpAddr>(args, &row),
         KeyType::String => regime_keys::<String>(args, &row),
+        KeyType::Text => regime_keys::<TextKey>(args, &row),
     }
 }
 

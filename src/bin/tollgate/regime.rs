@@ -25,7 +25,7 @@ use std::sync::{Barrier, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use hdrhistogram::Histogram;
-use tollgate::{Gcra, Quota};
+use tollgate::{Gcra, Quota, TextKey};
 
 // ---------------------------------------------------------------------------------------------
 // Regimes and their quotas
@@ -230,16 +230,20 @@ pub enum KeyType {
     /// `String`: the same addresses as text ("203.0.113.7", "2001:db8::…"), looked up by
     /// `&str` in tollgate (governor takes `&String`).
     String,
+    /// `tollgate::TextKey`: the same texts, held inline (every one of them fits), for both
+    /// libraries, looked up by `&TextKey`.
+    Text,
 }
 
 impl KeyType {
-    pub const ALL: [KeyType; 3] = [KeyType::U64, KeyType::Ip, KeyType::String];
+    pub const ALL: [KeyType; 4] = [KeyType::U64, KeyType::Ip, KeyType::String, KeyType::Text];
 
     pub fn as_str(self) -> &'static str {
         match self {
             KeyType::U64 => "u64",
             KeyType::Ip => "ip",
             KeyType::String => "string",
+            KeyType::Text => "text",
         }
     }
 }
@@ -250,7 +254,7 @@ impl FromStr for KeyType {
         KeyType::ALL
             .into_iter()
             .find(|k| k.as_str() == text)
-            .ok_or_else(|| format!("unknown key type {text:?} (u64, ip, string)"))
+            .ok_or_else(|| format!("unknown key type {text:?} (u64, ip, string, text)"))
     }
 }
 
@@ -354,6 +358,10 @@ pub fn matrix() -> Vec<Row> {
         BASE.with(|r| {
             (r.regime, r.keys, r.distribution, r.threads) = (Api, m1, Distribution::ZIPF1, 2)
         }),
+        // The `String` rows again with the texts inline (`TextKey`, both libraries).
+        BASE.with(|r| r.key_type = KeyType::Text),
+        BASE.with(|r| (r.regime, r.key_type) = (Api, KeyType::Text)),
+        BASE.with(|r| (r.regime, r.key_type) = (Warm, KeyType::Text)),
     ];
     rows.to_vec()
 }
@@ -431,6 +439,18 @@ impl TrafficKey for String {
     }
     #[inline(always)]
     fn lookup(&self) -> &str {
+        self
+    }
+}
+
+impl TrafficKey for TextKey {
+    type Lookup = TextKey;
+    /// The text of `IpAddr::nth(i)`, inline (at most 29 bytes).
+    fn nth(i: u64) -> TextKey {
+        TextKey::from(IpAddr::nth(i).to_string())
+    }
+    #[inline(always)]
+    fn lookup(&self) -> &TextKey {
         self
     }
 }
