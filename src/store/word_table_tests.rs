@@ -415,6 +415,34 @@ fn replaced_tables_are_dropped_a_few_keys_per_call() {
     );
 }
 
+/// A store whose keys stopped growing returns its retired tables through lookups alone:
+/// before, they waited for an insert, and a server whose clients stayed the same kept its
+/// last drained tables (twice the memory) for good.
+#[test]
+fn lookups_alone_release_retired_tables() {
+    let store: WordTable<Counted, foldhash::fast::RandomState> =
+        WordTable::new(MARKS, foldhash::fast::RandomState::default());
+    // Inserts until most shards are draining (their tables just grew): the drains, then the
+    // drained tables, are left to the lookups.
+    let mut keys = 0;
+    while keys < 20_000 || store.draining() < 32 {
+        store.with_inserted(&Counted::new(keys), |cell| add(cell, 1), &KEEP_ALL);
+        keys += 1;
+        assert!(keys < 1_000_000, "no growth left most shards draining");
+    }
+    for _ in 0..4 {
+        for key in 0..keys {
+            assert_eq!(
+                store.with_existing(&Counted::new(key), |cell| add(cell, 0)),
+                Some(1)
+            );
+        }
+    }
+    assert_eq!((store.draining(), store.retired_slots()), (0, 0));
+    let alive = COPIES.with(|c| c.get().0 - c.get().1);
+    assert_eq!(alive, store.len(), "copies alive beyond the keys held");
+}
+
 /// A shard reaching its `evict_above` share builds the table it then moves to ahead, as a
 /// growing shard does, and later replacements reuse the drained table: a flood of fresh keys
 /// through the bound makes no call allocate and fill a large table, and leaves no table
