@@ -30,7 +30,10 @@ pub use crate::store::table::OverflowPolicy;
 ///   Nor does a call fill a large new table: a growing shard builds its next one 64 slots per
 ///   insert once 27/32 full, and a shard at the bound reuses its spare (tables of up to 4096
 ///   slots, ~100 KB, are still allocated in the call that needs one, as is the first table a
-///   shard replaces at the bound).
+///   shard replaces at the bound). Nor does a call free a whole table: one no longer needed
+///   is dropped 64 slots per insert into its shard, and per lookup there (one in four of a
+///   thread's, when the shard's lock is free), so its memory comes back even when no insert
+///   comes.
 /// - On the dashmap store (a store of your choice, through
 ///   [`build_with_store`](KeyedLimiterBuilder::build_with_store)) the table is swept when it has
 ///   doubled since the last sweep, so it holds at most twice the keys that still hold state;
