@@ -7,6 +7,7 @@
 //! cargo bench --bench latency -- api/u64/1m flood          # rows whose ID contains a filter
 //! cargo bench --bench latency -- --checks 1000000          # fewer checks a row
 //! cargo bench --bench latency -- --retain                  # add governor with retain_recent()
+//! cargo bench --bench latency -- --rounds 10               # subjects alternate, 10 slices each
 //! cargo bench --bench latency -- --list                    # the row IDs
 //! ```
 //!
@@ -16,6 +17,14 @@
 //! checks in all (an equal share each), each timed with two quanta TSC reads into a per-thread
 //! HDR histogram, merged at the end (`regime::run_timed`). The table prints, per subject, p50,
 //! p99, p99.9, p99.99, max and the checks over 10 µs, then the share of allowed checks.
+//!
+//! `--rounds R` splits each subject's checks into R slices and runs the subjects' slices in
+//! turn (tollgate, governor, tollgate, …, every limiter built and primed first), then prints
+//! each subject's mean per check (the median of its slices) and the median of the per-slice
+//! ratios governor / tollgate (means of the timed checks). On a machine whose speed drifts over seconds (this VM's moved
+//! 2-3x between criterion runs), a drift then slows both subjects' neighbouring slices alike,
+//! where criterion times one subject's seconds after the other's. The means include the
+//! per-check timer (~10 ns, the same for both), so ratios lean towards 1.
 
 use std::io::Write;
 use std::net::IpAddr;
@@ -46,6 +55,7 @@ const TEST_CHECKS: u64 = 10_000;
 struct Options {
     filters: Vec<String>,
     checks: u64,
+    rounds: u64,
     retain: bool,
     list: bool,
 }
@@ -54,6 +64,7 @@ fn options() -> Result<Options, String> {
     let mut options = Options {
         filters: Vec::new(),
         checks: DEFAULT_CHECKS,
+        rounds: 1,
         retain: false,
         list: false,
     };
@@ -75,12 +86,21 @@ fn options() -> Result<Options, String> {
                     return Err("--checks must be at least 1".into());
                 }
             }
+            "--rounds" => {
+                let value = args.next().ok_or("--rounds needs a number")?;
+                options.rounds = value
+                    .parse()
+                    .map_err(|e| format!("--rounds {value}: {e}"))?;
+                if options.rounds == 0 {
+                    return Err("--rounds must be at least 1".into());
+                }
+            }
             "--retain" => options.retain = true,
             "--list" => options.list = true,
             "-h" | "--help" => {
                 return Err(
                     "usage: cargo bench --bench latency -- [FILTER…] [--checks N] \
-                            [--retain] [--list]"
+                            [--rounds R] [--retain] [--list]"
                         .into(),
                 )
             }
@@ -148,10 +168,16 @@ fn main() -> ExitCode {
     print!("{}", regime::tails_header(&subjects, width));
     for (case, id) in cases.iter().zip(&ids) {
         eprintln!("latency: {id} …");
-        let tails = match case {
-            Case::Keyed(row) => keyed_row(row, options.checks, options.retain),
-            Case::Direct => direct_row(options.checks),
+        let rounds = Rounds {
+            count: options.rounds,
+            checks: (options.checks / options.rounds).max(1),
         };
+        let runs = match case {
+            Case::Keyed(row) => keyed_row(row, rounds, options.retain),
+            Case::Direct => direct_row(rounds),
+        };
+        let means = (options.rounds > 1).then(|| means_line(&subjects, &runs));
+        let tails: Vec<Tails> = runs.into_iter().map(Slices::merged).collect();
         if let Case::Keyed(row) = case {
             for (subject, t) in subjects.iter().zip(&tails) {
                 if let Err(e) = row.regime.plausible_share(t.allowed_share()) {
@@ -160,17 +186,77 @@ fn main() -> ExitCode {
             }
         }
         print!("{}", regime::tails_line(id, &tails, width, subjects.len()));
+        if let Some(means) = means {
+            println!("{means}");
+        }
         let _ = std::io::stdout().flush();
     }
     ExitCode::SUCCESS
 }
 
-fn keyed_row(row: &Row, checks: u64, retain: bool) -> Vec<Tails> {
+/// How each subject's checks are split: `count` slices of `checks`, run in turn.
+#[derive(Clone, Copy)]
+struct Rounds {
+    count: u64,
+    checks: u64,
+}
+
+/// One subject's slices, in the order they ran.
+#[derive(Default)]
+struct Slices(Vec<Tails>);
+
+impl Slices {
+    /// The mean timed check of each slice (the timer's ~10 ns included; not the loop's
+    /// recording of each check, which the slice's wall time would add).
+    fn means(&self) -> Vec<f64> {
+        self.0.iter().map(|t| t.histogram.mean()).collect()
+    }
+
+    /// Every slice's checks in one set of tails.
+    fn merged(self) -> Tails {
+        let mut slices = self.0.into_iter();
+        let mut all = slices.next().expect("at least one round");
+        for slice in slices {
+            let seconds = all.seconds + slice.seconds;
+            all.merge(slice);
+            all.seconds = seconds;
+        }
+        all
+    }
+}
+
+fn median(mut values: Vec<f64>) -> f64 {
+    values.sort_by(f64::total_cmp);
+    values[values.len() / 2]
+}
+
+/// Each subject's median slice mean, and the median per-slice ratio of every other subject to
+/// tollgate (the first).
+fn means_line(subjects: &[&str], runs: &[Slices]) -> String {
+    let means: Vec<Vec<f64>> = runs.iter().map(Slices::means).collect();
+    let mut out = String::from("  means, ns a check (median of the slices):");
+    for (subject, m) in subjects.iter().zip(&means) {
+        out.push_str(&format!(" {subject} {:.1};", median(m.clone())));
+    }
+    for (subject, m) in subjects.iter().zip(&means).skip(1) {
+        let ratios: Vec<f64> = m.iter().zip(&means[0]).map(|(s, t)| s / t).collect();
+        let (lo, hi) = ratios
+            .iter()
+            .fold((f64::MAX, f64::MIN), |(lo, hi), r| (lo.min(*r), hi.max(*r)));
+        out.push_str(&format!(
+            " {subject} / tollgate {:.2} [{lo:.2}-{hi:.2}]",
+            median(ratios.clone())
+        ));
+    }
+    out
+}
+
+fn keyed_row(row: &Row, rounds: Rounds, retain: bool) -> Vec<Slices> {
     match row.key_type {
-        KeyType::U64 => on_clock::<u64>(row, checks, retain),
-        KeyType::Ip => on_clock::<IpAddr>(row, checks, retain),
-        KeyType::String => on_clock::<String>(row, checks, retain),
-        KeyType::Text => on_clock::<TextKey>(row, checks, retain),
+        KeyType::U64 => on_clock::<u64>(row, rounds, retain),
+        KeyType::Ip => on_clock::<IpAddr>(row, rounds, retain),
+        KeyType::String => on_clock::<String>(row, rounds, retain),
+        KeyType::Text => on_clock::<TextKey>(row, rounds, retain),
     }
 }
 
@@ -186,33 +272,33 @@ fn governor_coarse_clock() -> governor::clock::QuantaUpkeepClock {
         .clone()
 }
 
-fn on_clock<K: TrafficKey>(row: &Row, checks: u64, retain: bool) -> Vec<Tails> {
+fn on_clock<K: TrafficKey>(row: &Row, rounds: Rounds, retain: bool) -> Vec<Slices> {
     match row.clock {
         ClockKind::Precise => on_source::<K, _, _>(
             row,
-            checks,
+            rounds,
             retain,
             QuantaClock::new,
             GovernorQuantaClock::default,
         ),
         ClockKind::Coarse => {
-            on_source::<K, _, _>(row, checks, retain, CoarseClock::new, governor_coarse_clock)
+            on_source::<K, _, _>(row, rounds, retain, CoarseClock::new, governor_coarse_clock)
         }
     }
 }
 
 fn on_source<K: TrafficKey, C: Clock, G: GovernorClock + Send + Sync + 'static>(
     row: &Row,
-    checks: u64,
+    rounds: Rounds,
     retain: bool,
     clock: impl Fn() -> C + Copy,
     governor_clock: impl Fn() -> G + Copy,
-) -> Vec<Tails> {
+) -> Vec<Slices> {
     if row.regime == Regime::Flood {
         let none = || -> &'static [K] { Vec::new().leak() };
         timed(
             row,
-            checks,
+            rounds,
             retain,
             Flood::<K>::new,
             none,
@@ -223,7 +309,7 @@ fn on_source<K: TrafficKey, C: Clock, G: GovernorClock + Send + Sync + 'static>(
         let (n, distribution) = (row.keys, row.distribution);
         timed(
             row,
-            checks,
+            rounds,
             retain,
             move || regime::shared::<K>(n, distribution),
             move || &regime::shared::<K>(n, distribution).keys[..],
@@ -233,47 +319,63 @@ fn on_source<K: TrafficKey, C: Clock, G: GovernorClock + Send + Sync + 'static>(
     }
 }
 
-/// Each subject in turn, on a fresh limiter (dropped before the next is built).
+/// Every subject's limiter, built and primed first; then each round runs a slice of each
+/// subject's checks in turn, each subject on its own key source.
 fn timed<K: TrafficKey, S: Source<K>, C: Clock, G: GovernorClock + Send + Sync + 'static>(
     row: &Row,
-    checks: u64,
+    rounds: Rounds,
     retain: bool,
     source: impl Fn() -> S,
     keys: impl Fn() -> &'static [K],
     clock: impl Fn() -> C,
     governor_clock: impl Fn() -> G,
-) -> Vec<Tails> {
-    let mut tails = Vec::new();
-    {
-        let limiter = subjects::tollgate(row, clock(), keys());
-        tails.push(regime::run_timed(row.threads, checks, &source(), |key| {
-            subjects::tollgate_check(&limiter, key)
+) -> Vec<Slices> {
+    let tollgate = subjects::tollgate(row, clock(), keys());
+    let governor = subjects::governor(row, governor_clock(), keys());
+    let retained = retain.then(|| Retained::new(subjects::governor(row, governor_clock(), keys())));
+    let sources = [source(), source(), source()];
+    let mut runs: Vec<Slices> = (0..2 + usize::from(retain))
+        .map(|_| Slices::default())
+        .collect();
+    let slice = |source: &S, check: &(dyn Fn(&K) -> bool + Sync)| {
+        regime::run_timed(row.threads, rounds.checks, source, check)
+    };
+    for _ in 0..rounds.count {
+        runs[0].0.push(slice(&sources[0], &|key| {
+            subjects::tollgate_check(&tollgate, key)
         }));
-    }
-    {
-        let limiter = subjects::governor(row, governor_clock(), keys());
-        tails.push(regime::run_timed(row.threads, checks, &source(), |key| {
-            subjects::governor_check(&limiter, key)
+        runs[1].0.push(slice(&sources[1], &|key| {
+            subjects::governor_check(&governor, key)
         }));
+        if let Some(retained) = &retained {
+            runs[2].0.push(slice(&sources[2], &|key| {
+                subjects::governor_check(&retained.limiter, key)
+            }));
+        }
     }
-    if retain {
-        let retained = Retained::new(subjects::governor(row, governor_clock(), keys()));
-        tails.push(regime::run_timed(row.threads, checks, &source(), |key| {
-            subjects::governor_check(&retained.limiter, key)
-        }));
-    }
-    tails
+    runs
 }
 
 /// One key, one thread, precise clocks, the direct quota (every check allowed). No
 /// `governor_retain` (a direct limiter holds no keys).
-fn direct_row(checks: u64) -> Vec<Tails> {
+fn direct_row(rounds: Rounds) -> Vec<Slices> {
     let rate = regime::DIRECT;
     // The direct checks ignore the key; a flood source only paces the loop.
-    let source = Flood::<u64>::new;
-    let limiter = Limiter::with_clock(rate.gcra(), QuantaClock::new()).expect("fits");
-    let tollgate = regime::run_timed(1, checks, &source(), |_| limiter.check().allowed());
-    let limiter = RateLimiter::direct(subjects::governor_quota(rate));
-    let governor = regime::run_timed(1, checks, &source(), |_| limiter.check().is_ok());
-    vec![tollgate, governor]
+    let source = Flood::<u64>::new();
+    let tollgate = Limiter::with_clock(rate.gcra(), QuantaClock::new()).expect("fits");
+    let governor = RateLimiter::direct(subjects::governor_quota(rate));
+    let mut runs = [Slices::default(), Slices::default()];
+    for _ in 0..rounds.count {
+        runs[0]
+            .0
+            .push(regime::run_timed(1, rounds.checks, &source, |_| {
+                tollgate.check().allowed()
+            }));
+        runs[1]
+            .0
+            .push(regime::run_timed(1, rounds.checks, &source, |_| {
+                governor.check().is_ok()
+            }));
+    }
+    runs.into()
 }

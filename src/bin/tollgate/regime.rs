@@ -753,7 +753,7 @@ impl Tails {
         }
     }
 
-    fn merge(&mut self, other: Tails) {
+    pub fn merge(&mut self, other: Tails) {
         self.histogram
             .add(&other.histogram)
             .expect("histograms of the same bounds");
