@@ -333,8 +333,9 @@ struct Shard<K, C: TableCell> {
     next: Option<Building<K, C>>,
     /// Tables the shard no longer uses (a growing shard's drained tables, a spare or a table
     /// built ahead that did not fit), released [`CLEAR_STEP`] slots per insert (and lookups
-    /// help: [`WordTable::help_release`]) once no thread caches them: dropping a table is a loop over its slots (76 µs for 40k `u64` slots here;
-    /// for `String` keys, a free per key), which no call should pay at once.
+    /// help: [`WordTable::help_release`]) once no thread caches them: dropping a table is a
+    /// loop over its slots (76 µs for 40k `u64` slots here; for `String` keys, a free per
+    /// key), which no call should pay at once.
     retiring: Vec<Arc<Table<K, C>>>,
     /// Slots of retired tables being dropped, the last vector first.
     freeing: Vec<Vec<Slot<K, C>>>,
@@ -410,6 +411,11 @@ struct Cache<K, C: TableCell> {
     help: Cell<u32>,
 }
 
+/// One flag a shard, on cache lines of their own: every lookup reads its shard's flag, and a
+/// neighbour written by inserts (a shard's lock) would take the line from the readers' caches.
+#[repr(align(128))]
+struct Flags([AtomicBool; SHARDS]);
+
 /// A thread's table of one shard, if it has fetched one.
 type Cached<K, C> = Option<Arc<Table<K, C>>>;
 
@@ -447,7 +453,7 @@ pub struct WordTable<K: Send + Sync, H, C: TableCell = AtomicWord> {
     cache: PerThread<Cache<K, C>>,
     /// Per shard: whether it holds retired tables to release (a hint for lookups, kept by
     /// [`WordTable::note_retired`]).
-    releasing: Box<[AtomicBool]>,
+    releasing: Flags,
     /// Live keys a shard holds before it evicts fresh ones (its share of `evict_above`).
     keep: usize,
 }
@@ -489,7 +495,7 @@ impl<K: Send + Sync, H, C: TableCell> WordTable<K, H, C> {
             hasher,
             retired,
             cache: PerThread::new(),
-            releasing: (0..SHARDS).map(|_| AtomicBool::new(false)).collect(),
+            releasing: Flags(std::array::from_fn(|_| AtomicBool::new(false))),
             keep: DEFAULT_EVICT_ABOVE / SHARDS,
         }
     }
@@ -672,7 +678,7 @@ impl<K: Clone + Hash + Eq + Send + Sync, H: BuildHasher, C: TableCell> WordTable
     /// so the flags stay in every core's cache, shared, for the lookups that read them.
     fn note_retired(&self, index: usize, shard: &Shard<K, C>) {
         let pending = !shard.retiring.is_empty() || !shard.freeing.is_empty();
-        let flag = &self.releasing[index];
+        let flag = &self.releasing.0[index];
         // Relaxed: a hint. A lookup that misses a change helps later or not at all; `release`
         // acts on the shard's own state, under its lock.
         if flag.load(Ordering::Relaxed) != pending {
@@ -684,7 +690,7 @@ impl<K: Clone + Hash + Eq + Send + Sync, H: BuildHasher, C: TableCell> WordTable
     /// thread's lookups there drops [`CLEAR_STEP`] of their slots, if the lock is free (a
     /// lookup never waits for it). Without it a store whose key set stopped growing kept its
     /// last drained tables for good: no insert came to release them (at 750k `u64` keys,
-    /// 62 bytes a key instead of 31).
+    /// 62 bytes a key instead of 35).
     #[cold]
     #[inline(never)]
     fn help_release(&self, index: usize, help: &Cell<u32>) {
@@ -931,7 +937,7 @@ impl<K: Clone + Hash + Eq + Send + Sync, H: BuildHasher, C: TableCell> WordTable
             };
             cached.set(table);
             // Relaxed: a hint (see `note_retired`).
-            if self.releasing[shard].load(Ordering::Relaxed) {
+            if self.releasing.0[shard].load(Ordering::Relaxed) {
                 self.help_release(shard, &cache.help);
             }
             result
