@@ -16,5 +16,9 @@ if [ ${#need_apt[@]} -gt 0 ]; then
   # The Debian package starts a system redis on 6379; tests start their own servers.
   $SUDO service redis-server stop >/dev/null 2>&1 || true
 fi
+# Miri (nightly), for the word table's `unsafe` slot keys; scripts/test.sh runs it unless FAST=1.
+if [ "${FAST:-0}" != 1 ] && ! cargo +nightly miri --version >/dev/null 2>&1; then
+  rustup toolchain install nightly --profile minimal --component miri,rust-src
+fi
 rustup component list --installed 2>/dev/null | grep -q '^clippy' || rustup component add clippy
 rustup component list --installed 2>/dev/null | grep -q '^rustfmt' || rustup component add rustfmt

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Runs every test tollgate has, installing what a fresh machine lacks first.
 #   bash scripts/test.sh            everything (lint, rustdoc, package, unit, integration, doc
-#                                   tests, loom, load smoke, fuzz smoke)
-#   FAST=1 bash scripts/test.sh     skip loom, the load smoke and fuzz
+#                                   tests, Miri, loom, load smoke, fuzz smoke)
+#   FAST=1 bash scripts/test.sh     skip Miri, loom, the load smoke and fuzz
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export CARGO_TERM_COLOR=never
@@ -30,6 +30,8 @@ step "hostile flood: 10M unique keys against max_keys = 100000 (release)"
 cargo test --release --test flood
 
 if [ "${FAST:-0}" != 1 ]; then
+  step "Miri: the word table's unsafe slot keys (written, read, moved, dropped once)"
+  cargo +nightly miri test --lib keys_are_written_read_moved_and_dropped_once
   if [ -d loom-tests ]; then
     step "loom models (bounded preemption)"
     LOOM_MAX_PREEMPTIONS="${LOOM_MAX_PREEMPTIONS:-2}" \

@@ -247,7 +247,7 @@
 //! - [`replay`]: the trace format of `tollgate replay`.
 //! - `tower` (feature `tower`): a tower layer for HTTP servers (policies, client keys, 429s).
 
-#![forbid(unsafe_code)]
+#![deny(unsafe_code)]
 #![deny(missing_docs)]
 
 pub mod algorithm;

@@ -28,6 +28,27 @@ impl<T: Send + Default> PerThread<T> {
     }
 }
 
+/// A cell accessed through raw pointers, each access inside a closure: std's `UnsafeCell`
+/// here, loom's in the models, where the same closures let loom check that no write races a
+/// read. (Dereferencing the pointers is the caller's `unsafe`.)
+pub(crate) struct UnsafeCell<T>(std::cell::UnsafeCell<T>);
+
+impl<T> UnsafeCell<T> {
+    pub(crate) fn new(value: T) -> Self {
+        UnsafeCell(std::cell::UnsafeCell::new(value))
+    }
+
+    #[inline(always)]
+    pub(crate) fn with<R>(&self, f: impl FnOnce(*const T) -> R) -> R {
+        f(self.0.get())
+    }
+
+    #[inline(always)]
+    pub(crate) fn with_mut<R>(&self, f: impl FnOnce(*mut T) -> R) -> R {
+        f(self.0.get())
+    }
+}
+
 /// A mutex whose `lock` never fails (parking_lot does not poison).
 #[derive(Debug, Default)]
 pub(crate) struct Mutex<T>(parking_lot::Mutex<T>);

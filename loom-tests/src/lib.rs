@@ -8,7 +8,7 @@
 //! the dashmap store and the limiter types around `Core` are left out: loom cannot see their
 //! locks or time sources.
 
-#![forbid(unsafe_code)]
+#![deny(unsafe_code)]
 
 /// tollgate's time type and `Clock` trait (the clocks themselves read quanta or std time,
 /// which loom cannot see; models bring a clock of their own).

@@ -1,6 +1,8 @@
 //! The loom half of tollgate's `sync` shim: the same names as `src/sync.rs`, backed by loom, so
 //! that the state machines compiled here are the ones the library ships.
 
+/// Every access to a table slot's key goes through it: loom checks that no write races a read.
+pub(crate) use loom::cell::UnsafeCell;
 pub(crate) use loom::hint::spin_loop;
 pub(crate) use loom::sync::atomic::{fence, AtomicBool, AtomicU64, AtomicUsize, Ordering};
 /// std's `Arc`, not loom's: the word table builds `Arc<[Slot]>` from an iterator, which loom's

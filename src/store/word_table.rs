@@ -6,10 +6,11 @@
 //! # Design
 //! Keys are spread over [`SHARDS`] shards; each shard owns an open-addressing table (linear
 //! probing) of slots `{ state word, key set once }`. Only inserts, evictions and rebuilds lock
-//! their shard. Three rules make lock-free lookups safe without `unsafe` or epochs:
+//! their shard. Three rules make lock-free lookups safe without epochs:
 //!
-//! 1. **A slot's key never changes** within a table (a `OnceLock`), so a reader that matched a
-//!    key can never act on another key's state (no ABA through slot reuse).
+//! 1. **A slot's key never changes** within a shared table (written once under the lock, then
+//!    published by the slot's tag: [`SlotKey`], the crate's one `unsafe`), so a reader that
+//!    matched a key can never act on another key's state (no ABA through slot reuse).
 //! 2. **A cell is retired by one CAS** from a live state (a log cell: under its lock):
 //!    eviction writes the rule's tombstone (only if the state is fresh), a rebuild writes the
 //!    rule's `moved` mark (whatever the live state) and copies the state it replaced. A
@@ -55,9 +56,10 @@
 //! Nor does a call drop a whole table: a table the shard no longer needs (a growing shard's
 //! drained one) is released [`CLEAR_STEP`] slots per insert once no thread caches it, and per
 //! lookup too (one in [`HELP_EVERY`] of a thread's, if the shard's lock is free), so that
-//! memory comes back when the key set stops growing and no insert comes. Dropping
-//! a table loops over its slots (76 µs for 40k `u64` slots on the development machine; for
-//! `String` keys, a free per key), and a call that did it at once was the flood's worst tail.
+//! memory comes back when the key set stops growing and no insert comes. Dropping a table of
+//! keys with drop glue loops over its slots (a free per `String` key), and a call that did it
+//! at once was the flood's worst tail; keys without it (`u64`, `IpAddr`) need no loop since the
+//! slots keep no `OnceLock` (its drop looped: 76 µs for 40k `u64` slots here).
 //!
 //! Evicting judges a state against the rule in force: the limiter lends the judge through
 //! [`Evictor`], and withholds it while a quota change or a window re-anchoring runs (the drain
@@ -78,13 +80,14 @@
 use std::borrow::Borrow;
 use std::cell::Cell;
 use std::hash::{BuildHasher, Hash};
-use std::sync::OnceLock;
+use std::mem::MaybeUninit;
+use std::ops::Range;
 
 use crate::clock::Nanos;
 use crate::state::AtomicWord;
 use crate::store::{Evictor, Inserted, KeyedStore, TableCell};
 use crate::sync::{
-    Arc, AtomicBool, AtomicU64, AtomicUsize, Mutex, Ordering, PerThread, MODEL_CHECKED,
+    Arc, AtomicBool, AtomicU64, AtomicUsize, Mutex, Ordering, PerThread, UnsafeCell, MODEL_CHECKED,
 };
 
 /// Shards: inserts, evictions and rebuilds of different shards never wait for each other.
@@ -185,11 +188,123 @@ fn sized_for(keys: usize) -> usize {
     }
 }
 
-struct Slot<K, C: TableCell> {
+pub(crate) struct Slot<K, C: TableCell> {
     state: C,
-    key: OnceLock<K>,
+    key: SlotKey<K>,
     /// Aligns the slot as the cell asks (a log's slot to a cache line).
     _align: [C::Align; 0],
+}
+
+/// A slot's key: written once, under the shard lock, into an empty slot, then published by the
+/// slot's tag (a Release store after the write; lookups load tags with Acquire). It keeps no
+/// flag of its own: the table's tags say which keys are set, and the table drops those. A
+/// `OnceLock` kept a word for its state, so a `u64` slot took 24 bytes; it takes 16, and at
+/// 100k keys the table went from ~3.3 to ~2.2 MB, the difference between fitting the cache
+/// this VM lends a process and missing it (benches/README.md, "The cliff").
+struct SlotKey<K>(UnsafeCell<MaybeUninit<K>>);
+
+// SAFETY: a key is written once, before its tag is published, by the shard lock's holder, and
+// after that only read (through `&K`) until the table is dropped or cleared by an owner that
+// has it to itself; as `OnceLock<K>`, sharing it needs `K: Sync + Send` (a key set by one
+// thread is read, and maybe dropped, by another), and sending it `K: Send`.
+#[allow(unsafe_code)]
+unsafe impl<K: Sync + Send> Sync for SlotKey<K> {}
+// SAFETY: as above: the cell owns its `K`.
+#[allow(unsafe_code)]
+unsafe impl<K: Send> Send for SlotKey<K> {}
+
+#[allow(unsafe_code)]
+impl<K> SlotKey<K> {
+    fn empty() -> Self {
+        SlotKey(UnsafeCell::new(MaybeUninit::uninit()))
+    }
+
+    /// Sets the key.
+    ///
+    /// # Safety
+    /// The slot is empty (its tag is 0) and the caller holds its shard's lock, so that no
+    /// thread reads or writes the key meanwhile; the caller publishes the tag after.
+    unsafe fn write(&self, key: K) {
+        self.0.with_mut(|cell| {
+            // SAFETY: by the contract, this is the only access to the cell now.
+            unsafe { (*cell).write(key) };
+        });
+    }
+
+    /// The key.
+    ///
+    /// # Safety
+    /// The slot's tag was seen set: loaded with Acquire (pairing with the Release that
+    /// published it), or read under the shard lock, so the write happened before this read;
+    /// and the table is shared (no one drops or clears its keys meanwhile).
+    unsafe fn get(&self) -> &K {
+        self.0.with(|cell| {
+            // SAFETY: by the contract the key is initialised, and no write follows while the
+            // table is borrowed.
+            unsafe { (*cell).assume_init_ref() }
+        })
+    }
+
+    /// Drops the key.
+    ///
+    /// # Safety
+    /// The key is set, the caller has the table to itself, and no one reads it again (the
+    /// slot is cleared or freed next).
+    unsafe fn drop_key(&self) {
+        self.0.with_mut(|cell| {
+            // SAFETY: by the contract, the key is initialised and this is its last use.
+            unsafe { (*cell).assume_init_drop() };
+        });
+    }
+}
+
+/// Whether the tag byte of slot `i` in `tags` is set: the slot holds a key.
+#[inline]
+fn tag_set(tags: &[AtomicU64], i: usize, order: Ordering) -> bool {
+    tags[i / 8].load(order) >> (i % 8 * 8) & 0xff != 0
+}
+
+/// Drops the keys set among `slots[range]`. The caller has the slots to itself and clears or
+/// frees them next. Nothing to do, and no loop, for keys without drop glue (`u64`, `IpAddr`).
+fn drop_keys<K, C: TableCell>(tags: &[AtomicU64], slots: &[Slot<K, C>], range: Range<usize>) {
+    if !std::mem::needs_drop::<K>() {
+        return;
+    }
+    let mut set = TagWords::new(tags);
+    for i in range {
+        if set.is_set(i) {
+            // SAFETY: the key is set (its tag), the caller has the slots to itself, and the
+            // slot is cleared or freed next.
+            #[allow(unsafe_code)]
+            unsafe {
+                slots[i].key.drop_key()
+            };
+        }
+    }
+}
+
+/// A retired table's slots, dropped [`CLEAR_STEP`] at a time from the end (keys first), with
+/// the tags that say which hold keys.
+struct Freeing<K, C: TableCell> {
+    tags: Box<[AtomicU64]>,
+    slots: Vec<Slot<K, C>>,
+}
+
+impl<K, C: TableCell> Freeing<K, C> {
+    /// Drops the last [`CLEAR_STEP`] slots; whether none is left.
+    fn step(&mut self) -> bool {
+        let end = self.slots.len();
+        let start = end.saturating_sub(CLEAR_STEP);
+        drop_keys(&self.tags, &self.slots, start..end);
+        self.slots.truncate(start);
+        self.slots.is_empty()
+    }
+}
+
+impl<K, C: TableCell> Drop for Freeing<K, C> {
+    fn drop(&mut self) {
+        drop_keys(&self.tags, &self.slots, 0..self.slots.len());
+    }
 }
 
 /// One shard's table. Never shrinks or grows in place: a rebuild makes a new one.
@@ -210,6 +325,54 @@ impl<K, C: TableCell> std::ops::Deref for Table<K, C> {
 
     fn deref(&self) -> &[Slot<K, C>] {
         &self.slots
+    }
+}
+
+impl<K, C: TableCell> Table<K, C> {
+    /// Slot `i`'s key, if it has one.
+    fn key(&self, i: usize) -> Option<&K> {
+        // Acquire: pairs with `occupy`'s Release, so that the key's write is seen.
+        if !tag_set(&self.tags, i, Ordering::Acquire) {
+            return None;
+        }
+        // SAFETY: the tag is set (loaded with Acquire), and the table is borrowed: shared.
+        #[allow(unsafe_code)]
+        Some(unsafe { self.slots[i].key.get() })
+    }
+}
+
+/// Which slots of a table hold keys, for a caller holding the shard lock or the table to
+/// itself (either orders the tags' writes before it): each word of tags is loaded once for its eight slots, where a load
+/// per slot would be eight (and, in the loom models, eight scheduling points).
+struct TagWords<'t> {
+    tags: &'t [AtomicU64],
+    /// The last word loaded, and its index.
+    word: Option<(usize, u64)>,
+}
+
+impl<'t> TagWords<'t> {
+    fn new(tags: &'t [AtomicU64]) -> Self {
+        TagWords { tags, word: None }
+    }
+
+    fn is_set(&mut self, i: usize) -> bool {
+        let bits = match self.word {
+            Some((at, bits)) if at == i / 8 => bits,
+            _ => {
+                // Relaxed: the shard lock, or the caller's owning the table, orders every tag
+                // write before this load.
+                let bits = self.tags[i / 8].load(Ordering::Relaxed);
+                self.word = Some((i / 8, bits));
+                bits
+            }
+        };
+        bits >> (i % 8 * 8) & 0xff != 0
+    }
+}
+
+impl<K, C: TableCell> Drop for Table<K, C> {
+    fn drop(&mut self) {
+        drop_keys(&self.tags, &self.slots, 0..self.slots.len());
     }
 }
 
@@ -234,7 +397,7 @@ impl<K, C: TableCell> Slot<K, C> {
     fn empty() -> Self {
         Slot {
             state: C::default(),
-            key: OnceLock::new(),
+            key: SlotKey::empty(),
             _align: [],
         }
     }
@@ -251,7 +414,12 @@ fn new_table<K, C: TableCell>(capacity: usize) -> Arc<Table<K, C>> {
 /// Sets the key of the empty slot `index` (under the shard lock), then its tag.
 fn occupy<K, C: TableCell>(table: &Table<K, C>, index: usize, hash: u64, key: K) -> &Slot<K, C> {
     let slot = &table.slots[index];
-    let _ = slot.key.set(key);
+    // SAFETY: the caller holds the shard lock and `find`, under it, ended at this empty slot:
+    // no thread reads its key until the tag below is stored.
+    #[allow(unsafe_code)]
+    unsafe {
+        slot.key.write(key)
+    };
     let word = &table.tags[index / 8];
     // Relaxed: only the shard lock's holder writes tags, and it holds the lock.
     let tags = word.load(Ordering::Relaxed) | u64::from(tag(hash)) << (index % 8 * 8);
@@ -266,16 +434,13 @@ fn home<K, C: TableCell>(table: &Table<K, C>, hash: u64) -> usize {
     ((hash as u32 as u64 * table.len() as u64) >> 32) as usize
 }
 
-/// The slot holding `key`, or the first empty slot of its probe (`Err`). A table always has
+/// The index of the slot holding `key`, or of the first empty slot of its probe (`Err`). A
+/// table always has
 /// an empty slot (rebuilds keep used slots below 7/8), so the probe ends. Without the shard
 /// lock, a key being inserted may read as absent (its tag not stored yet): lock-free callers
 /// then look again under the lock.
 #[inline]
-fn find<'t, K, C: TableCell, Q>(
-    table: &'t Table<K, C>,
-    hash: u64,
-    key: &Q,
-) -> Result<&'t Slot<K, C>, usize>
+fn find<K, C: TableCell, Q>(table: &Table<K, C>, hash: u64, key: &Q) -> Result<usize, usize>
 where
     K: Borrow<Q>,
     Q: Eq + ?Sized,
@@ -297,9 +462,13 @@ where
             matches &= (empty & empty.wrapping_neg()) - 1;
         }
         while matches != 0 {
-            let slot = &table.slots[group + matches.trailing_zeros() as usize / 8];
-            if slot.key.get().is_some_and(|held| held.borrow() == key) {
-                return Ok(slot);
+            let at = group + matches.trailing_zeros() as usize / 8;
+            // SAFETY: the slot's tag byte is set (a match, or a byte above one, is never an
+            // empty slot's 0) in a word loaded with Acquire above; the table is borrowed.
+            #[allow(unsafe_code)]
+            let held = unsafe { table.slots[at].key.get() };
+            if held.borrow() == key {
+                return Ok(at);
             }
             matches &= matches - 1;
         }
@@ -337,8 +506,8 @@ struct Shard<K, C: TableCell> {
     /// loop over its slots (76 µs for 40k `u64` slots here; for `String` keys, a free per
     /// key), which no call should pay at once.
     retiring: Vec<Arc<Table<K, C>>>,
-    /// Slots of retired tables being dropped, the last vector first.
-    freeing: Vec<Vec<Slot<K, C>>>,
+    /// Slots of retired tables being dropped, the last one first.
+    freeing: Vec<Freeing<K, C>>,
     /// Tables of more than [`BUILD_ABOVE`] slots allocated in one call (for tests: growth
     /// builds them ahead, and the bound reuses them, so only merges should).
     allocated_large: usize,
@@ -381,14 +550,14 @@ struct Drain<K, C: TableCell> {
 }
 
 impl<K, C: TableCell> Drain<K, C> {
-    /// The `i`th slot the drain visits: the hand's way, down from `start`, round the table.
-    fn slot(&self, i: usize) -> &Slot<K, C> {
+    /// The index of the `i`th slot the drain visits: the hand's way, down from `start`, round
+    /// the table.
+    fn index(&self, i: usize) -> usize {
         // `i < len` and `start < len`; no division on the insert path.
-        let at = match self.start.checked_sub(i + 1) {
+        match self.start.checked_sub(i + 1) {
             Some(at) => at,
             None => self.start + self.from.len() - 1 - i,
-        };
-        &self.from[at]
+        }
     }
 }
 
@@ -576,10 +745,10 @@ impl<K: Clone + Hash + Eq + Send + Sync, H: BuildHasher, C: TableCell> WordTable
         let drain = shard.drain.take();
         let rest = drain
             .iter()
-            .flat_map(|d| (d.next..d.from.len()).map(|i| d.slot(i)));
+            .flat_map(|d| (d.next..d.from.len()).map(|i| (&d.from, d.index(i))));
         let mut evicted = 0;
-        for slot in rest.chain(table.iter()) {
-            match self.visit(slot, &shard.table, judge.as_deref_mut()) {
+        for (from, i) in rest.chain((0..table.len()).map(|i| (&table, i))) {
+            match self.visit(from, i, &shard.table, judge.as_deref_mut()) {
                 Visit::Empty => {}
                 Visit::Moved => shard.used += 1,
                 Visit::Evicted => evicted += 1,
@@ -598,8 +767,9 @@ impl<K: Clone + Hash + Eq + Send + Sync, H: BuildHasher, C: TableCell> WordTable
         let table = &shard.table;
         let step = (table.len() / SAMPLE).max(1);
         let (mut sampled, mut kept) = (0usize, 0usize);
-        for slot in table.iter().step_by(step).take(SAMPLE) {
-            if slot.key.get().is_none() || !slot.state.is_live(retired) {
+        for i in (0..table.len()).step_by(step).take(SAMPLE) {
+            let slot = &table[i];
+            if table.key(i).is_none() || !slot.state.is_live(retired) {
                 continue;
             }
             sampled += 1;
@@ -634,7 +804,8 @@ impl<K: Clone + Hash + Eq + Send + Sync, H: BuildHasher, C: TableCell> WordTable
                 self.merge(shard, judge, 0);
                 return live - shard.live;
             }
-            match self.visit(drain.slot(drain.next), &shard.table, judge.as_deref_mut()) {
+            let at = drain.index(drain.next);
+            match self.visit(&drain.from, at, &shard.table, judge.as_deref_mut()) {
                 Visit::Empty => {}
                 Visit::Moved => {
                     shard.used += 1;
@@ -718,15 +889,15 @@ impl<K: Clone + Hash + Eq + Send + Sync, H: BuildHasher, C: TableCell> WordTable
             };
             let mut table = shard.retiring.swap_remove(at);
             if let Some(table) = Arc::get_mut(&mut table) {
-                shard
-                    .freeing
-                    .push(std::mem::take(&mut table.slots).into_vec());
+                shard.freeing.push(Freeing {
+                    tags: std::mem::take(&mut table.tags),
+                    slots: std::mem::take(&mut table.slots).into_vec(),
+                });
             }
-            // `table` (its tags and an empty slice) is freed here: no loop.
+            // `table` (two empty slices) is freed here: no loop.
         }
-        if let Some(slots) = shard.freeing.last_mut() {
-            slots.truncate(slots.len().saturating_sub(CLEAR_STEP));
-            if slots.is_empty() {
+        if let Some(freeing) = shard.freeing.last_mut() {
+            if freeing.step() {
                 shard.freeing.pop();
             }
         }
@@ -742,6 +913,7 @@ impl<K: Clone + Hash + Eq + Send + Sync, H: BuildHasher, C: TableCell> WordTable
             return;
         };
         let end = table.len().min(start + CLEAR_STEP);
+        drop_keys(&table.tags, &table.slots, start..end);
         table.slots[start..end].fill_with(Slot::empty);
         table.tags[start / 8..end / 8].fill_with(|| AtomicU64::new(0));
         spare.cleared = end;
@@ -767,7 +939,10 @@ impl<K: Clone + Hash + Eq + Send + Sync, H: BuildHasher, C: TableCell> WordTable
                     slots: next.slots.into_boxed_slice(),
                 });
             }
-            shard.freeing.push(next.slots);
+            shard.freeing.push(Freeing {
+                tags: next.tags.into_boxed_slice(),
+                slots: next.slots,
+            });
         }
         shard.allocated_large += usize::from(len > BUILD_ABOVE);
         new_table(slots)
@@ -810,17 +985,19 @@ impl<K: Clone + Hash + Eq + Send + Sync, H: BuildHasher, C: TableCell> WordTable
         }
     }
 
-    /// Evicts or moves the key of `slot` (of a drained table) into `to`, which must have room
-    /// for it (not `over_full` with one more key: `find` then ends at an empty slot).
+    /// Evicts or moves the key of slot `at` of `from` (a drained table) into `to`, which must
+    /// have room for it (not `over_full` with one more key: `find` then ends at an empty slot).
     fn visit<'j>(
         &self,
-        slot: &Slot<K, C>,
+        from: &Table<K, C>,
+        at: usize,
         to: &Table<K, C>,
         judge: Option<&mut Judge<'j, C>>,
     ) -> Visit {
-        let Some(key) = slot.key.get() else {
+        let Some(key) = from.key(at) else {
             return Visit::Empty;
         };
+        let slot = &from[at];
         let retired = self.retired;
         // A judge retires the cell itself (one CAS to the tombstone), so an admission racing
         // it either lands first, and the key is not fresh any more, or sees the tombstone.
@@ -850,14 +1027,14 @@ impl<K: Clone + Hash + Eq + Send + Sync, H: BuildHasher, C: TableCell> WordTable
         let Some(drain) = &mut shard.drain else {
             return;
         };
-        let Ok(slot) = find(&drain.from, hash, key) else {
+        let Ok(at) = find(&drain.from, hash, key) else {
             return;
         };
         if over_full(shard.used + 1, shard.table.len()) {
             // No room to move one key: move them all (a live key cannot be lost).
             return self.merge(shard, None, 0);
         }
-        if let Visit::Moved = self.visit(slot, &shard.table, None) {
+        if let Visit::Moved = self.visit(&drain.from, at, &shard.table, None) {
             shard.used += 1;
             drain.left -= 1;
             if drain.left == 0 {
@@ -890,11 +1067,11 @@ impl<K: Clone + Hash + Eq + Send + Sync, H: BuildHasher, C: TableCell> WordTable
         self.drain(&mut shard, DRAIN_STEP, None);
         Self::release(&mut shard);
         self.note_retired(index, &shard);
-        let slot = find(&shard.table, hash, key).ok()?;
+        let at = find(&shard.table, hash, key).ok()?;
         // Under the lock the cell is neither moved nor evicted: `f` sees a live state or a
         // tombstone (absent).
         let mut f = f;
-        f(&slot.state)
+        f(&shard.table[at].state)
     }
 
     /// The lock-free lookup. `Err` when the key is not in this thread's cached table of the
@@ -922,7 +1099,8 @@ impl<K: Clone + Hash + Eq + Send + Sync, H: BuildHasher, C: TableCell> WordTable
                 if let Some(table) = table.as_deref() {
                     match find(table, hash, key) {
                         Err(_) => break None,
-                        Ok(slot) => {
+                        Ok(at) => {
+                            let slot = &table[at];
                             let result = f(&slot.state);
                             // Moved is final: the table is stale. A tombstone (or a key revived
                             // since): absent here; the locked path looks again.
@@ -1006,7 +1184,8 @@ where
         self.build_next(&mut shard);
         self.take_from_drain(&mut shard, hash, key);
         let (result, inserted) = match find(&shard.table, hash, key) {
-            Ok(slot) => {
+            Ok(at) => {
+                let slot = &shard.table[at];
                 // A tombstoned key comes back in place, fresh (rule 1: same key).
                 let revived = slot.state.revive(self.retired);
                 (f(&slot.state), revived)
@@ -1037,7 +1216,7 @@ where
                 // Absent under the lock, so `find` ends at an empty slot.
                 let slot = match find(table, hash, key) {
                     Err(empty) => occupy(table, empty, hash, key.to_owned()),
-                    Ok(slot) => slot,
+                    Ok(at) => &table[at],
                 };
                 (f(&slot.state), true)
             }
@@ -1106,13 +1285,14 @@ where
                     let (table, len) = (&shard.table, shard.table.len());
                     let judge_run = |from: usize, slots: usize, keys: usize| {
                         let (mut at, mut visited, mut judged, mut gone) = (from % len, 0, 0, 0);
+                        let mut set = TagWords::new(&table.tags);
                         while visited < slots && judged < keys {
                             visited += 1;
                             at = at.checked_sub(1).unwrap_or(len - 1);
                             let slot = &table[at];
                             // Only live keys count as judged: a run of tombstones (the hand's
                             // own, kept until the table is next replaced) must not end the step.
-                            if slot.key.get().is_some() && slot.state.is_live(retired) {
+                            if set.is_set(at) && slot.state.is_live(retired) {
                                 judged += 1;
                                 gone += usize::from(fresh(&slot.state));
                             }
@@ -1159,8 +1339,10 @@ where
             // An explicit sweep may take its time: the drain ends here, judged by `keep`.
             removed += self.drain(&mut shard, usize::MAX, Some(&mut |cell| !keep(cell)));
             let mut gone = 0;
-            for slot in shard.table.iter() {
-                if slot.key.get().is_some() && slot.state.is_live(retired) && !keep(&slot.state) {
+            let mut set = TagWords::new(&shard.table.tags);
+            for (i, slot) in shard.table.iter().enumerate() {
+                let live = set.is_set(i) && slot.state.is_live(retired);
+                if live && !keep(&slot.state) {
                     gone += 1;
                 }
             }
@@ -1228,7 +1410,8 @@ impl<K: Send + Sync, H, C: TableCell> WordTable<K, H, C> {
             .map(|shard| {
                 let shard = shard.lock();
                 let retiring: usize = shard.retiring.iter().map(|table| table.len()).sum();
-                retiring + shard.freeing.iter().map(Vec::capacity).sum::<usize>()
+                let freeing = shard.freeing.iter().map(|f| f.slots.capacity());
+                retiring + freeing.sum::<usize>()
             })
             .sum()
     }
