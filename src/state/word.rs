@@ -74,6 +74,14 @@ impl AtomicWord {
         AtomicWord(AtomicU64::new(state))
     }
 
+    /// Loads the word for its cache line only (the value is dropped): see `TableCell::touch`.
+    #[inline]
+    pub(crate) fn touch(&self) {
+        // Relaxed: nothing is read from the value. (An Acquire load would hold back the loads
+        // after it on weakly ordered CPUs: the overlap this is for.)
+        std::hint::black_box(self.0.load(Ordering::Relaxed));
+    }
+
     /// The current state.
     ///
     /// # Examples

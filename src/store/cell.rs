@@ -55,6 +55,12 @@ pub trait TableCell: Default + Send + Sync {
 
     /// Turns a tombstone back into a fresh cell (its key came back); whether it was one.
     fn revive(&self, marks: Self::Marks) -> bool;
+
+    /// Starts loading the cell, whose value is not needed yet: a lookup touches its key's home
+    /// slot before it reads the table's tags, so that the two cache misses overlap instead of
+    /// following each other. The default does nothing.
+    #[inline]
+    fn touch(&self) {}
 }
 
 /// Aligns a table slot to a 64-byte cache line (zero-sized).
@@ -72,6 +78,11 @@ impl TableCell for AtomicWord {
     type Marks = Retired;
     type State = u64;
     type Align = ();
+
+    #[inline]
+    fn touch(&self) {
+        AtomicWord::touch(self);
+    }
 
     #[inline]
     fn is_live(&self, marks: Retired) -> bool {
