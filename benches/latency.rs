@@ -216,11 +216,7 @@ impl Slices {
     fn merged(self) -> Tails {
         let mut slices = self.0.into_iter();
         let mut all = slices.next().expect("at least one round");
-        for slice in slices {
-            let seconds = all.seconds + slice.seconds;
-            all.merge(slice);
-            all.seconds = seconds;
-        }
+        slices.for_each(|slice| all.merge(slice));
         all
     }
 }

@@ -258,10 +258,10 @@ impl<K> SlotKey<K> {
     }
 }
 
-/// Whether the tag byte of slot `i` in `tags` is set: the slot holds a key.
+/// Whether slot `i`'s byte in its word of tags, `word`, is set: the slot holds a key.
 #[inline]
-fn tag_set(tags: &[AtomicU64], i: usize, order: Ordering) -> bool {
-    tags[i / 8].load(order) >> (i % 8 * 8) & 0xff != 0
+fn tag_set(word: u64, i: usize) -> bool {
+    word >> (i % 8 * 8) & 0xff != 0
 }
 
 /// Drops the keys set among `slots[range]`. The caller has the slots to itself and clears or
@@ -332,7 +332,7 @@ impl<K, C: TableCell> Table<K, C> {
     /// Slot `i`'s key, if it has one.
     fn key(&self, i: usize) -> Option<&K> {
         // Acquire: pairs with `occupy`'s Release, so that the key's write is seen.
-        if !tag_set(&self.tags, i, Ordering::Acquire) {
+        if !tag_set(self.tags[i / 8].load(Ordering::Acquire), i) {
             return None;
         }
         // SAFETY: the tag is set (loaded with Acquire), and the table is borrowed: shared.
@@ -342,8 +342,9 @@ impl<K, C: TableCell> Table<K, C> {
 }
 
 /// Which slots of a table hold keys, for a caller holding the shard lock or the table to
-/// itself (either orders the tags' writes before it): each word of tags is loaded once for its eight slots, where a load
-/// per slot would be eight (and, in the loom models, eight scheduling points).
+/// itself (either orders the tags' writes before it): each word of tags is loaded once for
+/// its eight slots, where a load per slot would be eight (and, in the loom models, eight
+/// scheduling points).
 struct TagWords<'t> {
     tags: &'t [AtomicU64],
     /// The last word loaded, and its index.
@@ -366,7 +367,7 @@ impl<'t> TagWords<'t> {
                 bits
             }
         };
-        bits >> (i % 8 * 8) & 0xff != 0
+        tag_set(bits, i)
     }
 }
 
@@ -509,9 +510,9 @@ struct Shard<K, C: TableCell> {
     next: Option<Building<K, C>>,
     /// Tables the shard no longer uses (a growing shard's drained tables, a spare or a table
     /// built ahead that did not fit), released [`CLEAR_STEP`] slots per insert (and lookups
-    /// help: [`WordTable::help_release`]) once no thread caches them: dropping a table is a
-    /// loop over its slots (76 µs for 40k `u64` slots here; for `String` keys, a free per
-    /// key), which no call should pay at once.
+    /// help: [`WordTable::help_release`]) once no thread caches them: dropping a table of keys
+    /// with drop glue is a loop over its slots (a free per `String` key), which no call
+    /// should pay at once.
     retiring: Vec<Arc<Table<K, C>>>,
     /// Slots of retired tables being dropped, the last one first.
     freeing: Vec<Freeing<K, C>>,
