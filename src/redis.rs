@@ -40,6 +40,8 @@
 //!   [`RedisLimiterBuilder::connect_cluster`] runs the same API on a Redis Cluster.
 //! - **Batches**: [`RedisLimiter::check_batch`] decides many checks in one script call (per
 //!   Cluster slot on a Cluster; the calls are pipelined).
+//! - **Several limits** on a key (10 a second and 1,000 an hour): [`RedisLimiter::with_rules`]
+//!   gives a [`RedisMultiLimiter`], which decides them all in one script call, all or nothing.
 //! - **Time injection**, for tests and replay only: [`RedisLimiter::check_n_at`],
 //!   [`RedisLimiter::check_batch_at`]; [`replay_trace`] decides a trace for
 //!   `tollgate replay --redis URL` with the very [`Outcome`](crate::replay::Outcome)s the
@@ -132,7 +134,7 @@ mod scripts;
 
 pub use self::error::{Error, ErrorClass};
 pub use self::exact::{
-    RedisConnection, RedisLimiter, RedisLimiterBuilder, DEFAULT_CONNECT_TIMEOUT,
+    RedisConnection, RedisLimiter, RedisLimiterBuilder, RedisMultiLimiter, DEFAULT_CONNECT_TIMEOUT,
     DEFAULT_INJECTED_MIN_TTL, DEFAULT_MAX_BATCH, DEFAULT_TIMEOUT,
 };
 pub use self::guard::{FailureHandling, FailurePolicy, GuardedLimiter, Mode};

@@ -25,7 +25,8 @@ use tollgate::redis::{
 };
 use tollgate::replay::{AlgorithmName, Replayer, TraceReader};
 use tollgate::{
-    Decision, FixedWindow, Gcra, KeyedLimiter, LeakyQueue, Quota, SlidingLog, SlidingWindow,
+    Decision, FixedWindow, Gcra, KeyedLimiter, LeakyQueue, MultiLimiter, Quota, SlidingLog,
+    SlidingWindow,
 };
 
 const MS: u64 = 1_000_000;
@@ -443,6 +444,159 @@ fn random_traces_match_in_process_for_every_algorithm() {
         requests.load(Ordering::Relaxed),
         started.elapsed()
     );
+}
+
+// ---------------------------------------------------------------------------------------------
+// Several limits, all or nothing: one script call decides as the in-process MultiLimiter
+// ---------------------------------------------------------------------------------------------
+
+/// The in-process `MultiLimiter` for an algorithm, on a manual clock.
+enum MultiReference {
+    Gcra(MultiLimiter<String, Gcra, ManualClock>),
+    Queue(MultiLimiter<String, LeakyQueue, ManualClock>),
+    Fixed(MultiLimiter<String, FixedWindow, ManualClock>),
+    Sliding(MultiLimiter<String, SlidingWindow, ManualClock>),
+    Log(MultiLimiter<String, SlidingLog, ManualClock>),
+}
+
+impl MultiReference {
+    fn new(name: &str, quotas: &[Quota], clock: &ManualClock) -> MultiReference {
+        fn of<A: tollgate::Algorithm>(
+            quotas: &[Quota],
+            rule: impl Fn(Quota) -> A,
+            clock: &ManualClock,
+        ) -> MultiLimiter<String, A, ManualClock> {
+            MultiLimiter::with_clock(quotas.iter().map(|&q| rule(q)), clock.clone()).unwrap()
+        }
+        match name {
+            "gcra" => MultiReference::Gcra(of(quotas, |q| Gcra::new(q).unwrap(), clock)),
+            "leaky-queue" => {
+                MultiReference::Queue(of(quotas, |q| LeakyQueue::new(q).unwrap(), clock))
+            }
+            "fixed-window" => {
+                MultiReference::Fixed(of(quotas, |q| FixedWindow::new(q).unwrap(), clock))
+            }
+            "sliding-window" => {
+                MultiReference::Sliding(of(quotas, |q| SlidingWindow::new(q).unwrap(), clock))
+            }
+            "sliding-log" => {
+                MultiReference::Log(of(quotas, |q| SlidingLog::new(q).unwrap(), clock))
+            }
+            other => panic!("unknown algorithm {other}"),
+        }
+    }
+
+    fn decide(&self, key: &str, cost: u64) -> Result<Figures, tollgate::Error> {
+        let decision = match self {
+            MultiReference::Gcra(l) => l.check_n(key, cost),
+            MultiReference::Queue(l) => l.check_n(key, cost),
+            MultiReference::Fixed(l) => l.check_n(key, cost),
+            MultiReference::Sliding(l) => l.check_n(key, cost),
+            MultiReference::Log(l) => l.check_n(key, cost),
+        };
+        decision.map(|d| figures(&d))
+    }
+}
+
+#[test]
+fn several_limits_decide_as_the_in_process_multi_limiter() {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    let rt = runtime();
+    let conn = rt.block_on(connect(&server));
+    // Two or three quotas of one algorithm; the trace is drawn for the first (its costs
+    // sometimes exceed another limit's capacity: both sides must refuse those alike).
+    let strategy = (0usize..5).prop_flat_map(|algorithm| {
+        prop::collection::vec(quota_strategy(algorithm), 2..=3).prop_flat_map(move |quotas| {
+            (
+                Just(algorithm),
+                trace_strategy(algorithm, quotas[0]),
+                Just(quotas),
+            )
+        })
+    });
+    let cases = std::env::var("TOLLGATE_REDIS_CASES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(200);
+    let mut runner = TestRunner::new(Config {
+        cases,
+        failure_persistence: None,
+        ..Config::default()
+    });
+    let (allowed_seen, denied_seen) = (AtomicU64::new(0), AtomicU64::new(0));
+    runner
+        .run(&strategy, |(algorithm, trace, quotas)| {
+            let name = ALGORITHMS[algorithm];
+            let clock = ManualClock::new();
+            let reference = MultiReference::new(name, &quotas, &clock);
+            let rules: Vec<RedisRule> = quotas
+                .iter()
+                .map(|&q| RedisRule::named(name, q).unwrap())
+                .collect();
+            let redis = limiter(&conn, rules[0])
+                .with_rules(rules[1..].iter().copied())
+                .unwrap();
+            for (i, r) in trace.iter().enumerate() {
+                clock.set(r.t);
+                let expected = reference.decide(r.key, r.cost);
+                let actual = from_redis(rt.block_on(redis.check_n_at(r.key, r.cost, r.t)));
+                match &actual {
+                    Ok(f) if f.0 => allowed_seen.fetch_add(1, Ordering::Relaxed),
+                    Ok(_) => denied_seen.fetch_add(1, Ordering::Relaxed),
+                    Err(_) => 0,
+                };
+                if expected != actual {
+                    return Err(TestCaseError::fail(format!(
+                        "{name} {quotas:?}: request {i} {r:?}: in-process {expected:?}, redis {actual:?}"
+                    )));
+                }
+            }
+            Ok(())
+        })
+        .unwrap();
+    // The traces must exercise both outcomes, or the comparison proves little.
+    let (allowed_seen, denied_seen) = (allowed_seen.into_inner(), denied_seen.into_inner());
+    assert!(
+        allowed_seen > 100 && denied_seen > 100,
+        "{allowed_seen} allowed, {denied_seen} denied"
+    );
+}
+
+#[test]
+fn several_limits_refused_by_one_charge_none() {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    let rt = runtime();
+    let mut conn = rt.block_on(connect(&server));
+    rt.block_on(async {
+        let wide = RedisRule::fixed_window(Quota::per_hour(10).unwrap()).unwrap();
+        let narrow = RedisRule::fixed_window(Quota::per_hour(2).unwrap()).unwrap();
+        let l = limiter(&conn, wide).with_rules([narrow]).unwrap();
+        assert!(
+            limiter(&conn, wide)
+                .with_rules([RedisRule::gcra(Quota::per_hour(2).unwrap()).unwrap()])
+                .is_err(),
+            "one algorithm for every limit"
+        );
+        for expected in [true, true, false, false] {
+            let d = l.check("k").await.unwrap();
+            assert_eq!(d.allowed(), expected);
+        }
+        // The narrow limit refused the last two: the wide one was charged twice, not four times.
+        let wide_state: String = redis::cmd("GET")
+            .arg(l.redis_key(0, "k").unwrap())
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        assert!(wide_state.ends_with(" 2"), "{wide_state}");
+        assert_eq!(l.redis_key(2, "k"), None);
+        // Over one limit's capacity: an error, nothing sent.
+        let e = l.check_n("k", 3).await.unwrap_err();
+        assert!(e.as_capacity_exceeded().is_some(), "{e}");
+    });
 }
 
 /// `EVALSHA` calls the server has run so far.
@@ -1386,6 +1540,23 @@ fn cluster_batches_per_slot_and_holds_the_global_limit() {
         assert!(results.iter().all(|r| r.as_ref().unwrap().allowed()));
         let results = l.check_batch(keys.iter().map(|k| (k, 1))).await;
         assert!(results.iter().all(|r| !r.as_ref().unwrap().allowed()));
+        // Several limits on a key share its slot (one script call), on every master; a key
+        // without a hash tag of its own cannot, and is refused before anything is sent.
+        let per_hour = RedisRule::fixed_window(Quota::per_hour(3).unwrap()).unwrap();
+        let two = limiter(&conn, l.rule()).with_rules([per_hour]).unwrap();
+        for i in 0..30 {
+            let key = format!("user:{i}");
+            let outcomes = [
+                two.check(&key).await.unwrap().allowed(),
+                two.check(&key).await.unwrap().allowed(),
+                two.check(&key).await.unwrap().allowed(),
+            ];
+            assert_eq!(outcomes, [true, true, false], "{key}");
+        }
+        for key in ["", "}x"] {
+            let e = two.check(key).await.unwrap_err();
+            assert!(matches!(e, Error::NoHashTag { .. }), "{key:?}: {e}");
+        }
     });
     global_limit(Target::Cluster(urls.clone()), &urls[0]);
 }

@@ -51,6 +51,7 @@ struct Reply {
     status: StatusCode,
     policy: Option<String>,
     remaining: Option<String>,
+    limit: Option<String>,
 }
 
 async fn get_api(http: &Http, addr: SocketAddr) -> Reply {
@@ -74,6 +75,7 @@ async fn get_path(http: &Http, addr: SocketAddr, path: &str) -> Reply {
         status: parts.status,
         policy: header("ratelimit-policy"),
         remaining: header("x-ratelimit-remaining"),
+        limit: header("x-ratelimit-limit"),
     }
 }
 
@@ -229,12 +231,47 @@ fn a_configured_layer_goes_global_with_one_closure() {
             }
         }
         assert_eq!(statuses, [200, 200, 429, 200, 200, 429]);
-        // Several quotas are refused on Redis, with the policy named.
-        let config: LayerConfig =
-            toml::from_str("[[policy]]\nname = \"two\"\nquota = [\"1/1s\", \"5/1m\"]").unwrap();
+        // Several quotas, all or nothing in one script call: the tighter limit (2 an hour)
+        // refuses the third request on either node and its headers name it; the looser one
+        // (3 an hour) was charged only for the two admitted, so it still admits alone.
+        let text = "headers = \"legacy\"\n\
+            [[policy]]\nname = \"two\"\nquota = [\"3/1h\", \"2/1h\"]\n";
+        let mut nodes = Vec::new();
+        for _ in 0..2 {
+            let client = redis::Client::open(server.url()).expect("a valid URL");
+            let conn = ConnectionManager::new(client).await.expect("connects");
+            let config: LayerConfig = toml::from_str(text).expect("parses");
+            let layer = config
+                .builder_with(|policy| policy.redis(conn.clone()))
+                .expect("valid policies")
+                .build()
+                .expect("a valid layer");
+            nodes.push(serve_layer(layer).await);
+        }
+        let mut seen = Vec::new();
+        for i in 0..4 {
+            let reply = get_path(&http, nodes[i % 2], "/other").await;
+            seen.push((reply.status.as_u16(), reply.limit, reply.remaining));
+        }
+        let both = |status: u16, limit: &str, remaining: &str| {
+            (status, Some(limit.to_owned()), Some(remaining.to_owned()))
+        };
+        assert_eq!(
+            seen,
+            [
+                both(200, "2", "1"),
+                both(200, "2", "0"),
+                both(429, "2", "0"),
+                both(429, "2", "0"),
+            ]
+        );
         let client = redis::Client::open(server.url()).expect("a valid URL");
         let conn = ConnectionManager::new(client).await.expect("connects");
-        let e = config.builder_with(|p| p.redis(conn.clone())).unwrap_err();
-        assert!(e.to_string().contains("\"two\""), "{e}");
+        let peer = redis_key(&Key::from(std::net::IpAddr::from([127, 0, 0, 1])));
+        let looser = RedisLimiter::builder(RedisRule::gcra(Quota::per_hour(3).unwrap()).unwrap())
+            .prefix("tollgate:two")
+            .build(conn.clone());
+        assert!(looser.check(&peer).await.unwrap().allowed());
+        assert!(!looser.check(&peer).await.unwrap().allowed());
     });
 }

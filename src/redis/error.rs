@@ -45,6 +45,14 @@ pub enum Error {
         /// The largest cost the rule can ever admit.
         capacity: u64,
     },
+    /// The key has no Cluster hash tag of its own (it is empty or starts with `}`), so the
+    /// states of several limits on it cannot share a slot and cannot be decided in one atomic
+    /// call ([`RedisMultiLimiter`](super::RedisMultiLimiter) on a Cluster). Nothing was sent.
+    #[error("the key {key:?} has no Cluster hash tag: its limits cannot be decided together")]
+    NoHashTag {
+        /// The user key, lossily decoded as UTF-8.
+        key: String,
+    },
     /// No reply within the limiter's timeout (transient).
     #[error("no reply from Redis within {timeout:?}")]
     Timeout {
@@ -127,7 +135,7 @@ impl Error {
     /// ```
     pub fn class(&self) -> ErrorClass {
         match self {
-            Error::Capacity { .. } => ErrorClass::Request,
+            Error::Capacity { .. } | Error::NoHashTag { .. } => ErrorClass::Request,
             Error::Timeout { .. } | Error::Unavailable { .. } => ErrorClass::Transient,
             Error::WrongType { .. }
             | Error::CorruptState { .. }

@@ -19,9 +19,12 @@ use super::rule::{RedisRule, Verdict};
 use crate::decision::Decision;
 
 mod coalesce;
+mod multi;
 mod units;
 
 use self::coalesce::Lanes;
+
+pub use self::multi::RedisMultiLimiter;
 
 pub(crate) use self::units::{Algo, LogCharge, Reply, UnitOp, Units};
 

@@ -119,6 +119,14 @@ pub enum RuleError {
     /// The quota does not suit the algorithm or the Redis tier.
     #[error(transparent)]
     Quota(#[from] QuotaError),
+    /// Limits decided together must share an algorithm (one script decides them all).
+    #[error("limits checked together must share an algorithm: {first} and {other}")]
+    MixedAlgorithms {
+        /// The first limit's algorithm.
+        first: &'static str,
+        /// The algorithm of a limit that differs from it.
+        other: &'static str,
+    },
 }
 
 /// # Construction

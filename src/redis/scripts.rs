@@ -15,6 +15,10 @@
 //!   arguments). Items are decided in order, so two checks of one key in a batch see each other.
 //!   A one-item batch is a single check. In a Redis Cluster every key of one call must hash to
 //!   one slot; the caller groups batches by slot.
+//! - **All or nothing.** With `ARGV[2] = '2'`, the items are one request's several limits
+//!   (distinct keys, in one slot), each with its own rule parameters: every item is decided,
+//!   and the admissions are written only if every item is admitted
+//!   ([`RedisMultiLimiter`](crate::redis::RedisMultiLimiter)).
 //! - **Time.** Times are nanoseconds since the Unix epoch. An empty time argument means "now" on
 //!   the server (`TIME`, read once per call, so a whole batch is judged at one instant and every
 //!   client of the server shares one clock); a decimal time argument is an *injected* time, for
@@ -55,7 +59,27 @@ if redis.replicate_commands then redis.replicate_commands() end
 
 local floor = math.floor
 local min_ttl = tonumber(ARGV[1])
-local commit = ARGV[2] == '1'
+-- ARGV[2]: '0' peek, '1' commit, '2' all or nothing (below).
+local commit = ARGV[2] == '1' or ARGV[2] == '2'
+local all = ARGV[2] == '2'
+
+-- Item i's cost, time argument and the rule's two parameters. A batch shares one rule
+-- (ARGV[3], ARGV[4]; items at ARGV[3 + 2i], ARGV[4 + 2i]); an all-or-nothing call gives each
+-- item its own (ARGV[4i + 1 .. 4i + 4]: cost, time, first, second).
+local function item(i)
+  if all then
+    local j = 4 * i
+    return tonumber(ARGV[j + 1]), ARGV[j + 2], tonumber(ARGV[j + 3]), tonumber(ARGV[j + 4])
+  end
+  return tonumber(ARGV[3 + 2 * i]), ARGV[4 + 2 * i], tonumber(ARGV[3]), tonumber(ARGV[4])
+end
+
+-- An admission's writes: done at once, or in an all-or-nothing call held back until every
+-- item is known to be admitted (its items are distinct keys, so none reads another's write).
+local held = {}
+local function write(f)
+  if all then held[#held + 1] = f else f() end
+end
 
 -- floor(a / b) for integers 0 <= a < 2^53, b >= 1. IEEE division is correctly rounded and
 -- its error stays below the distance 1/b to the next integer, so the floor is exact; the
@@ -168,6 +192,17 @@ local function clamp(ts, t, stored)
 end
 
 local reply = {}
+
+-- The reply, after an all-or-nothing call's held writes if every item was admitted.
+local function finish()
+  if all then
+    for i = 1, #reply do
+      if reply[i][1] ~= 1 then return reply end
+    end
+    for i = 1, #held do held[i]() end
+  end
+  return reply
+end
 "#
     };
 }
@@ -305,7 +340,8 @@ pub(crate) const GCRA: &str = concat!(
 -- GCRA (SPEC §1–3).
 -- KEYS[i]  state of item i: the string "<t> <debt>", t = time of the newest admission (ns since
 --          the epoch), debt = TAT − t in ns (0 < debt ≤ 2^52). Absent = a full bucket.
--- ARGV[1]  minimum TTL in ms        ARGV[2]  commit: '1' to count an admitted request, '0' to peek
+-- ARGV[1]  minimum TTL in ms        ARGV[2]  commit: '1' to count an admitted request, '0' to
+--          peek, '2' all or nothing (each item its own ARGV[3], ARGV[4]: see `item` above)
 -- ARGV[3]  span B·T in ns (≤ 2^51)  ARGV[4]  emission interval T in ns (≥ 1)
 -- ARGV[3 + 2i], ARGV[4 + 2i]: cost of item i (≤ B), its time in ns ('' = server TIME)
 -- reply[i] {code, debt}: debt = max(0, TAT − t) before the decision
@@ -313,11 +349,10 @@ pub(crate) const GCRA: &str = concat!(
     prelude!(),
     gcra_state!(),
     r#"
-local span, interval = tonumber(ARGV[3]), tonumber(ARGV[4])
 for i = 1, #KEYS do
   local key = KEYS[i]
-  local cost = tonumber(ARGV[3 + 2 * i])
-  local ts, t = now_of(ARGV[4 + 2 * i])
+  local cost, at, span, interval = item(i)
+  local ts, t = now_of(at)
   local code, debt
   code, debt, ts, t = read_gcra(key, ts, t)
   if type(code) == 'table' then return code end
@@ -327,7 +362,9 @@ for i = 1, #KEYS do
       code = 1
       if commit and cost > 0 then
         local after = debt + increment
-        redis.call('SET', key, ts .. ' ' .. string.format('%d', after), 'PX', ttl_ms(after))
+        write(function()
+          redis.call('SET', key, ts .. ' ' .. string.format('%d', after), 'PX', ttl_ms(after))
+        end)
       end
     else
       code = 0
@@ -335,7 +372,7 @@ for i = 1, #KEYS do
   end
   reply[i] = {code, debt}
 end
-return reply
+return finish()
 "#
 );
 
@@ -345,7 +382,7 @@ pub(crate) const FIXED_WINDOW: &str = concat!(
 -- Fixed window (SPEC §4), windows [k·W, (k+1)·W) aligned to the Unix epoch.
 -- KEYS[i]  state of item i: the string "<t> <n>", t = time of the newest admission, n = units
 --          admitted in t's window. Absent = nothing admitted.
--- ARGV[1]  minimum TTL in ms        ARGV[2]  commit: '1' / '0'
+-- ARGV[1]  minimum TTL in ms        ARGV[2]  commit: '1' / '0' / '2' (all or nothing)
 -- ARGV[3]  limit L (≤ 2^51)          ARGV[4]  window W in ns (1 ms ≤ W ≤ 2^51)
 -- ARGV[3 + 2i], ARGV[4 + 2i]: cost of item i (≤ L), its time in ns ('' = server TIME)
 -- reply[i] {code, e, n}: e = t − k·W (time into the window), n = units admitted in it before
@@ -353,11 +390,10 @@ pub(crate) const FIXED_WINDOW: &str = concat!(
     prelude!(),
     window_state!(),
     r#"
-local limit, window = tonumber(ARGV[3]), tonumber(ARGV[4])
 for i = 1, #KEYS do
   local key = KEYS[i]
-  local cost = tonumber(ARGV[3 + 2 * i])
-  local ts, t = now_of(ARGV[4 + 2 * i])
+  local cost, at, limit, window = item(i)
+  local ts, t = now_of(at)
   local code, _, n, e
   code, _, n, e, ts, t = read_window(key, ts, t, window, false)
   if type(code) == 'table' then return code end
@@ -365,7 +401,9 @@ for i = 1, #KEYS do
     if cost == 0 or n + cost <= limit then
       code = 1
       if commit and cost > 0 then
-        redis.call('SET', key, ts .. ' ' .. string.format('%d', n + cost), 'PX', ttl_ms(window - e))
+        write(function()
+          redis.call('SET', key, ts .. ' ' .. string.format('%d', n + cost), 'PX', ttl_ms(window - e))
+        end)
       end
     else
       code = 0
@@ -373,7 +411,7 @@ for i = 1, #KEYS do
   end
   reply[i] = {code, e, n}
 end
-return reply
+return finish()
 "#
 );
 
@@ -383,7 +421,7 @@ pub(crate) const SLIDING_WINDOW: &str = concat!(
 -- Sliding window counter (SPEC §5), windows aligned to the Unix epoch.
 -- KEYS[i]  state of item i: the string "<t> <prev> <cur>", t = time of the newest admission,
 --          cur = units admitted in t's window, prev = in the window before it.
--- ARGV[1]  minimum TTL in ms        ARGV[2]  commit: '1' / '0'
+-- ARGV[1]  minimum TTL in ms        ARGV[2]  commit: '1' / '0' / '2' (all or nothing)
 -- ARGV[3]  limit L (≤ 2^51)          ARGV[4]  window W in ns (1 ms ≤ W ≤ 2^51)
 -- ARGV[3 + 2i], ARGV[4 + 2i]: cost of item i (≤ L), its time in ns ('' = server TIME)
 -- reply[i] {code, e, prev, cur}: as seen from the current window, before the decision
@@ -393,11 +431,10 @@ pub(crate) const SLIDING_WINDOW: &str = concat!(
     prelude!(),
     window_state!(),
     r#"
-local limit, window = tonumber(ARGV[3]), tonumber(ARGV[4])
 for i = 1, #KEYS do
   local key = KEYS[i]
-  local cost = tonumber(ARGV[3 + 2 * i])
-  local ts, t = now_of(ARGV[4 + 2 * i])
+  local cost, at, limit, window = item(i)
+  local ts, t = now_of(at)
   local code, prev, cur, e
   code, prev, cur, e, ts, t = read_window(key, ts, t, window, true)
   if type(code) == 'table' then return code end
@@ -411,7 +448,7 @@ for i = 1, #KEYS do
       code = 1
       if commit and cost > 0 then
         local state = ts .. ' ' .. string.format('%d %d', prev, cur + cost)
-        redis.call('SET', key, state, 'PX', ttl_ms(2 * window - e))
+        write(function() redis.call('SET', key, state, 'PX', ttl_ms(2 * window - e)) end)
       end
     else
       code = 0
@@ -419,7 +456,7 @@ for i = 1, #KEYS do
   end
   reply[i] = {code, e, prev, cur}
 end
-return reply
+return finish()
 "#
 );
 
@@ -432,7 +469,7 @@ pub(crate) const SLIDING_LOG: &str = concat!(
 --          this request. Scores grow with time, so unit number u belongs to the first member
 --          with score ≥ u: the k-th oldest live unit is found in O(log n), and a request of any
 --          cost is one member. Renumbered from 0 before cum would pass 2^52.
--- ARGV[1]  minimum TTL in ms        ARGV[2]  commit: '1' / '0'
+-- ARGV[1]  minimum TTL in ms        ARGV[2]  commit: '1' / '0' / '2' (all or nothing)
 -- ARGV[3]  limit L (≤ 2^51)          ARGV[4]  window W in ns (1 ms ≤ W ≤ 2^51)
 -- ARGV[3 + 2i], ARGV[4 + 2i]: cost of item i (≤ L), its time in ns ('' = server TIME)
 -- reply[i] {code, count, age_retry, age_newest}: count = live units before the decision;
@@ -442,12 +479,10 @@ pub(crate) const SLIDING_LOG: &str = concat!(
     prelude!(),
     log_state!(),
     r#"
-local limit, window = tonumber(ARGV[3]), tonumber(ARGV[4])
-
 for i = 1, #KEYS do
   local key = KEYS[i]
-  local cost = tonumber(ARGV[3 + 2 * i])
-  local ts, t = now_of(ARGV[4 + 2 * i])
+  local cost, at, limit, window = item(i)
+  local ts, t = now_of(at)
   local newest = redis.pcall('ZRANGE', key, -1, -1)
   local code
   local count, base, cum_newest, age_newest, age_retry = 0, 0, 0, -1, -1
@@ -487,14 +522,16 @@ for i = 1, #KEYS do
     if cost == 0 or count + cost <= limit then
       code = 1
       if commit and cost > 0 then
-        if cum_newest + cost > RENUMBER_AT then
-          renumber(key, base)
-          cum_newest = cum_newest - base
-        end
-        local cum = cum_newest + cost
-        local score = string.format('%d', cum)
-        redis.call('ZADD', key, score, score .. string.format(':%d:', cost) .. ts)
-        redis.call('PEXPIRE', key, ttl_ms(window))
+        write(function()
+          if cum_newest + cost > RENUMBER_AT then
+            renumber(key, base)
+            cum_newest = cum_newest - base
+          end
+          local cum = cum_newest + cost
+          local score = string.format('%d', cum)
+          redis.call('ZADD', key, score, score .. string.format(':%d:', cost) .. ts)
+          redis.call('PEXPIRE', key, ttl_ms(window))
+        end)
       end
     else
       code = 0
@@ -507,7 +544,7 @@ for i = 1, #KEYS do
   end
   reply[i] = {code, count, age_retry, age_newest}
 end
-return reply
+return finish()
 "#
 );
 

@@ -615,13 +615,15 @@ impl PolicyConfig {
     }
 
     /// This policy's limit held globally on Redis (feature `redis`): the exact tier
-    /// ([`RedisLimiter`](crate::redis::RedisLimiter)) over `conn`, with the configured
-    /// algorithm, under the Redis key prefix `tollgate:NAME` (each policy its own state).
+    /// ([`RedisLimiter`](crate::redis::RedisLimiter), or for several quotas a
+    /// [`RedisMultiLimiter`](crate::redis::RedisMultiLimiter), all or nothing in one script call)
+    /// over `conn`, with the configured algorithm, under the Redis key prefix `tollgate:NAME`
+    /// (each policy its own state).
     /// Use it in [`LayerConfig::builder_with`] to make policies global.
     ///
     /// # Errors
     /// [`ConfigError::Quota`] if the Redis tier refuses the quota;
-    /// [`ConfigError::Policy`] for several quotas or `max_keys` (not supported on Redis yet).
+    /// [`ConfigError::Policy`] for `max_keys` (it bounds in-process limiters only).
     ///
     /// # Examples
     /// ```no_run
@@ -639,23 +641,32 @@ impl PolicyConfig {
         &self,
         conn: Conn,
     ) -> Result<Arc<dyn CheckBackend>, ConfigError> {
-        let [quota] = self.quotas[..] else {
-            return Err(self.problem("a Redis policy takes one quota"));
-        };
         if self.max_keys.is_some() {
             return Err(self.problem("`max_keys` bounds in-process limiters only"));
         }
-        let rule =
-            crate::redis::RedisRule::for_algorithm(self.algorithm, quota).map_err(|error| {
-                ConfigError::Quota {
-                    policy: self.name.clone(),
-                    error,
-                }
+        let rules = self
+            .quotas
+            .iter()
+            .map(|&quota| crate::redis::RedisRule::for_algorithm(self.algorithm, quota))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|error| ConfigError::Quota {
+                policy: self.name.clone(),
+                error,
             })?;
-        let limiter = crate::redis::RedisLimiter::builder(rule)
+        let Some((&first, more)) = rules.split_first() else {
+            return Err(self.problem("no quota"));
+        };
+        let limiter = crate::redis::RedisLimiter::builder(first)
             .prefix(format!("tollgate:{}", self.name))
             .build(conn);
-        Ok(Arc::new(super::RedisBackend::new(limiter, quota)))
+        if more.is_empty() {
+            return Ok(Arc::new(super::RedisBackend::new(limiter, self.quotas[0])));
+        }
+        // One algorithm for every rule: `with_rules` cannot refuse them.
+        let all = limiter
+            .with_rules(more.iter().copied())
+            .map_err(|error| self.problem(&error.to_string()))?;
+        Ok(Arc::new(super::RedisBackend::all_of(all)))
     }
 
     fn limiter<A, C>(

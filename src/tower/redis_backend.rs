@@ -3,6 +3,7 @@
 
 use crate::redis::{
     Error as RedisError, GuardedLimiter, LeasedLimiter, RedisConnection, RedisLimiter,
+    RedisMultiLimiter,
 };
 use crate::{Decision, Quota};
 
@@ -50,7 +51,8 @@ use super::{CheckBackend, CheckError, CheckFuture, Key, QuotaInfo, Verdict};
 #[derive(Debug)]
 pub struct RedisBackend<L> {
     limiter: L,
-    quota: QuotaInfo,
+    /// One per limit, in the limiter's order.
+    quotas: Box<[QuotaInfo]>,
 }
 
 impl<L> RedisBackend<L> {
@@ -71,10 +73,10 @@ impl<L> RedisBackend<L> {
     pub fn new(limiter: L, quota: Quota) -> Self {
         RedisBackend {
             limiter,
-            quota: QuotaInfo {
+            quotas: Box::new([QuotaInfo {
                 limit: quota.limit(),
                 window: quota.window(),
-            },
+            }]),
         }
     }
 
@@ -135,9 +137,43 @@ fn encode(key: &Key, out: &mut Vec<u8>) {
     }
 }
 
+impl<C> RedisBackend<RedisMultiLimiter<C>> {
+    /// A limiter of several limits (all or nothing) as a layer backend; the quotas the headers
+    /// show are its rules'.
+    ///
+    /// # Examples
+    /// ```no_run
+    /// use tollgate::redis::{RedisLimiter, RedisRule};
+    /// use tollgate::tower::{Policy, RedisBackend};
+    /// use tollgate::Quota;
+    /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+    /// let limiter = RedisLimiter::connect("redis://127.0.0.1:6379", RedisRule::gcra(Quota::per_second(10)?)?)
+    ///     .await?
+    ///     .with_rules([RedisRule::gcra(Quota::per_hour(1000)?)?])?;
+    /// let policy = Policy::new("api", RedisBackend::all_of(limiter));
+    /// # let _ = policy;
+    /// # Ok(()) }
+    /// ```
+    pub fn all_of(limiter: RedisMultiLimiter<C>) -> Self {
+        let quotas = limiter
+            .rules()
+            .iter()
+            .map(|rule| QuotaInfo {
+                limit: rule.limit(),
+                window: std::time::Duration::from_nanos(rule.window_nanos()),
+            })
+            .collect();
+        RedisBackend { limiter, quotas }
+    }
+}
+
 fn verdict(result: Result<Decision, RedisError>) -> Result<Verdict, CheckError> {
+    indexed(result.map(|decision| (decision, 0)))
+}
+
+fn indexed(result: Result<(Decision, usize), RedisError>) -> Result<Verdict, CheckError> {
     match result {
-        Ok(decision) => Ok(Verdict { decision, quota: 0 }),
+        Ok((decision, quota)) => Ok(Verdict { decision, quota }),
         Err(e) => Err(match e.as_capacity_exceeded() {
             Some(limit) => CheckError::Limit(limit),
             None => CheckError::Backend(Box::new(e)),
@@ -148,11 +184,11 @@ fn verdict(result: Result<Decision, RedisError>) -> Result<Verdict, CheckError> 
 macro_rules! quota_methods {
     () => {
         fn quota_count(&self) -> usize {
-            1
+            self.quotas.len()
         }
 
         fn quota(&self, index: usize) -> Option<QuotaInfo> {
-            (index == 0).then_some(self.quota)
+            self.quotas.get(index).copied()
         }
     };
 }
@@ -161,6 +197,17 @@ macro_rules! quota_methods {
 impl<C: RedisConnection> CheckBackend for RedisBackend<RedisLimiter<C>> {
     fn check<'a>(&'a self, key: &'a Key, cost: u64) -> CheckFuture<'a> {
         CheckFuture::boxed(async move { verdict(self.limiter.check_n(redis_key(key), cost).await) })
+    }
+
+    quota_methods!();
+}
+
+/// Exact, several limits all or nothing: one script call a request decides every limit.
+impl<C: RedisConnection> CheckBackend for RedisBackend<RedisMultiLimiter<C>> {
+    fn check<'a>(&'a self, key: &'a Key, cost: u64) -> CheckFuture<'a> {
+        CheckFuture::boxed(async move {
+            indexed(self.limiter.decide(&redis_key(key), cost, None).await)
+        })
     }
 
     quota_methods!();
