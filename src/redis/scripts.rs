@@ -12,7 +12,8 @@
 //! # Conventions shared by all scripts
 //! - **Batches.** Every script decides a batch: `KEYS[i]` is the state of the i-th check, and
 //!   its cost and time are `ARGV[b + 2i − 1]` and `ARGV[b + 2i]` (`b` = the number of fixed
-//!   arguments). Items are decided in order, so two checks of one key in a batch see each other.
+//!   arguments). Items are decided in order, so two checks of one key in a batch see each other
+//!   (the decision scripts read a key once and write it once a call, with its last state).
 //!   A one-item batch is a single check. In a Redis Cluster every key of one call must hash to
 //!   one slot; the caller groups batches by slot.
 //! - **All or nothing.** With `ARGV[2] = '2'`, the items are one request's several limits
@@ -74,7 +75,24 @@ local function item(i)
   return tonumber(ARGV[3 + 2 * i]), ARGV[4 + 2 * i], tonumber(ARGV[3]), tonumber(ARGV[4])
 end
 
--- An admission's writes: done at once, or in an all-or-nothing call held back until every
+-- The string states of a decision call of several items (GCRA and the window counters), by
+-- key: what it read or will write (false = absent). Items of a batch on one key read it once,
+-- see each other's admissions here, and the key is written once, by `finish`, with its last
+-- state and that state's TTL: what one SET per admission would leave, at one GET and one SET
+-- per key and call. The decision scripts set `defer` (a single check writes at once, and an
+-- all-or-nothing call always waits); the lease scripts read and write Redis directly.
+local defer = false
+local states, ttls, pending = {}, {}, {}
+local function set_state(key, state, ttl)
+  if not defer then
+    redis.call('SET', key, state, 'PX', ttl)
+    return
+  end
+  if not ttls[key] then pending[#pending + 1] = key end
+  states[key], ttls[key] = state, ttl
+end
+
+-- The sliding log's writes: done at once, or in an all-or-nothing call held back until every
 -- item is known to be admitted (its items are distinct keys, so none reads another's write).
 local held = {}
 local function write(f)
@@ -111,6 +129,10 @@ local BILLION_BITS = '111011100110101100101000000000'
 -- t mod w for a time t = {s, n} and 1 <= w <= 2^51, exactly: ((s mod w)·10^9 + n) mod w with the
 -- product reduced bit by bit (double and add), so no intermediate value reaches 2^52.
 local function tmod(t, w)
+  -- Whole seconds (1 s, 1 min, 1 h, ...) or a divisor of one (1 ms, 100 ms, ...): exact in
+  -- one step, since t = s·10^9 + n with 0 <= n < 10^9.
+  if w % 1000000000 == 0 then return (t[1] % (w / 1000000000)) * 1000000000 + t[2] end
+  if 1000000000 % w == 0 then return t[2] % w end
   local a = t[1] % w
   local r = 0
   for i = 1, #BILLION_BITS do
@@ -174,11 +196,16 @@ end
 
 -- Reads a string state with pcall: (value or false) or nil, code on a type error.
 local function read_string(key)
+  if defer then
+    local v = states[key]
+    if v ~= nil then return v end
+  end
   local v = redis.pcall('GET', key)
   if type(v) == 'table' and v.err then
     if string.sub(v.err, 1, 9) == 'WRONGTYPE' then return nil, -1 end
     return nil, redis.error_reply(v.err)
   end
+  if defer then states[key] = v end
   return v
 end
 
@@ -193,14 +220,20 @@ end
 
 local reply = {}
 
--- The reply, after an all-or-nothing call's held writes if every item was admitted.
+-- The reply, after the call's writes: the string states' (one SET a key), the log's held
+-- ones. An all-or-nothing call writes only if every item was admitted. (A call that returns
+-- a server error instead writes nothing: its callers learn no decision.)
 local function finish()
   if all then
     for i = 1, #reply do
       if reply[i][1] ~= 1 then return reply end
     end
-    for i = 1, #held do held[i]() end
   end
+  for i = 1, #pending do
+    local key = pending[i]
+    redis.call('SET', key, states[key], 'PX', ttls[key])
+  end
+  for i = 1, #held do held[i]() end
   return reply
 end
 "#
@@ -349,6 +382,7 @@ pub(crate) const GCRA: &str = concat!(
     prelude!(),
     gcra_state!(),
     r#"
+defer = all or #KEYS > 1
 for i = 1, #KEYS do
   local key = KEYS[i]
   local cost, at, span, interval = item(i)
@@ -362,9 +396,7 @@ for i = 1, #KEYS do
       code = 1
       if commit and cost > 0 then
         local after = debt + increment
-        write(function()
-          redis.call('SET', key, ts .. ' ' .. string.format('%d', after), 'PX', ttl_ms(after))
-        end)
+        set_state(key, ts .. ' ' .. string.format('%d', after), ttl_ms(after))
       end
     else
       code = 0
@@ -390,6 +422,7 @@ pub(crate) const FIXED_WINDOW: &str = concat!(
     prelude!(),
     window_state!(),
     r#"
+defer = all or #KEYS > 1
 for i = 1, #KEYS do
   local key = KEYS[i]
   local cost, at, limit, window = item(i)
@@ -401,9 +434,7 @@ for i = 1, #KEYS do
     if cost == 0 or n + cost <= limit then
       code = 1
       if commit and cost > 0 then
-        write(function()
-          redis.call('SET', key, ts .. ' ' .. string.format('%d', n + cost), 'PX', ttl_ms(window - e))
-        end)
+        set_state(key, ts .. ' ' .. string.format('%d', n + cost), ttl_ms(window - e))
       end
     else
       code = 0
@@ -431,6 +462,7 @@ pub(crate) const SLIDING_WINDOW: &str = concat!(
     prelude!(),
     window_state!(),
     r#"
+defer = all or #KEYS > 1
 for i = 1, #KEYS do
   local key = KEYS[i]
   local cost, at, limit, window = item(i)
@@ -448,7 +480,7 @@ for i = 1, #KEYS do
       code = 1
       if commit and cost > 0 then
         local state = ts .. ' ' .. string.format('%d %d', prev, cur + cost)
-        write(function() redis.call('SET', key, state, 'PX', ttl_ms(2 * window - e)) end)
+        set_state(key, state, ttl_ms(2 * window - e))
       end
     else
       code = 0
