@@ -276,13 +276,14 @@ impl RedisLimiterBuilder {
         self
     }
 
-    /// Whether concurrent checks share script calls (default `true`): a check that finds no
-    /// call of its Cluster slot in flight is sent at once, alone; checks that arrive while one
-    /// is in flight wait for it and then go together, in one call, in arrival order. No timer
-    /// is involved and an idle limiter adds no latency; decisions are exactly those of one call
-    /// per check, in arrival order per key. A check waits at most for the call in flight
-    /// (its timeout) and then its own call (the timeout again). With `false`, every check is
-    /// its own call.
+    /// Whether concurrent checks share script calls (default `true`): a check that finds its
+    /// Cluster slot's calls below their limit in flight (two on a single server, one on a
+    /// Cluster) is sent at once, alone; checks that arrive while the slot is busy wait for a
+    /// call to return and then go together, in one call, in arrival order. No timer is
+    /// involved and an idle limiter adds no latency; decisions are exactly those of one call
+    /// per check, in arrival order per key. A check waits at most for a call in flight (its
+    /// timeout) and then its own call (the timeout again). With `false`, every check is its
+    /// own call.
     ///
     /// # Examples
     /// ```no_run
@@ -397,7 +398,14 @@ impl RedisLimiterBuilder {
             max_batch: self.max_batch,
             // The script adds it to nothing, but keep it a plain integer below 2^53.
             injected_min_ttl_ms: ms.min(1 << 52),
-            lanes: self.coalesce.then(Arc::default),
+            // A Cluster routes each call on its own: one call in flight a lane keeps order.
+            lanes: self.coalesce.then(|| {
+                Arc::new(Lanes::new(if C::CLUSTERED {
+                    1
+                } else {
+                    coalesce::PIPELINE
+                }))
+            }),
         }
     }
 }

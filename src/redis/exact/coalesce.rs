@@ -3,20 +3,29 @@
 //!
 //! Each slot has a *lane*. A check that finds its lane idle sends its call at once, alone, as
 //! an uncoalesced check would: no timer, no added latency when idle. Checks that arrive while
-//! that call is in flight queue up in arrival order; when it returns, its sender hands the
-//! whole queue to the first queued check (the *baton*), which sends it as one call (split at
-//! `max_batch`), answers every check in it, and hands the next queue on. The script decides the
-//! items of a call in order, and calls of one lane never overlap, so each key's checks are
-//! decided in arrival order, exactly as one call per check would decide them.
+//! the lane is busy queue up in arrival order; when the lane may start another call, the whole
+//! queue goes to the first queued check (the *baton*), which sends it as one call (split at
+//! `max_batch`), answers every check in it, and hands the lane on.
+//!
+//! On a single server a lane keeps up to [`PIPELINE`] calls in flight, so that the server
+//! decides one batch while the next forms and goes out (with one, client and server took turns
+//! and each idled half the time). Order still holds: a call may start only once the lane's
+//! previous call has reached the connection (its first poll: redis-rs queues the command
+//! there), a connection's commands reach the server in the order they were queued, and Redis
+//! runs them in that order; the script decides the items of a call in order. So each key's
+//! checks are decided in arrival order, exactly as one call per check would decide them. (A
+//! call sent again after `NOSCRIPT`, when the server lost its scripts, may run behind a later
+//! one.) A Cluster routes each call on its own, so there a lane keeps one call in flight.
 //!
 //! Only live and injected-time checks that count (`check_n`, `check_n_at`) coalesce, in
 //! separate lanes (an injected time sets a TTL floor for a whole call); peeks go alone.
 //!
 //! Cancellation: a queued check whose caller gives up is skipped; a baton dropped before its
-//! call returned (its caller gave up) passes the lane on, and the checks it carried get a
-//! transient error, as a call that timed out would give them.
+//! call returned (its caller gave up) frees its place in the lane, and the checks it carried
+//! get a transient error, as a call that timed out would give them.
 
 use std::collections::HashMap;
+use std::future::Future;
 use std::sync::Arc;
 
 use parking_lot::Mutex;
@@ -27,14 +36,29 @@ use super::{Item, RedisConnection, RedisLimiter};
 use crate::decision::Decision;
 use crate::redis::error::Error;
 
+/// The calls a lane keeps in flight on a single server.
+pub(crate) const PIPELINE: usize = 2;
+
 /// A lane: a Cluster slot (`None` on a single server), and whether its checks carry injected
 /// times.
 type LaneId = (Option<Slot>, bool);
 
-/// The lanes with a call in flight, and the checks queued behind each.
-#[derive(Default)]
+/// The busy lanes.
 pub(crate) struct Lanes {
-    lanes: Mutex<HashMap<LaneId, Vec<Waiting>>>,
+    lanes: Mutex<HashMap<LaneId, Lane>>,
+    /// The calls a lane may have in flight.
+    depth: usize,
+}
+
+/// A busy lane.
+#[derive(Default)]
+struct Lane {
+    /// Checks waiting for a call, in arrival order.
+    queue: Vec<Waiting>,
+    /// Calls started and not yet returned.
+    in_flight: usize,
+    /// A call started has not reached the connection yet: none may start before it does.
+    sending: bool,
 }
 
 /// A queued check: the item, and where its answer (or the baton) goes. `None`: the check that
@@ -44,7 +68,7 @@ struct Waiting {
     tx: Option<oneshot::Sender<Msg>>,
 }
 
-/// What a check does on arrival: lead its lane's next call, or wait behind the call in flight.
+/// What a check does on arrival: lead a call of its lane now, or wait.
 enum Turn {
     Lead(Item),
     Wait(oneshot::Receiver<Msg>),
@@ -55,48 +79,88 @@ enum Msg {
     Lead(Baton),
 }
 
-/// The right to send a lane's next call, with the checks it carries. Dropped, it hands the
-/// lane on to the first check queued since (or leaves the lane idle).
+/// The right to send one call of a lane, with the checks it carries. It frees its place in
+/// the lane when dropped (the call returned, or its caller gave up), and lets the next call
+/// start once its own reached the connection.
 struct Baton {
     lanes: Arc<Lanes>,
     lane: LaneId,
     batch: Vec<Waiting>,
-    /// Whether dropping it passes the lane on (not when it is being handed over).
+    /// Whether its call has reached the connection.
+    sent: bool,
+    /// Whether dropping it frees its place (not when it is being handed over).
     armed: bool,
+}
+
+impl Baton {
+    /// Its call reached the connection: the lane's next call may start.
+    fn mark_sent(&mut self) {
+        if !self.sent {
+            self.sent = true;
+            let mut lanes = self.lanes.lanes.lock();
+            if let Some(lane) = lanes.get_mut(&self.lane) {
+                lane.sending = false;
+            }
+            self.lanes.hand_off(&mut lanes, self.lane);
+        }
+    }
 }
 
 impl Drop for Baton {
     fn drop(&mut self) {
         if self.armed {
-            self.lanes.pass(self.lane);
+            let mut lanes = self.lanes.lanes.lock();
+            if let Some(lane) = lanes.get_mut(&self.lane) {
+                if !self.sent {
+                    lane.sending = false;
+                }
+                lane.in_flight = lane.in_flight.saturating_sub(1);
+            }
+            self.lanes.hand_off(&mut lanes, self.lane);
         }
     }
 }
 
 impl Lanes {
-    /// Hands `lane` to the first check queued behind the call that just ended, skipping checks
-    /// whose callers gave up; marks the lane idle if none is left.
-    fn pass(self: &Arc<Self>, lane: LaneId) {
-        let mut lanes = self.lanes.lock();
+    /// Lanes that keep up to `depth` calls in flight each.
+    pub(crate) fn new(depth: usize) -> Lanes {
+        Lanes {
+            lanes: Mutex::new(HashMap::new()),
+            depth: depth.max(1),
+        }
+    }
+
+    /// Starts `lane`'s next call if it may (no call is on its way to the connection, fewer
+    /// than `depth` are in flight): hands the queue to its first check, skipping checks whose
+    /// callers gave up. Forgets the lane once it is idle.
+    fn hand_off(self: &Arc<Self>, lanes: &mut HashMap<LaneId, Lane>, id: LaneId) {
         loop {
-            let Some(queue) = lanes.get_mut(&lane) else {
+            let Some(lane) = lanes.get_mut(&id) else {
                 return;
             };
-            if queue.is_empty() {
-                lanes.remove(&lane);
+            if lane.queue.is_empty() {
+                if lane.in_flight == 0 && !lane.sending {
+                    lanes.remove(&id);
+                }
                 return;
             }
-            let mut batch = std::mem::take(queue);
+            if lane.sending || lane.in_flight >= self.depth {
+                return;
+            }
+            let mut batch = std::mem::take(&mut lane.queue);
             let Some(tx) = batch[0].tx.take() else {
                 // Never queued without a sender; treat it as gone.
                 batch.remove(0);
-                *queue = batch;
+                lane.queue = batch;
                 continue;
             };
+            lane.in_flight += 1;
+            lane.sending = true;
             let baton = Baton {
                 lanes: Arc::clone(self),
-                lane,
+                lane: id,
                 batch,
+                sent: false,
                 armed: true,
             };
             match tx.send(Msg::Lead(baton)) {
@@ -106,8 +170,10 @@ impl Lanes {
                     baton.armed = false;
                     let mut batch = std::mem::take(&mut baton.batch);
                     batch.remove(0);
-                    if let Some(queue) = lanes.get_mut(&lane) {
-                        *queue = batch;
+                    if let Some(lane) = lanes.get_mut(&id) {
+                        lane.in_flight -= 1;
+                        lane.sending = false;
+                        lane.queue = batch;
                     }
                 }
                 Err(Msg::Done(_)) => return,
@@ -118,43 +184,44 @@ impl Lanes {
 
 impl<C: RedisConnection> RedisLimiter<C> {
     /// Decides `item` (a counting check), sharing a script call with the checks of its lane
-    /// that arrive while another call of the lane is in flight.
+    /// that arrive while the lane is busy.
     pub(super) async fn coalesced(&self, item: Item) -> Result<Decision, Error> {
         let slot = C::CLUSTERED.then(|| Slot::for_key(&item.key));
-        let lane = (slot, item.at.is_some());
+        let id = (slot, item.at.is_some());
         let Some(lanes) = &self.lanes else {
             return self.decide_one(item, true).await;
         };
         let turn = {
             let mut map = lanes.lanes.lock();
-            match map.get_mut(&lane) {
-                Some(queue) => {
-                    let (tx, rx) = oneshot::channel();
-                    queue.push(Waiting { item, tx: Some(tx) });
-                    Turn::Wait(rx)
-                }
-                None => {
-                    map.insert(lane, Vec::new());
-                    Turn::Lead(item)
-                }
+            let lane = map.entry(id).or_default();
+            if lane.queue.is_empty() && !lane.sending && lane.in_flight < lanes.depth {
+                lane.in_flight += 1;
+                lane.sending = true;
+                Turn::Lead(item)
+            } else {
+                let (tx, rx) = oneshot::channel();
+                lane.queue.push(Waiting { item, tx: Some(tx) });
+                Turn::Wait(rx)
             }
         };
         let rx = match turn {
             Turn::Wait(rx) => rx,
-            // The lane was idle: this check is sent at once.
+            // The lane had room: this check is sent at once.
             Turn::Lead(item) => {
                 let baton = Baton {
                     lanes: Arc::clone(lanes),
-                    lane,
+                    lane: id,
                     batch: vec![Waiting { item, tx: None }],
+                    sent: false,
                     armed: true,
                 };
                 return self.lead(baton).await;
             }
         };
-        // Our turn comes when the call in flight returns (within its timeout): the answer, or
-        // the baton for the next call (within ours). No timeout of our own here: a check that
-        // gave up waiting while the server still answers in time would be a spurious failure.
+        // Our turn comes when a call of the lane returns or reaches the connection (within
+        // its timeout): the answer, or the baton for the next call (within ours). No timeout
+        // of our own here: a check that gave up waiting while the server still answers in
+        // time would be a spurious failure.
         match rx.await {
             Ok(Msg::Done(result)) => result,
             Ok(Msg::Lead(baton)) => self.lead(baton).await,
@@ -163,16 +230,24 @@ impl<C: RedisConnection> RedisLimiter<C> {
         }
     }
 
-    /// Sends the baton's checks as one call (split at `max_batch`), answers each, then passes
-    /// the lane on. The result of the check that holds the baton.
+    /// Sends the baton's checks as one call (split at `max_batch`), answers each, then frees
+    /// its place in the lane. The result of the check that holds the baton.
     async fn lead(&self, mut baton: Baton) -> Result<Decision, Error> {
         let (items, txs): (Vec<Item>, Vec<Option<oneshot::Sender<Msg>>>) =
             std::mem::take(&mut baton.batch)
                 .into_iter()
                 .map(|w| (w.item, w.tx))
                 .unzip();
-        let results = self.decide(items, true).await;
-        // The next call of the lane goes out before anyone is answered.
+        let mut call = std::pin::pin!(self.decide(items, true));
+        // The first poll queues the call on the connection (every part of a split batch, in
+        // order); only then may the lane's next call start.
+        let results = std::future::poll_fn(|cx| {
+            let poll = call.as_mut().poll(cx);
+            baton.mark_sent();
+            poll
+        })
+        .await;
+        // The lane's next call goes out before anyone is answered.
         drop(baton);
         let mut own = Err(Error::bad_reply("no result for the check".into()));
         for (tx, result) in txs.into_iter().zip(results) {
