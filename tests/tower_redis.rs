@@ -198,10 +198,29 @@ fn guarded_and_leased_nodes_hold_the_limit_too() {
     });
 }
 
+/// Two servers (each its own connection, as two nodes) of the layer that `text` configures,
+/// every policy on Redis.
+#[cfg(feature = "serde")]
+async fn configured_nodes(server: &RedisServer, text: &str) -> Vec<SocketAddr> {
+    use tollgate::tower::config::LayerConfig;
+    let mut nodes = Vec::new();
+    for _ in 0..2 {
+        let client = redis::Client::open(server.url()).expect("a valid URL");
+        let conn = ConnectionManager::new(client).await.expect("connects");
+        let config: LayerConfig = toml::from_str(text).expect("parses");
+        let layer = config
+            .builder_with(|policy| policy.redis(conn.clone()))
+            .expect("valid policies")
+            .build()
+            .expect("a valid layer");
+        nodes.push(serve_layer(layer).await);
+    }
+    nodes
+}
+
 #[cfg(feature = "serde")]
 #[test]
 fn a_configured_layer_goes_global_with_one_closure() {
-    use tollgate::tower::config::LayerConfig;
     let Some(server) = RedisServer::start() else {
         return;
     };
@@ -211,18 +230,7 @@ fn a_configured_layer_goes_global_with_one_closure() {
         let text = "headers = \"legacy\"\n\
             [[policy]]\nname = \"api\"\npath = \"/api\"\nquota = \"2/1h\"\n\
             [[policy]]\nname = \"other\"\npath = \"/other\"\nalgorithm = \"sliding-window\"\nquota = \"2/1h\"\n";
-        let mut nodes = Vec::new();
-        for _ in 0..2 {
-            let client = redis::Client::open(server.url()).expect("a valid URL");
-            let conn = ConnectionManager::new(client).await.expect("connects");
-            let config: LayerConfig = toml::from_str(text).expect("parses");
-            let layer = config
-                .builder_with(|policy| policy.redis(conn.clone()))
-                .expect("valid policies")
-                .build()
-                .expect("a valid layer");
-            nodes.push(serve_layer(layer).await);
-        }
+        let nodes = configured_nodes(&server, text).await;
         let http = client();
         let mut statuses = Vec::new();
         for path in ["/api/x", "/other"] {
@@ -236,18 +244,7 @@ fn a_configured_layer_goes_global_with_one_closure() {
         // (3 an hour) was charged only for the two admitted, so it still admits alone.
         let text = "headers = \"legacy\"\n\
             [[policy]]\nname = \"two\"\nquota = [\"3/1h\", \"2/1h\"]\n";
-        let mut nodes = Vec::new();
-        for _ in 0..2 {
-            let client = redis::Client::open(server.url()).expect("a valid URL");
-            let conn = ConnectionManager::new(client).await.expect("connects");
-            let config: LayerConfig = toml::from_str(text).expect("parses");
-            let layer = config
-                .builder_with(|policy| policy.redis(conn.clone()))
-                .expect("valid policies")
-                .build()
-                .expect("a valid layer");
-            nodes.push(serve_layer(layer).await);
-        }
+        let nodes = configured_nodes(&server, text).await;
         let mut seen = Vec::new();
         for i in 0..4 {
             let reply = get_path(&http, nodes[i % 2], "/other").await;
