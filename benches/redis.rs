@@ -19,9 +19,9 @@
 //!   p50/p99 printed (`cargo bench --features redis --bench redis -- redis_degraded`).
 //!
 //! - `redis_coalesced`: exact checks from 1, 16 and 64 concurrent tasks on one connection, one
-//!   `EVALSHA` per check against coalesced (checks arriving while a call is in flight share the
-//!   next one): checks per second and p50/p99 per check, printed
-//!   (`cargo bench --features redis --bench redis -- redis_coalesced`).
+//!   `EVALSHA` per check against coalesced (checks arriving while the lane is busy share the
+//!   next call), over 1024 keys in turn and on one hot key: checks per second and p50/p99 per
+//!   check, printed (`cargo bench --features redis --bench redis -- redis_coalesced`).
 //!
 //! Every figure is time per check. Round trips per check for the leased tier are printed after
 //! the group. Skipped with a message when `redis-server` is not installed.
@@ -409,11 +409,12 @@ fn exact_load(
     url: &str,
     coalesce: bool,
     tasks: usize,
+    keys: u64,
     run: Duration,
 ) -> (f64, u64, u64) {
     runtime.block_on(async {
         let exact = RedisLimiter::builder(rule())
-            .prefix(format!("coalesce-{coalesce}-{tasks}"))
+            .prefix(format!("coalesce-{coalesce}-{tasks}-{keys}"))
             .timeout(Duration::from_secs(5))
             .coalesce(coalesce)
             .connect(url)
@@ -428,7 +429,10 @@ fn exact_load(
                     let mut i = task as u64;
                     while start.elapsed() < run {
                         let t = Instant::now();
-                        let d = exact.check(key(i)).await.expect("redis answers");
+                        let d = exact
+                            .check(format!("bench-{}", i % keys))
+                            .await
+                            .expect("redis answers");
                         latencies.push(t.elapsed().as_nanos() as u64);
                         assert!(d.allowed());
                         i += tasks as u64;
@@ -457,13 +461,15 @@ fn bench_coalesced(c: &mut Criterion) {
     let Some((server, runtime)) = server_and_runtime("redis_coalesced") else {
         return;
     };
-    for tasks in [1usize, 16, 64] {
-        let run = Duration::from_secs(3);
-        let (one_rate, one_50, one_99) = exact_load(&runtime, &server.url(), false, tasks, run);
-        let (co_rate, co_50, co_99) = exact_load(&runtime, &server.url(), true, tasks, run);
-        println!(
-            "redis_coalesced/{tasks}_tasks: one EVALSHA per check {:.1} k/s p50 {:.0} µs p99 \
-             {:.0} µs; coalesced {:.1} k/s p50 {:.0} µs p99 {:.0} µs ({:.2}x the checks/s)",
+    for (keys, name) in [(KEYS, "1024_keys"), (1, "1_key")] {
+        for tasks in [1usize, 16, 64] {
+            let run = Duration::from_secs(3);
+            let url = server.url();
+            let (one_rate, one_50, one_99) = exact_load(&runtime, &url, false, tasks, keys, run);
+            let (co_rate, co_50, co_99) = exact_load(&runtime, &url, true, tasks, keys, run);
+            println!(
+                "redis_coalesced/{name}/{tasks}_tasks: one EVALSHA per check {:.1} k/s p50 {:.0} µs p99 \
+                 {:.0} µs; coalesced {:.1} k/s p50 {:.0} µs p99 {:.0} µs ({:.2}x the checks/s)",
             one_rate / 1e3,
             one_50 as f64 / 1e3,
             one_99 as f64 / 1e3,
@@ -471,7 +477,8 @@ fn bench_coalesced(c: &mut Criterion) {
             co_50 as f64 / 1e3,
             co_99 as f64 / 1e3,
             co_rate / one_rate
-        );
+            );
+        }
     }
 }
 

@@ -938,9 +938,35 @@ fn time_going_backwards_is_clamped() {
                     cost: 4,
                     peek: false,
                 },
+                // Judged from 1100 ms, the newest time seen, not from 200.
+                Request {
+                    t: t(1150),
+                    key: "k",
+                    cost: 1,
+                    peek: false,
+                },
             ];
             let (expected, actual) = both(&conn, name, quota, &trace, false).await;
             assert_same(&expected, &actual, &trace, name);
+            // One call: each item sees the state the items before it left (kept unformatted
+            // for a key written twice in a call), clamped alike.
+            let (expected, actual) = both(&conn, name, quota, &trace, true).await;
+            assert_same(&expected, &actual, &trace, &format!("{name}, one call"));
+            // An admission back in time on a key written twice already in the call, then one
+            // judged from the newest time.
+            let trace: Vec<Request> = [900, 950, 300, 1000]
+                .into_iter()
+                .map(|ms| Request {
+                    t: t(ms),
+                    key: "k",
+                    cost: 1,
+                    peek: false,
+                })
+                .collect();
+            for batched in [false, true] {
+                let (expected, actual) = both(&conn, name, quota, &trace, batched).await;
+                assert_same(&expected, &actual, &trace, &format!("{name}, {batched}"));
+            }
         }
     });
 }

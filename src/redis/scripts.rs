@@ -91,6 +91,12 @@ local function set_state(key, state, ttl)
   if not ttls[key] then pending[#pending + 1] = key end
   states[key], ttls[key] = state, ttl
 end
+-- A key written more than once in a call (a hot key) keeps its state as the script's own
+-- fields from its second write on, formatted once, when written, by the script's
+-- `format_state` (which returns the string and its TTL): its batch then neither parses nor
+-- formats the state item by item. `fields[key]` supersedes `states[key]`. (Both made at a
+-- call's first hot key: a single check makes neither.)
+local format_state, fields
 
 -- The sliding log's writes: done at once, or in an all-or-nothing call held back until every
 -- item is known to be admitted (its items are distinct keys, so none reads another's write).
@@ -231,7 +237,9 @@ local function finish()
   end
   for i = 1, #pending do
     local key = pending[i]
-    redis.call('SET', key, states[key], 'PX', ttls[key])
+    local state, ttl = states[key], ttls[key]
+    if fields and fields[key] then state, ttl = format_state(fields[key]) end
+    redis.call('SET', key, state, 'PX', ttl)
   end
   for i = 1, #held do held[i]() end
   return reply
@@ -388,15 +396,36 @@ for i = 1, #KEYS do
   local cost, at, span, interval = item(i)
   local ts, t = now_of(at)
   local code, debt
-  code, debt, ts, t = read_gcra(key, ts, t)
-  if type(code) == 'table' then return code end
+  local f = fields and fields[key]
+  if f then
+    -- This call's own newest state of the key, read as read_gcra reads its string.
+    local gap = diff(t, f[2])
+    if gap < 0 then ts, t, gap = f[1], f[2], 0 end
+    debt = f[3] - gap
+    if debt < 0 then debt = 0 end
+  else
+    code, debt, ts, t = read_gcra(key, ts, t)
+    if type(code) == 'table' then return code end
+  end
   if not code then
     local increment = cost * interval
     if cost == 0 or debt + increment <= span then
       code = 1
       if commit and cost > 0 then
         local after = debt + increment
-        set_state(key, ts .. ' ' .. string.format('%d', after), ttl_ms(after))
+        if ttls[key] then
+          -- Written before in this call (so `defer` is on): a hot key, kept as fields
+          -- {time string, time pair, debt}, whose state is "<t> <debt>".
+          if not fields then
+            fields = {}
+            format_state = function(v)
+              return v[1] .. ' ' .. string.format('%d', v[3]), ttl_ms(v[3])
+            end
+          end
+          fields[key] = {ts, t, after}
+        else
+          set_state(key, ts .. ' ' .. string.format('%d', after), ttl_ms(after))
+        end
       end
     else
       code = 0
