@@ -880,23 +880,36 @@ impl<C: RedisConnection> RedisLimiter<C> {
             .zip(rows)
             .map(|(&i, row)| {
                 let item = &items[i];
-                let key = || String::from_utf8_lossy(&item.key).into_owned();
-                match rule.verdict(&row)? {
-                    Verdict::WrongType => {
-                        tracing::warn!(key = %key(), "rate-limit key holds another Redis type");
-                        Err(Error::WrongType { key: key() })
-                    }
-                    Verdict::CorruptState => {
-                        tracing::warn!(key = %key(), "rate-limit key holds a foreign value");
-                        Err(Error::CorruptState { key: key() })
-                    }
-                    // The clock's unit: 1 ns injected, 1 µs for the server's TIME.
-                    Verdict::Decided { .. } => {
-                        rule.decision(item.cost, &row, if item.at.is_some() { 1 } else { 1000 })
-                    }
-                }
+                ours(rule, &row, &item.key)?;
+                rule.decision(item.cost, &row, clock_unit(item.at.is_some()))
             })
             .collect())
+    }
+}
+
+/// Refuses a reply row that says `key` holds what our scripts did not write (logged: an
+/// operator must look), or that is not a row of `rule`'s script.
+fn ours(rule: RedisRule, row: &[i64], key: &[u8]) -> Result<(), Error> {
+    let key = || String::from_utf8_lossy(key).into_owned();
+    match rule.verdict(row)? {
+        Verdict::WrongType => {
+            tracing::warn!(key = %key(), "rate-limit key holds another Redis type");
+            Err(Error::WrongType { key: key() })
+        }
+        Verdict::CorruptState => {
+            tracing::warn!(key = %key(), "rate-limit key holds a foreign value");
+            Err(Error::CorruptState { key: key() })
+        }
+        Verdict::Decided { .. } => Ok(()),
+    }
+}
+
+/// The unit of the times in a reply: 1 ns for an injected time, 1 µs for the server's `TIME`.
+fn clock_unit(injected: bool) -> u64 {
+    if injected {
+        1
+    } else {
+        1000
     }
 }
 

@@ -4,10 +4,10 @@ use std::sync::Arc;
 
 use redis::cluster_routing::Slot;
 
-use super::{rows, RedisConnection, RedisLimiter};
+use super::{clock_unit, ours, rows, RedisConnection, RedisLimiter};
 use crate::decision::Decision;
 use crate::redis::error::Error;
-use crate::redis::rule::{RedisRule, RuleError, Verdict};
+use crate::redis::rule::{RedisRule, RuleError};
 
 /// Several limits on every key, held on Redis, all or nothing: a request is admitted only if
 /// every limit admits it, and a request one limit refuses is charged to none (for example 10 a
@@ -140,15 +140,7 @@ impl<C> RedisMultiLimiter<C> {
     /// # }
     /// ```
     pub fn redis_key(&self, index: usize, key: impl AsRef<[u8]>) -> Option<Vec<u8>> {
-        if index >= self.rules.len() {
-            return None;
-        }
-        let mut out = self.limiter.redis_key(key);
-        if index > 0 {
-            out.push(b':');
-            out.extend_from_slice(index.to_string().as_bytes());
-        }
-        Some(out)
+        (index < self.rules.len()).then(|| limit_key(self.limiter.redis_key(key), index))
     }
 }
 
@@ -231,8 +223,9 @@ impl<C: RedisConnection> RedisMultiLimiter<C> {
                 });
             }
         }
+        let base = self.limiter.redis_key(key);
         let keys: Vec<Vec<u8>> = (0..self.rules.len())
-            .filter_map(|i| self.redis_key(i, key))
+            .map(|i| limit_key(base.clone(), i))
             .collect();
         if C::CLUSTERED
             && keys
@@ -264,16 +257,10 @@ impl<C: RedisConnection> RedisMultiLimiter<C> {
         }
         let reply = limiter.invoke(&invocation).await?;
         let rows = rows(reply, keys.len())?;
-        // The clock's unit: 1 ns injected, 1 µs for the server's TIME.
-        let unit = if at.is_some() { 1 } else { 1000 };
+        let unit = clock_unit(at.is_some());
         // A foreign value in any limit's key fails the check (nothing was written).
         for ((rule, row), redis_key) in self.rules.iter().zip(&rows).zip(&keys) {
-            let key = || String::from_utf8_lossy(redis_key).into_owned();
-            match rule.verdict(row)? {
-                Verdict::WrongType => return Err(Error::WrongType { key: key() }),
-                Verdict::CorruptState => return Err(Error::CorruptState { key: key() }),
-                Verdict::Decided { .. } => {}
-            }
+            ours(*rule, row, redis_key)?;
         }
         let mut tightest: Option<(Decision, usize)> = None;
         for (index, (rule, row)) in self.rules.iter().zip(&rows).enumerate() {
@@ -291,4 +278,14 @@ impl<C: RedisConnection> RedisMultiLimiter<C> {
         }
         tightest.ok_or_else(|| Error::bad_reply("no limit decided".into()))
     }
+}
+
+/// The Redis key of limit `index`, from the limiter's own key of the user key (`base`): `base`
+/// itself for the first limit, `base:<index>` after it (the same hash tag, so the same slot).
+fn limit_key(mut base: Vec<u8>, index: usize) -> Vec<u8> {
+    if index > 0 {
+        base.push(b':');
+        base.extend_from_slice(index.to_string().as_bytes());
+    }
+    base
 }
