@@ -709,11 +709,11 @@ fn coalesced_concurrent_checks_decide_as_one_call_per_check() {
     );
 }
 
-/// Coalescing keeps each key's arrival order with several calls of a lane in flight: 400
-/// checks of one key, each its own task spawned in order with random gaps (none, yields, a
-/// millisecond), against a GCRA bucket that never empties, at one injected instant. Each
-/// decision's `remaining` tells where the server placed it: the i-th arrival must see
-/// `burst − 1 − i`.
+/// Coalescing keeps each key's arrival order with several calls of a lane in flight, also
+/// when the server loses its scripts (before and during each round): 400 checks of one key,
+/// each its own task spawned in order with random gaps (none, yields, a millisecond), against
+/// a GCRA bucket that never empties, at one injected instant. Each decision's `remaining`
+/// tells where the server placed it: the i-th arrival must see `burst − 1 − i`.
 #[test]
 fn coalesced_checks_of_one_key_keep_their_arrival_order() {
     let Some(server) = RedisServer::start() else {
@@ -733,9 +733,27 @@ fn coalesced_checks_of_one_key_keep_their_arrival_order() {
     for round in 0..20 {
         let redis = limiter(&conn, RedisRule::gcra(quota).unwrap());
         let gaps: Vec<u64> = (0..400).map(|_| next() % 10).collect();
+        // The server loses its scripts before the round and once within it (calls in flight
+        // then get NOSCRIPT and are sent again).
+        let flush_at = (next() % 400) as usize;
         let remaining: Vec<u64> = rt.block_on(async {
+            let flush = || {
+                let mut conn = conn.clone();
+                async move {
+                    let done: redis::RedisResult<()> = redis::cmd("SCRIPT")
+                        .arg("FLUSH")
+                        .query_async(&mut conn)
+                        .await;
+                    done.expect("SCRIPT FLUSH");
+                }
+            };
+            flush().await;
+            let mut flushed = None;
             let mut tasks = Vec::new();
-            for &gap in &gaps {
+            for (i, &gap) in gaps.iter().enumerate() {
+                if i == flush_at {
+                    flushed = Some(tokio::spawn(flush()));
+                }
                 match gap {
                     0..=5 => {}
                     9 => tokio::time::sleep(Duration::from_millis(1)).await,
@@ -754,6 +772,7 @@ fn coalesced_checks_of_one_key_keep_their_arrival_order() {
             for task in tasks {
                 remaining.push(task.await.unwrap().expect("redis answers").remaining());
             }
+            flushed.expect("flushed").await.unwrap();
             remaining
         });
         for (i, r) in remaining.iter().enumerate() {

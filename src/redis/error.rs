@@ -200,6 +200,15 @@ impl Error {
     }
 }
 
+impl Error {
+    /// The server had lost the script called (`NOSCRIPT`: restarted, failed over, or its
+    /// script cache flushed); loading it again cures it.
+    pub(crate) fn is_no_script(&self) -> bool {
+        matches!(self, Error::Server { source }
+            if source.kind() == ErrorKind::Server(ServerErrorKind::NoScript))
+    }
+}
+
 impl From<redis::RedisError> for Error {
     /// Classifies a client-library error.
     fn from(source: redis::RedisError) -> Error {

@@ -12,10 +12,11 @@ use redis::aio::{
 use redis::cluster::ClusterClientBuilder;
 use redis::cluster_async::ClusterConnection;
 use redis::cluster_routing::Slot;
-use redis::Value;
+use redis::{ErrorKind, ServerErrorKind, Value};
 
 use super::error::Error;
 use super::rule::{RedisRule, Verdict};
+use super::scripts::ScriptCall;
 use crate::decision::Decision;
 
 mod coalesce;
@@ -461,6 +462,7 @@ impl RedisLimiter {
 }
 
 /// One check of a batch: the full Redis key, the cost and the injected time, if any.
+#[derive(Clone)]
 struct Item {
     key: Vec<u8>,
     cost: u64,
@@ -546,11 +548,11 @@ impl<C: RedisConnection> RedisLimiter<C> {
         I: IntoIterator<Item = (K, u64)>,
         K: AsRef<[u8]>,
     {
-        let items = requests
+        let items: Vec<Item> = requests
             .into_iter()
             .map(|(key, cost)| self.item(key.as_ref(), cost, None))
             .collect();
-        self.decide(items, true).await
+        self.decide(&items, true, true).await
     }
 
     /// Loads the rule's script into the server's script cache (done by
@@ -650,11 +652,11 @@ impl<C: RedisConnection> RedisLimiter<C> {
         I: IntoIterator<Item = (K, u64, u64)>,
         K: AsRef<[u8]>,
     {
-        let items = requests
+        let items: Vec<Item> = requests
             .into_iter()
             .map(|(key, cost, at)| self.item(key.as_ref(), cost, Some(at)))
             .collect();
-        self.decide(items, true).await
+        self.decide(&items, true, true).await
     }
 }
 
@@ -775,14 +777,19 @@ impl<C: RedisConnection> RedisLimiter<C> {
 
     /// `item` alone in one call.
     async fn decide_one(&self, item: Item, commit: bool) -> Result<Decision, Error> {
-        self.decide(vec![item], commit)
+        self.decide(std::slice::from_ref(&item), commit, true)
             .await
             .pop()
             .unwrap_or_else(|| Err(Error::bad_reply("no result for the check".into())))
     }
 
-    /// Decides `items` in order; one result per item.
-    async fn decide(&self, items: Vec<Item>, commit: bool) -> Vec<Result<Decision, Error>> {
+    /// Decides `items` in order; one result per item. `reload`: as for [`Self::invoke`].
+    async fn decide(
+        &self,
+        items: &[Item],
+        commit: bool,
+        reload: bool,
+    ) -> Vec<Result<Decision, Error>> {
         let capacity = self.rule.capacity();
         let results: Vec<Option<Result<Decision, Error>>> = items
             .iter()
@@ -798,7 +805,7 @@ impl<C: RedisConnection> RedisLimiter<C> {
         let replies = join_all(
             calls
                 .iter()
-                .map(|chunk| self.call(&items, chunk, commit))
+                .map(|chunk| self.call(items, chunk, commit, reload))
                 .collect(),
         )
         .await;
@@ -832,13 +839,21 @@ impl<C: RedisConnection> RedisLimiter<C> {
             .collect()
     }
 
-    /// Sends one prepared script call on the shared connection, within the timeout.
-    pub(crate) async fn invoke(
-        &self,
-        invocation: &redis::ScriptInvocation<'_>,
-    ) -> Result<Value, Error> {
+    /// Sends one script call on the shared connection, within the timeout. When the server
+    /// lost the script (`NOSCRIPT`), `reload` loads it and sends the call again; otherwise the
+    /// call fails with that error ([`Error::is_no_script`]).
+    pub(crate) async fn invoke(&self, call: &ScriptCall, reload: bool) -> Result<Value, Error> {
         let mut conn = self.conn.clone();
-        match tokio::time::timeout(self.timeout, invocation.invoke_async(&mut conn)).await {
+        let run = async {
+            match call.evalsha().query_async(&mut conn).await {
+                Err(e) if reload && e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
+                    call.script.load_async(&mut conn).await?;
+                    call.evalsha().query_async(&mut conn).await
+                }
+                reply => reply,
+            }
+        };
+        match tokio::time::timeout(self.timeout, run).await {
             Err(_) => Err(self.timed_out()),
             Ok(Err(error)) => Err(self.failure(error)),
             Ok(Ok(reply)) => Ok(reply),
@@ -851,9 +866,10 @@ impl<C: RedisConnection> RedisLimiter<C> {
         items: &[Item],
         chunk: &[usize],
         commit: bool,
+        reload: bool,
     ) -> Result<Vec<Result<Decision, Error>>, Error> {
         let rule = self.rule;
-        let mut invocation = rule.script().prepare_invoke();
+        let mut invocation = ScriptCall::new(rule.script());
         let injected = chunk.iter().any(|&i| items[i].at.is_some());
         let [first, second] = rule.script_params();
         invocation
@@ -873,7 +889,7 @@ impl<C: RedisConnection> RedisLimiter<C> {
                 None => invocation.arg(""),
             };
         }
-        let reply = self.invoke(&invocation).await?;
+        let reply = self.invoke(&invocation, reload).await?;
         let rows = rows(reply, chunk.len())?;
         Ok(chunk
             .iter()

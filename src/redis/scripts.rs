@@ -362,6 +362,47 @@ pub(crate) struct Scripts {
     pub charge_log: Script,
 }
 
+/// One script call: `EVALSHA` with the script's keys and arguments. (redis-rs's
+/// `ScriptInvocation` reloads a lost script by itself; the coalescer must see the `NOSCRIPT`
+/// first, to re-send its calls in their order.)
+pub(crate) struct ScriptCall {
+    pub script: &'static Script,
+    keys: Vec<Vec<u8>>,
+    args: Vec<Vec<u8>>,
+}
+
+impl ScriptCall {
+    pub fn new(script: &'static Script) -> ScriptCall {
+        ScriptCall {
+            script,
+            keys: Vec::new(),
+            args: Vec::new(),
+        }
+    }
+
+    /// Adds `KEYS[i]`.
+    pub fn key(&mut self, key: &[u8]) -> &mut ScriptCall {
+        self.keys.push(key.to_vec());
+        self
+    }
+
+    /// Adds the next `ARGV` entries (one for each value `arg` writes).
+    pub fn arg<T: redis::ToRedisArgs>(&mut self, arg: T) -> &mut ScriptCall {
+        arg.write_redis_args(&mut self.args);
+        self
+    }
+
+    /// The `EVALSHA` command.
+    pub fn evalsha(&self) -> redis::Cmd {
+        let mut cmd = redis::cmd("EVALSHA");
+        cmd.arg(self.script.get_hash())
+            .arg(self.keys.len())
+            .arg(&self.keys)
+            .arg(&self.args);
+        cmd
+    }
+}
+
 pub(crate) fn scripts() -> &'static Scripts {
     static SCRIPTS: OnceLock<Scripts> = OnceLock::new();
     SCRIPTS.get_or_init(|| Scripts {

@@ -13,9 +13,15 @@
 //! previous call has reached the connection (its first poll: redis-rs queues the command
 //! there), a connection's commands reach the server in the order they were queued, and Redis
 //! runs them in that order; the script decides the items of a call in order. So each key's
-//! checks are decided in arrival order, exactly as one call per check would decide them. (A
-//! call sent again after `NOSCRIPT`, when the server lost its scripts, may run behind a later
-//! one.) A Cluster routes each call on its own, so there a lane keeps one call in flight.
+//! checks are decided in arrival order, exactly as one call per check would decide them. A
+//! Cluster routes each call on its own, so there a lane keeps one call in flight.
+//!
+//! A server that lost its scripts (first use, restart, failover, `SCRIPT FLUSH`) answers each
+//! call in flight `NOSCRIPT`. The lane then starts no call until those have returned, and each
+//! is sent again (loading the script) only once the calls started before it have returned, so
+//! the order holds through the reload. (Should another client load the script between two of
+//! a lane's calls in flight, the later one runs first: that takes a script loss and a foreign
+//! load within one round trip.)
 //!
 //! Only live and injected-time checks that count (`check_n`, `check_n_at`) coalesce, in
 //! separate lanes (an injected time sets a TTL floor for a whole call); peeks go alone.
@@ -30,7 +36,7 @@ use std::sync::Arc;
 
 use parking_lot::Mutex;
 use redis::cluster_routing::Slot;
-use tokio::sync::oneshot;
+use tokio::sync::{oneshot, Notify};
 
 use super::{Item, RedisConnection, RedisLimiter};
 use crate::decision::Decision;
@@ -48,6 +54,8 @@ pub(crate) struct Lanes {
     lanes: Mutex<HashMap<LaneId, Lane>>,
     /// The calls a lane may have in flight.
     depth: usize,
+    /// Signalled when a call of a frozen lane returns.
+    returned: Notify,
 }
 
 /// A busy lane.
@@ -55,10 +63,37 @@ pub(crate) struct Lanes {
 struct Lane {
     /// Checks waiting for a call, in arrival order.
     queue: Vec<Waiting>,
-    /// Calls started and not yet returned.
-    in_flight: usize,
+    /// The start numbers of the calls started and not yet returned.
+    in_flight: Vec<u64>,
+    /// The next call's start number.
+    started: u64,
     /// A call started has not reached the connection yet: none may start before it does.
     sending: bool,
+    /// A call found the server without its script: none starts until those in flight return.
+    frozen: bool,
+}
+
+impl Lane {
+    fn may_start(&self, depth: usize) -> bool {
+        !self.sending && !self.frozen && self.in_flight.len() < depth
+    }
+
+    /// Starts a call: its start number.
+    fn start(&mut self) -> u64 {
+        let seq = self.started;
+        self.started += 1;
+        self.in_flight.push(seq);
+        self.sending = true;
+        seq
+    }
+
+    /// The call `seq` returned (or never went out).
+    fn end(&mut self, seq: u64) {
+        self.in_flight.retain(|&s| s != seq);
+        if self.in_flight.is_empty() {
+            self.frozen = false;
+        }
+    }
 }
 
 /// A queued check: the item, and where its answer (or the baton) goes. `None`: the check that
@@ -70,7 +105,8 @@ struct Waiting {
 
 /// What a check does on arrival: lead a call of its lane now, or wait.
 enum Turn {
-    Lead(Item),
+    /// With its call's start number.
+    Lead(Item, u64),
     Wait(oneshot::Receiver<Msg>),
 }
 
@@ -85,6 +121,8 @@ enum Msg {
 struct Baton {
     lanes: Arc<Lanes>,
     lane: LaneId,
+    /// Its call's start number.
+    seq: u64,
     batch: Vec<Waiting>,
     /// Whether its call has reached the connection.
     sent: bool,
@@ -104,6 +142,28 @@ impl Baton {
             self.lanes.hand_off(&mut lanes, self.lane);
         }
     }
+
+    /// Freezes the lane (its call found the server without the script) and waits until every
+    /// call of the lane started before this one has returned.
+    async fn after_earlier_calls(&self) {
+        loop {
+            let returned = self.lanes.returned.notified();
+            let mut returned = std::pin::pin!(returned);
+            // Registered before the check, so a return between the two is not missed.
+            returned.as_mut().enable();
+            {
+                let mut lanes = self.lanes.lanes.lock();
+                let Some(lane) = lanes.get_mut(&self.lane) else {
+                    return;
+                };
+                lane.frozen = true;
+                if lane.in_flight.iter().all(|&s| s >= self.seq) {
+                    return;
+                }
+            }
+            returned.await;
+        }
+    }
 }
 
 impl Drop for Baton {
@@ -114,7 +174,10 @@ impl Drop for Baton {
                 if !self.sent {
                     lane.sending = false;
                 }
-                lane.in_flight = lane.in_flight.saturating_sub(1);
+                lane.end(self.seq);
+                if lane.frozen {
+                    self.lanes.returned.notify_waiters();
+                }
             }
             self.lanes.hand_off(&mut lanes, self.lane);
         }
@@ -127,24 +190,25 @@ impl Lanes {
         Lanes {
             lanes: Mutex::new(HashMap::new()),
             depth: depth.max(1),
+            returned: Notify::new(),
         }
     }
 
-    /// Starts `lane`'s next call if it may (no call is on its way to the connection, fewer
-    /// than `depth` are in flight): hands the queue to its first check, skipping checks whose
-    /// callers gave up. Forgets the lane once it is idle.
+    /// Starts `lane`'s next call if it may (no call is on its way to the connection, the lane
+    /// is not frozen, fewer than `depth` are in flight): hands the queue to its first check,
+    /// skipping checks whose callers gave up. Forgets the lane once it is idle.
     fn hand_off(self: &Arc<Self>, lanes: &mut HashMap<LaneId, Lane>, id: LaneId) {
         loop {
             let Some(lane) = lanes.get_mut(&id) else {
                 return;
             };
             if lane.queue.is_empty() {
-                if lane.in_flight == 0 && !lane.sending {
+                if lane.in_flight.is_empty() && !lane.sending {
                     lanes.remove(&id);
                 }
                 return;
             }
-            if lane.sending || lane.in_flight >= self.depth {
+            if !lane.may_start(self.depth) {
                 return;
             }
             let mut batch = std::mem::take(&mut lane.queue);
@@ -154,11 +218,11 @@ impl Lanes {
                 lane.queue = batch;
                 continue;
             };
-            lane.in_flight += 1;
-            lane.sending = true;
+            let seq = lane.start();
             let baton = Baton {
                 lanes: Arc::clone(self),
                 lane: id,
+                seq,
                 batch,
                 sent: false,
                 armed: true,
@@ -171,7 +235,7 @@ impl Lanes {
                     let mut batch = std::mem::take(&mut baton.batch);
                     batch.remove(0);
                     if let Some(lane) = lanes.get_mut(&id) {
-                        lane.in_flight -= 1;
+                        lane.end(seq);
                         lane.sending = false;
                         lane.queue = batch;
                     }
@@ -194,10 +258,8 @@ impl<C: RedisConnection> RedisLimiter<C> {
         let turn = {
             let mut map = lanes.lanes.lock();
             let lane = map.entry(id).or_default();
-            if lane.queue.is_empty() && !lane.sending && lane.in_flight < lanes.depth {
-                lane.in_flight += 1;
-                lane.sending = true;
-                Turn::Lead(item)
+            if lane.queue.is_empty() && lane.may_start(lanes.depth) {
+                Turn::Lead(item, lane.start())
             } else {
                 let (tx, rx) = oneshot::channel();
                 lane.queue.push(Waiting { item, tx: Some(tx) });
@@ -207,10 +269,11 @@ impl<C: RedisConnection> RedisLimiter<C> {
         let rx = match turn {
             Turn::Wait(rx) => rx,
             // The lane had room: this check is sent at once.
-            Turn::Lead(item) => {
+            Turn::Lead(item, seq) => {
                 let baton = Baton {
                     lanes: Arc::clone(lanes),
                     lane: id,
+                    seq,
                     batch: vec![Waiting { item, tx: None }],
                     sent: false,
                     armed: true,
@@ -238,15 +301,27 @@ impl<C: RedisConnection> RedisLimiter<C> {
                 .into_iter()
                 .map(|w| (w.item, w.tx))
                 .unzip();
-        let mut call = std::pin::pin!(self.decide(items, true));
+        let mut call = std::pin::pin!(self.decide(&items, true, false));
         // The first poll queues the call on the connection (every part of a split batch, in
         // order); only then may the lane's next call start.
-        let results = std::future::poll_fn(|cx| {
+        let mut results = std::future::poll_fn(|cx| {
             let poll = call.as_mut().poll(cx);
             baton.mark_sent();
             poll
         })
         .await;
+        let lost: Vec<usize> = (0..results.len())
+            .filter(|&i| matches!(&results[i], Err(e) if e.is_no_script()))
+            .collect();
+        if !lost.is_empty() {
+            // The calls in flight before this one are sent again first (they were decided
+            // first, or lost their script too).
+            baton.after_earlier_calls().await;
+            let again: Vec<Item> = lost.iter().map(|&i| items[i].clone()).collect();
+            for (i, result) in lost.into_iter().zip(self.decide(&again, true, true).await) {
+                results[i] = result;
+            }
+        }
         // The lane's next call goes out before anyone is answered.
         drop(baton);
         let mut own = Err(Error::bad_reply("no result for the check".into()));

@@ -8,6 +8,7 @@ use super::{clock_unit, ours, rows, RedisConnection, RedisLimiter};
 use crate::decision::Decision;
 use crate::redis::error::Error;
 use crate::redis::rule::{RedisRule, RuleError};
+use crate::redis::scripts::ScriptCall;
 
 /// Several limits on every key, held on Redis, all or nothing: a request is admitted only if
 /// every limit admits it, and a request one limit refuses is charged to none (for example 10 a
@@ -237,7 +238,7 @@ impl<C: RedisConnection> RedisMultiLimiter<C> {
             });
         }
         let limiter = &self.limiter;
-        let mut invocation = self.rules[0].script().prepare_invoke();
+        let mut invocation = ScriptCall::new(self.rules[0].script());
         let min_ttl = if at.is_some() {
             limiter.injected_min_ttl_ms
         } else {
@@ -255,7 +256,7 @@ impl<C: RedisConnection> RedisMultiLimiter<C> {
             };
             invocation.arg(first).arg(second);
         }
-        let reply = limiter.invoke(&invocation).await?;
+        let reply = limiter.invoke(&invocation, true).await?;
         let rows = rows(reply, keys.len())?;
         let unit = clock_unit(at.is_some());
         // A foreign value in any limit's key fails the check (nothing was written).

@@ -8,7 +8,7 @@ use redis::Value;
 use super::{join_all, scatter, RedisConnection, RedisLimiter};
 use crate::redis::error::Error;
 use crate::redis::rule::{Kind, RedisRule};
-use crate::redis::scripts::scripts;
+use crate::redis::scripts::{scripts, ScriptCall};
 
 const SEC: u64 = 1_000_000_000;
 
@@ -120,7 +120,7 @@ impl<C: RedisConnection> RedisLimiter<C> {
             Algo::Fixed { .. } => (window_script, "f"),
             Algo::Sliding { .. } => (window_script, "s"),
         };
-        let mut invocation = script.prepare_invoke();
+        let mut invocation = ScriptCall::new(script);
         invocation.arg(0).arg(mode).arg(first).arg(second);
         for &i in chunk {
             let item = &items[i];
@@ -135,7 +135,7 @@ impl<C: RedisConnection> RedisLimiter<C> {
             };
             invocation.arg("");
         }
-        let reply = self.invoke(&invocation).await?;
+        let reply = self.invoke(&invocation, true).await?;
         let Value::Array(replies) = reply else {
             return Err(Error::bad_reply(format!(
                 "expected an array, got {reply:?}"
@@ -201,13 +201,13 @@ impl<C: RedisConnection> RedisLimiter<C> {
     ) -> Result<Vec<Result<u64, Error>>, Error> {
         let script = &scripts().charge_log;
         let [limit, window] = self.rule().script_params();
-        let mut invocation = script.prepare_invoke();
+        let mut invocation = ScriptCall::new(script);
         invocation.arg(0).arg("0").arg(limit).arg(window);
         for &i in chunk {
             let item = &items[i];
             invocation.key(&item.key[..]).arg(item.sent()).arg(item.at);
         }
-        let reply = self.invoke(&invocation).await?;
+        let reply = self.invoke(&invocation, true).await?;
         let rows = super::rows(reply, chunk.len())?;
         Ok(chunk
             .iter()
