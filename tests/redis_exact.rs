@@ -11,8 +11,10 @@
 #[path = "support/redis_server.rs"]
 mod redis_server;
 
+use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::task::Poll;
 use std::time::{Duration, Instant};
 
 use proptest::prelude::*;
@@ -773,6 +775,63 @@ fn coalesced_checks_of_one_key_keep_their_arrival_order() {
                 remaining.push(task.await.unwrap().expect("redis answers").remaining());
             }
             flushed.expect("flushed").await.unwrap();
+            remaining
+        });
+        for (i, r) in remaining.iter().enumerate() {
+            assert_eq!(
+                *r,
+                burst - 1 - i as u64,
+                "round {round}: arrival {i} was decided out of order"
+            );
+        }
+    }
+}
+
+/// The same order on a multi-thread runtime, where a check's arrival, the hand-over of its
+/// lane and the sends run on different threads: 400 checks of one key, each its own task;
+/// task i makes its check arrive (one poll of its future: the check joins its lane, or leads a
+/// call) only once task i − 1's has, then lets task i + 1 go, and waits for its answer on
+/// whichever worker wakes it. The i-th arrival must see `burst − 1 − i`.
+#[test]
+fn coalesced_checks_keep_their_arrival_order_across_threads() {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(4)
+        .enable_all()
+        .build()
+        .expect("a tokio runtime");
+    let conn = rt.block_on(connect(&server));
+    let burst = 1_000_000;
+    let quota = Quota::per_second(1).unwrap().with_burst(burst).unwrap();
+    for round in 0..40 {
+        let redis = limiter(&conn, RedisRule::gcra(quota).unwrap());
+        let remaining: Vec<u64> = rt.block_on(async {
+            let mut turn: Option<tokio::sync::oneshot::Receiver<()>> = None;
+            let mut tasks = Vec::new();
+            for _ in 0..400 {
+                let (arrived, next) = tokio::sync::oneshot::channel();
+                let before = turn.replace(next);
+                let redis = redis.clone();
+                tasks.push(tokio::spawn(async move {
+                    if let Some(before) = before {
+                        before.await.expect("the previous check arrived");
+                    }
+                    let mut check = std::pin::pin!(redis.check_n_at("k", 1, EPOCH_NOW));
+                    let first =
+                        std::future::poll_fn(|cx| Poll::Ready(check.as_mut().poll(cx))).await;
+                    arrived.send(()).expect("the next task waits");
+                    match first {
+                        Poll::Ready(decision) => decision,
+                        Poll::Pending => check.await,
+                    }
+                }));
+            }
+            let mut remaining = Vec::new();
+            for task in tasks {
+                remaining.push(task.await.unwrap().expect("redis answers").remaining());
+            }
             remaining
         });
         for (i, r) in remaining.iter().enumerate() {
