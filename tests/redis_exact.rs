@@ -738,7 +738,7 @@ fn coalesced_checks_of_one_key_keep_their_arrival_order() {
         // The server loses its scripts before the round and once within it (calls in flight
         // then get NOSCRIPT and are sent again).
         let flush_at = (next() % 400) as usize;
-        let remaining: Vec<u64> = rt.block_on(async {
+        rt.block_on(async {
             let flush = || {
                 let mut conn = conn.clone();
                 async move {
@@ -770,20 +770,26 @@ fn coalesced_checks_of_one_key_keep_their_arrival_order() {
                     redis.check_n_at("k", 1, EPOCH_NOW).await
                 }));
             }
-            let mut remaining = Vec::new();
-            for task in tasks {
-                remaining.push(task.await.unwrap().expect("redis answers").remaining());
-            }
+            in_arrival_order(tasks, burst, round).await;
             flushed.expect("flushed").await.unwrap();
-            remaining
         });
-        for (i, r) in remaining.iter().enumerate() {
-            assert_eq!(
-                *r,
-                burst - 1 - i as u64,
-                "round {round}: arrival {i} was decided out of order"
-            );
-        }
+    }
+}
+
+/// Awaits one-key checks spawned in arrival order on a bucket of `burst` that never empties:
+/// the i-th must see `burst − 1 − i` remaining (the server decided it i-th).
+async fn in_arrival_order(
+    tasks: Vec<tokio::task::JoinHandle<Result<Decision, tollgate::redis::Error>>>,
+    burst: u64,
+    round: usize,
+) {
+    for (i, task) in tasks.into_iter().enumerate() {
+        let remaining = task.await.unwrap().expect("redis answers").remaining();
+        assert_eq!(
+            remaining,
+            burst - 1 - i as u64,
+            "round {round}: arrival {i} was decided out of order"
+        );
     }
 }
 
@@ -807,7 +813,7 @@ fn coalesced_checks_keep_their_arrival_order_across_threads() {
     let quota = Quota::per_second(1).unwrap().with_burst(burst).unwrap();
     for round in 0..40 {
         let redis = limiter(&conn, RedisRule::gcra(quota).unwrap());
-        let remaining: Vec<u64> = rt.block_on(async {
+        rt.block_on(async {
             let mut turn: Option<tokio::sync::oneshot::Receiver<()>> = None;
             let mut tasks = Vec::new();
             for _ in 0..400 {
@@ -828,19 +834,8 @@ fn coalesced_checks_keep_their_arrival_order_across_threads() {
                     }
                 }));
             }
-            let mut remaining = Vec::new();
-            for task in tasks {
-                remaining.push(task.await.unwrap().expect("redis answers").remaining());
-            }
-            remaining
+            in_arrival_order(tasks, burst, round).await;
         });
-        for (i, r) in remaining.iter().enumerate() {
-            assert_eq!(
-                *r,
-                burst - 1 - i as u64,
-                "round {round}: arrival {i} was decided out of order"
-            );
-        }
     }
 }
 
