@@ -198,9 +198,7 @@ impl Error {
     pub(crate) fn bad_reply(detail: String) -> Error {
         Error::BadReply { detail }
     }
-}
 
-impl Error {
     /// The server had lost the script called (`NOSCRIPT`: restarted, failed over, or its
     /// script cache flushed); loading it again cures it.
     pub(crate) fn is_no_script(&self) -> bool {
