@@ -282,8 +282,10 @@ impl RedisLimiterBuilder {
     /// Cluster) is sent at once, alone; checks that arrive while the slot is busy wait for a
     /// call to return and then go together, in one call, in arrival order. No timer is
     /// involved and an idle limiter adds no latency; decisions are exactly those of one call
-    /// per check, in arrival order per key. A check waits at most for a call in flight (its
-    /// timeout) and then its own call (the timeout again). With `false`, every check is its
+    /// per check, in arrival order per key, also when the server lost its scripts (the calls
+    /// in flight are then sent again in the order they started). A check waits at most for a
+    /// call in flight (its timeout) and then its own call (the timeout again; after a lost
+    /// script, once more per call re-sent before its own). With `false`, every check is its
     /// own call.
     ///
     /// # Examples
