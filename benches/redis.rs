@@ -50,8 +50,8 @@ fn rule() -> RedisRule {
     RedisRule::gcra(quota).expect("within the Redis tier's limits")
 }
 
-fn key(i: u64) -> String {
-    format!("bench-{}", i % KEYS)
+fn key(i: u64, keys: u64) -> String {
+    format!("bench-{}", i % keys)
 }
 
 fn bench_redis(c: &mut Criterion) {
@@ -89,7 +89,8 @@ fn bench_redis(c: &mut Criterion) {
                         let exact = exact.clone();
                         tokio::spawn(async move {
                             for i in (task..iters).step_by(IN_FLIGHT as usize) {
-                                let d = exact.check_n(key(i), 1).await.expect("redis answers");
+                                let d =
+                                    exact.check_n(key(i, KEYS), 1).await.expect("redis answers");
                                 assert!(d.allowed());
                             }
                         })
@@ -113,7 +114,7 @@ fn bench_redis(c: &mut Criterion) {
                         let exact = exact.clone();
                         tokio::spawn(async move {
                             for call in (task..calls).step_by(IN_FLIGHT as usize) {
-                                let batch = (0..BATCH).map(|j| (key(call * BATCH + j), 1));
+                                let batch = (0..BATCH).map(|j| (key(call * BATCH + j, KEYS), 1));
                                 for d in exact.check_batch(batch).await {
                                     assert!(d.expect("redis answers").allowed());
                                 }
@@ -429,10 +430,7 @@ fn exact_load(
                     let mut i = task as u64;
                     while start.elapsed() < run {
                         let t = Instant::now();
-                        let d = exact
-                            .check(format!("bench-{}", i % keys))
-                            .await
-                            .expect("redis answers");
+                        let d = exact.check(key(i, keys)).await.expect("redis answers");
                         latencies.push(t.elapsed().as_nanos() as u64);
                         assert!(d.allowed());
                         i += tasks as u64;

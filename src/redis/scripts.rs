@@ -215,10 +215,11 @@ local function read_string(key)
   return v
 end
 
--- A stored admission time (string, at most 20 digits) and the later of it and now:
--- returns the time string, its pair and the gap now − stored (0 if stored is later).
-local function clamp(ts, t, stored)
-  local st = parse_time(stored)
+-- A stored admission time (string, at most 20 digits; `st` its pair, if already parsed) and
+-- the later of it and now: returns the time string, its pair and the gap now − stored (0 if
+-- stored is later).
+local function clamp(ts, t, stored, st)
+  st = st or parse_time(stored)
   local gap = diff(t, st)
   if gap < 0 then return stored, st, 0 end
   return ts, t, gap
@@ -440,8 +441,8 @@ for i = 1, #KEYS do
   local f = fields and fields[key]
   if f then
     -- This call's own newest state of the key, read as read_gcra reads its string.
-    local gap = diff(t, f[2])
-    if gap < 0 then ts, t, gap = f[1], f[2], 0 end
+    local gap
+    ts, t, gap = clamp(ts, t, f[1], f[2])
     debt = f[3] - gap
     if debt < 0 then debt = 0 end
   else
