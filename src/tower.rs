@@ -1243,23 +1243,20 @@ where
     }
 
     fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
-        // The service polled ready is the one to call: keep it, leave a fresh clone behind.
-        let clone = self.inner.clone();
-        let mut inner = std::mem::replace(&mut self.inner, clone);
         let (parts, body) = request.into_parts();
         let plan = self.shared.plan(&parts);
         let request = Request::from_parts(parts, body);
         let (index, key, cost) = match plan {
             Plan::Pass => {
                 return ResponseFuture::stage(Stage::Inner {
-                    future: inner.call(request),
+                    future: self.inner.call(request),
                     admitted: None,
                 })
             }
             Plan::NoKey { .. } => {
                 return ResponseFuture::stage(match self.shared.on_missing_key {
                     Fallback::Allow => Stage::Inner {
-                        future: inner.call(request),
+                        future: self.inner.call(request),
                         admitted: None,
                     },
                     Fallback::Reject(status) => Stage::Ready {
@@ -1288,12 +1285,17 @@ where
                         response: Some(response),
                     },
                     Next::Call(admitted) => Stage::Inner {
-                        future: inner.call(request),
+                        future: self.inner.call(request),
                         admitted,
                     },
                 },
             );
         }
+        // The inner service is called later, from the future: the one polled ready goes with
+        // it, and a fresh clone stays behind (called at once above, it needs no clone: an
+        // axum route's clone is an allocation).
+        let clone = self.inner.clone();
+        let mut inner = std::mem::replace(&mut self.inner, clone);
         let shared = Arc::clone(&self.shared);
         let future = Box::pin(async move {
             let decided = decide(&shared.policies[index], &key, cost).await;

@@ -165,3 +165,40 @@ fn gauges_report_the_keys_held_when_asked() {
         .collect();
     assert_eq!(gauges, [("tollgate_keys".to_owned(), 3.0)]);
 }
+
+/// The layer keeps each counter once registered, for the recorder it was registered with: a
+/// request under another recorder (installed later, or a second local one) is counted there,
+/// not into the first recorder's kept counter.
+#[test]
+fn each_recorder_counts_its_own_requests() {
+    let (first, second) = (DebuggingRecorder::new(), DebuggingRecorder::new());
+    let (first_counts, second_counts) = (first.snapshotter(), second.snapshotter());
+    let rt = paused_runtime();
+    let clock = TokioClock::new();
+    let layer = RateLimitLayer::builder()
+        .policy(Policy::new(
+            "api",
+            gcra(&clock, Quota::per_hour(100).unwrap()),
+        ))
+        .build()
+        .unwrap();
+    let svc = layer.layer(Ok200);
+    let serve = |times: u32| {
+        rt.block_on(async {
+            for _ in 0..times {
+                assert_eq!(send(&svc, "/", 1, None).await, 200);
+            }
+        })
+    };
+    // A request with no recorder in place (the no-op one), then two under each recorder,
+    // alternating: every count lands in the recorder in place when it was made.
+    serve(1);
+    metrics::with_local_recorder(&first, || serve(2));
+    metrics::with_local_recorder(&second, || serve(1));
+    metrics::with_local_recorder(&first, || serve(1));
+    metrics::with_local_recorder(&second, || serve(2));
+    let allowed = |counts: &Snapshotter| read(counts).0;
+    let want = |n| BTreeMap::from([(("api".to_owned(), "allowed".to_owned()), n)]);
+    assert_eq!(allowed(&first_counts), want(3));
+    assert_eq!(allowed(&second_counts), want(3));
+}

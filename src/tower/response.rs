@@ -529,6 +529,18 @@ mod tests {
     }
 
     #[test]
+    fn quota_names_are_structured_field_strings() {
+        let name = |policy, index, count| {
+            let mut out = String::new();
+            quota_name(&mut out, policy, index, count);
+            out
+        };
+        assert_eq!(name("api", 0, 1), r#""api""#);
+        assert_eq!(name("api", 1, 2), r#""api-2""#);
+        assert_eq!(name(r#"a"b\c"#, 0, 1), r#""a\"b\\c""#);
+    }
+
+    #[test]
     fn problem_bodies_are_escaped_json() {
         let body = problem(StatusCode::TOO_MANY_REQUESTS, "a \"b\" \\ \n", Some(3));
         assert_eq!(

@@ -121,10 +121,18 @@ const OUTCOMES: [Outcome; 8] = [
 /// A policy's per-request metric keys, built once: a request hands the recorder a ready key
 /// (labels allocated, sorted and hashed once) instead of building one, which the macros do on
 /// every call when a label is not a literal (an allocation, a sort and a hash a request).
-/// The recorder is still looked up on every request, so a local recorder works as before.
+///
+/// Each outcome's counter is also kept once registered, as the `metrics` crate advises: a
+/// recorder's registration is a lookup in its registry on every call (Prometheus's clones the
+/// key: an allocation a request). A kept counter is used only while the recorder in place is
+/// the one it was registered with (the same address); under another one (a recorder
+/// installed after the first request, a test's local recorder) every request registers its
+/// counter again, as the macros do.
 #[cfg(feature = "metrics")]
 pub(crate) struct MetricKeys {
     requests: [::metrics::Key; OUTCOMES.len()],
+    /// Each outcome's counter, and the address of the recorder it was registered with.
+    counters: [std::sync::OnceLock<(usize, ::metrics::Counter)>; OUTCOMES.len()],
     delay: ::metrics::Key,
 }
 
@@ -138,6 +146,7 @@ impl MetricKeys {
                 let labels = vec![label(), Label::new("outcome", outcome.label())];
                 Key::from_parts("tollgate_requests_total", labels)
             }),
+            counters: Default::default(),
             delay: Key::from_parts("tollgate_delay_seconds", vec![label()]),
         }
     }
@@ -153,8 +162,21 @@ static METADATA: ::metrics::Metadata<'static> =
 pub(crate) fn record(policy: &Policy, outcome: Outcome) {
     #[cfg(feature = "metrics")]
     {
-        let key = &policy.metric_keys.requests[outcome as usize];
-        ::metrics::with_recorder(|recorder| recorder.register_counter(key, &METADATA)).increment(1);
+        let keys = &policy.metric_keys;
+        let (key, kept) = (
+            &keys.requests[outcome as usize],
+            &keys.counters[outcome as usize],
+        );
+        ::metrics::with_recorder(|recorder| {
+            let address = std::ptr::from_ref(recorder).cast::<()>() as usize;
+            let (registered_with, counter) =
+                kept.get_or_init(|| (address, recorder.register_counter(key, &METADATA)));
+            if *registered_with == address {
+                counter.increment(1);
+            } else {
+                recorder.register_counter(key, &METADATA).increment(1);
+            }
+        });
     }
     #[cfg(not(feature = "metrics"))]
     let _ = (policy, outcome);
