@@ -29,8 +29,9 @@ if [ ${#missing[@]} -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}" >/dev/null
 fi
 cargo build --release --example load_server --features axum,serde,tokio,metrics
-server_bin=target/release/examples/load_server
-out_dir=target/load-profile
+target_dir="${CARGO_TARGET_DIR:-target}"
+server_bin="$target_dir/release/examples/load_server"
+out_dir="$target_dir/load-profile"
 mkdir -p "$out_dir"
 
 free_port() {

@@ -857,10 +857,7 @@ impl Shared {
             })
             .map(RateLimitBody::full),
             None => {
-                let detail = format!(
-                    "Rate limit \"{}\" exceeded: retry after {secs} s.",
-                    policy.name()
-                );
+                let detail = response::denial_detail(policy.name(), secs);
                 if grpc {
                     grpc_response(GRPC_RESOURCE_EXHAUSTED, &detail)
                 } else {
