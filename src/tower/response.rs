@@ -262,14 +262,38 @@ fn policy_field(
         };
         let _ = write!(field, ";q={q};w={w}");
     }
-    let value = HeaderValue::from_maybe_shared(Bytes::from(field)).ok()?;
-    if quotas.len() == count {
-        let mut write = cache
-            .write()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        *write = Some((quotas, value.clone()));
+    if quotas.len() < count {
+        // Built from this decision (a quota the backend does not report): not cached.
+        return HeaderValue::from_maybe_shared(Bytes::from(field)).ok();
     }
+    // Kept for the program's life (see `interned`): a clone of a static value writes no
+    // reference count, so responses on every thread share nothing. (Visible ASCII, what
+    // `from_static` takes: policy names are checked to be printable ASCII when built.)
+    if !field.bytes().all(|b| b == b'\t' || (b' '..=b'~').contains(&b)) {
+        return None;
+    }
+    let value = HeaderValue::from_static(interned(field));
+    let mut write = cache
+        .write()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    *write = Some((quotas, value.clone()));
     Some(value)
+}
+
+/// `text`, kept once for the program's life: one copy per distinct `RateLimit-Policy` value the
+/// process ever builds (a value depends only on a policy's name and quotas, so there are as
+/// many as configurations, not requests).
+fn interned(text: String) -> &'static str {
+    static KEPT: std::sync::Mutex<std::collections::BTreeSet<&'static str>> =
+        std::sync::Mutex::new(std::collections::BTreeSet::new());
+    // A poisoned set is still a set of whole strings.
+    let mut kept = KEPT.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    if let Some(&known) = kept.get(text.as_str()) {
+        return known;
+    }
+    let text: &'static str = Box::leak(text.into_boxed_str());
+    kept.insert(text);
+    text
 }
 
 /// What a user-supplied denial response is built from (see
@@ -605,6 +629,15 @@ mod tests {
                 format!("Rate limit \"{policy}\" exceeded: retry after {secs} s.")
             );
         }
+    }
+
+    #[test]
+    fn policy_fields_are_kept_once_per_distinct_value() {
+        let a = interned(String::from("\"interned-test\";q=1;w=1"));
+        let b = interned(String::from("\"interned-test\";q=1;w=1"));
+        let c = interned(String::from("\"interned-test\";q=2;w=1"));
+        assert!(std::ptr::eq(a, b), "one copy of a value");
+        assert_eq!((a, c), ("\"interned-test\";q=1;w=1", "\"interned-test\";q=2;w=1"));
     }
 
     #[test]
