@@ -135,7 +135,7 @@ pub use self::tiers::{Tiers, TiersBuilder, UnknownTier};
 
 use self::key::{peer_addr, AddrConfig, Addrs};
 use self::response::{
-    add_headers, grpc_code, grpc_response, is_grpc, problem_response, retry_after_secs,
+    add_headers, grpc_code, grpc_response, is_grpc, problem, problem_response, retry_after_secs,
     set_retry_after, GRPC_RESOURCE_EXHAUSTED,
 };
 use crate::Error;
@@ -836,7 +836,7 @@ impl Shared {
         if grpc {
             grpc_response(grpc_code(status), detail)
         } else {
-            problem_response(status, detail, None)
+            problem_response(status, problem(status, detail, None))
         }
     }
 
@@ -857,11 +857,12 @@ impl Shared {
             })
             .map(RateLimitBody::full),
             None => {
-                let detail = response::denial_detail(policy.name(), secs);
                 if grpc {
+                    let detail = response::denial_detail(policy.name(), secs);
                     grpc_response(GRPC_RESOURCE_EXHAUSTED, &detail)
                 } else {
-                    problem_response(StatusCode::TOO_MANY_REQUESTS, &detail, Some(secs))
+                    let body = response::denial_problem(policy.name(), secs);
+                    problem_response(StatusCode::TOO_MANY_REQUESTS, body)
                 }
             }
         };
@@ -1104,7 +1105,8 @@ fn next<B>(
             return Next::Respond(if is_grpc(headers) {
                 grpc_response(GRPC_RESOURCE_EXHAUSTED, &detail)
             } else {
-                problem_response(StatusCode::TOO_MANY_REQUESTS, &detail, None)
+                let status = StatusCode::TOO_MANY_REQUESTS;
+                problem_response(status, problem(status, &detail, None))
             });
         }
         Err(_) => {

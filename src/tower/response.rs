@@ -134,6 +134,23 @@ pub(crate) fn denial_detail(policy: &str, retry_after_secs: u64) -> String {
     detail
 }
 
+/// The problem document of a denial by `policy`: what [`problem`] writes for status 429, the
+/// [`denial_detail`] and `Retry-After`, in one pass (no detail string of its own; the constant
+/// parts copied whole).
+pub(crate) fn denial_problem(policy: &str, retry_after_secs: u64) -> Bytes {
+    let mut body = String::with_capacity(160 + policy.len());
+    body.push_str(
+        r#"{"type":"about:blank","title":"Too Many Requests","status":429,"detail":"Rate limit \""#,
+    );
+    json_escape(&mut body, policy);
+    body.push_str(r#"\" exceeded: retry after "#);
+    push_decimal(&mut body, retry_after_secs);
+    body.push_str(r#" s.","retry-after":"#);
+    push_decimal(&mut body, retry_after_secs);
+    body.push('}');
+    Bytes::from(body)
+}
+
 /// The numbers [`number`] keeps made.
 const STATIC_NUMBERS: u64 = 1000;
 
@@ -269,7 +286,10 @@ fn policy_field(
     // Kept for the program's life (see `interned`): a clone of a static value writes no
     // reference count, so responses on every thread share nothing. (Visible ASCII, what
     // `from_static` takes: policy names are checked to be printable ASCII when built.)
-    if !field.bytes().all(|b| b == b'\t' || (b' '..=b'~').contains(&b)) {
+    if !field
+        .bytes()
+        .all(|b| b == b'\t' || (b' '..=b'~').contains(&b))
+    {
         return None;
     }
     let value = HeaderValue::from_static(interned(field));
@@ -287,7 +307,9 @@ fn interned(text: String) -> &'static str {
     static KEPT: std::sync::Mutex<std::collections::BTreeSet<&'static str>> =
         std::sync::Mutex::new(std::collections::BTreeSet::new());
     // A poisoned set is still a set of whole strings.
-    let mut kept = KEPT.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    let mut kept = KEPT
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
     if let Some(&known) = kept.get(text.as_str()) {
         return known;
     }
@@ -378,12 +400,8 @@ static PROBLEM_JSON: HeaderValue = HeaderValue::from_static("application/problem
 static GRPC: HeaderValue = HeaderValue::from_static("application/grpc");
 
 /// A response whose body is `body`, typed `application/problem+json`.
-pub(crate) fn problem_response<B>(
-    status: StatusCode,
-    detail: &str,
-    retry_after: Option<u64>,
-) -> Response<RateLimitBody<B>> {
-    let mut response = Response::new(RateLimitBody::full(problem(status, detail, retry_after)));
+pub(crate) fn problem_response<B>(status: StatusCode, body: Bytes) -> Response<RateLimitBody<B>> {
+    let mut response = Response::new(RateLimitBody::full(body));
     *response.status_mut() = status;
     response
         .headers_mut()
@@ -637,7 +655,24 @@ mod tests {
         let b = interned(String::from("\"interned-test\";q=1;w=1"));
         let c = interned(String::from("\"interned-test\";q=2;w=1"));
         assert!(std::ptr::eq(a, b), "one copy of a value");
-        assert_eq!((a, c), ("\"interned-test\";q=1;w=1", "\"interned-test\";q=2;w=1"));
+        assert_eq!(
+            (a, c),
+            ("\"interned-test\";q=1;w=1", "\"interned-test\";q=2;w=1")
+        );
+    }
+
+    #[test]
+    fn denial_problems_are_the_problem_of_their_detail() {
+        for (policy, secs) in [("api", 1), ("a \"b\" \\", 7), ("x", u64::MAX)] {
+            assert_eq!(
+                denial_problem(policy, secs),
+                problem(
+                    StatusCode::TOO_MANY_REQUESTS,
+                    &denial_detail(policy, secs),
+                    Some(secs)
+                )
+            );
+        }
     }
 
     #[test]
