@@ -15,6 +15,9 @@
 //! - `none`: the same routes, no layer;
 //! - `governor`: the same routes behind tower-governor 0.8 at 10 a second, bursts of 20, keyed
 //!   by its `SmartIpKeyExtractor` (`X-Forwarded-For`, then `X-Real-Ip`, `Forwarded`, the peer).
+//! - `none-draft`, `none-both`: no layer; the handler adds the draft's two rate-limit fields
+//!   (or the `both` style's five) itself, static names and values: what the fields cost
+//!   without any limiter (`scripts/load-profile.sh none none-draft`).
 //!
 //! It listens on `TOLLGATE_ADDR` (default `127.0.0.1:3000`).
 
@@ -53,6 +56,16 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             server::app(config.build()?, prometheus)
         }
         "none" => hello(),
+        // What the rate-limit fields cost without any limiter: the handler adds them itself,
+        // names and values static (the cheapest way to put them on a response).
+        "none-draft" => Router::new().route(
+            "/api/hello",
+            get(|| async { (fields(&DRAFT_FIELDS), "hello\n") }),
+        ),
+        "none-both" => Router::new().route(
+            "/api/hello",
+            get(|| async { (fields(&BOTH_FIELDS), "hello\n") }),
+        ),
         "governor" => {
             let config = GovernorConfigBuilder::default()
                 .per_millisecond(100)
@@ -64,7 +77,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         }
         other => {
             return Err(format!(
-                "unknown server {other:?}: tollgate, tollgate-no-headers, none or governor"
+                "unknown server {other:?}: tollgate, tollgate-no-headers, none, none-draft, none-both or governor"
             )
             .into())
         }
@@ -78,4 +91,33 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     )
     .await?;
     Ok(())
+}
+
+/// The draft's two fields as the example's `/api/` policy sends them (values of a typical
+/// response).
+const DRAFT_FIELDS: [(&str, &str); 2] = [
+    ("ratelimit-policy", "\"api\";q=10;w=1"),
+    ("ratelimit", "\"api\";r=19;t=1"),
+];
+
+/// The `both` style's five fields.
+const BOTH_FIELDS: [(&str, &str); 5] = [
+    ("x-ratelimit-limit", "10"),
+    ("x-ratelimit-remaining", "19"),
+    ("x-ratelimit-reset", "1"),
+    ("ratelimit-policy", "\"api\";q=10;w=1"),
+    ("ratelimit", "\"api\";r=19;t=1"),
+];
+
+/// `fields` as static header names and values (no parsing, no allocation), each inserted
+/// into the response's header map by axum.
+fn fields<const N: usize>(
+    fields: &'static [(&'static str, &'static str); N],
+) -> [(axum::http::HeaderName, axum::http::HeaderValue); N] {
+    fields.map(|(name, value)| {
+        (
+            axum::http::HeaderName::from_static(name),
+            axum::http::HeaderValue::from_static(value),
+        )
+    })
 }
