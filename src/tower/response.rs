@@ -283,16 +283,19 @@ fn policy_field(
         // Built from this decision (a quota the backend does not report): not cached.
         return HeaderValue::from_maybe_shared(Bytes::from(field)).ok();
     }
-    // Kept for the program's life (see `interned`): a clone of a static value writes no
-    // reference count, so responses on every thread share nothing. (Visible ASCII, what
-    // `from_static` takes: policy names are checked to be printable ASCII when built.)
+    // Kept for the program's life where it can be (see `interned`): a clone of a static value
+    // writes no reference count, so responses on every thread share nothing. (Visible ASCII,
+    // what `from_static` takes: policy names are checked to be printable ASCII when built.)
     if !field
         .bytes()
         .all(|b| b == b'\t' || (b' '..=b'~').contains(&b))
     {
         return None;
     }
-    let value = HeaderValue::from_static(interned(field));
+    let value = match interned(&field) {
+        Some(kept) => HeaderValue::from_static(kept),
+        None => HeaderValue::from_maybe_shared(Bytes::from(field)).ok()?,
+    };
     let mut write = cache
         .write()
         .unwrap_or_else(std::sync::PoisonError::into_inner);
@@ -301,22 +304,29 @@ fn policy_field(
 }
 
 /// `text`, kept once for the program's life: one copy per distinct `RateLimit-Policy` value the
-/// process ever builds (a value depends only on a policy's name and quotas, so there are as
-/// many as configurations, not requests).
-fn interned(text: String) -> &'static str {
+/// process builds (a value depends only on a policy's name and quotas, so there are as many as
+/// configurations, not requests), and at most [`INTERNED`] of them: a process that keeps
+/// changing its quotas gets `None` past that (a value of its own, reference-counted).
+fn interned(text: &str) -> Option<&'static str> {
     static KEPT: std::sync::Mutex<std::collections::BTreeSet<&'static str>> =
         std::sync::Mutex::new(std::collections::BTreeSet::new());
     // A poisoned set is still a set of whole strings.
     let mut kept = KEPT
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner);
-    if let Some(&known) = kept.get(text.as_str()) {
-        return known;
+    if let Some(&known) = kept.get(text) {
+        return Some(known);
     }
-    let text: &'static str = Box::leak(text.into_boxed_str());
+    if kept.len() >= INTERNED {
+        return None;
+    }
+    let text: &'static str = Box::leak(Box::from(text));
     kept.insert(text);
-    text
+    Some(text)
 }
+
+/// How many `RateLimit-Policy` values [`interned`] keeps at most (a few hundred KB).
+const INTERNED: usize = 4096;
 
 /// What a user-supplied denial response is built from (see
 /// [`RateLimitLayerBuilder::deny_with`](super::RateLimitLayerBuilder::deny_with)).
@@ -651,13 +661,23 @@ mod tests {
 
     #[test]
     fn policy_fields_are_kept_once_per_distinct_value() {
-        let a = interned(String::from("\"interned-test\";q=1;w=1"));
-        let b = interned(String::from("\"interned-test\";q=1;w=1"));
-        let c = interned(String::from("\"interned-test\";q=2;w=1"));
+        let a = interned("\"interned-test\";q=1;w=1").unwrap();
+        let b = interned("\"interned-test\";q=1;w=1").unwrap();
+        let c = interned("\"interned-test\";q=2;w=1").unwrap();
         assert!(std::ptr::eq(a, b), "one copy of a value");
         assert_eq!(
             (a, c),
             ("\"interned-test\";q=1;w=1", "\"interned-test\";q=2;w=1")
+        );
+        // Past the bound, values are no longer kept (and nothing else grows).
+        let mut past = 0;
+        for q in 0..INTERNED + 1 {
+            past += usize::from(interned(&format!("\"bound-test\";q={q};w=1")).is_none());
+        }
+        assert!(past > 0);
+        assert!(
+            interned("\"interned-test\";q=1;w=1").is_some(),
+            "kept values stay"
         );
     }
 
