@@ -83,8 +83,13 @@
 //! | `tollgate_keys` | gauge | `policy`: keys held (set by [`RateLimitLayer::record_gauges`]) |
 //! | `tollgate_backend_degraded` | gauge | `policy`: 1 while a Redis backend is degraded |
 //!
-//! Allow-listed requests and requests no policy matches are not counted. Each count is one
-//! lookup in the recorder's registry (the policy label is an `Arc<str>`: no copy). The same
+//! Allow-listed requests and requests no policy matches are not counted. Each policy keeps its
+//! counters once registered with the recorder in place at their first count, and uses them
+//! while that recorder is the one in place (told by its address); under another recorder a
+//! count is one lookup in that recorder's registry. So install the recorder before serving,
+//! as the `metrics` crate advises. (A test that swaps local recorders builds a layer per
+//! recorder: a recorder dropped while a layer lives, then another of the same type at the
+//! same address, would get the first one's counters.) The same
 //! feature emits `tracing` events at debug level (target `tollgate::tower`) for denials, shadow
 //! denials, requests without a key and backend errors, with the policy and the client key.
 //!
