@@ -118,9 +118,14 @@ impl Cidr {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn contains(&self, ip: IpAddr) -> bool {
+        // On the integers (`mask` builds and compares whole `IpAddr`s): called for every
+        // trusted-proxy hop of every request.
         match (self.addr, ip.to_canonical()) {
-            (IpAddr::V4(_), ip @ IpAddr::V4(_)) | (IpAddr::V6(_), ip @ IpAddr::V6(_)) => {
-                mask(ip, self.prefix) == self.addr
+            (IpAddr::V4(net), IpAddr::V4(ip)) => {
+                ip.to_bits() & v4_mask(self.prefix) == net.to_bits()
+            }
+            (IpAddr::V6(net), IpAddr::V6(ip)) => {
+                ip.to_bits() & v6_mask(self.prefix) == net.to_bits()
             }
             _ => false,
         }
@@ -167,19 +172,23 @@ impl fmt::Display for Cidr {
 /// larger values keep the whole address).
 pub(crate) fn mask(ip: IpAddr, prefix: u8) -> IpAddr {
     match ip {
-        IpAddr::V4(v4) => {
-            let keep = u32::MAX
-                .checked_shl(32 - u32::from(prefix.min(32)))
-                .unwrap_or(0);
-            IpAddr::V4(Ipv4Addr::from(u32::from(v4) & keep))
-        }
-        IpAddr::V6(v6) => {
-            let keep = u128::MAX
-                .checked_shl(128 - u32::from(prefix.min(128)))
-                .unwrap_or(0);
-            IpAddr::V6(Ipv6Addr::from(u128::from(v6) & keep))
-        }
+        IpAddr::V4(v4) => IpAddr::V4(Ipv4Addr::from(v4.to_bits() & v4_mask(prefix))),
+        IpAddr::V6(v6) => IpAddr::V6(Ipv6Addr::from(v6.to_bits() & v6_mask(prefix))),
     }
+}
+
+/// The IPv4 netmask of `prefix` bits (all of them past 32).
+fn v4_mask(prefix: u8) -> u32 {
+    u32::MAX
+        .checked_shl(32 - u32::from(prefix.min(32)))
+        .unwrap_or(0)
+}
+
+/// The IPv6 netmask of `prefix` bits (all of them past 128).
+fn v6_mask(prefix: u8) -> u128 {
+    u128::MAX
+        .checked_shl(128 - u32::from(prefix.min(128)))
+        .unwrap_or(0)
 }
 
 #[cfg(test)]
@@ -239,6 +248,12 @@ mod tests {
         assert!(!v6.contains(ip("2001:db9::1")));
         let any6: Cidr = "::/0".parse().unwrap();
         assert!(any6.contains(ip("fe80::1")));
+        let host: Cidr = "127.0.0.1".parse().unwrap();
+        assert!(host.contains(ip("127.0.0.1")) && !host.contains(ip("127.0.0.2")));
+        let host6: Cidr = "2001:db8::1/128".parse().unwrap();
+        assert!(host6.contains(ip("2001:db8::1")) && !host6.contains(ip("2001:db8::2")));
+        let odd: Cidr = "192.0.2.128/25".parse().unwrap();
+        assert!(odd.contains(ip("192.0.2.255")) && !odd.contains(ip("192.0.2.127")));
     }
 
     #[test]
