@@ -1,6 +1,6 @@
-//! Async waiting (feature `tokio`): `until_ready` and `acquire` on [`KeyedLimiter`] and
-//! [`MultiLimiter`] (`until_ready` and `acquire_within` on [`Limiter`]), and a [`TokioClock`]
-//! that follows tokio's time.
+//! Async waiting (feature `tokio`): `until_ready` and `acquire` on [`Limiter`],
+//! [`KeyedLimiter`] and [`MultiLimiter`] (the keyed ones take the key first), and a
+//! [`TokioClock`] that follows tokio's time.
 //!
 //! - `until_ready(cost)` waits as long as it takes, then returns the admitting decision.
 //! - `acquire(cost, max_wait)` waits at most `max_wait`: if the wait it would take is longer,
@@ -293,17 +293,13 @@ impl<A: Algorithm, C: Clock> Limiter<A, C> {
     /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
     /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// let limiter = Limiter::with_clock(Gcra::new(Quota::per_second(1)?)?, TokioClock::new())?;
-    /// limiter.acquire_within(1, Duration::ZERO).await?;
-    /// let late = limiter.acquire_within(1, Duration::from_millis(500)).await;
+    /// limiter.acquire(1, Duration::ZERO).await?;
+    /// let late = limiter.acquire(1, Duration::from_millis(500)).await;
     /// assert!(matches!(late, Err(WaitError::TooLong { .. })));
     /// # Ok(())
     /// # }
     /// ```
-    pub async fn acquire_within(
-        &self,
-        cost: u64,
-        max_wait: Duration,
-    ) -> Result<Decision, WaitError> {
+    pub async fn acquire(&self, cost: u64, max_wait: Duration) -> Result<Decision, WaitError> {
         self.wait_inner(cost, Some(max_wait)).await
     }
 
@@ -358,10 +354,10 @@ where
         unbounded(self.acquire_inner(key, cost, None).await)
     }
 
-    /// Waits at most `max_wait` for `cost` units for `key` (see [`Limiter::acquire_within`]).
+    /// Waits at most `max_wait` for `cost` units for `key` (see [`Limiter::acquire`]).
     ///
     /// # Errors
-    /// As for [`Limiter::acquire_within`].
+    /// As for [`Limiter::acquire`].
     ///
     /// # Examples
     /// ```
@@ -453,10 +449,10 @@ where
     }
 
     /// Waits at most `max_wait` until every limit admits `cost` units for `key` (see
-    /// [`Limiter::acquire_within`]).
+    /// [`Limiter::acquire`]).
     ///
     /// # Errors
-    /// As for [`Limiter::acquire_within`].
+    /// As for [`Limiter::acquire`].
     ///
     /// # Examples
     /// ```

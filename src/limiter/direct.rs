@@ -145,7 +145,7 @@ impl<A: Algorithm, C: Clock> Limiter<A, C> {
     /// ```
     #[inline]
     pub fn check_n(&self, cost: u64) -> Result<Decision, Error> {
-        self.acquire(cost, true)
+        self.decide_n(cost, true)
     }
 
     /// The decision a request of cost `cost` would get now; changes nothing.
@@ -165,7 +165,7 @@ impl<A: Algorithm, C: Clock> Limiter<A, C> {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn peek(&self, cost: u64) -> Result<Decision, Error> {
-        self.acquire(cost, false)
+        self.decide_n(cost, false)
     }
 
     /// Gives back `cost` units that were admitted but not used.
@@ -222,8 +222,9 @@ impl<A: Algorithm, C: Clock> Limiter<A, C> {
         self.core.set_quota(rule)
     }
 
+    /// A request of `cost` decided now, counted if `commit` and allowed.
     #[inline]
-    fn acquire(&self, cost: u64, commit: bool) -> Result<Decision, Error> {
+    fn decide_n(&self, cost: u64, commit: bool) -> Result<Decision, Error> {
         loop {
             let at = self.core.attempt();
             self.core.check_cost(at.rule(), cost)?;
