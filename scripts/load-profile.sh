@@ -57,6 +57,11 @@ for server in "${servers[@]}"; do
   wait "$pid" 2>/dev/null || true
   pid=""
   requests="$(awk '/requests in/ {print $1}' <<<"$result")"
+  if [ -z "$requests" ] || [ "$requests" = 0 ]; then
+    echo "load-profile: no requests counted against $server:" >&2
+    echo "$result" >&2
+    exit 1
+  fi
   dump="$(ls -t "$out_dir/$server".out.* | head -1)"
   instructions="$(awk '/^(summary|totals):/ {print $2; exit}' "$dump")"
   printf '%-19s %8s requests  %7d instructions/request  (%s)\n' "$server" "$requests" \
