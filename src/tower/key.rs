@@ -9,6 +9,7 @@ use http::request::Parts;
 use http::HeaderMap;
 
 use super::cidr::{mask, Cidr};
+use super::response::is_visible_ascii;
 
 /// The de facto proxy header, by a name built once (a `&str` name is parsed on every lookup).
 static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
@@ -477,10 +478,7 @@ pub(crate) fn client_ip(peer: IpAddr, headers: &HeaderMap, config: &AddrConfig) 
                 // searches cost more than the walk. A line is read only if it is all visible
                 // ASCII (what `to_str` lets through), so an ASCII trim is the whole trim.
                 let line = line.as_bytes();
-                if !line
-                    .iter()
-                    .all(|&b| b == b'\t' || (b' '..=b'~').contains(&b))
-                {
+                if !is_visible_ascii(line) {
                     return client;
                 }
                 let mut rest = Some(line);

@@ -123,6 +123,14 @@ fn number(n: u64) -> HeaderValue {
     }
 }
 
+/// Whether `bytes` are all visible ASCII or tabs: what `HeaderValue::to_str` reads and
+/// `HeaderValue::from_static` takes.
+pub(crate) fn is_visible_ascii(bytes: &[u8]) -> bool {
+    bytes
+        .iter()
+        .all(|&b| b == b'\t' || (b' '..=b'~').contains(&b))
+}
+
 /// The detail of a denial's problem document: `Rate limit "api" exceeded: retry after 3 s.`
 pub(crate) fn denial_detail(policy: &str, retry_after_secs: u64) -> String {
     let mut detail = String::with_capacity(48 + policy.len());
@@ -135,20 +143,21 @@ pub(crate) fn denial_detail(policy: &str, retry_after_secs: u64) -> String {
 }
 
 /// The problem document of a denial by `policy`: what [`problem`] writes for status 429, the
-/// [`denial_detail`] and `Retry-After`, in one pass (no detail string of its own; the constant
-/// parts copied whole).
+/// [`denial_detail`] and `Retry-After`, with the detail written into the body (no string of
+/// its own, no escaping of its constant parts).
 pub(crate) fn denial_problem(policy: &str, retry_after_secs: u64) -> Bytes {
-    let mut body = String::with_capacity(160 + policy.len());
-    body.push_str(
-        r#"{"type":"about:blank","title":"Too Many Requests","status":429,"detail":"Rate limit \""#,
-    );
-    json_escape(&mut body, policy);
-    body.push_str(r#"\" exceeded: retry after "#);
-    push_decimal(&mut body, retry_after_secs);
-    body.push_str(r#" s.","retry-after":"#);
-    push_decimal(&mut body, retry_after_secs);
-    body.push('}');
-    Bytes::from(body)
+    problem_with(
+        StatusCode::TOO_MANY_REQUESTS,
+        Some(retry_after_secs),
+        48 + policy.len(),
+        |body| {
+            body.push_str(r#"Rate limit \""#);
+            json_escape(body, policy);
+            body.push_str(r#"\" exceeded: retry after "#);
+            push_decimal(body, retry_after_secs);
+            body.push_str(" s.");
+        },
+    )
 }
 
 /// The numbers [`number`] keeps made.
@@ -286,10 +295,7 @@ fn policy_field(
     // Kept for the program's life where it can be (see `interned`): a clone of a static value
     // writes no reference count, so responses on every thread share nothing. (Visible ASCII,
     // what `from_static` takes: policy names are checked to be printable ASCII when built.)
-    if !field
-        .bytes()
-        .all(|b| b == b'\t' || (b' '..=b'~').contains(&b))
-    {
+    if !is_visible_ascii(field.as_bytes()) {
         return None;
     }
     let value = match interned(&field) {
@@ -386,17 +392,31 @@ fn json_escape(out: &mut String, s: &str) {
     out.push_str(s.get(run..).unwrap_or_default());
 }
 
-/// An RFC 9457 problem document. (Written piece by piece, not with `core::fmt`: a denial's
-/// cost is mostly its body, measured in benches/README.md.)
+/// An RFC 9457 problem document.
 pub(crate) fn problem(status: StatusCode, detail: &str, retry_after: Option<u64>) -> Bytes {
+    problem_with(status, retry_after, detail.len(), |body| {
+        json_escape(body, detail)
+    })
+}
+
+/// An RFC 9457 problem document whose detail `write_detail` writes, already escaped (about
+/// `detail_len` bytes). Written piece by piece, not with `core::fmt`: a denial's cost is
+/// mostly its body (benches/README.md, session 16).
+fn problem_with(
+    status: StatusCode,
+    retry_after: Option<u64>,
+    detail_len: usize,
+    write_detail: impl FnOnce(&mut String),
+) -> Bytes {
     let title = status.canonical_reason().unwrap_or("Error");
-    let mut body = String::with_capacity(96 + title.len() + detail.len());
+    let mut body = String::with_capacity(96 + title.len() + detail_len);
     body.push_str(r#"{"type":"about:blank","title":""#);
-    json_escape(&mut body, title);
+    // (A canonical reason phrase has nothing to escape: `reason_phrases_need_no_escape`.)
+    body.push_str(title);
     body.push_str(r#"","status":"#);
     push_decimal(&mut body, u64::from(status.as_u16()));
     body.push_str(r#","detail":""#);
-    json_escape(&mut body, detail);
+    write_detail(&mut body);
     body.push('"');
     if let Some(secs) = retry_after {
         body.push_str(r#","retry-after":"#);
@@ -692,6 +712,19 @@ mod tests {
                     Some(secs)
                 )
             );
+        }
+    }
+
+    #[test]
+    fn reason_phrases_need_no_escape() {
+        for code in 100..=999 {
+            let reason = StatusCode::from_u16(code)
+                .ok()
+                .and_then(|s| s.canonical_reason())
+                .unwrap_or("Error");
+            let mut escaped = String::new();
+            json_escape(&mut escaped, reason);
+            assert_eq!(escaped, reason, "{code}");
         }
     }
 
