@@ -30,8 +30,9 @@ step "hostile flood: 10M unique keys against max_keys = 100000 (release)"
 cargo test --release --test flood
 
 if [ "${FAST:-0}" != 1 ]; then
-  step "Miri: the word table's unsafe slot keys (written, read, moved, dropped once)"
-  cargo +nightly miri test --lib keys_are_written_read_moved_and_dropped_once
+  step "Miri: the word table's unsafe slot keys (written, read, moved, dropped once, also when a key's code panics)"
+  cargo +nightly miri test --lib -- keys_are_written_read_moved_and_dropped_once \
+    keys_that_panic_are_never_dropped_twice_nor_lost
   if [ -d loom-tests ]; then
     step "loom models (bounded preemption)"
     LOOM_MAX_PREEMPTIONS="${LOOM_MAX_PREEMPTIONS:-2}" \

@@ -82,20 +82,20 @@ where
         key: &Q,
         f: impl FnOnce(&V) -> R,
         _evictor: &impl Evictor<V>,
-    ) -> (R, Inserted)
+        done: &mut Inserted,
+    ) -> R
     where
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
-        let (result, inserted) = match self.map.entry(key.to_owned()) {
-            dashmap::mapref::entry::Entry::Occupied(cell) => (f(cell.get()), false),
+        match self.map.entry(key.to_owned()) {
+            dashmap::mapref::entry::Entry::Occupied(cell) => f(cell.get()),
             dashmap::mapref::entry::Entry::Vacant(slot) => {
                 let cell = slot.insert(V::default());
-                (f(cell.value()), true)
+                done.inserted = true;
+                f(cell.value())
             }
-        };
-        let evicted = 0;
-        (result, Inserted { inserted, evicted })
+        }
     }
 
     fn retain(&self, mut keep: impl FnMut(&V) -> bool) -> usize {

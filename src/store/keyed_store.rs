@@ -56,12 +56,18 @@ pub trait KeyedStore<K, V>: Send + Sync {
 
     /// Runs `f` on the key's cell, inserting a fresh one if the key is absent. A store that
     /// evicts on insert judges the cells it meets while making room with `evictor`.
+    ///
+    /// What the call did besides is written to `done` before `f` runs, so that a caller knows
+    /// it even if `f` panics. A call that a key's own code interrupts (a panic in its `Hash`,
+    /// `Eq`, `Clone` or `Drop`) leaves `done` as it was and inserts nothing; keys it evicted
+    /// are reported by a later call of the store's.
     fn with_inserted<Q, R>(
         &self,
         key: &Q,
         f: impl FnOnce(&V) -> R,
         evictor: &impl Evictor<V>,
-    ) -> (R, Inserted)
+        done: &mut Inserted,
+    ) -> R
     where
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized;
@@ -93,7 +99,8 @@ pub trait KeyedStore<K, V>: Send + Sync {
     }
 }
 
-/// What [`KeyedStore::with_inserted`] did besides running its closure.
+/// What [`KeyedStore::with_inserted`] did besides running its closure (and keys evicted
+/// earlier that no call had reported yet).
 ///
 /// # Examples
 /// ```

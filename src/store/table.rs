@@ -17,7 +17,7 @@ use std::marker::PhantomData;
 use crate::algorithm::Algorithm;
 use crate::clock::Nanos;
 use crate::decision::{Decision, Error};
-use crate::store::{Evictor, KeyedStore};
+use crate::store::{Evictor, Inserted, KeyedStore};
 use crate::sync::{AtomicBool, AtomicUsize, Ordering};
 
 /// The table is swept once it holds at least this many keys, then whenever it doubles (a store
@@ -111,7 +111,7 @@ impl<K, V, S> KeyTable<K, V, S> {
     }
 
     /// The cell shared by keys that did not fit ([`OverflowPolicy::Shared`]).
-    #[allow(dead_code)] // read by the loom models
+    #[allow(dead_code)] // read by the loom models and the waiting calls (feature `tokio`)
     pub fn overflow(&self) -> &V {
         &self.overflow
     }
@@ -307,12 +307,12 @@ where
         self.sweep_if_due(evictor);
         let Some((max_keys, policy)) = self.max_keys else {
             if !self.counts() {
-                let (decision, _) = self.store.with_inserted(
+                return Ok(self.store.with_inserted(
                     key,
                     |cell| charge.on(rule, cell, &now, cost),
                     evictor,
-                );
-                return Ok(decision);
+                    &mut Inserted::default(),
+                ));
             }
             // Count the place before inserting, as below: counted after, a sweep could remove
             // the key first (it is fresh again once the time it was judged at has passed) and
@@ -351,7 +351,8 @@ where
     }
 
     /// Decides on `key`'s cell, inserting it into the place counted for it in `keys`; gives
-    /// the place back if the key was there already, and uncounts the keys the store evicted.
+    /// the place back if the key was there already (or the call panicked before inserting it),
+    /// and uncounts the keys the store evicted.
     fn insert_in_place<Q, A>(
         &self,
         key: &Q,
@@ -366,15 +367,31 @@ where
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
-        let (decision, done) =
-            self.store
-                .with_inserted(key, |cell| charge.on(rule, cell, &now, cost), evictor);
-        // Relaxed: a counter; evicted keys are uncounted after they are gone (see `keys`).
-        self.keys.fetch_sub(
-            usize::from(!done.inserted) + done.evicted,
-            Ordering::Relaxed,
-        );
-        decision
+        /// Settles the count when the insert returns or unwinds (a key's `Hash`, `Eq` or
+        /// `Clone`, or the clock, may panic in it): whatever the store wrote to `done` by then.
+        struct Settle<'a> {
+            keys: &'a AtomicUsize,
+            done: Inserted,
+        }
+        impl Drop for Settle<'_> {
+            fn drop(&mut self) {
+                let Inserted { inserted, evicted } = self.done;
+                // Relaxed: a counter; evicted keys are uncounted after they are gone (see
+                // `keys`).
+                self.keys
+                    .fetch_sub(usize::from(!inserted) + evicted, Ordering::Relaxed);
+            }
+        }
+        let mut settle = Settle {
+            keys: &self.keys,
+            done: Inserted::default(),
+        };
+        self.store.with_inserted(
+            key,
+            |cell| charge.on(rule, cell, &now, cost),
+            evictor,
+            &mut settle.done,
+        )
     }
 
     /// At the bound, for a store that evicts on its own: up to [`HAND_TRIES`] steps of its

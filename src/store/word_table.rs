@@ -264,23 +264,58 @@ fn tag_set(word: u64, i: usize) -> bool {
     word >> (i % 8 * 8) & 0xff != 0
 }
 
-/// Drops the keys set among `slots[range]`. The caller has the slots to itself and clears or
-/// frees them next. Nothing to do, and no loop, for keys without drop glue (`u64`, `IpAddr`).
-fn drop_keys<K, C: TableCell>(tags: &[AtomicU64], slots: &[Slot<K, C>], range: Range<usize>) {
+/// Drops the keys set among `slots[range]`, clearing each one's tag before its drop: a key
+/// whose `Drop` panics is not dropped again by a later call, and the keys after it in `range`
+/// are dropped as the panic unwinds (a second panic aborts, as in a slice's drop). Nothing to
+/// do, and no loop, for keys without drop glue (`u64`, `IpAddr`).
+///
+/// # Safety
+/// `tags` are the tags of `slots`: a set tag means its slot's key is initialised.
+#[allow(unsafe_code)]
+unsafe fn drop_keys<K, C: TableCell>(
+    tags: &mut [AtomicU64],
+    slots: &mut [Slot<K, C>],
+    range: Range<usize>,
+) {
+    /// The keys of a range still to drop.
+    struct Rest<'a, K, C: TableCell> {
+        tags: &'a [AtomicU64],
+        slots: &'a [Slot<K, C>],
+        range: Range<usize>,
+    }
+
+    impl<K, C: TableCell> Rest<'_, K, C> {
+        /// Drops the next slot's key, if it has one; false once the range is done.
+        fn drop_next(&mut self) -> bool {
+            let Some(i) = self.range.next() else {
+                return false;
+            };
+            let word = &self.tags[i / 8];
+            // Relaxed: the caller has the slots to itself (`&mut`), so no other thread reads.
+            let bits = word.load(Ordering::Relaxed);
+            if tag_set(bits, i) {
+                word.store(bits & !(0xff << (i % 8 * 8)), Ordering::Relaxed);
+                // SAFETY: the tag was set, so the key is initialised (the contract of
+                // `drop_keys`), and the slots are the caller's alone; the tag is cleared
+                // first, so nothing drops or reads this key again, even if its drop panics.
+                unsafe { self.slots[i].key.drop_key() };
+            }
+            true
+        }
+    }
+
+    impl<K, C: TableCell> Drop for Rest<'_, K, C> {
+        /// Runs only when a key's drop panicked: the rest of the range goes too.
+        fn drop(&mut self) {
+            while self.drop_next() {}
+        }
+    }
+
     if !std::mem::needs_drop::<K>() {
         return;
     }
-    let mut set = TagWords::new(tags);
-    for i in range {
-        if set.is_set(i) {
-            // SAFETY: the key is set (its tag), the caller has the slots to itself, and the
-            // slot is cleared or freed next.
-            #[allow(unsafe_code)]
-            unsafe {
-                slots[i].key.drop_key()
-            };
-        }
-    }
+    let mut rest = Rest { tags, slots, range };
+    while rest.drop_next() {}
 }
 
 /// A retired table's slots, dropped [`CLEAR_STEP`] at a time from the end (keys first), with
@@ -295,7 +330,11 @@ impl<K, C: TableCell> Freeing<K, C> {
     fn step(&mut self) -> bool {
         let end = self.slots.len();
         let start = end.saturating_sub(CLEAR_STEP);
-        drop_keys(&self.tags, &self.slots, start..end);
+        // SAFETY: `tags` are the slots' own (taken from one table together).
+        #[allow(unsafe_code)]
+        unsafe {
+            drop_keys(&mut self.tags, &mut self.slots, start..end)
+        };
         self.slots.truncate(start);
         self.slots.is_empty()
     }
@@ -303,7 +342,12 @@ impl<K, C: TableCell> Freeing<K, C> {
 
 impl<K, C: TableCell> Drop for Freeing<K, C> {
     fn drop(&mut self) {
-        drop_keys(&self.tags, &self.slots, 0..self.slots.len());
+        let all = 0..self.slots.len();
+        // SAFETY: `tags` are the slots' own (taken from one table together).
+        #[allow(unsafe_code)]
+        unsafe {
+            drop_keys(&mut self.tags, &mut self.slots, all)
+        };
     }
 }
 
@@ -373,7 +417,12 @@ impl<'t> TagWords<'t> {
 
 impl<K, C: TableCell> Drop for Table<K, C> {
     fn drop(&mut self) {
-        drop_keys(&self.tags, &self.slots, 0..self.slots.len());
+        let all = 0..self.slots.len();
+        // SAFETY: a table's tags are its slots' (set by `occupy` once the key is written).
+        #[allow(unsafe_code)]
+        unsafe {
+            drop_keys(&mut self.tags, &mut self.slots, all)
+        };
     }
 }
 
@@ -412,21 +461,22 @@ fn new_table<K, C: TableCell>(capacity: usize) -> Arc<Table<K, C>> {
     })
 }
 
-/// Sets the key of the empty slot `index` (under the shard lock), then its tag.
-fn occupy<K, C: TableCell>(table: &Table<K, C>, index: usize, hash: u64, key: K) -> &Slot<K, C> {
+/// Sets the key of slot `index`, then publishes its tag.
+///
+/// # Safety
+/// The caller holds the table's shard lock, and `find`, under it, ended at this slot: it is
+/// empty (its tag is 0), so no key is overwritten and no thread reads this one until the tag
+/// below is stored.
+#[allow(unsafe_code)]
+unsafe fn occupy<K, C: TableCell>(table: &Table<K, C>, index: usize, hash: u64, key: K) {
     let slot = &table.slots[index];
-    // SAFETY: the caller holds the shard lock and `find`, under it, ended at this empty slot:
-    // no thread reads its key until the tag below is stored.
-    #[allow(unsafe_code)]
-    unsafe {
-        slot.key.write(key)
-    };
+    // SAFETY: by the contract, the slot is empty and no thread reads or writes its key now.
+    unsafe { slot.key.write(key) };
     let word = &table.tags[index / 8];
     // Relaxed: only the shard lock's holder writes tags, and it holds the lock.
     let tags = word.load(Ordering::Relaxed) | u64::from(tag(hash)) << (index % 8 * 8);
     // Release: the key is set before a lock-free probe can see the tag (pairs with `find`).
     word.store(tags, Ordering::Release);
-    slot
 }
 
 /// Where a hash's probe starts: the low 32 bits scaled to the table (any length).
@@ -493,12 +543,16 @@ where
 struct Shard<K, C: TableCell> {
     /// Where lookups and inserts go.
     table: Arc<Table<K, C>>,
-    /// The table being emptied into `table`, a few slots per insert.
-    drain: Option<Drain<K, C>>,
+    /// Replaced tables being emptied into `table`, a few slots per call, the oldest first:
+    /// none or one, but for the rare table that fills before the drain into it ends (then it
+    /// joins the drains: [`WordTable::chain`]).
+    drains: Vec<Drain<K, C>>,
     /// Slots with a key (live or tombstoned) in `table`.
     used: usize,
-    /// Live keys: in `table`, and in the drain's slots not yet visited.
+    /// Live keys: in `table`, and in the drains' slots not yet visited.
     live: usize,
+    /// Keys evicted that no call has reported yet ([`Shard::evict`]).
+    evicted: usize,
     /// Where `evict_some` goes on judging `table`.
     hand: usize,
     /// When `table` last had to be replaced (it was full): a key unused since then may go at
@@ -517,8 +571,53 @@ struct Shard<K, C: TableCell> {
     /// Slots of retired tables being dropped, the last one first.
     freeing: Vec<Freeing<K, C>>,
     /// Tables of more than [`BUILD_ABOVE`] slots allocated in one call (for tests: growth
-    /// builds them ahead, and the bound reuses them, so only merges should).
+    /// builds them ahead, and the bound reuses them, so only chained drains should).
     allocated_large: usize,
+}
+
+impl<K, C: TableCell> Shard<K, C> {
+    /// Counts `n` keys evicted. They are reported by the next call that reports evictions
+    /// ([`Shard::take_evicted`]): a call that a key's code interrupts (a panic in its `Hash`,
+    /// `Eq`, `Clone` or `Drop`) leaves them to the next, and the limiter's key count, which
+    /// may then read high for a while, never reads below the keys held.
+    fn evict(&mut self, n: usize) {
+        self.live -= n;
+        self.evicted += n;
+    }
+
+    /// The keys evicted since the last call.
+    fn take_evicted(&mut self) -> usize {
+        std::mem::take(&mut self.evicted)
+    }
+}
+
+/// Evictions a call over several shards ([`KeyedStore::evict_some`], [`KeyedStore::retain`])
+/// has taken from their counts but not reported yet. If a key's code interrupts the call (a
+/// panic in its `Hash`, `Eq` or `Clone` as a drain moves it), they are put back as it unwinds,
+/// in shard 0's count, for a later call to report.
+struct Taken<'a, K, C: TableCell> {
+    shards: &'a [Mutex<Shard<K, C>>],
+    evicted: usize,
+}
+
+impl<'a, K, C: TableCell> Taken<'a, K, C> {
+    fn new(shards: &'a [Mutex<Shard<K, C>>]) -> Self {
+        Taken { shards, evicted: 0 }
+    }
+
+    /// The evictions taken, now reported.
+    fn report(mut self) -> usize {
+        std::mem::take(&mut self.evicted)
+    }
+}
+
+impl<K, C: TableCell> Drop for Taken<'_, K, C> {
+    fn drop(&mut self) {
+        if self.evicted > 0 {
+            // Unwinding: the shard locks of the interrupted call were released first.
+            self.shards[0].lock().evicted += self.evicted;
+        }
+    }
 }
 
 /// A table being built [`BUILD_STEP`] slots per insert (see [`WordTable::build_next`]).
@@ -655,9 +754,10 @@ impl<K: Send + Sync, H, C: TableCell> WordTable<K, H, C> {
                 .map(|_| {
                     Mutex::new(Shard {
                         table: new_table(MIN_CAPACITY),
-                        drain: None,
+                        drains: Vec::new(),
                         used: 0,
                         live: 0,
+                        evicted: 0,
                         hand: 0,
                         filled_at: 0,
                         spare: None,
@@ -695,26 +795,26 @@ impl<K: Send + Sync, H: BuildHasher, C: TableCell> WordTable<K, H, C> {
 
 impl<K: Clone + Hash + Eq + Send + Sync, H: BuildHasher, C: TableCell> WordTable<K, H, C> {
     /// Replaces `shard`'s table by an empty one and starts draining the old one. Below the
-    /// store's [`WordTable::evict_above`] share, the new table holds every live key plus `room`
-    /// inserts, as a hash map grows. At or above it, fresh keys unused since `since` may go:
-    /// the keys kept are estimated by judging [`SAMPLE`] slots spread over the old table
-    /// (evicting the fresh ones at once), and the new table is sized for them, or to hold the
-    /// share if that is more (the store does not shrink below what it may hold: a smaller
-    /// table's short cycles would evict clients that come back). With a drain still running
-    /// (the estimate was low), both tables are merged into one instead.
+    /// store's [`WordTable::evict_above`] share, the new table holds every live key, as a hash
+    /// map grows. At or above it, fresh keys unused since `since` may go: the keys kept are
+    /// estimated by judging [`SAMPLE`] slots spread over the old table (evicting the fresh ones
+    /// at once), and the new table is sized for them and the inserts until the drain ends, or
+    /// to hold the share if that is more (the store does not shrink below what it may hold: a
+    /// smaller table's short cycles would evict clients that come back). With a drain still
+    /// running (the estimate was low), the table joins it instead ([`WordTable::chain`]).
     fn replace_table(
         &self,
         shard: &mut Shard<K, C>,
         judge: Option<&mut Judge<'_, C>>,
-        room: usize,
         since: Nanos,
     ) {
-        if shard.drain.is_some() {
-            return self.merge(shard, judge, room);
+        if !shard.drains.is_empty() {
+            return self.chain(shard, since);
         }
         let (slots, since) = match judge {
             Some(fresh) if shard.live >= self.keep => {
                 let kept = self.estimate_kept(shard, fresh);
+                let room = drain_inserts(shard.table.len());
                 (self.bound_slots(kept, room), Some(since))
             }
             // (No room for the drain's inserts here: the larger table takes a quarter of its
@@ -722,13 +822,20 @@ impl<K: Clone + Hash + Eq + Send + Sync, H: BuildHasher, C: TableCell> WordTable
             _ => (sized_for(shard.live), None),
         };
         let next = Self::fresh_table(shard, slots);
+        self.start_drain(shard, next, since);
+    }
+
+    /// Makes `next` the shard's table and starts draining the one it replaces, whose live keys
+    /// are the shard's not in a drain already.
+    fn start_drain(&self, shard: &mut Shard<K, C>, next: Arc<Table<K, C>>, since: Option<Nanos>) {
+        let in_drains: usize = shard.drains.iter().map(|drain| drain.left).sum();
         let from = std::mem::replace(&mut shard.table, next);
-        shard.drain = Some(Drain {
+        shard.drains.push(Drain {
             start: shard.hand % from.len(),
             from,
             next: 0,
             since,
-            left: shard.live,
+            left: shard.live - in_drains,
         });
         shard.used = 0;
     }
@@ -740,31 +847,29 @@ impl<K: Clone + Hash + Eq + Send + Sync, H: BuildHasher, C: TableCell> WordTable
         holding(kept.saturating_add(2 * room).max(self.keep))
     }
 
-    /// The fallback when a drain would overfill the table it drains into (its sizing estimate
-    /// was low): every key of the drain and of the table is moved, in this call, into a table
-    /// sized for all the shard's live keys, which they cannot overfill. Rare, and the one call
-    /// whose work grows with the shard.
+    /// The fallback when the shard's table fills while a drain into it runs (the estimate
+    /// that sized it was low): the table joins the drains, and is replaced by one sized for
+    /// every live key and for the inserts until every drain ends, which neither the drains nor
+    /// those inserts can overfill. Rare. No key is visited here, so the call's work stays one
+    /// drain step; but the new table may have to be allocated (a spare or a table built ahead
+    /// serves if one fits): the one call that initialises a table's slots at once. Its drain
+    /// evicts, as the drain before it does, keys unused since `since`.
     #[cold]
     #[inline(never)]
-    fn merge(&self, shard: &mut Shard<K, C>, mut judge: Option<&mut Judge<'_, C>>, room: usize) {
-        let next = new_table::<K, C>(sized_for(shard.live.saturating_add(room)));
-        let table = std::mem::replace(&mut shard.table, next);
-        shard.used = 0;
-        let drain = shard.drain.take();
-        let rest = drain
+    fn chain(&self, shard: &mut Shard<K, C>, since: Nanos) {
+        let unvisited = |drain: &Drain<K, C>| drain.from.len() - drain.next;
+        let room = shard
+            .drains
             .iter()
-            .flat_map(|d| (d.next..d.from.len()).map(|i| (&d.from, d.index(i))));
-        let mut evicted = 0;
-        for (from, i) in rest.chain((0..table.len()).map(|i| (&table, i))) {
-            match self.visit(from, i, &shard.table, judge.as_deref_mut()) {
-                Visit::Empty => {}
-                Visit::Moved => shard.used += 1,
-                Visit::Evicted => evicted += 1,
-            }
-        }
-        shard.live -= evicted;
-        shard.retiring.push(table);
-        shard.retiring.extend(drain.map(|drain| drain.from));
+            .map(|drain| drain_inserts(unvisited(drain)))
+            .sum::<usize>()
+            + drain_inserts(shard.table.len());
+        let evicting = shard
+            .drains
+            .last()
+            .is_some_and(|drain| drain.since.is_some());
+        let next = Self::fresh_table(shard, sized_for(shard.live.saturating_add(room)));
+        self.start_drain(shard, next, evicting.then_some(since));
     }
 
     /// How many of the shard's live keys a drain judged by `fresh` would keep, from a sample
@@ -774,7 +879,7 @@ impl<K: Clone + Hash + Eq + Send + Sync, H: BuildHasher, C: TableCell> WordTable
         let retired = self.retired;
         let table = &shard.table;
         let step = (table.len() / SAMPLE).max(1);
-        let (mut sampled, mut kept) = (0usize, 0usize);
+        let (mut sampled, mut kept, mut gone) = (0usize, 0usize, 0usize);
         for i in (0..table.len()).step_by(step).take(SAMPLE) {
             let slot = &table[i];
             if table.key(i).is_none() || !slot.state.is_live(retired) {
@@ -782,56 +887,55 @@ impl<K: Clone + Hash + Eq + Send + Sync, H: BuildHasher, C: TableCell> WordTable
             }
             sampled += 1;
             if fresh(&slot.state) {
-                shard.live -= 1;
+                gone += 1;
             } else {
                 kept += 1;
             }
         }
+        shard.evict(gone);
         let estimate = shard.live as u128 * (kept as u128 + 4) / (sampled as u128 + 4);
         estimate as usize
     }
 
-    /// Visits up to `budget` slots of the shard's drain: a live key is evicted if `judge`
-    /// finds it fresh (this is when its memory is needed), else moved (rule 2). Returns the
-    /// keys evicted.
-    fn drain(
-        &self,
-        shard: &mut Shard<K, C>,
-        budget: usize,
-        mut judge: Option<&mut Judge<'_, C>>,
-    ) -> usize {
-        let Some(mut drain) = shard.drain.take() else {
-            return 0;
-        };
-        let end = drain.from.len().min(drain.next.saturating_add(budget));
-        let live = shard.live;
-        while drain.next < end {
-            if over_full(shard.used + 1, shard.table.len()) {
-                // The table would overfill: merge what is left instead.
-                shard.drain = Some(drain);
-                self.merge(shard, judge, 0);
-                return live - shard.live;
+    /// Visits up to `budget` slots of the shard's oldest drain (it ends there if it ends
+    /// within them): a live key is evicted if `judge` finds it fresh (this is when its memory
+    /// is needed), else moved (rule 2).
+    fn drain(&self, shard: &mut Shard<K, C>, budget: usize, mut judge: Option<&mut Judge<'_, C>>) {
+        let mut visited = 0;
+        while let Some(drain) = shard.drains.first() {
+            if drain.left == 0 || drain.next == drain.from.len() {
+                let drain = shard.drains.remove(0);
+                Self::drained(shard, drain);
+                break;
             }
+            if visited == budget {
+                break;
+            }
+            if over_full(shard.used + 1, shard.table.len()) {
+                // The table would overfill: it joins the drains.
+                let since = shard.filled_at;
+                self.chain(shard, since);
+                continue;
+            }
+            // The drain is left in place: a key's `Hash`, `Eq` or `Clone` that panics in the
+            // visit leaves the slot as it was, to be visited again.
             let at = drain.index(drain.next);
-            match self.visit(&drain.from, at, &shard.table, judge.as_deref_mut()) {
+            let visit = self.visit(&drain.from, at, &shard.table, judge.as_deref_mut());
+            let drain = &mut shard.drains[0];
+            drain.next += 1;
+            visited += 1;
+            match visit {
                 Visit::Empty => {}
                 Visit::Moved => {
                     shard.used += 1;
                     drain.left -= 1;
                 }
                 Visit::Evicted => {
-                    shard.live -= 1;
                     drain.left -= 1;
+                    shard.evict(1);
                 }
             }
-            drain.next += 1;
         }
-        if end < drain.from.len() && drain.left > 0 {
-            shard.drain = Some(drain);
-        } else {
-            Self::drained(shard, drain);
-        }
-        live - shard.live
     }
 
     /// A drain ended. One that evicted (the shard is at its `evict_above` share, where a
@@ -921,7 +1025,11 @@ impl<K: Clone + Hash + Eq + Send + Sync, H: BuildHasher, C: TableCell> WordTable
             return;
         };
         let end = table.len().min(start + CLEAR_STEP);
-        drop_keys(&table.tags, &table.slots, start..end);
+        // SAFETY: a table's tags are its slots' (set by `occupy` once the key is written).
+        #[allow(unsafe_code)]
+        unsafe {
+            drop_keys(&mut table.tags, &mut table.slots, start..end)
+        };
         table.slots[start..end].fill_with(Slot::empty);
         table.tags[start / 8..end / 8].fill_with(|| AtomicU64::new(0));
         spare.cleared = end;
@@ -966,7 +1074,8 @@ impl<K: Clone + Hash + Eq + Send + Sync, H: BuildHasher, C: TableCell> WordTable
     fn build_next(&self, shard: &mut Shard<K, C>) {
         let len = shard.table.len();
         if shard.next.is_none() {
-            if shard.drain.is_some() || shard.used * BUILD_FROM.1 <= capacity(len) * BUILD_FROM.0 {
+            if !shard.drains.is_empty() || shard.used * BUILD_FROM.1 <= capacity(len) * BUILD_FROM.0
+            {
                 return;
             }
             let at_full = shard.live + capacity(len).saturating_sub(shard.used);
@@ -1012,43 +1121,61 @@ impl<K: Clone + Hash + Eq + Send + Sync, H: BuildHasher, C: TableCell> WordTable
         if judge.is_some_and(|fresh| fresh(&slot.state)) {
             return Visit::Evicted;
         }
-        let Some(state) = slot.state.take_to_move(retired) else {
-            return Visit::Empty; // a tombstone: dropped
-        };
+        if !slot.state.is_live(retired) {
+            return Visit::Empty; // a tombstone (dropped with its table), or moved already
+        }
+        // The key's own code first (hash, compare, clone): if it panics, the cell is still live
+        // here, and nothing was written to `to`. (Under the shard lock a live cell stays live:
+        // only the lock's holder retires cells.)
         let (hash, _) = self.hash(key);
-        // A key is in at most one of the two tables: the insert path moves a key still in the
-        // drain before it looks in the table.
-        if let Err(empty) = find(to, hash, key) {
+        let place = find(to, hash, key);
+        let key = key.clone();
+        let Some(state) = slot.state.take_to_move(retired) else {
+            return Visit::Empty;
+        };
+        // A key is in at most one of the tables: the insert path moves a key still in a drain
+        // before it looks in the table.
+        if let Err(empty) = place {
             to[empty].state.put(state);
-            occupy(to, empty, hash, key.clone());
+            // SAFETY: the caller holds the shard lock, and `find` ended at this empty slot.
+            #[allow(unsafe_code)]
+            unsafe {
+                occupy(to, empty, hash, key)
+            };
         }
         Visit::Moved
     }
 
-    /// Moves `key` out of the shard's drain if it is still there and live, so that it is
+    /// Moves `key` out of the shard's drains if it is still there and live, so that it is
     /// decided in the shard's table.
     fn take_from_drain<Q>(&self, shard: &mut Shard<K, C>, hash: u64, key: &Q)
     where
         K: Borrow<Q>,
         Q: Eq + ?Sized,
     {
-        let Some(drain) = &mut shard.drain else {
-            return;
-        };
-        let Ok(at) = find(&drain.from, hash, key) else {
+        // Where the key is live: a drain older than another may still hold the key's slot,
+        // moved or tombstoned, after it came back and moved into a table drained since.
+        let retired = self.retired;
+        let found = shard.drains.iter().enumerate().find_map(|(d, drain)| {
+            let at = find(&drain.from, hash, key).ok()?;
+            drain.from[at].state.is_live(retired).then_some((d, at))
+        });
+        let Some((d, at)) = found else {
             return;
         };
         if over_full(shard.used + 1, shard.table.len()) {
-            // No room to move one key: move them all (a live key cannot be lost).
-            return self.merge(shard, None, 0);
+            // No room to move one key: the table joins the drains (behind `d`).
+            let since = shard.filled_at;
+            self.chain(shard, since);
         }
+        let drain = &shard.drains[d];
         if let Visit::Moved = self.visit(&drain.from, at, &shard.table, None) {
             shard.used += 1;
+            let drain = &mut shard.drains[d];
             drain.left -= 1;
             if drain.left == 0 {
-                if let Some(drain) = shard.drain.take() {
-                    Self::drained(shard, drain);
-                }
+                let drain = shard.drains.remove(d);
+                Self::drained(shard, drain);
             }
         }
     }
@@ -1069,10 +1196,11 @@ impl<K: Clone + Hash + Eq + Send + Sync, H: BuildHasher, C: TableCell> WordTable
         Q: Eq + ?Sized,
     {
         let mut shard = self.shards[index].lock();
-        self.take_from_drain(&mut shard, hash, key);
         // Lookups drain too (moving keys only: no judge here), so that a drain ends, and its
-        // table is freed, even when no insert comes.
+        // table is freed, even when no insert comes. Before the key is taken from the drains:
+        // a step may chain the table, and the key must be in the table that is looked in.
         self.drain(&mut shard, DRAIN_STEP, None);
+        self.take_from_drain(&mut shard, hash, key);
         Self::release(&mut shard);
         self.note_retired(index, &shard);
         let at = find(&shard.table, hash, key).ok()?;
@@ -1098,6 +1226,11 @@ impl<K: Clone + Hash + Eq + Send + Sync, H: BuildHasher, C: TableCell> WordTable
     {
         let retired = self.retired;
         self.cache.with(|cache| {
+            // Relaxed: a hint (see `note_retired`). Before the decision: a key's `Drop` that
+            // panics as a table is released then interrupts a call that decided nothing.
+            if self.releasing.0[shard].load(Ordering::Relaxed) {
+                self.help_release(shard, &cache.help);
+            }
             let cached = &cache.tables[shard];
             let mut table = cached.take();
             // One loop and one call of `f`, so that its result stays in registers: a second
@@ -1122,10 +1255,6 @@ impl<K: Clone + Hash + Eq + Send + Sync, H: BuildHasher, C: TableCell> WordTable
                 table = Some(self.current(shard));
             };
             cached.set(table);
-            // Relaxed: a hint (see `note_retired`).
-            if self.releasing.0[shard].load(Ordering::Relaxed) {
-                self.help_release(shard, &cache.help);
-            }
             result
         })
     }
@@ -1168,7 +1297,8 @@ where
         key: &Q,
         f: impl FnOnce(&C) -> R,
         evictor: &impl Evictor<C>,
-    ) -> (R, Inserted)
+        done: &mut Inserted,
+    ) -> R
     where
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
@@ -1177,9 +1307,8 @@ where
         let mut shard = self.shards[index].lock();
         // Each call drains a few slots (a fixed amount of work), evicting fresh keys if the
         // limiter lets it judge now; a drain never waits for a rule change.
-        let mut evicted = 0;
-        if let Some(since) = shard.drain.as_ref().map(|drain| drain.since) {
-            evicted = since
+        if let Some(since) = shard.drains.first().map(|drain| drain.since) {
+            since
                 .and_then(|since| {
                     evictor.judging(|_, idle| {
                         self.drain(&mut shard, DRAIN_STEP, Some(&mut |c| idle(c, since)))
@@ -1191,54 +1320,56 @@ where
         Self::release(&mut shard);
         self.build_next(&mut shard);
         self.take_from_drain(&mut shard, hash, key);
-        let (result, inserted) = match find(&shard.table, hash, key) {
-            Ok(at) => {
-                let slot = &shard.table[at];
-                // A tombstoned key comes back in place, fresh (rule 1: same key).
-                let revived = slot.state.revive(self.retired);
-                (f(&slot.state), revived)
-            }
+        let (at, inserted) = match find(&shard.table, hash, key) {
+            // A tombstoned key comes back in place, fresh (rule 1: same key).
+            Ok(at) => (at, shard.table[at].state.revive(self.retired)),
             Err(_) => {
+                // The key's clone first: if it panics, the shard is as it was.
+                let owned = key.to_owned();
                 if over_full(shard.used + 1, shard.table.len()) {
                     // The table is full: it is replaced, and the old one drained from now on,
-                    // a few slots per call: `room` is the inserts until that drain ends. Above
-                    // the shard's share of `evict_above`, keys unused since the table's previous
-                    // replacement may go.
-                    let room = drain_inserts(shard.table.len());
+                    // a few slots per call. Above the shard's share of `evict_above`, keys
+                    // unused since the table's previous replacement may go.
                     let since = shard.filled_at;
-                    evicted += evictor
+                    evictor
                         .judging(|now, idle| {
-                            let before = shard.live;
                             shard.filled_at = now;
                             let judge = &mut |c: &C| idle(c, since);
-                            self.replace_table(&mut shard, Some(judge), room, since);
-                            before - shard.live
+                            self.replace_table(&mut shard, Some(judge), since);
                         })
-                        .unwrap_or_else(|| {
-                            self.replace_table(&mut shard, None, room, since);
-                            0
-                        });
+                        .unwrap_or_else(|| self.replace_table(&mut shard, None, since));
                 }
-                shard.used += 1;
-                let table = &shard.table;
                 // Absent under the lock, so `find` ends at an empty slot.
-                let slot = match find(table, hash, key) {
-                    Err(empty) => occupy(table, empty, hash, key.to_owned()),
-                    Ok(at) => &table[at],
-                };
-                (f(&slot.state), true)
+                match find(&shard.table, hash, key) {
+                    Err(empty) => {
+                        shard.used += 1;
+                        // SAFETY: the shard lock is held, and `find` ended at this empty slot.
+                        #[allow(unsafe_code)]
+                        unsafe {
+                            occupy(&shard.table, empty, hash, owned)
+                        };
+                        (empty, true)
+                    }
+                    Ok(at) => (at, false),
+                }
             }
         };
         if inserted {
             shard.live += 1;
         }
+        // Told before the decision runs: a clock that panics in it leaves `done` right.
+        *done = Inserted {
+            inserted,
+            evicted: shard.take_evicted(),
+        };
+        let result = f(&shard.table[at].state);
         self.note_retired(index, &shard);
         let table = shard.table.clone();
         drop(shard);
         // This thread just paid for the lock: leave its cache current.
         self.cache
             .with(|cache| cache.tables[index % SHARDS].set(Some(table)));
-        (result, Inserted { inserted, evicted })
+        result
     }
 
     /// Judges about `budget` keys, shard after shard from where the last call stopped: first
@@ -1248,86 +1379,87 @@ where
     fn evict_some(&self, evictor: &impl Evictor<C>, budget: usize) -> usize {
         // The bound is reached: memory is needed now, so any fresh key may go.
         let retired = self.retired;
-        evictor
-            .judging(|now, idle| {
-                let fresh = |c: &C| idle(c, now);
-                let (mut judged, mut slots, mut evicted) = (0, 0, 0);
-                for _ in 0..SHARDS {
-                    if judged >= budget || slots >= 32 * budget {
-                        break;
-                    }
-                    // Relaxed: the hand's position is a schedule; any value is a valid shard.
-                    let index = self.hand.fetch_add(1, Ordering::Relaxed) % SHARDS;
-                    let mut shard = self.shards[index].lock();
-                    if shard.live == 0 {
-                        // Nothing to judge: its table may still be a long run of tombstones,
-                        // which would spend the step's slots for nothing.
-                        continue;
-                    }
-                    // A fresh key still in a drain counts too: no insert drains it meanwhile.
-                    // The drain goes first: while a shard is drained most of its keys are still
-                    // in the old table, and the new one, nearly empty, would use the slots up
-                    // and judge next to nothing (the bound then refused a new key with 90 % of
-                    // the held keys fresh). Every key it visits is judged (evicted or moved).
-                    let left = |shard: &Shard<K, C>| {
-                        shard
-                            .drain
-                            .as_ref()
-                            .map_or((0, 0), |d| (d.left, d.from.len() - d.next))
-                    };
-                    while shard.drain.is_some() && judged < budget && slots < 32 * budget {
-                        let ((keys, unvisited), chunk) = (left(&shard), budget - judged);
-                        // At most one key a slot: `chunk` slots judge at most `chunk` keys.
-                        evicted += self.drain(&mut shard, chunk, Some(&mut |c| fresh(c)));
-                        let (keys_now, unvisited_now) = left(&shard);
-                        judged += keys - keys_now;
-                        // A drain that ended skipped its last, keyless, slots.
-                        slots += chunk.min(unvisited - unvisited_now).max(1);
-                    }
-                    // Runs spread over the table, so that keys placed by age (the newest
-                    // after the hand's tombstones, or every key by a hasher that keeps
-                    // neighbouring keys together) cannot fill a step with keys that hold
-                    // state. The first run judges its share of keys, the others walk as many
-                    // slots. Against the probe direction: a key inserted past the hand's
-                    // tombstones lands after them, behind the hand.
-                    let (table, len) = (&shard.table, shard.table.len());
-                    let judge_run = |from: usize, slots: usize, keys: usize| {
-                        let (mut at, mut visited, mut judged, mut gone) = (from % len, 0, 0, 0);
-                        let mut set = TagWords::new(&table.tags);
-                        while visited < slots && judged < keys {
-                            visited += 1;
-                            at = at.checked_sub(1).unwrap_or(len - 1);
-                            let slot = &table[at];
-                            // Only live keys count as judged: a run of tombstones (the hand's
-                            // own, kept until the table is next replaced) must not end the step.
-                            if set.is_set(at) && slot.state.is_live(retired) {
-                                judged += 1;
-                                gone += usize::from(fresh(&slot.state));
-                            }
-                        }
-                        (visited, judged, gone)
-                    };
-                    let hand = shard.hand % len;
-                    let run_slots = len.min((32 * budget).saturating_sub(slots)) / HAND_RUNS;
-                    let run_keys = budget.saturating_sub(judged).div_ceil(HAND_RUNS);
-                    let (mut run, mut visited, mut gone) = (run_slots.max(1), 0, 0);
-                    for i in 0..HAND_RUNS {
-                        let keys = if i == 0 { run_keys } else { usize::MAX };
-                        let (v, j, g) = judge_run(hand + i * (len / HAND_RUNS), run, keys);
-                        if i == 0 {
-                            run = v;
-                        }
-                        (visited, judged, gone) = (visited + v, judged + j, gone + g);
-                    }
-                    shard.hand = (hand + len - run % len) % len;
-                    shard.live -= gone;
-                    self.note_retired(index, &shard);
-                    slots += visited;
-                    evicted += gone;
+        let mut taken = Taken::new(&self.shards);
+        evictor.judging(|now, idle| {
+            let fresh = |c: &C| idle(c, now);
+            let (mut judged, mut slots) = (0, 0);
+            for _ in 0..SHARDS {
+                if judged >= budget || slots >= 32 * budget {
+                    break;
                 }
-                evicted
-            })
-            .unwrap_or(0)
+                // Relaxed: the hand's position is a schedule; any value is a valid shard.
+                let index = self.hand.fetch_add(1, Ordering::Relaxed) % SHARDS;
+                let mut shard = self.shards[index].lock();
+                taken.evicted += shard.take_evicted();
+                if shard.live == 0 {
+                    // Nothing to judge: its table may still be a long run of tombstones,
+                    // which would spend the step's slots for nothing.
+                    continue;
+                }
+                // A fresh key still in a drain counts too: no insert drains it meanwhile.
+                // The drain goes first: while a shard is drained most of its keys are still
+                // in the old table, and the new one, nearly empty, would use the slots up
+                // and judge next to nothing (the bound then refused a new key with 90 % of
+                // the held keys fresh). Every key it visits is judged (evicted or moved).
+                let left = |shard: &Shard<K, C>| {
+                    let drains = shard.drains.iter();
+                    drains.fold((0, 0), |(keys, slots), d| {
+                        (keys + d.left, slots + d.from.len() - d.next)
+                    })
+                };
+                while !shard.drains.is_empty() && judged < budget && slots < 32 * budget {
+                    let ((keys, unvisited), chunk) = (left(&shard), budget - judged);
+                    // At most one key a slot: `chunk` slots judge at most `chunk` keys.
+                    self.drain(&mut shard, chunk, Some(&mut |c| fresh(c)));
+                    let (keys_now, unvisited_now) = left(&shard);
+                    // (A chained table adds keys and slots: counted as none judged.)
+                    judged += keys.saturating_sub(keys_now);
+                    // A drain that ended skipped its last, keyless, slots.
+                    slots += chunk.min(unvisited.saturating_sub(unvisited_now)).max(1);
+                }
+                // Runs spread over the table, so that keys placed by age (the newest
+                // after the hand's tombstones, or every key by a hasher that keeps
+                // neighbouring keys together) cannot fill a step with keys that hold
+                // state. The first run judges its share of keys, the others walk as many
+                // slots. Against the probe direction: a key inserted past the hand's
+                // tombstones lands after them, behind the hand.
+                let (table, len) = (&shard.table, shard.table.len());
+                let judge_run = |from: usize, slots: usize, keys: usize| {
+                    let (mut at, mut visited, mut judged, mut gone) = (from % len, 0, 0, 0);
+                    let mut set = TagWords::new(&table.tags);
+                    while visited < slots && judged < keys {
+                        visited += 1;
+                        at = at.checked_sub(1).unwrap_or(len - 1);
+                        let slot = &table[at];
+                        // Only live keys count as judged: a run of tombstones (the hand's
+                        // own, kept until the table is next replaced) must not end the step.
+                        if set.is_set(at) && slot.state.is_live(retired) {
+                            judged += 1;
+                            gone += usize::from(fresh(&slot.state));
+                        }
+                    }
+                    (visited, judged, gone)
+                };
+                let hand = shard.hand % len;
+                let run_slots = len.min((32 * budget).saturating_sub(slots)) / HAND_RUNS;
+                let run_keys = budget.saturating_sub(judged).div_ceil(HAND_RUNS);
+                let (mut run, mut visited, mut gone) = (run_slots.max(1), 0, 0);
+                for i in 0..HAND_RUNS {
+                    let keys = if i == 0 { run_keys } else { usize::MAX };
+                    let (v, j, g) = judge_run(hand + i * (len / HAND_RUNS), run, keys);
+                    if i == 0 {
+                        run = v;
+                    }
+                    (visited, judged, gone) = (visited + v, judged + j, gone + g);
+                }
+                shard.hand = (hand + len - run % len) % len;
+                shard.evict(gone);
+                self.note_retired(index, &shard);
+                slots += visited;
+                taken.evicted += shard.take_evicted();
+            }
+        });
+        taken.report()
     }
 
     /// Keeps every key, fresh or not, until the store holds about `keys` keys (each shard its
@@ -1341,11 +1473,13 @@ where
 
     fn retain(&self, mut keep: impl FnMut(&C) -> bool) -> usize {
         let retired = self.retired;
-        let mut removed = 0;
+        let mut removed = Taken::new(&self.shards);
         for (index, shard) in self.shards.iter().enumerate() {
             let mut shard = shard.lock();
-            // An explicit sweep may take its time: the drain ends here, judged by `keep`.
-            removed += self.drain(&mut shard, usize::MAX, Some(&mut |cell| !keep(cell)));
+            // An explicit sweep may take its time: the drains end here, judged by `keep`.
+            while !shard.drains.is_empty() {
+                self.drain(&mut shard, usize::MAX, Some(&mut |cell| !keep(cell)));
+            }
             let mut gone = 0;
             let mut set = TagWords::new(&shard.table.tags);
             for (i, slot) in shard.table.iter().enumerate() {
@@ -1354,8 +1488,8 @@ where
                     gone += 1;
                 }
             }
-            shard.live -= gone;
-            removed += gone;
+            shard.evict(gone);
+            removed.evicted += shard.take_evicted();
             // Reclaim tombstones once they outnumber the live keys, and a table four times
             // the size its live keys need (a growing shard's new table, whose drain this sweep
             // ended, holds its few keys): into a table sized for them.
@@ -1364,8 +1498,10 @@ where
                 || shard.table.len() > 4 * needed
             {
                 let since = shard.filled_at;
-                self.replace_table(&mut shard, None, 0, since);
-                self.drain(&mut shard, usize::MAX, None);
+                self.replace_table(&mut shard, None, since);
+                while !shard.drains.is_empty() {
+                    self.drain(&mut shard, usize::MAX, None);
+                }
             }
             // An explicit sweep may take its time: the tables no thread caches go now.
             shard.freeing.clear();
@@ -1374,7 +1510,7 @@ where
                 .retain_mut(|table| Arc::get_mut(table).is_none());
             self.note_retired(index, &shard);
         }
-        removed
+        removed.report()
     }
 
     fn len(&self) -> usize {
@@ -1388,7 +1524,7 @@ impl<K: Send + Sync, H, C: TableCell> WordTable<K, H, C> {
     pub(crate) fn draining(&self) -> usize {
         self.shards
             .iter()
-            .filter(|shard| shard.lock().drain.is_some())
+            .filter(|shard| !shard.lock().drains.is_empty())
             .count()
     }
 

@@ -1,9 +1,11 @@
 //! Unit tests of the word table (`word_table.rs`), kept apart so that `loom-tests`, which
 //! compiles `word_table.rs` against loom, does not compile them.
 
+use std::hash::Hash;
+
 use crate::clock::Nanos;
 use crate::state::{AtomicWord, Retired};
-use crate::store::{Evictor, KeyedStore, WordTable};
+use crate::store::{Evictor, Inserted, KeyedStore, WordTable};
 
 const MARKS: Retired = Retired {
     tombstone: u64::MAX,
@@ -52,10 +54,25 @@ const KEEP_ALL: Judge = Judge(None);
 const EVICT_ZERO: Judge = Judge(Some(0));
 
 fn insert(store: &Store, key: u64, n: u64, judge: &Judge) -> bool {
-    store
-        .with_inserted(&key, |cell| add(cell, n), judge)
+    inserting(store, &key, |cell| add(cell, n), judge)
         .1
         .inserted
+}
+
+/// [`KeyedStore::with_inserted`], returning what it did.
+fn inserting<K, S, R>(
+    store: &S,
+    key: &K,
+    f: impl FnOnce(&AtomicWord) -> R,
+    judge: &impl Evictor<AtomicWord>,
+) -> (R, Inserted)
+where
+    K: Hash + Eq + Clone,
+    S: KeyedStore<K, AtomicWord>,
+{
+    let mut done = Inserted::default();
+    let result = store.with_inserted(key, f, judge, &mut done);
+    (result, done)
 }
 
 fn get(store: &Store, key: u64) -> Option<u64> {
@@ -225,10 +242,10 @@ fn keys_still_in_a_drain_are_found() {
 }
 
 /// A table replaced on a low estimate (the sampled keys were fresh, the others turn out to hold
-/// state) would overfill as its drain moves keys in: the drain merges both tables into one
-/// sized for every live key instead, and no key is lost (nor does a probe loop forever).
+/// state) would overfill as its drain moves keys in: that table joins the drains, replaced by
+/// one sized for every live key, and no key is lost (nor does a probe loop forever).
 #[test]
-fn a_drain_that_would_overfill_its_table_merges() {
+fn a_drain_that_would_overfill_its_table_chains_it() {
     let store = evicting_store();
     let mut key = 0u64;
     while key < 20_000 {
@@ -261,9 +278,9 @@ fn a_drain_that_would_overfill_its_table_merges() {
     );
     assert!(
         capacity(&store) > before,
-        "the small table was merged into a larger one"
+        "the small table was chained, into a larger one"
     );
-    assert_eq!(store.draining(), 0, "merged, not drained");
+    assert_eq!(store.draining(), 0, "the lookups ended the drains");
 }
 
 /// Below `evict_above` the tables grow as a hash map's: after a drain, between 11/16 and 7/8 of
@@ -323,7 +340,7 @@ fn probes_past_equal_tags_and_the_table_end() {
     let key = |i: u64| i << 40 | 0x2A << 32 | 0xFFFF_FFFF;
     let n = 300; // enough to replace the table a few times
     for i in 0..n {
-        let (_, done) = store.with_inserted(&key(i), |cell| add(cell, i + 1), &KEEP_ALL);
+        let (_, done) = inserting(&store, &key(i), |cell| add(cell, i + 1), &KEEP_ALL);
         assert!(done.inserted, "key {i}");
         for j in 0..=i {
             assert_eq!(
@@ -393,7 +410,7 @@ fn replaced_tables_are_dropped_a_few_keys_per_call() {
     for key in 0..200_000u64 {
         let key = Counted::new(key);
         let before = dropped();
-        let (_, inserted) = store.with_inserted(&key, |cell| add(cell, 1), &KEEP_ALL);
+        let (_, inserted) = inserting(&store, &key, |cell| add(cell, 1), &KEEP_ALL);
         assert!(inserted.inserted);
         most = most.max(dropped() - before);
     }
@@ -411,7 +428,7 @@ fn replaced_tables_are_dropped_a_few_keys_per_call() {
         }
         assert!(call < 400_000, "drains and releases never ended");
         let key = Counted::new(call % 200_000);
-        let (_, inserted) = store.with_inserted(&key, |cell| add(cell, 0), &KEEP_ALL);
+        let (_, inserted) = inserting(&store, &key, |cell| add(cell, 0), &KEEP_ALL);
         assert!(!inserted.inserted);
     }
     let (made, gone) = COPIES.with(|c| c.get());
@@ -433,7 +450,7 @@ fn lookups_alone_release_retired_tables() {
     // drained tables, are left to the lookups.
     let mut keys = 0;
     while keys < 20_000 || store.draining() < 32 {
-        store.with_inserted(&Counted::new(keys), |cell| add(cell, 1), &KEEP_ALL);
+        inserting(&store, &Counted::new(keys), |cell| add(cell, 1), &KEEP_ALL);
         keys += 1;
         assert!(keys < 1_000_000, "no growth left most shards draining");
     }
@@ -486,7 +503,7 @@ fn keys_are_written_read_moved_and_dropped_once() {
     let store: WordTable<Counted, foldhash::fast::RandomState> =
         WordTable::new(MARKS, foldhash::fast::RandomState::default());
     for key in 0..keys {
-        store.with_inserted(&Counted::new(key), |cell| add(cell, 1), &KEEP_ALL);
+        inserting(&store, &Counted::new(key), |cell| add(cell, 1), &KEEP_ALL);
     }
     for key in 0..keys {
         assert_eq!(
@@ -511,6 +528,7 @@ fn keys_are_written_read_moved_and_dropped_once() {
                 text(key + round * keys).as_str(),
                 |cell| add(cell, 0),
                 judge,
+                &mut Inserted::default(),
             );
         }
     }
@@ -518,4 +536,158 @@ fn keys_are_written_read_moved_and_dropped_once() {
     let keep = |cell: &AtomicWord| cell.retire_if(MARKS.tombstone, |s| !MARKS.any(s)).is_none();
     assert!(strings.retain(keep) > 0);
     assert_eq!(strings.len(), 0);
+}
+
+/// Which trait call of [`Touchy`] panics, every how many calls (thread-local: tests run on
+/// threads of their own).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Call {
+    Hash,
+    Eq,
+    Clone,
+    Drop,
+}
+
+thread_local! {
+    static PANICS: std::cell::Cell<Option<(Call, u64)>> = const { std::cell::Cell::new(None) };
+    static CALLS: std::cell::Cell<[u64; 4]> = const { std::cell::Cell::new([0; 4]) };
+    /// Keys made and dropped.
+    static TOUCHY: std::cell::Cell<(u64, u64)> = const { std::cell::Cell::new((0, 0)) };
+}
+
+/// Leaves out the messages of the planted panics (others print as before).
+fn quiet_planted_panics() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        let default = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            let planted = info
+                .payload()
+                .downcast_ref::<String>()
+                .is_some_and(|s| s.starts_with("planted panic"));
+            if !planted {
+                default(info);
+            }
+        }));
+    });
+}
+
+/// Counts a call of `call` and panics if this is the one chosen.
+fn touch(call: Call) {
+    if std::thread::panicking() {
+        return; // a panic while unwinding aborts, whatever the store does
+    }
+    let n = CALLS.with(|c| {
+        let mut calls = c.get();
+        calls[call as usize] += 1;
+        c.set(calls);
+        calls[call as usize]
+    });
+    if PANICS
+        .with(|p| p.get())
+        .is_some_and(|(which, every)| which == call && n % every == 0)
+    {
+        panic!("planted panic in {call:?}");
+    }
+}
+
+/// A key with heap memory (a double drop is a double free, which Miri reports) whose `Hash`,
+/// `Eq`, `Clone` and `Drop` panic when [`PANICS`] says so.
+struct Touchy(Box<u64>);
+
+impl Touchy {
+    fn new(key: u64) -> Self {
+        TOUCHY.with(|c| c.set((c.get().0 + 1, c.get().1)));
+        Touchy(Box::new(key))
+    }
+}
+
+impl std::hash::Hash for Touchy {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        touch(Call::Hash);
+        self.0.hash(state);
+    }
+}
+
+impl PartialEq for Touchy {
+    fn eq(&self, other: &Self) -> bool {
+        touch(Call::Eq);
+        self.0 == other.0
+    }
+}
+
+impl Eq for Touchy {}
+
+impl Clone for Touchy {
+    fn clone(&self) -> Self {
+        touch(Call::Clone);
+        Touchy::new(*self.0)
+    }
+}
+
+impl Drop for Touchy {
+    fn drop(&mut self) {
+        TOUCHY.with(|c| c.set((c.get().0, c.get().1 + 1)));
+        touch(Call::Drop);
+    }
+}
+
+/// Keys whose `Hash`, `Eq`, `Clone` or `Drop` panic every few calls, through growths, drains
+/// (evicting ones too), spares cleared and tables released, each call's panic caught: no key
+/// is dropped twice (Miri: `cargo +nightly miri test --lib keys_that_panic`), every key made is
+/// dropped once the store is, every key inserted is found with its state, and `len()` counts
+/// the keys held.
+#[test]
+fn keys_that_panic_are_never_dropped_twice_nor_lost() {
+    quiet_planted_panics();
+    let keys: u64 = if cfg!(miri) { 150 } else { 5_000 };
+    for call in [Call::Hash, Call::Eq, Call::Clone, Call::Drop] {
+        for evict_above in [usize::MAX, 64] {
+            let every = if call == Call::Eq { 3 } else { 17 };
+            let mut store: WordTable<Touchy, foldhash::fast::RandomState> =
+                WordTable::new(MARKS, foldhash::fast::RandomState::default());
+            store.set_evict_above(evict_above);
+            let judge = if evict_above == 64 {
+                &EVICT_ZERO
+            } else {
+                &KEEP_ALL
+            };
+            // Every key holds state 1 once its insert returned; one whose insert panicked
+            // may or may not be held.
+            let mut held = vec![false; keys as usize];
+            PANICS.with(|p| p.set(Some((call, every))));
+            for round in 0..2 {
+                for key in 0..keys {
+                    let touchy = Touchy::new(key);
+                    let insert = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                        inserting(&store, &touchy, |cell| add(cell, 0), judge)
+                    }));
+                    PANICS.with(|p| p.set(None));
+                    drop(touchy);
+                    PANICS.with(|p| p.set(Some((call, every))));
+                    if insert.is_ok() && round == 0 && evict_above == usize::MAX {
+                        held[key as usize] = true;
+                    }
+                }
+            }
+            PANICS.with(|p| p.set(None));
+            if evict_above == usize::MAX {
+                for key in 0..keys {
+                    let found = store.with_existing(&Touchy::new(key), |cell| add(cell, 0));
+                    if held[key as usize] {
+                        assert_eq!(found, Some(0), "{call:?}: key {key} lost");
+                    }
+                }
+                let len = store.len();
+                let least = held.iter().filter(|&&h| h).count();
+                assert!(least <= len && len <= keys as usize, "{call:?}: len {len}");
+            }
+            drop(store);
+            let (made, gone) = TOUCHY.with(|c| c.get());
+            assert_eq!(
+                made, gone,
+                "{call:?}, evict_above {evict_above}: keys made and dropped"
+            );
+        }
+    }
 }

@@ -57,7 +57,8 @@ impl<V: Default + Send + Sync> KeyedStore<u64, V> for LockedStore<V> {
         key: &Q,
         f: impl FnOnce(&V) -> R,
         _evictor: &impl Evictor<V>,
-    ) -> (R, Inserted)
+        done: &mut Inserted,
+    ) -> R
     where
         u64: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = u64> + ?Sized,
@@ -68,8 +69,8 @@ impl<V: Default + Send + Sync> KeyedStore<u64, V> for LockedStore<V> {
             inserted = true;
             std::sync::Arc::default()
         });
-        let evicted = 0;
-        (f(cell), Inserted { inserted, evicted })
+        done.inserted = inserted;
+        f(cell)
     }
 
     fn retain(&self, mut keep: impl FnMut(&V) -> bool) -> usize {

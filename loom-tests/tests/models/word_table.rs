@@ -12,7 +12,7 @@ use loom::sync::Arc;
 use loom::thread;
 use tollgate_loom_tests::clock::Nanos;
 use tollgate_loom_tests::state::{AtomicWord, Retired};
-use tollgate_loom_tests::store::{Check, KeyTable, KeyedStore, WordTable};
+use tollgate_loom_tests::store::{Check, Inserted, KeyTable, KeyedStore, WordTable};
 use tollgate_loom_tests::{Algorithm, Gcra, Quota};
 
 use crate::{explore_reaching, same_shard_keys, At, Hasher, MS};
@@ -209,7 +209,10 @@ fn a_drain_evicts_fresh_keys_racing_an_admission() {
                         at: NOW,
                     };
                     let admit = |cell: &AtomicWord| rule.acquire(cell, || NOW, 1, true);
-                    let (decision, done) = table.store().with_inserted(&first, admit, &evictor);
+                    let mut done = Inserted::default();
+                    let decision = table
+                        .store()
+                        .with_inserted(&first, admit, &evictor, &mut done);
                     (decision.allowed(), done.inserted)
                 })
             };
