@@ -15,7 +15,9 @@
 //!   §3). Waiters are served in the order they reserved, with no re-check and no thundering
 //!   herd, and each is charged once. Dropping the future before its slot gives the slot back (a
 //!   [`refund`](KeyedLimiter::refund) of its cost: the tail moves back, later waiters keep the
-//!   slots they were given).
+//!   slots they were given), to the state it was taken from: a keyed limiter's waiter for a
+//!   key over `max_keys` ([`OverflowPolicy::Shared`](crate::OverflowPolicy::Shared)) gives it
+//!   back to the shared state, even if the key has found a place of its own since.
 //! - **The windows and the log**: a denied check changes nothing, so the call sleeps for the
 //!   decision's `retry_after` and checks again. It is charged once, by the check that admits
 //!   it, and dropping it while it sleeps costs nothing (cancel-safe). These waiters are not
@@ -161,13 +163,13 @@ impl Clock for TokioClock {
 pub(crate) const MIN_SLEEP: Duration = Duration::from_micros(1);
 
 /// Gives a reservation back if its waiter is dropped before its slot.
-struct RefundOnDrop<F: FnMut()> {
+struct RefundOnDrop<F: FnOnce()> {
     refund: Option<F>,
 }
 
-impl<F: FnMut()> Drop for RefundOnDrop<F> {
+impl<F: FnOnce()> Drop for RefundOnDrop<F> {
     fn drop(&mut self) {
-        if let Some(refund) = self.refund.as_mut() {
+        if let Some(refund) = self.refund.take() {
             refund();
         }
     }
@@ -175,14 +177,15 @@ impl<F: FnMut()> Drop for RefundOnDrop<F> {
 
 /// The wait loop shared by every limiter.
 ///
-/// - `charge` decides and counts (a denial changes nothing);
+/// - `charge` decides and counts (a denial changes nothing), and says where it charged (`R`:
+///   which state, for a keyed limiter);
 /// - `wait_now` reports how long an admission would take now, without changing anything;
-/// - `refund` gives back a reservation (only ever called after an admitted `charge` whose
-///   decision carries a delay).
-async fn drive(
-    mut charge: impl FnMut() -> Result<Decision, Error>,
+/// - `refund` gives back a reservation where `charge` said it was made (only ever called after
+///   an admitted `charge` whose decision carries a delay).
+async fn drive<R>(
+    mut charge: impl FnMut() -> Result<(Decision, R), Error>,
     wait_now: impl Fn() -> Result<Duration, Error>,
-    refund: impl FnMut(),
+    refund: impl FnOnce(R),
     max_wait: Option<Duration>,
 ) -> Result<Decision, WaitError> {
     // A bound too far away to represent is no bound.
@@ -207,14 +210,14 @@ async fn drive(
         if deadline.is_some() {
             too_long(wait_now()?)?;
         }
-        let decision = charge()?;
+        let (decision, charged) = charge()?;
         if decision.allowed() {
             let delay = decision.delay();
             if delay.is_zero() {
                 return Ok(decision);
             }
             let mut guard = RefundOnDrop {
-                refund: refund.take(),
+                refund: refund.take().map(|refund| move || refund(charged)),
             };
             // Another waiter may have reserved between the look and the charge.
             too_long(delay)?;
@@ -309,9 +312,9 @@ impl<A: Algorithm, C: Clock> Limiter<A, C> {
         max_wait: Option<Duration>,
     ) -> Result<Decision, WaitError> {
         drive(
-            || self.reserve_n(cost),
+            || self.reserve_n(cost).map(|decision| (decision, ())),
             || self.peek(cost).map(wait_of::<A>),
-            || self.refund(cost),
+            |()| self.refund(cost),
             max_wait,
         )
         .await
@@ -403,9 +406,9 @@ where
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
         drive(
-            || self.reserve_n(key, cost),
+            || self.reserve_noting(key, cost),
             || self.peek(key, cost).map(wait_of::<A>),
-            || self.refund(key, cost),
+            |charged| self.refund_reserved(key, cost, charged),
             max_wait,
         )
         .await
@@ -496,7 +499,10 @@ where
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
         drive(
-            || self.reserve_n(key, cost).map(|(decision, _)| decision),
+            || {
+                self.reserve_n(key, cost)
+                    .map(|(decision, _)| (decision, ()))
+            },
             || {
                 // The longest wait of any limit.
                 let mut wait = Duration::ZERO;
@@ -505,7 +511,10 @@ where
                 }
                 Ok(wait)
             },
-            || {
+            // A `MultiLimiter`'s limits have no `max_keys` bound, hence no overflow state:
+            // each reservation was charged to the key's own state, where a refund by key finds
+            // it (or finds nothing: a key evicted since was fresh, its reservation due).
+            |()| {
                 for limit in self.limits() {
                     limit.refund(key, cost);
                 }

@@ -1,5 +1,6 @@
 //! Async waiting (feature `tokio`) on tokio's paused time: limiters read a `TokioClock`, so
-//! every wait is exact (virtual) time; nothing here depends on the machine's speed.
+//! every wait is exact (virtual) time; nothing here depends on the machine's speed. (The
+//! overflow tests at the end read a `ManualClock` instead, moved by hand.)
 //!
 //! Run with `cargo test --features tokio --test wait`.
 
@@ -8,8 +9,11 @@
 use std::time::Duration;
 
 use tokio::time::{timeout, Instant};
+use tollgate::clock::ManualClock;
 use tollgate::wait::{TokioClock, WaitError};
-use tollgate::{Error, Gcra, KeyedLimiter, LeakyQueue, Limiter, MultiLimiter, Quota};
+use tollgate::{
+    Error, Gcra, KeyedLimiter, LeakyQueue, Limiter, MultiLimiter, OverflowPolicy, Quota,
+};
 
 fn keyed<A: tollgate::Algorithm>(rule: A) -> KeyedLimiter<String, A, TokioClock> {
     KeyedLimiter::with_clock(rule, TokioClock::new()).unwrap()
@@ -231,4 +235,86 @@ async fn multi_limits_wait_for_the_slowest_and_direct_limiters_wait_too() {
     assert!(direct.acquire(2, Duration::from_millis(400)).await.is_err());
     direct.acquire(2, Duration::from_millis(500)).await.unwrap();
     assert_eq!(start.elapsed(), Duration::from_millis(750));
+}
+
+/// A keyed GCRA limiter on a manual clock holding one key, whose overflow keys share one state:
+/// one unit a second, bursts of 10. `"a"` holds the one place, its bucket spent (state for
+/// 10 s); `"c"` spends the overflow state's bucket. Time stays at 0 until a test moves it.
+fn one_key_and_a_spent_overflow() -> KeyedLimiter<String, Gcra, ManualClock> {
+    let rule = Gcra::new(Quota::per_second(1).unwrap().with_burst(10).unwrap()).unwrap();
+    let limiter = KeyedLimiter::<String, _, _>::builder(rule)
+        .clock(ManualClock::new())
+        .max_keys(1, OverflowPolicy::Shared)
+        .build()
+        .unwrap();
+    assert!(limiter.check_n("a", 10).unwrap().allowed());
+    assert!(limiter.check_n("c", 10).unwrap().allowed());
+    assert_eq!(limiter.len(), 1, "\"c\" went to the overflow state");
+    limiter
+}
+
+// The tests below run on a `ManualClock`: the limiter's time stands still while tokio's
+// paused time lets a timeout drop a waiter (which sleeps on tokio's timer) mid-wait.
+
+#[tokio::test(start_paused = true)]
+async fn a_dropped_waiter_charged_to_the_overflow_state_gives_it_back_there() {
+    let limiter = one_key_and_a_spent_overflow();
+    // "b" does not fit: its reservation takes the overflow state's next unit, due in 1 s.
+    // The waiter leaves before, with "b" still not held.
+    assert!(
+        timeout(Duration::from_millis(1), limiter.until_ready("b", 1))
+            .await
+            .is_err()
+    );
+    assert_eq!(limiter.len(), 1, "\"b\" is not held");
+    // The overflow state has its unit back: 1 s later, an overflow key gets it.
+    limiter.clock().advance(Duration::from_secs(1));
+    let decision = limiter.check("d").unwrap();
+    assert!(decision.allowed(), "{decision:?}");
+    assert_eq!(limiter.len(), 1, "\"d\" went to the overflow state");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_dropped_overflow_waiter_refunds_the_overflow_state_not_its_key_inserted_meanwhile() {
+    let limiter = one_key_and_a_spent_overflow();
+    let mut waiter = Box::pin(limiter.until_ready("b", 1));
+    assert!(timeout(Duration::from_millis(1), &mut waiter)
+        .await
+        .is_err());
+    // While "b" waits on the overflow state, room is made ("a" handed back and evicted) and
+    // "b" gets a state of its own, which spends its bucket.
+    limiter.refund("a", 10);
+    assert_eq!(limiter.evict_fresh(), 1);
+    assert!(limiter.check_n("b", 10).unwrap().allowed());
+    assert_eq!(limiter.len(), 1, "\"b\" is held");
+    drop(waiter);
+    // "b"'s own state never held the waiter's unit: nothing comes back to it.
+    let own = limiter.peek("b", 1).unwrap();
+    assert!(!own.allowed(), "{own:?}");
+    assert_eq!(own.retry_after(), Duration::from_secs(1));
+    // The overflow state has it back: 1 s later, an overflow key gets it.
+    limiter.clock().advance(Duration::from_secs(1));
+    let decision = limiter.check("d").unwrap();
+    assert!(decision.allowed(), "{decision:?}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn acquire_refused_as_too_long_on_the_overflow_state_leaves_it_as_it_was() {
+    let limiter = one_key_and_a_spent_overflow();
+    // "b" is not held, so the look before charging sees a fresh key's wait, none; its
+    // reservation on the overflow state is due in 1 s, past the bound: given back, refused.
+    let e = limiter
+        .acquire("b", 1, Duration::from_millis(500))
+        .await
+        .unwrap_err();
+    assert_eq!(
+        e,
+        WaitError::TooLong {
+            wait: Duration::from_secs(1),
+            max_wait: Duration::from_millis(500)
+        }
+    );
+    limiter.clock().advance(Duration::from_secs(1));
+    let decision = limiter.check("d").unwrap();
+    assert!(decision.allowed(), "{decision:?}");
 }

@@ -27,7 +27,11 @@ pub use crate::store::table::OverflowPolicy;
 ///   one and the last one drained, reused as the next). Either way the old table is emptied 16
 ///   slots per call into that shard (inserts, and lookups that miss the new table): no call
 ///   does more than that fixed amount of eviction and copy work, whatever the number of keys.
-///   Nor does a call fill a large new table: a growing shard builds its next one 64 slots per
+///   (A table that fills before the drain into it ends, its size having been estimated from a
+///   sample, becomes a second drain, and its replacement, sized for every key of the shard, is
+///   allocated in that call. And one call still visits every key: a window counter's
+///   re-anchoring, once every 2^22 − 2 windows for the sliding window, 2^39 − 2 for the fixed
+///   one.) Nor does a call fill a large new table: a growing shard builds its next one 64 slots per
 ///   insert once 27/32 full, and a shard at the bound reuses its spare (tables of up to 4096
 ///   slots, ~100 KB, are still allocated in the call that needs one, as is the first table a
 ///   shard replaces at the bound). Nor does a call free a whole table: one no longer needed
@@ -80,6 +84,13 @@ pub use crate::store::table::OverflowPolicy;
 ///   replaced table per shard and thread.
 /// - On the dashmap store a sweep takes each shard's write lock in turn, and checks on that
 ///   shard wait for it.
+/// - A key's `Hash`, `Eq`, `Clone` or `Drop` that panics makes the call it runs in panic: the
+///   table runs a key's code before the step it serves changes anything, so no key is lost,
+///   decided in two places or dropped twice, and [`len`](KeyedLimiter::len) stays true (with
+///   `max_keys` it may read high until a later call reports what the interrupted one evicted;
+///   never low, so the bound holds). A check that panics so has decided nothing (a [`Clock`]
+///   that panics inside the decision is the one exception). A key whose code panics every time stops the drain that meets it in its
+///   shard: later inserts there panic too.
 pub struct KeyedLimiter<K, A: Algorithm, C: Clock = QuantaClock, S = <A as Algorithm>::Store<K>> {
     core: Core<A, C>,
     /// The store, the key count, `max_keys` and eviction (`store/table.rs`, model-checked).
@@ -484,6 +495,11 @@ where
     /// Gives back `cost` units admitted to `key` but not used (see [`crate::Limiter::refund`]).
     /// Does nothing for a key the limiter does not hold.
     ///
+    /// The units go to the key's own state, as the limiter holds it now: units a key over
+    /// `max_keys` was charged on the state such keys share ([`OverflowPolicy::Shared`]) do not
+    /// go back there. (The waiting calls, `until_ready` and `acquire` of feature `tokio`, note
+    /// which state they charged, and a waiter that gives up hands its units back there.)
+    ///
     /// # Examples
     /// ```
     /// use tollgate::{FixedWindow, KeyedLimiter, Quota};
@@ -582,9 +598,121 @@ where
         self.decide(key, cost, Reserve)
     }
 
+    /// [`KeyedLimiter::reserve_n`], and which state it charged: the key's own, or (a new key
+    /// at the `max_keys` bound, [`OverflowPolicy::Shared`]) the overflow state. What a waiter
+    /// keeps to give its reservation back with [`KeyedLimiter::refund_reserved`].
+    #[cfg(feature = "tokio")]
+    pub(crate) fn reserve_noting<Q>(&self, key: &Q, cost: u64) -> Result<(Decision, Charged), Error>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        let charged = std::cell::Cell::new(Charged::Own);
+        let noting = Noting {
+            charge: Reserve,
+            overflow: self.table.overflow(),
+            charged: &charged,
+        };
+        let decision = self.decide(key, cost, noting)?;
+        Ok((decision, charged.get()))
+    }
+
+    /// Gives back `cost` units of a reservation to the state it `charged`, whatever became of
+    /// `key` since: the overflow state's units go back to it (not to `key`'s own state, should
+    /// the key have found room meanwhile); the key's own go back to the key by
+    /// [`KeyedLimiter::refund`] (a key moved to a new table took its state along; a key
+    /// evicted meanwhile was fresh, its reservation already due, and gets nothing).
+    #[cfg(feature = "tokio")]
+    pub(crate) fn refund_reserved<Q>(&self, key: &Q, cost: u64, charged: Charged)
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        match charged {
+            Charged::Own => self.refund(key, cost),
+            Charged::Overflow => loop {
+                let at = self.core.attempt();
+                at.rule().refund(self.table.overflow(), || at.now(), cost);
+                if self.core.settle(&at, &self.sweep()) {
+                    return;
+                }
+            },
+        }
+    }
+
     /// A keyed limiter's sweep: every key that is fresh evicted, the overflow state reset.
     fn sweep(&self) -> impl Sweep<A> + '_ {
         |rule: &A, now| self.table.sweep_all(rule, now)
+    }
+}
+
+/// Which state a reservation charged ([`KeyedLimiter::reserve_noting`]).
+#[cfg(feature = "tokio")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Charged {
+    /// The key's own state.
+    Own,
+    /// The state shared by keys over the `max_keys` bound ([`OverflowPolicy::Shared`]).
+    Overflow,
+}
+
+/// A charge that notes in `charged` which state it lands on. The table hands the overflow
+/// state itself to [`Charge::on`], so its address tells it from a key's. Only the waiting
+/// calls use it: checks keep their own path, with nothing to note.
+#[cfg(feature = "tokio")]
+struct Noting<'a, C, V> {
+    charge: C,
+    overflow: &'a V,
+    charged: &'a std::cell::Cell<Charged>,
+}
+
+// By hand: a derive would ask `V: Copy`, and cells are atomics.
+#[cfg(feature = "tokio")]
+impl<C: Copy, V> Clone for Noting<'_, C, V> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+#[cfg(feature = "tokio")]
+impl<C: Copy, V> Copy for Noting<'_, C, V> {}
+
+/// Every charge that returns a decision runs one of these two on the cell it charged, the last
+/// such run being the decision's, so `charged` ends up naming that cell.
+#[cfg(feature = "tokio")]
+impl<C: Charge, V> Charge for Noting<'_, C, V> {
+    const RESERVE: bool = C::RESERVE;
+
+    #[inline]
+    fn on<A: Algorithm>(
+        self,
+        rule: &A,
+        cell: &A::Cell,
+        now: impl Fn() -> Nanos,
+        cost: u64,
+    ) -> Decision {
+        let charged = if std::ptr::addr_eq(cell, self.overflow) {
+            Charged::Overflow
+        } else {
+            Charged::Own
+        };
+        self.charged.set(charged);
+        self.charge.on(rule, cell, now, cost)
+    }
+
+    #[inline]
+    fn on_live<A: Algorithm>(
+        self,
+        rule: &A,
+        cell: &A::Cell,
+        now: impl Fn() -> Nanos,
+        cost: u64,
+    ) -> Option<Decision> {
+        let decision = self.charge.on_live(rule, cell, now, cost);
+        if decision.is_some() {
+            self.charged.set(Charged::Own);
+        }
+        decision
     }
 }
 
