@@ -66,7 +66,7 @@ fn a_key_idle_for_a_multiple_of_the_index_range_is_fresh() {
 
 #[test]
 fn a_full_window_stays_full_across_a_re_anchoring() {
-    // Checks every 2^20 windows: the limiter re-anchors (2^21) between some of them, and a
+    // Checks every 2^20 windows: the limiter re-anchors (every 2^22 − 2) between some of them, and a
     // window filled just before a check is still full just after it.
     let mut times = vec![];
     for k in 0..40u64 {
@@ -108,7 +108,7 @@ fn a_rule_on_its_own_reads_indices_relative_to_the_reading() {
 }
 
 /// Two threads check one key while a third moves the clock by about 2^21 windows (a
-/// re-anchoring each time) between rounds: every round is a new window far from the last, so
+/// re-anchoring every other round: the period is 2^22 − 2) between rounds: every round is a new window far from the last, so
 /// exactly `L` checks are admitted in each, never more, with the sweep and the rebase racing
 /// the checks.
 #[test]

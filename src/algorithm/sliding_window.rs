@@ -43,7 +43,7 @@ pub const MAX_LIMIT: u64 = COUNT_MASK;
 ///              keyed stores use it for their marks)
 /// ```
 /// In a limiter, stored indices are exact however long a key sits idle (the limiter re-anchors
-/// them every 2^21 windows, 35 min at W = 1 ms, see `Windowed`); the rule on its own
+/// them every 2^22 − 2 windows, 70 min at W = 1 ms, see `Windowed`); the rule on its own
 /// ([`WordRule::decide`]) reads a state more than 2^23 − 16 windows old (2.3 h at W = 1 ms) as
 /// a recent one.
 ///

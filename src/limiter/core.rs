@@ -51,7 +51,7 @@ impl<A: Algorithm, C: Clock> Attempt<'_, A, C> {
     }
 
     /// The current time ([`Core::now`]), noting whether the rule's window indices need
-    /// re-anchoring (a window counter, every 2^21 or 2^38 windows).
+    /// re-anchoring (a window counter, every 2^22 − 2 or 2^39 − 2 windows).
     #[inline(always)]
     pub fn now(&self) -> Nanos {
         let now = self.core.now();
