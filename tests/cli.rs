@@ -627,14 +627,21 @@ fn bench_redis_prints_one_json_object_per_process() {
         ] {
             assert!(out.contains(field), "{mode}: {out}");
         }
-        let admitted: u64 = out
-            .split("\"admitted\":")
-            .nth(1)
-            .and_then(|rest| rest.split(',').next())
-            .and_then(|n| n.parse().ok())
-            .unwrap();
-        // Burst 1000 plus 300 ms at 1000/s, whatever the mode.
-        assert!(admitted <= 1000 + 300 + 5, "{mode}: admitted {admitted}");
+        let field = |name: &str| -> f64 {
+            out.split(&format!("\"{name}\":"))
+                .nth(1)
+                .and_then(|rest| rest.split([',', '}']).next())
+                .and_then(|n| n.parse().ok())
+                .unwrap_or_else(|| panic!("{mode}: no {name} in {out}"))
+        };
+        let (admitted, seconds) = (field("admitted"), field("seconds"));
+        // Burst 1000 plus what refills at 1000/s over the run, whatever the mode: the run's
+        // own measured length, not the 300 ms asked for (a busy machine runs over it).
+        let most = 1000.0 + (seconds * 1000.0).ceil() + 5.0;
+        assert!(
+            admitted <= most,
+            "{mode}: admitted {admitted} in {seconds} s"
+        );
     }
 }
 
