@@ -64,6 +64,28 @@ pub mod store {
     pub use crate::keyed_store::{Evictor, Inserted, KeyedStore};
     pub use crate::table::{Check, KeyTable, OverflowPolicy, Reserve};
     pub use crate::word_table::WordTable;
+
+    /// A word table whose drains visit `slots` slots a call (16 in the library): a model's
+    /// 8-slot tables then drain over several calls.
+    pub fn with_drain_step<K, H>(mut store: WordTable<K, H>, slots: usize) -> WordTable<K, H>
+    where
+        K: Clone + std::hash::Hash + Eq + Send + Sync,
+        H: std::hash::BuildHasher,
+    {
+        store.set_drain_step_for_model(slots);
+        store
+    }
+
+    /// Chains the table of `key`'s shard if a drain runs there (`WordTable::chain`, which an
+    /// insert reaches only when a table's size was estimated too low); returns the shard's
+    /// drains.
+    pub fn chain<K, H>(store: &WordTable<K, H>, key: &K) -> usize
+    where
+        K: Clone + std::hash::Hash + Eq + Send + Sync,
+        H: std::hash::BuildHasher,
+    {
+        store.chain_for_model(key)
+    }
 }
 
 pub use algorithm::{Algorithm, FixedWindow, Gcra, LeakyQueue, SlidingLog, SlidingWindow};

@@ -109,7 +109,8 @@ const SMALL_REFILL: (usize, usize) = (2, 3);
 /// The largest small table, in slots (64 shards of it: 1.5 MiB of 24-byte slots).
 const SMALL_SLOTS: usize = 1024;
 /// Slots of a replaced table that each insert into its shard visits (moves or evicts): the
-/// most eviction and copying work any one call does, whatever the table's size.
+/// most eviction and copying work any one call does, whatever the table's size. (A loom model
+/// may take fewer: [`WordTable::set_drain_step_for_model`].)
 const DRAIN_STEP: usize = 16;
 /// Runs of slots, spread evenly over a table, that a step of the eviction hand judges.
 const HAND_RUNS: usize = 4;
@@ -161,12 +162,6 @@ const SMALL_CAPACITY: usize = SMALL_SLOTS * SMALL_FULL.0 / SMALL_FULL.1;
 /// Whether a table of `len` slots must be rebuilt before it holds `used` used slots.
 fn over_full(used: usize, len: usize) -> bool {
     used > capacity(len)
-}
-
-/// The inserts into a shard until a drain of its table of `len` slots ends (each visits
-/// [`DRAIN_STEP`] slots).
-fn drain_inserts(len: usize) -> usize {
-    len / DRAIN_STEP + 1
 }
 
 /// The slots of the smallest table whose [`capacity`] is `keys`.
@@ -732,6 +727,8 @@ pub struct WordTable<K: Send + Sync, H, C: TableCell = AtomicWord> {
     releasing: Flags,
     /// Live keys a shard holds before it evicts fresh ones (its share of `evict_above`).
     keep: usize,
+    /// Slots of a drain each call visits: [`DRAIN_STEP`] (fewer in some loom models).
+    drain_step: usize,
 }
 
 impl<K: Send + Sync, H, C: TableCell> std::fmt::Debug for WordTable<K, H, C> {
@@ -774,6 +771,7 @@ impl<K: Send + Sync, H, C: TableCell> WordTable<K, H, C> {
             cache: PerThread::new(),
             releasing: Flags(std::array::from_fn(|_| AtomicBool::new(false))),
             keep: DEFAULT_EVICT_ABOVE / SHARDS,
+            drain_step: DRAIN_STEP,
         }
     }
 
@@ -814,7 +812,7 @@ impl<K: Clone + Hash + Eq + Send + Sync, H: BuildHasher, C: TableCell> WordTable
         let (slots, since) = match judge {
             Some(fresh) if shard.live >= self.keep => {
                 let kept = self.estimate_kept(shard, fresh);
-                let room = drain_inserts(shard.table.len());
+                let room = self.drain_inserts(shard.table.len());
                 (self.bound_slots(kept, room), Some(since))
             }
             // (No room for the drain's inserts here: the larger table takes a quarter of its
@@ -861,9 +859,9 @@ impl<K: Clone + Hash + Eq + Send + Sync, H: BuildHasher, C: TableCell> WordTable
         let room = shard
             .drains
             .iter()
-            .map(|drain| drain_inserts(unvisited(drain)))
+            .map(|drain| self.drain_inserts(unvisited(drain)))
             .sum::<usize>()
-            + drain_inserts(shard.table.len());
+            + self.drain_inserts(shard.table.len());
         let evicting = shard
             .drains
             .last()
@@ -1082,7 +1080,7 @@ impl<K: Clone + Hash + Eq + Send + Sync, H: BuildHasher, C: TableCell> WordTable
             let target = if at_full < self.keep {
                 table_len(sized_for(at_full))
             } else if shard.spare.is_none() {
-                table_len(self.bound_slots(self.keep, drain_inserts(len)))
+                table_len(self.bound_slots(self.keep, self.drain_inserts(len)))
             } else {
                 return;
             };
@@ -1199,7 +1197,7 @@ impl<K: Clone + Hash + Eq + Send + Sync, H: BuildHasher, C: TableCell> WordTable
         // Lookups drain too (moving keys only: no judge here), so that a drain ends, and its
         // table is freed, even when no insert comes. Before the key is taken from the drains:
         // a step may chain the table, and the key must be in the table that is looked in.
-        self.drain(&mut shard, DRAIN_STEP, None);
+        self.drain(&mut shard, self.drain_step, None);
         self.take_from_drain(&mut shard, hash, key);
         Self::release(&mut shard);
         self.note_retired(index, &shard);
@@ -1311,10 +1309,10 @@ where
             since
                 .and_then(|since| {
                     evictor.judging(|_, idle| {
-                        self.drain(&mut shard, DRAIN_STEP, Some(&mut |c| idle(c, since)))
+                        self.drain(&mut shard, self.drain_step, Some(&mut |c| idle(c, since)))
                     })
                 })
-                .unwrap_or_else(|| self.drain(&mut shard, DRAIN_STEP, None));
+                .unwrap_or_else(|| self.drain(&mut shard, self.drain_step, None));
         }
         Self::clear_spare(&mut shard);
         Self::release(&mut shard);
@@ -1515,6 +1513,35 @@ where
 
     fn len(&self) -> usize {
         self.shards.iter().map(|shard| shard.lock().live).sum()
+    }
+}
+
+impl<K: Clone + Hash + Eq + Send + Sync, H: BuildHasher, C: TableCell> WordTable<K, H, C> {
+    /// The calls into a shard until a drain of a table of `len` slots ends (each visits
+    /// `drain_step` slots).
+    fn drain_inserts(&self, len: usize) -> usize {
+        len / self.drain_step + 1
+    }
+
+    /// Visits `slots` slots of a drain per call instead of [`DRAIN_STEP`]: for the loom models,
+    /// whose 8-slot tables a step of 16 drains in one call.
+    #[allow(dead_code)] // called by the loom models
+    pub(crate) fn set_drain_step_for_model(&mut self, slots: usize) {
+        self.drain_step = slots.max(1);
+    }
+
+    /// Chains the table of `key`'s shard if a drain runs there, as an insert does when the
+    /// table fills before its drain ends; returns the drains the shard then has. For the loom
+    /// models: their tables are too small for a sizing estimate to fall short.
+    #[allow(dead_code)] // called by the loom models
+    pub(crate) fn chain_for_model(&self, key: &K) -> usize {
+        let (_, index) = self.hash(key);
+        let mut shard = self.shards[index].lock();
+        if !shard.drains.is_empty() {
+            let since = shard.filled_at;
+            self.chain(&mut shard, since);
+        }
+        shard.drains.len()
     }
 }
 

@@ -12,7 +12,9 @@ use loom::sync::Arc;
 use loom::thread;
 use tollgate_loom_tests::clock::Nanos;
 use tollgate_loom_tests::state::{AtomicWord, Retired};
-use tollgate_loom_tests::store::{Check, Inserted, KeyTable, KeyedStore, WordTable};
+use tollgate_loom_tests::store::{
+    chain, with_drain_step, Check, Inserted, KeyTable, KeyedStore, WordTable,
+};
 use tollgate_loom_tests::{Algorithm, Gcra, Quota};
 
 use crate::{explore_reaching, same_shard_keys, At, Hasher, MS};
@@ -230,6 +232,62 @@ fn a_drain_evicts_fresh_keys_racing_an_admission() {
             } else {
                 "kept"
             });
+        },
+    );
+}
+
+/// (e) Two drains, two slots visited a call: a shard's first table holds 4 keys; a 5th key
+/// replaces it (drain `D0`); a lookup takes the first key out of `D0` into the new table; then
+/// that table fills before `D0` ends and joins the drains (`D1`: the first key is *live* there
+/// and still has its moved slot in `D0`). Meanwhile another thread admits on the first key,
+/// while the main thread looks it up (moving it from `D1` into the current table) and inserts
+/// two more keys (each a drain step). The admission must be decided in the key's one live
+/// cell, wherever the drains have carried it: the key ends holding exactly its two
+/// admissions, every other key its one, and `len()` counts 7 keys.
+#[test]
+fn a_chained_drain_races_an_admission() {
+    let keys = same_shard_keys(7);
+    explore_reaching(
+        "word table: chained drains vs admission",
+        &["lock-free", "under the lock"],
+        move |seen| {
+            let store = with_drain_step(WordTable::new(MARKS, Hasher::default()), 2);
+            let table = Arc::new(KeyTable::new(store, None));
+            for &key in &keys[..5] {
+                assert!(admit_at(&table, key, NOW));
+            }
+            let first = keys[0];
+            assert_eq!(held(&table, first), 1, "taken out of the first drain");
+            assert_eq!(
+                chain(table.store(), &first),
+                2,
+                "the table joined the drains"
+            );
+            let admitter = {
+                let table = Arc::clone(&table);
+                thread::spawn(move || {
+                    let rule = rule();
+                    let live = |cell: &AtomicWord| rule.acquire_live(cell, || NOW, 1, true);
+                    match table.store().try_existing(&first, live) {
+                        Some(decision) => (decision.allowed(), "lock-free"),
+                        None => {
+                            let decision = table.store().with_existing(&first, live);
+                            (decision.is_some_and(|d| d.allowed()), "under the lock")
+                        }
+                    }
+                })
+            };
+            held(&table, first);
+            assert!(admit_at(&table, keys[5], NOW));
+            assert!(admit_at(&table, keys[6], NOW));
+            let (allowed, path) = admitter.join().unwrap();
+            assert!(allowed, "the second unit of a bucket of 2");
+            assert_eq!(held(&table, first), 2, "no admission lost or decided twice");
+            for &key in &keys[1..] {
+                assert_eq!(held(&table, key), 1, "key {key}");
+            }
+            assert_eq!((table.len(), table.store().len()), (7, 7));
+            seen.saw(path);
         },
     );
 }
