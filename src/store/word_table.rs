@@ -31,10 +31,14 @@
 //! its shard's table full, the table is replaced by an empty one and the old table is
 //! **drained**: every later insert into the shard, and every lookup that misses the new table,
 //! visits the next [`DRAIN_STEP`] slots of the old one. No call sweeps or copies a whole table,
-//! so no call does more than `DRAIN_STEP` slots of eviction and copying work. Nor does a call
-//! allocate a large table: a growing shard builds its next table [`BUILD_STEP`] slots per
-//! insert once its table is 27/28 of its capacity (the first table at the bound too), and a shard
-//! at the bound reuses its spare (below).
+//! so no call does more than `DRAIN_STEP` slots of eviction and copying work (a table that
+//! fills before the drain into it ends joins the drains, oldest drained first:
+//! [`WordTable::chain`]). Nor does a call allocate a large table: a growing shard builds its
+//! next table [`BUILD_STEP`] slots per insert once its table is 27/28 of its capacity (the
+//! first table at the bound too), and a shard at the bound reuses its spare (below); only a
+//! chained table's replacement may be allocated in the call that needs it.
+//! (`KeyedStore::retain`, an explicit sweep, visits every slot; the window counters'
+//! re-anchoring calls it from an ordinary check, see `KeyedLimiter`.)
 //!
 //! - **Below** the store's share of [`KeyedStore::set_evict_above`] (by default
 //!   [`DEFAULT_EVICT_ABOVE`] keys), the new table is larger, sized for every live key to fill
