@@ -48,6 +48,22 @@ pub use crate::store::table::OverflowPolicy;
 /// keys (round all the shards, a step per call) and takes the place of a fresh one it finds;
 /// only if there is none does the policy apply.
 ///
+/// # Work per call (the lock-free table)
+/// - A check, peek or refund of a key the shard's current table holds: a probe (a few words of
+///   tags and the key's slot) and the rule's CAS loop on the key's state, no lock. One in four
+///   of a thread's lookups into a shard that holds retired tables also drops up to 64 of their
+///   slots, if the shard's lock is free.
+/// - A key the current table does not hold (new, or still in a drain): the shard's lock, one
+///   drain step (16 slots moved or evicted), up to 64 slots of a spare cleared, 64 of retired
+///   tables released and 64 of the next table built, then the key's probe and insert. A table
+///   of up to 4,096 slots may be allocated in the call, and, rarely, one sized for every key of
+///   the shard (a table that filled before the drain into it ended).
+/// - At `max_keys`, a new key adds up to 4 steps of the eviction hand (1 after a key the hand
+///   found no room for), each at most 1,024 slots and one lock of each shard.
+/// - Calls that visit every key: [`evict_fresh`](KeyedLimiter::evict_fresh), and the window
+///   counters' re-anchoring (above). [`len`](KeyedLimiter::len) without `max_keys` locks each
+///   shard in turn.
+///
 /// # Examples
 /// ```
 /// use tollgate::{Gcra, KeyedLimiter, Quota};
