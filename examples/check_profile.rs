@@ -21,8 +21,9 @@ use std::num::NonZeroU32;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+use tollgate::algorithm::Algorithm;
 use tollgate::clock::{Clock, CoarseClock, QuantaClock};
-use tollgate::{Gcra, KeyedLimiter, Limiter, Quota};
+use tollgate::{Gcra, KeyedLimiter, Limiter, Quota, SlidingWindow};
 
 const KEYS: u64 = 100_000;
 /// Checks before the profiled ones: every key is visited (and inserted) at least once.
@@ -34,7 +35,7 @@ fn main() {
     let mut args = std::env::args().skip(1);
     let (Some(row), Some(checks)) = (args.next(), args.next()) else {
         eprintln!(
-            "usage: check_profile <direct|returning|coarse>/<tollgate|governor|floor> <checks>"
+            "usage: check_profile <direct|returning|coarse>/<tollgate|governor|floor> <checks>, or sliding/tollgate"
         );
         std::process::exit(2);
     };
@@ -64,6 +65,10 @@ fn main() {
             measured(run, |_| floor_step(&cell, now(), 1, 1_000_000_000));
         }
         "returning/tollgate" => keyed(prime, run, 1_000_000, 1, QuantaClock::new()),
+        "sliding/tollgate" => {
+            let rule = SlidingWindow::new(Quota::per_second(1_000_000).expect("a quota"));
+            keyed_on(rule.expect("a rule"), prime, run, QuantaClock::new())
+        }
         "coarse/tollgate" => keyed(prime, run, 1_000, 10, CoarseClock::new()),
         "returning/governor" => {
             let quota = governor::Quota::per_second(nz(1_000_000));
@@ -118,7 +123,15 @@ fn measured(keys: &[u64], check: impl Fn(&u64) -> bool) {
 
 fn keyed<C: Clock>(prime: &[u64], run: &[u64], per_second: u64, burst: u64, clock: C) {
     let quota = Quota::per_second(per_second).and_then(|q| q.with_burst(burst));
-    let rule = Gcra::new(quota.expect("a quota")).expect("a rule");
+    keyed_on(
+        Gcra::new(quota.expect("a quota")).expect("a rule"),
+        prime,
+        run,
+        clock,
+    )
+}
+
+fn keyed_on<A: Algorithm, C: Clock>(rule: A, prime: &[u64], run: &[u64], clock: C) {
     let limiter = KeyedLimiter::with_clock(rule, clock).expect("the clock fits the quota");
     prime.iter().for_each(|k| {
         black_box(limiter.check(k)).ok();

@@ -277,6 +277,21 @@ pub trait Algorithm: Copy + Send + Sync + std::fmt::Debug + 'static + sealed::Se
         self
     }
 
+    /// The anchor its states are written against: a store that re-anchors itself never hands
+    /// a decision a cell of an older era ([`KeyedStore::with_existing`]). 0 for the rules
+    /// whose states need none.
+    #[doc(hidden)]
+    #[inline(always)]
+    fn era(&self) -> u64 {
+        0
+    }
+
+    /// Re-encodes, in place, a cell written in era `from` for the later era `to` (see
+    /// [`KeyedStore::set_carry`]): a state too old to be read in `to` is fresh, and becomes
+    /// the fresh state. Nothing, for the rules whose states need no era.
+    #[doc(hidden)]
+    fn carry(_cell: &Self::Cell, _from: u64, _to: u64) {}
+
     /// Puts a cell that is fresh at `now` back to the fresh state (a direct limiter's sweep).
     #[doc(hidden)]
     fn reset_if_fresh(&self, _cell: &Self::Cell, _now: Nanos) {}
@@ -504,6 +519,14 @@ macro_rules! word_algorithm {
                 }
                 fn rebase(self, now: Nanos) -> Self {
                     self.rebase(now)
+                }
+                #[inline(always)]
+                fn era(&self) -> u64 {
+                    self.horizon().base
+                }
+                fn carry(cell: &AtomicWord, from: u64, to: u64) {
+                    let $windowed = <Self>::carried(cell.load(), from, to);
+                    cell.init($windowed);
                 }
             )?
             fn to_words(&self) -> Words {

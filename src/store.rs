@@ -34,5 +34,5 @@ mod word_table_tests;
 
 pub use self::cell::{CacheLine, TableCell};
 pub use self::dashmap::DashMapStore;
-pub use self::keyed_store::{Evictor, Inserted, KeyedStore};
+pub use self::keyed_store::{Carry, Evictor, Inserted, KeyedStore};
 pub use self::word_table::{WordTable, DEFAULT_EVICT_ABOVE};

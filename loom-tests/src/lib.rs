@@ -61,7 +61,7 @@ pub mod store {
 
     pub use crate::cell::TableCell;
     pub use crate::dashmap_store::DashMapStore;
-    pub use crate::keyed_store::{Evictor, Inserted, KeyedStore};
+    pub use crate::keyed_store::{Carry, Evictor, Inserted, KeyedStore};
     pub use crate::table::{Check, KeyTable, OverflowPolicy, Reserve};
     pub use crate::word_table::WordTable;
 

@@ -190,6 +190,23 @@ impl<const BITS: u32> Windowed<BITS> {
         }
     }
 
+    /// `state`, written in a table of era `from` (a base), as a table of the later era `to`
+    /// stores it: unchanged if its index lies within `to`'s range (it then reads the same
+    /// there), else 0, the fresh state. A state out of that range is below `to − Q`, so at
+    /// least `Q` windows behind any reading in era `to` (which starts at `to + 2`): fresh.
+    pub fn carried(state: u64, from: u64, to: u64) -> u64 {
+        if state == 0 || from >= to {
+            return state;
+        }
+        let index = unwrap_index(state >> (64 - BITS), from.wrapping_sub(Self::QUARTER), BITS);
+        // Signed: both lie within 2^bits of `from`.
+        if (index.wrapping_sub(to.wrapping_sub(Self::QUARTER)) as i64) < 0 {
+            0
+        } else {
+            state
+        }
+    }
+
     pub fn take_over(self, previous: &Self, now: Nanos) -> Self {
         Windowed {
             limit: self.limit,
@@ -309,6 +326,10 @@ macro_rules! windowed_rule {
 
             pub(crate) fn rebase(self, now: Nanos) -> Self {
                 Self(self.0.rebase(now))
+            }
+
+            pub(crate) fn carried(state: u64, from: u64, to: u64) -> u64 {
+                Windowed::<INDEX_BITS>::carried(state, from, to)
             }
         }
     };

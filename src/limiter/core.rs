@@ -165,8 +165,10 @@ impl<A: Algorithm, C: Clock> Core<A, C> {
         let now = self.now();
         let evicted = sweep(&rule, now);
         if now > rule.sweep_due() {
-            // Every state left is at most a window behind `now` (or ahead of it): all lie
-            // within the rebased rule's range.
+            // Every state the rebased rule may read is at most a window behind `now` (or
+            // ahead of it), so within its range: `sweep` left no other where it can read it
+            // (a store that re-anchors itself keeps older states in tables of an older era,
+            // which no decision under the new rule reads before carrying them over).
             self.params.store(rule.rebase(now).to_words());
         }
         evicted

@@ -29,9 +29,9 @@ pub use crate::store::table::OverflowPolicy;
 ///   does more than that fixed amount of eviction and copy work, whatever the number of keys.
 ///   (A table that fills before the drain into it ends, its size having been estimated from a
 ///   sample, becomes a second drain, and its replacement, sized for every key of the shard, is
-///   allocated in that call. And one call still visits every key: a window counter's
-///   re-anchoring, once every 2^22 − 2 windows for the sliding window, 2^39 − 2 for the fixed
-///   one.) Nor does a call fill a large new table: a growing shard builds its next one 64 slots per
+///   allocated in that call. So is the next table of a shard whose window indices were
+///   re-anchored, once every 2^22 − 2 windows for the sliding window, 2^39 − 2 for the fixed
+///   one: its keys are then carried into it as a drain's are.) Nor does a call fill a large new table: a growing shard builds its next one 64 slots per
 ///   insert once 27/32 full, and a shard at the bound reuses its spare (tables of up to 4096
 ///   slots, ~100 KB, are still allocated in the call that needs one, as is the first table a
 ///   shard replaces at the bound). Nor does a call free a whole table: one no longer needed
@@ -60,9 +60,11 @@ pub use crate::store::table::OverflowPolicy;
 ///   the shard (a table that filled before the drain into it ended).
 /// - At `max_keys`, a new key adds up to 4 steps of the eviction hand (1 after a key the hand
 ///   found no room for), each at most 1,024 slots and one lock of each shard.
-/// - Calls that visit every key: [`evict_fresh`](KeyedLimiter::evict_fresh), and the window
-///   counters' re-anchoring (above). [`len`](KeyedLimiter::len) without `max_keys` locks each
-///   shard in turn.
+/// - After the window counters' re-anchoring, the first call into each shard makes its table
+///   a drain (as above: no key visited; its next table allocated unless a spare fits).
+/// - The one call that visits every key: [`evict_fresh`](KeyedLimiter::evict_fresh).
+///   [`len`](KeyedLimiter::len) without `max_keys` locks each shard in turn.
+/// - On the dashmap store, the sweeps (every doubling, and each re-anchoring) visit every key.
 ///
 /// # Examples
 /// ```
@@ -272,6 +274,7 @@ impl<K, A: Algorithm, C: Clock> KeyedLimiterBuilder<K, A, C> {
         if let Some(keys) = self.evict_above {
             store.set_evict_above(keys);
         }
+        store.set_carry(A::carry);
         Ok(KeyedLimiter {
             core: Core::new(self.rule, self.clock)?,
             table: KeyTable::new(store, self.max_keys),
@@ -502,7 +505,7 @@ where
             let at = self.core.attempt();
             self.core.check_cost(at.rule(), cost)?;
             let decision = self.table.peek(key, at.rule(), || at.now(), cost);
-            if self.core.settle(&at, &self.sweep()) {
+            if self.core.settle(&at, &self.re_anchoring()) {
                 return Ok(decision);
             }
         }
@@ -537,7 +540,7 @@ where
             let seen = at.now();
             self.table
                 .refund(key, at.rule(), || at.now().max(seen), cost);
-            if self.core.settle(&at, &self.sweep()) {
+            if self.core.settle(&at, &self.re_anchoring()) {
                 return;
             }
         }
@@ -598,7 +601,7 @@ where
             let result = self
                 .table
                 .decide(key, at.rule(), || at.now(), cost, &evictor, charge);
-            if self.core.settle(&at, &sweep) {
+            if self.core.settle(&at, &self.re_anchoring()) {
                 return result;
             }
         }
@@ -649,7 +652,7 @@ where
             Charged::Overflow => loop {
                 let at = self.core.attempt();
                 at.rule().refund(self.table.overflow(), || at.now(), cost);
-                if self.core.settle(&at, &self.sweep()) {
+                if self.core.settle(&at, &self.re_anchoring()) {
                     return;
                 }
             },
@@ -659,6 +662,12 @@ where
     /// A keyed limiter's sweep: every key that is fresh evicted, the overflow state reset.
     fn sweep(&self) -> impl Sweep<A> + '_ {
         |rule: &A, now| self.table.sweep_all(rule, now)
+    }
+
+    /// What a re-anchoring of the window counters needs before the rule moves on (see
+    /// [`KeyTable::re_anchor`]).
+    fn re_anchoring(&self) -> impl Sweep<A> + '_ {
+        |rule: &A, now| self.table.re_anchor(rule, now)
     }
 }
 

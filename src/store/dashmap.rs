@@ -64,7 +64,12 @@ where
     V: Default + Send + Sync,
 {
     #[inline]
-    fn with_existing<Q, R>(&self, key: &Q, mut f: impl FnMut(&V) -> Option<R>) -> Option<R>
+    fn with_existing<Q, R>(
+        &self,
+        key: &Q,
+        _era: u64,
+        mut f: impl FnMut(&V) -> Option<R>,
+    ) -> Option<R>
     where
         K: Borrow<Q>,
         Q: Hash + Eq + ?Sized,
@@ -80,6 +85,7 @@ where
     fn with_inserted<Q, R>(
         &self,
         key: &Q,
+        _era: u64,
         f: impl FnOnce(&V) -> R,
         _evictor: &impl Evictor<V>,
         done: &mut Inserted,

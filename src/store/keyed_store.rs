@@ -33,11 +33,20 @@ pub trait KeyedStore<K, V>: Send + Sync {
     /// word table). A store that does not is swept by its key table, every time it doubles.
     const EVICTS_ON_INSERT: bool = false;
 
+    /// Whether the store re-anchors its cells itself as the rule's era moves on (the word
+    /// table: see [`KeyedStore::set_carry`]). A store that does not is swept by its limiter at
+    /// each re-anchoring of the window counters, in the call that finds it due.
+    const RE_ANCHORS: bool = false;
+
     /// Runs `f` on the cell of an existing key; `None` if the key is absent. Must not allocate
     /// or clone the key. `f` returns `None` when it finds the cell retired (evicted or moved by
     /// a concurrent sweep or rebuild): the store then looks again where the key's state now
     /// is, or answers `None` if it was evicted. `f` may run more than once.
-    fn with_existing<Q, R>(&self, key: &Q, f: impl FnMut(&V) -> Option<R>) -> Option<R>
+    ///
+    /// `era` is the anchor of the caller's rule (`Algorithm::era`: 0 but for the window
+    /// counters, whose limiter moves it up now and then). A store that re-anchors itself
+    /// hands `f` only a cell whose state was written in `era` or a later one.
+    fn with_existing<Q, R>(&self, key: &Q, era: u64, f: impl FnMut(&V) -> Option<R>) -> Option<R>
     where
         K: Borrow<Q>,
         Q: Hash + Eq + ?Sized;
@@ -46,12 +55,12 @@ pub trait KeyedStore<K, V>: Send + Sync {
     /// is being moved, so a caller that gets `None` must go on to
     /// [`KeyedStore::with_inserted`], which finds it.
     #[inline]
-    fn try_existing<Q, R>(&self, key: &Q, f: impl FnMut(&V) -> Option<R>) -> Option<R>
+    fn try_existing<Q, R>(&self, key: &Q, era: u64, f: impl FnMut(&V) -> Option<R>) -> Option<R>
     where
         K: Borrow<Q>,
         Q: Hash + Eq + ?Sized,
     {
-        self.with_existing(key, f)
+        self.with_existing(key, era, f)
     }
 
     /// Runs `f` on the key's cell, inserting a fresh one if the key is absent. A store that
@@ -60,10 +69,11 @@ pub trait KeyedStore<K, V>: Send + Sync {
     /// What the call did besides is written to `done` before `f` runs, so that a caller knows
     /// it even if `f` panics. A call that a key's own code interrupts (a panic in its `Hash`,
     /// `Eq`, `Clone` or `Drop`) leaves `done` as it was and inserts nothing; keys it evicted
-    /// are reported by a later call of the store's.
+    /// are reported by a later call of the store's. `era` as for [`KeyedStore::with_existing`].
     fn with_inserted<Q, R>(
         &self,
         key: &Q,
+        era: u64,
         f: impl FnOnce(&V) -> R,
         evictor: &impl Evictor<V>,
         done: &mut Inserted,
@@ -85,6 +95,11 @@ pub trait KeyedStore<K, V>: Send + Sync {
     /// Other stores ignore it.
     fn set_evict_above(&mut self, _keys: usize) {}
 
+    /// For a store that re-anchors itself ([`KeyedStore::RE_ANCHORS`]): how to carry a cell
+    /// written in one era into a later one (`Algorithm::carry`), applied to each cell it
+    /// moves out of a table of an older era. Other stores ignore it.
+    fn set_carry(&mut self, _carry: Carry<V>) {}
+
     /// Keeps only the cells for which `keep` is true; returns how many were removed. `keep`
     /// retires a cell it rejects (`Algorithm::evict_if_fresh`), so a store may leave it in
     /// place as a tombstone rather than unlink it at once.
@@ -98,6 +113,10 @@ pub trait KeyedStore<K, V>: Send + Sync {
         self.len() == 0
     }
 }
+
+/// Re-encodes a cell written in era `from` for era `to` (`from < to`), in place, before any
+/// other thread can see it: see [`KeyedStore::set_carry`].
+pub type Carry<V> = fn(cell: &V, from: u64, to: u64);
 
 /// What [`KeyedStore::with_inserted`] did besides running its closure (and keys evicted
 /// earlier that no call had reported yet).

@@ -238,10 +238,9 @@ where
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
         // `now` by value, not `&now`: the forwarding `Fn for &F` layer was not inlined.
-        if let Some(decision) = self
-            .store
-            .try_existing(key, |cell| charge.on_live(rule, cell, now, cost))
-        {
+        if let Some(decision) = self.store.try_existing(key, rule.era(), |cell| {
+            charge.on_live(rule, cell, now, cost)
+        }) {
             return Ok(decision);
         }
         self.decide_new_key(key, rule, now, cost, evictor, charge)
@@ -256,7 +255,9 @@ where
         V: Default,
     {
         self.store
-            .with_existing(key, |cell| rule.acquire_live(cell, &now, cost, false))
+            .with_existing(key, rule.era(), |cell| {
+                rule.acquire_live(cell, &now, cost, false)
+            })
             .unwrap_or_else(|| rule.acquire(&V::default(), &now, cost, false))
     }
 
@@ -268,7 +269,7 @@ where
         Q: Hash + Eq + ?Sized,
     {
         self.store
-            .with_existing(key, |cell| rule.refund_live(cell, &now, cost));
+            .with_existing(key, rule.era(), |cell| rule.refund_live(cell, &now, cost));
     }
 
     /// Evicts every key whose cell is indistinguishable from a fresh one at `now`; returns how
@@ -287,6 +288,19 @@ where
     pub fn sweep_all<A: Algorithm<Cell = V>>(&self, rule: &A, now: Nanos) -> usize {
         rule.reset_if_fresh(&self.overflow, now);
         self.evict_fresh(rule, now)
+    }
+
+    /// What a re-anchoring of the window counters at `now` needs before the rule moves on: no
+    /// state fresh at `now` left where the new rule may read it. The overflow state is put
+    /// back to fresh if it is; a store that re-anchors itself (the word table) carries its
+    /// states into the new era as calls meet them, a drain step at a time, so nothing more is
+    /// done here; any other is swept ([`KeyTable::sweep_all`]). Returns the keys evicted.
+    pub fn re_anchor<A: Algorithm<Cell = V>>(&self, rule: &A, now: Nanos) -> usize {
+        if S::RE_ANCHORS {
+            rule.reset_if_fresh(&self.overflow, now);
+            return 0;
+        }
+        self.sweep_all(rule, now)
     }
 
     #[cold]
@@ -309,6 +323,7 @@ where
             if !self.counts() {
                 return Ok(self.store.with_inserted(
                     key,
+                    rule.era(),
                     |cell| charge.on(rule, cell, &now, cost),
                     evictor,
                     &mut Inserted::default(),
@@ -336,10 +351,9 @@ where
         if !reserved {
             // The key may have been inserted by another thread meanwhile (or be on its way to
             // a new table: `with_existing` looks there too).
-            if let Some(decision) = self
-                .store
-                .with_existing(key, |cell| charge.on_live(rule, cell, &now, cost))
-            {
+            if let Some(decision) = self.store.with_existing(key, rule.era(), |cell| {
+                charge.on_live(rule, cell, &now, cost)
+            }) {
                 return Ok(decision);
             }
             return match policy {
@@ -388,6 +402,7 @@ where
         };
         self.store.with_inserted(
             key,
+            rule.era(),
             |cell| charge.on(rule, cell, &now, cost),
             evictor,
             &mut settle.done,

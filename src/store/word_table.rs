@@ -36,9 +36,24 @@
 //! [`WordTable::chain`]). Nor does a call allocate a large table: a growing shard builds its
 //! next table [`BUILD_STEP`] slots per insert once its table is 27/28 of its capacity (the
 //! first table at the bound too), and a shard at the bound reuses its spare (below); only a
-//! chained table's replacement may be allocated in the call that needs it.
-//! (`KeyedStore::retain`, an explicit sweep, visits every slot; the window counters'
-//! re-anchoring calls it from an ordinary check, see `KeyedLimiter`.)
+//! chained table's replacement may be allocated in the call that needs it, as may a table
+//! that moves to a new era (below). (`KeyedStore::retain`, an explicit sweep, visits every
+//! slot.)
+//!
+//! # Re-anchoring: eras
+//! The window counters keep a window index of a few bits, read relative to an anchor (`base`)
+//! that their limiter moves up every 2^22 − 2 windows (sliding) or 2^39 − 2 (fixed): the rule's
+//! *era* (`Algorithm::era`, 0 for the other rules). A state is exact only in the era it was
+//! written in and the next, and a key may sit idle for any number of eras. So each table
+//! records its era, and no decision is made on a table of an older era than the caller's
+//! rule: the lookup takes the shard's lock, and the first call into a shard after an era
+//! change *forgets* its table, which joins the drains as a full table does
+//! ([`WordTable::chain`]; one with no live key just takes the new era). The drain and the
+//! lookups then carry each key into a table of the new era, one drain step per call, through
+//! the rule's `carry` ([`KeyedStore::set_carry`]): a state too old to read in the new era is
+//! fresh, and becomes 0. So moving the anchor costs the limiter one store of its rule, and no
+//! call visits more slots than a drain step. A caller still holding the old rule may decide on
+//! a table of the new era: the states there lie within both eras' ranges.
 //!
 //! - **Below** the store's share of [`KeyedStore::set_evict_above`] (by default
 //!   [`DEFAULT_EVICT_ABOVE`] keys), the new table is larger, sized for every live key to fill
@@ -67,7 +82,9 @@
 //!
 //! Evicting judges a state against the rule in force: the limiter lends the judge through
 //! [`Evictor`], and withholds it while a quota change or a window re-anchoring runs (the drain
-//! then moves every key, which is always safe).
+//! then moves every key, which is always safe). A judge reading a state of an older era can
+//! only err towards keeping it: a state too old for the rule's era reads as ahead of the clock,
+//! or as recent, never as fresh when it is not.
 //!
 //! A tombstoned key is revived in place if it comes back (a tombstone in the current table is
 //! left by an explicit sweep, [`KeyedStore::retain`], which also reclaims tombstones once they
@@ -89,7 +106,7 @@ use std::ops::Range;
 
 use crate::clock::Nanos;
 use crate::state::AtomicWord;
-use crate::store::{Evictor, Inserted, KeyedStore, TableCell};
+use crate::store::{Carry, Evictor, Inserted, KeyedStore, TableCell};
 use crate::sync::{
     Arc, AtomicBool, AtomicU64, AtomicUsize, Mutex, Ordering, PerThread, UnsafeCell, MODEL_CHECKED,
 };
@@ -116,6 +133,11 @@ const SMALL_SLOTS: usize = 1024;
 /// most eviction and copying work any one call does, whatever the table's size. (A loom model
 /// may take fewer: [`WordTable::set_drain_step_for_model`].)
 const DRAIN_STEP: usize = 16;
+/// The most slots a check, peek, refund or insert visits (without `max_keys`): a drain step,
+/// the key taken out of a drain, and the sample a table replaced at the `evict_above` share
+/// judges. (Held to it by the tests; `KeyedLimiter`'s "Work per call" states it.)
+#[allow(dead_code)] // read by the unit tests
+pub(crate) const MOST_VISITED: usize = DRAIN_STEP + 1 + SAMPLE;
 /// Runs of slots, spread evenly over a table, that a step of the eviction hand judges.
 const HAND_RUNS: usize = 4;
 /// Slots of a spare table that each insert into its shard clears (a multiple of 8).
@@ -350,6 +372,37 @@ impl<K, C: TableCell> Drop for Freeing<K, C> {
     }
 }
 
+/// What this thread's calls did to the tables, for the unit tests that hold each call to the
+/// bound `KeyedLimiter` states ("Work per call"). Compiles to nothing outside them.
+pub(crate) mod work {
+    #[cfg(test)]
+    thread_local! {
+        static VISITED: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+        static ALLOCATED: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+    }
+
+    /// `slots` slots visited: judged, moved or evicted.
+    #[inline(always)]
+    pub(crate) fn visited(_slots: usize) {
+        #[cfg(test)]
+        VISITED.with(|n| n.set(n.get() + _slots));
+    }
+
+    /// A table of `slots` slots allocated (and initialised).
+    #[inline(always)]
+    pub(crate) fn allocated(_slots: usize) {
+        #[cfg(test)]
+        ALLOCATED.with(|n| n.set(n.get() + _slots));
+    }
+
+    /// Slots visited and allocated since the last call.
+    #[cfg(test)]
+    #[allow(dead_code)] // `loom-tests` compiles this file in its own tests
+    pub(crate) fn take() -> (usize, usize) {
+        (VISITED.with(|n| n.take()), ALLOCATED.with(|n| n.take()))
+    }
+}
+
 /// One shard's table. Never shrinks or grows in place: a rebuild makes a new one.
 struct Table<K, C: TableCell> {
     /// A byte a slot, eight to a word: 0 until the slot's key is set, then [`tag`] of
@@ -361,6 +414,9 @@ struct Table<K, C: TableCell> {
     tags: Box<[AtomicU64]>,
     /// A multiple of 8 slots, so that the words of tags cover them exactly.
     slots: Box<[Slot<K, C>]>,
+    /// The era its states were written in (see "Re-anchoring" in the module docs). Set before
+    /// the table is shared, or, on a table holding no live key, under its shard's lock.
+    era: AtomicU64,
 }
 
 impl<K, C: TableCell> std::ops::Deref for Table<K, C> {
@@ -452,12 +508,24 @@ impl<K, C: TableCell> Slot<K, C> {
     }
 }
 
-fn new_table<K, C: TableCell>(capacity: usize) -> Arc<Table<K, C>> {
+fn new_table<K, C: TableCell>(capacity: usize, era: u64) -> Arc<Table<K, C>> {
     let len = table_len(capacity);
+    work::allocated(len);
     Arc::new(Table {
         tags: (0..len / 8).map(|_| AtomicU64::new(0)).collect(),
         slots: (0..len).map(|_| Slot::empty()).collect(),
+        era: AtomicU64::new(era),
     })
+}
+
+impl<K, C: TableCell> Table<K, C> {
+    /// Relaxed: the era is set before the table is published (through the shard lock, or a
+    /// thread's own cache), or, in place, only on a table with no live cell (`forget`), whose
+    /// readers find nothing to decide on whichever era they read.
+    #[inline]
+    fn era(&self) -> u64 {
+        self.era.load(Ordering::Relaxed)
+    }
 }
 
 /// Sets the key of slot `index`, then publishes its tag.
@@ -733,6 +801,8 @@ pub struct WordTable<K: Send + Sync, H, C: TableCell = AtomicWord> {
     keep: usize,
     /// Slots of a drain each call visits: [`DRAIN_STEP`] (fewer in some loom models).
     drain_step: usize,
+    /// Carries a state moved out of a table of an older era into the newer one.
+    carry: Carry<C>,
 }
 
 impl<K: Send + Sync, H, C: TableCell> std::fmt::Debug for WordTable<K, H, C> {
@@ -754,7 +824,7 @@ impl<K: Send + Sync, H, C: TableCell> WordTable<K, H, C> {
             shards: (0..SHARDS)
                 .map(|_| {
                     Mutex::new(Shard {
-                        table: new_table(MIN_CAPACITY),
+                        table: new_table(MIN_CAPACITY, 0),
                         drains: Vec::new(),
                         used: 0,
                         live: 0,
@@ -776,6 +846,7 @@ impl<K: Send + Sync, H, C: TableCell> WordTable<K, H, C> {
             releasing: Flags(std::array::from_fn(|_| AtomicBool::new(false))),
             keep: DEFAULT_EVICT_ABOVE / SHARDS,
             drain_step: DRAIN_STEP,
+            carry: |_, _, _| {},
         }
     }
 
@@ -823,7 +894,8 @@ impl<K: Clone + Hash + Eq + Send + Sync, H: BuildHasher, C: TableCell> WordTable
             // keys in inserts before it fills, and the drain ends after a sixteenth.)
             _ => (sized_for(shard.live), None),
         };
-        let next = Self::fresh_table(shard, slots);
+        let era = shard.table.era();
+        let next = Self::fresh_table(shard, slots, era);
         self.start_drain(shard, next, since);
     }
 
@@ -859,6 +931,12 @@ impl<K: Clone + Hash + Eq + Send + Sync, H: BuildHasher, C: TableCell> WordTable
     #[cold]
     #[inline(never)]
     fn chain(&self, shard: &mut Shard<K, C>, since: Nanos) {
+        let era = shard.table.era();
+        self.chain_into(shard, since, era);
+    }
+
+    /// [`WordTable::chain`], into a table of era `era`.
+    fn chain_into(&self, shard: &mut Shard<K, C>, since: Nanos, era: u64) {
         let unvisited = |drain: &Drain<K, C>| drain.from.len() - drain.next;
         let room = shard
             .drains
@@ -870,8 +948,33 @@ impl<K: Clone + Hash + Eq + Send + Sync, H: BuildHasher, C: TableCell> WordTable
             .drains
             .last()
             .is_some_and(|drain| drain.since.is_some());
-        let next = Self::fresh_table(shard, sized_for(shard.live.saturating_add(room)));
+        let next = Self::fresh_table(shard, sized_for(shard.live.saturating_add(room)), era);
         self.start_drain(shard, next, evicting.then_some(since));
+    }
+
+    /// Moves the shard into era `era` if its table is of an older one (see "Re-anchoring" in
+    /// the module docs).
+    #[inline]
+    fn enter_era(&self, shard: &mut Shard<K, C>, era: u64) {
+        if shard.table.era() < era {
+            self.forget(shard, era);
+        }
+    }
+
+    /// A table with no live key takes the new era in place. Any other joins the drains, as a
+    /// full table does ([`WordTable::chain`]): its keys are carried into a table of the new
+    /// era as the drain visits them or as they are looked up, a drain step per call. No key
+    /// is visited here.
+    #[cold]
+    #[inline(never)]
+    fn forget(&self, shard: &mut Shard<K, C>, era: u64) {
+        if shard.live == 0 && shard.drains.is_empty() {
+            // Relaxed: see `Table::era`.
+            shard.table.era.store(era, Ordering::Relaxed);
+            return;
+        }
+        let since = shard.filled_at;
+        self.chain_into(shard, since, era);
     }
 
     /// How many of the shard's live keys a drain judged by `fresh` would keep, from a sample
@@ -884,6 +987,7 @@ impl<K: Clone + Hash + Eq + Send + Sync, H: BuildHasher, C: TableCell> WordTable
         let (mut sampled, mut kept, mut gone) = (0usize, 0usize, 0usize);
         for i in (0..table.len()).step_by(step).take(SAMPLE) {
             let slot = &table[i];
+            work::visited(1);
             if table.key(i).is_none() || !slot.state.is_live(retired) {
                 continue;
             }
@@ -926,6 +1030,7 @@ impl<K: Clone + Hash + Eq + Send + Sync, H: BuildHasher, C: TableCell> WordTable
             let drain = &mut shard.drains[0];
             drain.next += 1;
             visited += 1;
+            work::visited(1);
             match visit {
                 Visit::Empty => {}
                 Visit::Moved => {
@@ -1040,11 +1145,13 @@ impl<K: Clone + Hash + Eq + Send + Sync, H: BuildHasher, C: TableCell> WordTable
     /// An empty table of at least `slots` slots: the spare if it is cleared, or the table
     /// built ahead if it is complete, and not more than half as large again; else a new one
     /// (and the spare or the table built ahead is freed).
-    fn fresh_table(shard: &mut Shard<K, C>, slots: usize) -> Arc<Table<K, C>> {
+    fn fresh_table(shard: &mut Shard<K, C>, slots: usize, era: u64) -> Arc<Table<K, C>> {
         let len = table_len(slots);
         let fits = |table_len: usize| (len..=len + len / 2).contains(&table_len);
         if let Some(spare) = shard.spare.take() {
             if spare.cleared == spare.table.len() && fits(spare.table.len()) {
+                // Relaxed: no thread caches the spare; the lock publishes it.
+                spare.table.era.store(era, Ordering::Relaxed);
                 return spare.table;
             }
             shard.retiring.push(spare.table);
@@ -1055,6 +1162,7 @@ impl<K: Clone + Hash + Eq + Send + Sync, H: BuildHasher, C: TableCell> WordTable
                 return Arc::new(Table {
                     tags: next.tags.into_boxed_slice(),
                     slots: next.slots.into_boxed_slice(),
+                    era: AtomicU64::new(era),
                 });
             }
             shard.freeing.push(Freeing {
@@ -1063,7 +1171,7 @@ impl<K: Clone + Hash + Eq + Send + Sync, H: BuildHasher, C: TableCell> WordTable
             });
         }
         shard.allocated_large += usize::from(len > BUILD_ABOVE);
-        new_table(slots)
+        new_table(slots, era)
     }
 
     /// Builds [`BUILD_STEP`] more slots of the table the shard will move to, once its table is
@@ -1139,6 +1247,11 @@ impl<K: Clone + Hash + Eq + Send + Sync, H: BuildHasher, C: TableCell> WordTable
         // before it looks in the table.
         if let Err(empty) = place {
             to[empty].state.put(state);
+            let (from, to_era) = (from.era(), to.era());
+            if from != to_era {
+                // Not shared yet: the slot's tag is set below.
+                (self.carry)(&to[empty].state, from, to_era);
+            }
             // SAFETY: the caller holds the shard lock, and `find` ended at this empty slot.
             #[allow(unsafe_code)]
             unsafe {
@@ -1171,6 +1284,7 @@ impl<K: Clone + Hash + Eq + Send + Sync, H: BuildHasher, C: TableCell> WordTable
             self.chain(shard, since);
         }
         let drain = &shard.drains[d];
+        work::visited(1);
         if let Visit::Moved = self.visit(&drain.from, at, &shard.table, None) {
             shard.used += 1;
             let drain = &mut shard.drains[d];
@@ -1191,6 +1305,7 @@ impl<K: Clone + Hash + Eq + Send + Sync, H: BuildHasher, C: TableCell> WordTable
         index: usize,
         hash: u64,
         key: &Q,
+        era: u64,
         f: impl FnMut(&C) -> Option<R>,
     ) -> Option<R>
     where
@@ -1198,6 +1313,7 @@ impl<K: Clone + Hash + Eq + Send + Sync, H: BuildHasher, C: TableCell> WordTable
         Q: Eq + ?Sized,
     {
         let mut shard = self.shards[index].lock();
+        self.enter_era(&mut shard, era);
         // Lookups drain too (moving keys only: no judge here), so that a drain ends, and its
         // table is freed, even when no insert comes. Before the key is taken from the drains:
         // a step may chain the table, and the key must be in the table that is looked in.
@@ -1220,6 +1336,7 @@ impl<K: Clone + Hash + Eq + Send + Sync, H: BuildHasher, C: TableCell> WordTable
         hash: u64,
         shard: usize,
         key: &Q,
+        era: u64,
         mut f: impl FnMut(&C) -> Option<R>,
     ) -> Option<R>
     where
@@ -1235,26 +1352,35 @@ impl<K: Clone + Hash + Eq + Send + Sync, H: BuildHasher, C: TableCell> WordTable
             }
             let cached = &cache.tables[shard];
             let mut table = cached.take();
+            let mut fetched = false;
             // One loop and one call of `f`, so that its result stays in registers: a second
             // path returning it through memory made the compiler copy every decision through
             // the stack, and the copy stalled on store forwarding (benches/README.md).
             let result = loop {
                 if let Some(table) = table.as_deref() {
-                    match find(table, hash, key) {
-                        Err(_) => break None,
-                        Ok(at) => {
-                            let slot = &table[at];
-                            let result = f(&slot.state);
-                            // Moved is final: the table is stale. A tombstone (or a key revived
-                            // since): absent here; the locked path looks again.
-                            if result.is_some() || !slot.state.is_moved(retired) {
-                                break result;
+                    // A table of an older era than the rule's is never decided on: its states
+                    // are carried into the new era first, under the lock. (For the rules
+                    // without eras, `era` is 0 and this test compiles away.)
+                    if table.era() >= era {
+                        match find(table, hash, key) {
+                            Err(_) => break None,
+                            Ok(at) => {
+                                let slot = &table[at];
+                                let result = f(&slot.state);
+                                // Moved is final: the table is stale. A tombstone (or a key
+                                // revived since): absent here; the locked path looks again.
+                                if result.is_some() || !slot.state.is_moved(retired) {
+                                    break result;
+                                }
                             }
                         }
+                    } else if fetched {
+                        break None; // the shard itself is behind: the locked path moves it on
                     }
                 }
                 // No table of the shard cached yet, or a stale one.
                 table = Some(self.current(shard));
+                fetched = true;
             };
             cached.set(table);
             result
@@ -1269,34 +1395,40 @@ where
     H: BuildHasher + Send + Sync,
 {
     const EVICTS_ON_INSERT: bool = true;
+    const RE_ANCHORS: bool = true;
 
-    fn with_existing<Q, R>(&self, key: &Q, mut f: impl FnMut(&C) -> Option<R>) -> Option<R>
+    fn with_existing<Q, R>(
+        &self,
+        key: &Q,
+        era: u64,
+        mut f: impl FnMut(&C) -> Option<R>,
+    ) -> Option<R>
     where
         K: Borrow<Q>,
         Q: Hash + Eq + ?Sized,
     {
         let (hash, shard) = self.hash(key);
-        let shard = shard % SHARDS;
-        if let Some(result) = self.existing_fast(hash, shard, key, &mut f) {
+        if let Some(result) = self.existing_fast(hash, shard, key, era, &mut f) {
             return Some(result);
         }
         // Absent from this thread's table, or tombstoned there: perhaps still in a drain.
-        self.existing_locked(shard, hash, key, f)
+        self.existing_locked(shard, hash, key, era, f)
     }
 
     #[inline]
-    fn try_existing<Q, R>(&self, key: &Q, f: impl FnMut(&C) -> Option<R>) -> Option<R>
+    fn try_existing<Q, R>(&self, key: &Q, era: u64, f: impl FnMut(&C) -> Option<R>) -> Option<R>
     where
         K: Borrow<Q>,
         Q: Hash + Eq + ?Sized,
     {
         let (hash, shard) = self.hash(key);
-        self.existing_fast(hash, shard % SHARDS, key, f)
+        self.existing_fast(hash, shard, key, era, f)
     }
 
     fn with_inserted<Q, R>(
         &self,
         key: &Q,
+        era: u64,
         f: impl FnOnce(&C) -> R,
         evictor: &impl Evictor<C>,
         done: &mut Inserted,
@@ -1307,6 +1439,7 @@ where
     {
         let (hash, index) = self.hash(key);
         let mut shard = self.shards[index].lock();
+        self.enter_era(&mut shard, era);
         // Each call drains a few slots (a fixed amount of work), evicting fresh keys if the
         // limiter lets it judge now; a drain never waits for a rule change.
         if let Some(since) = shard.drains.first().map(|drain| drain.since) {
@@ -1370,7 +1503,7 @@ where
         drop(shard);
         // This thread just paid for the lock: leave its cache current.
         self.cache
-            .with(|cache| cache.tables[index % SHARDS].set(Some(table)));
+            .with(|cache| cache.tables[index].set(Some(table)));
         result
     }
 
@@ -1440,6 +1573,7 @@ where
                             gone += usize::from(fresh(&slot.state));
                         }
                     }
+                    work::visited(visited);
                     (visited, judged, gone)
                 };
                 let hand = shard.hand % len;
@@ -1473,6 +1607,10 @@ where
         self.keep = keys.div_ceil(SHARDS).max(1);
     }
 
+    fn set_carry(&mut self, carry: Carry<C>) {
+        self.carry = carry;
+    }
+
     fn retain(&self, mut keep: impl FnMut(&C) -> bool) -> usize {
         let retired = self.retired;
         let mut removed = Taken::new(&self.shards);
@@ -1483,6 +1621,7 @@ where
                 self.drain(&mut shard, usize::MAX, Some(&mut |cell| !keep(cell)));
             }
             let mut gone = 0;
+            work::visited(shard.table.len());
             let mut set = TagWords::new(&shard.table.tags);
             for (i, slot) in shard.table.iter().enumerate() {
                 let live = set.is_set(i) && slot.state.is_live(retired);

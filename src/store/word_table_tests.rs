@@ -77,12 +77,12 @@ where
     S: KeyedStore<K, AtomicWord>,
 {
     let mut done = Inserted::default();
-    let result = store.with_inserted(key, f, judge, &mut done);
+    let result = store.with_inserted(key, 0, f, judge, &mut done);
     (result, done)
 }
 
 fn get(store: &Store, key: u64) -> Option<u64> {
-    store.with_existing(&key, |cell| add(cell, 0))
+    store.with_existing(&key, 0, |cell| add(cell, 0))
 }
 
 fn capacity(store: &Store) -> usize {
@@ -99,7 +99,7 @@ fn states_survive_every_rebuild() {
     for key in 0..20_000u64 {
         assert_eq!(get(&store, key), Some(key + 1), "key {key}");
         assert_eq!(
-            store.with_existing(&key, |cell| add(cell, 1)),
+            store.with_existing(&key, 0, |cell| add(cell, 1)),
             Some(key + 2)
         );
     }
@@ -161,7 +161,7 @@ fn a_stale_cached_table_is_refreshed_not_trusted() {
             to_main.send(()).unwrap();
             from_main.recv().unwrap();
             // Its cached table is stale now: key 1 moved and counts on in the new one.
-            assert_eq!(store.with_existing(&1, |cell| add(cell, 1)), Some(11));
+            assert_eq!(store.with_existing(&1, 0, |cell| add(cell, 1)), Some(11));
         });
         from_reader.recv().unwrap();
         // Rebuild every shard (many inserts), while the reader holds its old table.
@@ -286,7 +286,7 @@ fn overfilling_drains_chain(seed: u64) {
     let before = capacity(&store);
     // Now every key holds state: moving them into the small table overfills it.
     for k in 0..key {
-        store.with_existing(&k, |cell| add(cell, 1));
+        store.with_existing(&k, 0, |cell| add(cell, 1));
     }
     let held: Vec<u64> = (0..key).filter_map(|k| get(&store, k)).collect();
     assert_eq!(held.len(), store.len(), "the count matches the keys found");
@@ -364,12 +364,15 @@ fn probes_past_equal_tags_and_the_table_end() {
         assert!(done.inserted, "key {i}");
         for j in 0..=i {
             assert_eq!(
-                store.with_existing(&key(j), |cell| add(cell, 0)),
+                store.with_existing(&key(j), 0, |cell| add(cell, 0)),
                 Some(j + 1),
                 "key {j} after {i} inserts"
             );
         }
-        assert_eq!(store.with_existing(&key(n + i), |cell| add(cell, 0)), None);
+        assert_eq!(
+            store.with_existing(&key(n + i), 0, |cell| add(cell, 0)),
+            None
+        );
     }
     assert_eq!(store.len(), n as usize);
 }
@@ -477,7 +480,7 @@ fn lookups_alone_release_retired_tables() {
     for _ in 0..4 {
         for key in 0..keys {
             assert_eq!(
-                store.with_existing(&Counted::new(key), |cell| add(cell, 0)),
+                store.with_existing(&Counted::new(key), 0, |cell| add(cell, 0)),
                 Some(1)
             );
         }
@@ -527,7 +530,7 @@ fn keys_are_written_read_moved_and_dropped_once() {
     }
     for key in 0..keys {
         assert_eq!(
-            store.with_existing(&Counted::new(key), |cell| add(cell, 0)),
+            store.with_existing(&Counted::new(key), 0, |cell| add(cell, 0)),
             Some(1)
         );
     }
@@ -546,6 +549,7 @@ fn keys_are_written_read_moved_and_dropped_once() {
             let judge = if round == 0 { &KEEP_ALL } else { &EVICT_ZERO };
             strings.with_inserted(
                 text(key + round * keys).as_str(),
+                0,
                 |cell| add(cell, 0),
                 judge,
                 &mut Inserted::default(),
@@ -693,7 +697,7 @@ fn keys_that_panic_are_never_dropped_twice_nor_lost() {
             PANICS.with(|p| p.set(None));
             if evict_above == usize::MAX {
                 for key in 0..keys {
-                    let found = store.with_existing(&Touchy::new(key), |cell| add(cell, 0));
+                    let found = store.with_existing(&Touchy::new(key), 0, |cell| add(cell, 0));
                     if held[key as usize] {
                         assert_eq!(found, Some(0), "{call:?}: key {key} lost");
                     }
@@ -710,4 +714,76 @@ fn keys_that_panic_are_never_dropped_twice_nor_lost() {
             );
         }
     }
+}
+
+/// Each call's work, through a keyed limiter, as its window indices are re-anchored and as its
+/// tables grow: no call visits more than `MOST_VISITED` slots (a re-anchoring carries each
+/// shard's keys into the new era a drain step at a time), and no call allocates more than one
+/// table, sized for its shard's keys. Decisions stay exact across it: each is the one a twin
+/// limiter on the dashmap store (swept whole at each re-anchoring) makes.
+#[test]
+fn no_call_does_more_than_its_bound_across_a_re_anchoring_and_a_growth() {
+    use super::word_table::{work, MOST_VISITED, SHARDS};
+    use crate::clock::ManualClock;
+    use crate::store::DashMapStore;
+    use crate::{KeyedLimiter, Quota, SlidingWindow};
+    use std::time::Duration;
+
+    const KEYS: u64 = 200_000;
+    let clock = ManualClock::new();
+    // Window 10: the limiters anchor their indices at window 8, and re-anchor from window
+    // 8 + 2^22 on.
+    clock.set(10_000_000_000);
+    let rule = SlidingWindow::new(Quota::per_second(3).unwrap()).unwrap();
+    let limiter: KeyedLimiter<u64, _, _> = KeyedLimiter::with_clock(rule, clock.clone()).unwrap();
+    let twin = KeyedLimiter::<u64, _, _>::builder(rule)
+        .clock(clock.clone())
+        .build_with_store(DashMapStore::new())
+        .unwrap();
+    let most_allocated = 4 * (KEYS as usize / SHARDS) + 4096;
+    let mut calls = 0;
+    let mut check = |key: u64| {
+        let decision = limiter.check(&key).unwrap();
+        let (visited, allocated) = work::take();
+        let expected = twin.check(&key).unwrap();
+        assert_eq!(
+            (decision.allowed(), decision.remaining()),
+            (expected.allowed(), expected.remaining()),
+            "call {calls}, key {key}"
+        );
+        assert!(
+            visited <= MOST_VISITED,
+            "call {calls} visited {visited} slots"
+        );
+        assert!(
+            allocated <= most_allocated,
+            "call {calls} allocated {allocated} slots"
+        );
+        calls += 1;
+    };
+    for key in 0..KEYS {
+        check(key);
+    }
+    // Into the last window before the re-anchoring: keys 0..KEYS/2 check twice there, and
+    // hold state across it.
+    clock.advance(Duration::from_secs((1 << 22) - 3));
+    for key in 0..KEYS / 2 {
+        check(key);
+        check(key);
+    }
+    // Into the next: the first call re-anchors; every key is checked, the busy ones (their
+    // previous window weighs) and the idle ones (fresh: their state is 2^22 windows old).
+    clock.advance(Duration::from_millis(1_000) + Duration::from_nanos(1));
+    for key in 0..KEYS {
+        check(key);
+    }
+    // And as many new keys again: every shard grows, and drains keys of both eras.
+    clock.advance(Duration::from_millis(400));
+    for key in KEYS..3 * KEYS {
+        check(key);
+    }
+    for key in 0..KEYS {
+        check(key);
+    }
+    assert_eq!(limiter.len(), 3 * KEYS as usize);
 }

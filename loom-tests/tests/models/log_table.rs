@@ -50,7 +50,7 @@ fn admit_at(table: &Table, key: u64, at: Nanos) -> bool {
 fn held(table: &Table, key: u64) -> u64 {
     table
         .store()
-        .with_existing(&key, |cell| {
+        .with_existing(&key, 0, |cell| {
             rule()
                 .acquire_live(cell, || NOW, 0, false)
                 .map(|d| 2 - d.remaining())
@@ -109,7 +109,7 @@ fn a_drain_moves_a_log_racing_an_admission() {
                 let table = Arc::clone(&table);
                 thread::spawn(move || {
                     let mut attempts = 0;
-                    let decision = table.store().with_existing(&first, |cell| {
+                    let decision = table.store().with_existing(&first, 0, |cell| {
                         attempts += 1;
                         rule().acquire_live(cell, || NOW, 1, true)
                     });
@@ -157,7 +157,7 @@ fn a_drain_evicts_empty_logs_racing_an_admission() {
                 thread::spawn(move || {
                     let rule = rule();
                     let live = |cell: &LogCell| rule.acquire_live(cell, || NOW, 1, true);
-                    if let Some(decision) = table.store().try_existing(&first, live) {
+                    if let Some(decision) = table.store().try_existing(&first, 0, live) {
                         return (decision.allowed(), false);
                     }
                     let evictor = At {
@@ -169,7 +169,7 @@ fn a_drain_evicts_empty_logs_racing_an_admission() {
                     let mut done = Inserted::default();
                     let decision = table
                         .store()
-                        .with_inserted(&first, admit, &evictor, &mut done);
+                        .with_inserted(&first, 0, admit, &evictor, &mut done);
                     (decision.allowed(), done.inserted)
                 })
             };

@@ -43,7 +43,12 @@ impl<V> LockedStore<V> {
 }
 
 impl<V: Default + Send + Sync> KeyedStore<u64, V> for LockedStore<V> {
-    fn with_existing<Q, R>(&self, key: &Q, mut f: impl FnMut(&V) -> Option<R>) -> Option<R>
+    fn with_existing<Q, R>(
+        &self,
+        key: &Q,
+        _era: u64,
+        mut f: impl FnMut(&V) -> Option<R>,
+    ) -> Option<R>
     where
         u64: Borrow<Q>,
         Q: Hash + Eq + ?Sized,
@@ -55,6 +60,7 @@ impl<V: Default + Send + Sync> KeyedStore<u64, V> for LockedStore<V> {
     fn with_inserted<Q, R>(
         &self,
         key: &Q,
+        _era: u64,
         f: impl FnOnce(&V) -> R,
         _evictor: &impl Evictor<V>,
         done: &mut Inserted,
@@ -135,7 +141,7 @@ fn held_by<S: KeyedStore<u64, AtomicWord>>(table: &Keyed<S>, key: u64) -> u64 {
     let live = |cell: &AtomicWord| rule().acquire_live(cell, || NOW, 0, false);
     table
         .store()
-        .with_existing(&key, |cell| live(cell).map(|_| held(cell)))
+        .with_existing(&key, 0, |cell| live(cell).map(|_| held(cell)))
         .unwrap_or(0)
 }
 
@@ -153,7 +159,7 @@ fn with_fresh_key_in<S: KeyedStore<u64, AtomicWord>>(
     assert!(admit_at(&table, 1, 0).unwrap().allowed());
     let fresh = table
         .store()
-        .with_existing(&1, |cell| Some(rule().is_fresh(cell, NOW)));
+        .with_existing(&1, 0, |cell| Some(rule().is_fresh(cell, NOW)));
     assert_eq!(fresh, Some(true));
     assert_eq!(held_by(&table, 1), 0);
     table
@@ -268,7 +274,7 @@ fn race_at_the_bound<S: KeyedStore<u64, AtomicWord> + 'static>(name: &str, store
             assert_eq!((table.len(), table.store().len()), (1, 1));
             for (key, decision) in [1, 2].into_iter().zip(&decisions) {
                 let live = |cell: &AtomicWord| rule().acquire_live(cell, || NOW, 0, false);
-                let held = table.store().with_existing(&key, live).is_some();
+                let held = table.store().with_existing(&key, 0, live).is_some();
                 if held {
                     seen.saw(format!("key {key} in"));
                 }
@@ -300,7 +306,7 @@ fn two_sweepers_race_admission() {
             assert_conserved(&table, &[1, 2, 3], &decisions);
             assert_eq!((table.len(), table.store().len()), (1, 1));
             for key in [1, 2, 3] {
-                if table.store().with_existing(&key, |_| Some(())).is_some() {
+                if table.store().with_existing(&key, 0, |_| Some(())).is_some() {
                     seen.saw(format!("key {key} in"));
                 }
             }

@@ -57,7 +57,7 @@ fn admit_at(table: &Table, key: u64, at: Nanos) -> bool {
 fn held(table: &Table, key: u64) -> u64 {
     table
         .store()
-        .with_existing(&key, |cell| {
+        .with_existing(&key, 0, |cell| {
             rule()
                 .acquire_live(cell, || NOW, 0, false)
                 .map(|d| 2 - d.remaining())
@@ -152,7 +152,7 @@ fn a_drain_races_an_admission() {
                 let table = Arc::clone(&table);
                 thread::spawn(move || {
                     let mut attempts = 0;
-                    let decision = table.store().with_existing(&first, |cell| {
+                    let decision = table.store().with_existing(&first, 0, |cell| {
                         attempts += 1;
                         rule().acquire_live(cell, || NOW, 1, true)
                     });
@@ -202,7 +202,7 @@ fn a_drain_evicts_fresh_keys_racing_an_admission() {
                 thread::spawn(move || {
                     let rule = rule();
                     let live = |cell: &AtomicWord| rule.acquire_live(cell, || NOW, 1, true);
-                    if let Some(decision) = table.store().try_existing(&first, live) {
+                    if let Some(decision) = table.store().try_existing(&first, 0, live) {
                         return (decision.allowed(), false);
                     }
                     let evictor = At {
@@ -214,7 +214,7 @@ fn a_drain_evicts_fresh_keys_racing_an_admission() {
                     let mut done = Inserted::default();
                     let decision = table
                         .store()
-                        .with_inserted(&first, admit, &evictor, &mut done);
+                        .with_inserted(&first, 0, admit, &evictor, &mut done);
                     (decision.allowed(), done.inserted)
                 })
             };
@@ -268,10 +268,10 @@ fn a_chained_drain_races_an_admission() {
                 thread::spawn(move || {
                     let rule = rule();
                     let live = |cell: &AtomicWord| rule.acquire_live(cell, || NOW, 1, true);
-                    match table.store().try_existing(&first, live) {
+                    match table.store().try_existing(&first, 0, live) {
                         Some(decision) => (decision.allowed(), "lock-free"),
                         None => {
-                            let decision = table.store().with_existing(&first, live);
+                            let decision = table.store().with_existing(&first, 0, live);
                             (decision.is_some_and(|d| d.allowed()), "under the lock")
                         }
                     }
@@ -288,6 +288,71 @@ fn a_chained_drain_races_an_admission() {
             }
             assert_eq!((table.len(), table.store().len()), (7, 7));
             seen.saw(path);
+        },
+    );
+}
+
+/// (g) The window counters' re-anchoring: the rule's era moves from 0 to 1 while key 1 (state
+/// 1, written in era 0) is held in an 8-slot table with a second key. A check under the new
+/// rule (era 1) and one under the old (an attempt that loaded the rule before it moved) race.
+/// The new one must never decide on a state of era 0: it forgets the shard's table (which joins
+/// the drains) and carries its states into a table of era 1 (here, the carry adds 100). The
+/// old one decides either in the old table (before the carry, which then carries its unit) or
+/// in the new one. Either way each unit is counted once and the state is carried once: 103.
+#[test]
+fn an_era_change_races_an_old_attempt() {
+    let keys = same_shard_keys(2);
+    explore_reaching(
+        "word table: era change vs an old attempt",
+        &[
+            "old attempt before the carry",
+            "old attempt after the carry",
+        ],
+        move |seen| {
+            let mut store = with_drain_step(WordTable::new(MARKS, Hasher::default()), 1);
+            store.set_carry(|cell: &AtomicWord, _from, _to| {
+                let _ = cell.try_update(|| 0, |s, _| ((), s + 100), |_| false);
+            });
+            let table = Arc::new(KeyTable::new(store, None));
+            let add = |cell: &AtomicWord| {
+                cell.try_update(|| 0, |s, _| (s, s + 1), |s| MARKS.any(s))
+                    .ok()
+            };
+            let evictor = At {
+                table: &table,
+                rule: rule(),
+                at: NOW,
+            };
+            for &key in &keys {
+                let mut done = Inserted::default();
+                table
+                    .store()
+                    .with_inserted(&key, 0, |cell| add(cell), &evictor, &mut done);
+            }
+            let first = keys[0];
+            let old = {
+                let table = Arc::clone(&table);
+                thread::spawn(move || table.store().with_existing(&first, 0, add))
+            };
+            let new = table.store().with_existing(&first, 1, add);
+            assert!(
+                new.unwrap() >= 101,
+                "the new era decided on a carried state: {new:?}"
+            );
+            let old = old.join().unwrap().unwrap();
+            let end = table
+                .store()
+                .with_existing(&first, 1, |cell| Some(cell.load()));
+            assert_eq!(end, Some(103), "each unit once, carried once");
+            let second = table
+                .store()
+                .with_existing(&keys[1], 1, |cell| Some(cell.load()));
+            assert_eq!(second, Some(101), "the other key carried too");
+            seen.saw(if old < 100 {
+                "old attempt before the carry"
+            } else {
+                "old attempt after the carry"
+            });
         },
     );
 }
