@@ -1730,6 +1730,36 @@ impl<K: Send + Sync, H, C: TableCell> WordTable<K, H, C> {
             .sum()
     }
 
+    /// Checks each shard's counts against its tables (for tests, with no call running): `used`
+    /// is the keys set in its table, each drain's `left` the live keys it has not visited, and
+    /// `live` those of the table and of the drains. Panics on a mismatch, naming the shard.
+    #[allow(dead_code)] // read by the unit tests in `word_table_tests.rs`
+    pub(crate) fn audit(&self) {
+        let retired = self.retired;
+        for (index, shard) in self.shards.iter().enumerate() {
+            let shard = shard.lock();
+            let (mut tagged, mut live) = (0, 0);
+            let mut set = TagWords::new(&shard.table.tags);
+            for (i, slot) in shard.table.iter().enumerate() {
+                if set.is_set(i) {
+                    tagged += 1;
+                    live += usize::from(slot.state.is_live(retired));
+                }
+            }
+            assert_eq!(shard.used, tagged, "shard {index}: used");
+            for (d, drain) in shard.drains.iter().enumerate() {
+                let mut set = TagWords::new(&drain.from.tags);
+                let unvisited = (drain.next..drain.from.len())
+                    .map(|i| drain.index(i))
+                    .filter(|&at| set.is_set(at) && drain.from[at].state.is_live(retired))
+                    .count();
+                assert_eq!(drain.left, unvisited, "shard {index}, drain {d}: left");
+                live += drain.left;
+            }
+            assert_eq!(shard.live, live, "shard {index}: live");
+        }
+    }
+
     /// Slots in all current tables (for tests of the sizing).
     #[allow(dead_code)] // read by the unit tests in `word_table_tests.rs`
     pub(crate) fn capacity(&self) -> usize {

@@ -94,6 +94,9 @@ fn states_survive_every_rebuild() {
     let store = store();
     for key in 0..20_000u64 {
         assert!(insert(&store, key, key + 1, &KEEP_ALL));
+        if key % 1000 == 0 {
+            store.audit(); // as tables fill and drain (a miscount would overfill one)
+        }
     }
     assert_eq!(store.len(), 20_000);
     for key in 0..20_000u64 {
@@ -106,6 +109,7 @@ fn states_survive_every_rebuild() {
     assert_eq!(get(&store, 20_000), None);
     // Used slots stay at or below 7/8 of each table.
     assert!(capacity(&store) * 7 / 8 >= 20_000);
+    store.audit();
 }
 
 #[test]
@@ -126,6 +130,7 @@ fn an_evicted_key_is_absent_then_revived_in_place() {
     );
     assert_eq!(get(&store, 7), Some(3));
     assert_eq!(store.len(), 2);
+    store.audit();
 }
 
 #[test]
@@ -145,6 +150,7 @@ fn tombstones_are_reclaimed_after_a_sweep() {
     for key in (0..50_000u64).step_by(100) {
         assert_eq!(get(&store, key), Some(1));
     }
+    store.audit();
 }
 
 #[test]
@@ -172,6 +178,7 @@ fn a_stale_cached_table_is_refreshed_not_trusted() {
         reader.join().unwrap();
     });
     assert_eq!(get(&store, 1), Some(11));
+    store.audit();
 }
 
 /// Tables grow geometrically through the small sizes (kept at most half full) into the large
@@ -197,6 +204,7 @@ fn tables_grow_geometrically_across_the_small_limit() {
         "{rebuilds} rebuilds for 40 000 keys in 64 shards"
     );
     assert!(rebuilds > 64 * 4, "{rebuilds}: the tables did grow");
+    store.audit();
 }
 
 /// Keys that stay fresh (state 0) are evicted when their shard needs room, so a flood of them
@@ -219,6 +227,7 @@ fn a_full_table_evicts_fresh_keys_instead_of_growing() {
         assert_eq!(get(&store, key), Some(1), "key {key}");
     }
     assert!(store.len() <= capacity(&store), "{} keys held", store.len());
+    store.audit();
 }
 
 /// While a shard drains, a key not yet moved is found by every path: a lookup from a thread
@@ -245,6 +254,7 @@ fn keys_still_in_a_drain_are_found() {
         assert_eq!(get(&store, key), Some(key + 1), "key {key}");
     }
     assert_eq!(store.len(), keys as usize);
+    store.audit();
 }
 
 /// A table replaced on a low estimate (the sampled keys were fresh, the others turn out to hold
@@ -287,6 +297,9 @@ fn overfilling_drains_chain(seed: u64) {
     // Now every key holds state: moving them into the small table overfills it.
     for k in 0..key {
         store.with_existing(&k, 0, |cell| add(cell, 1));
+        if k % 256 == 0 {
+            store.audit(); // drains chained and running, too
+        }
     }
     let held: Vec<u64> = (0..key).filter_map(|k| get(&store, k)).collect();
     assert_eq!(held.len(), store.len(), "the count matches the keys found");
@@ -301,6 +314,7 @@ fn overfilling_drains_chain(seed: u64) {
         "the small table was chained, into a larger one"
     );
     assert_eq!(store.draining(), 0, "the lookups ended the drains");
+    store.audit();
 }
 
 /// Below `evict_above` the tables grow as a hash map's: after a drain, between 11/16 and 7/8 of
@@ -375,6 +389,7 @@ fn probes_past_equal_tags_and_the_table_end() {
         );
     }
     assert_eq!(store.len(), n as usize);
+    store.audit();
 }
 
 /// A growing store builds each large table ahead, a few slots per insert, so that the insert
@@ -391,6 +406,7 @@ fn growth_builds_large_tables_ahead() {
     for key in (0..600_000u64).step_by(997) {
         assert_eq!(get(&store, key), Some(1), "key {key}");
     }
+    store.audit();
 }
 
 thread_local! {
@@ -460,6 +476,7 @@ fn replaced_tables_are_dropped_a_few_keys_per_call() {
         store.len(),
         "copies alive beyond the keys held"
     );
+    store.audit();
 }
 
 /// A store whose keys stopped growing returns its retired tables through lookups alone:
@@ -488,6 +505,7 @@ fn lookups_alone_release_retired_tables() {
     assert_eq!((store.draining(), store.retired_slots()), (0, 0));
     let alive = COPIES.with(|c| c.get().0 - c.get().1);
     assert_eq!(alive, store.len(), "copies alive beyond the keys held");
+    store.audit();
 }
 
 /// A shard reaching its `evict_above` share builds the table it then moves to ahead, as a
@@ -504,6 +522,7 @@ fn a_flood_through_the_bound_allocates_no_large_table_in_a_call() {
     assert_eq!(store.allocated_large(), 0);
     assert!(store.len() < 2 * 640_000, "held {}", store.len());
     assert_eq!(store.built_ahead(), 0, "tables built and not used");
+    store.audit();
 }
 
 /// A `u64` key and its state fill 16 bytes: no flag beside the key (its tag says it is set).
@@ -695,6 +714,7 @@ fn keys_that_panic_are_never_dropped_twice_nor_lost() {
                 }
             }
             PANICS.with(|p| p.set(None));
+            store.audit();
             if evict_above == usize::MAX {
                 for key in 0..keys {
                     let found = store.with_existing(&Touchy::new(key), 0, |cell| add(cell, 0));
