@@ -33,7 +33,8 @@ pub struct Decision {
 
 /// A decision's verdict, kept in a whole word: a decision is copied word by word right after
 /// it is built, and reloading a word over a byte-wide store of a `bool` defeats store
-/// forwarding (`benches/README.md`: a quarter of a keyed check at 1k keys).
+/// forwarding (`benches/README.md`: a quarter of a keyed check at 1k keys). Bit 0: allowed;
+/// bit 1: charged to the state keys over `max_keys` share ([`Decision::on_shared_state`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Flag(u64);
 
@@ -42,6 +43,11 @@ impl From<bool> for Flag {
     fn from(allowed: bool) -> Self {
         Flag(u64::from(allowed))
     }
+}
+
+impl Flag {
+    const ALLOWED: u64 = 1;
+    const SHARED: u64 = 2;
 }
 
 /// `remaining` is computed on demand: for GCRA and the sliding window counter it needs a
@@ -101,7 +107,7 @@ impl Decision {
     /// ```
     #[inline]
     pub fn allowed(&self) -> bool {
-        self.allowed.0 != 0
+        self.allowed.0 & Flag::ALLOWED != 0
     }
 
     /// The quota's limit `L` (units per window).
@@ -222,6 +228,22 @@ impl Decision {
     /// ```
     pub fn delay_nanos(&self) -> Nanos {
         self.delay
+    }
+
+    /// This decision, made on the state that keys over a keyed limiter's `max_keys` share
+    /// ([`OverflowPolicy::Shared`](crate::OverflowPolicy::Shared)): a refund of what it
+    /// admitted goes back there, not to the key's own state.
+    pub(crate) fn on_shared_state(self) -> Self {
+        Decision {
+            allowed: Flag(self.allowed.0 | Flag::SHARED),
+            ..self
+        }
+    }
+
+    /// Whether [`Decision::on_shared_state`] made it.
+    #[allow(dead_code)] // read by the waiting calls and the tower layer (features)
+    pub(crate) fn charged_shared_state(&self) -> bool {
+        self.allowed.0 & Flag::SHARED != 0
     }
 
     /// These figures for a request that can never be admitted (a cost above the rule's

@@ -932,7 +932,7 @@ async fn delay(
             if !decision.delay().is_zero() && too_long(decision.delay()) {
                 // A queue deeper than `max_wait` (a leaky queue's check reserves), or others
                 // took the places up to the deadline since the check: give it back, refuse.
-                policy.backend.refund(key, cost);
+                policy.backend.refund_decided(key, cost, &decision);
                 let decision = decision.too_late();
                 return Ok((
                     Verdict {
@@ -947,6 +947,7 @@ async fn delay(
                     policy,
                     key,
                     cost,
+                    decided: decision,
                     armed: policy.backend.can_refund(),
                 };
                 tokio::time::sleep(decision.delay()).await;
@@ -990,6 +991,8 @@ struct RefundOnDrop<'a> {
     policy: &'a Policy,
     key: &'a Key,
     cost: u64,
+    /// The reservation's decision: it names the state the units were charged to.
+    decided: crate::Decision,
     armed: bool,
 }
 
@@ -997,7 +1000,7 @@ struct RefundOnDrop<'a> {
 impl Drop for RefundOnDrop<'_> {
     fn drop(&mut self) {
         if self.armed {
-            self.policy.backend.refund(self.key, self.cost);
+            (self.policy.backend).refund_decided(self.key, self.cost, &self.decided);
         }
     }
 }
@@ -1064,7 +1067,8 @@ impl Admitted {
                 .is_some_and(|refund| refund(response.status()))
         {
             // The headers then say what the client has once the units are back.
-            if let Some(after) = policy.backend.refund(&this.key, this.cost) {
+            let refunded = (policy.backend).refund_decided(&this.key, this.cost, &verdict.decision);
+            if let Some(after) = refunded {
                 verdict = after;
             }
             stats::record(policy, Outcome::Refunded);

@@ -178,7 +178,7 @@ impl<F: FnOnce()> Drop for RefundOnDrop<F> {
 /// The wait loop shared by every limiter.
 ///
 /// - `charge` decides and counts (a denial changes nothing), and says where it charged (`R`:
-///   which state, for a keyed limiter);
+///   for a keyed limiter, the decision itself, which names the state it charged);
 /// - `wait_now` reports how long an admission would take now, without changing anything;
 /// - `refund` gives back a reservation where `charge` said it was made (only ever called after
 ///   an admitted `charge` whose decision carries a delay).
@@ -406,9 +406,12 @@ where
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
         drive(
-            || self.reserve_noting(key, cost),
+            || {
+                self.reserve_n(key, cost)
+                    .map(|decision| (decision, decision))
+            },
             || self.peek(key, cost).map(wait_of::<A>),
-            |charged| self.refund_reserved(key, cost, charged),
+            |decided| self.refund_decided(key, cost, &decided),
             max_wait,
         )
         .await

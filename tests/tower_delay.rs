@@ -16,7 +16,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 use tollgate::tower::{CheckBackend, Key, Mode, Policy, RateLimitLayer};
 use tollgate::wait::TokioClock;
-use tollgate::{Gcra, KeyedLimiter, LeakyQueue, MultiLimiter, Quota};
+use tollgate::{Gcra, KeyedLimiter, LeakyQueue, MultiLimiter, OverflowPolicy, Quota};
 use tower_layer::Layer;
 use tower_support::{gcra, paused_runtime, request, status, Ok200};
 
@@ -170,5 +170,84 @@ fn a_leaky_queue_deeper_than_max_wait_refuses_and_gives_the_place_back() {
         // Only the three admitted hold places: the next is due 100 ms after the third.
         let next = limiter.peek(&Key::from(CLIENT), 1).unwrap();
         assert_eq!(next.delay(), Duration::from_millis(100));
+    });
+}
+
+const OTHER: IpAddr = IpAddr::V4(Ipv4Addr::new(192, 0, 2, 8));
+const THIRD: IpAddr = IpAddr::V4(Ipv4Addr::new(192, 0, 2, 9));
+
+/// A limiter of 10 a second, burst 1, holding one client: those that do not fit share one
+/// state (`OverflowPolicy::Shared`).
+fn one_place(clock: &TokioClock) -> Arc<KeyedLimiter<Key, Gcra, TokioClock>> {
+    let rule = Gcra::new(Quota::per_second(10).unwrap().with_burst(1).unwrap()).unwrap();
+    let limiter = KeyedLimiter::<Key, _>::builder(rule)
+        .clock(*clock)
+        .max_keys(1, OverflowPolicy::Shared)
+        .build()
+        .unwrap();
+    Arc::new(limiter)
+}
+
+/// Sends a request from `client` and gives up on it after `after`.
+async fn give_up(svc: &tollgate::tower::RateLimit<Ok200>, client: IpAddr, after: Duration) {
+    let request = status(svc, request("/", Some(client), &[]));
+    let answered = tokio::time::timeout(after, request).await;
+    assert!(answered.is_err(), "still waiting when it gave up");
+}
+
+/// A client over `max_keys` waits on the state such clients share. If it gives up, its place
+/// goes back to that state: not lost (its own key is absent), and not to its own state if it
+/// found room since.
+#[test]
+fn a_reservation_on_the_shared_state_given_up_goes_back_there() {
+    paused_runtime().block_on(async {
+        let clock = TokioClock::new();
+        let limiter = one_place(&clock);
+        let svc = delayed(limiter.clone(), Duration::from_secs(1));
+        // CLIENT holds the one place; OTHER spends the shared state's burst.
+        assert_eq!(status(&svc, request("/", Some(CLIENT), &[])).await, 200);
+        assert_eq!(status(&svc, request("/", Some(OTHER), &[])).await, 200);
+        // OTHER again: the shared state's next slot is 100 ms away; it leaves after 10 ms.
+        give_up(&svc, OTHER, Duration::from_millis(10)).await;
+        // The slot is free again: a third client over the bound gets it, 90 ms on.
+        let third = KeyedLimiter::check(&limiter, &Key::from(THIRD)).unwrap();
+        assert_eq!(third.retry_after(), Duration::from_millis(90));
+        assert_eq!(limiter.len(), 1, "OTHER never got a place of its own");
+    });
+}
+
+#[test]
+fn a_reservation_on_the_shared_state_never_credits_the_key_that_found_room_since() {
+    paused_runtime().block_on(async {
+        let clock = TokioClock::new();
+        let limiter = one_place(&clock);
+        let svc = delayed(limiter.clone(), Duration::from_secs(1));
+        assert_eq!(status(&svc, request("/", Some(CLIENT), &[])).await, 200);
+        assert_eq!(status(&svc, request("/", Some(OTHER), &[])).await, 200);
+        // Two reservations of OTHER on the shared state: slots at 100 and 200 ms.
+        let first = tokio::spawn({
+            let svc = svc.clone();
+            async move { status(&svc, request("/", Some(OTHER), &[])).await }
+        });
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        let second = tokio::spawn({
+            let svc = svc.clone();
+            async move { give_up(&svc, OTHER, Duration::from_millis(160)).await }
+        });
+        // At 150 ms CLIENT's state is fresh: OTHER's next request evicts it, takes the place,
+        // and spends its own burst.
+        tokio::time::sleep(Duration::from_millis(149)).await;
+        assert_eq!(first.await.unwrap(), 200);
+        assert_eq!(status(&svc, request("/", Some(OTHER), &[])).await, 200);
+        assert_eq!(limiter.len(), 1);
+        assert!(!limiter.peek(&Key::from(OTHER), 1).unwrap().allowed());
+        // The second reservation is given up (at 161 ms): its slot goes back to the shared
+        // state, and OTHER's own state stays spent until 250 ms.
+        second.await.unwrap();
+        let own = limiter.peek(&Key::from(OTHER), 1).unwrap();
+        assert_eq!(own.retry_after(), Duration::from_millis(250 - 161));
+        // The shared state's slot of 200 ms is free again (its next was at 300 ms).
+        let shared = KeyedLimiter::check(&limiter, &Key::from(THIRD)).unwrap();
+        assert_eq!(shared.retry_after(), Duration::from_millis(200 - 161));
     });
 }

@@ -617,45 +617,28 @@ where
         self.decide(key, cost, Reserve)
     }
 
-    /// [`KeyedLimiter::reserve_n`], and which state it charged: the key's own, or (a new key
-    /// at the `max_keys` bound, [`OverflowPolicy::Shared`]) the overflow state. What a waiter
-    /// keeps to give its reservation back with [`KeyedLimiter::refund_reserved`].
-    #[cfg(feature = "tokio")]
-    pub(crate) fn reserve_noting<Q>(&self, key: &Q, cost: u64) -> Result<(Decision, Charged), Error>
-    where
-        K: Borrow<Q>,
-        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
-    {
-        let charged = std::cell::Cell::new(Charged::Own);
-        let noting = Noting {
-            charge: Reserve,
-            overflow: self.table.overflow(),
-            charged: &charged,
-        };
-        let decision = self.decide(key, cost, noting)?;
-        Ok((decision, charged.get()))
-    }
-
-    /// Gives back `cost` units of a reservation to the state it `charged`, whatever became of
-    /// `key` since: the overflow state's units go back to it (not to `key`'s own state, should
-    /// the key have found room meanwhile); the key's own go back to the key by
-    /// [`KeyedLimiter::refund`] (a key moved to a new table took its state along; a key
-    /// evicted meanwhile was fresh, its reservation already due, and gets nothing).
-    #[cfg(feature = "tokio")]
-    pub(crate) fn refund_reserved<Q>(&self, key: &Q, cost: u64, charged: Charged)
+    /// Gives back `cost` units that `decided` admitted to `key` (a reservation a waiter gave
+    /// up, or a request refunded by its response), to the state it charged, whatever became
+    /// of `key` since: the state keys over `max_keys` share ([`OverflowPolicy::Shared`]) if it
+    /// was charged there (not `key`'s own state, should the key have found room meanwhile);
+    /// else the key's own, by [`KeyedLimiter::refund`] (a key moved to a new table took its
+    /// state along; a key evicted meanwhile was fresh, its units already due, and gets
+    /// nothing).
+    #[allow(dead_code)] // called by the waiting calls and the tower layer (features)
+    pub(crate) fn refund_decided<Q>(&self, key: &Q, cost: u64, decided: &Decision)
     where
         K: Borrow<Q>,
         Q: Hash + Eq + ?Sized,
     {
-        match charged {
-            Charged::Own => self.refund(key, cost),
-            Charged::Overflow => loop {
-                let at = self.core.attempt();
-                at.rule().refund(self.table.overflow(), || at.now(), cost);
-                if self.core.settle(&at, &self.re_anchoring()) {
-                    return;
-                }
-            },
+        if !decided.charged_shared_state() {
+            return self.refund(key, cost);
+        }
+        loop {
+            let at = self.core.attempt();
+            at.rule().refund(self.table.overflow(), || at.now(), cost);
+            if self.core.settle(&at, &self.re_anchoring()) {
+                return;
+            }
         }
     }
 
@@ -668,76 +651,6 @@ where
     /// [`KeyTable::re_anchor`]).
     fn re_anchoring(&self) -> impl Sweep<A> + '_ {
         |rule: &A, now| self.table.re_anchor(rule, now)
-    }
-}
-
-/// Which state a reservation charged ([`KeyedLimiter::reserve_noting`]).
-#[cfg(feature = "tokio")]
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Charged {
-    /// The key's own state.
-    Own,
-    /// The state shared by keys over the `max_keys` bound ([`OverflowPolicy::Shared`]).
-    Overflow,
-}
-
-/// A charge that notes in `charged` which state it lands on. The table hands the overflow
-/// state itself to [`Charge::on`], so its address tells it from a key's. Only the waiting
-/// calls use it: checks keep their own path, with nothing to note.
-#[cfg(feature = "tokio")]
-struct Noting<'a, C, V> {
-    charge: C,
-    overflow: &'a V,
-    charged: &'a std::cell::Cell<Charged>,
-}
-
-// By hand: a derive would ask `V: Copy`, and cells are atomics.
-#[cfg(feature = "tokio")]
-impl<C: Copy, V> Clone for Noting<'_, C, V> {
-    fn clone(&self) -> Self {
-        *self
-    }
-}
-
-#[cfg(feature = "tokio")]
-impl<C: Copy, V> Copy for Noting<'_, C, V> {}
-
-/// Every charge that returns a decision runs one of these two on the cell it charged, the last
-/// such run being the decision's, so `charged` ends up naming that cell.
-#[cfg(feature = "tokio")]
-impl<C: Charge, V> Charge for Noting<'_, C, V> {
-    const RESERVE: bool = C::RESERVE;
-
-    #[inline]
-    fn on<A: Algorithm>(
-        self,
-        rule: &A,
-        cell: &A::Cell,
-        now: impl Fn() -> Nanos,
-        cost: u64,
-    ) -> Decision {
-        let charged = if std::ptr::addr_eq(cell, self.overflow) {
-            Charged::Overflow
-        } else {
-            Charged::Own
-        };
-        self.charged.set(charged);
-        self.charge.on(rule, cell, now, cost)
-    }
-
-    #[inline]
-    fn on_live<A: Algorithm>(
-        self,
-        rule: &A,
-        cell: &A::Cell,
-        now: impl Fn() -> Nanos,
-        cost: u64,
-    ) -> Option<Decision> {
-        let decision = self.charge.on_live(rule, cell, now, cost);
-        if decision.is_some() {
-            self.charged.set(Charged::Own);
-        }
-        decision
     }
 }
 

@@ -358,7 +358,9 @@ where
             }
             return match policy {
                 OverflowPolicy::Deny => Err(Error::KeyTableFull { max_keys }),
-                OverflowPolicy::Shared => Ok(charge.on(rule, &self.overflow, &now, cost)),
+                OverflowPolicy::Shared => Ok(charge
+                    .on(rule, &self.overflow, &now, cost)
+                    .on_shared_state()),
             };
         }
         Ok(self.insert_in_place(key, rule, now, cost, evictor, charge))

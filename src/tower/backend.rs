@@ -384,6 +384,34 @@ pub trait CheckBackend: Send + Sync + 'static {
         None
     }
 
+    /// [`refund`](CheckBackend::refund) of the units a decision of this backend admitted
+    /// (`decided`: a reservation whose waiter gave up, or a request refunded by its
+    /// response), to the state it charged, whatever became of `key` since. On a keyed limiter
+    /// at `max_keys` with [`OverflowPolicy::Shared`](crate::OverflowPolicy::Shared), a new key's
+    /// units may have been charged to the state such keys share: they go back there, not to
+    /// the key's own state should it have found room meanwhile. The default refunds by key.
+    ///
+    /// # Examples
+    /// ```
+    /// use tollgate::tower::{CheckBackend, Key};
+    /// use tollgate::{FixedWindow, KeyedLimiter, OverflowPolicy, Quota};
+    /// let backend = KeyedLimiter::<Key, _>::builder(FixedWindow::new(Quota::per_hour(2)?)?)
+    ///     .max_keys(1, OverflowPolicy::Shared)
+    ///     .build()?;
+    /// let (a, b) = (Key::from("a"), Key::from("b"));
+    /// backend.check(&a)?;
+    /// let shared = backend.check_n(&b, 2)?; // no room for "b": the shared state pays
+    /// assert!(shared.allowed());
+    /// backend.evict_fresh(); // (nothing is fresh: "a" stays)
+    /// CheckBackend::refund_decided(&backend, &b, 2, &shared);
+    /// assert!(backend.check_n(&Key::from("c"), 2)?.allowed(), "the shared state got its units back");
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    fn refund_decided(&self, key: &Key, cost: u64, decided: &Decision) -> Option<Verdict> {
+        let _ = decided;
+        self.refund(key, cost)
+    }
+
     /// How many keys this backend holds state for, if it knows (the in-process limiters do);
     /// reported as a gauge by [`RateLimitLayer::record_gauges`](super::RateLimitLayer::record_gauges).
     ///
@@ -445,6 +473,10 @@ impl<T: CheckBackend + ?Sized> CheckBackend for Arc<T> {
 
     fn refund(&self, key: &Key, cost: u64) -> Option<Verdict> {
         (**self).refund(key, cost)
+    }
+
+    fn refund_decided(&self, key: &Key, cost: u64, decided: &Decision) -> Option<Verdict> {
+        (**self).refund_decided(key, cost, decided)
     }
 
     fn keys_held(&self) -> Option<usize> {
@@ -570,6 +602,12 @@ where
 
     fn refund(&self, key: &Key, cost: u64) -> Option<Verdict> {
         KeyedLimiter::refund(self, key, cost);
+        let decision = self.peek(key, 0).ok()?;
+        Some(Verdict { decision, quota: 0 })
+    }
+
+    fn refund_decided(&self, key: &Key, cost: u64, decided: &Decision) -> Option<Verdict> {
+        self.refund_decided(key, cost, decided);
         let decision = self.peek(key, 0).ok()?;
         Some(Verdict { decision, quota: 0 })
     }

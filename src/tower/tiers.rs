@@ -374,4 +374,10 @@ impl CheckBackend for Tiers {
     fn refund(&self, key: &Key, cost: u64) -> Option<Verdict> {
         self.inner.tiers[self.find(key)].backend.refund(key, cost)
     }
+
+    /// [`Tiers::refund`], in the key's tier now, with what its decision charged.
+    fn refund_decided(&self, key: &Key, cost: u64, decided: &crate::Decision) -> Option<Verdict> {
+        let tier = &self.inner.tiers[self.find(key)];
+        tier.backend.refund_decided(key, cost, decided)
+    }
 }
