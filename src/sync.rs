@@ -5,7 +5,9 @@
 //! that is model-checked is the code that ships.
 
 pub(crate) use std::hint::spin_loop;
-pub(crate) use std::sync::atomic::{fence, AtomicBool, AtomicU64, AtomicUsize, Ordering};
+pub(crate) use std::sync::atomic::{
+    fence, AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering,
+};
 pub(crate) use std::sync::Arc;
 
 /// Whether this build is the loom model (`loom-tests`), where a retried step only multiplies

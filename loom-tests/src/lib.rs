@@ -19,6 +19,10 @@ pub(crate) mod sync;
 
 #[path = "../../src/algorithm.rs"]
 pub mod algorithm;
+/// The guarded limiter's circuit breaker (`src/redis/guard/breaker.rs`): opened by a run of
+/// transient failures, closed by a probe Redis answers, each move reported once.
+#[path = "../../src/redis/guard/breaker.rs"]
+pub mod breaker;
 #[path = "../../src/decision.rs"]
 pub mod decision;
 /// The leased tier's route (`src/redis/lease/route.rs`): leases, a one-time handover, the

@@ -4,7 +4,9 @@
 /// Every access to a table slot's key goes through it: loom checks that no write races a read.
 pub(crate) use loom::cell::UnsafeCell;
 pub(crate) use loom::hint::spin_loop;
-pub(crate) use loom::sync::atomic::{fence, AtomicBool, AtomicU64, AtomicUsize, Ordering};
+pub(crate) use loom::sync::atomic::{
+    fence, AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering,
+};
 /// std's `Arc`, not loom's: the word table builds `Arc<[Slot]>` from an iterator, which loom's
 /// does not offer. Tables are published and taken under the shard's (loom) mutex, so the
 /// happens-before edges loom checks are all there; only the reference count is not modelled.

@@ -7,7 +7,7 @@
 //! Redis answering again; then the breaker closes by itself. Fatal errors (a foreign value in
 //! a key, a bad reply) are returned as they are: no policy can fix them.
 
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -20,7 +20,10 @@ use super::scripts::scripts;
 use crate::decision::{Decision, Remaining};
 use crate::{FixedWindow, Gcra, KeyedLimiter, LeakyQueue, SlidingLog, SlidingWindow};
 
+mod breaker;
 mod reconcile;
+
+use breaker::Breaker;
 
 pub(crate) use self::reconcile::wall_nanos;
 use self::reconcile::Ledger;
@@ -332,11 +335,8 @@ impl<C: RedisConnection> std::fmt::Debug for GuardedLimiter<C> {
 struct Shared<C> {
     exact: RedisLimiter<C>,
     handling: FailureHandling,
-    /// The breaker. Relaxed everywhere: a mode flag that publishes no data; a check that
-    /// reads it a moment late only decides one more request the old way.
-    open: AtomicBool,
-    /// Transient failures in a row while closed.
-    failures: AtomicU32,
+    /// Closed: Redis decides; open: the failure policy does.
+    breaker: Breaker,
     live_nodes: AtomicU64,
     local: Option<Local>,
     /// What the policy admitted while the breaker was open, until charged (`reconcile`).
@@ -386,8 +386,7 @@ impl<C: RedisConnection> RedisLimiter<C> {
         let shared = Arc::new(Shared {
             exact: self,
             handling,
-            open: AtomicBool::new(false),
-            failures: AtomicU32::new(0),
+            breaker: Breaker::new(handling.failure_threshold),
             live_nodes: AtomicU64::new(handling.assumed_nodes),
             local,
             ledger,
@@ -440,10 +439,10 @@ impl<C: RedisConnection> GuardedLimiter<C> {
     pub async fn check_n(&self, key: impl AsRef<[u8]>, cost: u64) -> Result<Decision, Error> {
         let key = key.as_ref();
         let shared = &self.shared;
-        if !shared.open.load(Ordering::Relaxed) {
+        if !shared.breaker.is_open() {
             match shared.exact.check_n(key, cost).await {
                 Ok(decision) => {
-                    shared.failures.store(0, Ordering::Relaxed);
+                    shared.breaker.answered();
                     if let Some(local) = &shared.local {
                         // The share follows the global state this reply saw: an outage starts
                         // each key from there, not from a full bucket.
@@ -473,7 +472,7 @@ impl<C: RedisConnection> GuardedLimiter<C> {
     /// # }
     /// ```
     pub fn mode(&self) -> Mode {
-        if self.shared.open.load(Ordering::Relaxed) {
+        if self.shared.breaker.is_open() {
             Mode::Degraded(self.shared.handling.policy)
         } else {
             Mode::Global
@@ -568,8 +567,7 @@ impl<C: RedisConnection> GuardedLimiter<C> {
 
     /// A call that Redis answered: resets the count of failures in a row.
     pub(crate) fn answered(&self) {
-        // Relaxed: as every use of the breaker's words (see `Shared::open`).
-        self.shared.failures.store(0, Ordering::Relaxed);
+        self.shared.breaker.answered();
     }
 
     /// The failure policy's decision, without touching the network.
@@ -590,7 +588,7 @@ impl<C: RedisConnection> GuardedLimiter<C> {
     /// it a moment late decides one more request the old way (see `Shared::open`).
     #[inline]
     pub(crate) fn is_open(&self) -> bool {
-        self.shared.open.load(Ordering::Relaxed)
+        self.shared.breaker.is_open()
     }
 
     /// Whether a leased node keeps spending what its leases hold while the breaker is open
@@ -629,8 +627,7 @@ impl<C: RedisConnection> GuardedLimiter<C> {
 
 impl<C: RedisConnection> Shared<C> {
     fn failed(&self, error: &Error) {
-        let failures = self.failures.fetch_add(1, Ordering::Relaxed) + 1;
-        if failures >= self.handling.failure_threshold && !self.open.swap(true, Ordering::Relaxed) {
+        if self.breaker.failed() {
             tracing::warn!(
                 policy = ?self.handling.policy,
                 %error,
@@ -640,8 +637,7 @@ impl<C: RedisConnection> Shared<C> {
     }
 
     fn recovered(&self) {
-        self.failures.store(0, Ordering::Relaxed);
-        if self.open.swap(false, Ordering::Relaxed) {
+        if self.breaker.recovered() {
             tracing::info!("Redis answers again: rate limits are global again");
         }
     }
@@ -703,8 +699,7 @@ impl<C: RedisConnection> Shared<C> {
         let before = ledger.charged();
         match ledger.settle(&self.exact).await {
             Ok(()) => {
-                // Relaxed: as every use of the breaker's words (see `Shared::open`).
-                self.failures.store(0, Ordering::Relaxed);
+                self.breaker.answered();
                 tracing::info!(
                     units = ledger.charged() - before,
                     "charged the units admitted during the outage to Redis"
@@ -766,7 +761,7 @@ async fn watch<C: RedisConnection>(shared: Weak<Shared<C>>) {
             return;
         };
         let interval = s.handling.probe_interval;
-        if s.open.load(Ordering::Relaxed) {
+        if s.breaker.is_open() {
             // Loading the script is the probe: it proves the server answers, and a restarted
             // server has an empty script cache.
             if s.exact.load_scripts().await.is_ok() {
@@ -774,11 +769,11 @@ async fn watch<C: RedisConnection>(shared: Weak<Shared<C>>) {
                 next_beat = Instant::now();
             }
         }
-        // Relaxed: a mode flag (see `Shared::open`); a late read charges one probe later.
-        if !s.open.load(Ordering::Relaxed) {
+        // A late read of the breaker charges one probe later.
+        if !s.breaker.is_open() {
             s.reconcile().await;
         }
-        if s.local.is_some() && !s.open.load(Ordering::Relaxed) && Instant::now() >= next_beat {
+        if s.local.is_some() && !s.breaker.is_open() && Instant::now() >= next_beat {
             s.beat().await;
             next_beat = Instant::now() + s.handling.heartbeat_interval;
         }

@@ -1150,6 +1150,15 @@ impl<K: Clone + Hash + Eq + Send + Sync, H: BuildHasher, C: TableCell> WordTable
         let fits = |table_len: usize| (len..=len + len / 2).contains(&table_len);
         if let Some(spare) = shard.spare.take() {
             if spare.cleared == spare.table.len() && fits(spare.table.len()) {
+                // A key left in it would be found by probes (or fill it past its count).
+                debug_assert!(
+                    spare
+                        .table
+                        .tags
+                        .iter()
+                        .all(|t| t.load(Ordering::Relaxed) == 0),
+                    "a reused spare holds keys"
+                );
                 // Relaxed: no thread caches the spare; the lock publishes it.
                 spare.table.era.store(era, Ordering::Relaxed);
                 return spare.table;

@@ -1,6 +1,6 @@
 //! The leased tier's lease word and route (`src/redis/lease/word.rs`, `route.rs`).
 //!
-//! Issue 13: a lost update planted in `take` (its CAS replaced by a plain store) passed 21 of
+//! A lost update planted in `take` (its CAS replaced by a plain store) passed 21 of
 //! the 22 leased integration tests. Here every transition of the word runs against the others,
 //! and every execution must account for each unit exactly once: spent by a check, taken back,
 //! emptied (given back or handed over), expired, or still held.
@@ -143,5 +143,47 @@ fn a_check_routed_to_the_policy_sees_the_handed_over_units() {
         assert_eq!(policy + local.load(Ordering::Relaxed), handed);
         assert!(route.back());
         assert_eq!(route.way(), Way::Leases);
+    });
+}
+
+/// Two callers find the breaker open at once and race `begin`, while the breaker closes again
+/// (`back`) on the main thread: one handover per move out of `Leases`, never two running at
+/// once, each finished before the route can go back; the route ends where the last move left
+/// it. (With a load-then-store `begin`, both callers run a handover.)
+#[test]
+fn two_callers_race_the_handover_and_the_way_back() {
+    use loom::sync::atomic::AtomicUsize;
+    explore("lease: begin x begin x back", || {
+        let route = Arc::new(Route::default());
+        let running = Arc::new(AtomicUsize::new(0));
+        let callers: Vec<_> = (0..2)
+            .map(|_| {
+                let (route, running) = (Arc::clone(&route), Arc::clone(&running));
+                thread::spawn(move || {
+                    if !route.begin() {
+                        return false;
+                    }
+                    // Relaxed: a tally the model reads; the route orders the handovers.
+                    assert_eq!(running.fetch_add(1, Ordering::Relaxed), 0, "two handovers");
+                    assert_eq!(route.way(), Way::Handing);
+                    running.fetch_sub(1, Ordering::Relaxed);
+                    route.finish();
+                    true
+                })
+            })
+            .collect();
+        let backs = usize::from(route.back());
+        let won: usize = callers
+            .into_iter()
+            .map(|caller| usize::from(caller.join().unwrap()))
+            .sum();
+        assert!(won >= 1, "the breaker opened: someone hands over");
+        assert!(backs <= won && won <= backs + 1, "won {won}, backs {backs}");
+        let end = if won > backs {
+            Way::Policy
+        } else {
+            Way::Leases
+        };
+        assert_eq!(route.way(), end);
     });
 }

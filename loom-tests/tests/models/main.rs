@@ -4,6 +4,7 @@
 //! from `src/`), with time passed in as a value or read from a loom atomic standing in for a
 //! monotonic clock, and asserts the SPEC invariant in every execution loom explores.
 
+mod breaker;
 mod clamp;
 mod core;
 mod lease;
