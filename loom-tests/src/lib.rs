@@ -25,6 +25,10 @@ pub mod algorithm;
 pub mod breaker;
 #[path = "../../src/decision.rs"]
 pub mod decision;
+/// A lease's refill state (`src/redis/lease/refill.rs`): one refill in flight per key, and
+/// none once the lease is retired.
+#[path = "../../src/redis/lease/refill.rs"]
+pub mod lease_refill;
 /// The leased tier's route (`src/redis/lease/route.rs`): leases, a one-time handover, the
 /// failure policy.
 #[path = "../../src/redis/lease/route.rs"]

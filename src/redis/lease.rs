@@ -43,6 +43,7 @@ mod cell;
 mod config;
 mod first_touch;
 mod grant;
+mod refill;
 mod route;
 mod scheduler;
 mod takeover;
@@ -449,10 +450,10 @@ impl<C: RedisConnection> LeasedLimiter<C> {
     /// # }
     /// ```
     pub fn refilling(&self, key: impl AsRef<[u8]>) -> bool {
-        self.node.leases.get(key.as_ref()).is_some_and(|lease| {
-            // Acquire: pairs with the Release that clears the flag after the grant's install.
-            lease.pending.load(Ordering::Acquire)
-        })
+        self.node
+            .leases
+            .get(key.as_ref())
+            .is_some_and(|lease| lease.refill.in_flight())
     }
 
     /// Units the failure policy admitted on this node during an outage (and first-touch units

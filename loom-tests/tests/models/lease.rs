@@ -187,3 +187,43 @@ fn two_callers_race_the_handover_and_the_way_back() {
         assert_eq!(route.way(), end);
     });
 }
+
+/// A refill in flight (its grant deposits 2 units, then it ends with `finish`) races a
+/// retirement (`release_all`: `retire`, then every unit taken back) and a check asking for a
+/// refill (`claim`). Whichever comes first, the grant's units are given back exactly once
+/// (by the retirement, or by the refill that finds the lease retired), the lease ends retired
+/// and empty, and no refill can be claimed after. (With a plain store in `finish`, the refill
+/// clears the retirement and its units stay on a forgotten lease.)
+#[test]
+fn a_refill_ending_races_a_retirement_and_a_claim() {
+    use tollgate_loom_tests::lease_refill::Refill;
+    explore("lease: refill finish x retire x claim", || {
+        let refill = Arc::new(Refill::default());
+        let word = Arc::new(AtomicU64::new(0));
+        assert!(refill.claim(), "the refill in flight");
+        let finishing = {
+            let (refill, word) = (Arc::clone(&refill), Arc::clone(&word));
+            thread::spawn(move || {
+                // Relaxed: the model's lease word, changed only by RMWs.
+                word.fetch_add(2, Ordering::Relaxed);
+                if refill.finish() {
+                    0
+                } else {
+                    word.swap(0, Ordering::Relaxed)
+                }
+            })
+        };
+        let claiming = {
+            let refill = Arc::clone(&refill);
+            thread::spawn(move || refill.claim())
+        };
+        refill.retire();
+        let retired_took = word.swap(0, Ordering::Relaxed);
+        let refill_took = finishing.join().unwrap();
+        claiming.join().unwrap();
+        assert_eq!(retired_took + refill_took, 2, "the grant given back once");
+        assert_eq!(word.load(Ordering::Relaxed), 0);
+        assert!(refill.in_flight(), "retired for good");
+        assert!(!refill.claim(), "no refill after the retirement");
+    });
+}

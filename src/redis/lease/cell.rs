@@ -3,6 +3,8 @@
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
+use super::refill::Refill;
+
 use crossbeam_utils::CachePadded;
 use parking_lot::Mutex;
 
@@ -14,8 +16,8 @@ use crate::redis::error::Error;
 pub(super) struct Lease {
     /// What a check touches, on one cache line of its own.
     pub hot: CachePadded<Hot>,
-    /// A refill is queued or in flight (at most one per key). Set for good once retired.
-    pub pending: AtomicBool,
+    /// Whether a refill is queued or in flight (at most one per key), or the lease retired.
+    pub refill: Refill,
     /// The largest cost a check could not take from the lease since the last grant.
     pub need: AtomicU64,
     /// Until when (limiter clock, ns) the global state is expected to grant nothing: the
@@ -80,7 +82,7 @@ impl Lease {
     pub fn new(key: &[u8]) -> Lease {
         Lease {
             hot: CachePadded::new(Hot::default()),
-            pending: AtomicBool::new(false),
+            refill: Refill::default(),
             need: AtomicU64::new(0),
             retry_at: AtomicU64::new(0),
             error: Mutex::new(None),

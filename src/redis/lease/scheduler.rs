@@ -3,7 +3,6 @@
 //! script call per Cluster slot) and the sweeper (units of idle keys and expired window leases
 //! go back to Redis).
 
-use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
@@ -87,8 +86,7 @@ impl<C: RedisConnection> Node<C> {
     /// Queues a refill of `lease` for the refill task unless one is already queued or in
     /// flight; after its backoff if it has one.
     pub fn request_refill(self: &Arc<Self>, lease: &Arc<Lease>) {
-        // Relaxed: the flag only elects one refiller; the lease's bookkeeping is under `bg`.
-        if lease.pending.load(Ordering::Relaxed) || lease.pending.swap(true, Ordering::Relaxed) {
+        if !lease.refill.claim() {
             return;
         }
         let now = self.clock.now();
@@ -174,15 +172,14 @@ impl<C: RedisConnection> Node<C> {
         }
         let mut returns = Vec::new();
         for lease in done {
-            if self.retired(&lease) {
-                // Retired while the grant was in flight: whatever it brought goes back.
+            if lease.refill.finish() && !self.retired(&lease) {
+                lease.refilled.notify_waiters();
+            } else {
+                // Retired while the grant was in flight: whatever it brought goes back, and
+                // the lease is never refilled again.
+                lease.refill.retire();
                 let (units, since) = self.take_all(&lease);
                 returns.push((lease, units, since));
-            } else {
-                // Release: `refilling` readers that see the flag clear also see the installed
-                // word.
-                lease.pending.store(false, Ordering::Release);
-                lease.refilled.notify_waiters();
             }
         }
         self.give_back(&returns).await;
@@ -242,9 +239,8 @@ impl<C: RedisConnection> Node<C> {
 
     /// Takes back every unit of `lease` and forgets it: what to give back to Redis.
     pub fn retire(&self, lease: Arc<Lease>) -> Return {
-        // Relaxed: keeps refills away for good; a check that still holds the lease finds it
-        // empty.
-        lease.pending.store(true, Ordering::Relaxed);
+        // A check that still holds the lease finds it empty, and never refilled.
+        lease.refill.retire();
         let (units, since) = self.take_all(&lease);
         self.leases
             .remove_if(&lease.key, |_, v| Arc::ptr_eq(v, &lease));
@@ -334,8 +330,7 @@ async fn sweep<C: RedisConnection>(node: Weak<Node<C>>) {
         let mut returns = Vec::new();
         for entry in node.leases.iter() {
             let lease = entry.value();
-            // Relaxed: the flag elects one refiller; the data it guards is under `bg`.
-            if lease.pending.load(Ordering::Relaxed) {
+            if lease.refill.in_flight() {
                 continue;
             }
             let word = lease.hot.word.load();
@@ -363,8 +358,7 @@ async fn sweep<C: RedisConnection>(node: Weak<Node<C>>) {
         }
         // All returns in one batch: a script call per Cluster slot.
         for lease in idle_leases {
-            // Relaxed: the flag elects one refiller; the data it guards is under `bg`.
-            if !lease.pending.swap(true, Ordering::Relaxed) {
+            if lease.refill.retire_idle() {
                 returns.push(node.retire(lease));
             }
         }
