@@ -72,6 +72,9 @@ pub const MS: u64 = 1_000_000;
 pub fn explore(name: &str, body: impl Fn() + Sync + Send + 'static) {
     let mut builder = loom::model::Builder::new();
     builder.preemption_bound = builder.preemption_bound.or(Some(2));
+    // Room for a model whose keys have drop glue: a table dropped in it visits each slot's
+    // cell (loom's default is 1,000 branches).
+    builder.max_branches = 20_000;
     let report = Report {
         name: name.to_owned(),
         bound: builder.preemption_bound.unwrap_or(0),

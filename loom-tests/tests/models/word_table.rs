@@ -13,7 +13,7 @@ use loom::thread;
 use tollgate_loom_tests::clock::Nanos;
 use tollgate_loom_tests::state::{AtomicWord, Retired};
 use tollgate_loom_tests::store::{
-    chain, with_drain_step, Check, Inserted, KeyTable, KeyedStore, WordTable,
+    chain, with_drain_step, Check, Evictor, Inserted, KeyTable, KeyedStore, WordTable,
 };
 use tollgate_loom_tests::{Algorithm, Gcra, Quota};
 
@@ -353,6 +353,154 @@ fn an_era_change_races_an_old_attempt() {
             } else {
                 "old attempt after the carry"
             });
+        },
+    );
+}
+
+/// A key with drop glue (its name on the heap) that counts its live copies: every copy a
+/// drain makes must be dropped once, with its table.
+#[derive(Debug)]
+struct Named {
+    name: String,
+    copies: std::sync::Arc<std::sync::atomic::AtomicIsize>,
+}
+
+impl Named {
+    fn new(name: String, copies: &std::sync::Arc<std::sync::atomic::AtomicIsize>) -> Self {
+        // Relaxed: a tally outside the model (std's atomics: loom does not explore it).
+        copies.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        Named {
+            name,
+            copies: std::sync::Arc::clone(copies),
+        }
+    }
+}
+
+impl Clone for Named {
+    fn clone(&self) -> Self {
+        Named::new(self.name.clone(), &self.copies)
+    }
+}
+
+impl Drop for Named {
+    fn drop(&mut self) {
+        self.copies
+            .fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+impl PartialEq for Named {
+    fn eq(&self, other: &Self) -> bool {
+        self.name == other.name
+    }
+}
+
+impl Eq for Named {}
+
+impl std::hash::Hash for Named {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.name.hash(state);
+    }
+}
+
+/// Lends no judge: drains move every key.
+struct KeepAll;
+
+impl Evictor<AtomicWord> for KeepAll {
+    fn sweep(&self) -> usize {
+        0
+    }
+
+    fn judging<R>(
+        &self,
+        _: impl FnOnce(Nanos, &dyn Fn(&AtomicWord, Nanos) -> bool) -> R,
+    ) -> Option<R> {
+        None
+    }
+}
+
+/// `n` names that fall in one shard (as `same_shard_keys`).
+fn same_shard_names(n: usize) -> Vec<String> {
+    use std::hash::{BuildHasher, Hash};
+    let shard = |name: &String| {
+        let mut hasher = Hasher::default().build_hasher();
+        name.hash(&mut hasher);
+        std::hash::Hasher::finish(&hasher) >> 58
+    };
+    let names = (0..).map(|i| format!("client-{i}"));
+    let first = shard(&"client-0".to_owned());
+    names.filter(|name| shard(name) == first).take(n).collect()
+}
+
+/// (h) Keys with drop glue: 4 named keys fill a shard's table; a 5th and 6th replace it and
+/// drain it (each move clones a key, and the drained table drops its copies as it is
+/// released, here when the store is), while another thread admits on the first key lock-free, reading its
+/// name in a slot. loom checks each read of a key against its write and its drop (the slots'
+/// cells); every admission is counted once, and once the store is dropped no copy of a key
+/// is left, none dropped twice.
+#[test]
+fn keys_with_drop_glue_move_and_drop_once_racing_an_admission() {
+    let names = same_shard_names(6);
+    explore_reaching(
+        "word table: String-like keys drained vs admission",
+        &["moved first", "admitted first"],
+        move |seen| {
+            let copies = std::sync::Arc::new(std::sync::atomic::AtomicIsize::new(0));
+            {
+                let store = WordTable::new(MARKS, Hasher::default());
+                let table = Arc::new(KeyTable::new(store, None));
+                let rule = rule();
+                let admit = |table: &KeyTable<Named, AtomicWord, _>, key: &Named| {
+                    table
+                        .decide(key, &rule, || NOW, 1, &KeepAll, Check)
+                        .unwrap()
+                        .allowed()
+                };
+                let keys: Vec<Named> = names
+                    .iter()
+                    .map(|n| Named::new(n.clone(), &copies))
+                    .collect();
+                for key in &keys[..4] {
+                    assert!(admit(&table, key));
+                }
+                let admitter = {
+                    let (table, first) = (Arc::clone(&table), keys[0].clone());
+                    thread::spawn(move || {
+                        let mut attempts = 0;
+                        let decision = table.store().with_existing(&first, 0, |cell| {
+                            attempts += 1;
+                            rule.acquire_live(cell, || NOW, 1, true)
+                        });
+                        (decision.map(|d| d.allowed()), attempts)
+                    })
+                };
+                assert!(admit(&table, &keys[4]), "the 5th key, replacing");
+                assert!(admit(&table, &keys[5]), "the 6th key, draining");
+                let (allowed, attempts) = admitter.join().unwrap();
+                assert_eq!(allowed, Some(true), "the second unit of a bucket of 2");
+                let held = |key: &Named| {
+                    table.store().with_existing(key, 0, |cell| {
+                        rule.acquire_live(cell, || NOW, 0, false)
+                            .map(|d| 2 - d.remaining())
+                    })
+                };
+                assert_eq!(held(&keys[0]), Some(2), "no admission lost to the move");
+                for key in &keys[1..] {
+                    assert_eq!(held(key), Some(1), "{}", key.name);
+                }
+                assert_eq!(table.len(), 6);
+                seen.saw(if attempts > 1 {
+                    "moved first"
+                } else {
+                    "admitted first"
+                });
+            }
+            // Relaxed: every thread that held a copy has been joined.
+            let left = copies.load(std::sync::atomic::Ordering::Relaxed);
+            assert_eq!(
+                left, 0,
+                "copies of keys left (or dropped twice, if negative)"
+            );
         },
     );
 }
