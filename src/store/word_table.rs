@@ -63,8 +63,9 @@
 //!   was not used since the table was last replaced* (a second chance, in time) and moves the
 //!   others (rule 2). The new table is sized for the keys the drain will keep (estimated by
 //!   judging [`SAMPLE`] slots), and never below the share: a smaller table would fill again
-//!   sooner, and its shorter cycles would evict clients that come back (session 6's tables
-//!   collapsed so, to a few slots, with 1,500 keys a shard cycling through them). Under a
+//!   sooner, and its shorter cycles would evict clients that come back (tables sized for the
+//!   kept keys alone collapsed so, to a few slots, with 1,500 keys a shard cycling through
+//!   them). Under a
 //!   flood of unique keys the store so holds about `evict_above` keys plus those holding state
 //!   (measured: 1.15 to 1.4 × that, with the drains' keys not visited yet and their room).
 //!   There a shard replaces its table every few thousand inserts by one of the same size: the
