@@ -807,3 +807,38 @@ fn no_call_does_more_than_its_bound_across_a_re_anchoring_and_a_growth() {
     }
     assert_eq!(limiter.len(), 3 * KEYS as usize);
 }
+
+/// At `max_keys`, a new key may add up to 4 steps of the eviction hand, each at most 1,024
+/// slots (`KeyedLimiter`'s "Work per call"): a flood of new keys through the bound, half of
+/// them holding state and half fresh, never takes a call past that.
+#[test]
+fn no_call_at_max_keys_does_more_than_its_bound() {
+    use super::word_table::{work, MOST_VISITED};
+    use crate::clock::ManualClock;
+    use crate::{Gcra, KeyedLimiter, OverflowPolicy, Quota};
+    use std::time::Duration;
+
+    let clock = ManualClock::new();
+    let rule = Gcra::new(Quota::per_second(10).unwrap()).unwrap();
+    let limiter = KeyedLimiter::<u64, _>::builder(rule)
+        .clock(clock.clone())
+        .max_keys(20_000, OverflowPolicy::Shared)
+        .build()
+        .unwrap();
+    let bound = MOST_VISITED + 4 * 1024;
+    let mut most = 0;
+    for key in 0..200_000u64 {
+        // Every other key spends its whole burst (not fresh for a second), the others one
+        // unit (fresh 100 ms later).
+        let cost = if key % 2 == 0 { 10 } else { 1 };
+        limiter.check_n(&key, cost).unwrap();
+        let (visited, _) = work::take();
+        most = most.max(visited);
+        assert!(visited <= bound, "key {key}: {visited} slots visited");
+        if key % 1000 == 999 {
+            clock.advance(Duration::from_millis(50));
+        }
+    }
+    assert!(limiter.len() <= 20_000);
+    assert!(most > MOST_VISITED, "the hand ran ({most} slots at most)");
+}
