@@ -54,8 +54,10 @@ pub use crate::store::table::OverflowPolicy;
 ///   of a thread's lookups into a shard that holds retired tables also drops up to 64 of their
 ///   slots, if the shard's lock is free.
 /// - A key the current table does not hold (new, or still in a drain): the shard's lock, one
-///   drain step (16 slots moved or evicted), up to 64 slots of a spare cleared, 64 of retired
-///   tables released and 64 of the next table built, then the key's probe and insert. A table
+///   drain step (16 slots moved or evicted), the key taken out of a drain, and when a full
+///   table is replaced at the `evict_above` share a sample of 32 slots judged (49 slots
+///   visited at most); up to 64 slots of a spare cleared, 64 of retired tables released and
+///   64 of the next table built; then the key's probe and insert. A table
 ///   of up to 4,096 slots may be allocated in the call, and, rarely, one sized for every key of
 ///   the shard (a table that filled before the drain into it ended).
 /// - At `max_keys`, a new key adds up to 4 steps of the eviction hand (1 after a key the hand
