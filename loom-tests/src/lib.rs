@@ -94,6 +94,11 @@ pub mod store {
     {
         store.chain_for_model(key)
     }
+
+    /// Spares the store's shards reused as their next table.
+    pub fn spares_reused<K: Send + Sync, H>(store: &WordTable<K, H>) -> usize {
+        store.spares_reused()
+    }
 }
 
 pub use algorithm::{Algorithm, FixedWindow, Gcra, LeakyQueue, SlidingLog, SlidingWindow};

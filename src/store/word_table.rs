@@ -641,6 +641,8 @@ struct Shard<K, C: TableCell> {
     /// Tables of more than [`BUILD_ABOVE`] slots allocated in one call (for tests: growth
     /// builds them ahead, and the bound reuses them, so only chained drains should).
     allocated_large: usize,
+    /// Spares reused as the next table (for the loom models, which must reach it).
+    spares_reused: usize,
 }
 
 impl<K, C: TableCell> Shard<K, C> {
@@ -837,6 +839,7 @@ impl<K: Send + Sync, H, C: TableCell> WordTable<K, H, C> {
                         retiring: Vec::new(),
                         freeing: Vec::new(),
                         allocated_large: 0,
+                        spares_reused: 0,
                     })
                 })
                 .collect(),
@@ -1162,6 +1165,7 @@ impl<K: Clone + Hash + Eq + Send + Sync, H: BuildHasher, C: TableCell> WordTable
                 );
                 // Relaxed: no thread caches the spare; the lock publishes it.
                 spare.table.era.store(era, Ordering::Relaxed);
+                shard.spares_reused += 1;
                 return spare.table;
             }
             shard.retiring.push(spare.table);
@@ -1714,6 +1718,15 @@ impl<K: Send + Sync, H, C: TableCell> WordTable<K, H, C> {
         self.shards
             .iter()
             .map(|shard| shard.lock().allocated_large)
+            .sum()
+    }
+
+    /// Spares reused as a shard's next table (for the loom models).
+    #[allow(dead_code)] // read by the loom models
+    pub(crate) fn spares_reused(&self) -> usize {
+        self.shards
+            .iter()
+            .map(|shard| shard.lock().spares_reused)
             .sum()
     }
 

@@ -13,7 +13,8 @@ use loom::thread;
 use tollgate_loom_tests::clock::Nanos;
 use tollgate_loom_tests::state::{AtomicWord, Retired};
 use tollgate_loom_tests::store::{
-    chain, with_drain_step, Check, Evictor, Inserted, KeyTable, KeyedStore, WordTable,
+    chain, spares_reused, with_drain_step, Check, Evictor, Inserted, KeyTable, KeyedStore,
+    WordTable,
 };
 use tollgate_loom_tests::{Algorithm, Gcra, Quota};
 
@@ -501,6 +502,55 @@ fn keys_with_drop_glue_move_and_drop_once_racing_an_admission() {
                 left, 0,
                 "copies of keys left (or dropped twice, if negative)"
             );
+        },
+    );
+}
+
+/// (i) A spare reused while a lookup may still read it. At the bound (`evict_above` of one key
+/// a shard), 4 keys admitted at 0 (fresh at `NOW`) fill a shard's table; more keys that hold
+/// nothing replace it: its drain evicts the fresh keys, the drained table becomes the shard's
+/// spare, is cleared once no thread holds it, and serves as the next table when the new one
+/// fills. Meanwhile another thread admits on the first key lock-free, holding the table it
+/// found for the length of its call. The spare is never cleared under it (loom checks each
+/// key's read against its drop), and the key ends holding exactly that admission (kept, or
+/// evicted then inserted again).
+#[test]
+fn a_spare_is_cleared_and_reused_while_a_lookup_may_hold_it() {
+    let keys = same_shard_keys(14);
+    explore_reaching(
+        "word table: spare reuse vs admission",
+        &["spare reused"],
+        move |seen| {
+            let table = Arc::new(evicting_table());
+            for &key in &keys[..4] {
+                assert!(admit_at(&table, key, 0));
+            }
+            let first = keys[0];
+            let admitter = {
+                let table = Arc::clone(&table);
+                thread::spawn(move || admit_at(&table, first, NOW))
+            };
+            // Keys that hold nothing (cost 0): fresh, so each replacement evicts them and the
+            // shard's tables stay one size, the size of its spare.
+            let rule = rule();
+            let evictor = At {
+                table: &table,
+                rule,
+                at: NOW,
+            };
+            let mut added = 4;
+            while spares_reused(table.store()) == 0 && added < keys.len() {
+                let key = keys[added];
+                table
+                    .decide(&key, &rule, || NOW, 0, &evictor, Check)
+                    .unwrap();
+                added += 1;
+            }
+            assert!(admitter.join().unwrap(), "a fresh key's first unit");
+            assert_eq!(held(&table, first), 1, "the admission, once");
+            if spares_reused(table.store()) > 0 {
+                seen.saw("spare reused");
+            }
         },
     );
 }
