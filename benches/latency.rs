@@ -1,4 +1,4 @@
-//! The latency mode of issue 16's traffic matrix: every check timed on its own, the tails of
+//! The latency mode of the traffic matrix: every check timed on its own, the tails of
 //! tollgate and governor side by side. criterion reports means, and a mean hides the one request
 //! in a thousand that pays for eviction or a table resize.
 //!
@@ -45,7 +45,7 @@ mod subjects;
 use regime::{ClockKind, Flood, KeyType, Regime, Row, Source, Tails, TrafficKey};
 use subjects::Retained;
 
-/// Issue 16's tails were measured with 8.4M checks a row.
+/// The tails in benches/README.md were measured with 8.4M checks a row.
 const DEFAULT_CHECKS: u64 = 8_400_000;
 
 /// Checks a row when run without `--bench` (by `cargo test --benches`): enough to see every

@@ -1,4 +1,4 @@
-//! The criterion group `redis` of issue 5: the Redis tier against one local `redis-server` that
+//! The criterion group `redis`: the Redis tier against one local `redis-server` that
 //! the bench starts on a free loopback port (and stops afterwards).
 //!
 //! ```text
@@ -14,7 +14,7 @@
 //!
 //! - `redis_degraded/*`: with Redis killed, a leased node's degraded check (`FailurePolicy::Local`)
 //!   next to an in-process `KeyedLimiter` check of the same rule and key type (GCRA 1000/s,
-//!   burst 1000, as issue 13 measured it), on 1 key and on 64 keys in turn; then both timed
+//!   burst 1000), on 1 key and on 64 keys in turn; then both timed
 //!   check by check, alternately, from 2 threads and from 16 tokio tasks on 2 workers, with
 //!   p50/p99 printed (`cargo bench --features redis --bench redis -- redis_degraded`).
 //!

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Tables, ratios and issue-4 targets from criterion's saved estimates.
+"""Tables, ratios and targets from criterion's saved estimates.
 
 After one run (`cargo bench --bench limiters`):
 
@@ -176,7 +176,7 @@ mops = 1000 / v if v else None
 targets.append(("`keyed_algos` sliding_log ≥ 5 M checks/s (L = 64)", fmt(mops, 2, " M/s"),
                 mark(mops, 5.0)))
 
-print("### Targets (issue 4)\n")
+print("### Targets\n")
 print("| target | measured | |")
 print("|---|---|---|")
 for t, v, m in targets:

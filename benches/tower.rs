@@ -1,6 +1,6 @@
-//! The tower layer's own cost per request (issue 12, "Bench", the criterion part): what
+//! The tower layer's own cost per request (the criterion part of its benches): what
 //! `RateLimitLayer` adds to a request on top of the service it wraps, against tower-governor
-//! (the peer issue 12 names) with the same quota and the same key.
+//! (the peer to compare against) with the same quota and the same key.
 //!
 //! ```text
 //! cargo bench --features axum,metrics --bench tower          # every row (about 1 minute)
@@ -41,7 +41,7 @@
 //! `metrics` facade's no-op recorder (none is installed).
 //!
 //! Figures and the goals (≤ 1 µs per request, faster than tower-governor, with and without
-//! metrics): `benches/README.md`, "tower layer (issue 12)".
+//! metrics): `benches/README.md`, "tower layer".
 
 use std::future::Future;
 use std::hint::black_box;

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The load test of the tower layer (issue 12): wrk against the example's router on loopback,
+# The load test of the tower layer: wrk against the example's router on loopback,
 # 10,000 client IPs in X-Forwarded-For from the trusted 127.0.0.1 (benches/load/xff.lua), for
 # four servers (examples/load_server.rs): no layer, the tollgate layer, the tollgate layer
 # without its rate-limit header fields, tower-governor.

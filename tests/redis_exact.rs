@@ -615,7 +615,7 @@ async fn evalsha_calls(conn: &mut ConnectionManager) -> u64 {
         .unwrap_or(0)
 }
 
-/// Coalescing (issue 13 item 3), differential: every check of a random trace is its own
+/// Coalescing, differential: every check of a random trace is its own
 /// concurrent task, spawned in trace order on one thread (so they arrive in that order), some
 /// at once and some after a few yields or a millisecond (so that checks also arrive while a
 /// lane's calls return and hand the lane on); the checks share script calls while others are

@@ -175,7 +175,7 @@ fn p99(mut latencies: Vec<Duration>) -> Duration {
     latencies[(latencies.len() * 99).div_ceil(100) - 1]
 }
 
-/// The issue's outage checks: samples started during the outage have p99 ≤ timeout + 5 ms, and
+/// The outage checks: samples started during the outage have p99 ≤ timeout + 5 ms, and
 /// the first degraded sample came within the timeout (plus scheduling slack) of the fault.
 fn check_outage(samples: &[Sample], fault: Instant, healed: Instant, what: &str) -> Duration {
     let during: Vec<&Sample> = samples
@@ -579,7 +579,7 @@ fn a_charge_is_never_denied_and_may_pass_the_limit() {
 }
 
 // ---------------------------------------------------------------------------------------------
-// The leased tier's takeover (issue 13): degraded checks go straight to the local share, which
+// The leased tier's takeover: degraded checks go straight to the local share, which
 // starts each key from what the node last knew; reconciliation charges each unit once.
 
 use tollgate::redis::{LeaseConfig, LeasedLimiter};

@@ -1,10 +1,10 @@
-//! The criterion benches of issue 4: tollgate against governor 0.10 and against floors, in one
+//! The criterion benches: tollgate against governor 0.10 and against floors, in one
 //! harness. Each module exposes its groups as functions.
 //!
 //! ```text
 //! cargo bench --bench limiters                        # everything (about 15 minutes)
 //! cargo bench --bench limiters -- keyed_gcra/         # one group
-//! cargo bench --bench limiters -- traffic/            # issue 16's matrix (about 7 minutes)
+//! cargo bench --bench limiters -- traffic/            # the traffic matrix (about 7 minutes)
 //! cargo bench --bench limiters -- 'keyed_gcra/tollgate/100k'
 //! ```
 //! See `benches/README.md` for the figures and what every row measures.

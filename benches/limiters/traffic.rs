@@ -1,10 +1,10 @@
-//! `traffic`: issue 16's workload matrix, tollgate against governor 0.10 like for like on the
+//! `traffic`: the workload matrix, tollgate against governor 0.10 like for like on the
 //! traffic servers see, through both libraries' public APIs only.
 //!
 //! The rows (regime, key type, key count, distribution, threads, clock) are
 //! `regime::matrix()`, shared with the latency bench and `tollgate bench --regime`: one axis
 //! at a time around the base row `returning/u64/100k/uniform/1t/precise`, plus the rows of the
-//! issue's tables. IDs: `traffic/{regime}/{key}/{keys}/{distribution}/{threads}t/{clock}/{subject}`,
+//! benchmark tables. IDs: `traffic/{regime}/{key}/{keys}/{distribution}/{threads}t/{clock}/{subject}`,
 //! e.g. `traffic/returning/u64/100k/uniform/1t/precise/tollgate`; the one-key row is
 //! `traffic/direct/precise/{subject}`.
 //!

@@ -401,7 +401,7 @@ pub(crate) fn problem(status: StatusCode, detail: &str, retry_after: Option<u64>
 
 /// An RFC 9457 problem document whose detail `write_detail` writes, already escaped (about
 /// `detail_len` bytes). Written piece by piece, not with `core::fmt`: a denial's cost is
-/// mostly its body (benches/README.md, session 16).
+/// mostly its body (benches/README.md).
 fn problem_with(
     status: StatusCode,
     retry_after: Option<u64>,

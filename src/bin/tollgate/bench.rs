@@ -7,7 +7,7 @@
 //! keyed check can beat: one clock read and one compare-and-swap on the key's own word, found
 //! by plain indexing (no hashing, no map).
 //!
-//! With `--regime`, it runs one row of issue 16's traffic matrix instead, on tollgate alone
+//! With `--regime`, it runs one row of the traffic matrix instead, on tollgate alone
 //! (the benches add governor): the same quotas, key types, key sets and sequences as
 //! `cargo bench --bench limiters -- traffic` and `cargo bench --bench latency`, all from
 //! `regime.rs`. It prints ns per check and, with `--latency`, the tails of every check timed

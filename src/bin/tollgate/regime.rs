@@ -1,4 +1,4 @@
-//! The traffic regimes of issue 16, written once for three programs: the criterion group
+//! The traffic regimes, written once for three programs: the criterion group
 //! `traffic` (`benches/limiters/traffic.rs`), the latency bench (`benches/latency.rs`) and
 //! `tollgate bench --regime` (this binary). Each includes this file with `#[path]`, so a row
 //! means the same quota, the same keys and the same key sequence wherever it is measured.
@@ -325,8 +325,8 @@ impl Row {
 }
 
 /// The rows of the `traffic` matrix (and of the latency bench), without the direct row: one
-/// axis at a time around [`BASE`], then the rows of issue 16's tables, then two more that
-/// the issue's second machine reported (warm `String`, Zipf with two threads).
+/// axis at a time around [`BASE`], then the rows of the benchmark tables, then two more that
+/// a second machine reported (warm `String`, Zipf with two threads).
 pub fn matrix() -> Vec<Row> {
     use Regime::*;
     let k1 = 1_000;
@@ -345,7 +345,7 @@ pub fn matrix() -> Vec<Row> {
         BASE.with(|r| r.distribution = Distribution::ZIPF1),
         BASE.with(|r| r.threads = 2),
         BASE.with(|r| r.clock = ClockKind::Coarse),
-        // The issue's tables (warm 100k, deny 100k, returning coarse, returning 2t 100k and
+        // The benchmark tables' rows (warm 100k, deny 100k, returning coarse, returning 2t 100k and
         // flood are above).
         BASE.with(|r| (r.regime, r.keys) = (Warm, k1)),
         BASE.with(|r| (r.keys, r.threads) = (m1, 2)),
@@ -729,7 +729,7 @@ fn timer() -> &'static quanta::Clock {
     CLOCK.get_or_init(quanta::Clock::new)
 }
 
-/// A latency above this is counted apart (issue 16's "checks over 10 µs").
+/// A latency above this is counted apart (the latency table's "checks over 10 µs").
 pub const SLOW_NS: u64 = 10_000;
 
 /// Every check of a run, timed on its own.
