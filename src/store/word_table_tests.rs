@@ -842,3 +842,57 @@ fn no_call_at_max_keys_does_more_than_its_bound() {
     assert!(limiter.len() <= 20_000);
     assert!(most > MOST_VISITED, "the hand ran ({most} slots at most)");
 }
+
+/// Evictions an interrupted call had taken from their shards are put back for a later call
+/// to report (`Taken`): the eviction hand runs over shards whose drains clone keys that panic
+/// every few clones, and every eviction is reported exactly once in the end.
+#[test]
+fn evictions_taken_by_an_interrupted_hand_are_reported_later() {
+    quiet_planted_panics();
+    let mut store: WordTable<Touchy, foldhash::fast::FixedState> =
+        WordTable::new(MARKS, foldhash::fast::FixedState::with_seed(7));
+    store.set_evict_above(64);
+    // Even keys fresh (state 0), odd ones holding state, all kept: the inserts judge nothing.
+    // They stop while many shards still drain a replaced table, for the hand to drain: it
+    // evicts the fresh keys and moves the others (clones, some of which panic).
+    let mut keys = 0;
+    while keys < 100_000 && (keys < 2_000 || store.draining() < 24) {
+        inserting(
+            &store,
+            &Touchy::new(keys),
+            |cell| add(cell, keys % 2),
+            &KEEP_ALL,
+        );
+        keys += 1;
+    }
+    assert!(store.draining() >= 24, "drains left running for the hand");
+    let mut reported = 0;
+    let mut interrupted = 0;
+    PANICS.with(|p| p.set(Some((Call::Clone, 5))));
+    for _ in 0..200 {
+        let step = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            store.evict_some(&EVICT_ZERO, 32)
+        }));
+        match step {
+            Ok(evicted) => reported += evicted,
+            Err(_) => interrupted += 1,
+        }
+    }
+    PANICS.with(|p| p.set(None));
+    // The rest, without panics, until the hand finds nothing more.
+    loop {
+        let evicted = store.evict_some(&EVICT_ZERO, 1 << 20);
+        reported += evicted;
+        if evicted == 0 && store.draining() == 0 {
+            break;
+        }
+    }
+    assert!(interrupted > 0, "no hand step was interrupted");
+    store.audit();
+    assert_eq!(
+        store.len() as u64,
+        keys / 2,
+        "every fresh key evicted, the others kept"
+    );
+    assert_eq!(reported as u64, keys - keys / 2, "evictions reported");
+}
