@@ -1754,8 +1754,8 @@ impl<K: Send + Sync, H, C: TableCell> WordTable<K, H, C> {
     }
 
     /// Checks each shard's counts against its tables (for tests, with no call running): `used`
-    /// is the keys set in its table, each drain's `left` the live keys it has not visited, and
-    /// `live` those of the table and of the drains. Panics on a mismatch, naming the shard.
+    /// is the keys set in its table, within its fill bound; each drain's `left` the live keys it
+    /// has not visited; and `live` those of the table and of the drains. Panics on a mismatch, naming the shard.
     #[allow(dead_code)] // read by the unit tests in `word_table_tests.rs`
     pub(crate) fn audit(&self) {
         let retired = self.retired;
@@ -1770,6 +1770,8 @@ impl<K: Send + Sync, H, C: TableCell> WordTable<K, H, C> {
                 }
             }
             assert_eq!(shard.used, tagged, "shard {index}: used");
+            let len = shard.table.len();
+            assert!(!over_full(shard.used, len), "shard {index}: {tagged} keys in {len} slots");
             for (d, drain) in shard.drains.iter().enumerate() {
                 let mut set = TagWords::new(&drain.from.tags);
                 let unvisited = (drain.next..drain.from.len())
