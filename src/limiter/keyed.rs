@@ -753,6 +753,27 @@ mod count_tests {
     use crate::clock::ManualClock;
     use crate::{Gcra, Quota};
 
+    /// A new quota is in force for every key from the next call: held keys keep their state
+    /// (the window counters' counts), and the new limit decides.
+    #[test]
+    fn set_quota_takes_effect_at_once() {
+        use crate::FixedWindow;
+        let clock = ManualClock::new();
+        let per_minute = |n| FixedWindow::new(Quota::per_minute(n).unwrap()).unwrap();
+        let limiter = KeyedLimiter::<u64, _, _>::with_clock(per_minute(2), clock).unwrap();
+        assert!(limiter.check_n(&1, 2).unwrap().allowed());
+        assert!(!limiter.check(&1).unwrap().allowed());
+        limiter.set_quota(per_minute(5)).unwrap();
+        assert_eq!(limiter.rule().limit(), 5);
+        let decision = limiter.check_n(&1, 3).unwrap();
+        assert!(decision.allowed(), "the 2 units spent count, 3 more fit");
+        assert_eq!(decision.remaining(), 0);
+        limiter.set_quota(per_minute(1)).unwrap();
+        assert!(!limiter.check(&1).unwrap().allowed(), "5 spent, 1 allowed");
+        assert!(limiter.check(&2).unwrap().allowed());
+        assert!(!limiter.check(&2).unwrap().allowed(), "a new key gets 1");
+    }
+
     #[test]
     fn key_count_matches_the_store_through_sweeps() {
         let clock = ManualClock::new();
