@@ -752,6 +752,48 @@ mod count_tests {
     use super::*;
     use crate::clock::ManualClock;
     use crate::{Gcra, Quota};
+    use std::time::Duration;
+
+    /// A clock of a given resolution (ns), frozen at 1 s.
+    #[derive(Debug, Clone, Copy)]
+    struct Ticks(Nanos);
+
+    impl Clock for Ticks {
+        fn now(&self) -> Nanos {
+            1_000_000_000
+        }
+        fn resolution(&self) -> Nanos {
+            self.0
+        }
+    }
+
+    /// A clock must resolve at least 10 steps a period (`T` or `W`): a 1 ms clock serves a
+    /// 10 ms period and not a 9 ms one, at build time and at `set_quota`; a 1 ns clock serves
+    /// any.
+    #[test]
+    fn a_clock_too_coarse_for_the_period_is_refused() {
+        use crate::{FixedWindow, QuotaError};
+        let every = |ms| Gcra::new(Quota::new(1, Duration::from_millis(ms)).unwrap()).unwrap();
+        let built = |ms, clock| KeyedLimiter::<u64, _, _>::with_clock(every(ms), clock);
+        assert!(built(10, Ticks(1_000_000)).is_ok());
+        assert!(matches!(
+            built(9, Ticks(1_000_000)),
+            Err(QuotaError::ClockTooCoarse {
+                resolution_nanos: 1_000_000,
+                period_nanos: 9_000_000
+            })
+        ));
+        assert!(built(1, Ticks(1)).is_ok());
+        assert!(built(1, Ticks(0)).is_ok());
+        // Even a period under 10 ns: time itself is counted in nanoseconds.
+        let fast = Gcra::new(Quota::new(1, Duration::from_nanos(5)).unwrap()).unwrap();
+        assert!(KeyedLimiter::<u64, _, _>::with_clock(fast, Ticks(1)).is_ok());
+        let limiter = built(10, Ticks(1_000_000)).unwrap();
+        assert!(limiter.set_quota(every(9)).is_err());
+        assert!(limiter.set_quota(every(20)).is_ok());
+        let window = FixedWindow::new(Quota::new(5, Duration::from_millis(9)).unwrap()).unwrap();
+        assert!(KeyedLimiter::<u64, _, _>::with_clock(window, Ticks(1_000_000)).is_err());
+    }
 
     /// A new quota is in force for every key from the next call: held keys keep their state
     /// (the window counters' counts), and the new limit decides.
