@@ -1771,7 +1771,10 @@ impl<K: Send + Sync, H, C: TableCell> WordTable<K, H, C> {
             }
             assert_eq!(shard.used, tagged, "shard {index}: used");
             let len = shard.table.len();
-            assert!(!over_full(shard.used, len), "shard {index}: {tagged} keys in {len} slots");
+            assert!(
+                !over_full(shard.used, len),
+                "shard {index}: {tagged} keys in {len} slots"
+            );
             for (d, drain) in shard.drains.iter().enumerate() {
                 let mut set = TagWords::new(&drain.from.tags);
                 let unvisited = (drain.next..drain.from.len())
