@@ -335,3 +335,40 @@ macro_rules! windowed_rule {
     };
 }
 pub(crate) use windowed_rule;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The horizon's figures for a rule anchored at `base`: the base moves up from window
+    /// `base + 2Q` on, a write at `base + 3Q` waits for it, and a state `Q` windows under the
+    /// base still reads as behind. With 23 index bits (the sliding window), `Q` is 2^21.
+    #[test]
+    fn the_horizon_is_a_quarter_of_the_indices() {
+        const Q: u64 = 1 << 21;
+        let ms = 1_000_000;
+        let rule = Windowed::<23> {
+            limit: 10,
+            grid: Grid::new(ms),
+            base: 0,
+        };
+        assert_eq!(rule.sweep_due(), 2 * Q * ms);
+        assert!(rule.writable(3 * Q - 1));
+        assert!(!rule.writable(3 * Q));
+        let later = Windowed::<23> {
+            base: 5 * Q,
+            ..rule
+        };
+        assert_eq!(later.sweep_due(), 7 * Q * ms);
+        let mask = (1 << 23) - 1;
+        assert_eq!(later.lag(5 * Q, (4 * Q) & mask), Lag::Behind(Q));
+        assert_eq!(later.lag(5 * Q, (5 * Q + 3) & mask), Lag::Ahead(3));
+        // A rule on its own is never swept.
+        let alone = Windowed::<23> {
+            base: UNANCHORED,
+            ..rule
+        };
+        assert_eq!(alone.sweep_due(), Nanos::MAX);
+        assert!(alone.writable(u64::MAX - 1));
+    }
+}

@@ -816,6 +816,35 @@ mod count_tests {
         assert!(!limiter.check(&2).unwrap().allowed(), "a new key gets 1");
     }
 
+    /// A new `W` starts its windows at the change (the current window's count carries on); an
+    /// unchanged `W` keeps the grid's alignment.
+    #[test]
+    fn a_new_window_starts_at_the_change_and_an_unchanged_one_keeps_its_grid() {
+        use crate::FixedWindow;
+        const MS: Nanos = 1_000_000;
+        let window = |ms| FixedWindow::new(Quota::new(1, Duration::from_millis(ms)).unwrap());
+        // (new W, still denied at, allowed again at), in ms; the change is at 1,500 ms.
+        for (to, denied, allowed) in [(700, 2_100, 2_200), (1_000, 1_900, 2_000)] {
+            let clock = ManualClock::new();
+            let limiter =
+                KeyedLimiter::<u64, _, _>::with_clock(window(1_000).unwrap(), clock.clone())
+                    .unwrap();
+            clock.set(1_500 * MS);
+            assert!(limiter.check(&1).unwrap().allowed());
+            limiter.set_quota(window(to).unwrap()).unwrap();
+            clock.set(denied * MS);
+            assert!(
+                !limiter.check(&1).unwrap().allowed(),
+                "W = {to} ms at {denied} ms"
+            );
+            clock.set(allowed * MS);
+            assert!(
+                limiter.check(&1).unwrap().allowed(),
+                "W = {to} ms at {allowed} ms"
+            );
+        }
+    }
+
     #[test]
     fn key_count_matches_the_store_through_sweeps() {
         let clock = ManualClock::new();

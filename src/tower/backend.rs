@@ -402,7 +402,6 @@ pub trait CheckBackend: Send + Sync + 'static {
     /// backend.check(&a)?;
     /// let shared = backend.check_n(&b, 2)?; // no room for "b": the shared state pays
     /// assert!(shared.allowed());
-    /// backend.evict_fresh(); // (nothing is fresh: "a" stays)
     /// CheckBackend::refund_decided(&backend, &b, 2, &shared);
     /// assert!(backend.check_n(&Key::from("c"), 2)?.allowed(), "the shared state got its units back");
     /// # Ok::<(), Box<dyn std::error::Error>>(())
@@ -566,6 +565,16 @@ fn info<A: Algorithm + RuleWindow>(rule: &A) -> QuotaInfo {
     }
 }
 
+/// Where `key` stands after a refund: the answer of [`CheckBackend::refund`].
+fn standing<A, C>(limiter: &KeyedLimiter<Key, A, C>, key: &Key) -> Option<Verdict>
+where
+    A: Algorithm,
+    C: Clock,
+{
+    let decision = limiter.peek(key, 0).ok()?;
+    Some(Verdict { decision, quota: 0 })
+}
+
 impl<A, C> CheckBackend for KeyedLimiter<Key, A, C>
 where
     A: Algorithm + RuleWindow,
@@ -602,14 +611,12 @@ where
 
     fn refund(&self, key: &Key, cost: u64) -> Option<Verdict> {
         KeyedLimiter::refund(self, key, cost);
-        let decision = self.peek(key, 0).ok()?;
-        Some(Verdict { decision, quota: 0 })
+        standing(self, key)
     }
 
     fn refund_decided(&self, key: &Key, cost: u64, decided: &Decision) -> Option<Verdict> {
         self.refund_decided(key, cost, decided);
-        let decision = self.peek(key, 0).ok()?;
-        Some(Verdict { decision, quota: 0 })
+        standing(self, key)
     }
 
     fn keys_held(&self) -> Option<usize> {
