@@ -5,9 +5,10 @@
 //! that is model-checked is the code that ships.
 
 pub(crate) use std::hint::spin_loop;
-pub(crate) use std::sync::atomic::{
-    fence, AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering,
-};
+/// The Redis tier's breaker counts failures in 32 bits.
+#[cfg(feature = "redis")]
+pub(crate) use std::sync::atomic::AtomicU32;
+pub(crate) use std::sync::atomic::{fence, AtomicBool, AtomicU64, AtomicUsize, Ordering};
 pub(crate) use std::sync::Arc;
 
 /// Whether this build is the loom model (`loom-tests`), where a retried step only multiplies

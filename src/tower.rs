@@ -302,6 +302,12 @@ impl RateLimitLayerBuilder {
     /// The proxies whose forwarding headers are believed (default: none, so client addresses
     /// are peer addresses). List every proxy between the internet and this server.
     ///
+    /// The header is read right to left from a trusted peer, and the first hop that is not a
+    /// trusted proxy is the client. A hop that is not an address (bytes a client wrote, that a
+    /// proxy passed on without appending the address it saw) leaves the client unknown: the
+    /// request has no key, and [`on_missing_key`](Self::on_missing_key) answers it, rather
+    /// than counting it as the proxy, or letting it through an allow-listed proxy network.
+    ///
     /// # Examples
     /// ```
     /// use tollgate::tower::{Key, Policy, RateLimitLayer};

@@ -508,6 +508,65 @@ async fn the_allow_list_bypasses_every_policy() {
     );
 }
 
+/// A GET with one header of any bytes (`\x80` is no `&str`).
+async fn get_raw(http: &Http, addr: SocketAddr, name: &str, value: &[u8]) -> StatusCode {
+    let request = Request::get(format!("http://{addr}/other"))
+        .header(
+            name,
+            http::HeaderValue::from_bytes(value).expect("a header value"),
+        )
+        .body(Full::new(Bytes::new()))
+        .expect("a request");
+    http.request(request)
+        .await
+        .expect("the server answers")
+        .status()
+}
+
+/// Behind a trusted proxy that passes the client's forwarding line on untouched, a malformed
+/// line leaves the client unknown (the missing-key fallback answers), even where the proxy's
+/// network is allow-listed; behind one that appends the address it saw, that hop is the key.
+#[tokio::test]
+async fn a_malformed_forwarding_header_never_passes_as_the_proxy() {
+    let cases: [(ProxyHeader, &str, [&[u8]; 2], &[u8]); 2] = [
+        (
+            ProxyHeader::XForwardedFor,
+            "x-forwarded-for",
+            [b"\x80", b"unknown"],
+            b"\x80, 203.0.113.7",
+        ),
+        (
+            ProxyHeader::Forwarded,
+            "forwarded",
+            [b"for=\"", b"for=\xff"],
+            b"for=\", for=203.0.113.7",
+        ),
+    ];
+    for (header, name, malformed, appended) in cases {
+        let clock = ManualClock::new();
+        let layer = one_per_client(&clock)
+            .trusted_proxies(["127.0.0.1".parse().unwrap()])
+            .proxy_header(header)
+            .allow_cidrs(["127.0.0.0/8".parse::<Cidr>().unwrap()])
+            .on_missing_key(Fallback::Reject(StatusCode::BAD_REQUEST))
+            .build()
+            .unwrap();
+        let addr = serve(app(layer)).await;
+        let http = client();
+        for value in malformed.iter().chain(&malformed) {
+            let status = get_raw(&http, addr, name, value).await;
+            assert_eq!(status, StatusCode::BAD_REQUEST, "{name}: {value:?}");
+        }
+        // The proxy's own requests (no header) are allow-listed.
+        let own = get_with(&http, addr, "/other", &[]).await;
+        assert_eq!(own.status, StatusCode::OK);
+        // An appended hop keys the client, whatever it wrote before it.
+        assert_eq!(get_raw(&http, addr, name, appended).await, StatusCode::OK);
+        let again = get_raw(&http, addr, name, appended).await;
+        assert_eq!(again, StatusCode::TOO_MANY_REQUESTS, "{name}: {appended:?}");
+    }
+}
+
 #[tokio::test]
 async fn clones_and_routers_share_state() {
     let clock = ManualClock::new();

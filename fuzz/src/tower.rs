@@ -2,9 +2,11 @@
 //! default; of the main crate when `tests/fuzz_corpus.rs` replays the corpus):
 //!
 //! - `client_ip`: arbitrary forwarding headers (`X-Forwarded-For`, `Forwarded`, several lines,
-//!   any bytes) from an arbitrary peer, trusted or not, through a real layer: never a panic,
-//!   always an IP key, and a peer outside the trusted networks is its own key whatever the
-//!   headers say.
+//!   any bytes) from an arbitrary peer, trusted or not, through a real layer: never a panic;
+//!   an IP key, or (from a trusted peer only) a missing one; a peer outside the trusted
+//!   networks is its own key whatever the headers say; and when a trusted peer appended a
+//!   valid untrusted hop (as nginx's `$proxy_add_x_forwarded_for` does), that hop is the key,
+//!   whatever bytes came before it.
 //! - `config`: arbitrary text as a TOML layer configuration: parsed, built on a `ManualClock`
 //!   and asked one request; an error or an answer, never a panic.
 
@@ -96,6 +98,9 @@ pub struct Forwarding {
     ipv6_prefix: u8,
     /// Header lines: (which header, bytes).
     lines: Vec<(bool, Vec<u8>)>,
+    /// A hop the peer appends to the header it is read by: (IPv6?, address, on a line of its
+    /// own?).
+    appended: Option<(bool, [u8; 16], bool)>,
 }
 
 fn ip(v6: bool, bytes: [u8; 16]) -> IpAddr {
@@ -154,34 +159,75 @@ pub fn client_ip(data: &[u8]) {
         return;
     };
     let peer = ip(input.peer_v6, input.peer);
-    let mut request = Request::new(());
-    for (xff, bytes) in &input.lines {
-        if let Ok(value) = HeaderValue::from_bytes(bytes) {
+    let mut lines: Vec<(&str, Vec<u8>)> = input
+        .lines
+        .iter()
+        .filter(|(_, bytes)| HeaderValue::from_bytes(bytes).is_ok())
+        .map(|(xff, bytes)| {
             let name = if *xff { "x-forwarded-for" } else { "forwarded" };
-            request.headers_mut().append(name, value);
+            (name, bytes.clone())
+        })
+        .collect();
+    let read = if input.forwarded {
+        "forwarded"
+    } else {
+        "x-forwarded-for"
+    };
+    let appended = input.appended.map(|(v6, bytes, own_line)| {
+        let hop = ip(v6, bytes);
+        let text = match (hop, input.forwarded) {
+            (IpAddr::V6(v6), true) => format!("for=\"[{v6}]\""),
+            (hop, true) => format!("for={hop}"),
+            (hop, false) => hop.to_string(),
+        };
+        match lines.iter_mut().rev().find(|(name, _)| *name == read) {
+            Some((_, line)) if !own_line => line.extend_from_slice(format!(", {text}").as_bytes()),
+            _ => lines.push((read, text.into_bytes())),
         }
+        hop.to_canonical()
+    });
+    let mut request = Request::new(());
+    for (name, bytes) in &lines {
+        let value = HeaderValue::from_bytes(bytes).expect("checked above, and a hop is ASCII");
+        request.headers_mut().append(*name, value);
     }
     request.extensions_mut().insert(SocketAddr::new(peer, 1));
     let mut svc = layer.layer(Ok200);
     let response = poll_once(svc.call(request))
         .expect("an in-process layer answers at once")
         .expect("infallible");
-    assert_eq!(response.status(), http::StatusCode::OK);
     let keys = keys.lock().expect("not poisoned");
-    assert_eq!(keys.len(), 1, "one check per request");
-    let Key::Ip(key) = keys[0] else {
-        panic!("a client key is an IP: {:?}", keys[0]);
-    };
     let peer = peer.to_canonical();
-    if !trusted.iter().any(|net| net.contains(peer)) {
-        // An untrusted peer is its own key (grouped), whatever it claims.
-        let grouped = match peer {
-            IpAddr::V4(_) => peer,
-            IpAddr::V6(_) => Cidr::new(peer, input.ipv6_prefix)
-                .expect("a valid prefix")
-                .addr(),
-        };
-        assert_eq!(key, grouped, "an untrusted peer chose its key");
+    let trusted_ip = |ip: IpAddr| trusted.iter().any(|net| net.contains(ip));
+    let group = |ip: IpAddr| match ip {
+        IpAddr::V4(_) => ip,
+        IpAddr::V6(_) => Cidr::new(ip, input.ipv6_prefix)
+            .expect("a valid prefix")
+            .addr(),
+    };
+    let Some(key) = keys.first() else {
+        // No key: the default missing-key answer, and only behind a trusted peer.
+        assert_eq!(response.status(), http::StatusCode::INTERNAL_SERVER_ERROR);
+        assert!(trusted_ip(peer), "an untrusted peer is always its own key");
+        assert!(
+            appended.is_none_or(trusted_ip),
+            "an appended untrusted hop left the client unknown"
+        );
+        return;
+    };
+    assert_eq!(response.status(), http::StatusCode::OK);
+    assert_eq!(keys.len(), 1, "one check per request");
+    let Key::Ip(key) = *key else {
+        panic!("a client key is an IP: {key:?}");
+    };
+    if !trusted_ip(peer) {
+        assert_eq!(key, group(peer), "an untrusted peer chose its key");
+    } else if let Some(hop) = appended.filter(|&hop| !trusted_ip(hop)) {
+        assert_eq!(
+            key,
+            group(hop),
+            "bytes before the appended hop chose the key"
+        );
     }
 }
 

@@ -9,7 +9,6 @@ use http::request::Parts;
 use http::HeaderMap;
 
 use super::cidr::{mask, Cidr};
-use super::response::is_visible_ascii;
 
 /// The de facto proxy header, by a name built once (a `&str` name is parsed on every lookup).
 static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
@@ -421,14 +420,15 @@ impl<'a> Addrs<'a> {
         self.peer.flatten()
     }
 
-    /// The client address (see [`client_ip`]).
+    /// The client address (see [`client_ip`]): `None` without a peer address, or when the
+    /// forwarding header leaves the client unknown.
     pub(crate) fn client(&mut self, parts: &Parts) -> Option<IpAddr> {
         if let Some(client) = self.client {
             return client;
         }
         let client = self
             .peer()
-            .map(|peer| client_ip(peer, &parts.headers, self.config));
+            .and_then(|peer| client_ip(peer, &parts.headers, self.config));
         self.client = Some(client);
         client
     }
@@ -456,72 +456,74 @@ pub(crate) fn peer_addr(parts: &Parts) -> Option<IpAddr> {
 }
 
 /// The client address of a request from `peer`: `peer` itself unless it is a trusted proxy;
-/// then the forwarding header is read right to left, and each hop taken while the hop before
-/// it was trusted. The walk stops at the first untrusted hop (the client), at a hop that is
-/// not an address (`unknown`, an obfuscated name, garbage), or at the header's start: the
-/// client is then the last address reached.
+/// then the forwarding header is read right to left, hop by hop, and each hop taken while the
+/// hop to its right was trusted: the first untrusted hop is the client. Only trusted hops up
+/// to the header's start: the leftmost one (a request from inside the trusted networks).
+/// Empty list elements are skipped (RFC 9110 §5.6.1).
+///
+/// A hop that is not an address (`unknown`, an obfuscated name, bytes that are not ASCII, an
+/// unclosed quote), reached while every hop to its right is trusted, leaves the client
+/// unknown: `None`, never the trusted address reached so far. Only a client can have written
+/// such a hop, and its bytes must not key it as the proxy (which would put it in the proxy's
+/// own bucket, or in an allow-listed network). A proxy that appends the address it saw
+/// (nginx's `$proxy_add_x_forwarded_for`, `Forwarded: for=…`) puts a valid hop right of
+/// anything the client wrote, so such a client is keyed by that hop.
 ///
 /// A peer outside the trusted list has its forwarding headers ignored entirely, so a client
 /// cannot choose its own key.
-pub(crate) fn client_ip(peer: IpAddr, headers: &HeaderMap, config: &AddrConfig) -> IpAddr {
+pub(crate) fn client_ip(peer: IpAddr, headers: &HeaderMap, config: &AddrConfig) -> Option<IpAddr> {
     let trusted = |ip: IpAddr| config.trusted.iter().any(|net| net.contains(ip));
     let mut client = peer.to_canonical();
     if !trusted(client) {
-        return client;
+        return Some(client);
     }
-    match config.header {
-        ProxyHeader::XForwardedFor => {
-            // Later header lines were appended later: walk the lines backwards, and each line's
-            // comma-separated hops backwards.
-            for line in headers.get_all(&X_FORWARDED_FOR).iter().rev() {
-                // Bytes, not `to_str` and `rsplit`: a line is a hop or two, and the generic
-                // searches cost more than the walk. A line is read only if it is all visible
-                // ASCII (what `to_str` lets through), so an ASCII trim is the whole trim.
-                let line = line.as_bytes();
-                if !is_visible_ascii(line) {
-                    return client;
-                }
-                let mut rest = Some(line);
-                while let Some(hops) = rest {
-                    let hop = match hops.iter().rposition(|&b| b == b',') {
-                        Some(comma) => {
-                            rest = Some(&hops[..comma]);
-                            &hops[comma + 1..]
-                        }
-                        None => {
-                            rest = None;
-                            hops
-                        }
-                    };
-                    match parse_node(hop.trim_ascii()) {
-                        Some(ip) => client = ip,
-                        None => return client,
-                    }
-                    if !trusted(client) {
-                        return client;
-                    }
-                }
+    let name = match config.header {
+        ProxyHeader::XForwardedFor => &X_FORWARDED_FOR,
+        ProxyHeader::Forwarded => &FORWARDED,
+    };
+    // Later header lines were appended later: walk the lines backwards, and each line's hops
+    // backwards. Bytes, not `to_str`: bytes a client wrote left of a hop do not spoil the hop.
+    for line in headers.get_all(name).iter().rev() {
+        let mut rest = Some(line.as_bytes());
+        while let Some(hops) = rest {
+            let (left, hop) = match config.header {
+                ProxyHeader::XForwardedFor => last_element(hops, |_| false),
+                ProxyHeader::Forwarded => last_element(hops, |b| b == b'"'),
+            };
+            rest = left;
+            let hop = hop.trim_ascii();
+            if hop.is_empty() {
+                continue;
             }
-        }
-        ProxyHeader::Forwarded => {
-            for line in headers.get_all(FORWARDED).iter().rev() {
-                let Ok(line) = line.to_str() else {
-                    return client;
-                };
-                let elements = split_unquoted(line, ',');
-                for element in elements.iter().rev() {
-                    match forwarded_for(element).and_then(|node| parse_node(node.as_bytes())) {
-                        Some(ip) => client = ip,
-                        None => return client,
-                    }
-                    if !trusted(client) {
-                        return client;
-                    }
-                }
+            client = match config.header {
+                ProxyHeader::XForwardedFor => parse_node(hop),
+                ProxyHeader::Forwarded => std::str::from_utf8(hop)
+                    .ok()
+                    .and_then(forwarded_for)
+                    .and_then(|node| parse_node(node.as_bytes())),
+            }?;
+            if !trusted(client) {
+                return Some(client);
             }
         }
     }
-    client
+    Some(client)
+}
+
+/// The last element of a comma-separated list, and what lies left of its comma (`None` when
+/// it is the first). A comma between two bytes for which `quote` holds does not separate
+/// (`Forwarded` quotes values): quotes are counted from the right, so an unclosed quote that
+/// a client wrote never swallows an element appended after it.
+fn last_element(list: &[u8], quote: impl Fn(u8) -> bool) -> (Option<&[u8]>, &[u8]) {
+    let mut quoted = false;
+    for (i, &b) in list.iter().enumerate().rev() {
+        if quote(b) {
+            quoted = !quoted;
+        } else if b == b',' && !quoted {
+            return (Some(&list[..i]), &list[i + 1..]);
+        }
+    }
+    (None, list)
 }
 
 /// The `for` parameter of one RFC 7239 forwarded-element, unquoted (escapes removed only if
@@ -624,29 +626,26 @@ mod tests {
     use super::*;
     use http::Request;
 
-    /// The `X-Forwarded-For` walk as it was first written, on `str`s (`to_str`, `rsplit`,
-    /// `trim`): the byte walk of [`client_ip`] must agree with it on every header.
-    fn client_ip_on_strs(peer: IpAddr, headers: &HeaderMap, config: &AddrConfig) -> IpAddr {
+    /// The `X-Forwarded-For` walk on `str`s (lossy UTF-8, `rsplit`, `trim`): the byte walk of
+    /// [`client_ip`] must agree with it on every header.
+    fn client_ip_on_strs(peer: IpAddr, headers: &HeaderMap, config: &AddrConfig) -> Option<IpAddr> {
         let trusted = |ip: IpAddr| config.trusted.iter().any(|net| net.contains(ip));
         let mut client = peer.to_canonical();
         if !trusted(client) {
-            return client;
+            return Some(client);
         }
         for line in headers.get_all(&X_FORWARDED_FOR).iter().rev() {
-            let Ok(line) = line.to_str() else {
-                return client;
-            };
-            for hop in line.rsplit(',') {
-                match parse_node(hop.trim_ascii().as_bytes()) {
-                    Some(ip) => client = ip,
-                    None => return client,
-                }
-                if !trusted(client) {
-                    return client;
+            let line = String::from_utf8_lossy(line.as_bytes());
+            for hop in line.rsplit(',').map(str::trim_ascii) {
+                if !hop.is_empty() {
+                    client = parse_node(hop.as_bytes())?;
+                    if !trusted(client) {
+                        return Some(client);
+                    }
                 }
             }
         }
-        client
+        Some(client)
     }
 
     #[test]
@@ -788,7 +787,7 @@ mod tests {
         map
     }
 
-    fn xff(peer: &str, trusted: &[&str], lines: &[&str]) -> IpAddr {
+    fn xff(peer: &str, trusted: &[&str], lines: &[&str]) -> Option<IpAddr> {
         let lines: Vec<&[u8]> = lines.iter().map(|l| l.as_bytes()).collect();
         client_ip(
             ip(peer),
@@ -797,7 +796,7 @@ mod tests {
         )
     }
 
-    fn fwd(peer: &str, trusted: &[&str], lines: &[&str]) -> IpAddr {
+    fn fwd(peer: &str, trusted: &[&str], lines: &[&str]) -> Option<IpAddr> {
         let lines: Vec<&[u8]> = lines.iter().map(|l| l.as_bytes()).collect();
         client_ip(
             ip(peer),
@@ -808,14 +807,17 @@ mod tests {
 
     #[test]
     fn an_untrusted_peer_is_the_client_whatever_it_claims() {
-        assert_eq!(xff("198.51.100.9", &[], &["1.1.1.1"]), ip("198.51.100.9"));
+        assert_eq!(
+            xff("198.51.100.9", &[], &["1.1.1.1"]),
+            Some(ip("198.51.100.9"))
+        );
         assert_eq!(
             xff("198.51.100.9", &["10.0.0.0/8"], &["1.1.1.1, 10.0.0.2"]),
-            ip("198.51.100.9")
+            Some(ip("198.51.100.9"))
         );
         assert_eq!(
             fwd("198.51.100.9", &["10.0.0.0/8"], &["for=1.1.1.1"]),
-            ip("198.51.100.9")
+            Some(ip("198.51.100.9"))
         );
     }
 
@@ -825,7 +827,7 @@ mod tests {
         // The client put a fake address first; proxies appended the real client and themselves.
         assert_eq!(
             xff("127.0.0.1", &trusted, &["6.6.6.6, 203.0.113.7, 10.0.0.2"]),
-            ip("203.0.113.7")
+            Some(ip("203.0.113.7"))
         );
         // Several header lines, later lines appended later.
         assert_eq!(
@@ -834,44 +836,84 @@ mod tests {
                 &trusted,
                 &["6.6.6.6, 203.0.113.7", "10.0.0.3, 10.0.0.2"]
             ),
-            ip("203.0.113.7")
+            Some(ip("203.0.113.7"))
         );
         // Only trusted hops: the leftmost one reached.
         assert_eq!(
             xff("127.0.0.1", &trusted, &["10.0.0.3,10.0.0.2"]),
-            ip("10.0.0.3")
+            Some(ip("10.0.0.3"))
         );
         // No header: the peer.
-        assert_eq!(xff("127.0.0.1", &trusted, &[]), ip("127.0.0.1"));
+        assert_eq!(xff("127.0.0.1", &trusted, &[]), Some(ip("127.0.0.1")));
         // Ports and brackets.
         assert_eq!(
             xff("127.0.0.1", &trusted, &["[2001:db8::1]:443"]),
-            ip("2001:db8::1")
+            Some(ip("2001:db8::1"))
         );
         assert_eq!(
             xff("127.0.0.1", &trusted, &["203.0.113.7:8080"]),
-            ip("203.0.113.7")
+            Some(ip("203.0.113.7"))
         );
         // A mapped peer is its IPv4 address.
         assert_eq!(
             xff("::ffff:127.0.0.1", &trusted, &["203.0.113.7"]),
-            ip("203.0.113.7")
+            Some(ip("203.0.113.7"))
         );
     }
 
+    /// A hop that is not an address, reached from a trusted one, leaves the client unknown:
+    /// never the trusted address reached before it. Empty elements are skipped.
     #[test]
-    fn an_unreadable_hop_stops_the_walk_at_the_last_address_reached() {
+    fn an_unreadable_hop_leaves_the_client_unknown() {
         let trusted = ["10.0.0.0/8"];
         assert_eq!(
             xff("10.0.0.1", &trusted, &["203.0.113.7, garbage, 10.0.0.2"]),
-            ip("10.0.0.2")
+            None
         );
-        assert_eq!(xff("10.0.0.1", &trusted, &[""]), ip("10.0.0.1"));
-        assert_eq!(xff("10.0.0.1", &trusted, &[",,,"]), ip("10.0.0.1"));
+        assert_eq!(xff("10.0.0.1", &trusted, &["unknown"]), None);
+        assert_eq!(xff("10.0.0.1", &trusted, &[""]), Some(ip("10.0.0.1")));
+        assert_eq!(xff("10.0.0.1", &trusted, &[",,,"]), Some(ip("10.0.0.1")));
+        assert_eq!(
+            xff("10.0.0.1", &trusted, &[" , 203.0.113.7,"]),
+            Some(ip("203.0.113.7"))
+        );
         assert_eq!(
             fwd("10.0.0.1", &trusted, &["for=unknown, for=10.0.0.2"]),
-            ip("10.0.0.2")
+            None
         );
+        assert_eq!(fwd("10.0.0.1", &trusted, &["for=_hidden"]), None);
+    }
+
+    /// What a client writes left of the hop its proxy appended never spoils that hop, and a
+    /// malformed line from a proxy that appends nothing never keys the client as the proxy.
+    #[test]
+    fn bytes_a_client_wrote_never_key_it_as_the_proxy() {
+        let trusted = ["10.0.0.0/8"];
+        let peer = ip("10.0.0.1");
+        let walk = |name: &str, header, lines: &[&[u8]]| {
+            client_ip(peer, &headers(name, lines), &config(&trusted, header))
+        };
+        let xff = |lines: &[&[u8]]| walk("x-forwarded-for", ProxyHeader::XForwardedFor, lines);
+        let fwd = |lines: &[&[u8]]| walk("forwarded", ProxyHeader::Forwarded, lines);
+        let client = Some(ip("203.0.113.7"));
+        // Appended by the proxy (`$proxy_add_x_forwarded_for`): the client's bytes, then its hop.
+        assert_eq!(xff(&[b"\x80, 203.0.113.7"]), client);
+        assert_eq!(xff(&[b"\xff\xfe, 10.0.0.2 , 203.0.113.7"]), client);
+        assert_eq!(xff(&[b"\x80", b"203.0.113.7"]), client);
+        assert_eq!(fwd(&[b"for=\"", b"for=203.0.113.7"]), client);
+        assert_eq!(fwd(&[b"for=\", for=203.0.113.7"]), client);
+        assert_eq!(fwd(&[b"for=\x80, for=203.0.113.7"]), client);
+        assert_eq!(
+            fwd(&[b"for=\"1.1.1.1, for=\"[2001:db8::7]:80\""]),
+            Some(ip("2001:db8::7"))
+        );
+        // Passed through untouched: the client is unknown, not the proxy.
+        assert_eq!(xff(&[b"\x80"]), None);
+        assert_eq!(xff(&[b"1.1.1.1, \xff\xfe"]), None);
+        assert_eq!(xff(&[b"10.0.0.2 junk"]), None);
+        assert_eq!(fwd(&[b"for=\""]), None);
+        assert_eq!(fwd(&[b"for=10.0.0.2, for=\""]), None);
+        assert_eq!(fwd(&[b"for=\xc3\xa9"]), None);
     }
 
     #[test]
@@ -885,38 +927,25 @@ mod tests {
                     r#"for=6.6.6.6, for="[2001:db8:cafe::17]:4711";proto=https;by=10.0.0.1, For=10.0.0.9"#
                 ]
             ),
-            ip("2001:db8:cafe::17")
+            Some(ip("2001:db8:cafe::17"))
         );
         assert_eq!(
             fwd("10.0.0.1", &trusted, &["proto=http;for=192.0.2.60;by=x"]),
-            ip("192.0.2.60")
+            Some(ip("192.0.2.60"))
         );
         // A comma inside quotes does not split elements; the quoted value is no address.
         assert_eq!(
             fwd("10.0.0.1", &trusted, &[r#"for="1.1.1.1, 2.2.2.2""#]),
-            ip("10.0.0.1")
+            None
         );
-        // An element without `for`, or with it twice, stops the walk.
+        // An element without `for`, or with it twice, is not an address.
         assert_eq!(
             fwd("10.0.0.1", &trusted, &["for=1.1.1.1, proto=http"]),
-            ip("10.0.0.1")
+            None
         );
         assert_eq!(
             fwd("10.0.0.1", &trusted, &["for=1.1.1.1;for=2.2.2.2"]),
-            ip("10.0.0.1")
-        );
-    }
-
-    #[test]
-    fn non_utf8_headers_stop_the_walk() {
-        let map = headers("x-forwarded-for", &[b"1.1.1.1, \xff\xfe"]);
-        assert_eq!(
-            client_ip(
-                ip("10.0.0.1"),
-                &map,
-                &config(&["10.0.0.0/8"], ProxyHeader::XForwardedFor)
-            ),
-            ip("10.0.0.1")
+            None
         );
     }
 
