@@ -121,6 +121,7 @@ mod cidr;
 #[cfg(feature = "serde")]
 pub mod config;
 mod key;
+mod path;
 mod policy;
 #[cfg(feature = "redis")]
 mod redis_backend;
@@ -131,6 +132,7 @@ mod tiers;
 pub use self::backend::{CheckBackend, CheckError, CheckFuture, QuotaInfo, RuleWindow, Verdict};
 pub use self::cidr::{Cidr, CidrError};
 pub use self::key::{Key, KeySource, ProxyHeader};
+pub use self::path::normalized_path;
 pub use self::policy::{Cost, Mode, Policy};
 #[cfg(feature = "redis")]
 pub use self::redis_backend::{redis_key, RedisBackend};
@@ -195,6 +197,10 @@ pub enum ConfigError {
         /// What the algorithm refused.
         error: crate::QuotaError,
     },
+    /// An allow-listed path (`allow_paths` of a configuration) must start with `/`: any other
+    /// can never match, or (empty) would match every path.
+    #[error("allow path {0:?} must start with `/`")]
+    AllowPath(String),
     /// A configured policy is incomplete or contradictory.
     #[error("policy {policy:?}: {problem}")]
     Policy {
@@ -382,12 +388,13 @@ impl RateLimitLayerBuilder {
     ///
     /// # Examples
     /// ```
-    /// use tollgate::tower::{Key, Policy, RateLimitLayer};
+    /// use tollgate::tower::{normalized_path, Key, Policy, RateLimitLayer};
     /// use tollgate::{Gcra, KeyedLimiter, Quota};
     /// let per_ip = KeyedLimiter::<Key, _>::new(Gcra::new(Quota::per_second(10)?)?);
     /// let layer = RateLimitLayer::builder()
     ///     .policy(Policy::new("api", per_ip))
-    ///     .allow_if(|req| req.uri.path() == "/health") // probes must never see a 429
+    ///     // Probes must never see a 429; compare normalised paths, as the policies do.
+    ///     .allow_if(|req| normalized_path(req.uri.path()) == "/health")
     ///     .build()?;
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
@@ -533,6 +540,12 @@ impl RateLimitLayerBuilder {
                 || !name.bytes().all(|b| (0x20..0x7f).contains(&b))
             {
                 return Err(ConfigError::PolicyName(name.to_string()));
+            }
+            if let Some(problem) = policy.path_problem() {
+                return Err(ConfigError::Policy {
+                    policy: name.to_string(),
+                    problem,
+                });
             }
             if policy.refund.is_some() && !policy.backend.can_refund() {
                 return Err(ConfigError::Policy {
@@ -804,7 +817,8 @@ enum Plan {
 impl Shared {
     fn plan(&self, parts: &Parts) -> Plan {
         let last = self.policies.len();
-        let index = match self.policies.iter().position(|p| p.matches(parts)) {
+        let path = path::normalized_path(parts.uri.path());
+        let index = match (self.policies.iter()).position(|p| p.matches(&parts.method, &path)) {
             Some(i) if !(self.has_default && i + 1 == last) => i,
             _ if self.has_default => last - 1,
             _ => return Plan::Pass,
@@ -825,7 +839,7 @@ impl Shared {
         if self.allow_if.as_ref().is_some_and(|allow| allow(parts)) {
             return Plan::Pass;
         }
-        let Some(key) = policy.key.extract(parts, &mut addrs) else {
+        let Some(key) = policy.key.extract(parts, &path, &mut addrs) else {
             stats::record(policy, Outcome::NoKey);
             stats::trace_no_key(policy);
             return Plan::NoKey { policy: index };

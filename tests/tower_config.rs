@@ -268,6 +268,7 @@ fn bad_values_are_errors_that_name_them() {
         ),
         (policy("key = []"), "an empty composite key"),
         (policy("methods = [\"GE T\"]"), "GE T"),
+        (policy("head_as_get = \"no\""), "head_as_get"),
         (policy("burts = 3"), "unknown field `burts`"),
         (
             policy("tiers.pro = { quota = \"0/1s\" }"),
@@ -325,6 +326,27 @@ fn what_only_the_algorithm_or_the_layer_can_refuse_is_a_config_error() {
     assert!(e.to_string().contains("\"t/pro\""), "{e}");
     let e = build("[[policy]]\nname = \"\"\nquota = \"1/1s\"").unwrap_err();
     assert_eq!(e, ConfigError::PolicyName(String::new()));
+    // A path that is empty, or does not start with `/`, would match every path or none.
+    for (line, want) in [
+        ("path = \"\"", "path prefix \"\" must start with `/`"),
+        ("path = \"api\"", "path prefix \"api\" must start with `/`"),
+        (
+            "path_pattern = \"\"",
+            "path pattern \"\" must start with `/`",
+        ),
+        (
+            "cost_by_path = { \"\" = 2 }",
+            "cost_by_path \"\" must start with `/`",
+        ),
+    ] {
+        let e = build(&format!(
+            "[[policy]]\nname = \"p\"\nquota = \"1/1s\"\n{line}"
+        ))
+        .unwrap_err();
+        assert!(e.to_string().contains(want), "{line}: {e}");
+    }
+    let e = build("allow_paths = [\"/health\", \"\"]").unwrap_err();
+    assert_eq!(e, ConfigError::AllowPath(String::new()));
 }
 
 #[test]

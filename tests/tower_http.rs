@@ -528,7 +528,9 @@ async fn get_raw(http: &Http, addr: SocketAddr, name: &str, value: &[u8]) -> Sta
 /// network is allow-listed; behind one that appends the address it saw, that hop is the key.
 #[tokio::test]
 async fn a_malformed_forwarding_header_never_passes_as_the_proxy() {
-    let cases: [(ProxyHeader, &str, [&[u8]; 2], &[u8]); 2] = [
+    /// (header read, its name, two malformed lines, a malformed line with a hop appended)
+    type Case = (ProxyHeader, &'static str, [&'static [u8]; 2], &'static [u8]);
+    let cases: [Case; 2] = [
         (
             ProxyHeader::XForwardedFor,
             "x-forwarded-for",
@@ -565,6 +567,59 @@ async fn a_malformed_forwarding_header_never_passes_as_the_proxy() {
         let again = get_raw(&http, addr, name, appended).await;
         assert_eq!(again, StatusCode::TOO_MANY_REQUESTS, "{name}: {appended:?}");
     }
+}
+
+/// HEAD is limited with GET, and a path spelled another way (`//`, `.`, `..`, escapes) is
+/// limited as the path it names; an allow-listed path does not cover `/health/../api`.
+#[tokio::test]
+async fn matching_cannot_be_dodged_by_method_or_spelling() {
+    let clock = ManualClock::new();
+    let config: tollgate::tower::config::LayerConfig = toml::from_str(
+        r#"
+        allow_paths = ["/health"]
+        [[policy]]
+        name = "reads"
+        path = "/api"
+        methods = ["get"]
+        quota = "1/1h"
+        "#,
+    )
+    .unwrap();
+    let layer = config
+        .builder_with_clock(clock.clone())
+        .unwrap()
+        .build()
+        .unwrap();
+    let addr = serve(app(layer)).await;
+    let http = client();
+    let status = |method: Method, path: &'static str| {
+        let http = http.clone();
+        async move { send(&http, addr, method, path, &[]).await.status }
+    };
+    assert_eq!(status(Method::GET, "/api/a").await, StatusCode::OK);
+    for path in [
+        "/api/a",
+        "//api/a",
+        "/api//a",
+        "/./api/a",
+        "/other/../api/a",
+        "/health/../api/a",
+        "/api%2Fa",
+        "/%61pi/a",
+        "/api/x/../a",
+    ] {
+        assert_eq!(
+            status(Method::GET, path).await,
+            StatusCode::TOO_MANY_REQUESTS,
+            "{path}"
+        );
+    }
+    assert_eq!(
+        status(Method::HEAD, "/api/a").await,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    // Not a read: another method passes.
+    assert_eq!(status(Method::POST, "/api/a").await, StatusCode::OK);
 }
 
 #[tokio::test]

@@ -18,14 +18,16 @@
 //! proxy_header = "x-forwarded-for" # or "forwarded" (RFC 7239)
 //! ipv6_prefix = 56                 # IPv6 clients are keyed per /56 (default)
 //! allow_cidrs = ["192.0.2.0/24"]   # these clients bypass every policy
-//! allow_paths = ["/health"]        # these paths (whole segments) bypass every policy
+//! allow_paths = ["/health"]        # these paths (whole segments, normalised) bypass
+//!                                  # every policy
 //! on_missing_key = 400             # a status (4xx/5xx) or "allow"; default 500
 //! on_error = "allow"               # a status (4xx/5xx) or "allow"; default 503
 //!
 //! [[policy]]                       # the first policy that matches a request applies
 //! name = "api"
 //! path = "/api/"                   # a prefix of whole segments; or path_pattern = "/users/*/x"
-//! methods = ["GET", "POST"]        # default: every method
+//! methods = ["GET", "POST"]        # default: every method; HEAD goes with GET
+//!                                  # (head_as_get = false to leave it out)
 //! key = "client-ip"                # client-ip (default) | peer-ip | path
 //!                                  # | { header = "x-api-key" } | { constant = "all" }
 //!                                  # | a list of these (a composite key)
@@ -176,9 +178,13 @@ pub struct PolicyConfig {
     /// A path pattern (`*` one segment, a final `**` any rest).
     #[serde(default)]
     pub path_pattern: Option<String>,
-    /// The methods matched (default every method).
+    /// The methods matched (default every method); HEAD matches where GET does, unless
+    /// `head_as_get = false` (see [`Policy::head_as_get`]).
     #[serde(default)]
     pub methods: Option<Vec<MethodName>>,
+    /// Whether HEAD matches a policy that lists GET (default `true`).
+    #[serde(default = "default_true")]
+    pub head_as_get: bool,
     /// Where the key comes from (default the client IP).
     #[serde(default = "KeySource::client_ip")]
     pub key: KeySource,
@@ -248,17 +254,24 @@ fn default_algorithm() -> AlgorithmName {
     AlgorithmName::Gcra
 }
 
+fn default_true() -> bool {
+    true
+}
+
 fn default_cost() -> u64 {
     1
 }
 
-/// An HTTP method, parsed (`GET`, `POST`, or any valid token).
+/// An HTTP method, parsed: a standard one (`GET`, `POST`, ...) in any case, or any other
+/// valid token as written (an extension method such as `PURGE`; methods are case-sensitive,
+/// so `"get"` would otherwise be an extension method that no request uses).
 ///
 /// # Examples
 /// ```
 /// use tollgate::tower::config::MethodName;
-/// let m: Vec<MethodName> = serde_json::from_str(r#"["GET", "PURGE"]"#)?;
+/// let m: Vec<MethodName> = serde_json::from_str(r#"["GET", "post", "PURGE"]"#)?;
 /// assert_eq!(m[0].0, http::Method::GET);
+/// assert_eq!(m[1].0, http::Method::POST);
 /// assert!(serde_json::from_str::<MethodName>(r#""GE T""#).is_err());
 /// # Ok::<(), serde_json::Error>(())
 /// ```
@@ -477,14 +490,19 @@ impl LayerConfig {
             .proxy_header(self.proxy_header)
             .ipv6_prefix(self.ipv6_prefix)
             .allow_cidrs(self.allow_cidrs);
+        if let Some(path) = self.allow_paths.iter().find(|p| !p.starts_with('/')) {
+            return Err(ConfigError::AllowPath(path.clone()));
+        }
         if !self.allow_paths.is_empty() {
             let paths: Vec<PathMatch> = self
                 .allow_paths
                 .into_iter()
                 .map(PathMatch::Prefix)
                 .collect();
-            builder =
-                builder.allow_if(move |parts| paths.iter().any(|p| p.matches(parts.uri.path())));
+            builder = builder.allow_if(move |parts| {
+                let path = super::normalized_path(parts.uri.path());
+                paths.iter().any(|p| p.matches(&path))
+            });
         }
         if let Some(fallback) = self.on_missing_key {
             builder = builder.on_missing_key(fallback);
@@ -559,6 +577,7 @@ impl PolicyConfig {
         if let Some(methods) = &self.methods {
             policy = policy.methods(methods.iter().map(|m| m.0.clone()));
         }
+        policy = policy.head_as_get(self.head_as_get);
         if !self.refund.is_empty() {
             let statuses = self.refund.clone();
             policy = policy.refund_when(move |status| statuses.iter().any(|m| m.matches(status)));
@@ -572,11 +591,14 @@ impl PolicyConfig {
                 .collect();
             costs.sort_by_key(|c| std::cmp::Reverse(c.1));
             let default = self.cost;
+            if let Some((path, _)) = self.cost_by_path.iter().find(|(p, _)| !p.starts_with('/')) {
+                return Err(self.problem(&format!("cost_by_path {path:?} must start with `/`")));
+            }
             policy = policy.cost_fn(move |parts| {
-                let path = parts.uri.path();
+                let path = super::normalized_path(parts.uri.path());
                 costs
                     .iter()
-                    .find(|(prefix, _, _)| prefix.matches(path))
+                    .find(|(prefix, _, _)| prefix.matches(&path))
                     .map_or(default, |&(_, _, cost)| cost)
             });
         }
@@ -872,6 +894,23 @@ impl<'de> Deserialize<'de> for Cidr {
 impl<'de> Deserialize<'de> for MethodName {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         let text = String::deserialize(d)?;
+        let standard = [
+            Method::GET,
+            Method::HEAD,
+            Method::POST,
+            Method::PUT,
+            Method::DELETE,
+            Method::CONNECT,
+            Method::OPTIONS,
+            Method::TRACE,
+            Method::PATCH,
+        ];
+        if let Some(method) = standard
+            .iter()
+            .find(|m| m.as_str().eq_ignore_ascii_case(&text))
+        {
+            return Ok(MethodName(method.clone()));
+        }
         Method::from_bytes(text.as_bytes())
             .map(MethodName)
             .map_err(|_| de::Error::custom(format!("invalid HTTP method {text:?}")))

@@ -260,7 +260,8 @@ impl KeySource {
         }
     }
 
-    /// The request's path (without the query).
+    /// The request's path (without the query), normalised as policies match it (see
+    /// [`normalized_path`](super::normalized_path)): `//a/./b` and `/a/%62` are the key `/a/b`.
     ///
     /// # Examples
     /// ```
@@ -335,8 +336,8 @@ impl KeySource {
         KeySource(Source::Composite(parts.into_iter().collect()))
     }
 
-    /// The key of a request, or `None`.
-    pub(crate) fn extract(&self, parts: &Parts, addrs: &mut Addrs<'_>) -> Option<Key> {
+    /// The key of a request, or `None`; `path` is its normalised path.
+    pub(crate) fn extract(&self, parts: &Parts, path: &str, addrs: &mut Addrs<'_>) -> Option<Key> {
         match &self.0 {
             Source::PeerIp => addrs.peer().map(|ip| Key::Ip(addrs.group(ip))),
             Source::ClientIp => addrs.client(parts).map(|ip| Key::Ip(addrs.group(ip))),
@@ -350,12 +351,12 @@ impl KeySource {
                     Err(_) => Key::Bytes(value.into()),
                 })
             }
-            Source::Path => Some(Key::Text(parts.uri.path().into())),
+            Source::Path => Some(Key::Text(path.into())),
             Source::Constant(key) => Some(key.clone()),
             Source::Fn(f) => f(parts),
             Source::Composite(sources) => sources
                 .iter()
-                .map(|source| source.extract(parts, addrs))
+                .map(|source| source.extract(parts, path, addrs))
                 .collect::<Option<Box<[Key]>>>()
                 .map(Key::Composite),
         }
@@ -961,7 +962,13 @@ mod tests {
             .unwrap()
             .into_parts();
         let mut addrs = Addrs::new(&config).with_peer(Some(ip("2001:db8:1:2ff::1")));
-        let key = |source: KeySource, addrs: &mut Addrs<'_>| source.extract(&parts, addrs);
+        let key = |source: KeySource, addrs: &mut Addrs<'_>| {
+            source.extract(
+                &parts,
+                &crate::tower::normalized_path(parts.uri.path()),
+                addrs,
+            )
+        };
         assert_eq!(
             key(KeySource::client_ip(), &mut addrs),
             Some(Key::Ip(ip("2001:db8:1:200::")))

@@ -150,6 +150,8 @@ pub struct Policy {
     pub(crate) name: Arc<str>,
     path: PathMatch,
     methods: Option<Vec<Method>>,
+    /// Whether HEAD matches where GET does.
+    head_as_get: bool,
     pub(crate) backend: Arc<dyn CheckBackend>,
     pub(crate) key: KeySource,
     pub(crate) cost: Cost,
@@ -183,6 +185,7 @@ impl fmt::Debug for Policy {
             .field("name", &self.name)
             .field("path", &self.path)
             .field("methods", &self.methods)
+            .field("head_as_get", &self.head_as_get)
             .field("key", &self.key)
             .field("cost", &self.cost)
             .field("mode", &self.mode)
@@ -218,6 +221,7 @@ impl Policy {
             name,
             path: PathMatch::Any,
             methods: None,
+            head_as_get: true,
             backend: Arc::new(backend),
             key: KeySource::client_ip(),
             cost: Cost::Fixed(1),
@@ -262,7 +266,9 @@ impl Policy {
         self
     }
 
-    /// Matches only these methods (default: every method).
+    /// Matches only these methods (default: every method). HEAD matches where GET does (a
+    /// server answers HEAD with its GET handler, as axum does), unless
+    /// [`head_as_get`](Self::head_as_get) is off.
     ///
     /// # Examples
     /// ```
@@ -277,6 +283,26 @@ impl Policy {
     /// ```
     pub fn methods(mut self, methods: impl IntoIterator<Item = Method>) -> Self {
         self.methods = Some(methods.into_iter().collect());
+        self
+    }
+
+    /// Whether a HEAD request matches a policy whose [`methods`](Self::methods) list GET
+    /// (default `true`: HEAD runs the GET handler, so leaving it out would let a client run
+    /// that handler unlimited). Turn it off only if HEAD is served without that work.
+    ///
+    /// # Examples
+    /// ```
+    /// use http::Method;
+    /// use tollgate::tower::{Key, Policy};
+    /// use tollgate::{Gcra, KeyedLimiter, Quota};
+    /// // Reads, HEAD included; `.head_as_get(false)` would leave HEAD unlimited.
+    /// let reads = Policy::new("reads", KeyedLimiter::<Key, _>::new(Gcra::new(Quota::per_second(10)?)?))
+    ///     .methods([Method::GET]);
+    /// # let _ = reads;
+    /// # Ok::<(), tollgate::QuotaError>(())
+    /// ```
+    pub fn head_as_get(mut self, on: bool) -> Self {
+        self.head_as_get = on;
         self
     }
 
@@ -409,17 +435,45 @@ impl Policy {
         &self.backend
     }
 
-    pub(crate) fn matches(&self, parts: &Parts) -> bool {
-        self.methods
-            .as_ref()
-            .is_none_or(|methods| methods.contains(&parts.method))
-            && self.path.matches(parts.uri.path())
+    /// Whether the policy applies to a request of `method` on normalised `path`.
+    pub(crate) fn matches(&self, method: &Method, path: &str) -> bool {
+        self.methods.as_ref().is_none_or(|methods| {
+            methods.contains(method)
+                || (self.head_as_get && method == Method::HEAD && methods.contains(&Method::GET))
+        }) && self.path.matches(path)
+    }
+
+    /// Why the policy's path setting can never match a normalised path, if it cannot: it is
+    /// empty, or does not start with `/`.
+    pub(crate) fn path_problem(&self) -> Option<String> {
+        let (what, text) = match &self.path {
+            PathMatch::Any => return None,
+            PathMatch::Prefix(prefix) => ("path prefix", prefix.clone()),
+            PathMatch::Pattern(pattern) => ("path pattern", pattern.join("/")),
+        };
+        (!text.starts_with('/')).then(|| format!("{what} {text:?} must start with `/`"))
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn head_goes_with_get_unless_turned_off() {
+        use crate::{Gcra, KeyedLimiter, Quota};
+        let policy = || {
+            let limiter = KeyedLimiter::<super::super::Key, _>::new(
+                Gcra::new(Quota::per_second(1).unwrap()).unwrap(),
+            );
+            Policy::new("p", limiter).methods([Method::GET])
+        };
+        assert!(policy().matches(&Method::HEAD, "/"));
+        assert!(!policy().matches(&Method::POST, "/"));
+        assert!(!policy().head_as_get(false).matches(&Method::HEAD, "/"));
+        let posts = policy().methods([Method::POST]);
+        assert!(!posts.matches(&Method::HEAD, "/"));
+    }
 
     #[test]
     fn prefixes_match_whole_segments() {

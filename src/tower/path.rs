@@ -1,0 +1,140 @@
+//! The path policies match and key on: the request's path as a server that decodes and
+//! normalises it would route it, so that spelling a path another way never skips a limit.
+
+use std::borrow::Cow;
+
+/// `path` normalised, as policies match it and [`KeySource::path`](super::KeySource::path)
+/// keys it: percent-escapes decoded once (`%2F` is a `/`, `%61` an `a`), then empty
+/// segments (`//`) and `.` segments dropped and `..` segments resolved (never above the
+/// root); a trailing `/` is kept. A path that needs none of this (nearly every one) is
+/// returned as it is, without a copy. Bytes that are not UTF-8 once decoded become U+FFFD.
+///
+/// Normalising can only make two spellings of one resource match alike: `/health/../api`
+/// is `/api` (an allow-listed `/health` does not cover it), `//api`, `/./api` and `/%61pi`
+/// are `/api`. Use it in an [`allow_if`](super::RateLimitLayerBuilder::allow_if) predicate
+/// or a key function so that they see paths as the policies do.
+///
+/// # Examples
+/// ```
+/// use tollgate::tower::normalized_path;
+/// assert_eq!(normalized_path("/health/../api/export"), "/api/export");
+/// assert_eq!(normalized_path("//api/%2e%2E/v1/x"), "/v1/x");
+/// assert_eq!(normalized_path("/api/"), "/api/");
+/// ```
+pub fn normalized_path(path: &str) -> Cow<'_, str> {
+    if is_normal(path.as_bytes()) {
+        return Cow::Borrowed(path);
+    }
+    let decoded = percent_decoded(path.as_bytes());
+    let decoded = String::from_utf8_lossy(&decoded);
+    let mut segments: Vec<&str> = Vec::new();
+    for segment in decoded.split('/') {
+        match segment {
+            "" | "." => {}
+            ".." => {
+                segments.pop();
+            }
+            _ => segments.push(segment),
+        }
+    }
+    let mut out = String::with_capacity(decoded.len());
+    for segment in &segments {
+        out.push('/');
+        out.push_str(segment);
+    }
+    let ends_in_a_dir =
+        decoded.ends_with('/') || decoded.ends_with("/.") || decoded.ends_with("/..");
+    if out.is_empty() || (ends_in_a_dir && !segments.is_empty()) {
+        out.push('/');
+    }
+    Cow::Owned(out)
+}
+
+/// Whether `path` is already normal: starts with `/`, has no `%`, no empty segment (bar a
+/// trailing `/`), and no `.` or `..` segment.
+fn is_normal(path: &[u8]) -> bool {
+    if path.first() != Some(&b'/') || path.contains(&b'%') {
+        return false;
+    }
+    let body = &path[1..];
+    let body = body.strip_suffix(b"/").unwrap_or(body);
+    if body.is_empty() {
+        return path.len() == 1;
+    }
+    body.split(|&b| b == b'/')
+        .all(|segment| !matches!(segment, b"" | b"." | b".."))
+}
+
+/// `path` with every `%XX` escape (two hex digits) decoded; a `%` not followed by two hex
+/// digits is kept as it is.
+fn percent_decoded(path: &[u8]) -> Vec<u8> {
+    let hex = |b: u8| (b as char).to_digit(16);
+    let mut out = Vec::with_capacity(path.len());
+    let mut i = 0;
+    while i < path.len() {
+        if path[i] == b'%' {
+            if let (Some(&h), Some(&l)) = (path.get(i + 1), path.get(i + 2)) {
+                if let (Some(h), Some(l)) = (hex(h), hex(l)) {
+                    out.push((h * 16 + l) as u8);
+                    i += 3;
+                    continue;
+                }
+            }
+        }
+        out.push(path[i]);
+        i += 1;
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn spellings_of_one_path_normalise_alike() {
+        for (raw, normal) in [
+            ("/api/x", "/api/x"),
+            ("/", "/"),
+            ("/api/", "/api/"),
+            ("//api/x", "/api/x"),
+            ("/api//x", "/api/x"),
+            ("/./api/x", "/api/x"),
+            ("/health/../api/export", "/api/export"),
+            ("/../../api", "/api"),
+            ("/api/x/..", "/api/"),
+            ("/api/x/.", "/api/x/"),
+            ("/api%2Fexport", "/api/export"),
+            ("/api%2fexport", "/api/export"),
+            ("/%61pi", "/api"),
+            ("/health%2F..%2Fapi", "/api"),
+            ("/a%zz", "/a%zz"),
+            ("/a%", "/a%"),
+            ("/a%C3%A9", "/aé"),
+            ("/a%FF", "/a\u{FFFD}"),
+            ("", "/"),
+            ("api", "/api"),
+            ("/..", "/"),
+            ("/.hidden/..x", "/.hidden/..x"),
+        ] {
+            assert_eq!(normalized_path(raw), normal, "{raw}");
+        }
+    }
+
+    #[test]
+    fn a_normal_path_is_not_copied() {
+        for path in [
+            "/",
+            "/api",
+            "/api/",
+            "/api/x.json",
+            "/.well-known/x",
+            "/a..b",
+        ] {
+            assert!(matches!(normalized_path(path), Cow::Borrowed(_)), "{path}");
+        }
+        for path in ["//", "/a//b", "/a/./b", "/a/%41", "x", "/a/.."] {
+            assert!(matches!(normalized_path(path), Cow::Owned(_)), "{path}");
+        }
+    }
+}
