@@ -1723,8 +1723,10 @@ fn cluster_batches_per_slot_and_holds_the_global_limit() {
         assert!(results.iter().all(|r| r.as_ref().unwrap().allowed()));
         let results = l.check_batch(keys.iter().map(|k| (k, 1))).await;
         assert!(results.iter().all(|r| !r.as_ref().unwrap().allowed()));
-        // Several limits on a key share its slot (one script call), on every master; a key
-        // without a hash tag of its own cannot, and is refused before anything is sent.
+        // Several limits on a key share its slot (one script call), on every master, whatever
+        // the key's text (a `}` is escaped, so it cannot end the tag and choose the slot); the
+        // empty key, without a hash tag of its own, cannot, and is refused before anything is
+        // sent.
         let per_hour = RedisRule::fixed_window(Quota::per_hour(3).unwrap()).unwrap();
         let two = limiter(&conn, l.rule()).with_rules([per_hour]).unwrap();
         for i in 0..30 {
@@ -1736,10 +1738,16 @@ fn cluster_batches_per_slot_and_holds_the_global_limit() {
             ];
             assert_eq!(outcomes, [true, true, false], "{key}");
         }
-        for key in ["", "}x"] {
-            let e = two.check(key).await.unwrap_err();
-            assert!(matches!(e, Error::NoHashTag { .. }), "{key:?}: {e}");
+        for key in ["}x", "a}b", "%7Dx"] {
+            let outcomes = [
+                two.check(key).await.unwrap().allowed(),
+                two.check(key).await.unwrap().allowed(),
+                two.check(key).await.unwrap().allowed(),
+            ];
+            assert_eq!(outcomes, [true, true, false], "{key}");
         }
+        let e = two.check("").await.unwrap_err();
+        assert!(matches!(e, Error::NoHashTag { .. }), "{e}");
     });
     global_limit(Target::Cluster(urls.clone()), &urls[0]);
 }

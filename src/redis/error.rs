@@ -45,7 +45,7 @@ pub enum Error {
         /// The largest cost the rule can ever admit.
         capacity: u64,
     },
-    /// The key has no Cluster hash tag of its own (it is empty or starts with `}`), so the
+    /// The key has no Cluster hash tag of its own (it is empty), so the
     /// states of several limits on it cannot share a slot and cannot be decided in one atomic
     /// call ([`RedisMultiLimiter`](super::RedisMultiLimiter) on a Cluster). Nothing was sent.
     #[error("the key {key:?} has no Cluster hash tag: its limits cannot be decided together")]

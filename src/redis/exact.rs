@@ -712,14 +712,17 @@ impl<C> RedisLimiter<C> {
 
     /// The Redis key holding `key`'s state: `<prefix>:<algorithm>:{<key>}`. The user key is
     /// the Cluster hash tag, so every state kept for one user key (by any algorithm) lives in
-    /// one slot. A user key that is empty or starts with `}` has no tag of its own and is
-    /// placed by the whole name; every state is still one Redis key.
+    /// one slot. In it, `}` is written `%7D` and `%` is written `%25`: a `}` would end the tag
+    /// early and let a key's text (a client's header, say) choose the slot, and the escape
+    /// keeps distinct keys distinct. An empty user key has no tag of its own and is placed by
+    /// the whole name; every state is still one Redis key.
     ///
     /// # Examples
     /// ```no_run
     /// # use tollgate::redis::RedisLimiter;
     /// # fn demo(limiter: RedisLimiter) {
     /// assert_eq!(limiter.redis_key("alice"), b"tollgate:gcra:{alice}".to_vec());
+    /// assert_eq!(limiter.redis_key("a}b%"), b"tollgate:gcra:{a%7Db%25}".to_vec());
     /// # }
     /// ```
     pub fn redis_key(&self, key: impl AsRef<[u8]>) -> Vec<u8> {
@@ -730,7 +733,13 @@ impl<C> RedisLimiter<C> {
         out.push(b':');
         out.extend_from_slice(segment);
         out.extend_from_slice(b":{");
-        out.extend_from_slice(key);
+        for &b in key {
+            match b {
+                b'}' => out.extend_from_slice(b"%7D"),
+                b'%' => out.extend_from_slice(b"%25"),
+                _ => out.push(b),
+            }
+        }
         out.push(b'}');
         out
     }

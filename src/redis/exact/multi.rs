@@ -169,7 +169,7 @@ impl<C: RedisConnection> RedisMultiLimiter<C> {
     ///
     /// # Errors
     /// [`Error::Capacity`] when a limit can never admit the cost (nothing is sent);
-    /// [`Error::NoHashTag`] on a Cluster for a key that is empty or starts with `}` (its
+    /// [`Error::NoHashTag`] on a Cluster for an empty key (its
     /// limits' states would not share a slot); otherwise a transient or fatal [`Error`].
     ///
     /// # Examples
