@@ -131,7 +131,7 @@ mod tiers;
 
 pub use self::backend::{CheckBackend, CheckError, CheckFuture, QuotaInfo, RuleWindow, Verdict};
 pub use self::cidr::{Cidr, CidrError};
-pub use self::key::{Key, KeySource, ProxyHeader};
+pub use self::key::{Key, KeySource, LongKey, ProxyHeader};
 pub use self::path::normalized_path;
 pub use self::policy::{Cost, Mode, Policy};
 #[cfg(feature = "redis")]
@@ -228,8 +228,14 @@ struct Shared {
     headers: HeaderStyle,
     on_missing_key: Fallback,
     on_error: Fallback,
+    max_key_len: usize,
+    on_long_key: LongKey,
     deny_with: Option<Arc<DenyFn>>,
 }
+
+/// The default bound on a key part's bytes: a few hundred, room for any address, API key or
+/// route, and a bearer token up to a modest size.
+const DEFAULT_MAX_KEY_LEN: usize = 256;
 
 /// Builds a [`RateLimitLayer`].
 ///
@@ -255,6 +261,8 @@ pub struct RateLimitLayerBuilder {
     headers: HeaderStyle,
     on_missing_key: Fallback,
     on_error: Fallback,
+    max_key_len: usize,
+    on_long_key: LongKey,
     deny_with: Option<Arc<DenyFn>>,
 }
 
@@ -444,8 +452,46 @@ impl RateLimitLayerBuilder {
         self
     }
 
+    /// The longest text or byte part a key may have, in bytes (default 256): a header value
+    /// or path longer than this is handled by [`on_long_key`](Self::on_long_key), so that a
+    /// client cannot make the server hold (or send to Redis) keys of the length it likes.
+    /// Stores bound keys by count (`max_keys`); this bounds each key's bytes.
+    ///
+    /// # Examples
+    /// ```
+    /// use tollgate::tower::RateLimitLayer;
+    /// // Keys by a bearer token of up to 2 KiB: digested beyond that.
+    /// let layer = RateLimitLayer::builder().max_key_len(2048).build()?;
+    /// # let _ = layer;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn max_key_len(mut self, bytes: usize) -> Self {
+        self.max_key_len = bytes;
+        self
+    }
+
+    /// What happens to a request whose key has a part longer than
+    /// [`max_key_len`](Self::max_key_len): counted under a digest of it (default), or
+    /// refused with a status (see [`LongKey`]).
+    ///
+    /// # Examples
+    /// ```
+    /// use http::StatusCode;
+    /// use tollgate::tower::{LongKey, RateLimitLayer};
+    /// let layer = RateLimitLayer::builder()
+    ///     .on_long_key(LongKey::Reject(StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE))
+    ///     .build()?;
+    /// # let _ = layer;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn on_long_key(mut self, long_key: LongKey) -> Self {
+        self.on_long_key = long_key;
+        self
+    }
+
     /// What happens to a request whose key cannot be extracted (default
-    /// `Reject(500 Internal Server Error)`).
+    /// `Reject(500 Internal Server Error)`), under a policy that does not set its own
+    /// ([`Policy::on_missing_key`]).
     ///
     /// # Examples
     /// ```
@@ -523,7 +569,14 @@ impl RateLimitLayerBuilder {
         if self.addrs.ipv6_prefix > 128 {
             return Err(ConfigError::Ipv6Prefix(self.addrs.ipv6_prefix));
         }
-        for fallback in [self.on_missing_key, self.on_error] {
+        let long_key = match self.on_long_key {
+            LongKey::Reject(status) => Fallback::Reject(status),
+            LongKey::Digest => Fallback::Allow,
+        };
+        let policy_fallbacks = self.policies.iter().chain(&self.default);
+        let policy_fallbacks = policy_fallbacks.filter_map(|p| p.on_missing_key);
+        let fallbacks = [self.on_missing_key, self.on_error, long_key];
+        for fallback in fallbacks.into_iter().chain(policy_fallbacks) {
             if let Fallback::Reject(status) = fallback {
                 if !(status.is_client_error() || status.is_server_error()) {
                     return Err(ConfigError::FallbackStatus(status));
@@ -565,6 +618,8 @@ impl RateLimitLayerBuilder {
                 headers: self.headers,
                 on_missing_key: self.on_missing_key,
                 on_error: self.on_error,
+                max_key_len: self.max_key_len,
+                on_long_key: self.on_long_key,
                 deny_with: self.deny_with,
             }),
         })
@@ -687,10 +742,11 @@ impl RateLimitLayer {
         };
         let (index, key, policy_cost) = match shared.plan(parts) {
             Plan::Pass => return unchecked(None, Outcome::Passed, true),
-            Plan::NoKey { policy } => {
-                let passes = matches!(shared.on_missing_key, Fallback::Allow);
-                return unchecked(Some(policy), Outcome::NoKey, passes);
-            }
+            Plan::Unchecked {
+                policy,
+                outcome,
+                fallback,
+            } => return unchecked(Some(policy), outcome, fallback == Fallback::Allow),
             Plan::Check { policy, key, cost } => (policy, key, cost),
         };
         let cost = cost.unwrap_or(policy_cost);
@@ -737,6 +793,8 @@ impl RateLimitLayer {
             headers: HeaderStyle::default(),
             on_missing_key: Fallback::Reject(StatusCode::INTERNAL_SERVER_ERROR),
             on_error: Fallback::Reject(StatusCode::SERVICE_UNAVAILABLE),
+            max_key_len: DEFAULT_MAX_KEY_LEN,
+            on_long_key: LongKey::Digest,
             deny_with: None,
         }
     }
@@ -807,9 +865,14 @@ impl<S: fmt::Debug> fmt::Debug for RateLimit<S> {
 enum Plan {
     /// Pass it on, uncounted.
     Pass,
-    /// Policy `policy` applies but the request has no client key: the layer's
-    /// `on_missing_key` fallback decides (counted as `no_key`).
-    NoKey { policy: usize },
+    /// Policy `policy` applies but the request is answered unchecked: it has no client key
+    /// (`outcome` `NoKey`), or its key is too long and refused (`KeyTooLong`); `fallback`
+    /// decides.
+    Unchecked {
+        policy: usize,
+        outcome: Outcome,
+        fallback: Fallback,
+    },
     /// Check `cost` for `key` against policy `policy`.
     Check { policy: usize, key: Key, cost: u64 },
 }
@@ -839,11 +902,28 @@ impl Shared {
         if self.allow_if.as_ref().is_some_and(|allow| allow(parts)) {
             return Plan::Pass;
         }
-        let Some(key) = policy.key.extract(parts, &path, &mut addrs) else {
+        let Some(mut key) = policy.key.extract(parts, &path, &mut addrs) else {
             stats::record(policy, Outcome::NoKey);
             stats::trace_no_key(policy);
-            return Plan::NoKey { policy: index };
+            return Plan::Unchecked {
+                policy: index,
+                outcome: Outcome::NoKey,
+                fallback: policy.on_missing_key.unwrap_or(self.on_missing_key),
+            };
         };
+        if key.longest_part() > self.max_key_len {
+            match self.on_long_key {
+                LongKey::Digest => key = key.digested(self.max_key_len),
+                LongKey::Reject(status) => {
+                    stats::record(policy, Outcome::KeyTooLong);
+                    return Plan::Unchecked {
+                        policy: index,
+                        outcome: Outcome::KeyTooLong,
+                        fallback: Fallback::Reject(status),
+                    };
+                }
+            }
+        }
         Plan::Check {
             policy: index,
             key,
@@ -1027,6 +1107,7 @@ impl Drop for RefundOnDrop<'_> {
 
 /// The detail of the answer to a request without a client key.
 const NO_KEY_DETAIL: &str = "The request carries no client key for rate limiting.";
+const LONG_KEY_DETAIL: &str = "The request's client key for rate limiting is too long.";
 
 /// What `decided` means for a request of `policy`.
 fn outcome(
@@ -1281,8 +1362,10 @@ where
                     admitted: None,
                 })
             }
-            Plan::NoKey { .. } => {
-                return ResponseFuture::stage(match self.shared.on_missing_key {
+            Plan::Unchecked {
+                outcome, fallback, ..
+            } => {
+                return ResponseFuture::stage(match fallback {
                     Fallback::Allow => Stage::Inner {
                         future: self.inner.call(request),
                         admitted: None,
@@ -1290,7 +1373,11 @@ where
                     Fallback::Reject(status) => Stage::Ready {
                         response: Some(self.shared.reject(
                             status,
-                            NO_KEY_DETAIL,
+                            if outcome == Outcome::KeyTooLong {
+                                LONG_KEY_DETAIL
+                            } else {
+                                NO_KEY_DETAIL
+                            },
                             is_grpc(request.headers()),
                         )),
                     },

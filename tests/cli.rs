@@ -1120,11 +1120,11 @@ fn config_replay_summary_and_json_count_per_policy() {
             .unwrap_or_else(|| panic!("no row for {name}: {out}"));
         line.split_whitespace().skip(1).map(str::to_owned).collect()
     };
-    // requests, allowed, delayed, denied, shadow_denied, no_key, error
-    assert_eq!(row("api"), ["5", "4", "0", "1", "0", "0", "0"]);
+    // requests, allowed, delayed, denied, shadow_denied, no_key, key_too_long, error
+    assert_eq!(row("api"), ["5", "4", "0", "1", "0", "0", "0", "0"]);
     // An empty key is no x-api-key header: the configured 400, counted as no_key.
-    assert_eq!(row("partner"), ["1", "0", "0", "0", "0", "1", "0"]);
-    assert_eq!(row("upload"), ["0", "0", "0", "0", "0", "0", "0"]);
+    assert_eq!(row("partner"), ["1", "0", "0", "0", "0", "1", "0", "0"]);
+    assert_eq!(row("upload"), ["0", "0", "0", "0", "0", "0", "0", "0"]);
     assert!(out.contains("203.0.113.7"), "{out}");
 
     let o = replay_config(POLICIES, &["--format", "json"], trace);

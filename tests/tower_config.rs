@@ -269,6 +269,19 @@ fn bad_values_are_errors_that_name_them() {
         (policy("key = []"), "an empty composite key"),
         (policy("methods = [\"GE T\"]"), "GE T"),
         (policy("head_as_get = \"no\""), "head_as_get"),
+        (
+            "on_long_key = 200".to_owned(),
+            "status 200 is not a 4xx or 5xx",
+        ),
+        (
+            "on_long_key = \"hash\"".to_owned(),
+            "unknown long-key answer \"hash\"",
+        ),
+        ("max_key_len = -1".to_owned(), "max_key_len"),
+        (
+            policy("on_missing_key = \"deny\""),
+            "unknown fallback \"deny\"",
+        ),
         (policy("burts = 3"), "unknown field `burts`"),
         (
             policy("tiers.pro = { quota = \"0/1s\" }"),
@@ -345,6 +358,8 @@ fn what_only_the_algorithm_or_the_layer_can_refuse_is_a_config_error() {
         .unwrap_err();
         assert!(e.to_string().contains(want), "{line}: {e}");
     }
+    build("max_key_len = 64\non_long_key = 431\n[[policy]]\nname = \"p\"\nquota = \"1/1s\"\non_missing_key = \"allow\"")
+        .expect("a key bound and a policy's own missing-key answer");
     let e = build("allow_paths = [\"/health\", \"\"]").unwrap_err();
     assert_eq!(e, ConfigError::AllowPath(String::new()));
 }

@@ -287,6 +287,98 @@ fn a_request_without_a_peer_address_gets_the_configured_outcome() {
     assert_eq!(header(&response, "grpc-status"), Some("13"));
 }
 
+/// A policy's own missing-key answer overrides the layer's for that policy only: an
+/// optional-header policy lets requests without the header pass, while an IP-keyed policy
+/// still refuses a request without a peer address.
+#[test]
+fn the_missing_key_answer_is_per_policy() {
+    use tollgate::tower::{Fallback, KeySource};
+    let limiter =
+        || KeyedLimiter::<Key, Gcra>::new(Gcra::new(Quota::per_hour(1).unwrap()).unwrap());
+    let api_key = http::HeaderName::from_static("x-api-key");
+    let rt = runtime();
+    let mut svc = RateLimitLayer::builder()
+        .policy(
+            Policy::new("users", limiter())
+                .path_prefix("/users")
+                .key(KeySource::header(api_key))
+                .on_missing_key(Fallback::Allow),
+        )
+        .default_policy(Policy::new("site", limiter()))
+        .build()
+        .unwrap()
+        .layer(Ok200);
+    let peer = Some(IpAddr::from([192, 0, 2, 1]));
+    for _ in 0..3 {
+        let anonymous = call(&rt, &mut svc, request("/users/x", peer, &[]));
+        assert_eq!(anonymous.status(), StatusCode::OK);
+    }
+    let no_peer = call(&rt, &mut svc, request("/other", None, &[]));
+    assert_eq!(no_peer.status(), StatusCode::INTERNAL_SERVER_ERROR);
+}
+
+/// A header key longer than the bound is counted under its digest (fixed size, one per
+/// value), or refused when so configured; short keys are untouched.
+#[test]
+fn long_keys_are_digested_or_refused() {
+    use tollgate::tower::{KeySource, LongKey, Outcome};
+    let keys = Arc::new(Mutex::new(Vec::new()));
+    let api_key = http::HeaderName::from_static("x-api-key");
+    let builder = || {
+        RateLimitLayer::builder().default_policy(
+            Policy::new("p", Recorder(keys.clone())).key(KeySource::header(api_key.clone())),
+        )
+    };
+    let rt = runtime();
+    let mut svc = builder().max_key_len(64).build().unwrap().layer(Ok200);
+    let peer = Some(IpAddr::from([192, 0, 2, 1]));
+    let long_a = "a".repeat(10_000);
+    let long_b = format!("{}b", "a".repeat(9_999));
+    let short = "k".repeat(64);
+    for value in [&long_a, &long_b, &long_a, &short] {
+        let response = call(&rt, &mut svc, request("/", peer, &[("x-api-key", value)]));
+        assert_eq!(response.status(), StatusCode::OK);
+    }
+    let seen = keys.lock().unwrap().clone();
+    let Key::Bytes(digest) = &seen[0] else {
+        panic!("a long key is digested: {:?}", seen[0]);
+    };
+    assert_eq!(digest.len(), 8 + 32, "\\0sha256: and 32 hex digits");
+    assert!(digest.starts_with(b"\0sha256:"));
+    assert_ne!(seen[0], seen[1], "two long values, two keys");
+    assert_eq!(seen[0], seen[2], "one long value, one key");
+    assert_eq!(
+        seen[3],
+        Key::from(short.as_str()),
+        "a key at the bound is kept"
+    );
+    // Refused: a 431, uncounted.
+    let layer = builder()
+        .on_long_key(LongKey::Reject(StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE))
+        .build()
+        .unwrap();
+    let (parts, _) = request("/", peer, &[("x-api-key", &long_a)]).into_parts();
+    let evaluation = rt.block_on(layer.evaluate(&parts, None));
+    assert_eq!(evaluation.outcome, Outcome::KeyTooLong);
+    assert!(!evaluation.passes);
+    let mut svc = layer.layer(Ok200);
+    let before = keys.lock().unwrap().len();
+    let response = call(&rt, &mut svc, request("/", peer, &[("x-api-key", &long_a)]));
+    assert_eq!(
+        response.status(),
+        StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE
+    );
+    assert_eq!(
+        keys.lock().unwrap().len(),
+        before,
+        "a refused key is never checked"
+    );
+    assert!(RateLimitLayer::builder()
+        .on_long_key(LongKey::Reject(StatusCode::OK))
+        .build()
+        .is_err());
+}
+
 #[test]
 fn invalid_configurations_are_refused() {
     let policy = |name: &str| {

@@ -22,6 +22,8 @@
 //!                                  # every policy
 //! on_missing_key = 400             # a status (4xx/5xx) or "allow"; default 500
 //! on_error = "allow"               # a status (4xx/5xx) or "allow"; default 503
+//! max_key_len = 256                # bytes of a key's text part (default 256); longer:
+//! on_long_key = "digest"           # counted under its digest (default), or a 4xx/5xx
 //!
 //! [[policy]]                       # the first policy that matches a request applies
 //! name = "api"
@@ -38,6 +40,8 @@
 //! cost_by_path = { "/api/export" = 5 } # by path prefix within the policy (longest wins)
 //! mode = "enforce"                 # enforce (default) | shadow | { delay = "500ms" }
 //!                                  # (delay: wait up to 500 ms, then 429; feature tokio)
+//! on_missing_key = "allow"         # this policy's own missing-key answer (default the
+//!                                  # layer's)
 //! refund = ["5xx"]                 # give back units of requests answered 5xx
 //! tier = "free"                    # with tiers: the name of this quota's tier (default "default")
 //! tiers.pro = { quota = "1000/1m", keys = ["k-1"] }  # more tiers, keys placed at start
@@ -87,7 +91,7 @@ use serde::Deserialize;
 
 use super::policy::PathMatch;
 use super::{
-    CheckBackend, Cidr, ConfigError, Fallback, HeaderStyle, Key, KeySource, Mode, Policy,
+    CheckBackend, Cidr, ConfigError, Fallback, HeaderStyle, Key, KeySource, LongKey, Mode, Policy,
     ProxyHeader, RateLimitLayer, RateLimitLayerBuilder, RuleWindow, Tiers,
 };
 use crate::algorithm::Algorithm;
@@ -139,6 +143,13 @@ pub struct LayerConfig {
     /// What a request the backend could not decide gets (default a 503).
     #[serde(default)]
     pub on_error: Option<Fallback>,
+    /// The longest text or byte part a key may have, in bytes (default 256).
+    #[serde(default)]
+    pub max_key_len: Option<usize>,
+    /// What a request with a longer key gets: `"digest"` (default: counted under a digest of
+    /// it) or a 4xx/5xx status.
+    #[serde(default)]
+    pub on_long_key: Option<LongKey>,
     /// The policies, in order (`[[policy]]` in TOML, `"policy": [...]` in JSON).
     #[serde(default, rename = "policy")]
     pub policies: Vec<PolicyConfig>,
@@ -185,6 +196,9 @@ pub struct PolicyConfig {
     /// Whether HEAD matches a policy that lists GET (default `true`).
     #[serde(default = "default_true")]
     pub head_as_get: bool,
+    /// What a request of this policy without a key gets (default: the layer's setting).
+    #[serde(default)]
+    pub on_missing_key: Option<Fallback>,
     /// Where the key comes from (default the client IP).
     #[serde(default = "KeySource::client_ip")]
     pub key: KeySource,
@@ -510,6 +524,12 @@ impl LayerConfig {
         if let Some(fallback) = self.on_error {
             builder = builder.on_error(fallback);
         }
+        if let Some(bytes) = self.max_key_len {
+            builder = builder.max_key_len(bytes);
+        }
+        if let Some(long_key) = self.on_long_key {
+            builder = builder.on_long_key(long_key);
+        }
         for config in &self.policies {
             builder = builder.policy(config.build_policy(&mut backend)?);
         }
@@ -578,6 +598,9 @@ impl PolicyConfig {
             policy = policy.methods(methods.iter().map(|m| m.0.clone()));
         }
         policy = policy.head_as_get(self.head_as_get);
+        if let Some(fallback) = self.on_missing_key {
+            policy = policy.on_missing_key(fallback);
+        }
         if !self.refund.is_empty() {
             let statuses = self.refund.clone();
             policy = policy.refund_when(move |status| statuses.iter().any(|m| m.matches(status)));
@@ -999,6 +1022,47 @@ impl<'de> Visitor<'de> for ModeVisitor {
 }
 
 /// `"allow"`, or a 4xx/5xx status number to reject with.
+/// `v` as a client or server error status (what a configured refusal may answer).
+fn error_status<E: de::Error>(v: impl TryInto<u16> + fmt::Display + Copy) -> Result<StatusCode, E> {
+    v.try_into()
+        .ok()
+        .and_then(|v| StatusCode::from_u16(v).ok())
+        .filter(|s| s.is_client_error() || s.is_server_error())
+        .ok_or_else(|| E::custom(format!("status {v} is not a 4xx or 5xx status")))
+}
+
+/// `"digest"` or a 4xx/5xx status.
+impl<'de> Deserialize<'de> for LongKey {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct LongKeyVisitor;
+        impl Visitor<'_> for LongKeyVisitor {
+            type Value = LongKey;
+
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("\"digest\" or a 4xx/5xx status")
+            }
+
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<LongKey, E> {
+                match v {
+                    "digest" => Ok(LongKey::Digest),
+                    _ => Err(E::custom(format!(
+                        "unknown long-key answer {v:?} (expected \"digest\" or a 4xx/5xx status)"
+                    ))),
+                }
+            }
+
+            fn visit_u64<E: de::Error>(self, v: u64) -> Result<LongKey, E> {
+                error_status(v).map(LongKey::Reject)
+            }
+
+            fn visit_i64<E: de::Error>(self, v: i64) -> Result<LongKey, E> {
+                error_status(v).map(LongKey::Reject)
+            }
+        }
+        d.deserialize_any(LongKeyVisitor)
+    }
+}
+
 impl<'de> Deserialize<'de> for Fallback {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         struct FallbackVisitor;
@@ -1019,19 +1083,11 @@ impl<'de> Deserialize<'de> for Fallback {
             }
 
             fn visit_u64<E: de::Error>(self, v: u64) -> Result<Fallback, E> {
-                u16::try_from(v)
-                    .ok()
-                    .and_then(|v| StatusCode::from_u16(v).ok())
-                    .filter(|s| s.is_client_error() || s.is_server_error())
-                    .map(Fallback::Reject)
-                    .ok_or_else(|| E::custom(format!("status {v} is not a 4xx or 5xx status")))
+                error_status(v).map(Fallback::Reject)
             }
 
             fn visit_i64<E: de::Error>(self, v: i64) -> Result<Fallback, E> {
-                match u64::try_from(v) {
-                    Ok(v) => self.visit_u64(v),
-                    Err(_) => Err(E::custom(format!("status {v} is not a 4xx or 5xx status"))),
-                }
+                error_status(v).map(Fallback::Reject)
             }
         }
         d.deserialize_any(FallbackVisitor)

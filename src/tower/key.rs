@@ -81,6 +81,82 @@ impl From<String> for Key {
     }
 }
 
+/// What the layer does with a request whose key has a text or byte part longer than the
+/// layer's bound ([`RateLimitLayerBuilder::max_key_len`](super::RateLimitLayerBuilder::max_key_len),
+/// default 256 bytes): a header or path of the client's choosing must not cost the server
+/// memory (or Redis keys) by its length.
+///
+/// # Examples
+/// ```
+/// use http::StatusCode;
+/// use tollgate::tower::{LongKey, RateLimitLayer};
+/// assert_eq!(LongKey::default(), LongKey::Digest);
+/// // Refuse API keys over 128 bytes outright.
+/// let layer = RateLimitLayer::builder()
+///     .max_key_len(128)
+///     .on_long_key(LongKey::Reject(StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE))
+///     .build()?;
+/// # let _ = layer;
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum LongKey {
+    /// Count the request under a digest of each long part (SHA-256, 128 bits kept): a key of
+    /// fixed size, the same on every node (so a global limit holds), and no client can make
+    /// its long key collide with another's. The default.
+    #[default]
+    Digest,
+    /// Answer with this status (a 4xx or 5xx), uncounted (outcome
+    /// [`KeyTooLong`](super::Outcome::KeyTooLong)).
+    Reject(http::StatusCode),
+}
+
+/// The prefix of a digested key part: a NUL, which no header value or path can hold, so no
+/// client can send a key equal to a digest.
+const DIGEST_PREFIX: &[u8] = b"\0sha256:";
+
+impl Key {
+    /// The length of the longest text or byte part (0 for an address).
+    pub(crate) fn longest_part(&self) -> usize {
+        match self {
+            Key::Ip(_) => 0,
+            Key::Text(text) => text.len(),
+            Key::Bytes(bytes) => bytes.len(),
+            Key::Composite(parts) => parts.iter().map(Key::longest_part).max().unwrap_or(0),
+        }
+    }
+
+    /// `self` with every text or byte part longer than `max` bytes replaced by its digest:
+    /// `\0sha256:` and the first 16 bytes of its SHA-256 in hex, as [`Key::Bytes`] (a text
+    /// and a byte part of the same bytes digest apart).
+    pub(crate) fn digested(self, max: usize) -> Key {
+        use sha2::{Digest, Sha256};
+        let digest = |tag: &[u8], bytes: &[u8]| {
+            let sum = Sha256::new()
+                .chain_update(tag)
+                .chain_update(bytes)
+                .finalize();
+            let mut out = DIGEST_PREFIX.to_vec();
+            for b in &sum[..16] {
+                out.extend_from_slice(format!("{b:02x}").as_bytes());
+            }
+            Key::Bytes(out.into_boxed_slice())
+        };
+        match self {
+            Key::Text(text) if text.len() > max => digest(b"t", text.as_bytes()),
+            Key::Bytes(bytes) if bytes.len() > max => digest(b"b", &bytes),
+            Key::Composite(parts) => Key::Composite(
+                parts
+                    .into_vec()
+                    .into_iter()
+                    .map(|part| part.digested(max))
+                    .collect(),
+            ),
+            key => key,
+        }
+    }
+}
+
 /// For logs; composite parts are joined with `|`, bytes written as `\xNN` escapes. Not
 /// injective (a text part may contain `|`): never use it as a storage key.
 impl fmt::Display for Key {
@@ -948,6 +1024,32 @@ mod tests {
             fwd("10.0.0.1", &trusted, &["for=1.1.1.1;for=2.2.2.2"]),
             None
         );
+    }
+
+    #[test]
+    fn only_long_parts_are_digested_and_text_and_bytes_apart() {
+        let long = "x".repeat(300);
+        let ip = Key::Ip(ip("192.0.2.1"));
+        let composite =
+            Key::Composite(vec![Key::from("/a"), Key::from(long.as_str()), ip.clone()].into());
+        assert_eq!(composite.longest_part(), 300);
+        let Key::Composite(parts) = composite.digested(256) else {
+            panic!("still a composite");
+        };
+        assert_eq!(parts[0], Key::from("/a"));
+        assert_eq!(parts[2], ip);
+        assert_eq!(parts[1].longest_part(), 40);
+        let text = Key::from(long.as_str()).digested(256);
+        let bytes = Key::Bytes(long.as_bytes().into()).digested(256);
+        assert_ne!(text, bytes);
+        assert_eq!(text, Key::from(long.as_str()).digested(10));
+        assert_eq!(Key::from("short").digested(256), Key::from("short"));
+        let shown = text.to_string();
+        assert!(
+            shown.starts_with("\\x00sha256:"),
+            "the NUL shown escaped: {shown}"
+        );
+        assert_eq!(shown.len(), 11 + 32);
     }
 
     #[test]

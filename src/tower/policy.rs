@@ -156,6 +156,8 @@ pub struct Policy {
     pub(crate) key: KeySource,
     pub(crate) cost: Cost,
     pub(crate) mode: Mode,
+    /// What a request without a key gets, if not the layer's setting.
+    pub(crate) on_missing_key: Option<super::Fallback>,
     pub(crate) refund: Option<Arc<RefundFn>>,
     /// The backend, when it is [`Tiers`]: a handle to move keys between tiers.
     pub(crate) tiers: Option<Tiers>,
@@ -226,6 +228,7 @@ impl Policy {
             key: KeySource::client_ip(),
             cost: Cost::Fixed(1),
             mode: Mode::Enforce,
+            on_missing_key: None,
             refund: None,
         }
     }
@@ -364,6 +367,28 @@ impl Policy {
     /// ```
     pub fn cost_fn(mut self, f: impl Fn(&Parts) -> u64 + Send + Sync + 'static) -> Self {
         self.cost = Cost::Fn(Arc::new(f));
+        self
+    }
+
+    /// What happens to a request of this policy whose key cannot be extracted, instead of the
+    /// layer's [`on_missing_key`](super::RateLimitLayerBuilder::on_missing_key): a policy keyed
+    /// by an optional header may let requests without it pass, while the layer's IP-keyed
+    /// policies still refuse a request without a peer address.
+    ///
+    /// # Examples
+    /// ```
+    /// use http::HeaderName;
+    /// use tollgate::tower::{Fallback, Key, KeySource, Policy};
+    /// use tollgate::{Gcra, KeyedLimiter, Quota};
+    /// // Signed-in users are limited by their API key; anonymous requests pass this policy.
+    /// let users = Policy::new("users", KeyedLimiter::<Key, _>::new(Gcra::new(Quota::per_second(10)?)?))
+    ///     .key(KeySource::header(HeaderName::from_static("x-api-key")))
+    ///     .on_missing_key(Fallback::Allow);
+    /// # let _ = users;
+    /// # Ok::<(), tollgate::QuotaError>(())
+    /// ```
+    pub fn on_missing_key(mut self, fallback: super::Fallback) -> Self {
+        self.on_missing_key = Some(fallback);
         self
     }
 

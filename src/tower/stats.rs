@@ -40,8 +40,12 @@ pub enum Outcome {
     ShadowDenied,
     /// Admitted after waiting for its slot (delay mode).
     Delayed,
-    /// No client key could be extracted: the layer's missing-key fallback decided.
+    /// No client key could be extracted: the policy's (or the layer's) missing-key fallback
+    /// decided.
     NoKey,
+    /// The key was longer than the layer's bound and refused
+    /// ([`LongKey::Reject`](super::LongKey::Reject)).
+    KeyTooLong,
     /// The backend could not decide, or the cost can never be admitted.
     Error,
     /// An admitted request given back by its response's status (counted as allowed or
@@ -61,6 +65,7 @@ impl Outcome {
             Outcome::ShadowDenied => "shadow_denied",
             Outcome::Delayed => "delayed",
             Outcome::NoKey => "no_key",
+            Outcome::KeyTooLong => "key_too_long",
             Outcome::Error => "error",
             Outcome::Refunded => "refunded",
             Outcome::Passed => "passed",
@@ -107,12 +112,13 @@ pub(crate) fn trace_no_key(policy: &Policy) {
 
 /// Every outcome, in declaration order (`Outcome as usize` indexes [`MetricKeys`]).
 #[cfg(feature = "metrics")]
-const OUTCOMES: [Outcome; 8] = [
+const OUTCOMES: [Outcome; 9] = [
     Outcome::Allowed,
     Outcome::Denied,
     Outcome::ShadowDenied,
     Outcome::Delayed,
     Outcome::NoKey,
+    Outcome::KeyTooLong,
     Outcome::Error,
     Outcome::Refunded,
     Outcome::Passed,

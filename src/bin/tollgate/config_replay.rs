@@ -195,12 +195,13 @@ struct KeyTally {
 }
 
 /// The outcomes a summary lists, in its columns' order.
-const COLUMNS: [Outcome; 6] = [
+const COLUMNS: [Outcome; 7] = [
     Outcome::Allowed,
     Outcome::Delayed,
     Outcome::Denied,
     Outcome::ShadowDenied,
     Outcome::NoKey,
+    Outcome::KeyTooLong,
     Outcome::Error,
 ];
 
