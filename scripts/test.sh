@@ -15,6 +15,10 @@ bash scripts/install-deps.sh
 step "format and lint"
 cargo fmt --all -- --check
 cargo clippy --all-targets --all-features -- -D warnings
+# Code gated by a feature must also be clean without its neighbours: the core alone, and
+# the tower layer without metrics, serde or redis.
+cargo clippy --lib -- -D warnings
+cargo clippy --lib --features tower -- -D warnings
 
 # Right after clippy: rustdoc reuses the dependencies' check builds clippy just made.
 step "documentation: every feature, rustdoc warnings are errors (broken links, missing docs)"

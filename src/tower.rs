@@ -112,7 +112,7 @@ use std::task::{Context, Poll};
 
 use bytes::Bytes;
 use http::request::Parts;
-use http::{HeaderMap, Request, Response, StatusCode};
+use http::{Request, Response, StatusCode};
 use tower_layer::Layer;
 use tower_service::Service;
 
@@ -183,8 +183,9 @@ pub enum ConfigError {
     /// A policy name must be 1–64 printable ASCII characters (it goes into headers).
     #[error("policy name {0:?} must be 1-64 printable ASCII characters")]
     PolicyName(String),
-    /// The IPv6 grouping prefix must be at most 128.
-    #[error("IPv6 prefix /{0} is longer than 128 bits")]
+    /// The IPv6 grouping prefix must lie in /32 ..= /64: a shorter one puts whole providers
+    /// in one bucket, a longer one gives a host that owns a /64 as many buckets as addresses.
+    #[error("IPv6 prefix /{0} is outside /32 ..= /64")]
     Ipv6Prefix(u8),
     /// A [`Fallback::Reject`] status must be a client or server error (4xx or 5xx).
     #[error("fallback status {0} is not a 4xx or 5xx status")]
@@ -236,6 +237,9 @@ struct Shared {
 /// The default bound on a key part's bytes: a few hundred, room for any address, API key or
 /// route, and a bearer token up to a modest size.
 const DEFAULT_MAX_KEY_LEN: usize = 256;
+
+/// The IPv6 grouping prefixes accepted (see [`RateLimitLayerBuilder::ipv6_prefix`]).
+const IPV6_PREFIXES: std::ops::RangeInclusive<u8> = 32..=64;
 
 /// Builds a [`RateLimitLayer`].
 ///
@@ -357,15 +361,16 @@ impl RateLimitLayerBuilder {
         self
     }
 
-    /// IPv6 client addresses are keyed by their first `prefix` bits (default 56; 64 for one
-    /// subnet, 128 for one address). IPv4 addresses are keyed whole.
+    /// IPv6 client addresses are keyed by their first `prefix` bits, 32 to 64 (default 56: a
+    /// site; 64 for one subnet, the smallest block a host is given, so a longer prefix would
+    /// let it rotate addresses into new buckets). IPv4 addresses are keyed whole.
     ///
     /// # Examples
     /// ```
     /// use tollgate::tower::{ConfigError, RateLimitLayer};
     /// // One key per /64: a host that owns a /64 cannot multiply its limit by rotating addresses.
     /// let layer = RateLimitLayer::builder().ipv6_prefix(64).build()?;
-    /// assert_eq!(RateLimitLayer::builder().ipv6_prefix(129).build().err(), Some(ConfigError::Ipv6Prefix(129)));
+    /// assert_eq!(RateLimitLayer::builder().ipv6_prefix(128).build().err(), Some(ConfigError::Ipv6Prefix(128)));
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn ipv6_prefix(mut self, prefix: u8) -> Self {
@@ -566,7 +571,7 @@ impl RateLimitLayerBuilder {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn build(self) -> Result<RateLimitLayer, ConfigError> {
-        if self.addrs.ipv6_prefix > 128 {
+        if !IPV6_PREFIXES.contains(&self.addrs.ipv6_prefix) {
             return Err(ConfigError::Ipv6Prefix(self.addrs.ipv6_prefix));
         }
         let long_key = match self.on_long_key {
@@ -757,7 +762,14 @@ impl RateLimitLayer {
             Ok((verdict, waited)) => (Some(verdict.decision), *waited),
             Err(_) => (None, std::time::Duration::ZERO),
         };
-        let next = next::<()>(shared, index, key.clone(), cost, decided, &parts.headers);
+        let next = next::<()>(
+            shared,
+            index,
+            key.clone(),
+            cost,
+            decided,
+            is_grpc(&parts.method, &parts.headers),
+        );
         Evaluation {
             policy: Some(Arc::clone(&policy.name)),
             key: Some(key),
@@ -972,6 +984,7 @@ impl Shared {
             }
         };
         set_retry_after(response.headers_mut(), secs);
+        response::never_cached(response.headers_mut());
         add_headers(response.headers_mut(), self.headers, policy, verdict);
         response
     }
@@ -1200,7 +1213,7 @@ fn next<B>(
     key: Key,
     cost: u64,
     decided: Result<(Verdict, std::time::Duration), CheckError>,
-    headers: &HeaderMap,
+    grpc: bool,
 ) -> Next<B> {
     let policy = &shared.policies[index];
     record_outcome(policy, &key, &decided);
@@ -1212,7 +1225,7 @@ fn next<B>(
                 "Rate limit \"{}\": a cost of {cost} exceeds the capacity {capacity}; this request can never be admitted.",
                 policy.name()
             );
-            return Next::Respond(if is_grpc(headers) {
+            return Next::Respond(if grpc {
                 grpc_response(GRPC_RESOURCE_EXHAUSTED, &detail)
             } else {
                 let status = StatusCode::TOO_MANY_REQUESTS;
@@ -1225,13 +1238,13 @@ fn next<B>(
                 Fallback::Reject(status) => Next::Respond(shared.reject(
                     status,
                     "The rate limiter could not decide this request.",
-                    is_grpc(headers),
+                    grpc,
                 )),
             }
         }
     };
     if !verdict.decision.allowed() && policy.mode != Mode::Shadow {
-        return Next::Respond(shared.deny(policy, &verdict, is_grpc(headers)));
+        return Next::Respond(shared.deny(policy, &verdict, grpc));
     }
     if shared.headers == HeaderStyle::None && policy.refund.is_none() {
         // Nothing to add to the response: it passes as it is.
@@ -1378,7 +1391,7 @@ where
                             } else {
                                 NO_KEY_DETAIL
                             },
-                            is_grpc(request.headers()),
+                            is_grpc(request.method(), request.headers()),
                         )),
                     },
                 })
@@ -1395,7 +1408,14 @@ where
         if let Some(decided) = decided {
             let decided = decided.map(|verdict| (verdict, std::time::Duration::ZERO));
             return ResponseFuture::stage(
-                match next(&self.shared, index, key, cost, decided, request.headers()) {
+                match next(
+                    &self.shared,
+                    index,
+                    key,
+                    cost,
+                    decided,
+                    is_grpc(request.method(), request.headers()),
+                ) {
                     Next::Respond(response) => Stage::Ready {
                         response: Some(response),
                     },
@@ -1415,7 +1435,14 @@ where
         let future = Box::pin(async move {
             let decided = decide(&shared.policies[index], &key, cost).await;
             // (Bound before the await: a `Next` holds a response body, which need not be `Send`.)
-            let admitted = match next(&shared, index, key, cost, decided, request.headers()) {
+            let admitted = match next(
+                &shared,
+                index,
+                key,
+                cost,
+                decided,
+                is_grpc(request.method(), request.headers()),
+            ) {
                 Next::Respond(response) => return Ok(response),
                 Next::Call(admitted) => admitted,
             };

@@ -675,7 +675,13 @@ async fn grpc_requests_get_resource_exhausted() {
     let message = denied.header("grpc-message").expect("a grpc-message");
     assert!(message.contains("Rate limit"), "{message}");
     assert_eq!(denied.header("retry-after"), Some("3600"));
+    assert_eq!(denied.header("cache-control"), Some("no-store"));
     assert!(denied.body.is_empty());
+    // A GET of that content type is no gRPC call: a plain 429, which caches and monitors see.
+    let get = send(&http, addr, Method::GET, "/other", &grpc).await;
+    assert_eq!(get.status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(get.header("grpc-status"), None);
+    assert_eq!(get.header("cache-control"), Some("no-store"));
 }
 
 #[tokio::test]

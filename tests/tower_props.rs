@@ -279,12 +279,23 @@ fn a_request_without_a_peer_address_gets_the_configured_outcome() {
         header(&response, "content-type"),
         Some("application/problem+json")
     );
-    let mut grpc = request("/", None, &[]);
-    grpc.headers_mut()
-        .insert("content-type", HeaderValue::from_static("application/grpc"));
-    let response = call(&rt, &mut svc, grpc);
+    assert_eq!(header(&response, "cache-control"), Some("no-store"));
+    // A gRPC call is a POST of `application/grpc`: its refusal is a gRPC status. A GET of
+    // that content type is no gRPC call, and gets the plain HTTP refusal.
+    let grpc = |method: http::Method| {
+        let mut grpc = request("/", None, &[]);
+        *grpc.method_mut() = method;
+        grpc.headers_mut()
+            .insert("content-type", HeaderValue::from_static("application/grpc"));
+        grpc
+    };
+    let response = call(&rt, &mut svc, grpc(http::Method::POST));
     assert_eq!(response.status(), StatusCode::OK);
     assert_eq!(header(&response, "grpc-status"), Some("13"));
+    assert_eq!(header(&response, "cache-control"), Some("no-store"));
+    let response = call(&rt, &mut svc, grpc(http::Method::GET));
+    assert_eq!(response.status(), StatusCode::INTERNAL_SERVER_ERROR);
+    assert_eq!(header(&response, "grpc-status"), None);
 }
 
 /// A policy's own missing-key answer overrides the layer's for that policy only: an
@@ -387,7 +398,18 @@ fn invalid_configurations_are_refused() {
             KeyedLimiter::<Key, Gcra>::new(Gcra::new(Quota::per_second(1).unwrap()).unwrap()),
         )
     };
-    assert!(RateLimitLayer::builder().ipv6_prefix(129).build().is_err());
+    for prefix in [0, 31, 65, 128, 129] {
+        assert!(RateLimitLayer::builder()
+            .ipv6_prefix(prefix)
+            .build()
+            .is_err());
+    }
+    for prefix in [32, 48, 56, 64] {
+        assert!(RateLimitLayer::builder()
+            .ipv6_prefix(prefix)
+            .build()
+            .is_ok());
+    }
     assert!(RateLimitLayer::builder()
         .policy(policy(""))
         .build()

@@ -129,6 +129,11 @@ pub fn client_ip(data: &[u8]) {
         .iter()
         .filter_map(|&(bytes, v6, prefix)| Cidr::new(ip(v6, bytes), prefix).ok())
         .collect();
+    // Mostly a valid prefix (/32 ..= /64), now and then a refused one.
+    let ipv6_prefix = match input.ipv6_prefix {
+        p @ 0..224 => 32 + p % 33,
+        p => p,
+    };
     let keys = Arc::new(Mutex::new(Vec::new()));
     let limiter = KeyedLimiter::with_clock(
         Gcra::new(Quota::per_second(1).expect("a valid quota")).expect("a valid rule"),
@@ -149,12 +154,12 @@ pub fn client_ip(data: &[u8]) {
         } else {
             ProxyHeader::XForwardedFor
         })
-        .ipv6_prefix(input.ipv6_prefix)
+        .ipv6_prefix(ipv6_prefix)
         .build();
     let Ok(layer) = built else {
         assert!(
-            input.ipv6_prefix > 128,
-            "only a long IPv6 prefix is refused"
+            !(32..=64).contains(&ipv6_prefix),
+            "only an IPv6 prefix outside /32 ..= /64 is refused"
         );
         return;
     };
@@ -201,9 +206,7 @@ pub fn client_ip(data: &[u8]) {
     let trusted_ip = |ip: IpAddr| trusted.iter().any(|net| net.contains(ip));
     let group = |ip: IpAddr| match ip {
         IpAddr::V4(_) => ip,
-        IpAddr::V6(_) => Cidr::new(ip, input.ipv6_prefix)
-            .expect("a valid prefix")
-            .addr(),
+        IpAddr::V6(_) => Cidr::new(ip, ipv6_prefix).expect("a valid prefix").addr(),
     };
     let Some(key) = keys.first() else {
         // No key: the default missing-key answer, and only behind a trusted peer.

@@ -6,8 +6,8 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::header::{HeaderName, HeaderValue, CONTENT_TYPE, RETRY_AFTER};
-use http::{HeaderMap, Response, StatusCode};
+use http::header::{HeaderName, HeaderValue, CACHE_CONTROL, CONTENT_TYPE, RETRY_AFTER};
+use http::{HeaderMap, Method, Response, StatusCode};
 use http_body::{Body, Frame, SizeHint};
 
 use super::{CheckBackend, Policy, Verdict};
@@ -433,10 +433,19 @@ static GRPC: HeaderValue = HeaderValue::from_static("application/grpc");
 pub(crate) fn problem_response<B>(status: StatusCode, body: Bytes) -> Response<RateLimitBody<B>> {
     let mut response = Response::new(RateLimitBody::full(body));
     *response.status_mut() = status;
+    let headers = response.headers_mut();
+    headers.insert(CONTENT_TYPE, PROBLEM_JSON.clone());
+    never_cached(headers);
     response
-        .headers_mut()
-        .insert(CONTENT_TYPE, PROBLEM_JSON.clone());
-    response
+}
+
+/// Marks a refusal of the layer's `no-store` (unless it says otherwise): it answers one
+/// client at one moment, and a cache that kept it would refuse others, or keep a 200-status
+/// gRPC refusal out of sight of monitoring.
+pub(crate) fn never_cached(headers: &mut HeaderMap) {
+    headers
+        .entry(CACHE_CONTROL)
+        .or_insert(HeaderValue::from_static("no-store"));
 }
 
 /// A gRPC "trailers-only" answer: HTTP 200, `grpc-status` and `grpc-message`, no body.
@@ -444,6 +453,7 @@ pub(crate) fn grpc_response<B>(code: u8, message: &str) -> Response<RateLimitBod
     let mut response = Response::new(RateLimitBody::full(Bytes::new()));
     let headers = response.headers_mut();
     headers.insert(CONTENT_TYPE, GRPC.clone());
+    never_cached(headers);
     headers.insert(GRPC_STATUS.clone(), number(u64::from(code)));
     // grpc-message is percent-encoded outside printable ASCII (and for `%` itself).
     let mut encoded = String::new();
@@ -472,11 +482,14 @@ pub(crate) fn grpc_code(status: StatusCode) -> u8 {
     }
 }
 
-/// Whether a request is gRPC (its `content-type` starts with `application/grpc`).
-pub(crate) fn is_grpc(headers: &HeaderMap) -> bool {
-    headers
-        .get(CONTENT_TYPE)
-        .is_some_and(|v| v.as_bytes().starts_with(b"application/grpc"))
+/// Whether a request is gRPC: a POST whose `content-type` starts with `application/grpc`
+/// (gRPC calls are POSTs; a GET with that content type is a browser or a probe, and its
+/// denial must be a plain 429 that caches and monitors see).
+pub(crate) fn is_grpc(method: &Method, headers: &HeaderMap) -> bool {
+    method == Method::POST
+        && headers
+            .get(CONTENT_TYPE)
+            .is_some_and(|v| v.as_bytes().starts_with(b"application/grpc"))
 }
 
 /// Sets `Retry-After`.

@@ -79,6 +79,32 @@ impl std::fmt::Display for Outcome {
     }
 }
 
+/// A key as the debug events show it: characters other than printable ASCII escaped (as
+/// `str::escape_default` does), and cut after [`Logged::MAX`] characters. A client's header
+/// must not write lines or terminal escapes into the server's logs, nor fill them.
+#[cfg(feature = "metrics")]
+struct Logged<'a>(&'a Key);
+
+#[cfg(feature = "metrics")]
+impl Logged<'_> {
+    const MAX: usize = 64;
+}
+
+#[cfg(feature = "metrics")]
+impl std::fmt::Display for Logged<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let text = self.0.to_string();
+        let mut escaped = text.escape_default();
+        for c in escaped.by_ref().take(Self::MAX) {
+            std::fmt::Write::write_char(f, c)?;
+        }
+        if escaped.next().is_some() {
+            f.write_str("...")?;
+        }
+        Ok(())
+    }
+}
+
 /// Emits a debug event for a refusal or an error of `policy` on `key` (feature `metrics`).
 #[inline]
 pub(crate) fn trace(policy: &Policy, key: &Key, decided: &Result<(Verdict, Duration), CheckError>) {
@@ -87,14 +113,14 @@ pub(crate) fn trace(policy: &Policy, key: &Key, decided: &Result<(Verdict, Durat
         Ok((verdict, _)) if !verdict.decision.allowed() => {
             let retry_after_ms = verdict.decision.retry_after().as_millis();
             if policy.mode == super::Mode::Shadow {
-                tracing::debug!(target: "tollgate::tower", policy = %policy.name, %key, retry_after_ms, "rate limit would deny (shadow)");
+                tracing::debug!(target: "tollgate::tower", policy = %policy.name, key = %Logged(key), retry_after_ms, "rate limit would deny (shadow)");
             } else {
-                tracing::debug!(target: "tollgate::tower", policy = %policy.name, %key, retry_after_ms, "rate limit denied");
+                tracing::debug!(target: "tollgate::tower", policy = %policy.name, key = %Logged(key), retry_after_ms, "rate limit denied");
             }
         }
         Ok(_) => {}
         Err(error) => {
-            tracing::debug!(target: "tollgate::tower", policy = %policy.name, %key, %error, "rate limit could not decide");
+            tracing::debug!(target: "tollgate::tower", policy = %policy.name, key = %Logged(key), %error, "rate limit could not decide");
         }
     }
     #[cfg(not(feature = "metrics"))]
@@ -237,5 +263,20 @@ mod tests {
                 .collect();
             assert_eq!(labels, ["api", outcome.label()]);
         }
+    }
+}
+
+#[cfg(all(test, feature = "metrics"))]
+mod logged_tests {
+    use super::*;
+
+    #[test]
+    fn logged_keys_are_escaped_and_cut() {
+        let shown = |key: Key| Logged(&key).to_string();
+        assert_eq!(shown(Key::from("alice")), "alice");
+        assert_eq!(shown(Key::from("a\nb\u{1b}[31m")), "a\\nb\\u{1b}[31m");
+        let long = shown(Key::from("x".repeat(100)));
+        assert_eq!(long, "x".repeat(64) + "...");
+        assert_eq!(shown(Key::from("x".repeat(64))), "x".repeat(64));
     }
 }
