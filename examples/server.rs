@@ -57,9 +57,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     Ok(())
 }
 
-/// The example's routes behind `layer`; `/metrics` (outside the layer: never limited) renders
-/// `prometheus` after refreshing the layer's gauges. `tests/example_server.rs` serves this
-/// very router.
+/// The example's routes behind `layer`; `/metrics` (outside the layer, behind a limit of its
+/// own) renders `prometheus` after refreshing the layer's gauges. `tests/example_server.rs`
+/// serves this very router.
 pub fn app(
     layer: tollgate::tower::RateLimitLayer,
     prometheus: metrics_exporter_prometheus::PrometheusHandle,
@@ -79,8 +79,26 @@ pub fn app(
                 gauges.record_gauges();
                 let prometheus = prometheus.clone();
                 async move { prometheus.render() }
-            }),
+            })
+            .layer(scrape_limit()),
         )
+}
+
+/// The limit on `/metrics`, per peer address: a burst of 10, then one every 10 s (a
+/// Prometheus server scrapes every 15 s or so). A scrape
+/// refreshes every gauge (each store's shards locked in turn), so no client may ask for it
+/// in a loop.
+fn scrape_limit() -> tollgate::tower::RateLimitLayer {
+    use tollgate::tower::{Key, KeySource, Policy, RateLimitLayer};
+    use tollgate::{Gcra, KeyedLimiter, Quota};
+    let quota = Quota::per_minute(6).and_then(|q| q.with_burst(10));
+    let rule = Gcra::new(quota.expect("a valid constant quota")).expect("a valid GCRA quota");
+    let policy =
+        Policy::new("metrics", KeyedLimiter::<Key, _>::new(rule)).key(KeySource::peer_ip());
+    RateLimitLayer::builder()
+        .default_policy(policy)
+        .build()
+        .expect("a valid constant layer")
 }
 
 /// Every single-quota policy on Redis (exact tier); the others stay in process.

@@ -42,7 +42,8 @@
 //!                                  # (delay: wait up to 500 ms, then 429; feature tokio)
 //! on_missing_key = "allow"         # this policy's own missing-key answer (default the
 //!                                  # layer's)
-//! refund = ["5xx"]                 # give back units of requests answered 5xx
+//! refund = [500]                   # give back units of requests answered 500 (not
+//!                                  # "5xx": a timeout layer's 503/504 under overload)
 //! tier = "free"                    # with tiers: the name of this quota's tier (default "default")
 //! tiers.pro = { quota = "1000/1m", keys = ["k-1"] }  # more tiers, keys placed at start
 //! max_keys = 100000                # optional bound on the keys held
@@ -219,8 +220,9 @@ pub struct PolicyConfig {
     #[serde(default)]
     pub mode: Mode,
     /// Give an admitted request's units back when its response status matches one of these
-    /// (`["5xx"]`: failures are not charged; `["2xx", "3xx"]`: only failures are, as a login
-    /// throttle does). See [`Policy::refund_when`].
+    /// (`[500]`: the application's failures are not charged; `["2xx", "3xx"]`: only failures
+    /// are, as a login throttle does). See [`Policy::refund_when`], and its warning about the
+    /// 503/504 of inner timeout layers.
     #[serde(default)]
     pub refund: Vec<StatusMatch>,
     /// Other tiers than the policy's own quota (which is the default tier): each with its own

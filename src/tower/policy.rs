@@ -414,6 +414,12 @@ impl Policy {
     /// decision made before the request was served. The backend must be able to refund
     /// ([`CheckBackend::can_refund`]: the in-process limiters can), or the layer is refused.
     ///
+    /// Mind which layer answers: the status is the one this layer sees from the service it
+    /// wraps. A timeout or load-shedding layer inside it answers 503/504 exactly when the
+    /// server is overloaded, and refunding those would weaken the limit under load. Refund
+    /// only what the application itself answers (say, 500), or put such layers outside this
+    /// one.
+    ///
     /// # Examples
     /// ```
     /// use tollgate::tower::{Key, Policy};
