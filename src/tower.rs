@@ -128,6 +128,8 @@ mod redis_backend;
 mod response;
 mod stats;
 mod tiers;
+#[cfg(feature = "tokio")]
+mod waiters;
 
 pub use self::backend::{CheckBackend, CheckError, CheckFuture, QuotaInfo, RuleWindow, Verdict};
 pub use self::cidr::{Cidr, CidrError};
@@ -599,7 +601,7 @@ impl RateLimitLayerBuilder {
             {
                 return Err(ConfigError::PolicyName(name.to_string()));
             }
-            if let Some(problem) = policy.path_problem() {
+            if let Some(problem) = policy.path_problem().or_else(|| policy.delay_problem()) {
                 return Err(ConfigError::Policy {
                     policy: name.to_string(),
                     problem,
@@ -1037,14 +1039,24 @@ async fn delay(
         }
     };
     let mut slept = false;
+    // A place among the policy's waiters, taken before the first sleep.
+    let mut place = None;
+    let mut room = || {
+        place.is_some() || {
+            place = policy.waiters.enter(key);
+            place.is_some()
+        }
+    };
     loop {
         let decision = verdict.decision;
         if decision.allowed() {
             // A reservation: its slot is `delay` away. A client that hangs up before it gives
             // the slot back (where the backend can refund).
-            if !decision.delay().is_zero() && too_long(decision.delay()) {
-                // A queue deeper than `max_wait` (a leaky queue's check reserves), or others
-                // took the places up to the deadline since the check: give it back, refuse.
+            let waits = !decision.delay().is_zero();
+            if waits && (too_long(decision.delay()) || !room()) {
+                // A queue deeper than `max_wait` (a leaky queue's check reserves), others took
+                // the places up to the deadline since the check, or too many wait already:
+                // give it back, refuse.
                 policy.backend.refund_decided(key, cost, &decision);
                 let decision = decision.too_late();
                 return Ok((
@@ -1055,7 +1067,7 @@ async fn delay(
                     waited(slept),
                 ));
             }
-            if !decision.delay().is_zero() {
+            if waits {
                 let mut guard = RefundOnDrop {
                     policy,
                     key,
@@ -1083,13 +1095,31 @@ async fn delay(
             None => verdict,
         };
         let wait = retry(&refused);
-        if too_long(wait) {
+        if too_long(wait) || !room() {
             return Ok((refused, waited(slept)));
         }
-        tokio::time::sleep(wait).await;
+        // Waiters that recheck spread their wake-ups (up to a quarter more, within the
+        // deadline), so that those refused together do not all call the backend together.
+        let spread = jitter(wait / 4);
+        tokio::time::sleep(if too_long(wait + spread) {
+            wait
+        } else {
+            wait + spread
+        })
+        .await;
         slept = true;
         verdict = policy.backend.check(key, cost).await?;
     }
+}
+
+/// A pseudo-random duration in `[0, up_to]`: std's per-instance random hasher keys, a fresh
+/// one per call (no generator to share between threads).
+#[cfg(feature = "tokio")]
+fn jitter(up_to: std::time::Duration) -> std::time::Duration {
+    use std::hash::BuildHasher;
+    let nanos = u64::try_from(up_to.as_nanos()).unwrap_or(u64::MAX);
+    let random = std::hash::RandomState::new().hash_one(0u8);
+    std::time::Duration::from_nanos(random % nanos.saturating_add(1))
 }
 
 /// How long a refusal says to wait, at least [`crate::wait::MIN_SLEEP`].

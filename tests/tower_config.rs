@@ -358,8 +358,10 @@ fn what_only_the_algorithm_or_the_layer_can_refuse_is_a_config_error() {
         .unwrap_err();
         assert!(e.to_string().contains(want), "{line}: {e}");
     }
-    build("max_key_len = 64\non_long_key = 431\n[[policy]]\nname = \"p\"\nquota = \"1/1s\"\non_missing_key = \"allow\"")
-        .expect("a key bound and a policy's own missing-key answer");
+    build("max_key_len = 64\non_long_key = 431\n[[policy]]\nname = \"p\"\nquota = \"1/1s\"\non_missing_key = \"allow\"\nmax_waiters = [8, 2]")
+        .expect("a key bound, a policy's own missing-key answer and waiter bounds");
+    let e = build("[[policy]]\nname = \"p\"\nquota = \"1/1s\"\nmax_waiters = [8, 0]").unwrap_err();
+    assert!(e.to_string().contains("max_waiters"), "{e}");
     let e = build("allow_paths = [\"/health\", \"\"]").unwrap_err();
     assert_eq!(e, ConfigError::AllowPath(String::new()));
 }

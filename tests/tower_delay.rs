@@ -251,3 +251,77 @@ fn a_reservation_on_the_shared_state_never_credits_the_key_that_found_room_since
         assert_eq!(shared.retry_after(), Duration::from_millis(200 - 161));
     });
 }
+
+/// At most `per_key` requests of one key and `total` in all wait: the next are refused at
+/// once, and a place is given back when its waiter passes. On a reserving backend (GCRA) and
+/// on one that checks again (a fixed window).
+#[test]
+fn waiters_are_bounded_per_key_and_in_all() {
+    paused_runtime().block_on(async {
+        let clock = TokioClock::new();
+        let backends = || -> [Arc<dyn CheckBackend>; 2] {
+            let window = tollgate::FixedWindow::new(Quota::per_second(1).unwrap()).unwrap();
+            [
+                Arc::new(gcra(
+                    &clock,
+                    Quota::per_second(10).unwrap().with_burst(1).unwrap(),
+                )),
+                Arc::new(KeyedLimiter::<Key, _, _>::with_clock(window, clock).unwrap()),
+            ]
+        };
+        let layer = |backend| {
+            let policy = Policy::new("p", backend)
+                .mode(Mode::Delay {
+                    max_wait: Duration::from_secs(5),
+                })
+                .max_waiters(3, 2);
+            let layer = RateLimitLayer::builder().default_policy(policy).build();
+            layer.unwrap().layer(Ok200)
+        };
+        for backend in backends() {
+            // One key: one passes at once, two wait, the fourth is refused at once; then the
+            // places are free again.
+            let svc = layer(backend);
+            let statuses: Vec<u16> = burst(&svc, 4).await.iter().map(|r| r.0).collect();
+            assert_eq!(statuses, [200, 200, 200, 429]);
+            assert_eq!(burst(&svc, 1).await[0].0, 200, "places given back");
+        }
+        for backend in backends() {
+            // A sends three, then B three: A's first and B's first pass at once, A's other two
+            // and B's second take the three places, B's third is refused.
+            let svc = layer(backend);
+            let clients = [CLIENT, IpAddr::V4(Ipv4Addr::new(192, 0, 2, 8))];
+            let mut tasks = Vec::new();
+            for (i, client) in [0, 0, 0, 1, 1, 1].into_iter().enumerate() {
+                let svc = svc.clone();
+                tasks.push(tokio::spawn(async move {
+                    tokio::time::sleep(Duration::from_millis(i as u64)).await;
+                    status(&svc, request("/", Some(clients[client]), &[])).await
+                }));
+            }
+            let mut statuses = Vec::new();
+            for task in tasks {
+                statuses.push(task.await.unwrap());
+            }
+            assert_eq!(statuses, [200, 200, 200, 200, 200, 429]);
+        }
+    });
+}
+
+/// A configured or built `max_wait` over 60 s is refused, as is a bound of no waiter.
+#[test]
+fn delay_bounds_are_checked() {
+    let limiter =
+        || KeyedLimiter::<Key, Gcra>::new(Gcra::new(Quota::per_second(1).unwrap()).unwrap());
+    let build = |policy: Policy| RateLimitLayer::builder().default_policy(policy).build();
+    let long = Mode::Delay {
+        max_wait: Duration::from_secs(61),
+    };
+    assert!(build(Policy::new("p", limiter()).mode(long)).is_err());
+    let minute = Mode::Delay {
+        max_wait: Duration::from_secs(60),
+    };
+    assert!(build(Policy::new("p", limiter()).mode(minute)).is_ok());
+    assert!(build(Policy::new("p", limiter()).max_waiters(0, 1)).is_err());
+    assert!(build(Policy::new("p", limiter()).max_waiters(1, 0)).is_err());
+}

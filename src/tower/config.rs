@@ -39,7 +39,9 @@
 //! cost = 1                         # units per request; default 1
 //! cost_by_path = { "/api/export" = 5 } # by path prefix within the policy (longest wins)
 //! mode = "enforce"                 # enforce (default) | shadow | { delay = "500ms" }
-//!                                  # (delay: wait up to 500 ms, then 429; feature tokio)
+//!                                  # (delay: wait up to 500 ms, then 429; at most 60 s;
+//!                                  # feature tokio)
+//! max_waiters = [1024, 16]         # delay mode: most waiting in all, and per key
 //! on_missing_key = "allow"         # this policy's own missing-key answer (default the
 //!                                  # layer's)
 //! refund = [500]                   # give back units of requests answered 500 (not
@@ -200,6 +202,10 @@ pub struct PolicyConfig {
     /// What a request of this policy without a key gets (default: the layer's setting).
     #[serde(default)]
     pub on_missing_key: Option<Fallback>,
+    /// In delay mode, the most requests waiting at once, in all and per key (default
+    /// `[1024, 16]`; see [`Policy::max_waiters`]).
+    #[serde(default)]
+    pub max_waiters: Option<[usize; 2]>,
     /// Where the key comes from (default the client IP).
     #[serde(default = "KeySource::client_ip")]
     pub key: KeySource,
@@ -602,6 +608,16 @@ impl PolicyConfig {
         policy = policy.head_as_get(self.head_as_get);
         if let Some(fallback) = self.on_missing_key {
             policy = policy.on_missing_key(fallback);
+        }
+        if let Some([_total, _per_key]) = self.max_waiters {
+            #[cfg(feature = "tokio")]
+            {
+                policy = policy.max_waiters(_total, _per_key);
+            }
+            #[cfg(not(feature = "tokio"))]
+            return Err(
+                self.problem("max_waiters is for delay mode, which needs the `tokio` feature")
+            );
         }
         if !self.refund.is_empty() {
             let statuses = self.refund.clone();
@@ -1015,15 +1031,23 @@ impl<'de> Visitor<'de> for ModeVisitor {
         }
         let max_wait = parse_duration(&value).map_err(de::Error::custom)?;
         #[cfg(feature = "tokio")]
-        return Ok(Mode::Delay { max_wait });
+        let mode = {
+            let most = crate::tower::policy::MAX_DELAY;
+            if max_wait > most {
+                return Err(de::Error::custom(format!(
+                    "a delay of {max_wait:?} is longer than the most a request may wait, {most:?}"
+                )));
+            }
+            Ok(Mode::Delay { max_wait })
+        };
         #[cfg(not(feature = "tokio"))]
-        return Err(de::Error::custom(format!(
+        let mode = Err(de::Error::custom(format!(
             "delay mode (max wait {max_wait:?}) needs tollgate's `tokio` feature"
         )));
+        mode
     }
 }
 
-/// `"allow"`, or a 4xx/5xx status number to reject with.
 /// `v` as a client or server error status (what a configured refusal may answer).
 fn error_status<E: de::Error>(v: impl TryInto<u16> + fmt::Display + Copy) -> Result<StatusCode, E> {
     v.try_into()
@@ -1065,6 +1089,7 @@ impl<'de> Deserialize<'de> for LongKey {
     }
 }
 
+/// `"allow"`, or a 4xx/5xx status number to reject with.
 impl<'de> Deserialize<'de> for Fallback {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         struct FallbackVisitor;

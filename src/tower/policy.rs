@@ -25,7 +25,8 @@ pub enum Mode {
     /// every request on. This is how a new limit is tried in production.
     Shadow,
     /// Shaping (feature `tokio`): wait for the slot, then pass the request on; refuse it as
-    /// `Enforce` does when admission would take longer than `max_wait` from its arrival.
+    /// `Enforce` does when admission would take longer than `max_wait` from its arrival (at
+    /// most 60 s), or when the policy has as many waiting as [`Policy::max_waiters`] allows.
     ///
     /// A refused check changes nothing, so a waiting request is charged once, when admitted,
     /// and a client that hangs up while it waits has cost nothing. Waiters re-check at their
@@ -42,6 +43,17 @@ pub enum Mode {
         max_wait: std::time::Duration,
     },
 }
+
+/// The longest `max_wait` a delay-mode policy accepts: a request held longer is better
+/// refused, and the bound keeps every deadline within the clock's range.
+#[cfg(feature = "tokio")]
+pub(crate) const MAX_DELAY: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// The default bounds on a delay-mode policy's waiters (see [`Policy::max_waiters`]).
+#[cfg(feature = "tokio")]
+const DEFAULT_MAX_WAITERS: usize = 1024;
+#[cfg(feature = "tokio")]
+const DEFAULT_MAX_WAITERS_PER_KEY: usize = 16;
 
 type CostFn = dyn Fn(&Parts) -> u64 + Send + Sync;
 type RefundFn = dyn Fn(StatusCode) -> bool + Send + Sync;
@@ -158,6 +170,9 @@ pub struct Policy {
     pub(crate) mode: Mode,
     /// What a request without a key gets, if not the layer's setting.
     pub(crate) on_missing_key: Option<super::Fallback>,
+    /// The requests waiting in delay mode, and their bounds.
+    #[cfg(feature = "tokio")]
+    pub(crate) waiters: Arc<super::waiters::Waiters>,
     pub(crate) refund: Option<Arc<RefundFn>>,
     /// The backend, when it is [`Tiers`]: a handle to move keys between tiers.
     pub(crate) tiers: Option<Tiers>,
@@ -229,6 +244,11 @@ impl Policy {
             cost: Cost::Fixed(1),
             mode: Mode::Enforce,
             on_missing_key: None,
+            #[cfg(feature = "tokio")]
+            waiters: Arc::new(super::waiters::Waiters::new(
+                DEFAULT_MAX_WAITERS,
+                DEFAULT_MAX_WAITERS_PER_KEY,
+            )),
             refund: None,
         }
     }
@@ -392,6 +412,30 @@ impl Policy {
         self
     }
 
+    /// At most `total` requests of this policy wait in delay mode at once, and at most
+    /// `per_key` of one key (defaults 1,024 and 16); a request beyond either is refused at
+    /// once, as one that would wait past `max_wait` is. Each waiter holds its connection (and
+    /// on the window, log and Redis backends wakes to check again), so a client sending
+    /// faster than its rate must not fill the server with sleepers. Both must be at least 1.
+    ///
+    /// # Examples
+    /// ```
+    /// use std::time::Duration;
+    /// use tollgate::tower::{Key, Mode, Policy};
+    /// use tollgate::{Gcra, KeyedLimiter, Quota};
+    /// // Uploads wait up to 2 s for their slot; at most 4 per client, 256 in all.
+    /// let uploads = Policy::new("uploads", KeyedLimiter::<Key, _>::new(Gcra::new(Quota::per_second(2)?)?))
+    ///     .mode(Mode::Delay { max_wait: Duration::from_secs(2) })
+    ///     .max_waiters(256, 4);
+    /// # let _ = uploads;
+    /// # Ok::<(), tollgate::QuotaError>(())
+    /// ```
+    #[cfg(feature = "tokio")]
+    pub fn max_waiters(mut self, total: usize, per_key: usize) -> Self {
+        self.waiters = Arc::new(super::waiters::Waiters::new(total, per_key));
+        self
+    }
+
     /// Enforce (default), shadow, or delay (feature `tokio`).
     ///
     /// # Examples
@@ -472,6 +516,22 @@ impl Policy {
             methods.contains(method)
                 || (self.head_as_get && method == Method::HEAD && methods.contains(&Method::GET))
         }) && self.path.matches(path)
+    }
+
+    /// Why the policy's delay-mode settings are refused, if they are.
+    pub(crate) fn delay_problem(&self) -> Option<String> {
+        #[cfg(feature = "tokio")]
+        {
+            if let Mode::Delay { max_wait } = self.mode {
+                if max_wait > MAX_DELAY {
+                    return Some(format!("max_wait {max_wait:?} is over {MAX_DELAY:?}"));
+                }
+            }
+            if self.waiters.max_total == 0 || self.waiters.max_per_key == 0 {
+                return Some("max_waiters must allow at least 1 in all and per key".to_owned());
+            }
+        }
+        None
     }
 
     /// Why the policy's path setting can never match a normalised path, if it cannot: it is
