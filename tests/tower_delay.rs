@@ -325,3 +325,50 @@ fn delay_bounds_are_checked() {
     assert!(build(Policy::new("p", limiter()).max_waiters(0, 1)).is_err());
     assert!(build(Policy::new("p", limiter()).max_waiters(1, 0)).is_err());
 }
+
+/// Checks `inner`, noting when each check was made.
+struct Noting<B> {
+    inner: B,
+    at: std::sync::Mutex<Vec<Instant>>,
+}
+
+impl<B: CheckBackend> CheckBackend for Noting<B> {
+    fn check<'a>(&'a self, key: &'a Key, cost: u64) -> tollgate::tower::CheckFuture<'a> {
+        self.at.lock().unwrap().push(Instant::now());
+        self.inner.check(key, cost)
+    }
+
+    fn quota_count(&self) -> usize {
+        self.inner.quota_count()
+    }
+
+    fn quota(&self, index: usize) -> Option<tollgate::tower::QuotaInfo> {
+        self.inner.quota(index)
+    }
+}
+
+/// Waiters refused together by a window check again at instants spread over up to a quarter
+/// of their wait, not all at the window's end.
+#[test]
+fn waiters_that_check_again_spread_their_wake_ups() {
+    paused_runtime().block_on(async {
+        let clock = TokioClock::new();
+        let window = tollgate::FixedWindow::new(Quota::per_second(1).unwrap()).unwrap();
+        let noting = Arc::new(Noting {
+            inner: KeyedLimiter::<Key, _, _>::with_clock(window, clock).unwrap(),
+            at: Default::default(),
+        });
+        let svc = delayed(noting.clone(), Duration::from_secs(30));
+        let start = Instant::now();
+        let statuses: Vec<u16> = burst(&svc, 8).await.iter().map(|r| r.0).collect();
+        assert!(statuses.iter().all(|&s| s == 200), "{statuses:?}");
+        // The first recheck of each of the 7 waiters lies in [1 s, 1.25 s].
+        let at = noting.at.lock().unwrap();
+        let rechecks: std::collections::BTreeSet<u128> = at
+            .iter()
+            .map(|t| (*t - start).as_millis())
+            .filter(|ms| (1_000..=1_250).contains(ms))
+            .collect();
+        assert!(rechecks.len() >= 4, "wake-ups at {rechecks:?} ms");
+    });
+}
