@@ -13,7 +13,8 @@ use crate::quota::QuotaError;
 // limiter (dashmap, quanta), which loom cannot see.
 mod all_or_nothing;
 
-use self::all_or_nothing::{all_or_nothing, Limit};
+pub(crate) use self::all_or_nothing::all_or_nothing;
+use self::all_or_nothing::Limit;
 
 /// Several keyed limits checked together: a request is admitted only if every limit admits it,
 /// and a request refused by one limit consumes nothing from the others.
@@ -85,6 +86,31 @@ impl<K: Clone + Hash + Eq + Send + Sync, A: Algorithm, C: Clock + Clone> MultiLi
 }
 
 impl<K: Clone + Hash + Eq + Send + Sync, A: Algorithm, C: Clock> MultiLimiter<K, A, C> {
+    /// A limiter over `limits`, each a keyed limiter built as you like (say with its own
+    /// [`max_keys`](crate::KeyedLimiterBuilder::max_keys)), checked in this order.
+    ///
+    /// # Examples
+    /// ```
+    /// use tollgate::{Gcra, KeyedLimiter, MultiLimiter, OverflowPolicy, Quota};
+    /// // 10 a second and 1000 an hour per API key, each holding at most 100,000 keys.
+    /// let bounded = |quota| {
+    ///     KeyedLimiter::<String, _>::builder(Gcra::new(quota)?)
+    ///         .max_keys(100_000, OverflowPolicy::Shared)
+    ///         .build()
+    /// };
+    /// let limiter = MultiLimiter::from_limits([
+    ///     bounded(Quota::per_second(10)?)?,
+    ///     bounded(Quota::per_hour(1000)?)?,
+    /// ]);
+    /// assert!(limiter.check("key-1").unwrap().allowed());
+    /// # Ok::<(), tollgate::QuotaError>(())
+    /// ```
+    pub fn from_limits(limits: impl IntoIterator<Item = KeyedLimiter<K, A, C>>) -> Self {
+        MultiLimiter {
+            limits: limits.into_iter().collect(),
+        }
+    }
+
     /// The limits, in the order they are checked.
     ///
     /// # Examples
@@ -154,7 +180,7 @@ impl<K: Clone + Hash + Eq + Send + Sync, A: Algorithm, C: Clock> MultiLimiter<K,
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
-        all_or_nothing(&self.limits, key, cost)
+        all_or_nothing(&self.limits, key, cost).map(|(decision, _)| decision)
     }
 
     /// Reserves `cost` on every limit, in order ([`KeyedLimiter::reserve`]'s first come, first
@@ -169,16 +195,18 @@ impl<K: Clone + Hash + Eq + Send + Sync, A: Algorithm, C: Clock> MultiLimiter<K,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
         let mut latest: Option<(Decision, usize)> = None;
+        let mut reserved: Vec<Decision> = Vec::with_capacity(self.limits.len());
         for (index, limit) in self.limits.iter().enumerate() {
             match limit.reserve_n(key, cost) {
                 Ok(decision) if decision.allowed() => {
                     if latest.is_none_or(|(l, _)| decision.delay() >= l.delay()) {
                         latest = Some((decision, index));
                     }
+                    reserved.push(decision);
                 }
                 other => {
-                    for earlier in &self.limits[..index] {
-                        earlier.refund(key, cost);
+                    for (earlier, decided) in self.limits.iter().zip(&reserved) {
+                        earlier.refund_decided(key, cost, decided);
                     }
                     return other.map(|decision| (decision, index));
                 }
@@ -207,7 +235,7 @@ where
         self.check_n(key, cost)
     }
 
-    fn refund(&self, key: &Q, cost: u64) {
-        KeyedLimiter::refund(self, key, cost);
+    fn refund(&self, key: &Q, cost: u64, charged: &Decision) {
+        self.refund_decided(key, cost, charged);
     }
 }

@@ -231,6 +231,7 @@ struct Shared {
     headers: HeaderStyle,
     on_missing_key: Fallback,
     on_error: Fallback,
+    on_table_full: Fallback,
     max_key_len: usize,
     on_long_key: LongKey,
     deny_with: Option<Arc<DenyFn>>,
@@ -267,6 +268,7 @@ pub struct RateLimitLayerBuilder {
     headers: HeaderStyle,
     on_missing_key: Fallback,
     on_error: Fallback,
+    on_table_full: Fallback,
     max_key_len: usize,
     on_long_key: LongKey,
     deny_with: Option<Arc<DenyFn>>,
@@ -512,8 +514,38 @@ impl RateLimitLayerBuilder {
         self
     }
 
+    /// What happens to a request of a new key that a full key table refuses (default
+    /// `Reject(503 Service Unavailable)`): a limiter built with
+    /// [`max_keys`](crate::KeyedLimiterBuilder::max_keys) and [`OverflowPolicy::Deny`](crate::OverflowPolicy::Deny).
+    /// Not [`on_error`](Self::on_error): an outage of a network backend may well be let through,
+    /// a full table must not be.
+    ///
+    /// An attacker who rotates keys (IPv6 addresses within the grouping prefix's reach, API
+    /// key values) fills the table with keys that then stay until they are fresh. With
+    /// `Fallback::Allow` here every new key would then pass uncounted; with the default, new
+    /// clients are refused until the table has room again, and the clients it holds are
+    /// unaffected. (`OverflowPolicy::Shared` instead puts new keys in one state they share,
+    /// which such an attacker empties as well: counted, never uncounted.) Shadow policies
+    /// pass such requests.
+    ///
+    /// # Examples
+    /// ```
+    /// use http::StatusCode;
+    /// use tollgate::tower::{Fallback, RateLimitLayer};
+    /// let layer = RateLimitLayer::builder()
+    ///     .on_table_full(Fallback::Reject(StatusCode::TOO_MANY_REQUESTS))
+    ///     .build()?;
+    /// # let _ = layer;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn on_table_full(mut self, fallback: Fallback) -> Self {
+        self.on_table_full = fallback;
+        self
+    }
+
     /// What happens to a request whose backend could not decide (default
-    /// `Reject(503 Service Unavailable)`). Shadow policies always pass such requests.
+    /// `Reject(503 Service Unavailable)`). Shadow policies always pass such requests. A full
+    /// key table has its own setting, [`on_table_full`](Self::on_table_full).
     ///
     /// # Examples
     /// ```
@@ -582,7 +614,12 @@ impl RateLimitLayerBuilder {
         };
         let policy_fallbacks = self.policies.iter().chain(&self.default);
         let policy_fallbacks = policy_fallbacks.filter_map(|p| p.on_missing_key);
-        let fallbacks = [self.on_missing_key, self.on_error, long_key];
+        let fallbacks = [
+            self.on_missing_key,
+            self.on_error,
+            self.on_table_full,
+            long_key,
+        ];
         for fallback in fallbacks.into_iter().chain(policy_fallbacks) {
             if let Fallback::Reject(status) = fallback {
                 if !(status.is_client_error() || status.is_server_error()) {
@@ -625,6 +662,7 @@ impl RateLimitLayerBuilder {
                 headers: self.headers,
                 on_missing_key: self.on_missing_key,
                 on_error: self.on_error,
+                on_table_full: self.on_table_full,
                 max_key_len: self.max_key_len,
                 on_long_key: self.on_long_key,
                 deny_with: self.deny_with,
@@ -807,6 +845,7 @@ impl RateLimitLayer {
             headers: HeaderStyle::default(),
             on_missing_key: Fallback::Reject(StatusCode::INTERNAL_SERVER_ERROR),
             on_error: Fallback::Reject(StatusCode::SERVICE_UNAVAILABLE),
+            on_table_full: Fallback::Reject(StatusCode::SERVICE_UNAVAILABLE),
             max_key_len: DEFAULT_MAX_KEY_LEN,
             on_long_key: LongKey::Digest,
             deny_with: None,
@@ -1100,7 +1139,7 @@ async fn delay(
         }
         // Waiters that recheck spread their wake-ups (up to a quarter more, within the
         // deadline), so that those refused together do not all call the backend together.
-        let spread = jitter(wait / 4);
+        let spread = policy.waiters.spread(wait / 4);
         tokio::time::sleep(if too_long(wait + spread) {
             wait
         } else {
@@ -1110,16 +1149,6 @@ async fn delay(
         slept = true;
         verdict = policy.backend.check(key, cost).await?;
     }
-}
-
-/// A pseudo-random duration in `[0, up_to]`: std's per-instance random hasher keys, a fresh
-/// one per call (no generator to share between threads).
-#[cfg(feature = "tokio")]
-fn jitter(up_to: std::time::Duration) -> std::time::Duration {
-    use std::hash::BuildHasher;
-    let nanos = u64::try_from(up_to.as_nanos()).unwrap_or(u64::MAX);
-    let random = std::hash::RandomState::new().hash_one(0u8);
-    std::time::Duration::from_nanos(random % nanos.saturating_add(1))
 }
 
 /// How long a refusal says to wait, at least [`crate::wait::MIN_SLEEP`].
@@ -1158,6 +1187,7 @@ fn outcome(
     decided: &Result<(Verdict, std::time::Duration), CheckError>,
 ) -> Outcome {
     match decided {
+        Err(CheckError::Limit(Error::KeyTableFull { .. })) => Outcome::TableFull,
         Err(_) => Outcome::Error,
         Ok((verdict, waited)) => match (verdict.decision.allowed(), policy.mode) {
             (true, _) if waited.is_zero() => Outcome::Allowed,
@@ -1262,15 +1292,21 @@ fn next<B>(
                 problem_response(status, problem(status, &detail, None))
             });
         }
-        Err(_) => {
-            return match shared.on_error {
-                Fallback::Allow => Next::Call(None),
-                Fallback::Reject(status) => Next::Respond(shared.reject(
-                    status,
+        Err(error) => {
+            let (fallback, detail) = match error {
+                CheckError::Limit(Error::KeyTableFull { .. }) => (
+                    shared.on_table_full,
+                    "The rate limiter holds as many clients as it may; try again later.",
+                ),
+                _ => (
+                    shared.on_error,
                     "The rate limiter could not decide this request.",
-                    grpc,
-                )),
-            }
+                ),
+            };
+            return match fallback {
+                Fallback::Allow => Next::Call(None),
+                Fallback::Reject(status) => Next::Respond(shared.reject(status, detail, grpc)),
+            };
         }
     };
     if !verdict.decision.allowed() && policy.mode != Mode::Shadow {

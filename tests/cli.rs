@@ -1059,8 +1059,11 @@ fn config_replay_waits_in_the_traces_time_and_prints_in_its_order() {
     );
 
     // A rule without reservations (a fixed window) sleeps until its window opens and checks
-    // again: the second request waits 1 s for the next window, the third (which lost that
-    // window to it) 2 s, the fourth until the window after the third's.
+    // again, each waiter a little later than the window's start (up to a quarter of its
+    // wait, from the policy's own sequence: the same on every replay): the second and third
+    // requests both wait for the next window; the third wakes first (at 1,146 ms) and takes
+    // it, the second waits for the window after (2 s, its bound); the fourth, at 2.5 s, for
+    // the window after that (511 ms: 3 s and its spread).
     let config = temp_path("window.toml");
     std::fs::write(
         &config,
@@ -1075,7 +1078,7 @@ fn config_replay_waits_in_the_traces_time_and_prints_in_its_order() {
     assert!(o.status.success(), "{}", stderr(&o));
     assert_eq!(
         stdout(&o),
-        "allowed w\ndelayed w 1000\ndelayed w 2000\ndelayed w 500\n"
+        "allowed w\ndelayed w 2000\ndelayed w 1146\ndelayed w 511\n"
     );
 }
 
@@ -1120,11 +1123,15 @@ fn config_replay_summary_and_json_count_per_policy() {
             .unwrap_or_else(|| panic!("no row for {name}: {out}"));
         line.split_whitespace().skip(1).map(str::to_owned).collect()
     };
-    // requests, allowed, delayed, denied, shadow_denied, no_key, key_too_long, error
-    assert_eq!(row("api"), ["5", "4", "0", "1", "0", "0", "0", "0"]);
+    // requests, allowed, delayed, denied, shadow_denied, no_key, key_too_long, table_full,
+    // error
+    assert_eq!(row("api"), ["5", "4", "0", "1", "0", "0", "0", "0", "0"]);
     // An empty key is no x-api-key header: the configured 400, counted as no_key.
-    assert_eq!(row("partner"), ["1", "0", "0", "0", "0", "1", "0", "0"]);
-    assert_eq!(row("upload"), ["0", "0", "0", "0", "0", "0", "0", "0"]);
+    assert_eq!(
+        row("partner"),
+        ["1", "0", "0", "0", "0", "1", "0", "0", "0"]
+    );
+    assert_eq!(row("upload"), ["0", "0", "0", "0", "0", "0", "0", "0", "0"]);
     assert!(out.contains("203.0.113.7"), "{out}");
 
     let o = replay_config(POLICIES, &["--format", "json"], trace);

@@ -10,8 +10,9 @@ pub trait Limit<Q: ?Sized> {
     fn peek(&self, key: &Q, cost: u64) -> Result<Decision, Error>;
     /// Decides a request of `cost`, counting it if allowed.
     fn charge(&self, key: &Q, cost: u64) -> Result<Decision, Error>;
-    /// Gives back `cost` units this call charged a moment ago.
-    fn refund(&self, key: &Q, cost: u64);
+    /// Gives back `cost` units this call charged a moment ago, to the state `charged` (the
+    /// charge's decision) says they went to.
+    fn refund(&self, key: &Q, cost: u64, charged: &Decision);
 }
 
 /// Admits `cost` on every limit or on none.
@@ -23,45 +24,47 @@ pub trait Limit<Q: ?Sized> {
 /// stricter decision, never a looser one.
 ///
 /// Returns the refusing limit's decision, or, when admitted, the decision of the limit with
-/// the fewest units remaining.
+/// the fewest units remaining, with that limit's index (0 for no limit at all).
 pub fn all_or_nothing<Q: ?Sized, L: Limit<Q>>(
     limits: &[L],
     key: &Q,
     cost: u64,
-) -> Result<Decision, Error> {
+) -> Result<(Decision, usize), Error> {
     // Peek every limit before answering: a cost one limit can never admit is an error (SPEC),
     // whichever limit would have refused first.
     let mut refusal = None;
-    for limit in limits {
+    for (index, limit) in limits.iter().enumerate() {
         let decision = limit.peek(key, cost)?;
         if !decision.allowed() && refusal.is_none() {
-            refusal = Some(decision);
+            refusal = Some((decision, index));
         }
     }
-    if let Some(decision) = refusal {
-        return Ok(decision);
+    if let Some(refused) = refusal {
+        return Ok(refused);
     }
-    let mut tightest: Option<Decision> = None;
-    for (charged, limit) in limits.iter().enumerate() {
+    let mut charges: Vec<Decision> = Vec::with_capacity(limits.len());
+    let mut tightest: Option<(Decision, usize)> = None;
+    for (index, limit) in limits.iter().enumerate() {
         let refused = match limit.charge(key, cost) {
             Ok(decision) if decision.allowed() => {
                 let tighter = match tightest {
                     None => true,
-                    Some(t) => decision.remaining() < t.remaining(),
+                    Some((t, _)) => decision.remaining() < t.remaining(),
                 };
                 if tighter {
-                    tightest = Some(decision);
+                    tightest = Some((decision, index));
                 }
+                charges.push(decision);
                 None
             }
             other => Some(other),
         };
         if let Some(outcome) = refused {
-            for earlier in &limits[..charged] {
-                earlier.refund(key, cost);
+            for (earlier, charged) in limits.iter().zip(&charges) {
+                earlier.refund(key, cost, charged);
             }
-            return outcome;
+            return outcome.map(|decision| (decision, index));
         }
     }
-    Ok(tightest.unwrap_or_else(|| Decision::free(0, Remaining::Exact(0), 0)))
+    Ok(tightest.unwrap_or_else(|| (Decision::free(0, Remaining::Exact(0), 0), 0)))
 }

@@ -691,46 +691,20 @@ fn keyed_verdict<A: Algorithm, C: Clock>(
         .map_err(CheckError::Limit)
 }
 
+/// [`MultiLimiter`]'s all-or-nothing protocol, as a verdict naming the deciding quota.
 fn all_or_nothing<A: Algorithm, C: Clock>(
     limits: &[KeyedLimiter<Key, A, C>],
     key: &Key,
     cost: u64,
 ) -> Result<Verdict, CheckError> {
-    let mut refusal = None;
-    for (quota, limit) in limits.iter().enumerate() {
-        let decision = limit.peek(key, cost)?;
-        if !decision.allowed() && refusal.is_none() {
-            refusal = Some(Verdict { decision, quota });
-        }
+    // No limit at all: nothing to refuse, and no quota to report: a failure rather than an
+    // invented decision.
+    if limits.is_empty() {
+        return Err(CheckError::Backend("a MultiLimiter without limits".into()));
     }
-    if let Some(verdict) = refusal {
-        return Ok(verdict);
-    }
-    let mut tightest: Option<Verdict> = None;
-    for (quota, limit) in limits.iter().enumerate() {
-        let outcome = limit.check_n(key, cost);
-        match outcome {
-            Ok(decision) if decision.allowed() => {
-                if tightest.is_none_or(|t| decision.remaining() < t.decision.remaining()) {
-                    tightest = Some(Verdict { decision, quota });
-                }
-            }
-            other => {
-                for earlier in &limits[..quota] {
-                    earlier.refund(key, cost);
-                }
-                return other
-                    .map(|decision| Verdict { decision, quota })
-                    .map_err(CheckError::Limit);
-            }
-        }
-    }
-    match tightest {
-        Some(verdict) => Ok(verdict),
-        // No limit at all: nothing to refuse. Peek a cost of 0 on nothing is impossible, so
-        // report an empty policy as a failure rather than invent a decision.
-        None => Err(CheckError::Backend("a MultiLimiter without limits".into())),
-    }
+    crate::multi::all_or_nothing(limits, key, cost)
+        .map(|(decision, quota)| Verdict { decision, quota })
+        .map_err(CheckError::Limit)
 }
 
 #[cfg(test)]

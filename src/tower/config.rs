@@ -22,6 +22,7 @@
 //!                                  # every policy
 //! on_missing_key = 400             # a status (4xx/5xx) or "allow"; default 500
 //! on_error = "allow"               # a status (4xx/5xx) or "allow"; default 503
+//! on_table_full = 503              # a new key a full key table refuses; default 503
 //! max_key_len = 256                # bytes of a key's text part (default 256); longer:
 //! on_long_key = "digest"           # counted under its digest (default), or a 4xx/5xx
 //!
@@ -146,6 +147,9 @@ pub struct LayerConfig {
     /// What a request the backend could not decide gets (default a 503).
     #[serde(default)]
     pub on_error: Option<Fallback>,
+    /// What a request of a new key gets when a full key table refuses it (default a 503).
+    #[serde(default)]
+    pub on_table_full: Option<Fallback>,
     /// The longest text or byte part a key may have, in bytes (default 256).
     #[serde(default)]
     pub max_key_len: Option<usize>,
@@ -532,6 +536,9 @@ impl LayerConfig {
         if let Some(fallback) = self.on_error {
             builder = builder.on_error(fallback);
         }
+        if let Some(fallback) = self.on_table_full {
+            builder = builder.on_table_full(fallback);
+        }
         if let Some(bytes) = self.max_key_len {
             builder = builder.max_key_len(bytes);
         }
@@ -650,8 +657,7 @@ impl PolicyConfig {
     /// [`MultiLimiter`] for several, of the configured algorithm.
     ///
     /// # Errors
-    /// [`ConfigError::Quota`] if the algorithm refuses a quota or the clock;
-    /// [`ConfigError::Policy`] for `max_keys` on several quotas.
+    /// [`ConfigError::Quota`] if the algorithm refuses a quota or the clock.
     ///
     /// # Examples
     /// ```
@@ -751,25 +757,26 @@ impl PolicyConfig {
             .map(|&q| rule(q))
             .collect::<Result<Vec<A>, _>>()
             .map_err(quota_error)?;
+        let limiter = |rule: A| {
+            let mut builder = KeyedLimiter::<Key, A>::builder(rule).clock(clock.clone());
+            if let Some(max) = self.max_keys {
+                let overflow = match self.overflow {
+                    Overflow::Shared => OverflowPolicy::Shared,
+                    Overflow::Deny => OverflowPolicy::Deny,
+                };
+                builder = builder.max_keys(max, overflow);
+            }
+            builder.build().map_err(quota_error)
+        };
         match rules.as_slice() {
             [] => Err(self.problem("no quota")),
-            [rule] => {
-                let mut builder = KeyedLimiter::<Key, A>::builder(*rule).clock(clock);
-                if let Some(max) = self.max_keys {
-                    let overflow = match self.overflow {
-                        Overflow::Shared => OverflowPolicy::Shared,
-                        Overflow::Deny => OverflowPolicy::Deny,
-                    };
-                    builder = builder.max_keys(max, overflow);
-                }
-                Ok(Arc::new(builder.build().map_err(quota_error)?))
+            [rule] => Ok(Arc::new(limiter(*rule)?)),
+            _ => {
+                let limits = rules.into_iter().map(limiter);
+                Ok(Arc::new(MultiLimiter::from_limits(
+                    limits.collect::<Result<Vec<_>, _>>()?,
+                )))
             }
-            _ if self.max_keys.is_some() => {
-                Err(self.problem("`max_keys` is supported on single-quota policies only"))
-            }
-            _ => Ok(Arc::new(
-                MultiLimiter::<Key, A, C>::with_clock(rules, clock).map_err(quota_error)?,
-            )),
         }
     }
 }

@@ -46,6 +46,9 @@ pub enum Outcome {
     /// The key was longer than the layer's bound and refused
     /// ([`LongKey::Reject`](super::LongKey::Reject)).
     KeyTooLong,
+    /// A full key table refused the request's new key
+    /// ([`on_table_full`](super::RateLimitLayerBuilder::on_table_full) decided).
+    TableFull,
     /// The backend could not decide, or the cost can never be admitted.
     Error,
     /// An admitted request given back by its response's status (counted as allowed or
@@ -57,7 +60,8 @@ pub enum Outcome {
 
 impl Outcome {
     /// The name metrics and `tollgate replay --config` use: `allowed`, `denied`,
-    /// `shadow_denied`, `delayed`, `no_key`, `error`, `refunded` or `passed`.
+    /// `shadow_denied`, `delayed`, `no_key`, `key_too_long`, `table_full`, `error`,
+    /// `refunded` or `passed`.
     pub fn label(self) -> &'static str {
         match self {
             Outcome::Allowed => "allowed",
@@ -66,6 +70,7 @@ impl Outcome {
             Outcome::Delayed => "delayed",
             Outcome::NoKey => "no_key",
             Outcome::KeyTooLong => "key_too_long",
+            Outcome::TableFull => "table_full",
             Outcome::Error => "error",
             Outcome::Refunded => "refunded",
             Outcome::Passed => "passed",
@@ -138,13 +143,14 @@ pub(crate) fn trace_no_key(policy: &Policy) {
 
 /// Every outcome, in declaration order (`Outcome as usize` indexes [`MetricKeys`]).
 #[cfg(feature = "metrics")]
-const OUTCOMES: [Outcome; 9] = [
+const OUTCOMES: [Outcome; 10] = [
     Outcome::Allowed,
     Outcome::Denied,
     Outcome::ShadowDenied,
     Outcome::Delayed,
     Outcome::NoKey,
     Outcome::KeyTooLong,
+    Outcome::TableFull,
     Outcome::Error,
     Outcome::Refunded,
     Outcome::Passed,

@@ -2,7 +2,8 @@
 //! connection (and on the rechecking algorithms wakes to call the backend again), so a flood
 //! of refused requests must not become a flood of sleepers.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::time::Duration;
 
 use dashmap::DashMap;
 
@@ -17,6 +18,8 @@ pub(crate) struct Waiters {
     per_key: DashMap<Key, usize, foldhash::fast::RandomState>,
     pub(crate) max_total: usize,
     pub(crate) max_per_key: usize,
+    /// Sleeps spread so far: the seed of the next spread.
+    spreads: AtomicU64,
 }
 
 /// A place among the waiters, given back when dropped (the request admitted, refused, or
@@ -34,7 +37,23 @@ impl Waiters {
             per_key: DashMap::default(),
             max_total,
             max_per_key,
+            spreads: AtomicU64::new(0),
         }
+    }
+
+    /// A duration in `[0, up_to]` to add to a waiter's sleep, so that waiters refused
+    /// together do not check again together. Pseudo-random from a per-policy sequence
+    /// (SplitMix64): spread across waiters, yet the same for the same order of requests, so
+    /// that a replay of a trace (`tollgate replay --config`) decides the same every time.
+    pub(crate) fn spread(&self, up_to: Duration) -> Duration {
+        // Relaxed: a sequence number; nothing else is ordered by it.
+        let n = self.spreads.fetch_add(1, Ordering::Relaxed);
+        let mut z = n.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^= z >> 31;
+        let nanos = u64::try_from(up_to.as_nanos()).unwrap_or(u64::MAX);
+        Duration::from_nanos(z % nanos.saturating_add(1))
     }
 
     /// A place for a request of `key`, or `None` when the policy or the key has as many
@@ -93,5 +112,21 @@ mod tests {
         drop((a2, b1, b2));
         assert_eq!(waiters.waiting(), 0);
         assert!(waiters.per_key.is_empty(), "no key is left behind");
+    }
+
+    #[test]
+    fn spreads_stay_within_their_bound_and_vary() {
+        let waiters = Waiters::new(1, 1);
+        let up_to = Duration::from_millis(250);
+        let spreads: Vec<Duration> = (0..64).map(|_| waiters.spread(up_to)).collect();
+        assert!(spreads.iter().all(|&d| d <= up_to));
+        let distinct: std::collections::BTreeSet<_> = spreads.iter().collect();
+        assert!(distinct.len() > 32, "{spreads:?}");
+        assert_eq!(
+            Waiters::new(1, 1).spread(up_to),
+            spreads[0],
+            "the same sequence"
+        );
+        assert_eq!(waiters.spread(Duration::ZERO), Duration::ZERO);
     }
 }

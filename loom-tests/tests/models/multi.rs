@@ -42,7 +42,7 @@ impl Limit<()> for OneKey {
         Ok(self.rule.acquire(&self.cell, || NOW, cost, true))
     }
 
-    fn refund(&self, _: &(), cost: u64) {
+    fn refund(&self, _: &(), cost: u64, _: &Decision) {
         self.rule.refund(&self.cell, || NOW, cost);
     }
 }
@@ -58,7 +58,7 @@ fn multi_limit_all_or_nothing() {
         let multis: Vec<_> = (0..2)
             .map(|_| {
                 let limits = Arc::clone(&limits);
-                thread::spawn(move || all_or_nothing(&limits[..], &(), 1).unwrap())
+                thread::spawn(move || all_or_nothing(&limits[..], &(), 1).unwrap().0)
             })
             .collect();
         let direct = {

@@ -195,13 +195,14 @@ struct KeyTally {
 }
 
 /// The outcomes a summary lists, in its columns' order.
-const COLUMNS: [Outcome; 7] = [
+const COLUMNS: [Outcome; 8] = [
     Outcome::Allowed,
     Outcome::Delayed,
     Outcome::Denied,
     Outcome::ShadowDenied,
     Outcome::NoKey,
     Outcome::KeyTooLong,
+    Outcome::TableFull,
     Outcome::Error,
 ];
 
