@@ -272,3 +272,62 @@ fn a_configured_layer_goes_global_with_one_closure() {
         assert!(!looser.check(&peer).await.unwrap().allowed());
     });
 }
+
+/// A configured global policy can be guarded from the file: with `on_redis_failure =
+/// "fail-closed"` a stopped Redis refuses by the failure policy (a 429 with its retry), not
+/// with `on_error`'s answer (set to let requests through here), and an unguarded policy
+/// answers `on_error`. Refused outside a tokio runtime, and on several quotas.
+#[cfg(feature = "serde")]
+#[test]
+fn a_configured_global_policy_is_guarded_from_the_file() {
+    use tollgate::tower::config::LayerConfig;
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    let text = |guard: &str| {
+        format!("on_error = \"allow\"\n[[policy]]\nname = \"g\"\nquota = \"100/1s\"\n{guard}")
+    };
+    let layer = |conn: ConnectionManager, guard: &str| {
+        let config: LayerConfig = toml::from_str(&text(guard)).expect("parses");
+        let builder = config.builder_with(|policy| policy.redis(conn.clone()));
+        builder
+            .expect("valid policies")
+            .build()
+            .expect("a valid layer")
+    };
+    runtime().block_on(async {
+        let redis = redis::Client::open(server.url()).expect("a valid URL");
+        let conn = ConnectionManager::new(redis).await.expect("connects");
+        let guarded = serve_layer(layer(conn.clone(), "on_redis_failure = \"fail-closed\"")).await;
+        let unguarded = serve_layer(layer(conn, "")).await;
+        let http = client();
+        assert_eq!(
+            get_path(&http, guarded, "/other").await.status,
+            StatusCode::OK
+        );
+        server.signal("STOP");
+        let mut statuses = Vec::new();
+        for addr in [guarded, unguarded] {
+            statuses.push(get_path(&http, addr, "/other").await.status.as_u16());
+        }
+        server.signal("CONT");
+        assert_eq!(statuses, [429, 200]);
+    });
+    // Outside a runtime, and on several quotas: refused with a message.
+    let redis = redis::Client::open(server.url()).expect("a valid URL");
+    let conn = runtime()
+        .block_on(ConnectionManager::new(redis))
+        .expect("connects");
+    let config: LayerConfig =
+        toml::from_str(&text("on_redis_failure = \"local\"")).expect("parses");
+    let e = config.builder_with(|p| p.redis(conn.clone())).unwrap_err();
+    assert!(e.to_string().contains("tokio runtime"), "{e}");
+    let config: LayerConfig = toml::from_str(
+        "[[policy]]\nname = \"g\"\nquota = [\"1/1s\", \"9/1m\"]\non_redis_failure = \"local\"",
+    )
+    .expect("parses");
+    let e = runtime()
+        .block_on(async { config.builder_with(|p| p.redis(conn.clone())).map(|_| ()) })
+        .unwrap_err();
+    assert!(e.to_string().contains("single-quota"), "{e}");
+}

@@ -367,6 +367,43 @@ impl<C: RedisConnection> RedisLimiter<C> {
     /// # }
     /// ```
     pub async fn guarded(self, handling: FailureHandling) -> GuardedLimiter<C> {
+        let shared = self.guard_state(handling);
+        if shared.local.is_some() {
+            shared.beat().await;
+        }
+        let task = tokio::spawn(watch(Arc::downgrade(&shared)));
+        GuardedLimiter {
+            shared,
+            _task: Arc::new(Task(task.abort_handle())),
+        }
+    }
+
+    /// [`guarded`](Self::guarded) from synchronous code, its background task spawned on
+    /// `runtime`: the first heartbeat is sent by that task rather than awaited here, so until
+    /// it answers a `Local` policy assumes [`FailureHandling::assumed_nodes`] nodes.
+    ///
+    /// # Examples
+    /// ```no_run
+    /// # use tollgate::redis::{FailureHandling, FailurePolicy, RedisLimiter};
+    /// # fn demo(exact: RedisLimiter, runtime: &tokio::runtime::Handle) {
+    /// let limiter = exact.guarded_on(FailureHandling::new(FailurePolicy::Local), runtime);
+    /// # }
+    /// ```
+    pub fn guarded_on(
+        self,
+        handling: FailureHandling,
+        runtime: &tokio::runtime::Handle,
+    ) -> GuardedLimiter<C> {
+        let shared = self.guard_state(handling);
+        let task = runtime.spawn(watch(Arc::downgrade(&shared)));
+        GuardedLimiter {
+            shared,
+            _task: Arc::new(Task(task.abort_handle())),
+        }
+    }
+
+    /// What a guarded limiter shares with its background task.
+    fn guard_state(self, handling: FailureHandling) -> Arc<Shared<C>> {
         let rule = self.rule();
         let local = (handling.policy == FailurePolicy::Local)
             .then(|| Local::new(&rule, handling.assumed_nodes))
@@ -383,7 +420,7 @@ impl<C: RedisConnection> RedisLimiter<C> {
         let nanos = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| d.as_nanos());
-        let shared = Arc::new(Shared {
+        Arc::new(Shared {
             exact: self,
             handling,
             breaker: Breaker::new(handling.failure_threshold),
@@ -392,15 +429,7 @@ impl<C: RedisConnection> RedisLimiter<C> {
             ledger,
             heartbeat_key,
             node_id: format!("{}-{nanos:x}", std::process::id()),
-        });
-        if shared.local.is_some() {
-            shared.beat().await;
-        }
-        let task = tokio::spawn(watch(Arc::downgrade(&shared)));
-        GuardedLimiter {
-            shared,
-            _task: Arc::new(Task(task.abort_handle())),
-        }
+        })
     }
 }
 

@@ -43,6 +43,8 @@
 //!                                  # (delay: wait up to 500 ms, then 429; at most 60 s;
 //!                                  # feature tokio)
 //! max_waiters = [1024, 16]         # delay mode: most waiting in all, and per key
+//! on_redis_failure = "local"       # a global policy while Redis fails: fail-open |
+//!                                  # fail-closed | local (default: unguarded, on_error)
 //! on_missing_key = "allow"         # this policy's own missing-key answer (default the
 //!                                  # layer's)
 //! refund = [500]                   # give back units of requests answered 500 (not
@@ -206,6 +208,12 @@ pub struct PolicyConfig {
     /// What a request of this policy without a key gets (default: the layer's setting).
     #[serde(default)]
     pub on_missing_key: Option<Fallback>,
+    /// On a global policy ([`PolicyConfig::redis`]), what it does while Redis fails:
+    /// `"fail-open"`, `"fail-closed"` or `"local"` (this node's share of the quota); see
+    /// [`FailurePolicy`](crate::redis::FailurePolicy). Unset, the policy is unguarded: a
+    /// Redis failure is a backend error (`on_error`).
+    #[serde(default)]
+    pub on_redis_failure: Option<RedisFailure>,
     /// In delay mode, the most requests waiting at once, in all and per key (default
     /// `[1024, 16]`; see [`Policy::max_waiters`]).
     #[serde(default)]
@@ -388,6 +396,27 @@ impl<'de> Deserialize<'de> for StatusMatch {
         }
         d.deserialize_any(StatusVisitor)
     }
+}
+
+/// What a global policy does while Redis fails (`on_redis_failure`): `"fail-open"`,
+/// `"fail-closed"` or `"local"`, as [`FailurePolicy`](crate::redis::FailurePolicy) says.
+///
+/// # Examples
+/// ```
+/// use tollgate::tower::config::{PolicyConfig, RedisFailure};
+/// let p: PolicyConfig = toml::from_str("name = \"p\"\nquota = \"1/1s\"\non_redis_failure = \"local\"")?;
+/// assert_eq!(p.on_redis_failure, Some(RedisFailure::Local));
+/// # Ok::<(), toml::de::Error>(())
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum RedisFailure {
+    /// Allow every request while Redis fails.
+    FailOpen,
+    /// Deny every request while Redis fails.
+    FailClosed,
+    /// Decide with this node's share of the quota while Redis fails.
+    Local,
 }
 
 /// What happens to new keys past `max_keys` (see [`OverflowPolicy`]).
@@ -690,9 +719,13 @@ impl PolicyConfig {
     /// (each policy its own state).
     /// Use it in [`LayerConfig::builder_with`] to make policies global.
     ///
+    /// With `on_redis_failure`, the policy is a [`GuardedLimiter`](crate::redis::GuardedLimiter)
+    /// over the exact limiter (its background task spawned on the current tokio runtime).
+    ///
     /// # Errors
     /// [`ConfigError::Quota`] if the Redis tier refuses the quota;
-    /// [`ConfigError::Policy`] for `max_keys` (it bounds in-process limiters only).
+    /// [`ConfigError::Policy`] for `max_keys` (it bounds in-process limiters only), and for
+    /// `on_redis_failure` on several quotas or outside a tokio runtime.
     ///
     /// # Examples
     /// ```no_run
@@ -728,6 +761,24 @@ impl PolicyConfig {
         let limiter = crate::redis::RedisLimiter::builder(first)
             .prefix(format!("tollgate:{}", self.name))
             .build(conn);
+        if let Some(failure) = self.on_redis_failure {
+            use crate::redis::{FailureHandling, FailurePolicy};
+            if !more.is_empty() {
+                return Err(self.problem("`on_redis_failure` guards single-quota policies only"));
+            }
+            let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+                return Err(self.problem(
+                    "`on_redis_failure` needs the configuration built inside a tokio runtime",
+                ));
+            };
+            let policy = match failure {
+                RedisFailure::FailOpen => FailurePolicy::FailOpen,
+                RedisFailure::FailClosed => FailurePolicy::FailClosed,
+                RedisFailure::Local => FailurePolicy::Local,
+            };
+            let guarded = limiter.guarded_on(FailureHandling::new(policy), &runtime);
+            return Ok(Arc::new(super::RedisBackend::new(guarded, self.quotas[0])));
+        }
         if more.is_empty() {
             return Ok(Arc::new(super::RedisBackend::new(limiter, self.quotas[0])));
         }
