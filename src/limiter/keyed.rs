@@ -846,6 +846,19 @@ mod count_tests {
     }
 
     #[test]
+    fn the_debug_output_shows_the_key_bound() {
+        let rule = Gcra::new(Quota::per_second(1).unwrap()).unwrap();
+        let bounded = KeyedLimiter::<u64, _>::builder(rule)
+            .max_keys(10, crate::OverflowPolicy::Deny)
+            .build()
+            .unwrap();
+        let shown = format!("{bounded:?}");
+        assert!(shown.contains("max_keys: Some((10, Deny))"), "{shown}");
+        let unbounded = format!("{:?}", KeyedLimiter::<u64, _>::new(rule));
+        assert!(!unbounded.contains("Some((10"), "{unbounded}");
+    }
+
+    #[test]
     fn key_count_matches_the_store_through_sweeps() {
         let clock = ManualClock::new();
         let rule = Gcra::new(Quota::per_second(64).unwrap()).unwrap();
