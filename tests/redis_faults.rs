@@ -1203,3 +1203,88 @@ fn a_guarded_takeover_starts_from_the_last_reply() {
         drop(server);
     });
 }
+
+/// Refusals Redis gives while it cannot write, but will again (`maxmemory` reached with no key
+/// to evict: `OOM`; writes stopped after a failed snapshot: `MISCONF`), are transient: a
+/// guarded limiter applies its policy (here: refuses) instead of returning an error, and is
+/// back to `Global` once Redis writes again.
+#[test]
+fn a_redis_that_cannot_write_for_now_is_a_transient_failure() {
+    let _serial = serial();
+    // `dir` is a protected setting: the test sets it to make a snapshot fail.
+    let Some(server) = RedisServer::start_with_args(&["--enable-protected-configs", "yes"]) else {
+        return;
+    };
+    runtime().block_on(async {
+        let client = redis::Client::open(server.url()).expect("a valid URL");
+        let mut admin = client
+            .get_multiplexed_async_connection()
+            .await
+            .expect("connects");
+        let rule = RedisRule::gcra(Quota::per_second(1_000).unwrap()).unwrap();
+        let exact = RedisLimiter::builder(rule)
+            .timeout(TIMEOUT)
+            .connect(&server.url())
+            .await
+            .expect("connects");
+        let handling = FailureHandling::new(FailurePolicy::FailClosed);
+        let limiter = guarded(&server, rule, handling).await;
+        assert!(limiter.check("k").await.unwrap().allowed());
+        type Set = (&'static str, &'static str);
+        let cases: [(&str, &[Set], &[Set]); 2] = [
+            ("OOM", &[("maxmemory", "1")], &[("maxmemory", "0")]),
+            // A snapshot into a directory no file can be made in fails; until one succeeds,
+            // writes are refused.
+            // (Writes stop only where snapshots are configured: a save point.)
+            (
+                "MISCONF",
+                &[("save", "3600 1"), ("dir", "/proc")],
+                &[("dir", "/tmp"), ("save", "")],
+            ),
+        ];
+        for (code, set, reset) in cases {
+            for (name, value) in set {
+                let () = redis::cmd("CONFIG")
+                    .arg("SET")
+                    .arg(name)
+                    .arg(value)
+                    .query_async(&mut admin)
+                    .await
+                    .expect("CONFIG SET");
+            }
+            if code == "MISCONF" {
+                let _: Result<String, _> = redis::cmd("BGSAVE").query_async(&mut admin).await;
+                tokio::time::sleep(Duration::from_millis(300)).await;
+            }
+            let e = exact.check("k").await.expect_err(code);
+            assert!(e.is_transient(), "{code}: {e}");
+            let d = limiter
+                .check("k")
+                .await
+                .expect("the policy decides, not an error");
+            assert!(!d.allowed(), "{code}: fail closed");
+            assert_ne!(limiter.mode(), Mode::Global, "{code}");
+            for (name, value) in reset {
+                let () = redis::cmd("CONFIG")
+                    .arg("SET")
+                    .arg(name)
+                    .arg(value)
+                    .query_async(&mut admin)
+                    .await
+                    .expect("CONFIG SET");
+            }
+            if code == "MISCONF" {
+                let _: String = redis::cmd("SAVE")
+                    .query_async(&mut admin)
+                    .await
+                    .expect("a save");
+            }
+            let deadline = Instant::now() + Duration::from_secs(5);
+            while limiter.mode() != Mode::Global {
+                assert!(Instant::now() < deadline, "{code}: back to Global");
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            assert!(limiter.check("k").await.unwrap().allowed(), "{code}");
+        }
+    });
+}

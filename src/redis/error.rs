@@ -137,6 +137,9 @@ impl Error {
         match self {
             Error::Capacity { .. } | Error::NoHashTag { .. } => ErrorClass::Request,
             Error::Timeout { .. } | Error::Unavailable { .. } => ErrorClass::Transient,
+            // A script lost again after its reload (flushed, failed over meanwhile): the next
+            // call loads it again.
+            Error::Server { .. } if self.is_no_script() => ErrorClass::Transient,
             Error::WrongType { .. }
             | Error::CorruptState { .. }
             | Error::BadReply { .. }
@@ -249,8 +252,13 @@ fn is_transient(e: &redis::RedisError) -> bool {
             | ServerErrorKind::Ask,
         )
         | ErrorKind::ClusterConnectionNotFound => true,
-        // A script running past `busy-reply-threshold`: the server answers again once it ends.
-        _ => e.code() == Some("BUSY"),
+        // The cluster connection's task dropped a request (while it reconnects): asking again
+        // reaches the new connection.
+        ErrorKind::Client => e.to_string().contains("internal failure"),
+        // A script running past `busy-reply-threshold` (the server answers again once it
+        // ends); `maxmemory` reached with no key to evict (writes pass again once memory is
+        // freed); writes stopped after a failed snapshot (until one succeeds).
+        _ => matches!(e.code(), Some("BUSY" | "OOM" | "MISCONF")),
     }
 }
 
@@ -269,6 +277,17 @@ mod tests {
         assert!(matches!(Error::from(parse), Error::BadReply { .. }));
         let config = redis::RedisError::from((ErrorKind::InvalidClientConfig, "bad url"));
         assert!(Error::from(config).is_fatal());
+        let internal = redis::RedisError::from((
+            ErrorKind::Client,
+            "request wasn't handled due to internal failure",
+        ));
+        assert!(Error::from(internal).is_transient());
+        let client = redis::RedisError::from((ErrorKind::Client, "Missing slot coverage"));
+        assert!(Error::from(client).is_fatal());
+        let no_script =
+            redis::RedisError::from((ErrorKind::Server(ServerErrorKind::NoScript), "gone"));
+        let no_script = Error::from(no_script);
+        assert!(no_script.is_no_script() && no_script.is_transient());
         assert_eq!(
             Error::Capacity {
                 cost: 5,

@@ -37,6 +37,15 @@ impl RedisServer {
         Some(RedisServer::start_with(&[], free_port))
     }
 
+    /// [`RedisServer::start`] with extra arguments (e.g. `["--enable-protected-configs",
+    /// "yes"]`).
+    #[allow(dead_code)] // not every test binary that includes this file uses it
+    pub fn start_with_args(extra: &[&str]) -> Option<RedisServer> {
+        let _skip_or_fail = RedisServer::start()?;
+        drop(_skip_or_fail);
+        Some(RedisServer::start_with(extra, free_port))
+    }
+
     /// Starts a server with extra arguments on a port from `pick_port`, retrying on a lost
     /// race for the port. Panics if it cannot.
     fn start_with(extra: &[&str], pick_port: fn() -> u16) -> RedisServer {
