@@ -1288,3 +1288,58 @@ fn a_redis_that_cannot_write_for_now_is_a_transient_failure() {
         }
     });
 }
+
+/// A server that answers but cannot take writes (here a master demoted to a replica: every
+/// check gets `READONLY`) keeps the breaker open: the probe is a write, as checks are. Once it
+/// takes writes again, the limiter is back to `Global`.
+#[test]
+fn a_server_that_answers_but_cannot_write_keeps_the_breaker_open() {
+    let _serial = serial();
+    let (Some(server), Some(master)) = (RedisServer::start(), RedisServer::start()) else {
+        return;
+    };
+    runtime().block_on(async {
+        let client = redis::Client::open(server.url()).expect("a valid URL");
+        let mut admin = client
+            .get_multiplexed_async_connection()
+            .await
+            .expect("connects");
+        let rule = RedisRule::gcra(Quota::per_second(1_000).unwrap()).unwrap();
+        let handling = FailureHandling::new(FailurePolicy::FailClosed)
+            .probe_interval(Duration::from_millis(10));
+        let limiter = guarded(&server, rule, handling).await;
+        assert!(limiter.check("k").await.unwrap().allowed());
+        let () = redis::cmd("REPLICAOF")
+            .arg("127.0.0.1")
+            .arg(master.port())
+            .query_async(&mut admin)
+            .await
+            .expect("REPLICAOF");
+        // Degraded at the first refused write, and never back while the server is a replica.
+        let d = limiter.check("k").await.expect("the policy decides");
+        assert!(!d.allowed());
+        let mut global = 0;
+        for _ in 0..50 {
+            // Read after a few probes, before the next check (which would degrade it again).
+            tokio::time::sleep(Duration::from_millis(30)).await;
+            global += usize::from(limiter.mode() == Mode::Global);
+            let _ = limiter.check("k").await;
+        }
+        assert_eq!(
+            global, 0,
+            "the breaker closed on a server that refuses writes"
+        );
+        let () = redis::cmd("REPLICAOF")
+            .arg("NO")
+            .arg("ONE")
+            .query_async(&mut admin)
+            .await
+            .expect("REPLICAOF NO ONE");
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while limiter.mode() != Mode::Global {
+            assert!(Instant::now() < deadline, "back to Global");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert!(limiter.check("k").await.unwrap().allowed());
+    });
+}

@@ -586,6 +586,28 @@ impl<C: RedisConnection> RedisLimiter<C> {
             Ok(result) => result.map(drop).map_err(|e| self.failure(e)),
         }
     }
+
+    /// Whether Redis takes this limiter's writes now, as a check needs: one `SET` of a key of
+    /// its own (`<prefix>:<algorithm>:probe`, a 10 s TTL), within the timeout. A server that
+    /// does not answer, a replica (`READONLY`), or one refusing writes (`OOM`, `MISCONF`)
+    /// fails it; a Cluster node other than the key's master plays no part. (A lost script
+    /// cache needs no probe: a check loads the script again.)
+    pub(crate) async fn probe(&self) -> Result<(), Error> {
+        let segment = self.rule.key_segment().as_bytes();
+        let mut key = Vec::with_capacity(self.prefix.len() + segment.len() + 8);
+        key.extend_from_slice(&self.prefix);
+        key.push(b':');
+        key.extend_from_slice(segment);
+        key.extend_from_slice(b":probe");
+        let mut conn = self.conn.clone();
+        let mut set = redis::cmd("SET");
+        set.arg(key).arg(1).arg("PX").arg(10_000);
+        let write = set.query_async::<()>(&mut conn);
+        match tokio::time::timeout(self.timeout, write).await {
+            Err(_) => Err(self.timed_out()),
+            Ok(result) => result.map_err(|e| self.failure(e)),
+        }
+    }
 }
 
 /// # Injected time (tests and trace replay only)

@@ -4,7 +4,8 @@
 //! global. When a call fails in a transient way (timeout, refused or dropped connection,
 //! cluster reconfiguring), the breaker opens and checks are decided by the
 //! [`FailurePolicy`] at once, without touching the network, until a background probe finds
-//! Redis answering again; then the breaker closes by itself. Fatal errors (a foreign value in
+//! Redis taking writes again (a `SET` of a key of the limiter's own); then the breaker closes
+//! by itself. Fatal errors (a foreign value in
 //! a key, a bad reply) are returned as they are: no policy can fix them.
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -791,9 +792,9 @@ async fn watch<C: RedisConnection>(shared: Weak<Shared<C>>) {
         };
         let interval = s.handling.probe_interval;
         if s.breaker.is_open() {
-            // Loading the script is the probe: it proves the server answers, and a restarted
-            // server has an empty script cache.
-            if s.exact.load_scripts().await.is_ok() {
+            // The probe is a write, what checks need: a server that answers but cannot take
+            // writes (a demoted master, out of memory) keeps the breaker open.
+            if s.exact.probe().await.is_ok() {
                 s.recovered();
                 next_beat = Instant::now();
             }
