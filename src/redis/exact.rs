@@ -6,9 +6,7 @@ use std::sync::Arc;
 use std::task::Poll;
 use std::time::Duration;
 
-use redis::aio::{
-    ConnectionLike, ConnectionManager, ConnectionManagerConfig, MultiplexedConnection,
-};
+use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClientBuilder;
 use redis::cluster_async::ClusterConnection;
 use redis::cluster_routing::Slot;
@@ -76,18 +74,23 @@ pub const DEFAULT_INJECTED_MIN_TTL: Duration = Duration::from_secs(3600);
 
 /// A connection the exact tier can send its scripts over.
 ///
-/// Implemented for the client library's multiplexed connections: [`ConnectionManager`] (the
-/// default, which reconnects on its own), [`MultiplexedConnection`] and the Cluster client's
+/// Implemented for the client library's connections that reconnect on their own:
+/// [`ConnectionManager`] (the default) and the Cluster client's
 /// [`ClusterConnection`](redis::cluster_async::ClusterConnection). Clones share one
-/// connection: concurrent checks are pipelined on it, none waits for another's reply.
+/// connection: concurrent checks are pipelined on it, none waits for another's reply. (A
+/// plain `MultiplexedConnection` is not offered: once dropped by the server, it fails every
+/// call for good, and a guarded limiter would stay degraded.)
 ///
 /// # Examples
 /// ```no_run
+/// use std::time::Duration;
+/// use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 /// use tollgate::{Quota, redis::{RedisLimiter, RedisRule}};
 /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
-/// // A plain multiplexed connection (no automatic reconnection) instead of the default.
+/// // A connection manager of one's own, retrying its reconnections a little longer.
 /// let client = redis::Client::open("redis://127.0.0.1:6379")?;
-/// let conn = client.get_multiplexed_async_connection().await?;
+/// let config = ConnectionManagerConfig::new().set_number_of_retries(10);
+/// let conn = ConnectionManager::new_with_config(client, config).await?;
 /// let limiter = RedisLimiter::builder(RedisRule::gcra(Quota::per_second(10)?)?).build(conn);
 /// # Ok(()) }
 /// ```
@@ -97,7 +100,6 @@ pub trait RedisConnection: ConnectionLike + Clone + Send + Sync + 'static {
 }
 
 impl RedisConnection for ConnectionManager {}
-impl RedisConnection for MultiplexedConnection {}
 impl RedisConnection for ClusterConnection {
     const CLUSTERED: bool = true;
 }
