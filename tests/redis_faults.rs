@@ -1343,3 +1343,36 @@ fn a_server_that_answers_but_cannot_write_keeps_the_breaker_open() {
         assert!(limiter.check("k").await.unwrap().allowed());
     });
 }
+
+/// Nodes with different heartbeat intervals count each other: each heartbeat stops counting
+/// by its own node's expiry, so a node beating every 50 ms does not prune one beating every
+/// 600 ms between its beats.
+#[test]
+fn nodes_with_different_heartbeat_intervals_count_each_other() {
+    let _serial = serial();
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    runtime().block_on(async {
+        let rule = RedisRule::gcra(Quota::per_second(1_000).unwrap()).unwrap();
+        let node = |ms| {
+            let handling = FailureHandling::new(FailurePolicy::Local)
+                .heartbeat_interval(Duration::from_millis(ms));
+            guarded(&server, rule, handling)
+        };
+        let fast = node(50).await;
+        let slow = node(600).await;
+        let mut seen = Vec::new();
+        for _ in 0..30 {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            seen.push(fast.live_nodes());
+        }
+        // (From the fast node's first beats after the slow one joined: it beats at most
+        // once a probe interval, 200 ms.)
+        assert!(
+            seen.iter().skip(8).all(|&n| n == 2),
+            "the fast node saw {seen:?}"
+        );
+        drop(slow);
+    });
+}
