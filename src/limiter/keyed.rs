@@ -858,6 +858,40 @@ mod count_tests {
         assert!(!unbounded.contains("Some((10"), "{unbounded}");
     }
 
+    /// A store that does not evict on its own (dashmap) is swept when it has doubled since
+    /// its last sweep, so keys that each check once and go fresh never pile up; at a
+    /// `max_keys` bound it is swept after a quarter of the bound in new keys, so fresh keys
+    /// make room for new ones.
+    #[test]
+    fn a_store_that_does_not_evict_is_swept_as_it_grows_and_at_its_bound() {
+        use crate::store::DashMapStore;
+        let clock = ManualClock::new();
+        // One a millisecond: a key is fresh a millisecond after its check.
+        let rule = Gcra::new(Quota::per_second(1_000).unwrap()).unwrap();
+        let limiter = KeyedLimiter::<u64, _>::builder(rule)
+            .clock(clock.clone())
+            .build_with_store(DashMapStore::new())
+            .unwrap();
+        for key in 0..20_000u64 {
+            clock.advance_nanos(2_000_000);
+            limiter.check(&key).unwrap();
+        }
+        assert!(limiter.len() <= 2_048, "{} keys held", limiter.len());
+        let bounded = KeyedLimiter::<u64, _>::builder(rule)
+            .clock(clock.clone())
+            .max_keys(100, crate::OverflowPolicy::Deny)
+            .build_with_store(DashMapStore::new())
+            .unwrap();
+        for key in 0..100u64 {
+            assert!(bounded.check(&key).unwrap().allowed());
+        }
+        clock.advance_nanos(2_000_000);
+        for key in 100..1_000u64 {
+            assert!(bounded.check(&key).unwrap().allowed(), "key {key}");
+            clock.advance_nanos(2_000_000);
+        }
+    }
+
     #[test]
     fn key_count_matches_the_store_through_sweeps() {
         let clock = ManualClock::new();
