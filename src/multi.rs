@@ -195,7 +195,7 @@ impl<K: Clone + Hash + Eq + Send + Sync, A: Algorithm, C: Clock> MultiLimiter<K,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
         let mut latest: Option<(Decision, usize)> = None;
-        let mut reserved: Vec<Decision> = Vec::with_capacity(self.limits.len());
+        let mut reserved = self::all_or_nothing::Charges::default();
         for (index, limit) in self.limits.iter().enumerate() {
             match limit.reserve_n(key, cost) {
                 Ok(decision) if decision.allowed() => {
@@ -205,7 +205,7 @@ impl<K: Clone + Hash + Eq + Send + Sync, A: Algorithm, C: Clock> MultiLimiter<K,
                     reserved.push(decision);
                 }
                 other => {
-                    for (earlier, decided) in self.limits.iter().zip(&reserved) {
+                    for (earlier, decided) in self.limits.iter().zip(reserved.iter()) {
                         earlier.refund_decided(key, cost, decided);
                     }
                     return other.map(|decision| (decision, index));

@@ -42,7 +42,7 @@ pub fn all_or_nothing<Q: ?Sized, L: Limit<Q>>(
     if let Some(refused) = refusal {
         return Ok(refused);
     }
-    let mut charges: Vec<Decision> = Vec::with_capacity(limits.len());
+    let mut charges = Charges::default();
     let mut tightest: Option<(Decision, usize)> = None;
     for (index, limit) in limits.iter().enumerate() {
         let refused = match limit.charge(key, cost) {
@@ -60,11 +60,56 @@ pub fn all_or_nothing<Q: ?Sized, L: Limit<Q>>(
             other => Some(other),
         };
         if let Some(outcome) = refused {
-            for (earlier, charged) in limits.iter().zip(&charges) {
+            for (earlier, charged) in limits.iter().zip(charges.iter()) {
                 earlier.refund(key, cost, charged);
             }
             return outcome.map(|decision| (decision, index));
         }
     }
     Ok(tightest.unwrap_or_else(|| (Decision::free(0, Remaining::Exact(0), 0), 0)))
+}
+
+/// The decisions of the limits charged so far, in order: what a refund needs to know (where
+/// each charge went). Kept in place for up to 8 limits, so that a check allocates nothing.
+#[derive(Default)]
+pub struct Charges {
+    inline: [Option<Decision>; 8],
+    spilled: Vec<Decision>,
+}
+
+impl Charges {
+    /// Notes the next limit's charge.
+    pub fn push(&mut self, decision: Decision) {
+        match self.inline.iter_mut().find(|slot| slot.is_none()) {
+            Some(slot) => *slot = Some(decision),
+            None => self.spilled.push(decision),
+        }
+    }
+
+    /// The charges, in order.
+    pub fn iter(&self) -> impl Iterator<Item = &Decision> {
+        self.inline
+            .iter()
+            .map_while(Option::as_ref)
+            .chain(&self.spilled)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn charges_keep_their_order_in_place_and_past_it() {
+        let mut charges = Charges::default();
+        let decisions: Vec<Decision> = (0..11u64)
+            .map(|n| Decision::free(n, Remaining::Exact(n), 0))
+            .collect();
+        for &d in &decisions {
+            charges.push(d);
+        }
+        let kept: Vec<Decision> = charges.iter().copied().collect();
+        assert_eq!(kept, decisions);
+        assert!(Charges::default().iter().next().is_none());
+    }
 }
