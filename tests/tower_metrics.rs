@@ -123,7 +123,7 @@ fn every_outcome_is_counted_per_policy() {
         ("keyed", "no_key", 2),
         ("keyed", "allowed", 1),
         ("full", "allowed", 1),
-        ("full", "error", 1),
+        ("full", "table_full", 1),
     ]
     .into_iter()
     .map(|(p, o, n)| ((p.to_owned(), o.to_owned()), n))

@@ -428,8 +428,10 @@ fn invalid_configurations_are_refused() {
         .is_ok());
 }
 
+/// A full key table's answer is its own (`on_table_full`, default 503), and a shadow policy
+/// passes such a request.
 #[test]
-fn a_backend_error_gets_the_configured_outcome_and_shadow_passes() {
+fn a_full_table_gets_the_configured_outcome_and_shadow_passes() {
     use tollgate::tower::Fallback;
     use tollgate::OverflowPolicy;
     let full_after_one = || {
@@ -454,7 +456,7 @@ fn a_backend_error_gets_the_configured_outcome_and_shadow_passes() {
         let mut builder =
             RateLimitLayer::builder().default_policy(Policy::new("p", full_after_one()).mode(mode));
         if let Some(fallback) = fallback {
-            builder = builder.on_error(fallback);
+            builder = builder.on_table_full(fallback);
         }
         let mut svc = builder.build().unwrap().layer(Ok200);
         assert_eq!(
