@@ -1883,3 +1883,63 @@ fn checks_polled_once_and_left_aside_block_no_other() {
         drop(aside);
     });
 }
+
+/// A sliding log whose entries all but the newest expire at once is cleaned a bounded number
+/// of entries per call (64), the rest in the next calls, and decides as if they were gone.
+#[test]
+fn a_log_cleans_expired_entries_a_bounded_number_per_call() {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    runtime().block_on(async {
+        let conn = connect(&server).await;
+        let window = Duration::from_secs(1);
+        let log = limiter(
+            &conn,
+            RedisRule::sliding_log(Quota::new(10_000, window).unwrap()).unwrap(),
+        );
+        let t0 = EPOCH_NOW;
+        // 5,000 entries of one unit in the window's first 500 ms, then one at 900 ms.
+        let batch: Vec<(&str, u64, u64)> = (0..5_000).map(|i| ("k", 1, t0 + i * 100_000)).collect();
+        for result in log.check_batch_at(batch).await {
+            assert!(result.unwrap().allowed());
+        }
+        assert!(log
+            .check_n_at("k", 1, t0 + 900 * 1_000_000)
+            .await
+            .unwrap()
+            .allowed());
+        let key = log.redis_key("k");
+        let c = conn.clone();
+        let card = |mut c: ConnectionManager, key: Vec<u8>| async move {
+            redis::cmd("ZCARD")
+                .arg(key)
+                .query_async::<u64>(&mut c)
+                .await
+                .unwrap()
+        };
+        assert_eq!(card(c.clone(), key.clone()).await, 5_001);
+        // At 1.6 s, only the entry of 900 ms lives: 2 units counted, each call drops 64.
+        let at = t0 + 1_600 * 1_000_000;
+        let d = log.check_n_at("k", 1, at).await.unwrap();
+        assert!(d.allowed());
+        assert_eq!(
+            d.remaining(),
+            10_000 - 2,
+            "the expired entries do not count"
+        );
+        assert_eq!(card(c.clone(), key.clone()).await, 5_002 - 64);
+        for n in 1..=10 {
+            let d = log.check_n_at("k", 1, at + n).await.unwrap();
+            assert_eq!(d.remaining(), 10_000 - 2 - n, "call {n}");
+        }
+        assert_eq!(card(c.clone(), key.clone()).await, 5_002 + 10 - 11 * 64);
+        // Once every entry expired, the log is unlinked whole.
+        assert!(log
+            .check_n_at("k", 1, at + 2 * SEC)
+            .await
+            .unwrap()
+            .allowed());
+        assert_eq!(card(c, key).await, 1);
+    });
+}

@@ -322,6 +322,8 @@ macro_rules! log_state {
     () => {
         r#"
 local RENUMBER_AT = 4503599627370496 -- 2^52
+-- The most expired entries a call removes (see the sliding-log script).
+local CLEANUP = 64
 
 -- cum, cost, time string, time pair of a member; nil if it is not one of ours.
 local function member(m)
@@ -600,18 +602,22 @@ for i = 1, #KEYS do
       local gap
       ts, t, gap = clamp(ts, t, nts)
       if gap >= window then
-        -- Every entry has expired.
-        redis.call('DEL', key)
+        -- Every entry has expired: freed in the background (UNLINK), whatever their number.
+        redis.call('UNLINK', key)
       else
-        -- Drop the expired prefix: binary search for the first live rank (the newest is live).
+        -- Binary search for the first live rank (the newest is live), then drop at most
+        -- CLEANUP of the expired entries before it: a call's work stays bounded however many
+        -- expired at once, and the rest go in the next calls (each adds at most one).
         local lo, hi = 0, redis.call('ZCARD', key) - 1
         while lo < hi do
           local mid = floor((lo + hi) / 2)
           local _, _, _, mt = member(redis.call('ZRANGE', key, mid, mid)[1])
           if mt and diff(t, mt) >= window then lo = mid + 1 else hi = mid end
         end
-        if lo > 0 then redis.call('ZREMRANGEBYRANK', key, 0, lo - 1) end
-        local fcum, fcost = member(redis.call('ZRANGE', key, 0, 0)[1])
+        local dropped = math.min(lo, CLEANUP)
+        if dropped > 0 then redis.call('ZREMRANGEBYRANK', key, 0, dropped - 1) end
+        local first = lo - dropped
+        local fcum, fcost = member(redis.call('ZRANGE', key, first, first)[1])
         if not fcum or fcum - fcost > ncum then
           code = -2
         else
