@@ -1204,6 +1204,28 @@ fn a_guarded_takeover_starts_from_the_last_reply() {
     });
 }
 
+/// Sets each `(name, value)` with `CONFIG SET`.
+async fn config_set(admin: &mut redis::aio::MultiplexedConnection, pairs: &[(&str, &str)]) {
+    for (name, value) in pairs {
+        let () = redis::cmd("CONFIG")
+            .arg("SET")
+            .arg(name)
+            .arg(value)
+            .query_async(admin)
+            .await
+            .expect("CONFIG SET");
+    }
+}
+
+/// Waits (at most 5 s) for `limiter` to be back in `Global` mode.
+async fn back_to_global(limiter: &GuardedLimiter, what: &str) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while limiter.mode() != Mode::Global {
+        assert!(Instant::now() < deadline, "{what}: back to Global");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
 /// Refusals Redis gives while it cannot write, but will again (`maxmemory` reached with no key
 /// to evict: `OOM`; writes stopped after a failed snapshot: `MISCONF`), are transient: a
 /// guarded limiter applies its policy (here: refuses) instead of returning an error, and is
@@ -1243,15 +1265,7 @@ fn a_redis_that_cannot_write_for_now_is_a_transient_failure() {
             ),
         ];
         for (code, set, reset) in cases {
-            for (name, value) in set {
-                let () = redis::cmd("CONFIG")
-                    .arg("SET")
-                    .arg(name)
-                    .arg(value)
-                    .query_async(&mut admin)
-                    .await
-                    .expect("CONFIG SET");
-            }
+            config_set(&mut admin, set).await;
             if code == "MISCONF" {
                 let _: Result<String, _> = redis::cmd("BGSAVE").query_async(&mut admin).await;
                 tokio::time::sleep(Duration::from_millis(300)).await;
@@ -1264,26 +1278,14 @@ fn a_redis_that_cannot_write_for_now_is_a_transient_failure() {
                 .expect("the policy decides, not an error");
             assert!(!d.allowed(), "{code}: fail closed");
             assert_ne!(limiter.mode(), Mode::Global, "{code}");
-            for (name, value) in reset {
-                let () = redis::cmd("CONFIG")
-                    .arg("SET")
-                    .arg(name)
-                    .arg(value)
-                    .query_async(&mut admin)
-                    .await
-                    .expect("CONFIG SET");
-            }
+            config_set(&mut admin, reset).await;
             if code == "MISCONF" {
                 let _: String = redis::cmd("SAVE")
                     .query_async(&mut admin)
                     .await
                     .expect("a save");
             }
-            let deadline = Instant::now() + Duration::from_secs(5);
-            while limiter.mode() != Mode::Global {
-                assert!(Instant::now() < deadline, "{code}: back to Global");
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
+            back_to_global(&limiter, code).await;
             assert!(limiter.check("k").await.unwrap().allowed(), "{code}");
         }
     });
@@ -1335,11 +1337,7 @@ fn a_server_that_answers_but_cannot_write_keeps_the_breaker_open() {
             .query_async(&mut admin)
             .await
             .expect("REPLICAOF NO ONE");
-        let deadline = Instant::now() + Duration::from_secs(5);
-        while limiter.mode() != Mode::Global {
-            assert!(Instant::now() < deadline, "back to Global");
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
+        back_to_global(&limiter, "after REPLICAOF NO ONE").await;
         assert!(limiter.check("k").await.unwrap().allowed());
     });
 }
