@@ -6,6 +6,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export CARGO_TERM_COLOR=never
+# A fresh clone gains nothing from incremental builds, and they double the disk a CI run needs.
+if [ "${CI:-}" = true ]; then export CARGO_INCREMENTAL=0; fi
 
 step() { printf '\n==> %s\n' "$*"; }
 

@@ -797,7 +797,9 @@ async fn in_arrival_order(
 /// lane and the sends run on different threads: 400 checks of one key, each its own task;
 /// task i makes its check arrive (one poll of its future: the check joins its lane, or leads a
 /// call) only once task i − 1's has, then lets task i + 1 go, and waits for its answer on
-/// whichever worker wakes it. The i-th arrival must see `burst − 1 − i`.
+/// whichever worker wakes it. The i-th arrival must see `burst − 1 − i`. The server loses its
+/// scripts before each round, so the first call comes back `NOSCRIPT` while later ones are
+/// on their way: those must not overtake its reload.
 #[test]
 fn coalesced_checks_keep_their_arrival_order_across_threads() {
     let Some(server) = RedisServer::start() else {
@@ -814,6 +816,11 @@ fn coalesced_checks_keep_their_arrival_order_across_threads() {
     for round in 0..40 {
         let redis = limiter(&conn, RedisRule::gcra(quota).unwrap());
         rt.block_on(async {
+            let flushed: redis::RedisResult<()> = redis::cmd("SCRIPT")
+                .arg("FLUSH")
+                .query_async(&mut conn.clone())
+                .await;
+            flushed.expect("SCRIPT FLUSH");
             let mut turn: Option<tokio::sync::oneshot::Receiver<()>> = None;
             let mut tasks = Vec::new();
             for _ in 0..400 {
@@ -866,7 +873,7 @@ fn coalesced_checks_whose_callers_give_up_leave_no_lane_stuck() {
             })
             .collect();
         for task in tasks {
-            // Given up, or told by the baton that carried it that its call was abandoned.
+            // Given up (the calls still go out, on their own tasks), or answered by a timeout.
             match task.await.unwrap() {
                 Err(_given_up) => {}
                 Ok(result) => assert!(result.is_err_and(|e| e.is_transient())),
@@ -1809,5 +1816,137 @@ fn a_log_cleans_expired_entries_a_bounded_number_per_call() {
             .unwrap()
             .allowed());
         assert_eq!(card(c, key).await, 1);
+    });
+}
+
+/// Callers that give up (their futures dropped at random points, as a tower timeout drops
+/// them) harm no other check. On a healthy server, 32 tasks check 16 keys for 2 s through a
+/// guarded limiter that fails closed, a quarter of the checks given up after 20-200 µs: every
+/// other check is answered and admitted, the limiter never leaves `Global`, and each key is
+/// charged at least its answered checks and at most those and its given-up ones.
+#[test]
+fn callers_that_give_up_harm_no_other_check() {
+    use tollgate::redis::{FailureHandling, FailurePolicy, Mode};
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("a tokio runtime");
+    rt.block_on(async {
+        const KEYS: usize = 16;
+        let limit = 1u64 << 30;
+        let rule = RedisRule::fixed_window(Quota::per_hour(limit).unwrap()).unwrap();
+        let exact = RedisLimiter::builder(rule)
+            .prefix(format!("give-up-{}", std::process::id()))
+            .connect(&server.url())
+            .await
+            .unwrap();
+        let guarded = exact
+            .clone()
+            .guarded(FailureHandling::new(FailurePolicy::FailClosed))
+            .await;
+        let stop = Instant::now() + Duration::from_secs(2);
+        let tasks: Vec<_> = (0..32u64)
+            .map(|t| {
+                let guarded = guarded.clone();
+                tokio::spawn(async move {
+                    // Per key: answered and admitted, given up; then errors, denials, and
+                    // readings of a mode other than Global.
+                    let mut tally = [[0u64; 2]; KEYS];
+                    let mut wrong = [0u64; 3];
+                    let mut n = t.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+                    while Instant::now() < stop {
+                        n = n
+                            .wrapping_mul(6_364_136_223_846_793_005)
+                            .wrapping_add(1_442_695_040_888_963_407);
+                        let key = ((n >> 33) % KEYS as u64) as usize;
+                        let check = guarded.check(format!("k{key}"));
+                        let result = if (n >> 20) % 4 == 0 {
+                            let after = Duration::from_micros(20 + (n >> 40) % 180);
+                            match tokio::time::timeout(after, check).await {
+                                Ok(result) => result,
+                                Err(_gave_up) => {
+                                    tally[key][1] += 1;
+                                    continue;
+                                }
+                            }
+                        } else {
+                            check.await
+                        };
+                        match result {
+                            Ok(d) if d.allowed() => tally[key][0] += 1,
+                            Ok(_) => wrong[1] += 1,
+                            Err(_) => wrong[0] += 1,
+                        }
+                        if guarded.mode() != Mode::Global {
+                            wrong[2] += 1;
+                        }
+                        tokio::task::yield_now().await;
+                    }
+                    (tally, wrong)
+                })
+            })
+            .collect();
+        let mut tally = [[0u64; 2]; KEYS];
+        let mut wrong = [0u64; 3];
+        for task in tasks {
+            let (t, w) = task.await.unwrap();
+            for key in 0..KEYS {
+                tally[key][0] += t[key][0];
+                tally[key][1] += t[key][1];
+            }
+            for i in 0..3 {
+                wrong[i] += w[i];
+            }
+        }
+        let answered: u64 = tally.iter().map(|t| t[0]).sum();
+        let gave_up: u64 = tally.iter().map(|t| t[1]).sum();
+        eprintln!("{answered} checks answered, {gave_up} given up; errors, denials, mode changes: {wrong:?}");
+        assert!(gave_up > 0 && answered > 0);
+        assert_eq!(wrong, [0, 0, 0], "errors, denials, readings off Global");
+        // Calls of given-up checks still in flight finish within the timeout.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        for (key, [answered, gave_up]) in tally.iter().enumerate() {
+            let left = exact.peek(format!("k{key}"), 0).await.unwrap().remaining();
+            let charged = limit - left;
+            assert!(
+                (*answered..=answered + gave_up).contains(&charged),
+                "k{key}: charged {charged}, answered {answered}, given up {gave_up}"
+            );
+        }
+    });
+}
+
+/// Checks polled once and then neither polled again nor dropped (the losers of a `select!`,
+/// kept aside) hold nothing of the lane: a later check is answered within its deadline.
+#[test]
+fn checks_polled_once_and_left_aside_block_no_other() {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    runtime().block_on(async {
+        let l = RedisLimiter::builder(RedisRule::gcra(Quota::per_second(1_000).unwrap()).unwrap())
+            .connect(&server.url())
+            .await
+            .unwrap();
+        // More than the lane keeps in flight (2), each polled once.
+        let mut aside: Vec<_> = (0..4).map(|i| Box::pin(l.check(format!("a{i}")))).collect();
+        for check in &mut aside {
+            std::future::poll_fn(|cx| {
+                let _ = check.as_mut().poll(cx);
+                Poll::Ready(())
+            })
+            .await;
+        }
+        let b = tokio::time::timeout(Duration::from_secs(2), l.check("b")).await;
+        assert!(
+            b.as_ref()
+                .is_ok_and(|r| r.as_ref().is_ok_and(Decision::allowed)),
+            "{b:?}"
+        );
+        drop(aside);
     });
 }

@@ -283,12 +283,13 @@ impl RedisLimiterBuilder {
     /// Cluster slot's calls below their limit in flight (two on a single server, one on a
     /// Cluster) is sent at once, alone; checks that arrive while the slot is busy wait for a
     /// call to return and then go together, in one call, in arrival order. No timer is
-    /// involved and an idle limiter adds no latency; decisions are exactly those of one call
-    /// per check, in arrival order per key, also when the server lost its scripts (the calls
-    /// in flight are then sent again in the order they started). A check waits at most for a
-    /// call in flight (its timeout) and then its own call (the timeout again; after a lost
-    /// script, once more per call re-sent before its own). With `false`, every check is its
-    /// own call.
+    /// involved; decisions are exactly those of one call per check, in arrival order per key,
+    /// also when the server lost its scripts (the calls in flight are then sent again in the
+    /// order they started). Each call runs on a tokio task of its own, so a caller that gives
+    /// up (its future dropped) affects no other check: its check is not sent if its call was
+    /// not yet formed, else decided and its answer dropped. A check answers within (calls in
+    /// flight + 2) × the timeout, or fails with [`Error::Timeout`]. With `false`, every check
+    /// is its own call, on the caller's task.
     ///
     /// # Examples
     /// ```no_run
@@ -395,7 +396,7 @@ impl RedisLimiterBuilder {
     /// ```
     pub fn build<C: RedisConnection>(self, conn: C) -> RedisLimiter<C> {
         let ms = u64::try_from(self.injected_min_ttl.as_millis()).unwrap_or(u64::MAX);
-        RedisLimiter {
+        let mut limiter = RedisLimiter {
             conn,
             rule: self.rule,
             prefix: self.prefix.into(),
@@ -403,15 +404,21 @@ impl RedisLimiterBuilder {
             max_batch: self.max_batch,
             // The script adds it to nothing, but keep it a plain integer below 2^53.
             injected_min_ttl_ms: ms.min(1 << 52),
+            lanes: None,
+        };
+        if self.coalesce {
             // A Cluster routes each call on its own: one call in flight a lane keeps order.
-            lanes: self.coalesce.then(|| {
-                Arc::new(Lanes::new(if C::CLUSTERED {
-                    1
-                } else {
-                    coalesce::PIPELINE
-                }))
-            }),
+            let depth = if C::CLUSTERED { 1 } else { coalesce::PIPELINE };
+            let lanes = Arc::new(Lanes::new(depth, self.timeout));
+            // The calls' tasks run a copy without lanes: no cycle keeps the lanes alive.
+            let sender = limiter.clone();
+            lanes.set_spawner(Box::new(move |baton| {
+                let sender = sender.clone();
+                tokio::spawn(async move { sender.lead(baton).await });
+            }));
+            limiter.lanes = Some(lanes);
         }
+        limiter
     }
 }
 
