@@ -279,6 +279,68 @@ fn four_leased_nodes_hold_a_token_bucket() {
     );
 }
 
+/// GCRA leases expire. A burst spends half the bucket and leaves each node a lease; then a
+/// trickle keeps those leases in use, never low enough for a refill, while the bucket refills
+/// to full; then a second burst, over `[a, b]`. A unit a node kept from before the refill
+/// comes on top of the full bucket: the fleet bound on `LeasedLimiter` allows
+/// `B + 1 + (b − a + D)/T` (`D` the horizon), and no more.
+#[test]
+fn a_burst_after_a_trickle_stays_within_the_token_bucket() {
+    let Some((_serial, server, rt)) = start(2) else {
+        return;
+    };
+    const L: u64 = 400;
+    const T: u64 = SEC / L;
+    let rule = RedisRule::gcra(Quota::per_second(L).unwrap()).unwrap();
+    let config = LeaseConfig::new();
+    let horizon = 50_000_000;
+    let nodes: Vec<LeasedLimiter> = (0..4)
+        .map(|_| {
+            rt.block_on(async {
+                let node = node(&server, "trickle", rule, config).await;
+                node.prefetch("k").await.expect("a first lease");
+                node
+            })
+        })
+        .collect();
+    // Round-robin over the nodes for `run`, one check per `gap`: the admissions.
+    let burst = |run: Duration, gap: Duration| {
+        let start = Instant::now();
+        let mut admitted = 0;
+        while start.elapsed() < run {
+            for node in &nodes {
+                admitted += node.check("k").expect("Redis answers").allowed() as u64;
+            }
+            std::thread::sleep(gap);
+        }
+        admitted
+    };
+    // 50 checks per node, at once: leases of `max_lease` (25) on each node.
+    let mut spent = 0;
+    for _ in 0..50 {
+        for node in &nodes {
+            spent += node.check("k").expect("Redis answers").allowed() as u64;
+        }
+        std::thread::sleep(Duration::from_micros(200));
+    }
+    // One check per node every 250 ms for 1.5 s (16/s): the bucket is full again within 1 s.
+    let trickled = burst(Duration::from_millis(1_500), Duration::from_millis(250));
+    let held: u64 = nodes.iter().map(|n| n.held("k")).sum();
+    let a = wall_nanos();
+    let admitted = burst(Duration::from_millis(100), Duration::from_micros(100));
+    let b = wall_nanos();
+    let most = L + 1 + (b - a + horizon).div_ceil(T);
+    println!(
+        "gcra burst after a trickle: spent {spent}, trickled {trickled}, {held} held at the \
+         burst, then {admitted} admitted in {:.1} ms, at most {most}",
+        (b - a) as f64 / 1e6
+    );
+    assert!(admitted <= most, "{admitted} admitted > {most}");
+    for node in &nodes {
+        assert_eq!(node.mode(), Mode::Global, "Redis answered throughout");
+    }
+}
+
 #[test]
 fn four_leased_nodes_hold_a_sliding_window() {
     let _serial = serial();

@@ -11,9 +11,11 @@
 //! spent. A lease's target size follows the key's observed rate (smoothed over refills): enough
 //! for [`LeaseConfig::horizon`] of recent demand (50 ms by default) and for four of the
 //! slowest recent refills, at most
-//! [`LeaseConfig::max_lease`] (by default 1/16 of the capacity). Unused units go back to Redis
-//! when the key goes idle ([`LeaseConfig::idle_timeout`]), when a sliding window's lease
-//! expires, and on [`LeasedLimiter::release_all`].
+//! [`LeaseConfig::max_lease`] (by default 1/16 of the capacity). Every lease expires: a window
+//! lease at its window's end, a GCRA lease one horizon (and one `T`) after its units' slots in
+//! the bucket, decaying by a unit per `T` before that. Unused units go back to Redis when the
+//! key goes idle ([`LeaseConfig::idle_timeout`]), when a sliding window's lease expires, and on
+//! [`LeasedLimiter::release_all`] (for GCRA, while nothing was admitted behind them).
 //!
 //! A key a node holds no lease of starts with a small provisional allowance while its first
 //! grant is in flight, so that its first checks are not denied for want of a lease; the grant
@@ -29,7 +31,7 @@
 //!   to the policy, once per outage. With `Local`, each key's in-process share
 //!   (`L ÷ live nodes`) starts from the units its lease held plus this node's part of what the
 //!   global state could still grant at its last grant, not from a full bucket (with
-//!   `FailOpen` the leases keep their units for after the outage). From then on every check
+//!   `FailOpen` the leases keep their units, until they expire). From then on every check
 //!   goes straight to the policy: no lease, no lock, no task.
 //! - `FailClosed`: the node keeps spending what its leases hold (granted units), then denies.
 //!
@@ -263,11 +265,9 @@ impl<C: RedisConnection> LeasedLimiter<C> {
                 now,
             ));
         }
-        let windowed = node.terms.windowed();
         if let Some(lease) = node.leases.get(key) {
-            if let Some(left) = lease.hot.word.take(cost, now, windowed) {
-                // Relaxed: a hint; a stale value only moves a refill by one check.
-                if left < lease.hot.low_water.load(Ordering::Relaxed) {
+            if let Some(left) = lease.hot.word.take(cost, now, node.terms.decay()) {
+                if lease.hot.low(left, now) {
                     node.request_refill(&lease);
                 }
                 return Ok(allowed(&node.terms, Some(&lease), left, now));
@@ -295,7 +295,7 @@ impl<C: RedisConnection> LeasedLimiter<C> {
         if created {
             node.request_refill(&lease);
         }
-        match lease.hot.word.take(cost, now, windowed) {
+        match lease.hot.word.take(cost, now, node.terms.decay()) {
             Some(left) => Ok(allowed(&node.terms, Some(&lease), left, now)),
             None => short(node, &lease, key, cost, now),
         }
@@ -430,7 +430,8 @@ impl<C: RedisConnection> LeasedLimiter<C> {
     pub fn held(&self, key: impl AsRef<[u8]>) -> u64 {
         let node = &self.node;
         node.leases.get(key.as_ref()).map_or(0, |lease| {
-            lease.hot.word.held(node.clock.now(), node.terms.windowed())
+            let (now, decay) = (node.clock.now(), node.terms.decay());
+            lease.hot.word.held(now, decay) + lease.bg.lock().parked_units(now, decay)
         })
     }
 
@@ -557,6 +558,16 @@ fn short<C: RedisConnection>(
     cost: u64,
     now: Nanos,
 ) -> Result<Decision, Error> {
+    // GCRA: a grant parked behind the units this check found short takes over.
+    let decay = node.terms.decay();
+    if decay > 0 && lease.unpark(now, decay) {
+        if let Some(left) = lease.hot.word.take(cost, now, decay) {
+            if lease.hot.low(left, now) {
+                node.request_refill(lease);
+            }
+            return Ok(allowed(&node.terms, Some(lease), left, now));
+        }
+    }
     // Relaxed: a hint for the next refill's size.
     lease.need.fetch_max(cost, Ordering::Relaxed);
     if let Some(error) = lease.fatal() {

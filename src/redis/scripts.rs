@@ -751,17 +751,22 @@ return redis.call('ZCARD', KEYS[1])
 pub(crate) const LEASE_GCRA: &str = concat!(
     r#"
 -- Leases on GCRA state (SPEC §1), the leased tier. A grant of g units is g admissions of cost 1
--- at once: the units leave the bucket now, and the node spends them later. So at every instant
--- (tokens in the bucket) + (units held in leases) ≤ B, and the fleet's admissions over any
--- interval [a, b] stay within B + (b − a)/T, the token bucket's own bound.
+-- at once: the units leave the bucket now (the last g slots of its debt), and the node spends
+-- them later, each before its slot is more than the horizon and one T in the past (the node's
+-- lease decays), so the fleet's admissions over any interval [a, b] stay within
+-- B + 1 + (b − a + horizon)/T (the bound on LeasedLimiter).
 -- KEYS[i]  state of item i, as the GCRA script keeps it: "<t> <debt>"
 -- ARGV[1]  minimum TTL in ms        ARGV[2]  unused ('1')
 -- ARGV[3]  span B·T in ns (≤ 2^51)  ARGV[4]  emission interval T in ns (≥ 1)
 -- ARGV[1 + 4i] 'g' grant, 'r' return or 'c' charge
 -- ARGV[2 + 4i] units (≤ B for a grant or a return; < 2^52 for a charge)
--- ARGV[3 + 4i] unused for GCRA              ARGV[4 + 4i] time in ns ('' = server TIME)
+-- ARGV[3 + 4i] return: the TAT (t + debt, ns since the epoch) right after the grant whose units
+--              go back; '' otherwise                ARGV[4 + 4i] time in ns ('' = server TIME)
 -- grant:  g = min(units, ⌊(B·T − debt)/T⌋), then debt += g·T
--- return: debt := max(0, debt − units·T): the units go back to the bucket, never beyond B
+-- return: only while the TAT is still the one right after the grant (nothing admitted behind
+--         its units since): debt := max(0, debt − units·T), the units go back to the bucket,
+--         never beyond B. Units that others' admissions sit behind are not taken back: that
+--         would move those admissions earlier, past the lives their leases were given.
 -- charge: debt += c·T with c = min(units, ⌊(2^52 − 1 − debt)/T⌋): units a node admitted
 --         without a grant (during an outage, or before its first grant arrived) are counted,
 --         never denied; the debt may pass B·T, and the key is denied until it drains
@@ -775,7 +780,7 @@ local most = idiv(span, interval)
 local MAX_DEBT = 4503599627370495 -- 2^52 − 1, the largest debt a state holds
 for i = 1, #KEYS do
   local key = KEYS[i]
-  local op, units = ARGV[4 * i + 1], tonumber(ARGV[4 * i + 2])
+  local op, units, tat = ARGV[4 * i + 1], tonumber(ARGV[4 * i + 2]), ARGV[4 * i + 3]
   if op ~= 'c' and units > most then units = most end
   local ts, t = now_of(ARGV[4 * i + 4])
   local code, debt, present
@@ -794,7 +799,7 @@ for i = 1, #KEYS do
         debt = debt + n * interval
         redis.call('SET', key, ts .. ' ' .. string.format('%d', debt), 'PX', ttl_ms(debt))
       end
-    elseif present and debt > 0 then
+    elseif present and debt > 0 and tat ~= '' and diff(t, parse_time(tat)) + debt == 0 then
       n = units
       debt = debt - units * interval
       if debt <= 0 then

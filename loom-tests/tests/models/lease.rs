@@ -18,18 +18,18 @@ use crate::explore;
 #[test]
 fn takes_deposits_and_empty_account_for_every_unit() {
     explore("lease: take x take x deposit+empty", || {
-        let word = Arc::new(LeaseWord::new(2, 0));
+        let word = Arc::new(LeaseWord::new(2, 1));
         let checks: Vec<_> = (0..2)
             .map(|_| {
                 let word = Arc::clone(&word);
                 thread::spawn(move || {
                     (0..2)
-                        .map(|_| word.take(1, 0, false).map_or(0, |_| 1))
+                        .map(|_| word.take(1, 0, 0).map_or(0, |_| 1))
                         .sum::<u64>()
                 })
             })
             .collect();
-        let level = word.deposit(1, true, 0);
+        let level = word.deposit(1, true, 1);
         assert!(level <= 3);
         let emptied = units_of(word.empty(0));
         let spent: u64 = checks.into_iter().map(|t| t.join().unwrap()).sum();
@@ -45,11 +45,11 @@ fn takes_deposits_and_empty_account_for_every_unit() {
 #[test]
 fn take_up_to_races_checks_without_losing_a_unit() {
     explore("lease: take x take x take_up_to", || {
-        let word = Arc::new(LeaseWord::new(3, 0));
+        let word = Arc::new(LeaseWord::new(3, 1));
         let checks: Vec<_> = (0..2)
             .map(|_| {
                 let word = Arc::clone(&word);
-                thread::spawn(move || word.take(1, 0, false).map_or(0, |_| 1))
+                thread::spawn(move || word.take(1, 0, 0).map_or(0, |_| 1))
             })
             .collect();
         let (before, taken) = word.take_up_to(2);
@@ -59,7 +59,53 @@ fn take_up_to_races_checks_without_losing_a_unit() {
     });
 }
 
-/// The sweeper voids an expired window lease only if no check changed the word since it read
+/// A parked GCRA grant takes the word over while checks spend what is left of the earlier
+/// grant: each old unit is spent or void, each new one spent or still held, never both.
+#[test]
+fn a_parked_grant_replaces_the_word_while_checks_spend_it() {
+    explore("lease: take x take x replace", || {
+        let word = Arc::new(LeaseWord::new(2, 1));
+        let checks: Vec<_> = (0..2)
+            .map(|_| {
+                let word = Arc::clone(&word);
+                thread::spawn(move || {
+                    (0..2)
+                        .map(|_| word.take(1, 0, 0).map_or(0, |_| 1))
+                        .sum::<u64>()
+                })
+            })
+            .collect();
+        let void = units_of(word.replace(3, 2));
+        let spent: u64 = checks.into_iter().map(|t| t.join().unwrap()).sum();
+        assert_eq!(spent + void + units_of(word.load()), 2 + 3);
+        assert!(void <= 2 && units_of(word.load()) <= 3);
+    });
+}
+
+/// A GCRA grant whose slots follow the word's extends it while checks spend: every unit
+/// spent once or still held.
+#[test]
+fn an_extending_grant_and_checks_account_for_every_unit() {
+    explore("lease: take x take x extend", || {
+        let word = Arc::new(LeaseWord::new(2, 1));
+        let checks: Vec<_> = (0..2)
+            .map(|_| {
+                let word = Arc::clone(&word);
+                thread::spawn(move || {
+                    (0..2)
+                        .map(|_| word.take(1, 0, 0).map_or(0, |_| 1))
+                        .sum::<u64>()
+                })
+            })
+            .collect();
+        let level = word.extend(2, 0, 0, 2);
+        assert!(level <= 4);
+        let spent: u64 = checks.into_iter().map(|t| t.join().unwrap()).sum();
+        assert_eq!(spent + units_of(word.load()), 2 + 2);
+    });
+}
+
+/// The sweeper voids an expired lease only if no check changed the word since it read
 /// it; checks never spend an expired lease.
 #[test]
 fn expire_and_take_never_both_have_a_unit() {
@@ -68,13 +114,13 @@ fn expire_and_take_never_both_have_a_unit() {
         let word = Arc::new(LeaseWord::new(2, 5));
         let check = {
             let word = Arc::clone(&word);
-            thread::spawn(move || word.take(1, 4 * MS, true).map_or(0, |_| 1))
+            thread::spawn(move || word.take(1, 4 * MS, 0).map_or(0, |_| 1))
         };
         let seen = word.load();
         let expired = if word.expire(seen) { units_of(seen) } else { 0 };
         let spent = check.join().unwrap();
         assert_eq!(spent + expired + units_of(word.load()), 2);
-        assert_eq!(word.take(1, 5 * MS, true), None, "expired at 5 ms");
+        assert_eq!(word.take(1, 5 * MS, 0), None, "expired at 5 ms");
     });
 }
 
@@ -85,7 +131,7 @@ fn expire_and_take_never_both_have_a_unit() {
 fn a_check_routed_to_the_policy_sees_the_handed_over_units() {
     const UNSEEDED: u64 = u64::MAX;
     explore("lease: route handover x check x check", || {
-        let word = Arc::new(LeaseWord::new(2, 0));
+        let word = Arc::new(LeaseWord::new(2, 1));
         let route = Arc::new(Route::default());
         // The policy's state for the key (units), unseeded until the handover writes it.
         let local = Arc::new(AtomicU64::new(UNSEEDED));
@@ -97,7 +143,7 @@ fn a_check_routed_to_the_policy_sees_the_handed_over_units() {
                     for _ in 0..2 {
                         match route.way() {
                             Way::Leases | Way::Handing => {
-                                from_lease += word.take(1, 0, false).map_or(0, |_| 1);
+                                from_lease += word.take(1, 0, 0).map_or(0, |_| 1);
                             }
                             Way::Policy => {
                                 // Relaxed: the model's stand-in for the local limiter's own

@@ -46,7 +46,9 @@ impl Algo {
 pub(crate) enum UnitOp {
     /// Grant up to `units` (a lease), as admissions that cannot exceed the rule.
     Grant,
-    /// Give back `units` granted at server time `since` (ns since the epoch; 0 = unknown).
+    /// Give back `units`: for windows, granted at server time `since`; for GCRA, of the grant
+    /// that left the bucket's TAT at `since` (ns since the epoch; 0 = unknown: nothing goes
+    /// back).
     Return { since: u64 },
     /// Count `units` admitted without a grant, at `at` (ns since the epoch by the node's
     /// wall clock; `None` = now), never denied: the state may pass the limit.

@@ -8,7 +8,7 @@ use super::refill::Refill;
 use crossbeam_utils::CachePadded;
 use parking_lot::Mutex;
 
-use super::word::LeaseWord;
+use super::word::{pack, usable, LeaseWord};
 use crate::clock::Nanos;
 use crate::redis::error::Error;
 
@@ -39,6 +39,10 @@ pub(super) struct Hot {
     pub word: LeaseWord,
     /// A check that leaves fewer units than this asks for a refill.
     pub low_water: AtomicU64,
+    /// GCRA: a check that finds the lease with less than this left to live (ns) asks for a
+    /// refill (two of the slowest recent refills), so the next grant arrives before the
+    /// word's units decay. 0 for windows.
+    pub lead: AtomicU64,
     /// The global state as the last grant saw it, for the figures of decisions: what it could
     /// still grant (units held in leases count as spent), when (limiter clock, ns) that grant
     /// was installed, and when the state would be back to full capacity (limiter clock, ns;
@@ -46,6 +50,20 @@ pub(super) struct Hot {
     pub view_left: AtomicU64,
     pub view_at: AtomicU64,
     pub view_full_at: AtomicU64,
+}
+
+impl Hot {
+    /// Whether a check that left `left` units at `now` asks for a refill: fewer than the
+    /// low-water mark, or less than the lead time left to live. Both hints are 0 while a
+    /// grant is parked: the word's rest runs out first.
+    #[inline]
+    pub fn low(&self, left: u64, now: Nanos) -> bool {
+        // Relaxed, both: hints; a stale value only moves a refill by one check.
+        left < self.low_water.load(Ordering::Relaxed) || {
+            let lead = self.lead.load(Ordering::Relaxed);
+            lead > 0 && self.word.time_left(now) < lead
+        }
+    }
 }
 
 /// A lease's background bookkeeping, under its mutex.
@@ -73,9 +91,30 @@ pub(super) struct Bg {
     pub provisional: u64,
     pub provisional_at: u64,
     pub provisional_window: u64,
+    /// GCRA: a grant that arrived while the word held live units of an earlier one, with its
+    /// deadline (ms of the limiter's clock). It takes the word over once those are spent or
+    /// expired ([`Lease::unpark`]): one deadline per word, and no unit outlives its own.
+    pub parked: Option<(u64, u32)>,
+    /// GCRA: the bucket's TAT right after the grant whose units the lease would give back
+    /// (the parked one if any, else the word's; server ns since the epoch), or 0 when those
+    /// are mixed with another grant's. See [`UnitOp::Return`](crate::redis::exact::UnitOp).
+    pub grant_end: u64,
+    /// The low-water mark and lead of the last grant (the hints in [`Hot`] are 0 while one
+    /// is parked).
+    pub low_water: u64,
+    pub lead: u64,
     /// The sweeper's view: the word at its last pass, and since when it has not changed.
     pub last_word: u64,
     pub still_since: Nanos,
+}
+
+impl Bg {
+    /// The units of the parked grant still usable at `now`.
+    pub fn parked_units(&self, now: Nanos, decay: u64) -> u64 {
+        self.parked.map_or(0, |(units, deadline)| {
+            usable(pack(units, deadline), now, decay)
+        })
+    }
 }
 
 impl Lease {
@@ -90,6 +129,27 @@ impl Lease {
             bg: Mutex::new(Bg::default()),
             refilled: tokio::sync::Notify::new(),
             key: key.into(),
+        }
+    }
+
+    /// Puts a parked GCRA grant in the word, if it is still live, in place of what is left
+    /// there (spent below a check's cost, or expired: those units are void). Whether it did.
+    pub fn unpark(&self, now: Nanos, decay: u64) -> bool {
+        let mut bg = self.bg.lock();
+        if bg.parked_units(now, decay) == 0 {
+            bg.parked = None;
+            return false;
+        }
+        match bg.parked.take() {
+            Some((units, deadline)) => {
+                self.hot.word.replace(units, deadline);
+                // Relaxed, both: self-contained hints; no other memory is published through
+                // them.
+                self.hot.low_water.store(bg.low_water, Ordering::Relaxed);
+                self.hot.lead.store(bg.lead, Ordering::Relaxed);
+                true
+            }
+            None => false,
         }
     }
 

@@ -107,7 +107,10 @@ impl LeaseConfig {
     }
 
     /// A lease holds about this much of the key's recent demand (default 50 ms; at least
-    /// 1 ms). Longer means fewer round trips and a larger under-admission bound.
+    /// 1 ms). Longer means fewer round trips and a larger under-admission bound; for GCRA it
+    /// is also how long past its slot in the bucket a leased unit may be spent, which the
+    /// fleet bound adds (`horizon / T` units, see "Guarantee" on
+    /// [`LeasedLimiter`](super::LeasedLimiter)).
     ///
     /// # Examples
     /// ```
@@ -352,8 +355,13 @@ pub(super) struct Terms {
 }
 
 impl Terms {
-    pub fn windowed(&self) -> bool {
-        self.algo.windowed()
+    /// How a lease's units decay before its deadline ([`usable`](super::word::usable)): the
+    /// emission interval `T` in ns for GCRA, 0 (no decay) for windows.
+    pub fn decay(&self) -> u64 {
+        match self.algo {
+            Algo::Gcra { interval, .. } => interval.max(1),
+            Algo::Fixed { .. } | Algo::Sliding { .. } => 0,
+        }
     }
 
     /// The window `W` in ns (`None` for GCRA).

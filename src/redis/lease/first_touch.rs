@@ -4,7 +4,7 @@
 
 use super::cell::{Bg, Lease};
 use super::config::{Counters, Terms};
-use super::word::{now_ms, LeaseWord};
+use super::word::{now_ms, LeaseWord, DAY};
 use crate::clock::Nanos;
 use crate::redis::exact::{Algo, UnitOp};
 use crate::redis::guard::wall_nanos;
@@ -19,7 +19,15 @@ pub(super) fn first_lease(terms: &Terms, key: &[u8], allowance: u64, now: Nanos)
     let wall = wall_nanos();
     let bg = lease.bg.get_mut();
     let deadline = match terms.window() {
-        None => 0,
+        // Until the first grant covers them (it replaces the deadline): as a grant of them
+        // from a full bucket would last (see `grant::install`).
+        None => {
+            let life = allowance
+                .saturating_add(1)
+                .saturating_mul(terms.decay())
+                .saturating_add(Terms::nanos(terms.config.horizon));
+            now_ms(now.saturating_add(life.min(DAY)))
+        }
         Some(window) => {
             // The units belong to the current window by the wall clock: void at its end (less
             // a thousandth for drift), so none is spent in the next one.

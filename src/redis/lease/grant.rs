@@ -7,17 +7,18 @@ use std::sync::atomic::Ordering;
 use super::cell::Lease;
 use super::config::{Counters, Terms};
 use super::first_touch::cover;
-use super::word::{now_ms, MAX_LEASE};
+use super::word::{now_ms, DAY, MAX_LEASE};
 use crate::clock::Nanos;
 use crate::redis::exact::{Algo, Reply, UnitOp};
 
 /// What a refill of `lease`, asked for at `t0`, requests: `(want, target)`, or `None`.
 pub(super) fn prepare(terms: &Terms, lease: &Lease, t0: Nanos) -> Option<(u64, u64)> {
-    let held = lease.hot.word.held(t0, terms.windowed());
     let mut bg = lease.bg.lock();
     // First-touch units are not held: the first grant must cover them.
     let owed = bg.provisional;
-    let held = held.saturating_sub(owed);
+    // What will still be usable when the grant arrives (GCRA leases decay).
+    let (decay, at) = (terms.decay(), t0.saturating_add(bg.lead));
+    let held = lease.hot.word.held(at, decay).saturating_sub(owed) + bg.parked_units(at, decay);
     if bg.installed_at > 0 && t0 > bg.installed_at {
         let consumed = bg.level_after.saturating_sub(held) as f64;
         let rate = consumed / (t0 - bg.installed_at) as f64;
@@ -65,12 +66,25 @@ pub(super) fn install(
     // expected.
     let (deadline, window_start, retry, poll) = match terms.algo {
         Algo::Gcra { interval, span } => {
+            // The grant's units are the bucket's last slots, up to the end of its debt
+            // (`fact`, the debt after the grant). The lease's deadline is that end plus the
+            // horizon and one `T`, by the node's clock started before the server read its own
+            // (a thousandth less for drift), at most a day; before it, the lease decays one
+            // unit per `T` (`word::usable`). So no unit outlives its slot by more than the
+            // horizon and one `T` (the bound on `LeasedLimiter`).
+            let life = reply.fact.saturating_add(horizon).saturating_add(interval);
+            let life = (life - life / 1024).min(DAY);
             let next_unit = (reply.fact + interval).saturating_sub(span);
             let wanted = reply
                 .fact
                 .saturating_add(want.saturating_mul(interval))
                 .saturating_sub(span);
-            (0, None, next_unit, wanted.min(horizon))
+            (
+                now_ms(t0.saturating_add(life)),
+                None,
+                next_unit,
+                wanted.min(horizon),
+            )
         }
         Algo::Fixed { window } | Algo::Sliding { window } => {
             let e = reply.fact;
@@ -90,6 +104,7 @@ pub(super) fn install(
             (deadline, Some(reply.time - e), retry, retry.min(horizon))
         }
     };
+    let covering = bg.provisional > 0;
     let (granted, charge) = cover(terms, lease, &mut bg, reply.units, window_start, stats);
     // The slowest recent refill, forgotten by an eighth per refill.
     bg.slowest = (now - t0).max(bg.slowest - bg.slowest / 8);
@@ -98,11 +113,55 @@ pub(super) fn install(
     let low_water = ((bg.rate * 2.0 * bg.slowest as f64) as u64)
         .max(target / 2)
         .min(target);
-    // Units of the same window stay valid until the new grant's deadline (it is as
-    // conservative as the old one, and the server has just confirmed the window), even if the
-    // old lease expired by age; a new window voids what is left of the old one.
-    let same = window_start.is_none() || bg.window_start == window_start;
-    let level = lease.hot.word.deposit(granted, same, deadline);
+    let level = match terms.window() {
+        // Units of the same window stay valid until the new grant's deadline (it is as
+        // conservative as the old one, and the server has just confirmed the window), even if
+        // the old lease expired by age; a new window voids what is left of the old one.
+        Some(_) => {
+            let same = bg.window_start == window_start;
+            lease.hot.word.deposit(granted, same, deadline)
+        }
+        // GCRA: each grant's units keep their own deadline. While the word holds live units
+        // of an earlier grant, this one is parked until a check finds those spent or expired.
+        None => {
+            let decay = terms.decay();
+            let end = reply.time.saturating_add(reply.fact);
+            let start = end.saturating_sub(reply.units.saturating_mul(decay));
+            if lease.hot.word.held(now, decay) == 0 {
+                // A parked grant no check has taken over yet goes first.
+                if let Some((units, at)) = bg.parked.take() {
+                    lease.hot.word.replace(units, at);
+                }
+            }
+            let held = lease.hot.word.held(now, decay);
+            if held == 0 {
+                lease.hot.word.replace(granted, deadline);
+                bg.parked = None;
+                bg.grant_end = end;
+                granted
+            } else if covering || (bg.parked.is_none() && start == bg.grant_end) {
+                // The word's units are this grant's (first-touch units it covered), or the
+                // grant's slots follow the word's: one run, the new deadline.
+                bg.grant_end = end;
+                lease.hot.word.extend(granted, now, decay, deadline)
+            } else if granted == 0 {
+                held + bg.parked_units(now, decay)
+            } else {
+                let (units, at, end) = match bg.parked {
+                    // Its slots follow the parked grant's: one run.
+                    Some((units, _)) if start == bg.grant_end => {
+                        (units.saturating_add(granted), deadline, end)
+                    }
+                    // Two parked grants share the earlier deadline, and cannot go back.
+                    Some((units, at)) => (units.saturating_add(granted), at, 0),
+                    None => (granted, deadline, end),
+                };
+                bg.parked = Some((units.min(MAX_LEASE), at));
+                bg.grant_end = end;
+                held + units
+            }
+        }
+    };
     bg.window_start = window_start;
     bg.grant_time = reply.time;
     // The reply came after the server read its clock: the window is surely over by then.
@@ -111,8 +170,19 @@ pub(super) fn install(
         .map_or(u64::MAX, |window| now.saturating_add(window - reply.fact));
     bg.installed_at = now;
     bg.level_after = level;
-    // Relaxed: a self-contained hint; no other memory is published through it.
-    lease.hot.low_water.store(low_water, Ordering::Relaxed);
+    bg.low_water = low_water;
+    bg.lead = if terms.decay() > 0 { 2 * bg.slowest } else { 0 };
+    // While a grant is parked, the word's rest runs out before another refill is due.
+    let parked = bg.parked.is_some();
+    // Relaxed, both: self-contained hints; no other memory is published through them.
+    lease
+        .hot
+        .low_water
+        .store(if parked { 0 } else { low_water }, Ordering::Relaxed);
+    lease
+        .hot
+        .lead
+        .store(if parked { 0 } else { bg.lead }, Ordering::Relaxed);
     // An overdraft charged now lands in the grant's window (one of an earlier window does not).
     let extra = match charge {
         Some((UnitOp::Charge { at: None }, units)) => units,

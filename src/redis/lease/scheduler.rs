@@ -14,7 +14,7 @@ use super::config::{Counters, Terms};
 use super::first_touch::void_provisional;
 use super::grant::{install, prepare};
 use super::route::Route;
-use super::word::{deadline_of, expired, now_ms, units_of};
+use super::word::{deadline_of, expired, now_ms, units_of, usable};
 use crate::clock::{Clock, Nanos, QuantaClock};
 use crate::redis::error::Error;
 use crate::redis::exact::{RedisConnection, RedisLimiter, Reply, UnitOp, Units};
@@ -247,13 +247,25 @@ impl<C: RedisConnection> Node<C> {
         (lease, units, since)
     }
 
-    /// Empties `lease`: its units and the server time of their window's last grant, read
-    /// together under the lock that installs grants.
+    /// Empties `lease`: the units to give back and what the return needs to place them (the
+    /// server time of their window's last grant; for GCRA, their grant's TAT), read together
+    /// under the lock that installs grants.
     fn take_all(&self, lease: &Lease) -> (u64, u64) {
-        let bg = lease.bg.lock();
-        let word = lease.hot.word.empty(now_ms(self.clock.now()));
+        let mut bg = lease.bg.lock();
+        let now = self.clock.now();
+        let decay = self.terms.decay();
+        let parked = bg.parked_units(now, decay);
+        let word = lease.hot.word.empty(now_ms(now));
         // First-touch units were never granted: nothing of them goes back.
-        (units_of(word).saturating_sub(bg.provisional), bg.grant_time)
+        let held = usable(word, now, decay).saturating_sub(bg.provisional);
+        if self.terms.window().is_some() {
+            return (held, bg.grant_time);
+        }
+        // GCRA: only the latest grant's units can go back; a parked one's, if any (the
+        // word's are then void).
+        let had_parked = bg.parked.take().is_some();
+        let units = if had_parked { parked } else { held };
+        (units, std::mem::take(&mut bg.grant_end))
     }
 
     /// Returns `(lease, units, since)`: `units` of `lease`, granted in the window of server
@@ -325,7 +337,6 @@ async fn sweep<C: RedisConnection>(node: Weak<Node<C>>) {
         };
         let now = node.clock.now();
         let idle = Terms::nanos(node.terms.config.idle_timeout);
-        let windowed = node.terms.windowed();
         let mut idle_leases = Vec::new();
         let mut returns = Vec::new();
         for entry in node.leases.iter() {
@@ -342,15 +353,18 @@ async fn sweep<C: RedisConnection>(node: Weak<Node<C>>) {
                 idle_leases.push(lease.clone());
                 continue;
             }
-            if windowed
-                && units_of(word) > 0
+            if units_of(word) > 0
                 && expired(now_ms(now), deadline_of(word))
                 && lease.hot.word.expire(word)
             {
                 bg.last_word = lease.hot.word.load();
-                // A fixed window that is over has forgotten its count: nothing to return.
-                let over = matches!(node.terms.algo, crate::redis::exact::Algo::Fixed { .. })
-                    && now >= bg.window_over;
+                // A fixed window that is over has forgotten its count, and the bucket refilled
+                // an expired GCRA lease's units: nothing to return.
+                let over = match node.terms.algo {
+                    crate::redis::exact::Algo::Fixed { .. } => now >= bg.window_over,
+                    crate::redis::exact::Algo::Gcra { .. } => true,
+                    crate::redis::exact::Algo::Sliding { .. } => false,
+                };
                 if !over {
                     returns.push((lease.clone(), units_of(word), bg.grant_time));
                 }

@@ -10,7 +10,7 @@ use super::cell::Lease;
 use super::config::Terms;
 use super::grant::accrued;
 use super::scheduler::Node;
-use super::word::{deadline_of, expired, now_ms, units_of};
+use super::word::{now_ms, usable};
 use crate::clock::{Clock, Nanos};
 use crate::redis::exact::{Algo, RedisConnection};
 
@@ -42,13 +42,12 @@ impl<C: RedisConnection> Node<C> {
     fn empty_for_takeover(&self, lease: &Lease, now: Nanos) -> (u64, u64) {
         let spent = self.void_provisional(lease);
         self.guard.record_admitted(&lease.key, spent);
-        let bg = lease.bg.lock();
+        let mut bg = lease.bg.lock();
         let word = lease.hot.word.empty(now_ms(now));
-        let held = if self.terms.windowed() && expired(now_ms(now), deadline_of(word)) {
-            0
-        } else {
-            units_of(word)
-        };
+        // A parked GCRA grant is void: the policy starts from what the word held.
+        bg.parked = None;
+        bg.grant_end = 0;
+        let held = usable(word, now, self.terms.decay());
         let window_over = bg.window_over;
         drop(bg);
         (held, seen_left(&self.terms, lease, now, window_over))

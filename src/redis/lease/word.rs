@@ -1,26 +1,34 @@
-//! The lease word: the units a node holds for one key, and until when (window algorithms), in
-//! one `AtomicU64` that every check changes with one compare-and-swap.
+//! The lease word: the units a node holds for one key, and until when, in one `AtomicU64` that
+//! every check changes with one compare-and-swap.
 //!
 //! This file names nothing but `crate::sync`: the loom crate compiles it as it is
 //! (`loom-tests/tests/models/lease.rs` models every transition below against each other).
 //!
 //! Transitions, each one atomic step on the word:
-//! - [`LeaseWord::take`]: a check spends `cost` units if the lease holds them and has not expired;
+//! - [`LeaseWord::take`]: a check spends `cost` units if the lease holds them and has not
+//!   expired (a GCRA lease's decayed units leave with them, see [`usable`]);
+//! - [`LeaseWord::extend`]: a GCRA grant that follows the word's own adds its units;
 //! - [`LeaseWord::deposit`]: a grant adds its units (or replaces the units of a window that is
 //!   over) and sets the new deadline;
+//! - [`LeaseWord::replace`]: a GCRA grant parked while the word held an earlier one's units
+//!   takes the word over once those are spent or expired; what is left of them is void;
 //! - [`LeaseWord::take_up_to`]: first-touch units that no grant covered are taken back;
 //! - [`LeaseWord::empty`]: the lease is given back (idle key, `release_all`) or handed over to
 //!   the local limiter when Redis fails: every unit left leaves the word at once;
-//! - [`LeaseWord::expire`]: the sweeper voids a window lease whose deadline passed, if no check
+//! - [`LeaseWord::expire`]: the sweeper voids a lease whose deadline passed, if no check
 //!   changed the word since it was read.
 //!
-//! Every unit deposited leaves the word by exactly one of `take`, `take_up_to`, `empty` and
-//! `expire`: none is spent twice, none is lost.
+//! Every unit deposited leaves the word by exactly one of `take`, `take_up_to`, `empty`,
+//! `replace` and `expire`: none is spent twice, none is lost.
 
 use crate::sync::{spin_loop, AtomicU64, Ordering};
 
 /// Nanoseconds per millisecond (deadlines are kept in milliseconds).
 pub const MS: u64 = 1_000_000;
+
+/// The longest a lease lives, in ns: deadlines are compared modulo 2^32 ms, so they must lie
+/// less than 2^31 ms ahead.
+pub const DAY: u64 = 86_400_000 * MS;
 
 /// The largest lease a node holds for one key (units are kept in 32 bits of the lease word).
 ///
@@ -35,9 +43,10 @@ pub const MAX_LEASE: u64 = u32::MAX as u64;
 
 /// The word's layout:
 /// - bits 63..32: units left (≤ [`MAX_LEASE`]);
-/// - bits 31..0: for window algorithms, the deadline: the lease's units are void from this
-///   millisecond of the limiter's clock on (compared modulo 2^32, deadlines are at most one day
-///   ahead). Unused for GCRA, whose units never expire.
+/// - bits 31..0: the deadline: the lease's units are void from this millisecond of the
+///   limiter's clock on (compared modulo 2^32, deadlines are at most one day ahead). A window
+///   lease's is its window's end; a GCRA lease's, when the bucket would have refilled its
+///   units, plus the horizon (see "Guarantee" on `LeasedLimiter`).
 pub fn pack(units: u64, deadline_ms: u32) -> u64 {
     (units.min(MAX_LEASE) << 32) | deadline_ms as u64
 }
@@ -61,6 +70,27 @@ pub fn expired(now_ms: u32, deadline: u32) -> bool {
     (now_ms.wrapping_sub(deadline) as i32) >= 0
 }
 
+/// The time left before `word`'s deadline at `now` (ns), or `None` once it passed.
+fn time_left(word: u64, now: u64) -> Option<u64> {
+    let ms = deadline_of(word).wrapping_sub(now_ms(now)) as i32;
+    // `ms ≥ 1`, so `ms·MS > now mod MS`: no borrow.
+    (ms > 0).then(|| ms as u64 * MS - now % MS)
+}
+
+/// The units of `word` a check may spend at `now`: none once its deadline passed. With
+/// `decay` > 0 (GCRA: the emission interval `T` in ns), also at most one per `decay` of the
+/// time left: a GCRA lease's units sit in the bucket's last slots of its grant, and those
+/// whose slot the bucket refilled more than the horizon ago are void (spent first).
+pub fn usable(word: u64, now: u64, decay: u64) -> u64 {
+    let units = units_of(word);
+    match time_left(word, now) {
+        None => 0,
+        // The common case, without a division.
+        Some(left) if decay == 0 || units.saturating_mul(decay) <= left => units,
+        Some(left) => left / decay,
+    }
+}
+
 /// One key's lease word. Every access is `Relaxed`: the word is the whole state, and no other
 /// memory is published through it (the figures next to it are hints read on their own).
 #[derive(Debug, Default)]
@@ -78,32 +108,31 @@ impl LeaseWord {
         self.0.load(Ordering::Relaxed)
     }
 
-    /// The units a check could spend at `now` (0 once a window lease expired).
-    pub fn held(&self, now: u64, windowed: bool) -> u64 {
-        let word = self.load();
-        if windowed && expired(now_ms(now), deadline_of(word)) {
-            0
-        } else {
-            units_of(word)
-        }
+    /// The units a check could spend at `now` ([`usable`]).
+    pub fn held(&self, now: u64, decay: u64) -> u64 {
+        usable(self.load(), now, decay)
     }
 
-    /// Takes `cost` units if the lease holds them and has not expired: the units left.
+    /// The time the lease has left to live at `now` (ns; 0 once its deadline passed).
+    pub fn time_left(&self, now: u64) -> u64 {
+        time_left(self.load(), now).unwrap_or(0)
+    }
+
+    /// Takes `cost` units if that many are [`usable`] at `now`: the units left. Units that
+    /// decayed leave the word with them.
     #[inline]
-    pub fn take(&self, cost: u64, now: u64, windowed: bool) -> Option<u64> {
-        let now_ms = now_ms(now);
+    pub fn take(&self, cost: u64, now: u64, decay: u64) -> Option<u64> {
         // Relaxed: the word is the whole state (see the type's docs).
         let mut word = self.0.load(Ordering::Relaxed);
         loop {
-            let units = units_of(word);
-            if units < cost || (windowed && expired(now_ms, deadline_of(word))) {
+            let units = usable(word, now, decay);
+            if units < cost {
                 return None;
             }
-            // `cost ≤ units < 2^32`: no borrow out of the unit bits.
             // Relaxed: as above; the CAS alone decides which check gets the units.
             match self.0.compare_exchange_weak(
                 word,
-                word - (cost << 32),
+                pack(units - cost, deadline_of(word)),
                 Ordering::Relaxed,
                 Ordering::Relaxed,
             ) {
@@ -161,13 +190,43 @@ impl LeaseWord {
         }
     }
 
+    /// GCRA: adds `granted` units to those [`usable`] at `now` and sets `deadline_ms`, for a
+    /// grant whose slots in the bucket follow the word's own (one run of slots, one deadline).
+    /// The units held after it.
+    pub fn extend(&self, granted: u64, now: u64, decay: u64, deadline_ms: u32) -> u64 {
+        // Relaxed: the word is the whole state (see the type's docs).
+        let mut word = self.0.load(Ordering::Relaxed);
+        loop {
+            let units = usable(word, now, decay)
+                .saturating_add(granted)
+                .min(MAX_LEASE);
+            // Relaxed: as above.
+            match self.0.compare_exchange_weak(
+                word,
+                pack(units, deadline_ms),
+                Ordering::Relaxed,
+                Ordering::Relaxed,
+            ) {
+                Ok(_) => return units,
+                Err(seen) => word = seen,
+            }
+        }
+    }
+
+    /// Puts `units` in the word until `deadline_ms`, in place of what it held: the word it
+    /// held (its units are void).
+    pub fn replace(&self, units: u64, deadline_ms: u32) -> u64 {
+        // Relaxed: the word is the whole state (see the type's docs).
+        self.0.swap(pack(units, deadline_ms), Ordering::Relaxed)
+    }
+
     /// Empties the word (0 units, void from `now_ms` on): the word it held.
     pub fn empty(&self, now_ms: u32) -> u64 {
         // Relaxed: the word is the whole state (see the type's docs).
         self.0.swap(pack(0, now_ms), Ordering::Relaxed)
     }
 
-    /// Voids the units of `seen` (an expired window lease) if the word still is `seen`.
+    /// Voids the units of `seen` (an expired lease) if the word still is `seen`.
     pub fn expire(&self, seen: u64) -> bool {
         let void = pack(0, deadline_of(seen));
         // Relaxed: the word is the whole state (see the type's docs).
@@ -196,18 +255,45 @@ mod tests {
     #[test]
     fn a_lease_never_gives_more_than_it_holds() {
         let word = LeaseWord::new(10, 100);
-        assert_eq!(word.take(4, 99 * MS, true), Some(6));
-        assert_eq!(word.take(7, 99 * MS, true), None);
-        assert_eq!(word.take(6, 100 * MS, true), None, "expired");
-        assert_eq!(
-            word.take(6, 100 * MS, false),
-            Some(0),
-            "GCRA units never expire"
-        );
-        assert_eq!(word.take(1, 0, false), None);
-        assert_eq!(word.take(u64::MAX, 0, false), None);
-        assert_eq!(word.deposit(5, true, 7), 5);
-        assert_eq!(word.take_up_to(9), (5, 5));
+        assert_eq!(word.take(4, 99 * MS, 0), Some(6));
+        assert_eq!(word.take(7, 99 * MS, 0), None);
+        assert_eq!(word.take(6, 100 * MS, 0), None, "expired");
+        assert_eq!(word.held(100 * MS, 0), 0, "expired");
+        assert_eq!(word.held(99 * MS, 0), 6);
+        assert_eq!(word.take(u64::MAX, 0, 0), None);
+        assert_eq!(word.deposit(5, true, 7), 11);
+        assert_eq!(word.take_up_to(9), (11, 9));
         assert_eq!(word.deposit(u64::MAX, false, 7), MAX_LEASE);
+        assert_eq!(units_of(word.replace(3, 8)), MAX_LEASE);
+        assert_eq!(word.take(3, 7 * MS, 0), Some(0));
+    }
+
+    /// A GCRA lease of 10 units, one per 10 ms, void from 100 ms on: at most one unit per
+    /// 10 ms left is usable, the decayed ones leave the word with the next check, and a
+    /// grant that follows adds to what is usable.
+    #[test]
+    fn a_gcra_lease_decays_one_unit_per_interval_before_its_deadline() {
+        let t = 10 * MS;
+        let word = LeaseWord::new(10, 100);
+        assert_eq!(word.held(0, t), 10);
+        assert_eq!(word.held(5 * MS, t), 9, "95 ms left");
+        assert_eq!(word.held(30 * MS, t), 7);
+        assert_eq!(
+            word.take(1, 30 * MS, t),
+            Some(6),
+            "the 3 decayed ones leave"
+        );
+        assert_eq!(units_of(word.load()), 6);
+        assert_eq!(word.held(50 * MS, t), 5);
+        assert_eq!(word.take(6, 50 * MS, t), None);
+        assert_eq!(
+            word.held(99 * MS, t),
+            0,
+            "1 ms left: less than one interval"
+        );
+        assert_eq!(word.held(100 * MS, t), 0);
+        assert_eq!(word.extend(4, 50 * MS, t, 140), 9);
+        assert_eq!(word.held(50 * MS, t), 9);
+        assert_eq!(word.held(70 * MS, t), 7);
     }
 }
