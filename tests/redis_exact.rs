@@ -1950,3 +1950,43 @@ fn checks_polled_once_and_left_aside_block_no_other() {
         drop(aside);
     });
 }
+
+/// After the server's clock stepped back (here: a state written at an injected time 10 s
+/// ahead of it), a live check decides at the state's own time, and the key lives as long as
+/// that time calls for, not from the server's earlier clock: it must not expire early and
+/// reset the limit.
+#[test]
+fn a_state_ahead_of_the_server_clock_keeps_its_whole_ttl() {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    runtime().block_on(async {
+        let conn = connect(&server).await;
+        let quota = Quota::per_second(10).unwrap();
+        for rule in [
+            RedisRule::gcra(quota).unwrap(),
+            RedisRule::fixed_window(quota).unwrap(),
+            RedisRule::sliding_window(quota).unwrap(),
+            RedisRule::sliding_log(quota).unwrap(),
+        ] {
+            let l = limiter(&conn, rule);
+            let wall = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .as_nanos() as u64;
+            assert!(l
+                .check_n_at("ahead", 1, wall + 10 * SEC)
+                .await
+                .unwrap()
+                .allowed());
+            // Live: the server's clock is 10 s behind the state's.
+            assert!(l.check("ahead").await.unwrap().allowed());
+            let ttl: i64 = redis::cmd("PTTL")
+                .arg(l.redis_key("ahead"))
+                .query_async(&mut conn.clone())
+                .await
+                .unwrap();
+            assert!(ttl > 9_000, "{}: the key expires in {ttl} ms", rule.name());
+        }
+    });
+}

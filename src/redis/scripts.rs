@@ -176,28 +176,38 @@ local function less(x1, y1, x2, y2)
   return c1 < c2
 end
 
--- The TTL in ms for a state that becomes fresh after `ns` nanoseconds (rounded up), as a
--- decimal string: numbers passed to redis.call are formatted by the server in ways that differ
--- between versions, so every large number goes out as a string formatted here.
-local function ttl_ms(ns)
+-- The server's clock, read once per call: (decimal string, pair).
+local server_time
+local function server_now()
+  if not server_time then
+    local t = redis.call('TIME')
+    local s, us = tonumber(t[1]), tonumber(t[2])
+    server_time = {string.format('%d%06d000', s, us), {s, us * 1000}}
+  end
+  return server_time[2]
+end
+
+-- The time of item i: (decimal string, pair). '' = the server's clock.
+local function now_of(arg)
+  if arg == '' then
+    server_now()
+    return server_time[1], server_time[2]
+  end
+  return arg, parse_time(arg)
+end
+
+-- The TTL in ms for a state of time `t` (a pair) that becomes fresh `ns` nanoseconds after
+-- it (rounded up), from the server's clock (a state ahead of it, after the clock stepped
+-- back, lives that much longer), as a decimal string: numbers passed to redis.call are
+-- formatted by the server in ways that differ between versions, so every large number goes
+-- out as a string formatted here.
+local function ttl_ms(ns, t)
+  local ahead = diff(t, server_now())
+  if ahead > 0 then ns = ns + ahead end
   local ms = idiv(ns + 999999, 1000000)
   if ms < min_ttl then ms = min_ttl end
   if ms < 1 then ms = 1 end
   return string.format('%d', ms)
-end
-
--- The time of item i: (decimal string, pair). '' = the server's clock, read once per call.
-local server_time
-local function now_of(arg)
-  if arg == '' then
-    if not server_time then
-      local t = redis.call('TIME')
-      local s, us = tonumber(t[1]), tonumber(t[2])
-      server_time = {string.format('%d%06d000', s, us), {s, us * 1000}}
-    end
-    return server_time[1], server_time[2]
-  end
-  return arg, parse_time(arg)
 end
 
 -- Reads a string state with pcall: (value or false) or nil, code on a type error.
@@ -463,12 +473,12 @@ for i = 1, #KEYS do
           if not fields then
             fields = {}
             format_state = function(v)
-              return v[1] .. ' ' .. string.format('%d', v[3]), ttl_ms(v[3])
+              return v[1] .. ' ' .. string.format('%d', v[3]), ttl_ms(v[3], v[2])
             end
           end
           fields[key] = {ts, t, after}
         else
-          set_state(key, ts .. ' ' .. string.format('%d', after), ttl_ms(after))
+          set_state(key, ts .. ' ' .. string.format('%d', after), ttl_ms(after, t))
         end
       end
     else
@@ -507,7 +517,7 @@ for i = 1, #KEYS do
     if cost == 0 or n + cost <= limit then
       code = 1
       if commit and cost > 0 then
-        set_state(key, ts .. ' ' .. string.format('%d', n + cost), ttl_ms(window - e))
+        set_state(key, ts .. ' ' .. string.format('%d', n + cost), ttl_ms(window - e, t))
       end
     else
       code = 0
@@ -553,7 +563,7 @@ for i = 1, #KEYS do
       code = 1
       if commit and cost > 0 then
         local state = ts .. ' ' .. string.format('%d %d', prev, cur + cost)
-        set_state(key, state, ttl_ms(2 * window - e))
+        set_state(key, state, ttl_ms(2 * window - e, t))
       end
     else
       code = 0
@@ -639,7 +649,7 @@ for i = 1, #KEYS do
           local cum = cum_newest + cost
           local score = string.format('%d', cum)
           redis.call('ZADD', key, score, score .. string.format(':%d:', cost) .. ts)
-          redis.call('PEXPIRE', key, ttl_ms(window))
+          redis.call('PEXPIRE', key, ttl_ms(window, t))
         end)
       end
     else
@@ -711,7 +721,7 @@ for i = 1, #KEYS do
       if n > 0 then
         local score = string.format('%d', cum_newest + n)
         redis.call('ZADD', key, score, score .. string.format(':%d:', n) .. ats)
-        redis.call('PEXPIRE', key, ttl_ms(window - age))
+        redis.call('PEXPIRE', key, ttl_ms(window - age, t))
       end
     end
   end
@@ -797,7 +807,7 @@ for i = 1, #KEYS do
       if n > units then n = units end
       if n > 0 then
         debt = debt + n * interval
-        redis.call('SET', key, ts .. ' ' .. string.format('%d', debt), 'PX', ttl_ms(debt))
+        redis.call('SET', key, ts .. ' ' .. string.format('%d', debt), 'PX', ttl_ms(debt, t))
       end
     elseif present and debt > 0 and tat ~= '' and diff(t, parse_time(tat)) + debt == 0 then
       n = units
@@ -806,7 +816,7 @@ for i = 1, #KEYS do
         debt = 0
         redis.call('DEL', key)
       else
-        redis.call('SET', key, ts .. ' ' .. string.format('%d', debt), 'PX', ttl_ms(debt))
+        redis.call('SET', key, ts .. ' ' .. string.format('%d', debt), 'PX', ttl_ms(debt, t))
       end
     end
   end
@@ -860,9 +870,9 @@ local function put(key, stamp, p, c, ttl)
 end
 -- Until a state written `e` into its window is fresh: the end of the next window (sliding) or
 -- of this one.
-local function fresh_ttl(e)
-  if sliding then return ttl_ms(2 * window - e) end
-  return ttl_ms(window - e)
+local function fresh_ttl(e, t)
+  if sliding then return ttl_ms(2 * window - e, t) end
+  return ttl_ms(window - e, t)
 end
 for i = 1, #KEYS do
   local key = KEYS[i]
@@ -886,7 +896,7 @@ for i = 1, #KEYS do
       n = math.min(units, MAX_COUNT - prev)
       prev = prev + n
     end
-    if n > 0 then put(key, ts, prev, cur, fresh_ttl(e)) end
+    if n > 0 then put(key, ts, prev, cur, fresh_ttl(e, t)) end
   elseif code == 1 and op == 'g' then
     n = limit - cur
     if n > units then n = units end
@@ -902,7 +912,7 @@ for i = 1, #KEYS do
     end
     if n > 0 then
       cur = cur + n
-      put(key, ts, prev, cur, fresh_ttl(e))
+      put(key, ts, prev, cur, fresh_ttl(e, t))
     end
   elseif code == 1 and st and since ~= '' then
     -- Which of the stored windows holds the grant: the stored time's own, or the one before.
