@@ -1990,3 +1990,105 @@ fn a_state_ahead_of_the_server_clock_keeps_its_whole_ttl() {
         }
     });
 }
+
+/// A guarded limiter's probe writes on the Cluster slot of the check that failed: while that
+/// slot's master is stopped, the breaker stays open, though the master of the limiter's own
+/// probe key answers; once it resumes, the breaker closes.
+#[test]
+fn the_probe_tests_the_slot_that_failed() {
+    use tollgate::redis::{FailureHandling, FailurePolicy, Mode};
+    let Some(cluster) = RedisCluster::start(3) else {
+        return;
+    };
+    let urls = cluster.urls();
+    runtime().block_on(async {
+        let client = redis::cluster::ClusterClient::new(urls.clone()).unwrap();
+        let conn = client.get_async_connection().await.unwrap();
+        let raw = conn.clone();
+        let rule = RedisRule::gcra(Quota::per_second(1_000).unwrap()).unwrap();
+        let exact = RedisLimiter::builder(rule)
+            .prefix("probe")
+            .timeout(Duration::from_millis(100))
+            .build(conn.clone());
+        // The port of the master that serves `key`'s slot.
+        let owner = |key: Vec<u8>| {
+            let mut raw = raw.clone();
+            async move {
+                let slot: u16 = redis::cmd("CLUSTER")
+                    .arg("KEYSLOT")
+                    .arg(key)
+                    .query_async(&mut raw)
+                    .await
+                    .unwrap();
+                let ranges: Vec<Vec<redis::Value>> = redis::cmd("CLUSTER")
+                    .arg("SLOTS")
+                    .query_async(&mut raw)
+                    .await
+                    .unwrap();
+                // Each range: first slot, last slot, then the master as [host, port, id, …].
+                ranges
+                    .into_iter()
+                    .find_map(|range| {
+                        let lo: u16 = redis::from_redis_value(range[0].clone()).unwrap();
+                        let hi: u16 = redis::from_redis_value(range[1].clone()).unwrap();
+                        let master: Vec<redis::Value> =
+                            redis::from_redis_value(range[2].clone()).unwrap();
+                        let port: u16 = redis::from_redis_value(master[1].clone()).unwrap();
+                        (lo..=hi).contains(&slot).then_some(port)
+                    })
+                    .expect("a master serves every slot")
+            }
+        };
+        // `<prefix>:<algorithm>:{x}` → the limiter's own probe key, `<prefix>:<algorithm>:probe`.
+        let mut own = exact.redis_key("x");
+        own.truncate(own.len() - 3);
+        own.extend_from_slice(b"probe");
+        let own_master = owner(own).await;
+        let mut i = 0;
+        let key = loop {
+            let key = format!("user:{i}");
+            if owner(exact.redis_key(&key)).await != own_master {
+                break key;
+            }
+            i += 1;
+        };
+        let stopped = owner(exact.redis_key(&key)).await;
+        let node = cluster
+            .nodes()
+            .iter()
+            .find(|n| n.port() == stopped)
+            .expect("a node of the cluster");
+        let guarded = exact
+            .guarded(
+                FailureHandling::new(FailurePolicy::FailClosed)
+                    .probe_interval(Duration::from_millis(30)),
+            )
+            .await;
+        assert!(guarded.check(&key).await.unwrap().allowed());
+        node.signal("STOP");
+        // The check times out: the breaker opens and the policy decides.
+        assert!(!guarded.check(&key).await.unwrap().allowed());
+        assert_ne!(guarded.mode(), Mode::Global);
+        // Ten probe intervals and more, well under the cluster's node timeout (5 s).
+        let until = Instant::now() + Duration::from_millis(600);
+        while Instant::now() < until {
+            assert_ne!(
+                guarded.mode(),
+                Mode::Global,
+                "the breaker closed while the failed slot's master was stopped"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        node.signal("CONT");
+        let until = Instant::now() + Duration::from_secs(3);
+        while guarded.mode() != Mode::Global && Instant::now() < until {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert_eq!(
+            guarded.mode(),
+            Mode::Global,
+            "closed once the master resumed"
+        );
+        assert!(guarded.check(&key).await.unwrap().allowed());
+    });
+}

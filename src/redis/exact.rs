@@ -589,17 +589,25 @@ impl<C: RedisConnection> RedisLimiter<C> {
         }
     }
 
-    /// Whether Redis takes this limiter's writes now, as a check needs: one `SET` of a key of
-    /// its own (`<prefix>:<algorithm>:probe`, a 10 s TTL), within the timeout. A server that
+    /// Whether Redis takes this limiter's writes now, as a check of `at` needs: one `SET`
+    /// of a key of its own next to `at`'s state, on its Cluster slot (`<state key>:probe`; with
+    /// no `at`, `<prefix>:<algorithm>:probe`), a 10 s TTL, within the timeout. A server that
     /// does not answer, a replica (`READONLY`), or one refusing writes (`OOM`, `MISCONF`)
-    /// fails it; a Cluster node other than the key's master plays no part. (A lost script
+    /// fails it; a Cluster node other than the slot's master plays no part. (A lost script
     /// cache needs no probe: a check loads the script again.)
-    pub(crate) async fn probe(&self) -> Result<(), Error> {
-        let segment = self.rule.key_segment().as_bytes();
-        let mut key = Vec::with_capacity(self.prefix.len() + segment.len() + 8);
-        key.extend_from_slice(&self.prefix);
-        key.push(b':');
-        key.extend_from_slice(segment);
+    pub(crate) async fn probe(&self, at: Option<&[u8]>) -> Result<(), Error> {
+        let mut key = match at {
+            // The key's hash tag picks the slot; the suffix keeps it apart from the state.
+            Some(key) if !key.is_empty() => self.redis_key(key),
+            _ => {
+                let segment = self.rule.key_segment().as_bytes();
+                let mut key = Vec::with_capacity(self.prefix.len() + segment.len() + 8);
+                key.extend_from_slice(&self.prefix);
+                key.push(b':');
+                key.extend_from_slice(segment);
+                key
+            }
+        };
         key.extend_from_slice(b":probe");
         let mut conn = self.conn.clone();
         let mut set = redis::cmd("SET");

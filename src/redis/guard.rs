@@ -344,6 +344,10 @@ struct Shared<C> {
     ledger: Option<Ledger>,
     heartbeat_key: Vec<u8>,
     node_id: String,
+    /// The key of the last call that failed in a transient way: the probe writes next to it,
+    /// on its Cluster slot, so the breaker closes when that slot answers again (not some
+    /// other master's).
+    probe_at: parking_lot::Mutex<Option<Box<[u8]>>>,
 }
 
 /// Aborts the background task when the last clone of the limiter is dropped.
@@ -430,6 +434,7 @@ impl<C: RedisConnection> RedisLimiter<C> {
             ledger,
             heartbeat_key,
             node_id: format!("{}-{nanos:x}", std::process::id()),
+            probe_at: parking_lot::Mutex::new(None),
         })
     }
 }
@@ -483,7 +488,7 @@ impl<C: RedisConnection> GuardedLimiter<C> {
                     }
                     return Ok(decision);
                 }
-                Err(error) if error.is_transient() => shared.failed(&error),
+                Err(error) if error.is_transient() => shared.failed(&error, Some(key)),
                 Err(error) => return Err(error),
             }
         }
@@ -590,9 +595,10 @@ impl<C: RedisConnection> GuardedLimiter<C> {
 
 /// For the tiers that share this breaker and policy (the leased tier).
 impl<C: RedisConnection> GuardedLimiter<C> {
-    /// A transient failure seen outside [`GuardedLimiter::check_n`]: counts toward opening.
-    pub(crate) fn transient_failure(&self, error: &Error) {
-        self.shared.failed(error);
+    /// A transient failure seen outside [`GuardedLimiter::check_n`], on a call about `key`:
+    /// counts toward opening.
+    pub(crate) fn transient_failure(&self, error: &Error, key: &[u8]) {
+        self.shared.failed(error, Some(key));
     }
 
     /// A call that Redis answered: resets the count of failures in a row.
@@ -656,7 +662,10 @@ impl<C: RedisConnection> GuardedLimiter<C> {
 }
 
 impl<C: RedisConnection> Shared<C> {
-    fn failed(&self, error: &Error) {
+    fn failed(&self, error: &Error, key: Option<&[u8]>) {
+        if let Some(key) = key {
+            *self.probe_at.lock() = Some(key.into());
+        }
         if self.breaker.failed() {
             tracing::warn!(
                 policy = ?self.handling.policy,
@@ -737,7 +746,7 @@ impl<C: RedisConnection> Shared<C> {
             }
             Err(error) => {
                 tracing::debug!(%error, "reconciliation failed; retrying at the next probe");
-                self.failed(&error);
+                self.failed(&error, None);
             }
         }
     }
@@ -755,7 +764,7 @@ impl<C: RedisConnection> Shared<C> {
                     }
                 }
             }
-            Err(error) if error.is_transient() => self.failed(&error),
+            Err(error) if error.is_transient() => self.failed(&error, None),
             Err(error) => tracing::warn!(%error, "heartbeat failed"),
         }
     }
@@ -794,7 +803,8 @@ async fn watch<C: RedisConnection>(shared: Weak<Shared<C>>) {
         if s.breaker.is_open() {
             // The probe is a write, what checks need: a server that answers but cannot take
             // writes (a demoted master, out of memory) keeps the breaker open.
-            if s.exact.probe().await.is_ok() {
+            let at = s.probe_at.lock().clone();
+            if s.exact.probe(at.as_deref()).await.is_ok() {
                 s.recovered();
                 next_beat = Instant::now();
             }

@@ -163,7 +163,7 @@ impl<C: RedisConnection> Node<C> {
                         Err(error) if error.is_transient() => {
                             // Charged after the outage, if reconciliation is on.
                             self.guard.record_admitted(&lease.key, charge.units);
-                            self.guard.transient_failure(&error);
+                            self.guard.transient_failure(&error, &lease.key);
                         }
                         Err(error) => tracing::warn!(%error, "charging an overdraft failed"),
                     }
@@ -227,7 +227,7 @@ impl<C: RedisConnection> Node<C> {
                 if error.is_transient() {
                     // Admitted without a grant, as during an outage.
                     self.guard.record_admitted(&lease.key, spent);
-                    self.guard.transient_failure(&error);
+                    self.guard.transient_failure(&error, &lease.key);
                 } else {
                     tracing::warn!(%error, "lease refill failed");
                     lease.set_fatal(Some(error));
@@ -273,26 +273,29 @@ impl<C: RedisConnection> Node<C> {
     /// `max_batch` keys). Those of a window that is over change nothing (the script checks):
     /// a fixed window's count is gone, a sliding window's `prev` still takes them back.
     pub async fn give_back(&self, returns: &[Return]) {
-        let items: Vec<Units> = returns
+        let (items, leases): (Vec<Units>, Vec<&Arc<Lease>>) = returns
             .iter()
             .filter(|(_, units, _)| *units > 0)
             .map(|(lease, units, since)| {
-                self.units(lease, UnitOp::Return { since: *since }, *units)
+                let item = self.units(lease, UnitOp::Return { since: *since }, *units);
+                (item, lease)
             })
-            .collect();
+            .unzip();
         if items.is_empty() {
             return;
         }
         let (results, calls) = self.exact.move_units(self.terms.algo, &items).await;
         Counters::add(&self.stats.round_trips, calls);
-        for result in results {
+        for (result, lease) in results.into_iter().zip(leases) {
             match result {
                 Ok(reply) => {
                     self.guard.answered();
                     Counters::add(&self.stats.returned, reply.units);
                 }
                 // The units stay counted: under-admission, never over-admission.
-                Err(error) if error.is_transient() => self.guard.transient_failure(&error),
+                Err(error) if error.is_transient() => {
+                    self.guard.transient_failure(&error, &lease.key);
+                }
                 Err(error) => tracing::warn!(%error, "lease return failed"),
             }
         }
