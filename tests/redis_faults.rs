@@ -1374,3 +1374,72 @@ fn nodes_with_different_heartbeat_intervals_count_each_other() {
         drop(slow);
     });
 }
+
+/// Charges are applied once. 20,000 keys are admitted by the policy during an outage; after
+/// it, their charges go out in pipelined calls that queue on the server longer than the
+/// limiter's 5 ms timeout, so some time out on the client after the server ran them (the
+/// breaker opens again: seen below). Each charge is sent again, with its token, until Redis
+/// answers it: every key's state shows its one unit, never two.
+#[test]
+fn charges_that_timed_out_but_ran_are_not_charged_twice() {
+    let _serial = serial();
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    runtime().block_on(async {
+        const KEYS: u64 = 20_000;
+        let rule = RedisRule::gcra(Quota::per_hour(1_000).unwrap()).unwrap();
+        let limiter = RedisLimiter::builder(rule)
+            .timeout(Duration::from_millis(5))
+            .connect(&server.url())
+            .await
+            .expect("connects")
+            .guarded(
+                FailureHandling::new(FailurePolicy::FailOpen)
+                    .probe_interval(Duration::from_millis(20))
+                    .reconcile(true),
+            )
+            .await;
+        server.signal("STOP");
+        for i in 0..KEYS {
+            assert!(limiter.check(format!("k{i}")).await.unwrap().allowed());
+        }
+        assert_eq!(limiter.unreconciled(), KEYS);
+        server.signal("CONT");
+        // Until every charge is answered; note whether the breaker opened again meanwhile (a
+        // charge call timed out).
+        let started = Instant::now();
+        let mut global_once = false;
+        let mut reopened = false;
+        while limiter.mode() != Mode::Global || limiter.unreconciled() > 0 {
+            assert!(
+                started.elapsed() < Duration::from_secs(60),
+                "not reconciled: {} units owed",
+                limiter.unreconciled()
+            );
+            match limiter.mode() {
+                Mode::Global => global_once = true,
+                _ => reopened |= global_once,
+            }
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        // (Not `k0`: its check timed out when the outage began, so the policy decided it, and
+        // the server may have run it too once resumed.)
+        let mut twice = 0;
+        for i in (1..KEYS).step_by(61) {
+            let left = limiter.exact().peek(format!("k{i}"), 0).await.unwrap();
+            twice += (left.remaining() < 999) as u64;
+        }
+        eprintln!(
+            "{KEYS} keys charged in {:?}; breaker reopened by a timeout: {reopened}; keys \
+             charged twice in the sample: {twice}",
+            started.elapsed()
+        );
+        assert_eq!(twice, 0, "keys charged twice");
+        assert_eq!(limiter.reconciled(), KEYS, "every unit charged, once");
+        assert!(
+            reopened,
+            "no charge call timed out: the test did not test retries"
+        );
+    });
+}

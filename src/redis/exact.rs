@@ -25,7 +25,7 @@ use self::coalesce::Lanes;
 
 pub use self::multi::RedisMultiLimiter;
 
-pub(crate) use self::units::{Algo, LogCharge, Reply, UnitOp, Units};
+pub(crate) use self::units::{new_token, Algo, LogCharge, Reply, UnitOp, Units};
 
 /// The default timeout of every Redis call.
 ///

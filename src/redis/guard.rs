@@ -15,7 +15,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use redis::aio::ConnectionManager;
 
 use super::error::Error;
-use super::exact::{RedisConnection, RedisLimiter};
+use super::exact::{RedisConnection, RedisLimiter, UnitOp, Units};
 use super::rule::RedisRule;
 use super::scripts::scripts;
 use crate::decision::{Decision, Remaining};
@@ -261,9 +261,14 @@ impl FailureHandling {
     ///   drained (GCRA) or slid out of the window (windows).
     /// - **When**: as soon as the probe finds Redis answering, then at every probe interval
     ///   while anything is owed (a check decided by the policy just as Redis came back is
-    ///   charged at the next). One script call per Cluster slot for all keys owed; a charge
-    ///   that fails transiently is kept and retried. Units this node admitted by the policy
+    ///   charged at the next). One script call per Cluster slot for up to 1,024 charges at a
+    ///   time (the next ones once those were answered). Units this node admitted by the policy
     ///   and not yet charged: [`GuardedLimiter::unreconciled`].
+    /// - **Exactly once**: each charge carries a token that the script keeps for a day next
+    ///   to the key's state (`<state key>:charge:<token>`). A charge whose call fails in a
+    ///   transient way (a timeout after the server ran it, a dropped connection, the task
+    ///   stopped) stays owed and is sent again with the same token until Redis answers it,
+    ///   and the script applies a token once.
     ///
     /// Charges use the node's wall clock to place units in windows (and as `now` for GCRA
     /// debts), so they are as accurate as the fleet's clocks agree with the server's. A check
@@ -617,6 +622,24 @@ impl<C: RedisConnection> GuardedLimiter<C> {
     pub(crate) fn record_admitted(&self, key: &[u8], units: u64) {
         if let Some(ledger) = &self.shared.ledger {
             ledger.record(key, units, wall_nanos());
+        }
+    }
+
+    /// A charge of units admitted for `key` without Redis whose call failed in a transient
+    /// way (it may have run): sent again with its token after the outage, if reconciliation
+    /// is on, so that it is applied once.
+    pub(crate) fn resend_charge(&self, key: &[u8], charge: &Units) {
+        if let (Some(ledger), UnitOp::Charge { at }) = (&self.shared.ledger, charge.op) {
+            ledger.resend(
+                key,
+                reconcile::Charge {
+                    // A window's units count in the window they were admitted in.
+                    at: at.or(Some(wall_nanos())),
+                    units: charge.units,
+                    token: charge.token,
+                    counted: charge.units,
+                },
+            );
         }
     }
 

@@ -210,6 +210,22 @@ local function ttl_ms(ns, t)
   return string.format('%d', ms)
 end
 
+-- Charges are applied once. A charge may carry a token: a key of its own next to the state
+-- (same slot), declared in KEYS after the items' keys, whose index follows its op ('c7'). A
+-- token already set means the charge ran before (its reply was lost): it answers the units
+-- it charged then and changes nothing. A charge sets its token for a day.
+local function token_of(op)
+  if #op > 1 then return KEYS[tonumber(string.sub(op, 2))] end
+end
+local function charged_before(token)
+  if not token then return nil end
+  local v = redis.call('GET', token)
+  if v then return tonumber(v) end
+end
+local function mark_charged(token, n)
+  if token then redis.call('SET', token, string.format('%d', n), 'PX', '86400000') end
+end
+
 -- Reads a string state with pcall: (value or false) or nil, code on a type error.
 local function read_string(key)
   if defer then
@@ -676,8 +692,9 @@ pub(crate) const CHARGE_LOG: &str = concat!(
 -- KEYS[i]  log of item i, as the sliding-log script keeps it
 -- ARGV[1]  minimum TTL in ms        ARGV[2]  unused
 -- ARGV[3]  limit L (unused)          ARGV[4]  window W in ns (1 ms ≤ W ≤ 2^51)
--- ARGV[3 + 2i], ARGV[4 + 2i]: units of item i (≥ 1, < 2^51), the time they were admitted (ns
---          since the epoch, by the node's clock)
+-- ARGV[2 + 3i], ARGV[3 + 3i], ARGV[4 + 3i]: units of item i (≥ 1, < 2^51), the time they were
+--          admitted (ns since the epoch, by the node's clock), and 'c' or 'c<k>' (with the
+--          token KEYS[k])
 -- An entry of units admitted W or more ago has expired: nothing to charge. Otherwise the units
 -- are appended at the later of their time and the newest entry's (entries stay in time
 -- order; a later time only keeps them a little longer).
@@ -687,11 +704,14 @@ pub(crate) const CHARGE_LOG: &str = concat!(
     log_state!(),
     r#"
 local window = tonumber(ARGV[4])
-for i = 1, #KEYS do
+for i = 1, (#ARGV - 4) / 3 do
   local key = KEYS[i]
-  local units = tonumber(ARGV[3 + 2 * i])
+  local units = tonumber(ARGV[2 + 3 * i])
+  local token = token_of(ARGV[4 + 3 * i])
   local ts, t = now_of('')
   local code, n = 1, 0
+  local before = charged_before(token)
+  if before then code, n = 0, before end
   local newest = redis.pcall('ZRANGE', key, -1, -1)
   local cum_newest, nts, npair = 0, nil, nil
   if type(newest) == 'table' and newest.err then
@@ -702,7 +722,7 @@ for i = 1, #KEYS do
     if ncum then cum_newest, nts, npair = ncum, nmt, nmp else code = -2 end
   end
   if code == 1 then
-    local ats, atp = ARGV[4 + 2 * i], parse_time(ARGV[4 + 2 * i])
+    local ats, atp = ARGV[3 + 3 * i], parse_time(ARGV[3 + 3 * i])
     if diff(t, atp) < 0 then ats, atp = ts, t end
     if nts and diff(atp, npair) < 0 then ats, atp = nts, npair end
     local age = diff(t, atp)
@@ -724,7 +744,9 @@ for i = 1, #KEYS do
         redis.call('PEXPIRE', key, ttl_ms(window - age, t))
       end
     end
+    mark_charged(token, n)
   end
+  if before then code = 1 end
   reply[i] = {code, n}
 end
 return reply
@@ -768,7 +790,7 @@ pub(crate) const LEASE_GCRA: &str = concat!(
 -- KEYS[i]  state of item i, as the GCRA script keeps it: "<t> <debt>"
 -- ARGV[1]  minimum TTL in ms        ARGV[2]  unused ('1')
 -- ARGV[3]  span B·T in ns (≤ 2^51)  ARGV[4]  emission interval T in ns (≥ 1)
--- ARGV[1 + 4i] 'g' grant, 'r' return or 'c' charge
+-- ARGV[1 + 4i] 'g' grant, 'r' return or 'c' charge ('c<k>': with the token KEYS[k])
 -- ARGV[2 + 4i] units (≤ B for a grant or a return; < 2^52 for a charge)
 -- ARGV[3 + 4i] return: the TAT (t + debt, ns since the epoch) right after the grant whose units
 --              go back; '' otherwise                ARGV[4 + 4i] time in ns ('' = server TIME)
@@ -788,9 +810,11 @@ pub(crate) const LEASE_GCRA: &str = concat!(
 local span, interval = tonumber(ARGV[3]), tonumber(ARGV[4])
 local most = idiv(span, interval)
 local MAX_DEBT = 4503599627370495 -- 2^52 − 1, the largest debt a state holds
-for i = 1, #KEYS do
+for i = 1, (#ARGV - 4) / 4 do
   local key = KEYS[i]
   local op, units, tat = ARGV[4 * i + 1], tonumber(ARGV[4 * i + 2]), ARGV[4 * i + 3]
+  local token = token_of(op)
+  op = string.sub(op, 1, 1)
   if op ~= 'c' and units > most then units = most end
   local ts, t = now_of(ARGV[4 * i + 4])
   local code, debt, present
@@ -798,7 +822,10 @@ for i = 1, #KEYS do
   if type(code) == 'table' then return code end
   code = code or 1
   local n = 0
-  if code == 1 then
+  local before = op == 'c' and charged_before(token)
+  if before then
+    n = before
+  elseif code == 1 then
     if op == 'g' or op == 'c' then
       -- A grant stops at the bucket's span, a charge at the largest debt a state holds.
       local top = span
@@ -809,6 +836,7 @@ for i = 1, #KEYS do
         debt = debt + n * interval
         redis.call('SET', key, ts .. ' ' .. string.format('%d', debt), 'PX', ttl_ms(debt, t))
       end
+      if op == 'c' then mark_charged(token, n) end
     elseif present and debt > 0 and tat ~= '' and diff(t, parse_time(tat)) + debt == 0 then
       n = units
       debt = debt - units * interval
@@ -837,7 +865,7 @@ pub(crate) const LEASE_WINDOW: &str = concat!(
 --          window script ("<t> <prev> <cur>")
 -- ARGV[1]  minimum TTL in ms        ARGV[2]  'f' fixed window, 's' sliding window counter
 -- ARGV[3]  limit L (≤ 2^51)          ARGV[4]  window W in ns (1 ms ≤ W ≤ 2^51)
--- ARGV[1 + 4i] 'g' grant, 'r' return or 'c' charge
+-- ARGV[1 + 4i] 'g' grant, 'r' return or 'c' charge ('c<k>': with the token KEYS[k])
 -- ARGV[2 + 4i] units (≤ L for a grant or a return; < 2^52 for a charge)
 -- ARGV[3 + 4i] return: the time of a grant of the lease; charge: the time the units were
 --              admitted ('' = now); '' for a grant
@@ -874,9 +902,11 @@ local function fresh_ttl(e, t)
   if sliding then return ttl_ms(2 * window - e, t) end
   return ttl_ms(window - e, t)
 end
-for i = 1, #KEYS do
+for i = 1, (#ARGV - 4) / 4 do
   local key = KEYS[i]
   local op, units, since = ARGV[4 * i + 1], tonumber(ARGV[4 * i + 2]), ARGV[4 * i + 3]
+  local token = token_of(op)
+  op = string.sub(op, 1, 1)
   if op ~= 'c' and units > limit then units = limit end
   local ts, t = now_of(ARGV[4 * i + 4])
   local code, prev, cur, e, st, sp, sc
@@ -884,7 +914,10 @@ for i = 1, #KEYS do
   if type(code) == 'table' then return code end
   code = code or 1
   local n = 0
-  if code == 1 and op == 'c' then
+  local before = op == 'c' and charged_before(token)
+  if before then
+    n = before
+  elseif code == 1 and op == 'c' then
     -- Units admitted in the future by the node's clock (ahead of the server's) count now.
     local age = 0
     if since ~= '' then age = diff(t, parse_time(since)) end
@@ -897,6 +930,7 @@ for i = 1, #KEYS do
       prev = prev + n
     end
     if n > 0 then put(key, ts, prev, cur, fresh_ttl(e, t)) end
+    mark_charged(token, n)
   elseif code == 1 and op == 'g' then
     n = limit - cur
     if n > units then n = units end

@@ -61,6 +61,42 @@ pub(crate) struct Units {
     pub key: Vec<u8>,
     pub op: UnitOp,
     pub units: u64,
+    /// A charge's token ([`new_token`]; 0 = none): the script applies a token once, so a
+    /// charge sent again after its reply was lost is not counted twice.
+    pub token: u64,
+}
+
+/// A token for a charge: unique to this process's charges (a per-process random hash of a
+/// counter and the wall clock), never 0.
+pub(crate) fn new_token() -> u64 {
+    use std::hash::BuildHasher;
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::sync::OnceLock;
+    static SEED: OnceLock<foldhash::quality::RandomState> = OnceLock::new();
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    // Relaxed: only the count's uniqueness matters.
+    let n = NEXT.fetch_add(1, Ordering::Relaxed);
+    let wall = crate::redis::guard::wall_nanos();
+    SEED.get_or_init(Default::default)
+        .hash_one((n, wall))
+        .max(1)
+}
+
+/// The key a charge's token is kept in: next to the state (same Cluster slot), for a day.
+fn token_key(state: &[u8], token: u64) -> Vec<u8> {
+    let mut key = state.to_vec();
+    key.extend_from_slice(format!(":charge:{token:016x}").as_bytes());
+    key
+}
+
+/// The op argument of a charge: `c`, or `c<k>` with its token's key at `KEYS[k]` (pushed to
+/// `tokens`, which follow the `items` item keys).
+fn charge_op(state: &[u8], token: u64, items: usize, tokens: &mut Vec<Vec<u8>>) -> String {
+    if token == 0 {
+        return "c".into();
+    }
+    tokens.push(token_key(state, token));
+    format!("c{}", items + tokens.len())
 }
 
 impl Units {
@@ -124,6 +160,7 @@ impl<C: RedisConnection> RedisLimiter<C> {
         };
         let mut invocation = ScriptCall::new(script);
         invocation.arg(0).arg(mode).arg(first).arg(second);
+        let mut tokens = Vec::new();
         for &i in chunk {
             let item = &items[i];
             invocation.key(&item.key[..]);
@@ -132,10 +169,19 @@ impl<C: RedisConnection> RedisLimiter<C> {
                 UnitOp::Grant => invocation.arg("g").arg(units).arg(""),
                 UnitOp::Return { since: 0 } => invocation.arg("r").arg(units).arg(""),
                 UnitOp::Return { since } => invocation.arg("r").arg(units).arg(since),
-                UnitOp::Charge { at: None } => invocation.arg("c").arg(units).arg(""),
-                UnitOp::Charge { at: Some(at) } => invocation.arg("c").arg(units).arg(at),
+                UnitOp::Charge { at } => {
+                    let op = charge_op(&item.key, item.token, chunk.len(), &mut tokens);
+                    invocation.arg(op).arg(units);
+                    match at {
+                        Some(at) => invocation.arg(at),
+                        None => invocation.arg(""),
+                    }
+                }
             };
             invocation.arg("");
+        }
+        for token in &tokens {
+            invocation.key(&token[..]);
         }
         let reply = self.invoke(&invocation, true).await?;
         let Value::Array(replies) = reply else {
@@ -168,6 +214,8 @@ pub(crate) struct LogCharge {
     pub key: Vec<u8>,
     pub units: u64,
     pub at: u64,
+    /// As [`Units::token`].
+    pub token: u64,
 }
 
 impl LogCharge {
@@ -205,9 +253,18 @@ impl<C: RedisConnection> RedisLimiter<C> {
         let [limit, window] = self.rule().script_params();
         let mut invocation = ScriptCall::new(script);
         invocation.arg(0).arg("0").arg(limit).arg(window);
+        let mut tokens = Vec::new();
         for &i in chunk {
             let item = &items[i];
-            invocation.key(&item.key[..]).arg(item.sent()).arg(item.at);
+            let op = charge_op(&item.key, item.token, chunk.len(), &mut tokens);
+            invocation
+                .key(&item.key[..])
+                .arg(item.sent())
+                .arg(item.at)
+                .arg(op);
+        }
+        for token in &tokens {
+            invocation.key(&token[..]);
         }
         let reply = self.invoke(&invocation, true).await?;
         let rows = super::rows(reply, chunk.len())?;

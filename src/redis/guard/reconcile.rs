@@ -16,6 +16,13 @@
 //!
 //! Charges are never denied: a state may pass the limit (up to `2^52 − 1`), and the key is
 //! then denied until the excess has drained.
+//!
+//! Charges are applied exactly once. When a settle starts, what an entry owes becomes charges,
+//! each with a token of its own ([`new_token`]), kept in the entry until Redis answers them:
+//! a charge whose call failed (a timeout, a dropped connection, the task stopped mid-call) is
+//! sent again, with the same token, at the next settle, and the script applies a token once.
+//! So a charge that timed out but ran is not counted twice, and none is lost before Redis
+//! answered it.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -23,7 +30,9 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use dashmap::DashMap;
 
 use crate::redis::error::Error;
-use crate::redis::exact::{Algo, LogCharge, RedisConnection, RedisLimiter, UnitOp, Units};
+use crate::redis::exact::{
+    new_token, Algo, LogCharge, RedisConnection, RedisLimiter, UnitOp, Units,
+};
 use crate::redis::rule::RedisRule;
 
 /// The wall clock, ns since the Unix epoch (the server's `TIME` on a synchronised fleet).
@@ -33,8 +42,22 @@ pub(crate) fn wall_nanos() -> u64 {
         .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))
 }
 
+/// A charge formed and not yet answered by Redis: sent (again) with its token until it is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Charge {
+    /// When the units were admitted (wall ns; `None` = now, GCRA's debt).
+    pub at: Option<u64>,
+    pub units: u64,
+    pub token: u64,
+    /// The units recorded that this charge settles (for [`Ledger::pending`]).
+    pub counted: u64,
+}
+
+/// Charges sent in one go (then the next slice, unless one failed).
+const SLICE: usize = 1024;
+
 /// What one key owes.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 struct Owed {
     /// GCRA: the theoretical arrival time (wall ns) of the owed admissions alone.
     tat: u64,
@@ -50,6 +73,8 @@ struct Owed {
     /// Units the node may still admit without owing them: a leased node's lease, granted
     /// before the outage and handed over to the local limiter.
     credit: u64,
+    /// Charges formed and not yet answered.
+    sending: Vec<Charge>,
 }
 
 impl Owed {
@@ -171,75 +196,117 @@ impl Ledger {
         self.owed.is_empty()
     }
 
-    /// Puts back an entry whose charge failed, merged with what was recorded since.
-    fn restore(&self, key: Box<[u8]>, back: Owed, now: u64) {
-        let mut owed = self.owed.entry(key).or_default();
-        match self.target {
-            Target::Units(Algo::Gcra { .. }) => {
-                // The two debts add up (conservative: as if one stream followed the other).
-                let debt = back.tat.saturating_sub(now);
-                owed.tat = owed.tat.max(now).saturating_add(debt);
-            }
-            Target::Units(Algo::Fixed { .. } | Algo::Sliding { .. }) | Target::Log { .. } => {
-                if back.prev > 0 {
-                    owed.add_window(back.k.saturating_sub(1), back.prev, back.prev_at);
-                }
-                owed.add_window(back.k, back.cur, back.cur_at);
-            }
-        }
-        owed.units = owed.units.saturating_add(back.units);
+    /// Adds a charge already formed (with its token) whose call failed: sent again, with the
+    /// same token, at the next settle.
+    pub(crate) fn resend(&self, key: &[u8], charge: Charge) {
+        // Relaxed: a statistic.
+        self.pending.fetch_add(charge.counted, Ordering::Relaxed);
+        self.owed
+            .entry(key.into())
+            .or_default()
+            .sending
+            .push(charge);
     }
 
-    /// Charges everything owed to Redis, one script call per Cluster slot. Entries whose call
-    /// fails transiently are kept for the next attempt; the first such error is returned.
+    /// Turns what `owed` has recorded into charges with tokens of their own (at the wall time
+    /// `now`); the credit ends here. Units that change nothing (a GCRA debt the bucket has
+    /// refilled) are settled at once.
+    fn form_charges(&self, owed: &mut Owed, now: u64) {
+        let counted = std::mem::take(&mut owed.units);
+        owed.credit = 0;
+        if counted == 0 {
+            return;
+        }
+        let mut parts = [(None, 0); 2];
+        match self.target {
+            Target::Units(Algo::Gcra { interval, .. }) => {
+                let debt = std::mem::take(&mut owed.tat).saturating_sub(now);
+                parts[0] = (None, debt.div_ceil(interval.max(1)));
+            }
+            Target::Units(Algo::Fixed { .. } | Algo::Sliding { .. }) | Target::Log { .. } => {
+                parts = [
+                    (Some(owed.prev_at), owed.prev),
+                    (Some(owed.cur_at), owed.cur),
+                ];
+                (owed.k, owed.cur, owed.cur_at, owed.prev, owed.prev_at) = (0, 0, 0, 0, 0);
+            }
+        }
+        let mut counted = Some(counted);
+        for (at, units) in parts {
+            if units > 0 {
+                let counted = counted.take().unwrap_or(0);
+                let token = new_token();
+                owed.sending.push(Charge {
+                    at,
+                    units,
+                    token,
+                    counted,
+                });
+            }
+        }
+        if let Some(settled) = counted {
+            // Relaxed: a statistic.
+            self.pending.fetch_sub(settled, Ordering::Relaxed);
+        }
+    }
+
+    /// Charges everything owed to Redis, one script call per Cluster slot. Charges whose call
+    /// fails transiently stay for the next attempt (with their tokens); the first such error
+    /// is returned.
     pub(super) async fn settle<C: RedisConnection>(
         &self,
         exact: &RedisLimiter<C>,
     ) -> Result<(), Error> {
-        let keys: Vec<Box<[u8]>> = self.owed.iter().map(|e| e.key().clone()).collect();
-        let drained: Vec<(Box<[u8]>, Owed)> = keys
-            .into_iter()
-            .filter_map(|key| self.owed.remove(&key))
-            .collect();
-        if drained.is_empty() {
+        let now = wall_nanos();
+        let mut batch: Vec<(Box<[u8]>, Charge)> = Vec::new();
+        for mut entry in self.owed.iter_mut() {
+            let (key, owed) = entry.pair_mut();
+            self.form_charges(owed, now);
+            batch.extend(owed.sending.iter().map(|c| (key.clone(), *c)));
+        }
+        self.owed
+            .retain(|_, owed| owed.units > 0 || !owed.sending.is_empty() || owed.credit > 0);
+        if batch.is_empty() {
             return Ok(());
         }
-        let now = wall_nanos();
-        // The index into `drained` of each item sent.
-        let mut owner: Vec<usize> = Vec::new();
+        // A slice at a time, stopping at the first transient failure: after an outage, a
+        // large ledger does not flood a server that may still be slow (calls that time out
+        // keep it busy all the same).
+        let mut first_error = None;
+        for slice in batch.chunks(SLICE) {
+            self.charge(exact, slice, now, &mut first_error).await;
+            if first_error.is_some() {
+                break;
+            }
+        }
+        self.owed
+            .retain(|_, owed| owed.units > 0 || !owed.sending.is_empty() || owed.credit > 0);
+        match first_error {
+            Some(error) => Err(error),
+            None => Ok(()),
+        }
+    }
+
+    /// Sends `slice` and settles each charge Redis answered (or refused for good); the first
+    /// transient error goes to `first_error`.
+    async fn charge<C: RedisConnection>(
+        &self,
+        exact: &RedisLimiter<C>,
+        slice: &[(Box<[u8]>, Charge)],
+        now: u64,
+        first_error: &mut Option<Error>,
+    ) {
         let results: Vec<Result<u64, Error>> = match self.target {
             Target::Units(algo) => {
-                let mut items: Vec<Units> = Vec::new();
-                for (i, (key, owed)) in drained.iter().enumerate() {
-                    let key = exact.redis_key(key);
-                    let mut push = |op: UnitOp, units: u64| {
-                        if units > 0 {
-                            let key = key.clone();
-                            items.push(Units { key, op, units });
-                            owner.push(i);
-                        }
-                    };
-                    match algo {
-                        Algo::Gcra { interval, .. } => {
-                            let debt = owed.tat.saturating_sub(now);
-                            push(UnitOp::Charge { at: None }, debt.div_ceil(interval.max(1)));
-                        }
-                        Algo::Fixed { .. } | Algo::Sliding { .. } => {
-                            push(
-                                UnitOp::Charge {
-                                    at: Some(owed.prev_at),
-                                },
-                                owed.prev,
-                            );
-                            push(
-                                UnitOp::Charge {
-                                    at: Some(owed.cur_at),
-                                },
-                                owed.cur,
-                            );
-                        }
-                    }
-                }
+                let items: Vec<Units> = slice
+                    .iter()
+                    .map(|(key, c)| Units {
+                        key: exact.redis_key(key),
+                        op: UnitOp::Charge { at: c.at },
+                        units: c.units,
+                        token: c.token,
+                    })
+                    .collect();
                 let (results, _) = exact.move_units(algo, &items).await;
                 results
                     .into_iter()
@@ -247,48 +314,38 @@ impl Ledger {
                     .collect()
             }
             Target::Log { .. } => {
-                let mut items: Vec<LogCharge> = Vec::new();
-                for (i, (key, owed)) in drained.iter().enumerate() {
-                    let key = exact.redis_key(key);
-                    for (units, at) in [(owed.prev, owed.prev_at), (owed.cur, owed.cur_at)] {
-                        if units > 0 {
-                            let key = key.clone();
-                            items.push(LogCharge { key, units, at });
-                            owner.push(i);
-                        }
-                    }
-                }
+                let items: Vec<LogCharge> = slice
+                    .iter()
+                    .map(|(key, c)| LogCharge {
+                        key: exact.redis_key(key),
+                        units: c.units,
+                        at: c.at.unwrap_or(now),
+                        token: c.token,
+                    })
+                    .collect();
                 exact.charge_log(&items).await.0
             }
         };
-        let mut failed = vec![false; drained.len()];
-        let mut first_error = None;
-        for (result, &i) in results.into_iter().zip(&owner) {
+        for ((key, charge), result) in slice.iter().zip(results) {
             match result {
+                Err(error) if error.is_transient() => {
+                    first_error.get_or_insert(error);
+                    continue;
+                }
                 // Relaxed: a statistic.
                 Ok(units) => {
                     self.charged.fetch_add(units, Ordering::Relaxed);
-                }
-                Err(error) if error.is_transient() => {
-                    failed[i] = true;
-                    first_error.get_or_insert(error);
                 }
                 Err(error) => {
                     tracing::warn!(%error, "reconciliation: a charge failed; its units are dropped");
                 }
             }
-        }
-        for ((key, owed), failed) in drained.into_iter().zip(failed) {
-            if failed {
-                self.restore(key, owed, now);
-            } else {
-                // Relaxed: a statistic.
-                self.pending.fetch_sub(owed.units, Ordering::Relaxed);
+            // Answered: done with it.
+            // Relaxed: a statistic.
+            self.pending.fetch_sub(charge.counted, Ordering::Relaxed);
+            if let Some(mut owed) = self.owed.get_mut(key) {
+                owed.sending.retain(|c| c.token != charge.token);
             }
-        }
-        match first_error {
-            Some(error) => Err(error),
-            None => Ok(()),
         }
     }
 }
@@ -328,7 +385,7 @@ mod tests {
         };
         ledger.record(b"k", 3, 1_000);
         ledger.record(b"k", 2, 1_005);
-        let owed = *ledger.owed.get(&b"k"[..]).unwrap();
+        let owed = ledger.owed.get(&b"k"[..]).unwrap().clone();
         assert_eq!((owed.tat, owed.units), (1_050, 5));
         // Much later: the bucket has refilled; a new admission starts from `now`.
         ledger.record(b"k", 1, 5_000);

@@ -17,7 +17,7 @@ use super::route::Route;
 use super::word::{deadline_of, expired, now_ms, units_of, usable};
 use crate::clock::{Clock, Nanos, QuantaClock};
 use crate::redis::error::Error;
-use crate::redis::exact::{RedisConnection, RedisLimiter, Reply, UnitOp, Units};
+use crate::redis::exact::{new_token, RedisConnection, RedisLimiter, Reply, UnitOp, Units};
 use crate::redis::guard::{GuardedLimiter, Mode};
 
 /// The leases of one node and what serves them.
@@ -161,8 +161,9 @@ impl<C: RedisConnection> Node<C> {
                     match result {
                         Ok(_) => self.guard.answered(),
                         Err(error) if error.is_transient() => {
-                            // Charged after the outage, if reconciliation is on.
-                            self.guard.record_admitted(&lease.key, charge.units);
+                            // Sent again (the same charge, the same token) after the outage,
+                            // if reconciliation is on: it may have run.
+                            self.guard.resend_charge(&lease.key, charge);
                             self.guard.transient_failure(&error, &lease.key);
                         }
                         Err(error) => tracing::warn!(%error, "charging an overdraft failed"),
@@ -189,10 +190,16 @@ impl<C: RedisConnection> Node<C> {
     }
 
     fn units(&self, lease: &Lease, op: UnitOp, units: u64) -> Units {
+        // A charge carries a token: sent again after a lost reply, it is applied once.
+        let token = match op {
+            UnitOp::Charge { .. } => new_token(),
+            UnitOp::Grant | UnitOp::Return { .. } => 0,
+        };
         Units {
             key: self.exact.redis_key(&lease.key),
             op,
             units,
+            token,
         }
     }
 
