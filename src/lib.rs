@@ -1,11 +1,17 @@
 //! # tollgate
 //!
-//! Exact, lock-free, in-process rate limiting: GCRA / token bucket, leaky bucket (meter and
-//! queue), fixed window, sliding window counter and sliding window log. Each decides exactly by
+//! Exact, in-process rate limiting, with each key's state in atomics updated by
+//! compare-and-swap (a lock is taken only for the sliding log's per-key ring, and a shard's lock
+//! when a key is new or a thread's cached table is stale): GCRA / token bucket, leaky bucket
+//! (meter and queue), fixed window, sliding window counter and sliding window log. Each decides exactly by
 //! the rules written out in [`docs::decision_rules`]: the state, the admission inequality,
 //! `remaining`, `retry_after` and `reset_after` of every algorithm, and how costs and capacity
 //! errors work. "Exactly" is meant literally: the same requests at the same instants get the
 //! same decisions from every limiter, under any number of threads, and from the Redis tier.
+//! One exception: the in-process sliding log keeps its entries' times in ticks, 1 ns for a
+//! window up to about 2.1 s and coarser beyond (see [`SlidingLog`]); its decisions are then
+//! exact when request times are multiples of the tick, and never more permissive otherwise,
+//! while the Redis tier's log keeps nanoseconds.
 //!
 //! This page is the guide; each type's page has the details and examples.
 //!
@@ -187,8 +193,9 @@
 //!   `FailurePolicy` for outages: fail open, fail closed, or `Local`, this node's share of the
 //!   quota in process.
 //! - `LeasedLimiter` (`RedisLimiter::leased`): synchronous checks at in-process speed on units
-//!   Redis granted this node in advance; the fleet never admits more than the limit, and falls
-//!   short of it by at most the units held in leases.
+//!   Redis granted this node in advance; the fleet admits no more than the limit (for GCRA,
+//!   plus one horizon of the rate and one unit over any interval; see `LeasedLimiter`), and
+//!   falls short of it by at most the units held in leases.
 //!
 //! ```no_run
 //! # #[cfg(feature = "redis")]

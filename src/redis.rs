@@ -87,8 +87,11 @@
 //! atomically out of the key's global state (the exact tier's own state, so exact and leased
 //! nodes share one budget). A background refill keeps each lease above a low-water mark, its
 //! size following the key's observed rate; unused units go back to Redis when the key goes
-//! idle. While Redis answers, the fleet never admits more than the limit (units are granted
-//! before they are spent), and falls short of it by at most the units held in leases:
+//! idle. While Redis answers, units are granted before they are spent and leases expire, so
+//! the fleet admits no more than the limit for the window algorithms, and for GCRA no more
+//! than `B + 1 + (b − a + horizon)/T` over any interval `[a, b]` (plus first-touch overdrafts,
+//! if an allowance is configured); it falls short of the limit by at most the units held in
+//! leases:
 //! `L − admitted ≤ Σ_nodes held ≤ nodes × max_lease` per window when demand lasts (the
 //! formula and its conditions are in [`LeasedLimiter`]'s docs). Leases work for GCRA /
 //! token bucket / leaky bucket (meter), fixed window and sliding window counter; other

@@ -20,7 +20,8 @@ pub use crate::store::table::OverflowPolicy;
 /// needed: a client that comes back to a full bucket finds its slot again.
 /// - The lock-free table (every algorithm's default store) keeps every
 ///   key until it holds about [`evict_above`](KeyedLimiterBuilder::evict_above) keys (default
-///   2^21, about 70 MB of `u64` keys): below that its shard tables grow as a hash map's do.
+///   2^21; with `u64` keys, 32 MiB of 16-byte slots at full load, more with the tables'
+///   headroom and a table built ahead): below that its shard tables grow as a hash map's do.
 ///   Above it, a full shard table is replaced by one of the same size and keys fresh and
 ///   unused since the shard last filled are evicted, so a flood of unique keys holds about
 ///   `evict_above` keys plus those still holding state (in two tables a shard: the current
@@ -33,7 +34,7 @@ pub use crate::store::table::OverflowPolicy;
 ///   re-anchored, once every 2^22 − 2 windows for the sliding window, 2^39 − 2 for the fixed
 ///   one: its keys are then carried into it as a drain's are.) Nor does a call fill a large new table: a growing shard builds its next one 64 slots per
 ///   insert once 27/32 full, and a shard at the bound reuses its spare (tables of up to 4096
-///   slots, ~100 KB, are still allocated in the call that needs one, as is the first table a
+///   slots, 64 KiB with `u64` keys, are still allocated in the call that needs one, as is the first table a
 ///   shard replaces at the bound). Nor does a call free a whole table: one no longer needed
 ///   is dropped 64 slots per insert into its shard, and per lookup there (one in four of a
 ///   thread's, when the shard's lock is free), so its memory comes back even when no insert
@@ -94,7 +95,8 @@ pub use crate::store::table::OverflowPolicy;
 /// check on a known key takes no shared lock and writes no shared memory but the key's own
 /// state (GCRA, the leaky buckets and both window counters: one word, by a CAS; the sliding
 /// log: its ring, under the key's own lock). Inserts and evictions lock one of its 64 shards;
-/// checks on known keys never wait for them. [`KeyedLimiterBuilder::build_with_store`] takes
+/// a check on a known key waits for that lock only when its thread's cached table of the shard
+/// is stale (once after each table change). [`KeyedLimiterBuilder::build_with_store`] takes
 /// another store (for example [`DashMapStore`](crate::store::DashMapStore), to compare).
 ///
 /// # Caveats

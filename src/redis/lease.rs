@@ -1,5 +1,5 @@
-//! The leased tier: synchronous, lock-free checks on local atomics, against a global budget that
-//! Redis grants in leases.
+//! The leased tier: synchronous checks on local atomics (a map lookup and a compare-and-swap),
+//! against a global budget that Redis grants in leases.
 //!
 //! # How it works
 //! Each node holds, per key, a **lease**: units that Redis granted it atomically out of the
@@ -17,9 +17,11 @@
 //! key goes idle ([`LeaseConfig::idle_timeout`]), when a sliding window's lease expires, and on
 //! [`LeasedLimiter::release_all`] (for GCRA, while nothing was admitted behind them).
 //!
-//! A key a node holds no lease of starts with a small provisional allowance while its first
-//! grant is in flight, so that its first checks are not denied for want of a lease; the grant
-//! covers it, or the units it did not cover are charged to Redis at once.
+//! A key a node holds no lease of is denied until its first grant arrives, by default. With a
+//! first-touch allowance ([`LeaseConfig::first_touch`]), its lease starts with that many
+//! provisional units while the grant is in flight, so that its first checks are not denied
+//! for want of a lease; the grant covers them, or the units it did not cover are charged to
+//! Redis at once.
 //!
 //! The guarantee, the under-admission bound and what first touches add to them are
 //! documented on [`LeasedLimiter`].
@@ -200,8 +202,9 @@ impl<C: RedisConnection> LeasedLimiter<C> {
     ///   at once (`Local`: from the state the leases were handed over in, see "When Redis
     ///   fails" on [`LeasedLimiter`]); with `FailClosed`, after what the lease still holds.
     /// - A key this node holds no lease of (its *first touch*) gets the first-touch
-    ///   allowance ([`LeaseConfig::first_touch`]) as a provisional lease while its first
-    ///   grant is requested at once: the first checks are not denied for want of a lease.
+    ///   allowance ([`LeaseConfig::first_touch`], 0 by default: denied) as a provisional lease
+    ///   while its first grant is requested at once: with an allowance, the first checks are
+    ///   not denied for want of a lease.
     ///   See "First touch" on [`LeasedLimiter`] for what that does to the global bound.
     ///
     /// The figures are the best this node knows without asking Redis, from the global state

@@ -5,7 +5,10 @@ use dashmap::DashMap;
 
 use crate::store::{Evictor, Inserted, KeyedStore};
 
-/// The default keyed store: a sharded [`DashMap`] with foldhash, a fast non-cryptographic
+/// A keyed store on a sharded [`DashMap`] (the limiters' default is the lock-free
+/// [`WordTable`](crate::store::WordTable); this one is there to compare with, and to plug in
+/// with [`KeyedLimiterBuilder::build_with_store`](crate::KeyedLimiterBuilder::build_with_store)),
+/// with foldhash, a fast non-cryptographic
 /// hasher seeded per map (so keys chosen by an attacker cannot be aimed at one bucket).
 ///
 /// A lookup of an existing key takes its shard's read lock, runs the decision, and releases it:

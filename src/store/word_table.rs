@@ -128,7 +128,7 @@ const REFILL: (usize, usize) = (11, 14);
 /// more keys per byte (1M keys: 32.6 bytes each). Between the two, see [`capacity`].
 const SMALL_FULL: (usize, usize) = (1, 2);
 const SMALL_REFILL: (usize, usize) = (2, 3);
-/// The largest small table, in slots (64 shards of it: 1.5 MiB of 24-byte slots).
+/// The largest small table, in slots (64 shards of it: 1 MiB of 16-byte `u64` slots).
 const SMALL_SLOTS: usize = 1024;
 /// Slots of a replaced table that each insert into its shard visits (moves or evicts): the
 /// most eviction and copying work any one call does, whatever the table's size. (A loom model
@@ -155,11 +155,11 @@ const HELP_EVERY: u32 = if MODEL_CHECKED { 1 } else { 4 };
 /// holds a next table over a sixth of its growth).
 const BUILD_STEP: usize = 64;
 const BUILD_FROM: (usize, usize) = (27, 28);
-/// Tables up to this many slots are allocated when needed (at most ~100 KB: a few µs).
+/// Tables up to this many slots are allocated when needed (64 KiB of `u64` slots: a few µs).
 const BUILD_ABOVE: usize = 4096;
 /// Keys a store holds before it evicts fresh ones, by default (see
-/// [`KeyedLimiterBuilder::evict_above`](crate::KeyedLimiterBuilder::evict_above)): about 70 MB
-/// of `u64` keys.
+/// [`KeyedLimiterBuilder::evict_above`](crate::KeyedLimiterBuilder::evict_above)): with `u64`
+/// keys, 32 MiB of 16-byte slots at full load, more with the tables' headroom.
 ///
 /// # Examples
 /// ```

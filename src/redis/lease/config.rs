@@ -210,7 +210,8 @@ impl LeaseConfig {
     /// How many units a node may admit for a key it holds no lease of, while the key's first
     /// grant is in flight (its *first touch*; see [`LeasedLimiter`](super::LeasedLimiter)). Default `0`, strict: a
     /// key's checks are denied until its first grant arrives (or [`LeasedLimiter::prefetch`](super::LeasedLimiter::prefetch)
-    /// ran), and the fleet never admits more than the limit. A positive allowance serves first
+    /// ran), and the fleet admits no more than the bound on
+    /// [`LeasedLimiter`](super::LeasedLimiter) ("Guarantee"). A positive allowance serves first
     /// touches at once, at the price of the bounded overdraft documented on
     /// [`LeasedLimiter`](super::LeasedLimiter); [`LeaseConfig::first_touch_share`] picks one per node. At most
     /// [`MAX_LEASE`].
