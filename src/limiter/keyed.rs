@@ -45,9 +45,9 @@ pub use crate::store::table::OverflowPolicy;
 ///   that sweep runs in the call that triggers it.
 ///
 /// An optional `max_keys` bound with an [`OverflowPolicy`] caps memory under a flood of unique
-/// keys. At the bound, a new key on the word table lets an eviction hand judge up to 32 more
-/// keys (round all the shards, a step per call) and takes the place of a fresh one it finds;
-/// only if there is none does the policy apply.
+/// keys. At the bound, a new key on the word table lets an eviction hand judge about 32 more
+/// keys (at most 1,024 slots and one round of the shards, from where the last call stopped)
+/// and takes the place of a fresh one it finds; only if there is none does the policy apply.
 ///
 /// # Work per call (the lock-free table)
 /// - A check, peek or refund of a key the shard's current table holds: a probe (a few words of
