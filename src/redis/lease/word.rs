@@ -263,9 +263,23 @@ mod tests {
         assert_eq!(word.take(u64::MAX, 0, 0), None);
         assert_eq!(word.deposit(5, true, 7), 11);
         assert_eq!(word.take_up_to(9), (11, 9));
+        assert_eq!(units_of(word.load()), 2);
         assert_eq!(word.deposit(u64::MAX, false, 7), MAX_LEASE);
         assert_eq!(units_of(word.replace(3, 8)), MAX_LEASE);
         assert_eq!(word.take(3, 7 * MS, 0), Some(0));
+        // Emptied: the word it held comes back, and nothing is left.
+        word.deposit(5, false, 9);
+        assert_eq!(word.empty(8), pack(5, 9));
+        assert_eq!(word.load(), pack(0, 8));
+        // The sweeper voids a word only if no check changed it since it read it.
+        word.deposit(4, false, 9);
+        let seen = word.load();
+        assert_eq!(word.take(1, 0, 0), Some(3));
+        assert!(!word.expire(seen), "changed since");
+        assert_eq!(units_of(word.load()), 3);
+        let seen = word.load();
+        assert!(word.expire(seen));
+        assert_eq!(word.load(), pack(0, 9));
     }
 
     /// A GCRA lease of 10 units, one per 10 ms, void from 100 ms on: at most one unit per
@@ -295,5 +309,24 @@ mod tests {
         assert_eq!(word.extend(4, 50 * MS, t, 140), 9);
         assert_eq!(word.held(50 * MS, t), 9);
         assert_eq!(word.held(70 * MS, t), 7);
+        // Half a millisecond in: 89.5 ms left at 50.5 ms, not 90.5.
+        assert_eq!(word.time_left(50 * MS + MS / 2), 89 * MS + MS / 2);
+        assert_eq!(word.held(50 * MS + MS / 2, t), 8);
+        assert_eq!(word.time_left(140 * MS), 0, "expired");
+        // Fewer units than the time left would allow: the units.
+        let word = LeaseWord::new(3, 100);
+        assert_eq!(word.held(0, t), 3);
+        assert_eq!(word.take(4, 0, t), None);
+    }
+
+    /// A lease lives at most a day: its deadline stays under 2^31 ms ahead, as `expired`
+    /// needs.
+    #[test]
+    fn the_longest_life_is_a_day() {
+        assert_eq!(
+            std::time::Duration::from_nanos(DAY),
+            std::time::Duration::from_secs(86_400)
+        );
+        assert!(DAY / MS < 1 << 31);
     }
 }
