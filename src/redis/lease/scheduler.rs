@@ -263,11 +263,13 @@ impl<C: RedisConnection> Node<C> {
         let decay = self.terms.decay();
         let parked = bg.parked_units(now, decay);
         let word = lease.hot.word.empty(now_ms(now));
-        // First-touch units were never granted: nothing of them goes back.
-        let held = usable(word, now, decay).saturating_sub(bg.provisional);
         if self.terms.window().is_some() {
-            return (held, bg.grant_time);
+            // Expired or not: the script takes back what the state still counts of the
+            // grant's window (a sliding window's `prev` does). First-touch units were never
+            // granted: nothing of them goes back.
+            return (units_of(word).saturating_sub(bg.provisional), bg.grant_time);
         }
+        let held = usable(word, now, decay).saturating_sub(bg.provisional);
         // GCRA: only the latest grant's units can go back; a parked one's, if any (the
         // word's are then void).
         let had_parked = bg.parked.take().is_some();
