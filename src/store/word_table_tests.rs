@@ -896,3 +896,64 @@ fn evictions_taken_by_an_interrupted_hand_are_reported_later() {
     );
     assert_eq!(reported as u64, keys - keys / 2, "evictions reported");
 }
+
+/// A limiter of sliding logs that lets its store evict every empty ring.
+struct EmptyLogs;
+
+impl Evictor<crate::state::LogCell> for EmptyLogs {
+    fn sweep(&self) -> usize {
+        unreachable!("the word table evicts on its own")
+    }
+
+    fn judging<R>(
+        &self,
+        f: impl FnOnce(Nanos, &dyn Fn(&crate::state::LogCell, Nanos) -> bool) -> R,
+    ) -> Option<R> {
+        Some(f(0, &|cell, _since| cell.evict_if(|ring| ring.is_empty())))
+    }
+}
+
+/// The table on log cells: tombstones (evicted empty logs) are neither live nor counted,
+/// through drains and replacements at the bound; every key that holds entries is found with
+/// them, and the shards' counts match their slots (`audit`).
+#[test]
+fn log_cells_evicted_in_a_full_table_are_neither_found_nor_counted() {
+    use crate::state::LogCell;
+    use crate::{Quota, SlidingLog};
+    let rule = SlidingLog::new(Quota::per_second(1_000).unwrap()).unwrap();
+    let mut store: WordTable<u64, foldhash::fast::FixedState, LogCell> = WordTable::new(
+        (),
+        foldhash::fast::FixedState::with_seed(0xD1B5_4A32_D192_ED03),
+    );
+    store.set_evict_above(1);
+    // Even keys log an entry; odd keys stay empty, so the tables fill with keys to evict.
+    for key in 0..20_000u64 {
+        let mut done = Inserted::default();
+        store.with_inserted(
+            &key,
+            0,
+            |cell: &LogCell| {
+                if key % 2 == 0 {
+                    cell.with(|| 0, |ring, now| rule.decide(ring, now, 1, true));
+                }
+            },
+            &EmptyLogs,
+            &mut done,
+        );
+        if key % 1_024 == 0 {
+            store.audit();
+        }
+    }
+    store.audit();
+    for key in (0..20_000u64).step_by(2) {
+        let entries = store.with_existing(&key, 0, |cell: &LogCell| {
+            cell.with_live(|| 0, |ring, _| ring.len())
+        });
+        assert_eq!(entries, Some(1), "key {key} keeps its entry");
+    }
+    assert!(
+        store.len() >= 10_000 && store.len() < 20_000,
+        "{}",
+        store.len()
+    );
+}
