@@ -171,3 +171,32 @@ impl Lease {
         self.failed.store(failed, Ordering::Relaxed);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::redis::lease::word::MS;
+
+    /// A check asks for a refill when it leaves fewer units than the low-water mark, or when
+    /// the lease has less than the lead time left to live, whichever comes first.
+    #[test]
+    fn a_check_asks_for_a_refill_below_the_low_water_mark_or_near_the_deadline() {
+        let mut lease = Lease::new(b"k");
+        // 100 units until 1 s.
+        lease.hot.word = LeaseWord::new(100, 1_000);
+        lease.hot.low_water.store(10, Ordering::Relaxed);
+        lease.hot.lead.store(50 * MS, Ordering::Relaxed);
+        assert!(!lease.hot.low(20, 0));
+        assert!(
+            lease.hot.low(9, 0),
+            "below the low-water mark, the deadline far"
+        );
+        assert!(
+            lease.hot.low(20, 960 * MS),
+            "less than the lead left to live"
+        );
+        // Windows (and a parked grant): no lead.
+        lease.hot.lead.store(0, Ordering::Relaxed);
+        assert!(!lease.hot.low(20, 960 * MS));
+    }
+}

@@ -29,7 +29,10 @@ pub const MS: u64 = 1_000_000;
 /// The longest a lease lives, in ns: deadlines are compared modulo 2^32 ms, so they must lie
 /// less than 2^31 ms ahead.
 pub const DAY: u64 = 86_400_000 * MS;
-const _: () = assert!(DAY / MS < 1 << 31, "deadlines must lie less than 2^31 ms ahead");
+const _: () = assert!(
+    DAY / MS < 1 << 31,
+    "deadlines must lie less than 2^31 ms ahead"
+);
 
 /// The largest lease a node holds for one key (units are kept in 32 bits of the lease word).
 ///
