@@ -20,5 +20,10 @@ fi
 if [ "${FAST:-0}" != 1 ] && ! cargo +nightly miri --version >/dev/null 2>&1; then
   rustup toolchain install nightly --profile minimal --component miri,rust-src
 fi
+# The public API snapshot's tool (scripts/public-api.sh; nightly rustdoc JSON). Pinned: its
+# output is what tests/public-api.txt is compared with.
+if [ "${FAST:-0}" != 1 ] && ! cargo public-api --version 2>/dev/null | grep -q ' 0\.52\.0'; then
+  cargo install cargo-public-api --version 0.52.0 --locked
+fi
 rustup component list --installed 2>/dev/null | grep -q '^clippy' || rustup component add clippy
 rustup component list --installed 2>/dev/null | grep -q '^rustfmt' || rustup component add rustfmt

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Runs every test tollgate has, installing what a fresh machine lacks first.
 #   bash scripts/test.sh            everything (lint, rustdoc, package, unit, integration, doc
-#                                   tests, Miri, loom, load smoke, fuzz smoke)
-#   FAST=1 bash scripts/test.sh     skip Miri, loom, the load smoke and fuzz
+#                                   tests, public API snapshot, Miri, loom, load smoke, fuzz smoke)
+#   FAST=1 bash scripts/test.sh     skip the API snapshot, Miri, loom, the load smoke and fuzz
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export CARGO_TERM_COLOR=never
@@ -36,6 +36,8 @@ step "hostile flood: 10M unique keys against max_keys = 100000 (release)"
 cargo test --release --test flood
 
 if [ "${FAST:-0}" != 1 ]; then
+  step "public API: unchanged from tests/public-api.txt (bash scripts/public-api.sh --bless after a deliberate change)"
+  bash scripts/public-api.sh
   step "Miri: the word table's unsafe slot keys (written, read, moved, dropped once, also when a key's code panics)"
   cargo +nightly miri test --lib -- keys_are_written_read_moved_and_dropped_once \
     keys_that_panic_are_never_dropped_twice_nor_lost
