@@ -33,7 +33,7 @@ pub struct Decision {
 
 /// A decision's verdict, kept in a whole word: a decision is copied word by word right after
 /// it is built, and reloading a word over a byte-wide store of a `bool` defeats store
-/// forwarding (`benches/README.md`: a quarter of a keyed check at 1k keys). Bit 0: allowed;
+/// forwarding (`benches/README.md`, "Method"). Bit 0: allowed;
 /// bit 1: charged to the state keys over `max_keys` share ([`Decision::on_shared_state`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Flag(u64);
