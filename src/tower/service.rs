@@ -1,0 +1,494 @@
+//! The service the layer wraps around the application: each request's plan (which policy,
+//! which key), its verdict, and the response future that answers it or passes it on.
+
+use super::*;
+
+/// The service [`RateLimitLayer`] wraps around `S`.
+///
+/// # Examples
+/// ```
+/// use tollgate::tower::{Key, Policy, RateLimitLayer};
+/// use tollgate::{Gcra, KeyedLimiter, Quota};
+/// let per_ip = KeyedLimiter::<Key, _>::new(Gcra::new(Quota::per_second(10)?)?);
+/// use tollgate::tower::RateLimit;
+/// use tower_layer::Layer;
+/// let layer = RateLimitLayer::builder().policy(Policy::new("api", per_ip)).build()?;
+/// // The service type users name when they store the wrapped service.
+/// let service: RateLimit<()> = layer.layer(());
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Clone)]
+pub struct RateLimit<S> {
+    pub(super) inner: S,
+    pub(super) shared: Arc<Shared>,
+}
+
+impl<S: fmt::Debug> fmt::Debug for RateLimit<S> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RateLimit")
+            .field("inner", &self.inner)
+            .finish_non_exhaustive()
+    }
+}
+
+/// What to do with a request, decided before any await.
+pub(super) enum Plan {
+    /// Pass it on, uncounted.
+    Pass,
+    /// Policy `policy` applies but the request is answered unchecked: it has no client key
+    /// (`outcome` `NoKey`), or its key is too long and refused (`KeyTooLong`); `fallback`
+    /// decides.
+    Unchecked {
+        policy: usize,
+        outcome: Outcome,
+        fallback: Fallback,
+    },
+    /// Check `cost` for `key` against policy `policy`.
+    Check { policy: usize, key: Key, cost: u64 },
+}
+
+impl Shared {
+    pub(super) fn plan(&self, parts: &Parts) -> Plan {
+        let last = self.policies.len();
+        let path = path::normalized_path(parts.uri.path());
+        let index = match (self.policies.iter()).position(|p| p.matches(&parts.method, &path)) {
+            Some(i) if !(self.has_default && i + 1 == last) => i,
+            _ if self.has_default => last - 1,
+            _ => return Plan::Pass,
+        };
+        let policy = &self.policies[index];
+        let peer = match &self.peer {
+            Some(peer) => peer(parts),
+            None => peer_addr(parts),
+        };
+        let mut addrs = Addrs::new(&self.addrs).with_peer(peer);
+        if !self.allow_cidrs.is_empty() {
+            if let Some(ip) = addrs.client(parts) {
+                if self.allow_cidrs.iter().any(|net| net.contains(ip)) {
+                    return Plan::Pass;
+                }
+            }
+        }
+        if self.allow_if.as_ref().is_some_and(|allow| allow(parts)) {
+            return Plan::Pass;
+        }
+        let Some(mut key) = policy.key.extract(parts, &path, &mut addrs) else {
+            stats::record(policy, Outcome::NoKey);
+            stats::trace_no_key(policy);
+            return Plan::Unchecked {
+                policy: index,
+                outcome: Outcome::NoKey,
+                fallback: policy.on_missing_key.unwrap_or(self.on_missing_key),
+            };
+        };
+        if key.longest_part() > self.max_key_len {
+            match self.on_long_key {
+                LongKey::Digest => key = key.digested(self.max_key_len),
+                LongKey::Reject(status) => {
+                    stats::record(policy, Outcome::KeyTooLong);
+                    return Plan::Unchecked {
+                        policy: index,
+                        outcome: Outcome::KeyTooLong,
+                        fallback: Fallback::Reject(status),
+                    };
+                }
+            }
+        }
+        Plan::Check {
+            policy: index,
+            key,
+            cost: policy.cost.of(parts),
+        }
+    }
+
+    /// The fallback answer `status` to a request.
+    pub(super) fn reject<B>(
+        &self,
+        status: StatusCode,
+        detail: &str,
+        grpc: bool,
+    ) -> Response<RateLimitBody<B>> {
+        if grpc {
+            grpc_response(grpc_code(status), detail)
+        } else {
+            problem_response(status, problem(status, detail, None))
+        }
+    }
+
+    /// The answer to a request `policy` refused with `verdict`.
+    pub(super) fn deny<B>(
+        &self,
+        policy: &Policy,
+        verdict: &Verdict,
+        grpc: bool,
+    ) -> Response<RateLimitBody<B>> {
+        let secs = retry_after_secs(&verdict.decision);
+        let mut response = match &self.deny_with {
+            Some(f) => f(&Denial {
+                policy: policy.name(),
+                decision: &verdict.decision,
+                retry_after_secs: secs,
+                grpc,
+            })
+            .map(RateLimitBody::full),
+            None => {
+                if grpc {
+                    let detail = response::denial_detail(policy.name(), secs);
+                    grpc_response(GRPC_RESOURCE_EXHAUSTED, &detail)
+                } else {
+                    let body = response::denial_problem(policy.name(), secs);
+                    problem_response(StatusCode::TOO_MANY_REQUESTS, body)
+                }
+            }
+        };
+        set_retry_after(response.headers_mut(), secs);
+        response::never_cached(response.headers_mut());
+        add_headers(response.headers_mut(), self.headers, policy, verdict);
+        response
+    }
+}
+
+/// The detail of the answer to a request without a client key.
+const NO_KEY_DETAIL: &str = "The request carries no client key for rate limiting.";
+const LONG_KEY_DETAIL: &str = "The request's client key for rate limiting is too long.";
+
+/// What `decided` means for a request of `policy`.
+pub(super) fn outcome(
+    policy: &Policy,
+    decided: &Result<(Verdict, std::time::Duration), CheckError>,
+) -> Outcome {
+    match decided {
+        Err(CheckError::Limit(Error::KeyTableFull { .. })) => Outcome::TableFull,
+        Err(_) => Outcome::Error,
+        Ok((verdict, waited)) => match (verdict.decision.allowed(), policy.mode) {
+            (true, _) if waited.is_zero() => Outcome::Allowed,
+            (true, _) => Outcome::Delayed,
+            (false, Mode::Shadow) => Outcome::ShadowDenied,
+            (false, _) => Outcome::Denied,
+        },
+    }
+}
+
+/// Counts what `decided` means for a request of `policy` (feature `metrics`).
+pub(super) fn record_outcome(
+    policy: &Policy,
+    key: &Key,
+    decided: &Result<(Verdict, std::time::Duration), CheckError>,
+) {
+    stats::trace(policy, key, decided);
+    let outcome = outcome(policy, decided);
+    if let (Outcome::Delayed, Ok((_, waited))) = (outcome, decided) {
+        stats::record_wait(policy, *waited);
+    }
+    stats::record(policy, outcome);
+}
+
+pub(super) type BoxedResponse<B, E> =
+    Pin<Box<dyn Future<Output = Result<Response<RateLimitBody<B>>, E>> + Send>>;
+
+/// What an admitted request's response still needs once the inner service answered: the
+/// headers, and a refund by status.
+pub(super) struct Admitted {
+    shared: Arc<Shared>,
+    policy: usize,
+    key: Key,
+    cost: u64,
+    verdict: Verdict,
+}
+
+impl Admitted {
+    /// The inner service's `response`, with what `admitted` adds to it (nothing for `None`).
+    pub(super) fn finish<B>(
+        admitted: Option<Admitted>,
+        response: Response<B>,
+    ) -> Response<RateLimitBody<B>> {
+        let mut response = response.map(RateLimitBody::inner);
+        let Some(this) = admitted else {
+            return response;
+        };
+        let policy = &this.shared.policies[this.policy];
+        let mut verdict = this.verdict;
+        if verdict.decision.allowed()
+            && policy
+                .refund
+                .as_ref()
+                .is_some_and(|refund| refund(response.status()))
+        {
+            // The headers then say what the client has once the units are back.
+            let refunded = (policy.backend).refund_decided(&this.key, this.cost, &verdict.decision);
+            if let Some(after) = refunded {
+                verdict = after;
+            }
+            stats::record(policy, Outcome::Refunded);
+        }
+        add_headers(
+            response.headers_mut(),
+            this.shared.headers,
+            policy,
+            &verdict,
+        );
+        response
+    }
+}
+
+/// What becomes of a checked request.
+pub(super) enum Next<B> {
+    /// This answer, without calling the inner service (a denial, a rejection).
+    Respond(Response<RateLimitBody<B>>),
+    /// The inner service's answer, finished by `Admitted` when there is anything to add.
+    Call(Option<Admitted>),
+}
+
+/// Counts what policy `index` `decided` for `key`, and what the request (with `headers`) gets
+/// for it. Whether it is a gRPC request is read only when the layer answers it itself.
+pub(super) fn next<B>(
+    shared: &Arc<Shared>,
+    index: usize,
+    key: Key,
+    cost: u64,
+    decided: Result<(Verdict, std::time::Duration), CheckError>,
+    grpc: bool,
+) -> Next<B> {
+    let policy = &shared.policies[index];
+    record_outcome(policy, &key, &decided);
+    let verdict = match decided {
+        Ok((verdict, _)) => verdict,
+        Err(_) if policy.mode == Mode::Shadow => return Next::Call(None),
+        Err(CheckError::Limit(Error::CapacityExceeded { cost, capacity })) => {
+            let detail = format!(
+                "Rate limit \"{}\": a cost of {cost} exceeds the capacity {capacity}; this request can never be admitted.",
+                policy.name()
+            );
+            return Next::Respond(if grpc {
+                grpc_response(GRPC_RESOURCE_EXHAUSTED, &detail)
+            } else {
+                let status = StatusCode::TOO_MANY_REQUESTS;
+                problem_response(status, problem(status, &detail, None))
+            });
+        }
+        Err(error) => {
+            let (fallback, detail) = match error {
+                CheckError::Limit(Error::KeyTableFull { .. }) => (
+                    shared.on_table_full,
+                    "The rate limiter holds as many clients as it may; try again later.",
+                ),
+                _ => (
+                    shared.on_error,
+                    "The rate limiter could not decide this request.",
+                ),
+            };
+            return match fallback {
+                Fallback::Allow => Next::Call(None),
+                Fallback::Reject(status) => Next::Respond(shared.reject(status, detail, grpc)),
+            };
+        }
+    };
+    if !verdict.decision.allowed() && policy.mode != Mode::Shadow {
+        return Next::Respond(shared.deny(policy, &verdict, grpc));
+    }
+    if shared.headers == HeaderStyle::None && policy.refund.is_none() {
+        // Nothing to add to the response: it passes as it is.
+        return Next::Call(None);
+    }
+    Next::Call(Some(Admitted {
+        shared: Arc::clone(shared),
+        policy: index,
+        key,
+        cost,
+        verdict,
+    }))
+}
+
+pin_project_lite::pin_project! {
+    /// The future of [`RateLimit`]'s responses: no allocation when the policy's backend decides
+    /// at once ([`CheckBackend::check_now`]: the in-process limiters); a boxed future when it
+    /// must wait (a network backend, delay mode).
+    ///
+    /// # Examples
+    /// ```
+    /// use axum::{body::Body, routing::get, Router};
+    /// use http::{Request, StatusCode};
+    /// use tollgate::tower::{Key, Policy, RateLimitLayer};
+    /// use tollgate::{Gcra, KeyedLimiter, Quota};
+    /// use tower_layer::Layer;
+    /// use tower_service::Service;
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let per_ip = KeyedLimiter::<Key, _>::new(Gcra::new(Quota::per_hour(1)?)?);
+    /// let mut app = RateLimitLayer::builder()
+    ///     .policy(Policy::new("api", per_ip))
+    ///     .build()?
+    ///     .layer(Router::new().route("/", get(|| async { "ok" })));
+    /// let mut statuses = Vec::new();
+    /// for _ in 0..2 {
+    ///     let mut request = Request::get("/").body(Body::empty())?;
+    ///     request.extensions_mut().insert(std::net::SocketAddr::from(([192, 0, 2, 1], 40000)));
+    ///     std::future::poll_fn(|cx| Service::<Request<Body>>::poll_ready(&mut app, cx)).await?;
+    ///     let future: tollgate::tower::ResponseFuture<_, _, _> = app.call(request);
+    ///     statuses.push(future.await?.status());
+    /// }
+    /// // One an hour: the second is refused.
+    /// assert_eq!(statuses, [StatusCode::OK, StatusCode::TOO_MANY_REQUESTS]);
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub struct ResponseFuture<F, B, E> {
+        #[pin]
+        stage: Stage<F, B, E>,
+    }
+}
+
+pin_project_lite::pin_project! {
+    #[project = StageProj]
+    enum Stage<F, B, E> {
+        /// Answered without the inner service.
+        Ready { response: Option<Response<RateLimitBody<B>>> },
+        /// The inner service's future, and what its response still needs.
+        Inner {
+            #[pin]
+            future: F,
+            admitted: Option<Admitted>,
+        },
+        /// A decision that waits, and then the inner service.
+        Boxed { future: BoxedResponse<B, E> },
+    }
+}
+
+impl<F, B, E> ResponseFuture<F, B, E> {
+    fn stage(stage: Stage<F, B, E>) -> Self {
+        ResponseFuture { stage }
+    }
+}
+
+impl<F, B, E> fmt::Debug for ResponseFuture<F, B, E> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("ResponseFuture")
+    }
+}
+
+impl<F, B, E> Future for ResponseFuture<F, B, E>
+where
+    F: Future<Output = Result<Response<B>, E>>,
+{
+    type Output = Result<Response<RateLimitBody<B>>, E>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        match self.project().stage.project() {
+            StageProj::Ready { response } => match response.take() {
+                Some(response) => Poll::Ready(Ok(response)),
+                // Polled again after completion: a caller bug; stay pending rather than panic.
+                None => Poll::Pending,
+            },
+            StageProj::Inner { future, admitted } => {
+                let response = std::task::ready!(future.poll(cx))?;
+                Poll::Ready(Ok(Admitted::finish(admitted.take(), response)))
+            }
+            StageProj::Boxed { future } => future.as_mut().poll(cx),
+        }
+    }
+}
+
+impl<S, ReqBody, ResBody> Service<Request<ReqBody>> for RateLimit<S>
+where
+    S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: 'static,
+    ReqBody: Send + 'static,
+    ResBody: 'static,
+{
+    type Response = Response<RateLimitBody<ResBody>>;
+    type Error = S::Error;
+    type Future = ResponseFuture<S::Future, ResBody, S::Error>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
+        let (parts, body) = request.into_parts();
+        let plan = self.shared.plan(&parts);
+        let request = Request::from_parts(parts, body);
+        let (index, key, cost) = match plan {
+            Plan::Pass => {
+                return ResponseFuture::stage(Stage::Inner {
+                    future: self.inner.call(request),
+                    admitted: None,
+                })
+            }
+            Plan::Unchecked {
+                outcome, fallback, ..
+            } => {
+                return ResponseFuture::stage(match fallback {
+                    Fallback::Allow => Stage::Inner {
+                        future: self.inner.call(request),
+                        admitted: None,
+                    },
+                    Fallback::Reject(status) => Stage::Ready {
+                        response: Some(self.shared.reject(
+                            status,
+                            if outcome == Outcome::KeyTooLong {
+                                LONG_KEY_DETAIL
+                            } else {
+                                NO_KEY_DETAIL
+                            },
+                            is_grpc(request.method(), request.headers()),
+                        )),
+                    },
+                })
+            }
+            Plan::Check { policy, key, cost } => (policy, key, cost),
+        };
+        let policy = &self.shared.policies[index];
+        // Delay mode may sleep: it always takes the boxed path.
+        let decided = match policy.mode {
+            #[cfg(feature = "tokio")]
+            Mode::Delay { .. } => None,
+            _ => policy.backend.check_now(&key, cost),
+        };
+        if let Some(decided) = decided {
+            let decided = decided.map(|verdict| (verdict, std::time::Duration::ZERO));
+            return ResponseFuture::stage(
+                match next(
+                    &self.shared,
+                    index,
+                    key,
+                    cost,
+                    decided,
+                    is_grpc(request.method(), request.headers()),
+                ) {
+                    Next::Respond(response) => Stage::Ready {
+                        response: Some(response),
+                    },
+                    Next::Call(admitted) => Stage::Inner {
+                        future: self.inner.call(request),
+                        admitted,
+                    },
+                },
+            );
+        }
+        // The inner service is called later, from the future: the one polled ready goes with
+        // it, and a fresh clone stays behind (called at once above, it needs no clone: an
+        // axum route's clone is an allocation).
+        let clone = self.inner.clone();
+        let mut inner = std::mem::replace(&mut self.inner, clone);
+        let shared = Arc::clone(&self.shared);
+        let future = Box::pin(async move {
+            let decided = policy_verdict(&shared.policies[index], &key, cost).await;
+            // (Bound before the await: a `Next` holds a response body, which need not be `Send`.)
+            let admitted = match next(
+                &shared,
+                index,
+                key,
+                cost,
+                decided,
+                is_grpc(request.method(), request.headers()),
+            ) {
+                Next::Respond(response) => return Ok(response),
+                Next::Call(admitted) => admitted,
+            };
+            let response = inner.call(request).await?;
+            Ok(Admitted::finish(admitted, response))
+        });
+        ResponseFuture::stage(Stage::Boxed { future })
+    }
+}
