@@ -116,6 +116,7 @@ use http::{Request, Response, StatusCode};
 use tower_layer::Layer;
 use tower_service::Service;
 
+mod addr;
 mod backend;
 mod builder;
 mod cidr;
@@ -134,11 +135,12 @@ mod tiers;
 #[cfg(feature = "tokio")]
 mod waiters;
 
+pub use self::addr::ProxyHeader;
 pub use self::backend::{CheckBackend, CheckError, CheckFuture, QuotaInfo, RuleWindow, Verdict};
 pub use self::builder::RateLimitLayerBuilder;
 use self::builder::DEFAULT_MAX_KEY_LEN;
 pub use self::cidr::{Cidr, CidrError};
-pub use self::key::{Key, KeySource, LongKey, ProxyHeader};
+pub use self::key::{Key, KeySource, LongKey};
 pub use self::path::normalized_path;
 pub use self::policy::{Cost, Mode, Policy};
 #[cfg(feature = "redis")]
@@ -149,8 +151,8 @@ pub use self::service::{RateLimit, ResponseFuture};
 pub use self::stats::Outcome;
 pub use self::tiers::{Tiers, TiersBuilder, UnknownTier};
 
+use self::addr::{peer_addr, AddrConfig, Addrs};
 use self::delay::policy_verdict;
-use self::key::{peer_addr, AddrConfig, Addrs};
 use self::response::{
     add_headers, grpc_code, grpc_response, is_grpc, problem, problem_response, retry_after_secs,
     set_retry_after, GRPC_RESOURCE_EXHAUSTED,
