@@ -40,8 +40,8 @@ pub(super) struct Hot {
     /// A check that leaves fewer units than this asks for a refill.
     pub low_water: AtomicU64,
     /// GCRA: a check that finds the lease with less than this left to live (ns) asks for a
-    /// refill (two of the slowest recent refills), so the next grant arrives before the
-    /// word's units decay. 0 for windows.
+    /// refill (two of the slowest recent refills, a quarter of the horizon at least), so the
+    /// next grant arrives before the word's units decay. 0 for windows.
     pub lead: AtomicU64,
     /// The global state as the last grant saw it, for the figures of decisions: what it could
     /// still grant (units held in leases count as spent), when (limiter clock, ns) that grant

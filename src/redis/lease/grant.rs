@@ -171,7 +171,14 @@ pub(super) fn install(
     bg.installed_at = now;
     bg.level_after = level;
     bg.low_water = low_water;
-    bg.lead = if terms.decay() > 0 { 2 * bg.slowest } else { 0 };
+    // Ask for the next grant two of the slowest recent refills before the word expires, and
+    // a quarter of the horizon at least: a runtime stalled longer than its refills took
+    // (a loaded machine) would otherwise let the word expire before the grant arrives.
+    bg.lead = if terms.decay() > 0 {
+        (2 * bg.slowest).max(horizon / 4)
+    } else {
+        0
+    };
     // While a grant is parked, the word's rest runs out before another refill is due.
     let parked = bg.parked.is_some();
     // Relaxed, both: self-contained hints; no other memory is published through them.
