@@ -1,0 +1,275 @@
+//! Configuring a [`RedisLimiter`]: its key prefix, timeouts, batch size, injected-time TTL
+//! floor and coalescing, then connecting.
+
+use super::*;
+
+/// Configures a [`RedisLimiter`].
+///
+/// # Examples
+/// ```no_run
+/// use std::time::Duration;
+/// use tollgate::{Quota, redis::{RedisLimiter, RedisRule}};
+/// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+/// let limiter = RedisLimiter::builder(RedisRule::sliding_log(Quota::per_minute(100)?)?)
+///     .prefix("api:v2")
+///     .timeout(Duration::from_millis(20))
+///     .connect("redis://127.0.0.1:6379")
+///     .await?;
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone)]
+pub struct RedisLimiterBuilder {
+    pub(super) rule: RedisRule,
+    pub(super) prefix: Vec<u8>,
+    pub(super) timeout: Duration,
+    pub(super) connect_timeout: Duration,
+    pub(super) max_batch: usize,
+    pub(super) injected_min_ttl: Duration,
+    pub(super) coalesce: bool,
+}
+
+impl RedisLimiterBuilder {
+    /// The first segment of every Redis key (default `tollgate`). Limiters that must not share
+    /// state, such as two quotas on the same user keys, need different prefixes.
+    ///
+    /// # Examples
+    /// ```no_run
+    /// use std::time::Duration;
+    /// use tollgate::{Quota, redis::{RedisLimiter, RedisRule}};
+    /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+    /// let rule = RedisRule::gcra(Quota::per_second(10)?)?;
+    /// // Two quotas on the same user ids: without distinct prefixes they would share state.
+    /// let per_second = RedisLimiter::builder(rule).prefix("api:1s").connect("redis://127.0.0.1/").await?;
+    /// let per_day = RedisLimiter::builder(RedisRule::fixed_window(Quota::new(10_000, Duration::from_secs(86_400))?)?)
+    ///     .prefix("api:1d")
+    ///     .connect("redis://127.0.0.1/")
+    ///     .await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn prefix(mut self, prefix: impl AsRef<[u8]>) -> Self {
+        self.prefix = prefix.as_ref().to_vec();
+        self
+    }
+
+    /// The timeout of every Redis call ([`DEFAULT_TIMEOUT`] = 50 ms unless set).
+    ///
+    /// # Examples
+    /// ```no_run
+    /// use std::time::Duration;
+    /// use tollgate::{Quota, redis::{RedisLimiter, RedisRule}};
+    /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+    /// let rule = RedisRule::gcra(Quota::per_second(10)?)?;
+    /// // A check waits at most 20 ms for Redis; then the caller decides (fail open or closed).
+    /// let limiter = RedisLimiter::builder(rule).timeout(Duration::from_millis(20)).connect("redis://127.0.0.1/").await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
+    }
+
+    /// The timeout for establishing the connection in [`RedisLimiterBuilder::connect`]
+    /// ([`DEFAULT_CONNECT_TIMEOUT`] = 1 s unless set).
+    ///
+    /// # Examples
+    /// ```no_run
+    /// use std::time::Duration;
+    /// use tollgate::{Quota, redis::{RedisLimiter, RedisRule}};
+    /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+    /// let rule = RedisRule::gcra(Quota::per_second(10)?)?;
+    /// // Start-up may wait longer for Redis than a request ever should.
+    /// let limiter = RedisLimiter::builder(rule)
+    ///     .connect_timeout(Duration::from_secs(5))
+    ///     .connect("redis://127.0.0.1/")
+    ///     .await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
+        self.connect_timeout = timeout;
+        self
+    }
+
+    /// The largest number of checks sent in one script call (at least 1; default
+    /// [`DEFAULT_MAX_BATCH`]). A script blocks the server while it runs, so a batch is split
+    /// into calls of at most this many checks.
+    ///
+    /// # Examples
+    /// ```no_run
+    /// use std::time::Duration;
+    /// use tollgate::{Quota, redis::{RedisLimiter, RedisRule}};
+    /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+    /// let rule = RedisRule::gcra(Quota::per_second(10)?)?;
+    /// // Keep each script short on a server that also serves latency-sensitive traffic.
+    /// let limiter = RedisLimiter::builder(rule).max_batch(32).connect("redis://127.0.0.1/").await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn max_batch(mut self, max_batch: usize) -> Self {
+        self.max_batch = max_batch.max(1);
+        self
+    }
+
+    /// The shortest TTL given to a key written with an injected time (default 1 h). The
+    /// server cannot see an injected clock, so the TTL it computes from one could expire a key
+    /// while the injected time has not yet caught up (a replay running slower than its trace);
+    /// this floor keeps state for the duration of a test or replay. Live checks are unaffected.
+    ///
+    /// # Examples
+    /// ```no_run
+    /// use std::time::Duration;
+    /// use tollgate::{Quota, redis::{RedisLimiter, RedisRule}};
+    /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+    /// let rule = RedisRule::gcra(Quota::per_second(10)?)?;
+    /// // A replay of a day-long trace at reduced speed: keep keys for a day.
+    /// let limiter = RedisLimiter::builder(rule)
+    ///     .injected_min_ttl(Duration::from_secs(86_400))
+    ///     .connect("redis://127.0.0.1/")
+    ///     .await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn injected_min_ttl(mut self, ttl: Duration) -> Self {
+        self.injected_min_ttl = ttl;
+        self
+    }
+
+    /// Whether concurrent checks share script calls (default `true`): a check that finds its
+    /// Cluster slot's calls below their limit in flight (two on a single server, one on a
+    /// Cluster) is sent at once, alone; checks that arrive while the slot is busy wait for a
+    /// call to return and then go together, in one call, in arrival order. No timer is
+    /// involved; decisions are exactly those of one call per check, in arrival order per key,
+    /// also when the server lost its scripts (the calls in flight are then sent again in the
+    /// order they started). Each call runs on a tokio task of its own, so a caller that gives
+    /// up (its future dropped) affects no other check: its check is not sent if its call was
+    /// not yet formed, else decided and its answer dropped. A check answers within (calls in
+    /// flight + 2) × the timeout, or fails with [`Error::Timeout`]. With `false`, every check
+    /// is its own call, on the caller's task.
+    ///
+    /// # Examples
+    /// ```no_run
+    /// use std::time::Duration;
+    /// use tollgate::{Quota, redis::{RedisLimiter, RedisRule}};
+    /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+    /// let rule = RedisRule::gcra(Quota::per_second(10)?)?;
+    /// // One script call per check, e.g. to measure per-call latency.
+    /// let limiter = RedisLimiter::builder(rule).coalesce(false).connect("redis://127.0.0.1/").await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn coalesce(mut self, coalesce: bool) -> Self {
+        self.coalesce = coalesce;
+        self
+    }
+
+    /// A limiter on a [`ConnectionManager`] to `url` (`redis://host:port/db`), which reconnects
+    /// by itself after a failure. Loads the rule's script, so that the first check does not
+    /// pay for it.
+    ///
+    /// # Errors
+    /// [`Error::Server`] for a malformed URL; a transient error if Redis cannot be reached
+    /// within the connect timeout.
+    ///
+    /// # Examples
+    /// ```no_run
+    /// use std::time::Duration;
+    /// use tollgate::{Quota, redis::{RedisLimiter, RedisRule}};
+    /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+    /// let rule = RedisRule::gcra(Quota::per_second(10)?)?;
+    /// let limiter = RedisLimiter::builder(rule).connect("redis://127.0.0.1:6379/0").await?;
+    /// assert!(limiter.check("alice").await?.allowed());
+    /// # Ok(()) }
+    /// ```
+    pub async fn connect(self, url: &str) -> Result<RedisLimiter<ConnectionManager>, Error> {
+        let client = redis::Client::open(url)?;
+        let config = ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(self.connect_timeout))
+            .set_response_timeout(Some(self.timeout))
+            .set_max_delay(Duration::from_secs(1));
+        let conn = tokio::time::timeout(
+            self.connect_timeout,
+            ConnectionManager::new_with_config(client, config),
+        )
+        .await
+        .map_err(|_| Error::Timeout {
+            timeout: self.connect_timeout,
+        })??;
+        let limiter = self.build(conn);
+        limiter.load_scripts().await?;
+        Ok(limiter)
+    }
+
+    /// A limiter on a Redis Cluster, through the cluster client: `nodes` are the URLs of some
+    /// of its nodes (the client discovers the others and follows slot migrations). Batches
+    /// are split per slot. Loads the rule's script on every node.
+    ///
+    /// # Errors
+    /// As for [`RedisLimiterBuilder::connect`].
+    ///
+    /// # Examples
+    /// ```no_run
+    /// use tollgate::{Quota, redis::{RedisLimiter, RedisRule}};
+    /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+    /// let limiter = RedisLimiter::builder(RedisRule::gcra(Quota::per_second(100)?)?)
+    ///     .connect_cluster(&["redis://10.0.0.1:7000", "redis://10.0.0.2:7000"])
+    ///     .await?;
+    /// # Ok(()) }
+    /// ```
+    pub async fn connect_cluster(
+        self,
+        nodes: &[&str],
+    ) -> Result<RedisLimiter<ClusterConnection>, Error> {
+        let client = ClusterClientBuilder::new(nodes.iter().copied())
+            .connection_timeout(self.connect_timeout)
+            .response_timeout(self.timeout)
+            .build()?;
+        let conn = tokio::time::timeout(self.connect_timeout, client.get_async_connection())
+            .await
+            .map_err(|_| Error::Timeout {
+                timeout: self.connect_timeout,
+            })??;
+        let limiter = self.build(conn);
+        limiter.load_scripts().await?;
+        Ok(limiter)
+    }
+
+    /// A limiter on a connection of your own (for example a
+    /// [`ClusterConnection`](redis::cluster_async::ClusterConnection)). Scripts are loaded on
+    /// first use.
+    ///
+    /// # Examples
+    /// ```no_run
+    /// use std::time::Duration;
+    /// use tollgate::{Quota, redis::{RedisLimiter, RedisRule}};
+    /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+    /// let rule = RedisRule::gcra(Quota::per_second(10)?)?;
+    /// // Share one multiplexed connection between several limiters.
+    /// let client = redis::Client::open("redis://127.0.0.1/")?;
+    /// let conn = redis::aio::ConnectionManager::new(client).await?;
+    /// let a = RedisLimiter::builder(rule).prefix("a").build(conn.clone());
+    /// let b = RedisLimiter::builder(RedisRule::gcra(Quota::per_minute(100)?)?).prefix("b").build(conn);
+    /// # Ok(()) }
+    /// ```
+    pub fn build<C: RedisConnection>(self, conn: C) -> RedisLimiter<C> {
+        let ms = u64::try_from(self.injected_min_ttl.as_millis()).unwrap_or(u64::MAX);
+        let mut limiter = RedisLimiter {
+            conn,
+            rule: self.rule,
+            prefix: self.prefix.into(),
+            timeout: self.timeout,
+            max_batch: self.max_batch,
+            // The script adds it to nothing, but keep it a plain integer below 2^53.
+            injected_min_ttl_ms: ms.min(1 << 52),
+            lanes: None,
+        };
+        if self.coalesce {
+            // A Cluster routes each call on its own: one call in flight a lane keeps order.
+            let depth = if C::CLUSTERED { 1 } else { coalesce::PIPELINE };
+            let lanes = Arc::new(Lanes::new(depth, self.timeout));
+            // The calls' tasks run a copy without lanes: no cycle keeps the lanes alive.
+            let sender = limiter.clone();
+            lanes.set_spawner(Box::new(move |baton| {
+                let sender = sender.clone();
+                tokio::spawn(async move { sender.lead(baton).await });
+            }));
+            limiter.lanes = Some(lanes);
+        }
+        limiter
+    }
+}
