@@ -190,7 +190,7 @@ type KeyFn = dyn Fn(&Parts) -> Option<Key> + Send + Sync;
 /// | [`KeySource::composite`] | all of its parts | any part is missing |
 ///
 /// The peer address is read from axum's `ConnectInfo<SocketAddr>` extension (feature `axum`)
-/// or a plain [`SocketAddr`] request extension (insert it yourself with hyper-util). IP keys
+/// or a plain [`SocketAddr`](std::net::SocketAddr) request extension (insert it yourself with hyper-util). IP keys
 /// are grouped as the layer is configured: IPv4 per address, IPv6 per prefix (default /56, see
 /// [`RateLimitLayerBuilder::ipv6_prefix`](super::RateLimitLayerBuilder::ipv6_prefix)).
 ///
