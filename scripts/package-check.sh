@@ -17,7 +17,7 @@ list=$(cargo package --list --allow-dirty 2>/dev/null)
 
 missing=0
 for f in Cargo.toml README.md CHANGELOG.md CONTRIBUTING.md src/lib.rs \
-         docs/decision-rules.md docs/choosing.md docs/api.svg docs/boundary.svg; do
+         docs/decision-rules.md docs/design.md docs/choosing.md docs/api.svg docs/boundary.svg; do
   if ! grep -qx "$f" <<<"$list"; then
     echo "package-check: $f is not in the package" >&2
     missing=1

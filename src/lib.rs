@@ -278,6 +278,8 @@ pub mod clock;
 pub mod docs {
     #[doc = include_str!("../docs/decision-rules.md")]
     pub mod decision_rules {}
+    #[doc = include_str!("../docs/design.md")]
+    pub mod design {}
 }
 mod decision;
 pub mod limiter;

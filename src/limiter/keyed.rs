@@ -16,58 +16,15 @@ pub use crate::store::table::OverflowPolicy;
 ///
 /// # Eviction and memory
 /// A key whose state can no longer be told apart from a fresh key's (a full bucket, an empty
-/// window or log) may be evicted, with no background thread, but only when its memory is
-/// needed: a client that comes back to a full bucket finds its slot again.
-/// - The lock-free table (every algorithm's default store) keeps every
-///   key until it holds about [`evict_above`](KeyedLimiterBuilder::evict_above) keys (default
-///   2^21; with `u64` keys, 32 MiB of 16-byte slots at full load, more with the tables'
-///   headroom and a table built ahead): below that its shard tables grow as a hash map's do.
-///   Above it, a full shard table is replaced by one of the same size and keys fresh and
-///   unused since the shard last filled are evicted, so a flood of unique keys holds about
-///   `evict_above` keys plus those still holding state (in two tables a shard: the current
-///   one and the last one drained, reused as the next). Either way the old table is emptied 16
-///   slots per call into that shard (inserts, and lookups that miss the new table): no call
-///   does more than that fixed amount of eviction and copy work, whatever the number of keys.
-///   (A table that fills before the drain into it ends, its size having been estimated from a
-///   sample, becomes a second drain, and its replacement, sized for every key of the shard, is
-///   allocated in that call. So is the next table of a shard whose window indices were
-///   re-anchored, once every 2^22 − 2 windows for the sliding window, 2^39 − 2 for the fixed
-///   one: its keys are then carried into it as a drain's are.) Nor does a call fill a large new table: a growing shard builds its next one 64 slots per
-///   insert once 27/32 full, and a shard at the bound reuses its spare (tables of up to 4096
-///   slots, 64 KiB with `u64` keys, are still allocated in the call that needs one, as is the first table a
-///   shard replaces at the bound). Nor does a call free a whole table: one no longer needed
-///   is dropped 64 slots per insert into its shard, and per lookup there (one in four of a
-///   thread's, when the shard's lock is free), so its memory comes back even when no insert
-///   comes.
-/// - On the dashmap store (a store of your choice, through
-///   [`build_with_store`](KeyedLimiterBuilder::build_with_store)) the table is swept when it has
-///   doubled since the last sweep, so it holds at most twice the keys that still hold state;
-///   that sweep runs in the call that triggers it.
-///
-/// An optional `max_keys` bound with an [`OverflowPolicy`] caps memory under a flood of unique
-/// keys. At the bound, a new key on the word table lets an eviction hand judge about 32 more
-/// keys (at most 1,024 slots and one round of the shards, from where the last call stopped)
-/// and takes the place of a fresh one it finds; only if there is none does the policy apply.
-///
-/// # Work per call (the lock-free table)
-/// - A check, peek or refund of a key the shard's current table holds: a probe (a few words of
-///   tags and the key's slot) and the rule's CAS loop on the key's state, no lock. One in four
-///   of a thread's lookups into a shard that holds retired tables also drops up to 64 of their
-///   slots, if the shard's lock is free.
-/// - A key the current table does not hold (new, or still in a drain): the shard's lock, one
-///   drain step (16 slots moved or evicted), the key taken out of a drain, and when a full
-///   table is replaced at the `evict_above` share a sample of 32 slots judged (49 slots
-///   visited at most); up to 64 slots of a spare cleared, 64 of retired tables released and
-///   64 of the next table built; then the key's probe and insert. A table
-///   of up to 4,096 slots may be allocated in the call, and, rarely, one sized for every key of
-///   the shard (a table that filled before the drain into it ended).
-/// - At `max_keys`, a new key adds up to 4 steps of the eviction hand (1 after a key the hand
-///   found no room for), each at most 1,024 slots and one lock of each shard.
-/// - After the window counters' re-anchoring, the first call into each shard makes its table
-///   a drain (as above: no key visited; its next table allocated unless a spare fits).
-/// - The one call that visits every key: [`evict_fresh`](KeyedLimiter::evict_fresh).
-///   [`len`](KeyedLimiter::len) without `max_keys` locks each shard in turn.
-/// - On the dashmap store, the sweeps (every doubling, and each re-anchoring) visit every key.
+/// window or log) may be evicted, with no background thread: when its memory is needed, and
+/// when the window counters' indices are re-anchored. The lock-free table keeps every key
+/// until it holds about [`evict_above`](KeyedLimiterBuilder::evict_above) keys (default 2^21),
+/// growing as a hash map does, so a client that comes back to a full bucket finds its slot;
+/// above that, fresh keys unused since their shard last filled make room. The dashmap store is
+/// swept when it has doubled. An optional `max_keys` bound with an [`OverflowPolicy`] caps
+/// memory outright. No call does more than a fixed amount of eviction, copy, build or release
+/// work, whatever the number of keys: the bounds call by call, and how the tables, drains and
+/// the eviction hand work, are in [`docs::design`](crate::docs::design).
 ///
 /// # Examples
 /// ```
