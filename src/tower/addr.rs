@@ -272,7 +272,7 @@ fn parse_ipv4(text: &[u8]) -> Option<std::net::Ipv4Addr> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use http::HeaderName;
 
     use super::*;
@@ -415,7 +415,8 @@ mod tests {
         }
     }
 
-    fn config(trusted: &[&str], header: ProxyHeader) -> AddrConfig {
+    /// An address configuration for tests (also `key.rs`'s): IPv6 grouped to /56.
+    pub(in crate::tower) fn config(trusted: &[&str], header: ProxyHeader) -> AddrConfig {
         AddrConfig {
             trusted: trusted.iter().map(|s| s.parse().unwrap()).collect(),
             header,
@@ -423,7 +424,7 @@ mod tests {
         }
     }
 
-    fn ip(s: &str) -> IpAddr {
+    pub(in crate::tower) fn ip(s: &str) -> IpAddr {
         s.parse().unwrap()
     }
 

@@ -437,21 +437,10 @@ impl KeySource {
 
 #[cfg(test)]
 mod tests {
-    use super::super::addr::{AddrConfig, Addrs, ProxyHeader};
+    use super::super::addr::tests::{config, ip};
+    use super::super::addr::{Addrs, ProxyHeader};
     use super::*;
     use http::Request;
-
-    fn config(trusted: &[&str], header: ProxyHeader) -> AddrConfig {
-        AddrConfig {
-            trusted: trusted.iter().map(|s| s.parse().unwrap()).collect(),
-            header,
-            ipv6_prefix: 56,
-        }
-    }
-
-    fn ip(s: &str) -> IpAddr {
-        s.parse().unwrap()
-    }
 
     #[test]
     fn only_long_parts_are_digested_and_text_and_bytes_apart() {

@@ -152,15 +152,22 @@ impl LeaseWord {
     /// Adds `granted` units (to those held if `keep`, else in place of them: a new window voids
     /// what is left of the old one) and sets `deadline_ms`. The units held after it.
     pub fn deposit(&self, granted: u64, keep: bool, deadline_ms: u32) -> u64 {
-        // Relaxed: the word is the whole state (see the type's docs).
-        let mut word = self.0.load(Ordering::Relaxed);
-        loop {
-            let units = if keep {
+        self.refill(deadline_ms, |word| {
+            if keep {
                 units_of(word).saturating_add(granted)
             } else {
                 granted
             }
-            .min(MAX_LEASE);
+        })
+    }
+
+    /// Puts `units(word)` units in the word (at most [`MAX_LEASE`]) and sets `deadline_ms`, in
+    /// one step against checks: the units held after it.
+    fn refill(&self, deadline_ms: u32, units: impl Fn(u64) -> u64) -> u64 {
+        // Relaxed: the word is the whole state (see the type's docs).
+        let mut word = self.0.load(Ordering::Relaxed);
+        loop {
+            let units = units(word).min(MAX_LEASE);
             // Relaxed: as above.
             match self.0.compare_exchange_weak(
                 word,
@@ -198,23 +205,9 @@ impl LeaseWord {
     /// grant whose slots in the bucket follow the word's own (one run of slots, one deadline).
     /// The units held after it.
     pub fn extend(&self, granted: u64, now: u64, decay: u64, deadline_ms: u32) -> u64 {
-        // Relaxed: the word is the whole state (see the type's docs).
-        let mut word = self.0.load(Ordering::Relaxed);
-        loop {
-            let units = usable(word, now, decay)
-                .saturating_add(granted)
-                .min(MAX_LEASE);
-            // Relaxed: as above.
-            match self.0.compare_exchange_weak(
-                word,
-                pack(units, deadline_ms),
-                Ordering::Relaxed,
-                Ordering::Relaxed,
-            ) {
-                Ok(_) => return units,
-                Err(seen) => word = seen,
-            }
-        }
+        self.refill(deadline_ms, |word| {
+            usable(word, now, decay).saturating_add(granted)
+        })
     }
 
     /// Puts `units` in the word until `deadline_ms`, in place of what it held: the word it
