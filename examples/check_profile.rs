@@ -21,8 +21,8 @@ use std::num::NonZeroU32;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use tollgate::algorithm::Algorithm;
 use tollgate::clock::{Clock, CoarseClock, QuantaClock};
+use tollgate::Algorithm;
 use tollgate::{Gcra, KeyedLimiter, Limiter, Quota, SlidingWindow};
 
 const KEYS: u64 = 100_000;

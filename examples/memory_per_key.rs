@@ -24,7 +24,7 @@ use std::num::NonZeroU32;
 use std::time::Duration;
 
 use stats_alloc::{StatsAlloc, INSTRUMENTED_SYSTEM};
-use tollgate::algorithm::Algorithm;
+use tollgate::Algorithm;
 use tollgate::{
     FixedWindow, Gcra, KeyedLimiter, LeakyQueue, Quota, SlidingLog, SlidingWindow, TextKey,
 };

@@ -298,10 +298,10 @@ pub mod tower;
 pub mod wait;
 
 pub use algorithm::{
-    Algorithm, FixedWindow, Gcra, LeakyBucket, LeakyQueue, SlidingLog, SlidingWindow, TokenBucket,
+    FixedWindow, Gcra, LeakyBucket, LeakyQueue, SlidingLog, SlidingWindow, TokenBucket,
 };
 pub use decision::{Decision, Error};
-pub use limiter::{KeyedLimiter, KeyedLimiterBuilder, Limiter, OverflowPolicy};
+pub use limiter::{Algorithm, KeyedLimiter, KeyedLimiterBuilder, Limiter, OverflowPolicy};
 pub use multi::MultiLimiter;
 pub use quota::{Quota, QuotaError};
 pub use text_key::TextKey;

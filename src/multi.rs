@@ -3,9 +3,9 @@
 use std::borrow::Borrow;
 use std::hash::Hash;
 
-use crate::algorithm::Algorithm;
 use crate::clock::{Clock, QuantaClock};
 use crate::decision::{Decision, Error};
+use crate::limiter::Algorithm;
 use crate::limiter::KeyedLimiter;
 use crate::quota::QuotaError;
 

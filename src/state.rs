@@ -28,5 +28,5 @@ mod word;
 
 pub use self::high_water::HighWater;
 pub use self::log::LogCell;
-pub use self::params::{ParamCell, Words, WORDS};
+pub use self::params::ParamCell;
 pub use self::word::{AtomicWord, Retired};

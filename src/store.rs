@@ -24,6 +24,8 @@ mod cell;
 mod dashmap;
 #[path = "store/keyed_store.rs"]
 mod keyed_store;
+#[path = "store/stored.rs"]
+mod stored;
 #[path = "store/table.rs"]
 pub(crate) mod table;
 #[path = "store/word_table.rs"]
@@ -35,4 +37,7 @@ mod word_table_tests;
 pub use self::cell::{CacheLine, TableCell};
 pub use self::dashmap::DashMapStore;
 pub use self::keyed_store::{Carry, Evictor, Inserted, KeyedStore};
+pub(crate) use self::stored::Stored;
+#[cfg(test)]
+pub(crate) use self::stored::{TAT_MARKS, WINDOW_MARKS};
 pub use self::word_table::{WordTable, DEFAULT_EVICT_ABOVE};

@@ -56,8 +56,9 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::algorithm::Algorithm;
+use crate::algorithm::Rule;
 use crate::clock::{Clock, Nanos};
+use crate::limiter::Algorithm;
 use crate::store::KeyedStore;
 use crate::{Decision, Error, KeyedLimiter, Limiter, MultiLimiter};
 

@@ -16,12 +16,12 @@ use std::time::Duration;
 
 use http::{HeaderValue, StatusCode};
 use proptest::prelude::*;
-use tollgate::algorithm::Algorithm;
 use tollgate::clock::ManualClock;
 use tollgate::tower::{
     CheckBackend, CheckFuture, HeaderStyle, Key, Mode, Policy, QuotaInfo, RateLimitLayer,
     RuleWindow, Verdict,
 };
+use tollgate::Algorithm;
 use tollgate::{Decision, FixedWindow, Gcra, KeyedLimiter, MultiLimiter, Quota, SlidingWindow};
 use tower_layer::Layer;
 use tower_support::{call, ceil_secs, header, request, runtime, Ok200};

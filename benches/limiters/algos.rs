@@ -16,7 +16,7 @@
 use std::time::Duration;
 
 use criterion::{BenchmarkId, Criterion};
-use tollgate::algorithm::Algorithm;
+use tollgate::Algorithm;
 use tollgate::{FixedWindow, Gcra, KeyedLimiter, LeakyQueue, Quota, SlidingLog, SlidingWindow};
 
 use crate::common::{self, case, Driver, Keys};

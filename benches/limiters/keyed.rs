@@ -19,7 +19,7 @@ use governor::RateLimiter;
 use tollgate::clock::{Clock, CoarseClock, QuantaClock};
 use tollgate::state::AtomicWord;
 use tollgate::store::{DashMapStore, KeyedStore};
-use tollgate::{Algorithm, Gcra, KeyedLimiter, KeyedLimiterBuilder};
+use tollgate::{Gcra, KeyedLimiter};
 
 use crate::common::{self, case, Driver, Keys, SIZES};
 
@@ -42,32 +42,24 @@ pub fn tollgate<C: Clock>(
     keys: &Keys,
     warm: u64,
 ) -> KeyedLimiter<u64, Gcra, C> {
-    let store = Gcra::new_store();
-    warmed(
-        KeyedLimiter::<u64, Gcra>::builder(rule).clock(clock),
-        store,
-        keys,
-        warm,
-    )
+    let builder = KeyedLimiter::<u64, Gcra>::builder(rule).clock(clock);
+    warmed(builder.build(), keys, warm)
 }
 
 /// The same on the dashmap store (shard read locks), the store tollgate used before.
 fn tollgate_dashmap<C: Clock>(rule: Gcra, clock: C, keys: &Keys, warm: u64) -> Dashed<C> {
     let builder = KeyedLimiter::<u64, Gcra>::builder(rule).clock(clock);
-    warmed(builder, DashMapStore::new(), keys, warm)
+    warmed(builder.build_with_store(DashMapStore::new()), keys, warm)
 }
 
 type Dashed<C> = KeyedLimiter<u64, Gcra, C, DashMapStore<u64, AtomicWord>>;
 
 fn warmed<C: Clock, S: KeyedStore<u64, AtomicWord>>(
-    builder: KeyedLimiterBuilder<u64, Gcra, C>,
-    store: S,
+    limiter: Result<KeyedLimiter<u64, Gcra, C, S>, tollgate::QuotaError>,
     keys: &Keys,
     warm: u64,
 ) -> KeyedLimiter<u64, Gcra, C, S> {
-    let limiter = builder
-        .build_with_store(store)
-        .expect("the clock suits the quota");
+    let limiter = limiter.expect("the clock suits the quota");
     for key in &keys.keys {
         let decision = limiter
             .check_n(key, warm)

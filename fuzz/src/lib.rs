@@ -27,8 +27,9 @@ use std::time::Duration;
 
 use arbitrary::{Arbitrary, Unstructured};
 use reference::{Algo, Model, Monotonic, Outcome};
-use tollgate::algorithm::{Algorithm, WordRule};
+use tollgate::algorithm::WordRule;
 use tollgate::clock::ManualClock;
+use tollgate::Algorithm;
 use tollgate::{
     Decision, Error, FixedWindow, Gcra, KeyedLimiter, LeakyQueue, Quota, SlidingLog, SlidingWindow,
 };

@@ -57,6 +57,8 @@ mod cell;
 mod dashmap_store;
 #[path = "../../src/store/keyed_store.rs"]
 mod keyed_store;
+#[path = "../../src/store/stored.rs"]
+mod stored;
 #[path = "../../src/store/table.rs"]
 mod table;
 #[path = "../../src/store/word_table.rs"]
@@ -70,6 +72,7 @@ pub mod store {
     pub use crate::cell::TableCell;
     pub use crate::dashmap_store::DashMapStore;
     pub use crate::keyed_store::{Carry, Evictor, Inserted, KeyedStore};
+    pub use crate::stored::Stored;
     pub use crate::table::{Check, KeyTable, OverflowPolicy, Reserve};
     pub use crate::word_table::WordTable;
 
@@ -101,6 +104,7 @@ pub mod store {
     }
 }
 
-pub use algorithm::{Algorithm, FixedWindow, Gcra, LeakyQueue, SlidingLog, SlidingWindow};
+pub use algorithm::{FixedWindow, Gcra, LeakyQueue, Rule, SlidingLog, SlidingWindow};
 pub use decision::{Decision, Error};
 pub use quota::{Quota, QuotaError};
+pub use store::Stored;

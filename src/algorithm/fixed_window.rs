@@ -5,11 +5,11 @@
 //! ```
 
 use crate::algorithm::grid::{windowed_rule, Lag, Windowed};
-use crate::algorithm::WordRule;
+use crate::algorithm::rule::WordRule;
+use crate::algorithm::rule::Words;
 use crate::clock::Nanos;
 use crate::decision::{Decision, Remaining};
 use crate::quota::{Quota, QuotaError};
-use crate::state::Words;
 
 const COUNT_BITS: u32 = 24;
 const INDEX_BITS: u32 = 64 - COUNT_BITS;

@@ -8,11 +8,11 @@
 //! allow iff tat + c·T − t ≤ B·T          then TAT := tat + c·T
 //! ```
 
-use crate::algorithm::WordRule;
+use crate::algorithm::rule::WordRule;
+use crate::algorithm::rule::Words;
 use crate::clock::Nanos;
 use crate::decision::{Decision, Remaining};
 use crate::quota::{Quota, QuotaError};
-use crate::state::Words;
 
 /// The largest bucket span `B·T` the state can hold: 2^62 ns, about 146 years. Keeping two bits
 /// of headroom means `(TAT − t) + c·T` never overflows.
@@ -214,7 +214,7 @@ impl Gcra {
         self
     }
 
-    // By reference on purpose: `Algorithm::to_words(&self)` forwards here, and a by-value
+    // By reference on purpose: `Stored::to_words(&self)` forwards here, and a by-value
     // inherent method would lose method resolution to the trait method (endless recursion).
     #[allow(clippy::wrong_self_convention)]
     pub(crate) fn to_words(&self) -> Words {

@@ -1,11 +1,11 @@
 //! Where the windows of the window algorithms lie: `[k·W, (k+1)·W)` from the limiter's origin
 //! (decision rules §4), re-anchored when `set_quota` changes `W`.
 
-use crate::algorithm::{limit_at_most, no_burst, window_at_least_1ms};
+use crate::algorithm::rule::Words;
+use crate::algorithm::rule::{limit_at_most, no_burst, window_at_least_1ms};
 use crate::clock::Nanos;
 use crate::decision::Decision;
 use crate::quota::{Quota, QuotaError};
-use crate::state::Words;
 
 /// Windows of length `window` numbered from `first`, the first one starting at `origin`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -308,7 +308,7 @@ macro_rules! windowed_rule {
                 Self(self.0.take_over(&previous.0, now))
             }
 
-            // By reference on purpose: `Algorithm::to_words(&self)` forwards here, and a
+            // By reference on purpose: `Stored::to_words(&self)` forwards here, and a
             // by-value inherent method would lose method resolution to the trait method
             // (endless recursion).
             #[allow(clippy::wrong_self_convention)]

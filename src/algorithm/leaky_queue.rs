@@ -6,11 +6,12 @@
 //! admit iff tat + c·T − t ≤ C·T,  delay = tat − t,  then TAT := tat + c·T
 //! ```
 
-use crate::algorithm::{Gcra, WordRule};
+use crate::algorithm::gcra::Gcra;
+use crate::algorithm::rule::WordRule;
+use crate::algorithm::rule::Words;
 use crate::clock::Nanos;
 use crate::decision::Decision;
 use crate::quota::{Quota, QuotaError};
-use crate::state::Words;
 
 /// A shaper: capacity `C` (the quota's burst, default `L`), draining `L` per `W`.
 ///
@@ -90,7 +91,7 @@ impl LeakyQueue {
         self
     }
 
-    // By reference on purpose: `Algorithm::to_words(&self)` forwards here, and a by-value
+    // By reference on purpose: `Stored::to_words(&self)` forwards here, and a by-value
     // inherent method would lose method resolution to the trait method (endless recursion).
     #[allow(clippy::wrong_self_convention)]
     pub(crate) fn to_words(&self) -> Words {

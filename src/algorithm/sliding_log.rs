@@ -5,11 +5,11 @@
 //! allow iff count + c ≤ L        then append c entries at t
 //! ```
 
-use crate::algorithm::{limit_at_most, no_burst, window_at_least_1ms};
+use crate::algorithm::rule::Words;
+use crate::algorithm::rule::{limit_at_most, no_burst, window_at_least_1ms};
 use crate::clock::Nanos;
 use crate::decision::{Decision, Remaining};
 use crate::quota::{Quota, QuotaError};
-use crate::state::Words;
 
 /// The largest limit: one 4-byte slot per unit, 2^20 − 1 slots (4 MiB) at most per key.
 ///
@@ -485,7 +485,7 @@ impl SlidingLog {
         self.tick
     }
 
-    // By reference on purpose: `Algorithm::to_words(&self)` forwards here, and a by-value
+    // By reference on purpose: `Stored::to_words(&self)` forwards here, and a by-value
     // inherent method would lose method resolution to the trait method (endless recursion).
     #[allow(clippy::wrong_self_convention)]
     pub(crate) fn to_words(&self) -> Words {

@@ -8,11 +8,11 @@
 //! All in 128-bit integers: no floating point in any decision.
 
 use crate::algorithm::grid::{windowed_rule, Lag, Windowed};
-use crate::algorithm::WordRule;
+use crate::algorithm::rule::WordRule;
+use crate::algorithm::rule::Words;
 use crate::clock::Nanos;
 use crate::decision::{Decision, Remaining};
 use crate::quota::{Quota, QuotaError};
-use crate::state::Words;
 
 /// `prev` holds up to `L`; `cur` has one bit more, so that its all-ones value never occurs
 /// (keyed stores use it for their marks).

@@ -6,10 +6,10 @@
 
 use std::cell::Cell;
 
-use crate::algorithm::Algorithm;
 use crate::clock::{Clock, Nanos};
 use crate::quota::QuotaError;
 use crate::state::{HighWater, ParamCell};
+use crate::store::Stored;
 use crate::sync::Mutex;
 
 /// A clock must resolve at least this many steps per emission interval or window.
@@ -44,7 +44,7 @@ pub struct Attempt<'a, A, C> {
     stale: Cell<bool>,
 }
 
-impl<A: Algorithm, C: Clock> Attempt<'_, A, C> {
+impl<A: Stored, C: Clock> Attempt<'_, A, C> {
     #[inline]
     pub fn rule(&self) -> &A {
         &self.rule
@@ -71,7 +71,7 @@ impl<A: Algorithm, C: Clock> Attempt<'_, A, C> {
     }
 }
 
-impl<A: Algorithm, C: Clock> Core<A, C> {
+impl<A: Stored, C: Clock> Core<A, C> {
     pub fn new(rule: A, clock: C) -> Result<Self, QuotaError> {
         check_resolution(&rule, &clock)?;
         let high_water = (!clock.is_monotonic()).then(HighWater::new);
@@ -195,7 +195,7 @@ impl<A: Algorithm, C: Clock> Core<A, C> {
     }
 }
 
-fn check_resolution<A: Algorithm, C: Clock>(rule: &A, clock: &C) -> Result<(), QuotaError> {
+fn check_resolution<A: Stored, C: Clock>(rule: &A, clock: &C) -> Result<(), QuotaError> {
     let resolution_nanos = clock.resolution();
     let period_nanos = rule.period();
     // A 1 ns clock resolves every quota: time itself is counted in nanoseconds.
@@ -209,15 +209,15 @@ fn check_resolution<A: Algorithm, C: Clock>(rule: &A, clock: &C) -> Result<(), Q
     Ok(())
 }
 
-impl<A: Algorithm, C: Clock> Core<A, C> {
+impl<A: Stored, C: Clock> Core<A, C> {
     /// Refuses a cost that can never be admitted (decision rules: an error, not a denial). The clock is
     /// still read, so that every call sees time the same way whatever its outcome.
     #[inline]
-    pub fn check_cost(&self, rule: &A, cost: u64) -> Result<(), crate::Error> {
+    pub fn check_cost(&self, rule: &A, cost: u64) -> Result<(), crate::decision::Error> {
         let capacity = rule.capacity();
         if cost > capacity {
             self.now();
-            Err(crate::Error::CapacityExceeded { cost, capacity })
+            Err(crate::decision::Error::CapacityExceeded { cost, capacity })
         } else {
             Ok(())
         }

@@ -1,6 +1,7 @@
 use crossbeam_utils::CachePadded;
 
-use crate::algorithm::{Algorithm, Gcra, LeakyQueue};
+use super::Algorithm;
+use crate::algorithm::{Gcra, LeakyQueue};
 use crate::clock::{Clock, QuantaClock};
 use crate::decision::{Decision, Error};
 use crate::limiter::{Core, Sweep};
@@ -235,7 +236,7 @@ impl<A: Algorithm, C: Clock> Limiter<A, C> {
         }
     }
 
-    /// [`Limiter::check_n`] as a reservation (`Algorithm::reserve`): what the waiting calls
+    /// [`Limiter::check_n`] as a reservation (`Stored::reserve`): what the waiting calls
     /// charge with.
     pub(crate) fn reserve_n(&self, cost: u64) -> Result<Decision, Error> {
         loop {

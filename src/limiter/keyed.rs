@@ -1,16 +1,20 @@
 use std::borrow::Borrow;
 use std::hash::Hash;
-use std::marker::PhantomData;
 
-use crate::algorithm::{Algorithm, Gcra, LeakyQueue};
+use super::Algorithm;
+use crate::algorithm::{Gcra, LeakyQueue};
 use crate::clock::{Clock, Nanos, QuantaClock};
 use crate::decision::{Decision, Error};
 use crate::limiter::{Core, Sweep};
 use crate::quota::QuotaError;
 use crate::store::table::{Charge, Check, KeyTable, Reserve};
+use crate::store::Stored;
 use crate::store::{Evictor, KeyedStore};
 
+pub use self::builder::KeyedLimiterBuilder;
 pub use crate::store::table::OverflowPolicy;
+
+mod builder;
 
 /// A limiter with one state per key.
 ///
@@ -70,7 +74,7 @@ pub use crate::store::table::OverflowPolicy;
 ///   never low, so the bound holds). A check that panics so has decided nothing (a [`Clock`]
 ///   that panics inside the decision is the one exception). A key whose code panics every time stops the drain that meets it in its
 ///   shard: later inserts there panic too.
-pub struct KeyedLimiter<K, A: Algorithm, C: Clock = QuantaClock, S = <A as Algorithm>::Store<K>> {
+pub struct KeyedLimiter<K, A: Algorithm, C: Clock = QuantaClock, S = <A as Stored>::Store<K>> {
     core: Core<A, C>,
     /// The store, the key count, `max_keys` and eviction (`store/table.rs`, model-checked).
     table: KeyTable<K, A::Cell, S>,
@@ -89,157 +93,6 @@ where
             .field("keys", &self.table.len())
             .field("max_keys", &self.table.max_keys())
             .finish()
-    }
-}
-
-/// Builds a [`KeyedLimiter`] with a clock or a key bound.
-///
-/// # Examples
-/// ```
-/// use tollgate::{clock::ManualClock, FixedWindow, KeyedLimiter, OverflowPolicy, Quota};
-/// let limiter = KeyedLimiter::<u64, _, _>::builder(FixedWindow::new(Quota::per_minute(10)?)?)
-///     .clock(ManualClock::new())
-///     .max_keys(100_000, OverflowPolicy::Deny)
-///     .build()?;
-/// assert!(limiter.check(&7).unwrap().allowed());
-/// # Ok::<(), tollgate::QuotaError>(())
-/// ```
-#[derive(Debug)]
-pub struct KeyedLimiterBuilder<K, A, C> {
-    rule: A,
-    clock: C,
-    max_keys: Option<(usize, OverflowPolicy)>,
-    evict_above: Option<usize>,
-    _keys: PhantomData<fn(K)>,
-}
-
-impl<K, A: Algorithm, C: Clock> KeyedLimiterBuilder<K, A, C> {
-    /// Reads time from `clock` instead of the precise default.
-    ///
-    /// # Examples
-    /// ```
-    /// use tollgate::{clock::ManualClock, Gcra, KeyedLimiter, Quota};
-    /// let clock = ManualClock::new(); // tests move time by hand
-    /// let limiter = KeyedLimiter::<u64, _>::builder(Gcra::new(Quota::per_second(1)?)?)
-    ///     .clock(clock.clone())
-    ///     .build()?;
-    /// assert!(limiter.check(&7).unwrap().allowed());
-    /// assert!(!limiter.check(&7).unwrap().allowed());
-    /// clock.advance(std::time::Duration::from_secs(1));
-    /// assert!(limiter.check(&7).unwrap().allowed());
-    /// # Ok::<(), tollgate::QuotaError>(())
-    /// ```
-    pub fn clock<C2: Clock>(self, clock: C2) -> KeyedLimiterBuilder<K, A, C2> {
-        KeyedLimiterBuilder {
-            rule: self.rule,
-            clock,
-            max_keys: self.max_keys,
-            evict_above: self.evict_above,
-            _keys: PhantomData,
-        }
-    }
-
-    /// Holds at most `max_keys` keys (at least 1); `policy` says what happens to new keys
-    /// beyond it.
-    ///
-    /// # Examples
-    /// ```
-    /// use tollgate::{Error, Gcra, KeyedLimiter, OverflowPolicy, Quota};
-    /// let limiter = KeyedLimiter::<u64, _>::builder(Gcra::new(Quota::per_hour(10)?)?)
-    ///     .max_keys(2, OverflowPolicy::Deny)
-    ///     .build()?;
-    /// assert!(limiter.check(&1).unwrap().allowed());
-    /// assert!(limiter.check(&2).unwrap().allowed());
-    /// // Both keys hold state for an hour: a third key finds no room.
-    /// assert!(matches!(limiter.check(&3), Err(Error::KeyTableFull { .. })));
-    /// # Ok::<(), tollgate::QuotaError>(())
-    /// ```
-    pub fn max_keys(mut self, max_keys: usize, policy: OverflowPolicy) -> Self {
-        self.max_keys = Some((max_keys.max(1), policy));
-        self
-    }
-
-    /// Keeps every key, fresh or not, until the limiter holds about `keys` keys (default
-    /// [`DEFAULT_EVICT_ABOVE`](crate::store::DEFAULT_EVICT_ABOVE), 2^21): below that, the
-    /// word table grows as a hash map does, so clients that come back to a full bucket always
-    /// find their slot. Above it, a full shard table evicts keys that are fresh and were not
-    /// used since it last filled, so that a flood of unique keys holds about `keys` keys
-    /// (plus those still holding state). A soft bound, per shard; [`max_keys`] is the hard
-    /// one. The dashmap store ignores it.
-    ///
-    /// # Examples
-    /// ```
-    /// use tollgate::{Gcra, KeyedLimiter, Quota};
-    /// // A server with few clients: hold at most about 10k idle keys.
-    /// let limiter = KeyedLimiter::<u64, _>::builder(Gcra::new(Quota::per_second(5)?)?)
-    ///     .evict_above(10_000)
-    ///     .build()?;
-    /// assert!(limiter.check(&1).unwrap().allowed());
-    /// # Ok::<(), tollgate::QuotaError>(())
-    /// ```
-    ///
-    /// [`max_keys`]: KeyedLimiterBuilder::max_keys
-    pub fn evict_above(mut self, keys: usize) -> Self {
-        self.evict_above = Some(keys);
-        self
-    }
-
-    /// The limiter, on the rule's default store: the lock-free [`WordTable`].
-    ///
-    /// # Errors
-    /// [`QuotaError::ClockTooCoarse`] if the clock cannot serve the quota.
-    ///
-    /// [`WordTable`]: crate::store::WordTable
-    ///
-    /// # Examples
-    /// ```
-    /// use std::time::Duration;
-    /// use tollgate::{clock::CoarseClock, FixedWindow, Gcra, KeyedLimiter, Quota, QuotaError};
-    /// let limiter = KeyedLimiter::<String, _>::builder(Gcra::new(Quota::per_second(5)?)?).build()?;
-    /// assert!(limiter.check("alice").unwrap().allowed());
-    /// // A 1 ms clock cannot resolve a 5 ms window (it needs a tenth of it): refused here,
-    /// // not mid-traffic.
-    /// let coarse = KeyedLimiter::<String, _>::builder(FixedWindow::new(Quota::new(10, Duration::from_millis(5))?)?)
-    ///     .clock(CoarseClock::new())
-    ///     .build();
-    /// assert!(matches!(coarse, Err(QuotaError::ClockTooCoarse { .. })));
-    /// # Ok::<(), tollgate::QuotaError>(())
-    /// ```
-    pub fn build(self) -> Result<KeyedLimiter<K, A, C>, QuotaError>
-    where
-        K: Clone + Hash + Eq + Send + Sync,
-    {
-        self.build_with_store(A::new_store())
-    }
-
-    /// The limiter, on `store` (which must be empty): for example a
-    /// [`DashMapStore`](crate::store::DashMapStore) for a word rule, to compare the two.
-    ///
-    /// # Errors
-    /// [`QuotaError::ClockTooCoarse`] if the clock cannot serve the quota.
-    ///
-    /// # Examples
-    /// ```
-    /// use tollgate::{store::DashMapStore, Gcra, KeyedLimiter, Quota};
-    /// let limiter = KeyedLimiter::<u64, _>::builder(Gcra::new(Quota::per_second(5)?)?)
-    ///     .build_with_store(DashMapStore::new())?;
-    /// assert!(limiter.check(&1).unwrap().allowed());
-    /// # Ok::<(), tollgate::QuotaError>(())
-    /// ```
-    pub fn build_with_store<S>(self, store: S) -> Result<KeyedLimiter<K, A, C, S>, QuotaError>
-    where
-        K: Hash + Eq + Send + Sync,
-        S: KeyedStore<K, A::Cell>,
-    {
-        let mut store = store;
-        if let Some(keys) = self.evict_above {
-            store.set_evict_above(keys);
-        }
-        store.set_carry(A::carry);
-        Ok(KeyedLimiter {
-            core: Core::new(self.rule, self.clock)?,
-            table: KeyTable::new(store, self.max_keys),
-        })
     }
 }
 
@@ -276,13 +129,7 @@ impl<K: Clone + Hash + Eq + Send + Sync, A: Algorithm> KeyedLimiter<K, A> {
     /// # Ok::<(), tollgate::QuotaError>(())
     /// ```
     pub fn builder(rule: A) -> KeyedLimiterBuilder<K, A, QuantaClock> {
-        KeyedLimiterBuilder {
-            rule,
-            clock: QuantaClock::new(),
-            max_keys: None,
-            evict_above: None,
-            _keys: PhantomData,
-        }
+        KeyedLimiterBuilder::new(rule)
     }
 }
 
@@ -414,7 +261,7 @@ where
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
-        self.decide(key, 1, Check)
+        self.check_charged(key, 1, Check)
     }
 
     /// Decides a request of cost `cost` for `key`, and counts it if allowed.
@@ -440,7 +287,7 @@ where
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
-        self.decide(key, cost, Check)
+        self.check_charged(key, cost, Check)
     }
 
     /// The decision a request of cost `cost` for `key` would get now; changes nothing and
@@ -546,7 +393,7 @@ where
 
     /// A request of `cost` for `key`, counted as `charge` says, under the rule in force.
     #[inline]
-    fn decide<Q>(&self, key: &Q, cost: u64, charge: impl Charge) -> Result<Decision, Error>
+    fn check_charged<Q>(&self, key: &Q, cost: u64, charge: impl Charge) -> Result<Decision, Error>
     where
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
@@ -561,21 +408,21 @@ where
             self.core.check_cost(at.rule(), cost)?;
             let result = self
                 .table
-                .decide(key, at.rule(), || at.now(), cost, &evictor, charge);
+                .check_key(key, at.rule(), || at.now(), cost, &evictor, charge);
             if self.core.settle(&at, &self.re_anchoring()) {
                 return result;
             }
         }
     }
 
-    /// [`KeyedLimiter::check_n`] as a reservation (`Algorithm::reserve`): what the waiting
+    /// [`KeyedLimiter::check_n`] as a reservation (`Stored::reserve`): what the waiting
     /// calls charge with.
     pub(crate) fn reserve_n<Q>(&self, key: &Q, cost: u64) -> Result<Decision, Error>
     where
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
-        self.decide(key, cost, Reserve)
+        self.check_charged(key, cost, Reserve)
     }
 
     /// Gives back `cost` units that `decided` admitted to `key` (a reservation a waiter gave
@@ -641,7 +488,7 @@ impl<K, C, S> KeyedLimiter<K, LeakyQueue, C, S>
 where
     K: Hash + Eq + Send + Sync,
     C: Clock,
-    S: KeyedStore<K, <LeakyQueue as Algorithm>::Cell>,
+    S: KeyedStore<K, <LeakyQueue as Stored>::Cell>,
 {
     /// Reserves `cost` units in `key`'s queue: if admitted, the request must wait
     /// [`Decision::delay`] before it proceeds. A reservation is kept even if the caller gives
@@ -674,7 +521,7 @@ impl<K, C, S> KeyedLimiter<K, Gcra, C, S>
 where
     K: Hash + Eq + Send + Sync,
     C: Clock,
-    S: KeyedStore<K, <Gcra as Algorithm>::Cell>,
+    S: KeyedStore<K, <Gcra as Stored>::Cell>,
 {
     /// Reserves `cost` units for `key`: admitted at once when the bucket holds them, as
     /// [`KeyedLimiter::check_n`]; otherwise taken anyway, and the decision's
@@ -758,7 +605,7 @@ mod count_tests {
     /// (the window counters' counts), and the new limit decides.
     #[test]
     fn set_quota_takes_effect_at_once() {
-        use crate::FixedWindow;
+        use crate::algorithm::FixedWindow;
         let clock = ManualClock::new();
         let per_minute = |n| FixedWindow::new(Quota::per_minute(n).unwrap()).unwrap();
         let limiter = KeyedLimiter::<u64, _, _>::with_clock(per_minute(2), clock).unwrap();
@@ -779,7 +626,7 @@ mod count_tests {
     /// unchanged `W` keeps the grid's alignment.
     #[test]
     fn a_new_window_starts_at_the_change_and_an_unchanged_one_keeps_its_grid() {
-        use crate::FixedWindow;
+        use crate::algorithm::FixedWindow;
         const MS: Nanos = 1_000_000;
         let window = |ms| FixedWindow::new(Quota::new(1, Duration::from_millis(ms)).unwrap());
         // (new W, still denied at, allowed again at), in ms; the change is at 1,500 ms.
@@ -808,7 +655,7 @@ mod count_tests {
     fn the_debug_output_shows_the_key_bound() {
         let rule = Gcra::new(Quota::per_second(1).unwrap()).unwrap();
         let bounded = KeyedLimiter::<u64, _>::builder(rule)
-            .max_keys(10, crate::OverflowPolicy::Deny)
+            .max_keys(10, super::OverflowPolicy::Deny)
             .build()
             .unwrap();
         let shown = format!("{bounded:?}");
@@ -838,7 +685,7 @@ mod count_tests {
         assert!(limiter.len() <= 2_048, "{} keys held", limiter.len());
         let bounded = KeyedLimiter::<u64, _>::builder(rule)
             .clock(clock.clone())
-            .max_keys(100, crate::OverflowPolicy::Deny)
+            .max_keys(100, super::OverflowPolicy::Deny)
             .build_with_store(DashMapStore::new())
             .unwrap();
         for key in 0..100u64 {
@@ -870,8 +717,8 @@ mod count_tests {
     /// a run of tombstones (the hand's own), or to tables of shards holding no live key.
     #[test]
     fn the_bound_makes_room_from_a_shard_being_drained() {
-        use crate::algorithm::{TAT_MARKS, WINDOW_MARKS};
         use crate::store::WordTable;
+        use crate::store::{TAT_MARKS, WINDOW_MARKS};
         use crate::{LeakyQueue, OverflowPolicy, SlidingWindow};
         use foldhash::fast::SeedableRandomState;
         use foldhash::SharedSeed;

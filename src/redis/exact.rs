@@ -297,7 +297,7 @@ impl<C: RedisConnection> RedisLimiter<C> {
             .into_iter()
             .map(|(key, cost)| self.item(key.as_ref(), cost, None))
             .collect();
-        self.decide(&items, true, true).await
+        self.call_items(&items, true, true).await
     }
 
     /// Loads the rule's script into the server's script cache (done by
@@ -431,7 +431,7 @@ impl<C: RedisConnection> RedisLimiter<C> {
             .into_iter()
             .map(|(key, cost, at)| self.item(key.as_ref(), cost, Some(at)))
             .collect();
-        self.decide(&items, true, true).await
+        self.call_items(&items, true, true).await
     }
 }
 

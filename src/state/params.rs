@@ -1,25 +1,7 @@
 use std::marker::PhantomData;
 
+use crate::algorithm::{Words, WORDS};
 use crate::sync::{fence, AtomicU64, Ordering};
-
-/// How many `u64` words a rule's parameters take.
-///
-/// # Examples
-/// ```
-/// use tollgate::state::{Words, WORDS};
-/// assert_eq!(std::mem::size_of::<Words>(), WORDS * 8);
-/// ```
-pub const WORDS: usize = 5;
-/// A rule's parameters as plain words.
-///
-/// # Examples
-/// ```
-/// use tollgate::state::{ParamCell, Words};
-/// let words: Words = [10, 100_000_000, 0, 0, 0];
-/// let cell = ParamCell::<()>::new(words);
-/// assert_eq!(cell.load(), words);
-/// ```
-pub type Words = [u64; WORDS];
 
 /// A rule's parameters, read on every check and replaced by `set_quota`: a sequence lock over
 /// atomic words, so readers never write shared memory and never block.

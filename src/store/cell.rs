@@ -9,7 +9,7 @@ use crate::algorithm::sliding_log::Mark;
 use crate::state::{AtomicWord, LogCell, Retired};
 
 /// A per-key cell of [`WordTable`](crate::store::WordTable). A decision on the cell returns
-/// `None` when it finds the cell retired (`Algorithm::acquire_live`), so that the table looks
+/// `None` when it finds the cell retired (`Stored::acquire_live`), so that the table looks
 /// the key up again where its state now is.
 ///
 /// # Examples

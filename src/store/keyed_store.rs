@@ -16,9 +16,10 @@ use crate::clock::Nanos;
 /// # Examples
 /// A limiter is generic over its store; the two stores of this crate decide alike:
 /// ```
-/// use tollgate::{algorithm::Algorithm, store::{DashMapStore, KeyedStore}, clock::QuantaClock};
+/// use tollgate::{state::AtomicWord, store::{DashMapStore, KeyedStore}, clock::QuantaClock};
 /// use tollgate::{Gcra, KeyedLimiter, Quota};
-/// fn burst_of<S: KeyedStore<u64, <Gcra as Algorithm>::Cell>>(limiter: &KeyedLimiter<u64, Gcra, QuantaClock, S>) -> usize {
+/// // GCRA's state is one word.
+/// fn burst_of<S: KeyedStore<u64, AtomicWord>>(limiter: &KeyedLimiter<u64, Gcra, QuantaClock, S>) -> usize {
 ///     (0..10).take_while(|_| limiter.check(&1).unwrap().allowed()).count()
 /// }
 /// let rule = Gcra::new(Quota::per_hour(3)?)?;
@@ -43,7 +44,7 @@ pub trait KeyedStore<K, V>: Send + Sync {
     /// a concurrent sweep or rebuild): the store then looks again where the key's state now
     /// is, or answers `None` if it was evicted. `f` may run more than once.
     ///
-    /// `era` is the anchor of the caller's rule (`Algorithm::era`: 0 but for the window
+    /// `era` is the anchor of the caller's rule (`Stored::era`: 0 but for the window
     /// counters, whose limiter moves it up now and then). A store that re-anchors itself
     /// hands `f` only a cell whose state was written in `era` or a later one.
     fn with_existing<Q, R>(&self, key: &Q, era: u64, f: impl FnMut(&V) -> Option<R>) -> Option<R>
@@ -96,12 +97,12 @@ pub trait KeyedStore<K, V>: Send + Sync {
     fn set_evict_above(&mut self, _keys: usize) {}
 
     /// For a store that re-anchors itself ([`KeyedStore::RE_ANCHORS`]): how to carry a cell
-    /// written in one era into a later one (`Algorithm::carry`), applied to each cell it
+    /// written in one era into a later one (`Stored::carry`), applied to each cell it
     /// moves out of a table of an older era. Other stores ignore it.
     fn set_carry(&mut self, _carry: Carry<V>) {}
 
     /// Keeps only the cells for which `keep` is true; returns how many were removed. `keep`
-    /// retires a cell it rejects (`Algorithm::evict_if_fresh`), so a store may leave it in
+    /// retires a cell it rejects (`Stored::evict_if_fresh`), so a store may leave it in
     /// place as a tombstone rather than unlink it at once.
     fn retain(&self, keep: impl FnMut(&V) -> bool) -> usize;
 

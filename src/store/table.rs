@@ -14,9 +14,9 @@ use std::borrow::Borrow;
 use std::hash::Hash;
 use std::marker::PhantomData;
 
-use crate::algorithm::Algorithm;
 use crate::clock::Nanos;
 use crate::decision::{Decision, Error};
+use crate::store::Stored;
 use crate::store::{Evictor, Inserted, KeyedStore};
 use crate::sync::{AtomicBool, AtomicUsize, Ordering};
 
@@ -157,13 +157,13 @@ impl<K, V, S> KeyTable<K, V, S> {
 /// each charge compiles to its own path: an enum argument left a match (and the reservation's
 /// code) on the check's hot path, 66 instructions more per check at 100k keys (callgrind).
 pub trait Charge: Copy {
-    /// A reservation ([`Algorithm::reserve`]) rather than a check; a constant of the type, so
+    /// A reservation ([`Stored::reserve`]) rather than a check; a constant of the type, so
     /// the branches below fold away.
     const RESERVE: bool;
 
     /// On a new key's cell.
     #[inline]
-    fn on<A: Algorithm>(
+    fn on<A: Stored>(
         self,
         rule: &A,
         cell: &A::Cell,
@@ -179,7 +179,7 @@ pub trait Charge: Copy {
 
     /// On a held key's cell; `None` if the cell was retired meanwhile.
     #[inline]
-    fn on_live<A: Algorithm>(
+    fn on_live<A: Stored>(
         self,
         rule: &A,
         cell: &A::Cell,
@@ -202,7 +202,7 @@ impl Charge for Check {
     const RESERVE: bool = false;
 }
 
-/// A reservation ([`Algorithm::reserve`]).
+/// A reservation ([`Stored::reserve`]).
 #[derive(Clone, Copy)]
 pub struct Reserve;
 
@@ -223,7 +223,7 @@ where
     /// # Errors
     /// [`Error::KeyTableFull`] for a new key at the bound under [`OverflowPolicy::Deny`].
     #[inline]
-    pub fn decide<Q, A>(
+    pub fn check_key<Q, A>(
         &self,
         key: &Q,
         rule: &A,
@@ -233,7 +233,7 @@ where
         charge: impl Charge,
     ) -> Result<Decision, Error>
     where
-        A: Algorithm<Cell = V>,
+        A: Stored<Cell = V>,
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
@@ -249,7 +249,7 @@ where
     /// The decision a request of `cost` for `key` would get; changes nothing, inserts nothing.
     pub fn peek<Q, A>(&self, key: &Q, rule: &A, now: impl Fn() -> Nanos, cost: u64) -> Decision
     where
-        A: Algorithm<Cell = V>,
+        A: Stored<Cell = V>,
         K: Borrow<Q>,
         Q: Hash + Eq + ?Sized,
         V: Default,
@@ -264,7 +264,7 @@ where
     /// Gives back `cost` units to `key`'s cell; nothing for a key not held.
     pub fn refund<Q, A>(&self, key: &Q, rule: &A, now: impl Fn() -> Nanos, cost: u64)
     where
-        A: Algorithm<Cell = V>,
+        A: Stored<Cell = V>,
         K: Borrow<Q>,
         Q: Hash + Eq + ?Sized,
     {
@@ -274,7 +274,7 @@ where
 
     /// Evicts every key whose cell is indistinguishable from a fresh one at `now`; returns how
     /// many.
-    pub fn evict_fresh<A: Algorithm<Cell = V>>(&self, rule: &A, now: Nanos) -> usize {
+    pub fn evict_fresh<A: Stored<Cell = V>>(&self, rule: &A, now: Nanos) -> usize {
         let removed = self.store.retain(|cell| !rule.evict_if_fresh(cell, now));
         if self.counts() {
             // Relaxed: a counter; uncounted only after the keys are gone (see `keys`).
@@ -285,7 +285,7 @@ where
 
     /// [`KeyTable::evict_fresh`], and the overflow state put back to fresh if it is: afterwards
     /// no state fresh at `now` is left (what a rebase of the window counters needs).
-    pub fn sweep_all<A: Algorithm<Cell = V>>(&self, rule: &A, now: Nanos) -> usize {
+    pub fn sweep_all<A: Stored<Cell = V>>(&self, rule: &A, now: Nanos) -> usize {
         rule.reset_if_fresh(&self.overflow, now);
         self.evict_fresh(rule, now)
     }
@@ -295,7 +295,7 @@ where
     /// back to fresh if it is; a store that re-anchors itself (the word table) carries its
     /// states into the new era as calls meet them, a drain step at a time, so nothing more is
     /// done here; any other is swept ([`KeyTable::sweep_all`]). Returns the keys evicted.
-    pub fn re_anchor<A: Algorithm<Cell = V>>(&self, rule: &A, now: Nanos) -> usize {
+    pub fn re_anchor<A: Stored<Cell = V>>(&self, rule: &A, now: Nanos) -> usize {
         if S::RE_ANCHORS {
             rule.reset_if_fresh(&self.overflow, now);
             return 0;
@@ -314,7 +314,7 @@ where
         charge: impl Charge,
     ) -> Result<Decision, Error>
     where
-        A: Algorithm<Cell = V>,
+        A: Stored<Cell = V>,
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
@@ -379,7 +379,7 @@ where
         charge: impl Charge,
     ) -> Decision
     where
-        A: Algorithm<Cell = V>,
+        A: Stored<Cell = V>,
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {

@@ -43,7 +43,7 @@
 //! # Re-anchoring: eras
 //! The window counters keep a window index of a few bits, read relative to an anchor (`base`)
 //! that their limiter moves up every 2^22 − 2 windows (sliding) or 2^39 − 2 (fixed): the rule's
-//! *era* (`Algorithm::era`, 0 for the other rules). A state is exact only in the era it was
+//! *era* (`Stored::era`, 0 for the other rules). A state is exact only in the era it was
 //! written in and the next, and a key may sit idle for any number of eras. So each table
 //! records its era, and no decision is made on a table of an older era than the caller's
 //! rule: the lookup takes the shard's lock, and the first call into a shard after an era
@@ -820,7 +820,7 @@ impl<K: Send + Sync, H, C: TableCell> WordTable<K, H, C> {
     /// An empty store whose cells use `retired`'s marks, hashing with `hasher`. The marks must
     /// be those of the rule the store will serve (states that rule never produces), so build
     /// one through [`KeyedLimiterBuilder::build`](crate::KeyedLimiterBuilder::build) (or
-    /// `Algorithm::new_store`); this constructor is public for the loom models.
+    /// `Stored::new_store`); this constructor is public for the loom models.
     #[doc(hidden)]
     pub fn new(retired: C::Marks, hasher: H) -> Self {
         WordTable {

@@ -6,9 +6,9 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use crate::algorithm::Algorithm;
 use crate::clock::Clock;
 use crate::decision::{Decision, Error};
+use crate::limiter::Algorithm;
 use crate::{FixedWindow, Gcra, KeyedLimiter, LeakyQueue, MultiLimiter, SlidingLog, SlidingWindow};
 
 use super::Key;

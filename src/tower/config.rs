@@ -100,8 +100,8 @@ use super::{
     CheckBackend, Cidr, ConfigError, Fallback, HeaderStyle, Key, KeySource, LongKey, Mode, Policy,
     ProxyHeader, RateLimitLayer, RateLimitLayerBuilder, RuleWindow, Tiers,
 };
-use crate::algorithm::Algorithm;
 use crate::clock::{Clock, QuantaClock};
+use crate::limiter::Algorithm;
 use crate::replay::{parse_duration, AlgorithmName};
 use crate::{
     FixedWindow, Gcra, KeyedLimiter, LeakyQueue, MultiLimiter, OverflowPolicy, Quota, QuotaError,

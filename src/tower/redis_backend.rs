@@ -206,7 +206,11 @@ impl<C: RedisConnection> CheckBackend for RedisBackend<RedisLimiter<C>> {
 impl<C: RedisConnection> CheckBackend for RedisBackend<RedisMultiLimiter<C>> {
     fn check<'a>(&'a self, key: &'a Key, cost: u64) -> CheckFuture<'a> {
         CheckFuture::boxed(async move {
-            indexed(self.limiter.decide(&redis_key(key), cost, None).await)
+            indexed(
+                self.limiter
+                    .check_indexed(&redis_key(key), cost, None)
+                    .await,
+            )
         })
     }
 

@@ -15,7 +15,7 @@ use loom::thread;
 use tollgate_loom_tests::clock::{Clock, Nanos};
 use tollgate_loom_tests::limiter::Core;
 use tollgate_loom_tests::state::AtomicWord;
-use tollgate_loom_tests::{Algorithm, Decision, FixedWindow, Quota};
+use tollgate_loom_tests::{Decision, FixedWindow, Quota, Stored};
 
 use crate::{explore, MS};
 

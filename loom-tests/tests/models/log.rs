@@ -9,7 +9,7 @@ use loom::sync::Arc;
 use loom::thread;
 use tollgate_loom_tests::clock::Nanos;
 use tollgate_loom_tests::state::LogCell;
-use tollgate_loom_tests::{Algorithm, Quota, SlidingLog};
+use tollgate_loom_tests::{Quota, SlidingLog, Stored};
 
 use crate::{explore, MS};
 

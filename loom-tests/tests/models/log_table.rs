@@ -14,7 +14,7 @@ use loom::thread;
 use tollgate_loom_tests::clock::Nanos;
 use tollgate_loom_tests::state::LogCell;
 use tollgate_loom_tests::store::{Check, Inserted, KeyTable, KeyedStore, WordTable};
-use tollgate_loom_tests::{Algorithm, Quota, SlidingLog};
+use tollgate_loom_tests::{Quota, SlidingLog, Stored};
 
 use crate::{explore_reaching, same_shard_keys, At, Hasher, MS};
 
@@ -41,7 +41,7 @@ fn admit_at(table: &Table, key: u64, at: Nanos) -> bool {
     let rule = rule();
     let evictor = At { table, rule, at };
     table
-        .decide(&key, &rule, || at, 1, &evictor, Check)
+        .check_key(&key, &rule, || at, 1, &evictor, Check)
         .unwrap()
         .allowed()
 }

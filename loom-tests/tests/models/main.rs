@@ -23,18 +23,18 @@ use std::time::Instant;
 
 use tollgate_loom_tests::clock::Nanos;
 use tollgate_loom_tests::store::{Evictor, KeyTable, KeyedStore};
-use tollgate_loom_tests::{Algorithm, Gcra};
+use tollgate_loom_tests::{Gcra, Stored};
 
 /// A keyed limiter's evictor at a frozen instant: sweeps `table` and judges its cells under
 /// `rule` at `at`, as `KeyedLimiter` does under the rule in force (no quota change runs in the
 /// models).
-pub struct At<'a, S, A: Algorithm = Gcra> {
+pub struct At<'a, S, A: Stored = Gcra> {
     pub table: &'a KeyTable<u64, A::Cell, S>,
     pub rule: A,
     pub at: Nanos,
 }
 
-impl<S: KeyedStore<u64, A::Cell>, A: Algorithm> Evictor<A::Cell> for At<'_, S, A> {
+impl<S: KeyedStore<u64, A::Cell>, A: Stored> Evictor<A::Cell> for At<'_, S, A> {
     fn sweep(&self) -> usize {
         self.table.evict_fresh(&self.rule, self.at)
     }

@@ -7,7 +7,7 @@ use loom::thread;
 use tollgate_loom_tests::clock::Nanos;
 use tollgate_loom_tests::multi::{all_or_nothing, Limit};
 use tollgate_loom_tests::state::AtomicWord;
-use tollgate_loom_tests::{Algorithm, Decision, Error, FixedWindow, Quota};
+use tollgate_loom_tests::{Decision, Error, FixedWindow, Quota, Stored};
 
 use crate::{explore, MS};
 

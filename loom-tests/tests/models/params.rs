@@ -2,17 +2,17 @@
 
 use loom::sync::Arc;
 use loom::thread;
-use tollgate_loom_tests::state::{ParamCell, Words};
+use tollgate_loom_tests::state::ParamCell;
 
 use crate::explore;
 
 /// Parameter set `k`: every word tells which set it came from.
-fn set(k: u64) -> Words {
+fn set(k: u64) -> [u64; 5] {
     [k, 10 + k, 20 + k, 30 + k, 40 + k]
 }
 
 /// Which set `words` is, if it is one set and not a torn mix.
-fn which(words: Words) -> Option<u64> {
+fn which(words: [u64; 5]) -> Option<u64> {
     (0..3).find(|&k| words == set(k))
 }
 

@@ -20,7 +20,7 @@ use tollgate_loom_tests::state::{AtomicWord, Retired};
 use tollgate_loom_tests::store::{
     Check, Evictor, Inserted, KeyTable, KeyedStore, OverflowPolicy, WordTable,
 };
-use tollgate_loom_tests::{Algorithm, Decision, Error, Gcra, Quota};
+use tollgate_loom_tests::{Decision, Error, Gcra, Quota, Stored};
 
 use crate::{explore, explore_reaching, At, MS};
 
@@ -123,7 +123,7 @@ fn admit_at<S: KeyedStore<u64, AtomicWord>>(
 ) -> Result<Decision, Error> {
     let rule = rule();
     let evictor = At { table, rule, at };
-    table.decide(&key, &rule, || at, 1, &evictor, Check)
+    table.check_key(&key, &rule, || at, 1, &evictor, Check)
 }
 
 fn admit<S: KeyedStore<u64, AtomicWord>>(table: &Keyed<S>, key: u64) -> Result<Decision, Error> {

@@ -10,18 +10,16 @@ use loom::thread;
 use tollgate_loom_tests::algorithm::WordRule;
 use tollgate_loom_tests::clock::Nanos;
 use tollgate_loom_tests::state::AtomicWord;
-use tollgate_loom_tests::{
-    Algorithm, Decision, FixedWindow, Gcra, LeakyQueue, Quota, SlidingWindow,
-};
+use tollgate_loom_tests::{Decision, FixedWindow, Gcra, LeakyQueue, Quota, SlidingWindow, Stored};
 
 use crate::{explore, MS};
 
 /// A request as a model saw it: the time it was judged at, and its decision.
 type Outcome = (Nanos, Decision);
 
-/// A checked request of `cost` through the library's glue (`Algorithm::acquire`), reading the
+/// A checked request of `cost` through the library's glue (`Stored::acquire`), reading the
 /// time from `clock`, a loom atomic standing in for a monotonic clock.
-fn check<A: Algorithm<Cell = AtomicWord>>(
+fn check<A: Stored<Cell = AtomicWord>>(
     rule: &A,
     cell: &AtomicWord,
     clock: &AtomicU64,
@@ -92,7 +90,7 @@ struct Race<R> {
 
 fn race<R>(name: &str, race: Race<R>)
 where
-    R: Algorithm<Cell = AtomicWord> + WordRule,
+    R: Stored<Cell = AtomicWord> + WordRule,
 {
     explore(name, move || {
         let Race {
@@ -297,7 +295,7 @@ fn gcra_reservations_tile_the_queue() {
         let cell = Arc::new(AtomicWord::new(initial));
         let workers = [1, 2, 1].map(|cost| {
             let cell = Arc::clone(&cell);
-            thread::spawn(move || (cost, Algorithm::reserve(&rule, &*cell, || NOW, cost)))
+            thread::spawn(move || (cost, Stored::reserve(&rule, &*cell, || NOW, cost)))
         });
         let outcomes = workers.map(|w| w.join().unwrap());
         let mut slots: Vec<(Nanos, Nanos)> = outcomes
@@ -325,7 +323,7 @@ fn gcra_reservations_tile_the_queue() {
 /// A check that refunds what it was admitted, racing two plain checks, capacity 2, one
 /// instant: the final state holds exactly `admitted − refunded` units (no update lost), never
 /// more than the capacity, and a check is refused only while both other checks hold a unit.
-fn refund_race<R: Algorithm<Cell = AtomicWord>>(name: &str, rule: R, now: Nanos) {
+fn refund_race<R: Stored<Cell = AtomicWord>>(name: &str, rule: R, now: Nanos) {
     assert_eq!(rule.capacity(), 2);
     explore(name, move || {
         let cell = Arc::new(AtomicWord::new(0));

@@ -16,13 +16,13 @@ use tollgate_loom_tests::store::{
     chain, spares_reused, with_drain_step, Check, Evictor, Inserted, KeyTable, KeyedStore,
     WordTable,
 };
-use tollgate_loom_tests::{Algorithm, Gcra, Quota};
+use tollgate_loom_tests::{Gcra, Quota, Stored};
 
 use crate::{explore_reaching, same_shard_keys, At, Hasher, MS};
 
 const NOW: Nanos = 5 * MS;
 
-/// GCRA's marks (`TAT_MARKS` in `src/algorithm.rs`): a mismatch would show as lost admissions.
+/// GCRA's marks (`TAT_MARKS` in `src/store/stored.rs`): a mismatch would show as lost admissions.
 const MARKS: Retired = Retired {
     tombstone: u64::MAX,
     moved: u64::MAX - 1,
@@ -49,7 +49,7 @@ fn admit_at(table: &Table, key: u64, at: Nanos) -> bool {
     let rule = rule();
     let evictor = At { table, rule, at };
     table
-        .decide(&key, &rule, || at, 1, &evictor, Check)
+        .check_key(&key, &rule, || at, 1, &evictor, Check)
         .unwrap()
         .allowed()
 }
@@ -453,7 +453,7 @@ fn keys_with_drop_glue_move_and_drop_once_racing_an_admission() {
                 let rule = rule();
                 let admit = |table: &KeyTable<Named, AtomicWord, _>, key: &Named| {
                     table
-                        .decide(key, &rule, || NOW, 1, &KeepAll, Check)
+                        .check_key(key, &rule, || NOW, 1, &KeepAll, Check)
                         .unwrap()
                         .allowed()
                 };
@@ -542,7 +542,7 @@ fn a_spare_is_cleared_and_reused_while_a_lookup_may_hold_it() {
             while spares_reused(table.store()) == 0 && added < keys.len() {
                 let key = keys[added];
                 table
-                    .decide(&key, &rule, || NOW, 0, &evictor, Check)
+                    .check_key(&key, &rule, || NOW, 0, &evictor, Check)
                     .unwrap();
                 added += 1;
             }

@@ -20,9 +20,9 @@ use std::time::{Duration, Instant};
 
 use clap::builder::PossibleValue;
 use clap::{Args, ValueEnum};
-use tollgate::algorithm::Algorithm;
 use tollgate::clock::{Clock, CoarseClock, ManualClock, QuantaClock};
 use tollgate::replay::{parse_duration, AlgorithmName};
+use tollgate::Algorithm;
 use tollgate::{
     FixedWindow, Gcra, KeyedLimiter, LeakyQueue, Quota, SlidingLog, SlidingWindow, TextKey,
 };

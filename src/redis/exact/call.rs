@@ -47,14 +47,14 @@ impl<C: RedisConnection> RedisLimiter<C> {
 
     /// `item` alone in one call.
     pub(super) async fn decide_one(&self, item: Item, commit: bool) -> Result<Decision, Error> {
-        self.decide(std::slice::from_ref(&item), commit, true)
+        self.call_items(std::slice::from_ref(&item), commit, true)
             .await
             .pop()
             .unwrap_or_else(|| Err(Error::bad_reply("no result for the check".into())))
     }
 
     /// Decides `items` in order; one result per item. `reload`: as for [`Self::invoke`].
-    pub(super) async fn decide(
+    pub(super) async fn call_items(
         &self,
         items: &[Item],
         commit: bool,

@@ -324,7 +324,7 @@ impl<C: RedisConnection> RedisLimiter<C> {
                 .into_iter()
                 .map(|w| (w.item, w.tx))
                 .unzip();
-        let call = std::pin::pin!(self.decide(&items, true, false));
+        let call = std::pin::pin!(self.call_items(&items, true, false));
         let mut results = baton.send(call).await;
         let lost: Vec<usize> = (0..results.len())
             .filter(|&i| matches!(&results[i], Err(e) if e.is_no_script()))
@@ -334,7 +334,10 @@ impl<C: RedisConnection> RedisLimiter<C> {
             // first, or lost their script too).
             baton.after_earlier_calls().await;
             let again: Vec<Item> = lost.iter().map(|&i| items[i].clone()).collect();
-            for (i, result) in lost.into_iter().zip(self.decide(&again, true, true).await) {
+            for (i, result) in lost
+                .into_iter()
+                .zip(self.call_items(&again, true, true).await)
+            {
                 results[i] = result;
             }
         }

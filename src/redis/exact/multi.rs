@@ -180,7 +180,7 @@ impl<C: RedisConnection> RedisMultiLimiter<C> {
     /// # Ok(()) }
     /// ```
     pub async fn check_n(&self, key: impl AsRef<[u8]>, cost: u64) -> Result<Decision, Error> {
-        self.decide(key.as_ref(), cost, None)
+        self.check_indexed(key.as_ref(), cost, None)
             .await
             .map(|(decision, _)| decision)
     }
@@ -204,13 +204,13 @@ impl<C: RedisConnection> RedisMultiLimiter<C> {
         cost: u64,
         at_nanos: u64,
     ) -> Result<Decision, Error> {
-        self.decide(key.as_ref(), cost, Some(at_nanos))
+        self.check_indexed(key.as_ref(), cost, Some(at_nanos))
             .await
             .map(|(decision, _)| decision)
     }
 
     /// The decision, and the index of the limit it is about.
-    pub(crate) async fn decide(
+    pub(crate) async fn check_indexed(
         &self,
         key: &[u8],
         cost: u64,

@@ -1,0 +1,202 @@
+//! The traits every rule implements, and the checks their constructors share.
+
+use crate::clock::Nanos;
+use crate::decision::Decision;
+use crate::quota::{Quota, QuotaError};
+
+pub(crate) mod sealed {
+    /// Keeps [`Rule`](super::Rule) to this crate's rules.
+    pub trait Sealed {}
+}
+
+/// What every rule tells about itself: [`Gcra`](crate::Gcra) (alias
+/// [`TokenBucket`](crate::TokenBucket), [`LeakyBucket`](crate::LeakyBucket)),
+/// [`LeakyQueue`](crate::LeakyQueue), [`FixedWindow`](crate::FixedWindow),
+/// [`SlidingWindow`](crate::SlidingWindow), [`SlidingLog`](crate::SlidingLog).
+///
+/// The trait is sealed. Limiters take an [`Algorithm`](crate::Algorithm), which is a `Rule`
+/// whose states the crate knows how to store.
+///
+/// # Examples
+/// Code generic over the rule, as a configuration loader or a report might be:
+/// ```
+/// use tollgate::{algorithm::Rule, FixedWindow, Gcra, Quota};
+/// fn describe<R: Rule>(rule: R) -> String {
+///     format!("{}: {} per period, up to {} at once", R::NAME, rule.limit(), rule.capacity())
+/// }
+/// let quota = Quota::per_minute(60)?;
+/// assert_eq!(describe(Gcra::new(quota.with_burst(5)?)?), "gcra: 60 per period, up to 5 at once");
+/// assert_eq!(describe(FixedWindow::new(quota)?), "fixed-window: 60 per period, up to 60 at once");
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub trait Rule: Copy + Send + Sync + std::fmt::Debug + 'static + sealed::Sealed {
+    /// The canonical name, e.g. `"gcra"`.
+    ///
+    /// # Examples
+    /// ```
+    /// use tollgate::{algorithm::{Rule, TokenBucket}, SlidingLog};
+    /// assert_eq!(SlidingLog::NAME, "sliding-log");
+    /// // An alias shares its rule's name.
+    /// assert_eq!(TokenBucket::NAME, "gcra");
+    /// ```
+    const NAME: &'static str;
+
+    /// `L`, as reported in every decision.
+    ///
+    /// # Examples
+    /// ```
+    /// use tollgate::{algorithm::Rule, Gcra, Quota};
+    /// let rule = Gcra::new(Quota::per_second(10)?.with_burst(50)?)?;
+    /// assert_eq!(Rule::limit(&rule), 10);
+    /// # Ok::<(), tollgate::QuotaError>(())
+    /// ```
+    fn limit(&self) -> u64;
+
+    /// The largest cost that can ever be admitted (`B`, `C` or `L`).
+    ///
+    /// # Examples
+    /// ```
+    /// use tollgate::{algorithm::Rule, Gcra, Limiter, Quota};
+    /// let rule = Gcra::new(Quota::per_second(10)?.with_burst(50)?)?;
+    /// assert_eq!(Rule::capacity(&rule), 50);
+    /// // A larger cost is an error, not a denial: waiting would never help.
+    /// assert!(Limiter::new(rule).check_n(51).is_err());
+    /// # Ok::<(), tollgate::QuotaError>(())
+    /// ```
+    fn capacity(&self) -> u64;
+
+    /// The interval the rule must resolve: `B·T` for GCRA and the leaky buckets, `W` for the
+    /// windows. A clock whose resolution exceeds a tenth of it is refused.
+    ///
+    /// # Examples
+    /// ```
+    /// use tollgate::{algorithm::Rule, FixedWindow, Gcra, Quota};
+    /// // Windows: W.
+    /// assert_eq!(FixedWindow::new(Quota::per_minute(100)?)?.period(), 60_000_000_000);
+    /// // GCRA: B·T = 50 × 100 ms = 5 s.
+    /// assert_eq!(Gcra::new(Quota::per_second(10)?.with_burst(50)?)?.period(), 5_000_000_000);
+    /// # Ok::<(), tollgate::QuotaError>(())
+    /// ```
+    fn period(&self) -> Nanos;
+}
+
+/// How many `u64` words a rule's parameters take (what a limiter's `set_quota` swaps).
+pub const WORDS: usize = 5;
+/// A rule's parameters as plain words.
+pub type Words = [u64; WORDS];
+
+/// A rule whose whole per-key state is one `u64` (0 = a fresh key): the pure decision
+/// function, usable on its own (tests, simulations, a store of your own).
+///
+/// # Examples
+/// ```
+/// use tollgate::{algorithm::WordRule, FixedWindow, Quota};
+/// let rule = FixedWindow::new(Quota::per_second(1)?)?;
+/// let (first, state) = rule.decide(0, 0, 1);
+/// assert!(first.allowed());
+/// assert!(!rule.decide(state, 10, 1).0.allowed());
+/// # Ok::<(), tollgate::QuotaError>(())
+/// ```
+pub trait WordRule: Copy {
+    /// (decision, next state). The next state equals `state` when denied or `cost == 0`. A cost
+    /// above the rule's capacity is denied with `retry_after` = `u64::MAX` ns (never), the state
+    /// unchanged (limiters refuse such a cost with [`crate::Error::CapacityExceeded`] instead).
+    ///
+    /// # Examples
+    /// ```
+    /// use tollgate::{algorithm::WordRule, Gcra, Quota};
+    /// let rule = Gcra::new(Quota::per_second(2)?)?; // T = 500 ms, burst 2
+    /// let (d, state) = rule.decide(0, 0, 2);
+    /// assert!(d.allowed());
+    /// // Denied: the state is unchanged, and the next unit is due in T.
+    /// let (d, after) = rule.decide(state, 0, 1);
+    /// assert_eq!((d.allowed(), after), (false, state));
+    /// assert_eq!(d.retry_after().as_millis(), 500);
+    /// // Above the capacity: denied for ever, not an error at this level.
+    /// assert_eq!(rule.decide(0, 0, 3).0.retry_after().as_nanos(), u64::MAX as u128);
+    /// # Ok::<(), tollgate::QuotaError>(())
+    /// ```
+    fn decide(&self, state: u64, now: Nanos, cost: u64) -> (Decision, u64);
+    /// The state after giving back `cost` units at `now`.
+    ///
+    /// # Examples
+    /// ```
+    /// use tollgate::{algorithm::WordRule, FixedWindow, Quota};
+    /// let rule = FixedWindow::new(Quota::per_second(1)?)?;
+    /// let (_, spent) = rule.decide(0, 0, 1);
+    /// assert!(!rule.decide(spent, 10, 1).0.allowed());
+    /// // The request failed downstream: give its unit back, and the next one is admitted.
+    /// let state = rule.refunded(spent, 10, 1);
+    /// assert!(rule.decide(state, 10, 1).0.allowed());
+    /// # Ok::<(), tollgate::QuotaError>(())
+    /// ```
+    fn refunded(&self, state: u64, now: Nanos, cost: u64) -> u64;
+    /// (decision, next state) of a reservation of `cost` units at `now`: by default the same
+    /// as [`WordRule::decide`]. GCRA takes the units even when it would refuse them now
+    /// (`TAT := max(TAT, t) + c·T`) and admits them with a delay, the instant its check would:
+    /// waiters that reserve are served in the order they reserved, each charged once.
+    ///
+    /// # Examples
+    /// ```
+    /// use tollgate::{algorithm::WordRule, Gcra, Quota};
+    /// let rule = Gcra::new(Quota::per_second(2)?)?; // T = 500 ms, burst 2
+    /// let (_, spent) = rule.decide(0, 0, 2);
+    /// // A check now is refused; a reservation is admitted, due in 500 ms, and the next one
+    /// // queues behind it.
+    /// assert!(!rule.decide(spent, 0, 1).0.allowed());
+    /// let (d, first) = rule.reserve(spent, 0, 1);
+    /// assert_eq!((d.allowed(), d.delay().as_millis()), (true, 500));
+    /// let (d, _) = rule.reserve(first, 0, 1);
+    /// assert_eq!(d.delay().as_millis(), 1000);
+    /// # Ok::<(), tollgate::QuotaError>(())
+    /// ```
+    fn reserve(&self, state: u64, now: Nanos, cost: u64) -> (Decision, u64) {
+        self.decide(state, now, cost)
+    }
+    /// Whether `state` behaves as a fresh key at `now`.
+    ///
+    /// # Examples
+    /// ```
+    /// use tollgate::{algorithm::WordRule, Gcra, Quota};
+    /// let rule = Gcra::new(Quota::per_second(2)?)?; // T = 500 ms
+    /// let (_, state) = rule.decide(0, 0, 1);
+    /// assert!(!rule.is_fresh(state, 0));
+    /// // One unit refills in T: the key is then as good as new, and a store may forget it.
+    /// assert!(rule.is_fresh(state, 500_000_000));
+    /// # Ok::<(), tollgate::QuotaError>(())
+    /// ```
+    fn is_fresh(&self, state: u64, now: Nanos) -> bool;
+}
+
+/// Refuses a quota with an explicit burst for an algorithm that has none.
+pub(crate) fn no_burst(quota: &Quota, algorithm: &'static str) -> Result<(), QuotaError> {
+    if quota.has_burst() {
+        Err(QuotaError::BurstNotSupported { algorithm })
+    } else {
+        Ok(())
+    }
+}
+
+/// Refuses windows under 1 ms (decision rules: `W ≥ 1 ms` for windows).
+pub(crate) fn window_at_least_1ms(quota: &Quota) -> Result<u64, QuotaError> {
+    let window_nanos = quota.window_nanos();
+    if window_nanos < 1_000_000 {
+        Err(QuotaError::WindowTooShort { window_nanos })
+    } else {
+        Ok(window_nanos)
+    }
+}
+
+/// Refuses a limit above `max`.
+pub(crate) fn limit_at_most(quota: &Quota, max: u64) -> Result<u64, QuotaError> {
+    let limit = quota.limit();
+    if limit > max {
+        Err(QuotaError::TooLarge {
+            what: "limit",
+            value: limit,
+            max,
+        })
+    } else {
+        Ok(limit)
+    }
+}

@@ -1,0 +1,175 @@
+//! [`KeyedLimiterBuilder`]: a keyed limiter with a clock, a key bound or a store of one's own.
+
+use std::hash::Hash;
+use std::marker::PhantomData;
+
+use super::{KeyedLimiter, OverflowPolicy};
+use crate::clock::{Clock, QuantaClock};
+use crate::limiter::{Algorithm, Core};
+use crate::quota::QuotaError;
+use crate::store::table::KeyTable;
+use crate::store::KeyedStore;
+
+/// Builds a [`KeyedLimiter`] with a clock or a key bound.
+///
+/// # Examples
+/// ```
+/// use tollgate::{clock::ManualClock, FixedWindow, KeyedLimiter, OverflowPolicy, Quota};
+/// let limiter = KeyedLimiter::<u64, _, _>::builder(FixedWindow::new(Quota::per_minute(10)?)?)
+///     .clock(ManualClock::new())
+///     .max_keys(100_000, OverflowPolicy::Deny)
+///     .build()?;
+/// assert!(limiter.check(&7).unwrap().allowed());
+/// # Ok::<(), tollgate::QuotaError>(())
+/// ```
+#[derive(Debug)]
+pub struct KeyedLimiterBuilder<K, A, C> {
+    rule: A,
+    clock: C,
+    max_keys: Option<(usize, OverflowPolicy)>,
+    evict_above: Option<usize>,
+    _keys: PhantomData<fn(K)>,
+}
+
+impl<K, A: Algorithm> KeyedLimiterBuilder<K, A, QuantaClock> {
+    /// [`KeyedLimiter::builder`]'s: the precise default clock, no key bound.
+    pub(super) fn new(rule: A) -> Self {
+        KeyedLimiterBuilder {
+            rule,
+            clock: QuantaClock::new(),
+            max_keys: None,
+            evict_above: None,
+            _keys: PhantomData,
+        }
+    }
+}
+
+impl<K, A: Algorithm, C: Clock> KeyedLimiterBuilder<K, A, C> {
+    /// Reads time from `clock` instead of the precise default.
+    ///
+    /// # Examples
+    /// ```
+    /// use tollgate::{clock::ManualClock, Gcra, KeyedLimiter, Quota};
+    /// let clock = ManualClock::new(); // tests move time by hand
+    /// let limiter = KeyedLimiter::<u64, _>::builder(Gcra::new(Quota::per_second(1)?)?)
+    ///     .clock(clock.clone())
+    ///     .build()?;
+    /// assert!(limiter.check(&7).unwrap().allowed());
+    /// assert!(!limiter.check(&7).unwrap().allowed());
+    /// clock.advance(std::time::Duration::from_secs(1));
+    /// assert!(limiter.check(&7).unwrap().allowed());
+    /// # Ok::<(), tollgate::QuotaError>(())
+    /// ```
+    pub fn clock<C2: Clock>(self, clock: C2) -> KeyedLimiterBuilder<K, A, C2> {
+        KeyedLimiterBuilder {
+            rule: self.rule,
+            clock,
+            max_keys: self.max_keys,
+            evict_above: self.evict_above,
+            _keys: PhantomData,
+        }
+    }
+
+    /// Holds at most `max_keys` keys (at least 1); `policy` says what happens to new keys
+    /// beyond it.
+    ///
+    /// # Examples
+    /// ```
+    /// use tollgate::{Error, Gcra, KeyedLimiter, OverflowPolicy, Quota};
+    /// let limiter = KeyedLimiter::<u64, _>::builder(Gcra::new(Quota::per_hour(10)?)?)
+    ///     .max_keys(2, OverflowPolicy::Deny)
+    ///     .build()?;
+    /// assert!(limiter.check(&1).unwrap().allowed());
+    /// assert!(limiter.check(&2).unwrap().allowed());
+    /// // Both keys hold state for an hour: a third key finds no room.
+    /// assert!(matches!(limiter.check(&3), Err(Error::KeyTableFull { .. })));
+    /// # Ok::<(), tollgate::QuotaError>(())
+    /// ```
+    pub fn max_keys(mut self, max_keys: usize, policy: OverflowPolicy) -> Self {
+        self.max_keys = Some((max_keys.max(1), policy));
+        self
+    }
+
+    /// Keeps every key, fresh or not, until the limiter holds about `keys` keys (default
+    /// [`DEFAULT_EVICT_ABOVE`](crate::store::DEFAULT_EVICT_ABOVE), 2^21): below that, the
+    /// word table grows as a hash map does, so clients that come back to a full bucket always
+    /// find their slot. Above it, a full shard table evicts keys that are fresh and were not
+    /// used since it last filled, so that a flood of unique keys holds about `keys` keys
+    /// (plus those still holding state). A soft bound, per shard; [`max_keys`] is the hard
+    /// one. The dashmap store ignores it.
+    ///
+    /// # Examples
+    /// ```
+    /// use tollgate::{Gcra, KeyedLimiter, Quota};
+    /// // A server with few clients: hold at most about 10k idle keys.
+    /// let limiter = KeyedLimiter::<u64, _>::builder(Gcra::new(Quota::per_second(5)?)?)
+    ///     .evict_above(10_000)
+    ///     .build()?;
+    /// assert!(limiter.check(&1).unwrap().allowed());
+    /// # Ok::<(), tollgate::QuotaError>(())
+    /// ```
+    ///
+    /// [`max_keys`]: KeyedLimiterBuilder::max_keys
+    pub fn evict_above(mut self, keys: usize) -> Self {
+        self.evict_above = Some(keys);
+        self
+    }
+
+    /// The limiter, on the rule's default store: the lock-free [`WordTable`].
+    ///
+    /// # Errors
+    /// [`QuotaError::ClockTooCoarse`] if the clock cannot serve the quota.
+    ///
+    /// [`WordTable`]: crate::store::WordTable
+    ///
+    /// # Examples
+    /// ```
+    /// use std::time::Duration;
+    /// use tollgate::{clock::CoarseClock, FixedWindow, Gcra, KeyedLimiter, Quota, QuotaError};
+    /// let limiter = KeyedLimiter::<String, _>::builder(Gcra::new(Quota::per_second(5)?)?).build()?;
+    /// assert!(limiter.check("alice").unwrap().allowed());
+    /// // A 1 ms clock cannot resolve a 5 ms window (it needs a tenth of it): refused here,
+    /// // not mid-traffic.
+    /// let coarse = KeyedLimiter::<String, _>::builder(FixedWindow::new(Quota::new(10, Duration::from_millis(5))?)?)
+    ///     .clock(CoarseClock::new())
+    ///     .build();
+    /// assert!(matches!(coarse, Err(QuotaError::ClockTooCoarse { .. })));
+    /// # Ok::<(), tollgate::QuotaError>(())
+    /// ```
+    pub fn build(self) -> Result<KeyedLimiter<K, A, C>, QuotaError>
+    where
+        K: Clone + Hash + Eq + Send + Sync,
+    {
+        self.build_with_store(A::new_store())
+    }
+
+    /// The limiter, on `store` (which must be empty): for example a
+    /// [`DashMapStore`](crate::store::DashMapStore) for a word rule, to compare the two.
+    ///
+    /// # Errors
+    /// [`QuotaError::ClockTooCoarse`] if the clock cannot serve the quota.
+    ///
+    /// # Examples
+    /// ```
+    /// use tollgate::{store::DashMapStore, Gcra, KeyedLimiter, Quota};
+    /// let limiter = KeyedLimiter::<u64, _>::builder(Gcra::new(Quota::per_second(5)?)?)
+    ///     .build_with_store(DashMapStore::new())?;
+    /// assert!(limiter.check(&1).unwrap().allowed());
+    /// # Ok::<(), tollgate::QuotaError>(())
+    /// ```
+    pub fn build_with_store<S>(self, store: S) -> Result<KeyedLimiter<K, A, C, S>, QuotaError>
+    where
+        K: Hash + Eq + Send + Sync,
+        S: KeyedStore<K, A::Cell>,
+    {
+        let mut store = store;
+        if let Some(keys) = self.evict_above {
+            store.set_evict_above(keys);
+        }
+        store.set_carry(A::carry);
+        Ok(KeyedLimiter {
+            core: Core::new(self.rule, self.clock)?,
+            table: KeyTable::new(store, self.max_keys),
+        })
+    }
+}

@@ -1,0 +1,352 @@
+//! How each rule's state is stored: the glue between a pure rule (`crate::algorithm`) and the
+//! atomics that hold its states (`crate::state`) in a store (`WordTable`).
+//!
+//! [`Stored`] is crate-private in effect (its module is not exported): limiters take an
+//! [`Algorithm`](crate::Algorithm), a [`Rule`] that is `Stored`, so users name the rule and
+//! never its storage, and the storage can change without a breaking change.
+
+use std::hash::Hash;
+
+use crate::algorithm::{
+    FixedWindow, Gcra, LeakyQueue, Rule, SlidingLog, SlidingWindow, WordRule, Words,
+};
+use crate::clock::Nanos;
+use crate::decision::Decision;
+use crate::state::{AtomicWord, LogCell, Retired};
+use crate::store::{KeyedStore, WordTable};
+
+/// GCRA and leaky-bucket TATs stay below `u64::MAX − 1` (`Gcra::decide_with_delay`).
+pub(crate) const TAT_MARKS: Retired = Retired {
+    tombstone: u64::MAX,
+    moved: u64::MAX - 1,
+};
+
+/// How far back `evict_if_idle` may judge, in periods: well within the window counters'
+/// readable range (a quarter of the sliding window's 2^23 indices), and no limit in practice.
+const IDLE_HORIZON: u64 = 1 << 20;
+
+/// Both window states have impossible low bits: the fixed window's count (24 bits, `MAX_LIMIT`
+/// = 2^24 − 2) and the sliding window's `cur` (21 bits, at most 2^20 − 1) never are all ones.
+pub(crate) const WINDOW_MARKS: Retired = Retired {
+    tombstone: u64::MAX,
+    moved: u64::MAX >> 1,
+};
+
+/// A rule whose per-key state a limiter can store: its cell, its default store, and each
+/// decision, refund and judgement run on a cell (by a CAS loop, or under the log's lock).
+pub trait Stored: Rule {
+    /// The per-key state as stored in a limiter.
+    type Cell: Default + Send + Sync;
+
+    /// Decides a request of `cost ≤ capacity()` against `cell`, committing it when `commit` and
+    /// it is allowed. `now` is read after the state is loaded, so that a state written by another
+    /// thread never looks newer than the time it is judged at.
+    fn acquire<F: Fn() -> Nanos>(
+        &self,
+        cell: &Self::Cell,
+        now: F,
+        cost: u64,
+        commit: bool,
+    ) -> Decision;
+
+    /// Gives back `cost` units admitted earlier, as far as the rule allows.
+    fn refund<F: Fn() -> Nanos>(&self, cell: &Self::Cell, now: F, cost: u64);
+
+    /// Reserves `cost ≤ capacity()` units: as [`Stored::acquire`] with `commit`, except
+    /// that a rule that can ([`WordRule::reserve`](crate::algorithm::WordRule::reserve): GCRA) takes the units even when it would
+    /// refuse them now, and the decision's delay says when they are due. What the waiting
+    /// calls use, so that waiters are served in the order they reserved.
+    #[inline]
+    fn reserve<F: Fn() -> Nanos>(&self, cell: &Self::Cell, now: F, cost: u64) -> Decision {
+        self.acquire(cell, now, cost, true)
+    }
+
+    /// [`Stored::reserve`] in a keyed store: `None` if the cell was retired.
+    #[inline]
+    fn reserve_live<F: Fn() -> Nanos>(
+        &self,
+        cell: &Self::Cell,
+        now: F,
+        cost: u64,
+    ) -> Option<Decision> {
+        self.acquire_live(cell, now, cost, true)
+    }
+
+    /// Whether `cell` can no longer be told apart from a fresh key at `now` (safe to evict).
+    fn is_fresh(&self, cell: &Self::Cell, now: Nanos) -> bool;
+
+    /// The keyed store this rule's cells live in by default: the lock-free [`WordTable`].
+    type Store<K: Clone + Hash + Eq + Send + Sync>: KeyedStore<K, Self::Cell>;
+
+    /// An empty default store.
+    fn new_store<K: Clone + Hash + Eq + Send + Sync>() -> Self::Store<K>;
+
+    /// [`Stored::acquire`] in a keyed store: `None` if the cell was retired (evicted or
+    /// moved), so that the store looks the key up again.
+    fn acquire_live<F: Fn() -> Nanos>(
+        &self,
+        cell: &Self::Cell,
+        now: F,
+        cost: u64,
+        commit: bool,
+    ) -> Option<Decision>;
+
+    /// [`Stored::refund`] in a keyed store: `None` if the cell was retired.
+    fn refund_live<F: Fn() -> Nanos>(&self, cell: &Self::Cell, now: F, cost: u64) -> Option<()>;
+
+    /// Retires `cell` if it is fresh at `now`, atomically with respect to decisions on it
+    /// (a decision lands before and the cell is kept, or sees the tombstone); whether it did.
+    fn evict_if_fresh(&self, cell: &Self::Cell, now: Nanos) -> bool;
+
+    /// Retires `cell` if it is fresh at `now` and already was at `since` (≤ `now`): a key left
+    /// unused since then. Atomic as [`Stored::evict_if_fresh`]; whether it did. (`since` is
+    /// clamped to at most 2^20 periods before `now`, within what the window counters can read.)
+    fn evict_if_idle(&self, cell: &Self::Cell, since: Nanos, now: Nanos) -> bool;
+
+    /// The rule that takes over from `previous` at `now` when the quota changes.
+    fn take_over(self, previous: &Self, now: Nanos) -> Self;
+
+    /// The window counters keep a window index in a few bits, anchored at a base the limiter
+    /// moves up (see the index horizon in `algorithm/grid.rs`): the instant from which a
+    /// limiter should sweep and call [`Stored::rebase`]. Never, for the other rules.
+    #[inline]
+    fn sweep_due(&self) -> Nanos {
+        Nanos::MAX
+    }
+
+    /// Whether this rule may not store a state judged at `now` (a limiter must sweep and
+    /// rebase first, then decide again). Rules refuse such writes: the state stays as it was.
+    fn beyond_horizon(&self, _now: Nanos) -> bool {
+        false
+    }
+
+    /// The rule re-anchored at `now`, once every state that is fresh at `now` is gone.
+    fn rebase(self, _now: Nanos) -> Self {
+        self
+    }
+
+    /// The anchor its states are written against: a store that re-anchors itself never hands
+    /// a decision a cell of an older era ([`KeyedStore::with_existing`]). 0 for the rules
+    /// whose states need none.
+    #[inline(always)]
+    fn era(&self) -> u64 {
+        0
+    }
+
+    /// Re-encodes, in place, a cell written in era `from` for the later era `to` (see
+    /// [`KeyedStore::set_carry`]): a state too old to be read in `to` is fresh, and becomes
+    /// the fresh state. Nothing, for the rules whose states need no era.
+    fn carry(_cell: &Self::Cell, _from: u64, _to: u64) {}
+
+    /// Puts a cell that is fresh at `now` back to the fresh state (a direct limiter's sweep).
+    fn reset_if_fresh(&self, _cell: &Self::Cell, _now: Nanos) {}
+
+    fn to_words(&self) -> Words;
+    fn from_words(words: Words) -> Self;
+}
+
+macro_rules! word_cells {
+    ($ty:ty, $marks:expr $(, $windowed:ident)?) => {
+        impl Stored for $ty {
+            type Cell = AtomicWord;
+            type Store<K: Clone + Hash + Eq + Send + Sync> =
+                WordTable<K, foldhash::fast::RandomState>;
+
+            fn new_store<K: Clone + Hash + Eq + Send + Sync>() -> Self::Store<K> {
+                WordTable::new($marks, foldhash::fast::RandomState::default())
+            }
+
+            #[inline]
+            fn acquire<F: Fn() -> Nanos>(
+                &self,
+                cell: &AtomicWord,
+                now: F,
+                cost: u64,
+                commit: bool,
+            ) -> Decision {
+                if commit {
+                    cell.update(now, |state, t| WordRule::decide(self, state, t, cost))
+                } else {
+                    WordRule::decide(self, cell.load(), now(), cost).0
+                }
+            }
+            fn refund<F: Fn() -> Nanos>(&self, cell: &AtomicWord, now: F, cost: u64) {
+                cell.update(now, |state, t| {
+                    ((), WordRule::refunded(self, state, t, cost))
+                })
+            }
+            fn reserve<F: Fn() -> Nanos>(&self, cell: &AtomicWord, now: F, cost: u64) -> Decision {
+                cell.update(now, |state, t| WordRule::reserve(self, state, t, cost))
+            }
+            fn reserve_live<F: Fn() -> Nanos>(
+                &self,
+                cell: &AtomicWord,
+                now: F,
+                cost: u64,
+            ) -> Option<Decision> {
+                let marks: Retired = $marks;
+                cell.try_update(
+                    now,
+                    |state, t| WordRule::reserve(self, state, t, cost),
+                    |state| marks.any(state),
+                )
+                .ok()
+            }
+            fn is_fresh(&self, cell: &AtomicWord, now: Nanos) -> bool {
+                WordRule::is_fresh(self, cell.load(), now)
+            }
+            #[inline]
+            fn acquire_live<F: Fn() -> Nanos>(
+                &self,
+                cell: &AtomicWord,
+                now: F,
+                cost: u64,
+                commit: bool,
+            ) -> Option<Decision> {
+                let marks: Retired = $marks;
+                if commit {
+                    cell.try_update(
+                        now,
+                        |state, t| WordRule::decide(self, state, t, cost),
+                        |state| marks.any(state),
+                    )
+                    .ok()
+                } else {
+                    let state = cell.load();
+                    (!marks.any(state)).then(|| WordRule::decide(self, state, now(), cost).0)
+                }
+            }
+            fn refund_live<F: Fn() -> Nanos>(
+                &self,
+                cell: &AtomicWord,
+                now: F,
+                cost: u64,
+            ) -> Option<()> {
+                let marks: Retired = $marks;
+                cell.try_update(
+                    now,
+                    |state, t| ((), WordRule::refunded(self, state, t, cost)),
+                    |state| marks.any(state),
+                )
+                .ok()
+            }
+            fn evict_if_fresh(&self, cell: &AtomicWord, now: Nanos) -> bool {
+                let marks: Retired = $marks;
+                cell.retire_if(marks.tombstone, |state| {
+                    !marks.any(state) && WordRule::is_fresh(self, state, now)
+                })
+                .is_some()
+            }
+            fn evict_if_idle(&self, cell: &AtomicWord, since: Nanos, now: Nanos) -> bool {
+                let marks: Retired = $marks;
+                let since = since
+                    .max(now.saturating_sub(self.period().saturating_mul(IDLE_HORIZON)))
+                    .min(now);
+                cell.retire_if(marks.tombstone, |state| {
+                    !marks.any(state)
+                        && WordRule::is_fresh(self, state, now)
+                        && WordRule::is_fresh(self, state, since)
+                })
+                .is_some()
+            }
+            fn take_over(self, previous: &Self, now: Nanos) -> Self {
+                self.take_over(previous, now)
+            }
+            fn reset_if_fresh(&self, cell: &AtomicWord, now: Nanos) {
+                cell.retire_if(0, |state| {
+                    state != 0 && WordRule::is_fresh(self, state, now)
+                });
+            }
+            $(
+                #[inline]
+                fn sweep_due(&self) -> Nanos {
+                    let $windowed = self.horizon();
+                    $windowed.sweep_due()
+                }
+                fn beyond_horizon(&self, now: Nanos) -> bool {
+                    self.horizon().beyond_horizon(now)
+                }
+                fn rebase(self, now: Nanos) -> Self {
+                    self.rebase(now)
+                }
+                #[inline(always)]
+                fn era(&self) -> u64 {
+                    self.horizon().base
+                }
+                fn carry(cell: &AtomicWord, from: u64, to: u64) {
+                    let $windowed = <Self>::carried(cell.load(), from, to);
+                    cell.init($windowed);
+                }
+            )?
+            fn to_words(&self) -> Words {
+                self.to_words()
+            }
+            fn from_words(words: Words) -> Self {
+                Self::from_words(words)
+            }
+        }
+    };
+}
+
+word_cells!(Gcra, TAT_MARKS);
+word_cells!(LeakyQueue, TAT_MARKS);
+word_cells!(FixedWindow, WINDOW_MARKS, windowed);
+word_cells!(SlidingWindow, WINDOW_MARKS, windowed);
+
+impl Stored for SlidingLog {
+    type Cell = LogCell;
+
+    fn acquire<F: Fn() -> Nanos>(
+        &self,
+        cell: &LogCell,
+        now: F,
+        cost: u64,
+        commit: bool,
+    ) -> Decision {
+        cell.with(now, |ring, t| self.decide(ring, t, cost, commit))
+    }
+    fn refund<F: Fn() -> Nanos>(&self, cell: &LogCell, now: F, cost: u64) {
+        cell.with(now, |ring, t| self.refund(ring, t, cost))
+    }
+    fn is_fresh(&self, cell: &LogCell, now: Nanos) -> bool {
+        // A retired cell holds no state; its ring must stay marked (no prune on it).
+        cell.with_live(|| now, |ring, t| self.is_empty_at(ring, t))
+            .unwrap_or(true)
+    }
+    type Store<K: Clone + Hash + Eq + Send + Sync> =
+        WordTable<K, foldhash::fast::RandomState, LogCell>;
+    fn new_store<K: Clone + Hash + Eq + Send + Sync>() -> Self::Store<K> {
+        WordTable::new((), foldhash::fast::RandomState::default())
+    }
+    #[inline]
+    fn acquire_live<F: Fn() -> Nanos>(
+        &self,
+        cell: &LogCell,
+        now: F,
+        cost: u64,
+        commit: bool,
+    ) -> Option<Decision> {
+        cell.with_live(now, |ring, t| self.decide(ring, t, cost, commit))
+    }
+    fn refund_live<F: Fn() -> Nanos>(&self, cell: &LogCell, now: F, cost: u64) -> Option<()> {
+        cell.with_live(now, |ring, t| self.refund(ring, t, cost))
+    }
+    /// Under the cell's lock, so no decision runs between the judgement and the tombstone.
+    fn evict_if_fresh(&self, cell: &LogCell, now: Nanos) -> bool {
+        cell.evict_if(|ring| self.is_empty_at(ring, now))
+    }
+    /// Empty at `since` means no entry after `since − W`, so empty at `now ≥ since` too.
+    fn evict_if_idle(&self, cell: &LogCell, since: Nanos, now: Nanos) -> bool {
+        cell.evict_if(|ring| self.is_empty_at(ring, since.min(now)))
+    }
+    fn take_over(self, _previous: &Self, _now: Nanos) -> Self {
+        // Entries are absolute times: a new window or limit applies to them as they are.
+        self
+    }
+    fn to_words(&self) -> Words {
+        self.to_words()
+    }
+    fn from_words(words: Words) -> Self {
+        Self::from_words(words)
+    }
+}
