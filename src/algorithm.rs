@@ -2,8 +2,8 @@
 //! functions.
 //!
 //! Each rule is a plain `Copy` value (its parameters) with a function from (state, now, cost)
-//! to (decision, next state). Nothing here touches an atomic: [`crate::state`] stores the states
-//! and runs the compare-and-swap loops, which is what makes the rules testable, fuzzable and
+//! to (decision, next state). Nothing here touches an atomic: the crate's state cells store the
+//! states and run the compare-and-swap loops, which is what makes the rules testable, fuzzable and
 //! model-checkable on their own.
 //!
 //! ```
@@ -77,7 +77,7 @@ pub type TokenBucket = Gcra;
 pub type LeakyBucket = Gcra;
 
 macro_rules! rule {
-    ($ty:ty, $name:literal, $capacity:ident, $period:ident) => {
+    ($ty:ty, $name:literal, $capacity:ident, $period:ident, $window:ident) => {
         impl rule::sealed::Sealed for $ty {}
         impl Rule for $ty {
             const NAME: &'static str = $name;
@@ -90,12 +90,21 @@ macro_rules! rule {
             fn period(&self) -> Nanos {
                 self.$period()
             }
+            fn window_nanos(&self) -> Nanos {
+                self.$window()
+            }
         }
     };
 }
 
-rule!(Gcra, "gcra", capacity, period);
-rule!(LeakyQueue, "leaky-queue", capacity, period);
-rule!(FixedWindow, "fixed-window", capacity, period);
-rule!(SlidingWindow, "sliding-window", capacity, period);
-rule!(SlidingLog, "sliding-log", limit, window);
+rule!(Gcra, "gcra", capacity, period, recovered_window);
+rule!(
+    LeakyQueue,
+    "leaky-queue",
+    capacity,
+    period,
+    recovered_window
+);
+rule!(FixedWindow, "fixed-window", capacity, period, window);
+rule!(SlidingWindow, "sliding-window", capacity, period, window);
+rule!(SlidingLog, "sliding-log", limit, window, window);

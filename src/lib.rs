@@ -246,9 +246,12 @@
 //! ## Design
 //! - [`algorithm`]: each algorithm's rule as a pure function (state, now, cost) → (decision,
 //!   state). Nothing there touches an atomic.
-//! - [`state`]: the atomics. GCRA, leaky and both window counters pack a key's state in one
-//!   `u64` updated by a compare-and-swap loop; the sliding log keeps a compact ring buffer.
-//! - [`store`]: the sharded concurrent map of keyed limiters.
+//! - The state cells (crate-private): GCRA, leaky and both window counters pack a key's state
+//!   in one `u64` updated by a compare-and-swap loop; the sliding log keeps a compact ring
+//!   buffer.
+//! - [`store`]: the sharded concurrent map of keyed limiters (the lock-free word table by
+//!   default, [`store::DashMapStore`] to compare), and the [`store::KeyedStore`] trait to plug
+//!   in another.
 //! - [`limiter`]: [`Limiter`] and [`KeyedLimiter`] wire a [`clock`], a rule and a store.
 //! - [`MultiLimiter`]: several quotas on one key, all or nothing.
 //! - [`replay`]: the trace format of `tollgate replay`.
@@ -288,7 +291,7 @@ mod quota;
 #[cfg(feature = "redis")]
 pub mod redis;
 pub mod replay;
-pub mod state;
+pub(crate) mod state;
 pub mod store;
 mod sync;
 mod text_key;

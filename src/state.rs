@@ -5,16 +5,6 @@
 //! - [`LogCell`]: the sliding log's ring buffer behind a per-key lock.
 //! - [`ParamCell`]: the limiter's quota, replaceable at run time without a lock on the read path.
 //! - [`HighWater`]: the clamp that keeps a non-monotonic clock from going back.
-//!
-//! ```
-//! use tollgate::{algorithm::WordRule, state::{AtomicWord, HighWater}, Gcra, Quota};
-//! // What a limiter does on each check of a word rule: clamp the reading, CAS the state.
-//! let rule = Gcra::new(Quota::per_second(1)?)?;
-//! let (cell, newest) = (AtomicWord::default(), HighWater::new());
-//! let d = cell.update(|| newest.clamp(1_000), |state, now| rule.decide(state, now, 1));
-//! assert!(d.allowed());
-//! # Ok::<(), tollgate::QuotaError>(())
-//! ```
 
 // Explicit paths: see `algorithm.rs` (the same file is compiled by `loom-tests`).
 #[path = "state/high_water.rs"]
@@ -30,3 +20,26 @@ pub use self::high_water::HighWater;
 pub use self::log::LogCell;
 pub use self::params::ParamCell;
 pub use self::word::{AtomicWord, Retired};
+
+#[cfg(test)]
+mod examples {
+    //! The examples of this file's items (crate-private, so not doctests).
+
+    #[test]
+    fn module_example() -> Result<(), Box<dyn std::error::Error>> {
+        use crate::{
+            algorithm::WordRule,
+            state::{AtomicWord, HighWater},
+            Gcra, Quota,
+        };
+        // What a limiter does on each check of a word rule: clamp the reading, CAS the state.
+        let rule = Gcra::new(Quota::per_second(1)?)?;
+        let (cell, newest) = (AtomicWord::default(), HighWater::new());
+        let d = cell.update(
+            || newest.clamp(1_000),
+            |state, now| rule.decide(state, now, 1),
+        );
+        assert!(d.allowed());
+        Ok(())
+    }
+}

@@ -19,7 +19,7 @@
 // Explicit paths: `loom-tests` includes `keyed_store.rs` and `table.rs` with `#[path]` (without
 // dashmap); see `algorithm.rs` for why undecorated children would not resolve there.
 #[path = "store/cell.rs"]
-mod cell;
+pub(crate) mod cell;
 #[path = "store/dashmap.rs"]
 mod dashmap;
 #[path = "store/keyed_store.rs"]
@@ -34,10 +34,31 @@ mod word_table;
 #[path = "store/word_table_tests.rs"]
 mod word_table_tests;
 
-pub use self::cell::{CacheLine, TableCell};
+pub(crate) use self::cell::TableCell;
 pub use self::dashmap::DashMapStore;
 pub use self::keyed_store::{Carry, Evictor, Inserted, KeyedStore};
 pub(crate) use self::stored::Stored;
 #[cfg(test)]
 pub(crate) use self::stored::{TAT_MARKS, WINDOW_MARKS};
-pub use self::word_table::{WordTable, DEFAULT_EVICT_ABOVE};
+pub(crate) use self::word_table::WordTable;
+pub use self::word_table::DEFAULT_EVICT_ABOVE;
+
+/// The cell a rule's per-key state is stored in: what a [`KeyedStore`] holds for a limiter of
+/// rule `A`. Its type is the crate's own business (opaque), so a store is written generic over
+/// its cells, as [`DashMapStore`] is.
+///
+/// # Examples
+/// ```
+/// use tollgate::store::{CellOf, DashMapStore};
+/// use tollgate::{clock::QuantaClock, Gcra, KeyedLimiter, Quota};
+/// // A field's type names the store, and so the cells it holds.
+/// struct Server {
+///     per_user: KeyedLimiter<u64, Gcra, QuantaClock, DashMapStore<u64, CellOf<Gcra>>>,
+/// }
+/// let rule = Gcra::new(Quota::per_second(5)?)?;
+/// let builder = KeyedLimiter::<u64, _>::builder(rule);
+/// let server = Server { per_user: builder.build_with_store(DashMapStore::new())? };
+/// assert!(server.per_user.check(&1)?.allowed());
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub type CellOf<A> = <A as Stored>::Cell;

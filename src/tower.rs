@@ -136,7 +136,7 @@ mod tiers;
 mod waiters;
 
 pub use self::addr::ProxyHeader;
-pub use self::backend::{CheckBackend, CheckError, CheckFuture, QuotaInfo, RuleWindow, Verdict};
+pub use self::backend::{CheckBackend, CheckError, CheckFuture, QuotaInfo, Verdict};
 pub use self::builder::RateLimitLayerBuilder;
 use self::builder::DEFAULT_MAX_KEY_LEN;
 pub use self::cidr::{Cidr, CidrError};

@@ -18,8 +18,7 @@ use http::{HeaderValue, StatusCode};
 use proptest::prelude::*;
 use tollgate::clock::ManualClock;
 use tollgate::tower::{
-    CheckBackend, CheckFuture, HeaderStyle, Key, Mode, Policy, QuotaInfo, RateLimitLayer,
-    RuleWindow, Verdict,
+    CheckBackend, CheckFuture, HeaderStyle, Key, Mode, Policy, QuotaInfo, RateLimitLayer, Verdict,
 };
 use tollgate::Algorithm;
 use tollgate::{Decision, FixedWindow, Gcra, KeyedLimiter, MultiLimiter, Quota, SlidingWindow};
@@ -117,11 +116,7 @@ fn agree(
     Ok(())
 }
 
-fn single<A: Algorithm + RuleWindow>(
-    rule: A,
-    run: Run,
-    steps: &[Step],
-) -> Result<(), TestCaseError> {
+fn single<A: Algorithm>(rule: A, run: Run, steps: &[Step]) -> Result<(), TestCaseError> {
     let clock = ManualClock::new();
     let backend = KeyedLimiter::<Key, A, _>::with_clock(rule, clock.clone()).unwrap();
     let reference = KeyedLimiter::<Key, A, _>::with_clock(rule, clock.clone()).unwrap();
@@ -134,11 +129,7 @@ fn single<A: Algorithm + RuleWindow>(
     )
 }
 
-fn multi<A: Algorithm + RuleWindow>(
-    rules: [A; 2],
-    run: Run,
-    steps: &[Step],
-) -> Result<(), TestCaseError> {
+fn multi<A: Algorithm>(rules: [A; 2], run: Run, steps: &[Step]) -> Result<(), TestCaseError> {
     let clock = ManualClock::new();
     let backend = MultiLimiter::<Key, A, _>::with_clock(rules, clock.clone()).unwrap();
     let reference = MultiLimiter::<Key, A, _>::with_clock(rules, clock.clone()).unwrap();

@@ -17,8 +17,7 @@ use governor::middleware::NoOpMiddleware;
 use governor::state::keyed::DashMapStateStore;
 use governor::RateLimiter;
 use tollgate::clock::{Clock, CoarseClock, QuantaClock};
-use tollgate::state::AtomicWord;
-use tollgate::store::{DashMapStore, KeyedStore};
+use tollgate::store::{CellOf, DashMapStore, KeyedStore};
 use tollgate::{Gcra, KeyedLimiter};
 
 use crate::common::{self, case, Driver, Keys, SIZES};
@@ -52,9 +51,9 @@ fn tollgate_dashmap<C: Clock>(rule: Gcra, clock: C, keys: &Keys, warm: u64) -> D
     warmed(builder.build_with_store(DashMapStore::new()), keys, warm)
 }
 
-type Dashed<C> = KeyedLimiter<u64, Gcra, C, DashMapStore<u64, AtomicWord>>;
+type Dashed<C> = KeyedLimiter<u64, Gcra, C, DashMapStore<u64, CellOf<Gcra>>>;
 
-fn warmed<C: Clock, S: KeyedStore<u64, AtomicWord>>(
+fn warmed<C: Clock, S: KeyedStore<u64, CellOf<Gcra>>>(
     limiter: Result<KeyedLimiter<u64, Gcra, C, S>, tollgate::QuotaError>,
     keys: &Keys,
     warm: u64,
@@ -87,7 +86,7 @@ pub fn governor<C: GovernorClock>(
     limiter
 }
 
-fn verify_tollgate<C: Clock, S: KeyedStore<u64, AtomicWord>>(
+fn verify_tollgate<C: Clock, S: KeyedStore<u64, CellOf<Gcra>>>(
     limiter: &KeyedLimiter<u64, Gcra, C, S>,
     keys: &Keys,
     allowed: bool,

@@ -88,6 +88,11 @@ impl Gcra {
         })
     }
 
+    /// `W`, recovered from `T` (see [`Rule::window_nanos`](crate::algorithm::Rule::window_nanos)).
+    pub(crate) fn recovered_window(&self) -> u64 {
+        crate::algorithm::rule::window_of(self.interval_nanos(), self.limit())
+    }
+
     /// `T` in nanoseconds.
     ///
     /// # Examples

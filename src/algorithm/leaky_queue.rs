@@ -46,6 +46,11 @@ impl LeakyQueue {
         Gcra::new(quota).map(LeakyQueue)
     }
 
+    /// `W`, recovered from `T` (see [`Rule::window_nanos`](crate::algorithm::Rule::window_nanos)).
+    pub(crate) fn recovered_window(&self) -> u64 {
+        crate::algorithm::rule::window_of(self.interval_nanos(), self.limit())
+    }
+
     /// `T` in nanoseconds: the spacing of the shaped output.
     ///
     /// # Examples

@@ -78,6 +78,24 @@ pub trait Rule: Copy + Send + Sync + std::fmt::Debug + 'static + sealed::Sealed 
     /// # Ok::<(), tollgate::QuotaError>(())
     /// ```
     fn period(&self) -> Nanos;
+
+    /// The quota's window `W` in nanoseconds, as the `RateLimit-Policy` header shows it.
+    /// GCRA and the leaky queue keep only `T = W/L`, rounded to the nearest ns: `W` is
+    /// recovered from `L·T` when it is a multiple of the first power of ten above `L`, else
+    /// `L·T` is reported.
+    ///
+    /// # Examples
+    /// ```
+    /// use std::time::Duration;
+    /// use tollgate::{algorithm::Rule, Gcra, Quota, SlidingWindow};
+    /// let w = SlidingWindow::new(Quota::per_minute(100)?)?;
+    /// assert_eq!(w.window_nanos(), 60_000_000_000);
+    /// // GCRA keeps only T = 1 s / 7, rounded; W = 1 s is recovered from 7·T.
+    /// let g = Gcra::new(Quota::new(7, Duration::from_secs(1))?)?;
+    /// assert_eq!(g.window_nanos(), 1_000_000_000);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    fn window_nanos(&self) -> Nanos;
 }
 
 /// How many `u64` words a rule's parameters take (what a limiter's `set_quota` swaps).
@@ -198,5 +216,42 @@ pub(crate) fn limit_at_most(quota: &Quota, max: u64) -> Result<u64, QuotaError> 
         })
     } else {
         Ok(limit)
+    }
+}
+
+/// `W` of a rule that keeps only `T = W / L`, rounded to the nearest ns: `L·T` is within
+/// `L/2` ns of `W`; when the nearest multiple of the first power of ten above `L` is that
+/// close, it is `W` (2 s at `L = 7`: `L·T` is 2.000000002 s, shown as 3 s rounded up without
+/// this).
+pub(crate) fn window_of(interval: u64, limit: u64) -> u64 {
+    let approx = interval.saturating_mul(limit);
+    let Some(unit) = limit
+        .checked_ilog10()
+        .and_then(|digits| 10u64.checked_pow(digits + 1))
+    else {
+        return approx;
+    };
+    match (approx.saturating_add(unit / 2) / unit).checked_mul(unit) {
+        // Only within the rounding error: an exact `L·T` stays as it is.
+        Some(rounded) if rounded > 0 && rounded.abs_diff(approx) <= limit / 2 => rounded,
+        _ => approx,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::window_of;
+
+    #[test]
+    fn windows_are_recovered_from_rounded_intervals() {
+        // 2 s / 7 = 285_714_285.7 ns, kept as 285_714_286.
+        assert_eq!(window_of(285_714_286, 7), 2_000_000_000);
+        assert_eq!(window_of(333_333_333, 3), 1_000_000_000);
+        assert_eq!(window_of(1_500_000_000, 2), 3_000_000_000);
+        assert_eq!(window_of(1, 1), 1);
+        assert_eq!(window_of(1, 5), 5);
+        assert_eq!(window_of(3, 1_000_000), 3_000_000);
+        assert_eq!(window_of(u64::MAX, u64::MAX), u64::MAX);
+        assert_eq!(window_of(60_000_000_000 / 1_000, 1_000), 60_000_000_000);
     }
 }

@@ -52,7 +52,7 @@ mod builder;
 /// ```
 ///
 /// # Store
-/// Every algorithm keeps its states in the lock-free [`WordTable`](crate::store::WordTable): a
+/// Every algorithm keeps its states in the lock-free word table ([design](crate::docs::design)): a
 /// check on a known key takes no shared lock and writes no shared memory but the key's own
 /// state (GCRA, the leaky buckets and both window counters: one word, by a CAS; the sliding
 /// log: its ring, under the key's own lock). Inserts and evictions lock one of its 64 shards;

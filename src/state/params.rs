@@ -8,15 +8,6 @@ use crate::sync::{fence, AtomicU64, Ordering};
 ///
 /// `seq` is even when the words are stable and odd while a writer is storing them; a reader
 /// retries when `seq` was odd or changed under it. Writers must be serialised by the caller.
-///
-/// # Examples
-/// ```
-/// use tollgate::state::ParamCell;
-/// // The type parameter says what the words encode (here: nothing in particular).
-/// let cell = ParamCell::<()>::new([10, 0, 0, 0, 0]);
-/// cell.store([20, 0, 0, 0, 0]); // a quota change, under the caller's lock
-/// assert_eq!(cell.load()[0], 20);
-/// ```
 #[derive(Debug)]
 pub struct ParamCell<P> {
     seq: AtomicU64,
@@ -26,14 +17,6 @@ pub struct ParamCell<P> {
 
 impl<P> ParamCell<P> {
     /// A cell holding `words`.
-    ///
-    /// # Examples
-    /// ```
-    /// use tollgate::state::ParamCell;
-    /// // The type parameter names what the words encode; it is not stored.
-    /// let cell = ParamCell::<u8>::new([1, 2, 3, 4, 5]);
-    /// assert_eq!(cell.load(), [1, 2, 3, 4, 5]);
-    /// ```
     pub fn new(words: Words) -> Self {
         ParamCell {
             seq: AtomicU64::new(0),
@@ -43,27 +26,6 @@ impl<P> ParamCell<P> {
     }
 
     /// A consistent snapshot of the words.
-    ///
-    /// # Examples
-    /// ```
-    /// use std::sync::Mutex;
-    /// use tollgate::state::ParamCell;
-    /// let cell = ParamCell::<()>::new([1; 5]);
-    /// let writer = Mutex::new(()); // writers must be serialised by the caller
-    /// std::thread::scope(|s| {
-    ///     s.spawn(|| {
-    ///         for n in 2..100 {
-    ///             let _guard = writer.lock().unwrap();
-    ///             cell.store([n; 5]);
-    ///         }
-    ///     });
-    ///     for _ in 0..1_000 {
-    ///         // Never a mix of two stores: all five words come from one.
-    ///         let words = cell.load();
-    ///         assert!(words.iter().all(|&w| w == words[0]));
-    ///     }
-    /// });
-    /// ```
     #[inline]
     pub fn load(&self) -> Words {
         loop {
@@ -85,14 +47,6 @@ impl<P> ParamCell<P> {
     }
 
     /// Replaces the words. Callers serialise writers (the limiter holds a lock).
-    ///
-    /// # Examples
-    /// ```
-    /// use tollgate::state::ParamCell;
-    /// let cell = ParamCell::<()>::new([0; 5]);
-    /// cell.store([7, 7, 7, 7, 7]);
-    /// assert_eq!(cell.load(), [7; 5]);
-    /// ```
     pub fn store(&self, words: Words) {
         // Relaxed: only writers change `seq`, and they are serialised by the caller's lock.
         let seq = self.seq.load(Ordering::Relaxed);
@@ -106,5 +60,56 @@ impl<P> ParamCell<P> {
         }
         // Release: publishes the words to readers that Acquire-load the even `seq`.
         self.seq.store(seq.wrapping_add(2), Ordering::Release);
+    }
+}
+
+#[cfg(test)]
+mod examples {
+    //! The examples of this file's items (crate-private, so not doctests).
+
+    #[test]
+    fn paramcell_example() {
+        use crate::state::ParamCell;
+        // The type parameter says what the words encode (here: nothing in particular).
+        let cell = ParamCell::<()>::new([10, 0, 0, 0, 0]);
+        cell.store([20, 0, 0, 0, 0]); // a quota change, under the caller's lock
+        assert_eq!(cell.load()[0], 20);
+    }
+
+    #[test]
+    fn new_example() {
+        use crate::state::ParamCell;
+        // The type parameter names what the words encode; it is not stored.
+        let cell = ParamCell::<u8>::new([1, 2, 3, 4, 5]);
+        assert_eq!(cell.load(), [1, 2, 3, 4, 5]);
+    }
+
+    #[test]
+    fn load_example() {
+        use crate::state::ParamCell;
+        use std::sync::Mutex;
+        let cell = ParamCell::<()>::new([1; 5]);
+        let writer = Mutex::new(()); // writers must be serialised by the caller
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                for n in 2..100 {
+                    let _guard = writer.lock().unwrap();
+                    cell.store([n; 5]);
+                }
+            });
+            for _ in 0..1_000 {
+                // Never a mix of two stores: all five words come from one.
+                let words = cell.load();
+                assert!(words.iter().all(|&w| w == words[0]));
+            }
+        });
+    }
+
+    #[test]
+    fn store_example() {
+        use crate::state::ParamCell;
+        let cell = ParamCell::<()>::new([0; 5]);
+        cell.store([7, 7, 7, 7, 7]);
+        assert_eq!(cell.load(), [7; 5]);
     }
 }

@@ -4,18 +4,6 @@ use crate::sync::{AtomicU64, Ordering};
 /// The two states a keyed store writes into a cell it retires, and that the cell's rule never
 /// produces (each rule documents why): a lookup that meets one knows the cell no longer holds
 /// the key's state.
-///
-/// # Examples
-/// ```
-/// use tollgate::{algorithm::WordRule, state::{AtomicWord, Retired}, FixedWindow, Quota};
-/// let marks = Retired { tombstone: u64::MAX, moved: u64::MAX - 1 };
-/// let rule = FixedWindow::new(Quota::per_second(5)?)?;
-/// let cell = AtomicWord::new(marks.tombstone); // a store evicted this key
-/// // A decision that meets the mark backs off, so the store can look the key up again.
-/// let r = cell.try_update(|| 0, |st, t| rule.decide(st, t, 1), |st| marks.any(st));
-/// assert!(r.is_err());
-/// # Ok::<(), tollgate::QuotaError>(())
-/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Retired {
     /// An evicted key (its state was fresh).
@@ -26,15 +14,6 @@ pub struct Retired {
 
 impl Retired {
     /// Whether `state` is one of the two marks.
-    ///
-    /// # Examples
-    /// ```
-    /// use tollgate::state::Retired;
-    /// // Marks as a word rule might define them: states its decisions never produce.
-    /// let marks = Retired { tombstone: u64::MAX, moved: u64::MAX - 1 };
-    /// assert!(marks.any(u64::MAX) && marks.any(u64::MAX - 1));
-    /// assert!(!marks.any(0)); // a fresh key's state is live
-    /// ```
     #[inline]
     pub fn any(self, state: u64) -> bool {
         state == self.tombstone || state == self.moved
@@ -44,32 +23,11 @@ impl Retired {
 /// One packed 64-bit state, changed only by [`AtomicWord::update`]'s CAS loop.
 ///
 /// 0 is a fresh key for every rule that uses it.
-///
-/// # Examples
-/// ```
-/// use tollgate::{algorithm::WordRule, state::AtomicWord, FixedWindow, Quota};
-/// // One key's state, decided by a word rule: the core of every limiter but the log.
-/// let rule = FixedWindow::new(Quota::per_second(2)?)?;
-/// let cell = AtomicWord::default();
-/// let decide = || cell.update(|| 0, |state, now| rule.decide(state, now, 1));
-/// assert!(decide().allowed());
-/// assert!(decide().allowed());
-/// assert!(!decide().allowed());
-/// # Ok::<(), tollgate::QuotaError>(())
-/// ```
 #[derive(Debug, Default)]
 pub struct AtomicWord(AtomicU64);
 
 impl AtomicWord {
     /// A cell holding `state`.
-    ///
-    /// # Examples
-    /// ```
-    /// use tollgate::state::AtomicWord;
-    /// assert_eq!(AtomicWord::new(42).load(), 42);
-    /// // The default is 0: a fresh key, for every rule.
-    /// assert_eq!(AtomicWord::default().load(), 0);
-    /// ```
     pub fn new(state: u64) -> Self {
         AtomicWord(AtomicU64::new(state))
     }
@@ -83,17 +41,6 @@ impl AtomicWord {
     }
 
     /// The current state.
-    ///
-    /// # Examples
-    /// ```
-    /// use tollgate::{algorithm::WordRule, state::AtomicWord, FixedWindow, Quota};
-    /// let rule = FixedWindow::new(Quota::per_second(5)?)?;
-    /// let cell = AtomicWord::default();
-    /// cell.update(|| 0, |state, now| rule.decide(state, now, 2));
-    /// // The packed state now counts 2 units in the current window.
-    /// assert_eq!(rule.decide(cell.load(), 0, 1).0.remaining(), 2);
-    /// # Ok::<(), tollgate::QuotaError>(())
-    /// ```
     #[inline]
     pub fn load(&self) -> u64 {
         // Acquire: pairs with the Release of `update`'s CAS, so that a thread that sees a state
@@ -108,23 +55,6 @@ impl AtomicWord {
     /// another thread was computed from a reading taken before that write, so with a monotonic
     /// clock the state is never newer than the time it is judged at. `rule` may run several
     /// times and must be pure. When it returns the state unchanged nothing is written.
-    ///
-    /// # Examples
-    /// ```
-    /// use tollgate::{algorithm::WordRule, state::AtomicWord, Gcra, Quota};
-    /// // A word rule on a cell of its own, shared by threads: what a limiter does per key.
-    /// let rule = Gcra::new(Quota::per_second(10)?)?;
-    /// let cell = AtomicWord::default();
-    /// let admitted: u64 = std::thread::scope(|s| {
-    ///     let workers: Vec<_> = (0..4)
-    ///         .map(|_| s.spawn(|| (0..5).filter(|_| cell.update(|| 0, |st, t| rule.decide(st, t, 1)).allowed()).count() as u64))
-    ///         .collect();
-    ///     workers.into_iter().map(|w| w.join().unwrap()).sum()
-    /// });
-    /// // 20 attempts at the same instant against a burst of 10: exactly 10 get through.
-    /// assert_eq!(admitted, 10);
-    /// # Ok::<(), tollgate::QuotaError>(())
-    /// ```
     #[inline]
     pub fn update<R>(
         &self,
@@ -142,18 +72,6 @@ impl AtomicWord {
     /// decided or written and `Err(state)` is returned, so the caller looks the key up again.
     /// A retired state is only ever written by a CAS from a live one, so a decision either
     /// lands before the retirement (which then fails and re-judges) or sees it.
-    ///
-    /// # Examples
-    /// ```
-    /// use tollgate::{algorithm::WordRule, state::AtomicWord, Gcra, Quota};
-    /// let rule = Gcra::new(Quota::per_second(10)?)?;
-    /// const TOMBSTONE: u64 = u64::MAX;
-    /// let cell = AtomicWord::new(TOMBSTONE);
-    /// // Retired by a store: no decision is made, and the caller looks the key up again.
-    /// let r = cell.try_update(|| 0, |st, t| rule.decide(st, t, 1), |st| st == TOMBSTONE);
-    /// assert_eq!(r.err(), Some(TOMBSTONE));
-    /// # Ok::<(), tollgate::QuotaError>(())
-    /// ```
     #[inline]
     pub fn try_update<R>(
         &self,
@@ -189,18 +107,6 @@ impl AtomicWord {
     /// Replaces the state by `to` if `judge` accepts the current one (a live state); returns
     /// the state replaced. Used by keyed stores to retire a cell (evict or move it) with one CAS,
     /// so that no decision can land on it in between.
-    ///
-    /// # Examples
-    /// ```
-    /// use tollgate::state::AtomicWord;
-    /// const TOMBSTONE: u64 = u64::MAX;
-    /// let cell = AtomicWord::new(7);
-    /// // A store evicts only a state its judge accepts (here: a fresh key, 0): not this one.
-    /// assert_eq!(cell.retire_if(TOMBSTONE, |state| state == 0), None);
-    /// // Any live state: retired, and the replaced state returned.
-    /// assert_eq!(cell.retire_if(TOMBSTONE, |state| state != TOMBSTONE), Some(7));
-    /// assert_eq!(cell.load(), TOMBSTONE);
-    /// ```
     pub fn retire_if(&self, to: u64, judge: impl Fn(u64) -> bool) -> Option<u64> {
         let mut state = self.load();
         loop {
@@ -224,5 +130,123 @@ impl AtomicWord {
         // Relaxed: the slot's publication (the Release store of its tag) orders this store
         // before any reader's Acquire load of the tag.
         self.0.store(state, Ordering::Relaxed);
+    }
+}
+
+#[cfg(test)]
+mod examples {
+    //! The examples of this file's items (crate-private, so not doctests).
+
+    #[test]
+    fn retired_example() -> Result<(), Box<dyn std::error::Error>> {
+        use crate::{
+            algorithm::WordRule,
+            state::{AtomicWord, Retired},
+            FixedWindow, Quota,
+        };
+        let marks = Retired {
+            tombstone: u64::MAX,
+            moved: u64::MAX - 1,
+        };
+        let rule = FixedWindow::new(Quota::per_second(5)?)?;
+        let cell = AtomicWord::new(marks.tombstone); // a store evicted this key
+                                                     // A decision that meets the mark backs off, so the store can look the key up again.
+        let r = cell.try_update(|| 0, |st, t| rule.decide(st, t, 1), |st| marks.any(st));
+        assert!(r.is_err());
+        Ok(())
+    }
+
+    #[test]
+    fn any_example() {
+        use crate::state::Retired;
+        // Marks as a word rule might define them: states its decisions never produce.
+        let marks = Retired {
+            tombstone: u64::MAX,
+            moved: u64::MAX - 1,
+        };
+        assert!(marks.any(u64::MAX) && marks.any(u64::MAX - 1));
+        assert!(!marks.any(0)); // a fresh key's state is live
+    }
+
+    #[test]
+    fn atomicword_example() -> Result<(), Box<dyn std::error::Error>> {
+        use crate::{algorithm::WordRule, state::AtomicWord, FixedWindow, Quota};
+        // One key's state, decided by a word rule: the core of every limiter but the log.
+        let rule = FixedWindow::new(Quota::per_second(2)?)?;
+        let cell = AtomicWord::default();
+        let decide = || cell.update(|| 0, |state, now| rule.decide(state, now, 1));
+        assert!(decide().allowed());
+        assert!(decide().allowed());
+        assert!(!decide().allowed());
+        Ok(())
+    }
+
+    #[test]
+    fn new_example() {
+        use crate::state::AtomicWord;
+        assert_eq!(AtomicWord::new(42).load(), 42);
+        // The default is 0: a fresh key, for every rule.
+        assert_eq!(AtomicWord::default().load(), 0);
+    }
+
+    #[test]
+    fn load_example() -> Result<(), Box<dyn std::error::Error>> {
+        use crate::{algorithm::WordRule, state::AtomicWord, FixedWindow, Quota};
+        let rule = FixedWindow::new(Quota::per_second(5)?)?;
+        let cell = AtomicWord::default();
+        cell.update(|| 0, |state, now| rule.decide(state, now, 2));
+        // The packed state now counts 2 units in the current window.
+        assert_eq!(rule.decide(cell.load(), 0, 1).0.remaining(), 2);
+        Ok(())
+    }
+
+    #[test]
+    fn update_example() -> Result<(), Box<dyn std::error::Error>> {
+        use crate::{algorithm::WordRule, state::AtomicWord, Gcra, Quota};
+        // A word rule on a cell of its own, shared by threads: what a limiter does per key.
+        let rule = Gcra::new(Quota::per_second(10)?)?;
+        let cell = AtomicWord::default();
+        let admitted: u64 = std::thread::scope(|s| {
+            let workers: Vec<_> = (0..4)
+                .map(|_| {
+                    s.spawn(|| {
+                        (0..5)
+                            .filter(|_| cell.update(|| 0, |st, t| rule.decide(st, t, 1)).allowed())
+                            .count() as u64
+                    })
+                })
+                .collect();
+            workers.into_iter().map(|w| w.join().unwrap()).sum()
+        });
+        // 20 attempts at the same instant against a burst of 10: exactly 10 get through.
+        assert_eq!(admitted, 10);
+        Ok(())
+    }
+
+    #[test]
+    fn try_update_example() -> Result<(), Box<dyn std::error::Error>> {
+        use crate::{algorithm::WordRule, state::AtomicWord, Gcra, Quota};
+        let rule = Gcra::new(Quota::per_second(10)?)?;
+        const TOMBSTONE: u64 = u64::MAX;
+        let cell = AtomicWord::new(TOMBSTONE);
+        // Retired by a store: no decision is made, and the caller looks the key up again.
+        let r = cell.try_update(|| 0, |st, t| rule.decide(st, t, 1), |st| st == TOMBSTONE);
+        assert_eq!(r.err(), Some(TOMBSTONE));
+        Ok(())
+    }
+
+    #[test]
+    fn retire_if_example() {
+        use crate::state::AtomicWord;
+        const TOMBSTONE: u64 = u64::MAX;
+        let cell = AtomicWord::new(7);
+        // A store evicts only a state its judge accepts (here: a fresh key, 0): not this one.
+        assert_eq!(cell.retire_if(TOMBSTONE, |state| state == 0), None);
+        // Any live state: retired, and the replaced state returned.
+        assert_eq!(
+            cell.retire_if(TOMBSTONE, |state| state != TOMBSTONE),
+            Some(7)
+        );
+        assert_eq!(cell.load(), TOMBSTONE);
     }
 }

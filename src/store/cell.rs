@@ -15,22 +15,6 @@ use crate::state::{AtomicWord, LogCell, Retired};
 /// # Examples
 /// A word cell's life in the table, driven by hand: live, moved to a new table, revived
 /// from a tombstone.
-/// ```
-/// use tollgate::{state::{AtomicWord, Retired}, store::TableCell};
-/// let marks = Retired { tombstone: u64::MAX, moved: u64::MAX - 1 };
-/// let old = AtomicWord::new(42);
-/// assert!(old.is_live(marks));
-/// // A rebuild moves the state: the old cell says so, the new one holds it.
-/// let state = old.take_to_move(marks).unwrap();
-/// assert!(old.is_moved(marks) && !old.is_live(marks));
-/// let new = AtomicWord::default();
-/// new.put(state);
-/// assert_eq!(new.load(), 42);
-/// // A tombstone (an evicted key) comes back fresh when its key returns.
-/// let evicted = AtomicWord::new(marks.tombstone);
-/// assert!(evicted.revive(marks));
-/// assert_eq!(evicted.load(), 0);
-/// ```
 pub trait TableCell: Default + Send + Sync {
     /// What tells a retired cell from a live one: a rule's two marks for a word, nothing for a
     /// log (its lock guards a flag of its own).
@@ -64,12 +48,6 @@ pub trait TableCell: Default + Send + Sync {
 }
 
 /// Aligns a table slot to a 64-byte cache line (zero-sized).
-///
-/// # Examples
-/// ```
-/// use tollgate::store::CacheLine;
-/// assert_eq!((std::mem::size_of::<CacheLine>(), std::mem::align_of::<CacheLine>()), (0, 64));
-/// ```
 #[derive(Debug, Clone, Copy, Default)]
 #[repr(align(64))]
 pub struct CacheLine;
@@ -133,5 +111,46 @@ impl TableCell for LogCell {
 
     fn revive(&self, (): ()) -> bool {
         self.revive()
+    }
+}
+
+#[cfg(test)]
+mod examples {
+    //! The examples of this file's items (crate-private, so not doctests).
+
+    #[test]
+    fn tablecell_example() {
+        use crate::{
+            state::{AtomicWord, Retired},
+            store::TableCell,
+        };
+        let marks = Retired {
+            tombstone: u64::MAX,
+            moved: u64::MAX - 1,
+        };
+        let old = AtomicWord::new(42);
+        assert!(old.is_live(marks));
+        // A rebuild moves the state: the old cell says so, the new one holds it.
+        let state = old.take_to_move(marks).unwrap();
+        assert!(old.is_moved(marks) && !old.is_live(marks));
+        let new = AtomicWord::default();
+        new.put(state);
+        assert_eq!(new.load(), 42);
+        // A tombstone (an evicted key) comes back fresh when its key returns.
+        let evicted = AtomicWord::new(marks.tombstone);
+        assert!(evicted.revive(marks));
+        assert_eq!(evicted.load(), 0);
+    }
+
+    #[test]
+    fn cacheline_example() {
+        use crate::store::cell::CacheLine;
+        assert_eq!(
+            (
+                std::mem::size_of::<CacheLine>(),
+                std::mem::align_of::<CacheLine>()
+            ),
+            (0, 64)
+        );
     }
 }

@@ -6,7 +6,7 @@ use dashmap::DashMap;
 use crate::store::{Evictor, Inserted, KeyedStore};
 
 /// A keyed store on a sharded [`DashMap`] (the limiters' default is the lock-free
-/// [`WordTable`](crate::store::WordTable); this one is there to compare with, and to plug in
+/// word table; this one is there to compare with, and to plug in
 /// with [`KeyedLimiterBuilder::build_with_store`](crate::KeyedLimiterBuilder::build_with_store)),
 /// with foldhash, a fast non-cryptographic
 /// hasher seeded per map (so keys chosen by an attacker cannot be aimed at one bucket).

@@ -16,10 +16,9 @@ use crate::clock::Nanos;
 /// # Examples
 /// A limiter is generic over its store; the two stores of this crate decide alike:
 /// ```
-/// use tollgate::{state::AtomicWord, store::{DashMapStore, KeyedStore}, clock::QuantaClock};
+/// use tollgate::{store::{CellOf, DashMapStore, KeyedStore}, clock::QuantaClock};
 /// use tollgate::{Gcra, KeyedLimiter, Quota};
-/// // GCRA's state is one word.
-/// fn burst_of<S: KeyedStore<u64, AtomicWord>>(limiter: &KeyedLimiter<u64, Gcra, QuantaClock, S>) -> usize {
+/// fn burst_of<S: KeyedStore<u64, CellOf<Gcra>>>(limiter: &KeyedLimiter<u64, Gcra, QuantaClock, S>) -> usize {
 ///     (0..10).take_while(|_| limiter.check(&1).unwrap().allowed()).count()
 /// }
 /// let rule = Gcra::new(Quota::per_hour(3)?)?;
@@ -141,22 +140,26 @@ pub struct Inserted {
 ///
 /// # Examples
 /// Stores receive one from the limiter; a test of a store can lend its own. This one judges
-/// a cell fresh when it holds 0, as every word rule's fresh state is:
+/// a cell fresh when it holds 0, and retires it to a tombstone:
 /// ```
-/// use tollgate::{clock::Nanos, state::AtomicWord, store::Evictor};
+/// use std::sync::atomic::{AtomicU64, Ordering};
+/// use tollgate::{clock::Nanos, store::Evictor};
 /// struct ZeroIsFresh;
-/// impl Evictor<AtomicWord> for ZeroIsFresh {
+/// impl Evictor<AtomicU64> for ZeroIsFresh {
 ///     fn sweep(&self) -> usize {
 ///         0
 ///     }
-///     fn judging<R>(&self, f: impl FnOnce(Nanos, &dyn Fn(&AtomicWord, Nanos) -> bool) -> R) -> Option<R> {
-///         Some(f(0, &|cell, _since| cell.retire_if(u64::MAX, |state| state == 0).is_some()))
+///     fn judging<R>(&self, f: impl FnOnce(Nanos, &dyn Fn(&AtomicU64, Nanos) -> bool) -> R) -> Option<R> {
+///         let retire = |cell: &AtomicU64, _since| {
+///             cell.compare_exchange(0, u64::MAX, Ordering::AcqRel, Ordering::Acquire).is_ok()
+///         };
+///         Some(f(0, &retire))
 ///     }
 /// }
-/// let (fresh, busy) = (AtomicWord::new(0), AtomicWord::new(5));
+/// let (fresh, busy) = (AtomicU64::new(0), AtomicU64::new(5));
 /// let evicted = ZeroIsFresh.judging(|now, judge| [&fresh, &busy].iter().filter(|c| judge(c, now)).count());
 /// assert_eq!(evicted, Some(1));
-/// assert_eq!(fresh.load(), u64::MAX); // the tombstone
+/// assert_eq!(fresh.load(Ordering::Relaxed), u64::MAX); // the tombstone
 /// ```
 pub trait Evictor<V> {
     /// Evicts every fresh key now (the amortised sweep of a store that does not evict on its

@@ -780,14 +780,6 @@ impl<K, C: TableCell> Default for Cache<K, C> {
 /// # Examples
 /// The store every keyed limiter uses unless told otherwise (its type is the limiter's fourth
 /// parameter):
-/// ```
-/// use tollgate::{clock::QuantaClock, store::WordTable, Gcra, KeyedLimiter, Quota};
-/// let limiter: KeyedLimiter<u64, Gcra, QuantaClock, WordTable<u64, _>> =
-///     KeyedLimiter::new(Gcra::new(Quota::per_second(5)?)?);
-/// assert!(limiter.check(&1).unwrap().allowed());
-/// assert_eq!(limiter.len(), 1);
-/// # Ok::<(), tollgate::QuotaError>(())
-/// ```
 ///
 /// [`KeyedLimiter`]: crate::KeyedLimiter
 pub struct WordTable<K: Send + Sync, H, C: TableCell = AtomicWord> {
@@ -1795,5 +1787,20 @@ impl<K: Send + Sync, H, C: TableCell> WordTable<K, H, C> {
             .iter()
             .map(|shard| shard.lock().table.len())
             .sum()
+    }
+}
+
+#[cfg(test)]
+mod examples {
+    //! The examples of this file's items (crate-private, so not doctests).
+
+    #[test]
+    fn wordtable_example() -> Result<(), Box<dyn std::error::Error>> {
+        use crate::{clock::QuantaClock, store::WordTable, Gcra, KeyedLimiter, Quota};
+        let limiter: KeyedLimiter<u64, Gcra, QuantaClock, WordTable<u64, _>> =
+            KeyedLimiter::new(Gcra::new(Quota::per_second(5)?)?);
+        assert!(limiter.check(&1).unwrap().allowed());
+        assert_eq!(limiter.len(), 1);
+        Ok(())
     }
 }

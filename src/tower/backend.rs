@@ -9,7 +9,7 @@ use std::time::Duration;
 use crate::clock::Clock;
 use crate::decision::{Decision, Error};
 use crate::limiter::Algorithm;
-use crate::{FixedWindow, Gcra, KeyedLimiter, LeakyQueue, MultiLimiter, SlidingLog, SlidingWindow};
+use crate::{KeyedLimiter, MultiLimiter};
 
 use super::Key;
 
@@ -487,78 +487,7 @@ impl<T: CheckBackend + ?Sized> CheckBackend for Arc<T> {
     }
 }
 
-/// The window `W` of a rule, for the `RateLimit-Policy` header: implemented by every
-/// algorithm.
-///
-/// # Examples
-/// ```
-/// use std::time::Duration;
-/// use tollgate::tower::RuleWindow;
-/// use tollgate::{Gcra, Quota, SlidingWindow};
-/// let w = SlidingWindow::new(Quota::per_minute(100)?)?;
-/// assert_eq!(w.window_nanos(), 60_000_000_000);
-/// // GCRA keeps only T = 1 s / 7, rounded; W = 1 s is recovered from 7·T.
-/// let g = Gcra::new(Quota::new(7, Duration::from_secs(1))?)?;
-/// assert_eq!(g.window_nanos(), 1_000_000_000);
-/// # Ok::<(), Box<dyn std::error::Error>>(())
-/// ```
-pub trait RuleWindow {
-    /// `W` in nanoseconds (GCRA and the leaky queue keep only `T = W/L`, rounded to the nearest
-    /// ns: `W` is recovered from `L·T` when it is a multiple of the first power of ten above
-    /// `L`, else `L·T` is reported).
-    fn window_nanos(&self) -> u64;
-}
-
-impl RuleWindow for Gcra {
-    fn window_nanos(&self) -> u64 {
-        window_of(self.interval_nanos(), self.limit())
-    }
-}
-
-impl RuleWindow for LeakyQueue {
-    fn window_nanos(&self) -> u64 {
-        window_of(self.interval_nanos(), self.limit())
-    }
-}
-
-/// `W` of a rule that keeps only `T = W / L`, rounded to the nearest ns: `L·T` is within
-/// `L/2` ns of `W`; when the nearest multiple of the first power of ten above `L` is that
-/// close, it is `W` (2 s at `L = 7`: `L·T` is 2.000000002 s, shown as 3 s rounded up without
-/// this).
-fn window_of(interval: u64, limit: u64) -> u64 {
-    let approx = interval.saturating_mul(limit);
-    let Some(unit) = limit
-        .checked_ilog10()
-        .and_then(|digits| 10u64.checked_pow(digits + 1))
-    else {
-        return approx;
-    };
-    match (approx.saturating_add(unit / 2) / unit).checked_mul(unit) {
-        // Only within the rounding error: an exact `L·T` stays as it is.
-        Some(rounded) if rounded > 0 && rounded.abs_diff(approx) <= limit / 2 => rounded,
-        _ => approx,
-    }
-}
-
-impl RuleWindow for FixedWindow {
-    fn window_nanos(&self) -> u64 {
-        self.window()
-    }
-}
-
-impl RuleWindow for SlidingWindow {
-    fn window_nanos(&self) -> u64 {
-        self.window()
-    }
-}
-
-impl RuleWindow for SlidingLog {
-    fn window_nanos(&self) -> u64 {
-        self.window()
-    }
-}
-
-fn info<A: Algorithm + RuleWindow>(rule: &A) -> QuotaInfo {
+fn info<A: Algorithm>(rule: &A) -> QuotaInfo {
     QuotaInfo {
         limit: rule.limit(),
         window: Duration::from_nanos(rule.window_nanos()),
@@ -577,7 +506,7 @@ where
 
 impl<A, C> CheckBackend for KeyedLimiter<Key, A, C>
 where
-    A: Algorithm + RuleWindow,
+    A: Algorithm,
     C: Clock + 'static,
 {
     fn check<'a>(&'a self, key: &'a Key, cost: u64) -> CheckFuture<'a> {
@@ -629,7 +558,7 @@ where
 /// is about; decisions are the same as [`MultiLimiter::check_n`]'s.
 impl<A, C> CheckBackend for MultiLimiter<Key, A, C>
 where
-    A: Algorithm + RuleWindow,
+    A: Algorithm,
     C: Clock + 'static,
 {
     fn check<'a>(&'a self, key: &'a Key, cost: u64) -> CheckFuture<'a> {
@@ -705,22 +634,4 @@ fn all_or_nothing<A: Algorithm, C: Clock>(
     crate::multi::all_or_nothing(limits, key, cost)
         .map(|(decision, quota)| Verdict { decision, quota })
         .map_err(CheckError::Limit)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::window_of;
-
-    #[test]
-    fn windows_are_recovered_from_rounded_intervals() {
-        // 2 s / 7 = 285_714_285.7 ns, kept as 285_714_286.
-        assert_eq!(window_of(285_714_286, 7), 2_000_000_000);
-        assert_eq!(window_of(333_333_333, 3), 1_000_000_000);
-        assert_eq!(window_of(1_500_000_000, 2), 3_000_000_000);
-        assert_eq!(window_of(1, 1), 1);
-        assert_eq!(window_of(1, 5), 5);
-        assert_eq!(window_of(3, 1_000_000), 3_000_000);
-        assert_eq!(window_of(u64::MAX, u64::MAX), u64::MAX);
-        assert_eq!(window_of(60_000_000_000 / 1_000, 1_000), 60_000_000_000);
-    }
 }

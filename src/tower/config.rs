@@ -98,7 +98,7 @@ use serde::Deserialize;
 use super::policy::PathMatch;
 use super::{
     CheckBackend, Cidr, ConfigError, Fallback, HeaderStyle, Key, KeySource, LongKey, Mode, Policy,
-    ProxyHeader, RateLimitLayer, RateLimitLayerBuilder, RuleWindow, Tiers,
+    ProxyHeader, RateLimitLayer, RateLimitLayerBuilder, Tiers,
 };
 use crate::clock::{Clock, QuantaClock};
 use crate::limiter::Algorithm;

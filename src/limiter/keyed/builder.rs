@@ -115,12 +115,10 @@ impl<K, A: Algorithm, C: Clock> KeyedLimiterBuilder<K, A, C> {
         self
     }
 
-    /// The limiter, on the rule's default store: the lock-free [`WordTable`].
+    /// The limiter, on the rule's default store: the lock-free word table.
     ///
     /// # Errors
     /// [`QuotaError::ClockTooCoarse`] if the clock cannot serve the quota.
-    ///
-    /// [`WordTable`]: crate::store::WordTable
     ///
     /// # Examples
     /// ```

@@ -366,7 +366,7 @@ impl PolicyConfig {
         clock: C,
     ) -> Result<Arc<dyn CheckBackend>, ConfigError>
     where
-        A: Algorithm + RuleWindow,
+        A: Algorithm,
         C: Clock + Clone + 'static,
     {
         let quota_error = |error| ConfigError::Quota {
