@@ -29,18 +29,16 @@ mod stored;
 #[path = "store/table.rs"]
 pub(crate) mod table;
 #[path = "store/word_table.rs"]
-mod word_table;
+pub(crate) mod word_table;
 #[cfg(test)]
 #[path = "store/word_table_tests.rs"]
 mod word_table_tests;
 
-pub(crate) use self::cell::TableCell;
 pub use self::dashmap::DashMapStore;
 pub use self::keyed_store::{Carry, Evictor, Inserted, KeyedStore};
 pub(crate) use self::stored::Stored;
 #[cfg(test)]
 pub(crate) use self::stored::{TAT_MARKS, WINDOW_MARKS};
-pub(crate) use self::word_table::WordTable;
 pub use self::word_table::DEFAULT_EVICT_ABOVE;
 
 /// The cell a rule's per-key state is stored in: what a [`KeyedStore`] holds for a limiter of

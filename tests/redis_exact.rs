@@ -1767,12 +1767,22 @@ fn a_log_cleans_expired_entries_a_bounded_number_per_call() {
         return;
     };
     runtime().block_on(async {
-        let conn = connect(&server).await;
+        // One batch call writes 5,000 entries: timeouts long enough for a loaded machine (the
+        // test is about what each call cleans, not about speed; the connection's own default
+        // is 500 ms).
+        let client = redis::Client::open(server.url()).expect("a valid URL");
+        let config = redis::aio::ConnectionManagerConfig::new()
+            .set_response_timeout(Some(Duration::from_secs(60)));
+        let conn = ConnectionManager::new_with_config(client, config)
+            .await
+            .expect("connects");
         let window = Duration::from_secs(1);
-        let log = limiter(
-            &conn,
+        let log = RedisLimiter::builder(
             RedisRule::sliding_log(Quota::new(10_000, window).unwrap()).unwrap(),
-        );
+        )
+        .prefix("cleanup")
+        .timeout(Duration::from_secs(60))
+        .build(conn.clone());
         let t0 = EPOCH_NOW;
         // 5,000 entries of one unit in the window's first 500 ms, then one at 900 ms.
         let batch: Vec<(&str, u64, u64)> = (0..5_000).map(|i| ("k", 1, t0 + i * 100_000)).collect();

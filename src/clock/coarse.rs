@@ -2,7 +2,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;
 use std::time::Duration;
 
-use super::{Clock, Nanos};
+use super::time::{Clock, Nanos};
 
 /// The tick of the process-wide coarse time source.
 pub const COARSE_TICK: Duration = Duration::from_millis(1);

@@ -2,7 +2,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::{Clock, Nanos};
+use super::time::{Clock, Nanos};
 
 /// A clock that only moves when told to: for tests, simulations and trace replay.
 ///

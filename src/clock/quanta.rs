@@ -1,7 +1,7 @@
 use std::cell::Cell;
 use std::sync::OnceLock;
 
-use super::{Clock, Nanos};
+use super::time::{Clock, Nanos};
 
 thread_local! {
     /// The newest raw reading this thread has taken: readings never go back on one thread.

@@ -1,10 +1,10 @@
 use crossbeam_utils::CachePadded;
 
-use super::Algorithm;
+use super::algorithm::Algorithm;
+use super::core::{Core, Sweep};
 use crate::algorithm::{Gcra, LeakyQueue};
 use crate::clock::{Clock, QuantaClock};
 use crate::decision::{Decision, Error};
-use crate::limiter::{Core, Sweep};
 use crate::quota::QuotaError;
 
 /// A limiter with a single state: every call counts against the same quota.

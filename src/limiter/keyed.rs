@@ -1,20 +1,19 @@
 use std::borrow::Borrow;
 use std::hash::Hash;
 
-use super::Algorithm;
+use super::algorithm::Algorithm;
+use super::core::{Core, Sweep};
 use crate::algorithm::{Gcra, LeakyQueue};
 use crate::clock::{Clock, Nanos, QuantaClock};
 use crate::decision::{Decision, Error};
-use crate::limiter::{Core, Sweep};
 use crate::quota::QuotaError;
 use crate::store::table::{Charge, Check, KeyTable, Reserve};
 use crate::store::Stored;
 use crate::store::{Evictor, KeyedStore};
 
-pub use self::builder::KeyedLimiterBuilder;
 pub use crate::store::table::OverflowPolicy;
 
-mod builder;
+pub(super) mod builder;
 
 /// A limiter with one state per key.
 ///
@@ -22,7 +21,7 @@ mod builder;
 /// A key whose state can no longer be told apart from a fresh key's (a full bucket, an empty
 /// window or log) may be evicted, with no background thread: when its memory is needed, and
 /// when the window counters' indices are re-anchored. The lock-free table keeps every key
-/// until it holds about [`evict_above`](KeyedLimiterBuilder::evict_above) keys (default 2^21),
+/// until it holds about [`evict_above`](crate::KeyedLimiterBuilder::evict_above) keys (default 2^21),
 /// growing as a hash map does, so a client that comes back to a full bucket finds its slot;
 /// above that, fresh keys unused since their shard last filled make room. The dashmap store is
 /// swept when it has doubled. An optional `max_keys` bound with an [`OverflowPolicy`] caps
@@ -57,7 +56,7 @@ mod builder;
 /// state (GCRA, the leaky buckets and both window counters: one word, by a CAS; the sliding
 /// log: its ring, under the key's own lock). Inserts and evictions lock one of its 64 shards;
 /// a check on a known key waits for that lock only when its thread's cached table of the shard
-/// is stale (once after each table change). [`KeyedLimiterBuilder::build_with_store`] takes
+/// is stale (once after each table change). [`KeyedLimiterBuilder::build_with_store`](crate::KeyedLimiterBuilder::build_with_store) takes
 /// another store (for example [`DashMapStore`](crate::store::DashMapStore), to compare).
 ///
 /// # Caveats
@@ -93,67 +92,6 @@ where
             .field("keys", &self.table.len())
             .field("max_keys", &self.table.max_keys())
             .finish()
-    }
-}
-
-/// # Construction
-impl<K: Clone + Hash + Eq + Send + Sync, A: Algorithm> KeyedLimiter<K, A> {
-    /// A keyed limiter on the precise default clock, with no key bound.
-    ///
-    /// # Examples
-    /// ```
-    /// use tollgate::{Gcra, KeyedLimiter, Quota};
-    /// // Per user id: 2 a second.
-    /// let limiter = KeyedLimiter::<u64, _>::new(Gcra::new(Quota::per_second(2)?)?);
-    /// assert!(limiter.check(&1).unwrap().allowed());
-    /// assert!(limiter.check(&1).unwrap().allowed());
-    /// assert!(!limiter.check(&1).unwrap().allowed());
-    /// assert!(limiter.check(&2).unwrap().allowed()); // another key, its own budget
-    /// # Ok::<(), tollgate::QuotaError>(())
-    /// ```
-    pub fn new(rule: A) -> Self {
-        Self::builder(rule)
-            .build()
-            .expect("the precise clock resolves 1 ns")
-    }
-
-    /// A builder for a clock or a key bound.
-    ///
-    /// # Examples
-    /// ```
-    /// use tollgate::{Gcra, KeyedLimiter, OverflowPolicy, Quota};
-    /// let limiter = KeyedLimiter::<String, _>::builder(Gcra::new(Quota::per_second(5)?)?)
-    ///     .max_keys(100_000, OverflowPolicy::Shared)
-    ///     .build()?;
-    /// assert!(limiter.check("198.51.100.4").unwrap().allowed());
-    /// # Ok::<(), tollgate::QuotaError>(())
-    /// ```
-    pub fn builder(rule: A) -> KeyedLimiterBuilder<K, A, QuantaClock> {
-        KeyedLimiterBuilder::new(rule)
-    }
-}
-
-impl<K, A, C> KeyedLimiter<K, A, C>
-where
-    K: Clone + Hash + Eq + Send + Sync,
-    A: Algorithm,
-    C: Clock,
-{
-    /// A keyed limiter on `clock`, with no key bound.
-    ///
-    /// # Errors
-    /// [`QuotaError::ClockTooCoarse`] if the clock cannot serve the quota.
-    ///
-    /// # Examples
-    /// ```
-    /// use tollgate::{clock::ManualClock, FixedWindow, KeyedLimiter, Quota};
-    /// let limiter: KeyedLimiter<u64, _, _> =
-    ///     KeyedLimiter::with_clock(FixedWindow::new(Quota::per_second(2)?)?, ManualClock::new())?;
-    /// assert_eq!(limiter.check(&1).unwrap().remaining(), 1);
-    /// # Ok::<(), tollgate::QuotaError>(())
-    /// ```
-    pub fn with_clock(rule: A, clock: C) -> Result<Self, QuotaError> {
-        KeyedLimiter::<K, A>::builder(rule).clock(clock).build()
     }
 }
 
@@ -717,7 +655,7 @@ mod count_tests {
     /// a run of tombstones (the hand's own), or to tables of shards holding no live key.
     #[test]
     fn the_bound_makes_room_from_a_shard_being_drained() {
-        use crate::store::WordTable;
+        use crate::store::word_table::WordTable;
         use crate::store::{TAT_MARKS, WINDOW_MARKS};
         use crate::{LeakyQueue, OverflowPolicy, SlidingWindow};
         use foldhash::fast::SeedableRandomState;

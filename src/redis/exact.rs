@@ -13,7 +13,8 @@ use redis::cluster_routing::Slot;
 use redis::{ErrorKind, ServerErrorKind, Value};
 
 use super::error::Error;
-use super::rule::{RedisRule, Verdict};
+use super::rule::reply::Verdict;
+use super::rule::RedisRule;
 use super::scripts::ScriptCall;
 use crate::decision::Decision;
 
@@ -21,7 +22,7 @@ mod builder;
 mod call;
 mod coalesce;
 mod multi;
-mod units;
+pub(crate) mod units;
 
 use self::coalesce::Lanes;
 

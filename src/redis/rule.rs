@@ -513,9 +513,7 @@ fn window_params(quota: &Quota, algorithm: &'static str) -> Result<(u64, u64), Q
     Ok((limit, window))
 }
 
-mod reply;
-
-pub(crate) use self::reply::Verdict;
+pub(crate) mod reply;
 
 #[cfg(test)]
 mod tests {

@@ -120,10 +120,8 @@ mod examples {
 
     #[test]
     fn tablecell_example() {
-        use crate::{
-            state::{AtomicWord, Retired},
-            store::TableCell,
-        };
+        use crate::state::{AtomicWord, Retired};
+        use crate::store::cell::TableCell;
         let marks = Retired {
             tombstone: u64::MAX,
             moved: u64::MAX - 1,

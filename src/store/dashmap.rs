@@ -3,7 +3,7 @@ use std::hash::Hash;
 
 use dashmap::DashMap;
 
-use crate::store::{Evictor, Inserted, KeyedStore};
+use super::keyed_store::{Evictor, Inserted, KeyedStore};
 
 /// A keyed store on a sharded [`DashMap`] (the limiters' default is the lock-free
 /// word table; this one is there to compare with, and to plug in

@@ -7,13 +7,14 @@
 
 use std::hash::Hash;
 
+use super::keyed_store::KeyedStore;
+use super::word_table::WordTable;
 use crate::algorithm::{
     FixedWindow, Gcra, LeakyQueue, Rule, SlidingLog, SlidingWindow, WordRule, Words,
 };
 use crate::clock::Nanos;
 use crate::decision::Decision;
 use crate::state::{AtomicWord, LogCell, Retired};
-use crate::store::{KeyedStore, WordTable};
 
 /// GCRA and leaky-bucket TATs stay below `u64::MAX − 1` (`Gcra::decide_with_delay`).
 pub(crate) const TAT_MARKS: Retired = Retired {

@@ -14,10 +14,10 @@ use std::borrow::Borrow;
 use std::hash::Hash;
 use std::marker::PhantomData;
 
+use super::keyed_store::{Evictor, Inserted, KeyedStore};
+use super::stored::Stored;
 use crate::clock::Nanos;
 use crate::decision::{Decision, Error};
-use crate::store::Stored;
-use crate::store::{Evictor, Inserted, KeyedStore};
 use crate::sync::{AtomicBool, AtomicUsize, Ordering};
 
 /// The table is swept once it holds at least this many keys, then whenever it doubles (a store

@@ -105,9 +105,10 @@ use std::hash::{BuildHasher, Hash};
 use std::mem::MaybeUninit;
 use std::ops::Range;
 
+use super::cell::TableCell;
+use super::keyed_store::{Carry, Evictor, Inserted, KeyedStore};
 use crate::clock::Nanos;
 use crate::state::AtomicWord;
-use crate::store::{Carry, Evictor, Inserted, KeyedStore, TableCell};
 use crate::sync::{
     Arc, AtomicBool, AtomicU64, AtomicUsize, Mutex, Ordering, PerThread, UnsafeCell, MODEL_CHECKED,
 };
@@ -1796,7 +1797,8 @@ mod examples {
 
     #[test]
     fn wordtable_example() -> Result<(), Box<dyn std::error::Error>> {
-        use crate::{clock::QuantaClock, store::WordTable, Gcra, KeyedLimiter, Quota};
+        use crate::store::word_table::WordTable;
+        use crate::{clock::QuantaClock, Gcra, KeyedLimiter, Quota};
         let limiter: KeyedLimiter<u64, Gcra, QuantaClock, WordTable<u64, _>> =
             KeyedLimiter::new(Gcra::new(Quota::per_second(5)?)?);
         assert!(limiter.check(&1).unwrap().allowed());

@@ -3,9 +3,10 @@
 
 use std::hash::Hash;
 
+use super::keyed_store::{Evictor, Inserted, KeyedStore};
+use super::word_table::WordTable;
 use crate::clock::Nanos;
 use crate::state::{AtomicWord, Retired};
-use crate::store::{Evictor, Inserted, KeyedStore, WordTable};
 
 const MARKS: Retired = Retired {
     tombstone: u64::MAX,

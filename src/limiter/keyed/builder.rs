@@ -1,11 +1,13 @@
-//! [`KeyedLimiterBuilder`]: a keyed limiter with a clock, a key bound or a store of one's own.
+//! Building a [`KeyedLimiter`]: `new`, `with_clock`, and the [`KeyedLimiterBuilder`] for a
+//! clock, a key bound or a store of one's own.
 
 use std::hash::Hash;
 use std::marker::PhantomData;
 
 use super::{KeyedLimiter, OverflowPolicy};
 use crate::clock::{Clock, QuantaClock};
-use crate::limiter::{Algorithm, Core};
+use crate::limiter::algorithm::Algorithm;
+use crate::limiter::core::Core;
 use crate::quota::QuotaError;
 use crate::store::table::KeyTable;
 use crate::store::KeyedStore;
@@ -169,5 +171,66 @@ impl<K, A: Algorithm, C: Clock> KeyedLimiterBuilder<K, A, C> {
             core: Core::new(self.rule, self.clock)?,
             table: KeyTable::new(store, self.max_keys),
         })
+    }
+}
+
+/// # Construction
+impl<K: Clone + Hash + Eq + Send + Sync, A: Algorithm> KeyedLimiter<K, A> {
+    /// A keyed limiter on the precise default clock, with no key bound.
+    ///
+    /// # Examples
+    /// ```
+    /// use tollgate::{Gcra, KeyedLimiter, Quota};
+    /// // Per user id: 2 a second.
+    /// let limiter = KeyedLimiter::<u64, _>::new(Gcra::new(Quota::per_second(2)?)?);
+    /// assert!(limiter.check(&1).unwrap().allowed());
+    /// assert!(limiter.check(&1).unwrap().allowed());
+    /// assert!(!limiter.check(&1).unwrap().allowed());
+    /// assert!(limiter.check(&2).unwrap().allowed()); // another key, its own budget
+    /// # Ok::<(), tollgate::QuotaError>(())
+    /// ```
+    pub fn new(rule: A) -> Self {
+        Self::builder(rule)
+            .build()
+            .expect("the precise clock resolves 1 ns")
+    }
+
+    /// A builder for a clock or a key bound.
+    ///
+    /// # Examples
+    /// ```
+    /// use tollgate::{Gcra, KeyedLimiter, OverflowPolicy, Quota};
+    /// let limiter = KeyedLimiter::<String, _>::builder(Gcra::new(Quota::per_second(5)?)?)
+    ///     .max_keys(100_000, OverflowPolicy::Shared)
+    ///     .build()?;
+    /// assert!(limiter.check("198.51.100.4").unwrap().allowed());
+    /// # Ok::<(), tollgate::QuotaError>(())
+    /// ```
+    pub fn builder(rule: A) -> KeyedLimiterBuilder<K, A, QuantaClock> {
+        KeyedLimiterBuilder::new(rule)
+    }
+}
+
+impl<K, A, C> KeyedLimiter<K, A, C>
+where
+    K: Clone + Hash + Eq + Send + Sync,
+    A: Algorithm,
+    C: Clock,
+{
+    /// A keyed limiter on `clock`, with no key bound.
+    ///
+    /// # Errors
+    /// [`QuotaError::ClockTooCoarse`] if the clock cannot serve the quota.
+    ///
+    /// # Examples
+    /// ```
+    /// use tollgate::{clock::ManualClock, FixedWindow, KeyedLimiter, Quota};
+    /// let limiter: KeyedLimiter<u64, _, _> =
+    ///     KeyedLimiter::with_clock(FixedWindow::new(Quota::per_second(2)?)?, ManualClock::new())?;
+    /// assert_eq!(limiter.check(&1).unwrap().remaining(), 1);
+    /// # Ok::<(), tollgate::QuotaError>(())
+    /// ```
+    pub fn with_clock(rule: A, clock: C) -> Result<Self, QuotaError> {
+        KeyedLimiter::<K, A>::builder(rule).clock(clock).build()
     }
 }

@@ -3,12 +3,21 @@
 //! outage, or before a key's first grant arrived). Many keys go in one script call per Cluster
 //! slot (the calls pipelined), as the exact tier's batches do.
 
+use std::time::{SystemTime, UNIX_EPOCH};
+
 use redis::Value;
 
 use super::{join_all, scatter, RedisConnection, RedisLimiter};
 use crate::redis::error::Error;
 use crate::redis::rule::{Kind, RedisRule};
 use crate::redis::scripts::{scripts, ScriptCall};
+
+/// The wall clock, ns since the Unix epoch (the server's `TIME` on a synchronised fleet).
+pub(crate) fn wall_nanos() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))
+}
 
 const SEC: u64 = 1_000_000_000;
 
@@ -76,7 +85,7 @@ pub(crate) fn new_token() -> u64 {
     static NEXT: AtomicU64 = AtomicU64::new(0);
     // Relaxed: only the count's uniqueness matters.
     let n = NEXT.fetch_add(1, Ordering::Relaxed);
-    let wall = crate::redis::guard::wall_nanos();
+    let wall = wall_nanos();
     SEED.get_or_init(Default::default)
         .hash_one((n, wall))
         .max(1)

@@ -25,22 +25,15 @@
 //! answered it.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{SystemTime, UNIX_EPOCH};
 
 use dashmap::DashMap;
 
 use crate::redis::error::Error;
+use crate::redis::exact::units::wall_nanos;
 use crate::redis::exact::{
     new_token, Algo, LogCharge, RedisConnection, RedisLimiter, UnitOp, Units,
 };
 use crate::redis::rule::RedisRule;
-
-/// The wall clock, ns since the Unix epoch (the server's `TIME` on a synchronised fleet).
-pub(crate) fn wall_nanos() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))
-}
 
 /// A charge formed and not yet answered by Redis: sent (again) with its token until it is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

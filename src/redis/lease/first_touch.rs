@@ -6,8 +6,8 @@ use super::cell::{Bg, Lease};
 use super::config::{Counters, Terms};
 use super::word::{now_ms, LeaseWord, DAY};
 use crate::clock::Nanos;
+use crate::redis::exact::units::wall_nanos;
 use crate::redis::exact::{Algo, UnitOp};
-use crate::redis::guard::wall_nanos;
 
 /// A new lease for a key this node holds none of, with `allowance` provisional units (0 while
 /// Redis does not answer: the failure policy decides then).
