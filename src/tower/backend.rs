@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use crate::decision::{Decision, Error};
 
-use super::Key;
+use super::key::Key;
 
 mod in_process;
 

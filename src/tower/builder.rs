@@ -1,7 +1,21 @@
 //! The layer's builder: policies, client addresses, allow-lists, headers, fallbacks and
 //! bounds, checked once when the layer is built.
 
-use super::*;
+use std::fmt;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http::request::Parts;
+use http::{Response, StatusCode};
+
+use super::addr::{AddrConfig, ProxyHeader};
+use super::answers::{ConfigError, Fallback};
+use super::backend::CheckBackend;
+use super::cidr::Cidr;
+use super::key::LongKey;
+use super::layer::{DenyFn, PeerFn, Predicate, RateLimitLayer, Shared};
+use super::policy::Policy;
+use super::response::{Denial, HeaderStyle};
 
 /// The default bound on a key part's bytes: a few hundred, room for any address, API key or
 /// route, and a bearer token up to a modest size.
@@ -434,5 +448,38 @@ impl RateLimitLayerBuilder {
                 deny_with: self.deny_with,
             }),
         })
+    }
+}
+
+impl RateLimitLayer {
+    /// A builder with no policy, no trusted proxy, IPv6 grouped per /56, draft headers.
+    ///
+    /// # Examples
+    /// ```
+    /// use tollgate::tower::RateLimitLayer;
+    /// // With no policy nothing is limited: the layer then only sets no headers and passes through.
+    /// let layer = RateLimitLayer::builder().build()?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn builder() -> RateLimitLayerBuilder {
+        RateLimitLayerBuilder {
+            policies: Vec::new(),
+            default: None,
+            addrs: AddrConfig {
+                trusted: Vec::new(),
+                header: ProxyHeader::default(),
+                ipv6_prefix: 56,
+            },
+            peer: None,
+            allow_cidrs: Vec::new(),
+            allow_if: None,
+            headers: HeaderStyle::default(),
+            on_missing_key: Fallback::Reject(StatusCode::INTERNAL_SERVER_ERROR),
+            on_error: Fallback::Reject(StatusCode::SERVICE_UNAVAILABLE),
+            on_table_full: Fallback::Reject(StatusCode::SERVICE_UNAVAILABLE),
+            max_key_len: DEFAULT_MAX_KEY_LEN,
+            on_long_key: LongKey::Digest,
+            deny_with: None,
+        }
     }
 }

@@ -95,11 +95,17 @@ use http::{HeaderName, Method, StatusCode};
 use serde::de::{self, Deserializer, MapAccess, SeqAccess, Visitor};
 use serde::Deserialize;
 
+use super::addr::ProxyHeader;
+use super::answers::{ConfigError, Fallback};
+use super::backend::CheckBackend;
+use super::builder::RateLimitLayerBuilder;
+use super::cidr::Cidr;
+use super::key::{Key, KeySource, LongKey};
+use super::layer::RateLimitLayer;
 use super::policy::PathMatch;
-use super::{
-    CheckBackend, Cidr, ConfigError, Fallback, HeaderStyle, Key, KeySource, LongKey, Mode, Policy,
-    ProxyHeader, RateLimitLayer, RateLimitLayerBuilder, Tiers,
-};
+use super::policy::{Mode, Policy};
+use super::response::HeaderStyle;
+use super::tiers::Tiers;
 use crate::clock::{Clock, QuantaClock};
 use crate::limiter::Algorithm;
 use crate::replay::{parse_duration, AlgorithmName};

@@ -1,9 +1,11 @@
 //! The layer's verdict for one policy: a check, and in delay mode the wait for a decision that
 //! admits the request within the policy's `max_wait`.
 
+use super::backend::{CheckError, Verdict};
+use super::key::Key;
 #[cfg(feature = "tokio")]
-use super::Mode;
-use super::{CheckError, Key, Policy, Verdict};
+use super::policy::Mode;
+use super::policy::Policy;
 
 /// The policy's verdict on `key`, and how long the request waited for it: one check, or in
 /// delay mode the decision that admits the request within `max_wait` (else a refusal).

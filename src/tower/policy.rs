@@ -6,7 +6,9 @@ use std::sync::Arc;
 use http::request::Parts;
 use http::{Method, StatusCode};
 
-use super::{CheckBackend, KeySource, QuotaInfo, Tiers};
+use super::backend::{CheckBackend, QuotaInfo};
+use super::key::KeySource;
+use super::tiers::Tiers;
 
 /// What a policy does with a request its limit refuses.
 ///
@@ -169,7 +171,7 @@ pub struct Policy {
     pub(crate) cost: Cost,
     pub(crate) mode: Mode,
     /// What a request without a key gets, if not the layer's setting.
-    pub(crate) on_missing_key: Option<super::Fallback>,
+    pub(crate) on_missing_key: Option<super::answers::Fallback>,
     /// The requests waiting in delay mode, and their bounds.
     #[cfg(feature = "tokio")]
     pub(crate) waiters: Arc<super::waiters::Waiters>,
@@ -180,7 +182,7 @@ pub struct Policy {
     pub(crate) policy_header: Arc<PolicyHeaderCache>,
     /// This policy's metric keys, built once (feature `metrics`).
     #[cfg(feature = "metrics")]
-    pub(crate) metric_keys: Arc<super::stats::MetricKeys>,
+    pub(crate) metric_keys: Arc<super::outcome::MetricKeys>,
 }
 
 /// The `RateLimit-Policy` field of a policy: the same on every response while its quotas stay
@@ -234,7 +236,7 @@ impl Policy {
             tiers,
             policy_header: Arc::default(),
             #[cfg(feature = "metrics")]
-            metric_keys: Arc::new(super::stats::MetricKeys::new(&name)),
+            metric_keys: Arc::new(super::outcome::MetricKeys::new(&name)),
             name,
             path: PathMatch::Any,
             methods: None,
@@ -407,7 +409,7 @@ impl Policy {
     /// # let _ = users;
     /// # Ok::<(), tollgate::QuotaError>(())
     /// ```
-    pub fn on_missing_key(mut self, fallback: super::Fallback) -> Self {
+    pub fn on_missing_key(mut self, fallback: super::answers::Fallback) -> Self {
         self.on_missing_key = Some(fallback);
         self
     }

@@ -7,7 +7,8 @@ use crate::redis::{
 };
 use crate::{Decision, Quota};
 
-use super::{CheckBackend, CheckError, CheckFuture, Key, QuotaInfo, Verdict};
+use super::backend::{CheckBackend, CheckError, CheckFuture, QuotaInfo, Verdict};
+use super::key::Key;
 
 /// A Redis limiter as a [`CheckBackend`]: [`RedisLimiter`] (exact: one script call a
 /// request), [`GuardedLimiter`] (exact behind a circuit breaker and a failure policy) or

@@ -10,7 +10,8 @@ use http::header::{HeaderName, HeaderValue, CACHE_CONTROL, CONTENT_TYPE, RETRY_A
 use http::{HeaderMap, Method, Response, StatusCode};
 use http_body::{Body, Frame, SizeHint};
 
-use super::{CheckBackend, Policy, Verdict};
+use super::backend::{CheckBackend, Verdict};
+use super::policy::Policy;
 use crate::Decision;
 
 /// Which rate-limit header fields the layer adds to every response a policy decided

@@ -1,7 +1,33 @@
 //! The service the layer wraps around the application: each request's plan (which policy,
 //! which key), its verdict, and the response future that answers it or passes it on.
 
-use super::*;
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use http::request::Parts;
+use http::{Request, Response, StatusCode};
+use tower_layer::Layer;
+use tower_service::Service;
+
+use super::addr::{peer_addr, Addrs};
+use super::answers::Fallback;
+use super::backend::{CheckBackend, CheckError, Verdict};
+use super::delay::policy_verdict;
+use super::key::{Key, LongKey};
+use super::layer::{Evaluation, RateLimitLayer, Shared};
+use super::outcome::Outcome;
+use super::path::normalized_path;
+use super::policy::{Mode, Policy};
+use super::response::{
+    add_headers, grpc_code, grpc_response, is_grpc, problem, problem_response, retry_after_secs,
+    set_retry_after, Denial, HeaderStyle, RateLimitBody, GRPC_RESOURCE_EXHAUSTED,
+};
+use super::response::{denial_detail, denial_problem, never_cached};
+use super::stats;
+use crate::decision::Error;
 
 /// The service [`RateLimitLayer`] wraps around `S`.
 ///
@@ -50,7 +76,7 @@ pub(super) enum Plan {
 impl Shared {
     pub(super) fn plan(&self, parts: &Parts) -> Plan {
         let last = self.policies.len();
-        let path = path::normalized_path(parts.uri.path());
+        let path = normalized_path(parts.uri.path());
         let index = match (self.policies.iter()).position(|p| p.matches(&parts.method, &path)) {
             Some(i) if !(self.has_default && i + 1 == last) => i,
             _ if self.has_default => last - 1,
@@ -133,16 +159,16 @@ impl Shared {
             .map(RateLimitBody::full),
             None => {
                 if grpc {
-                    let detail = response::denial_detail(policy.name(), secs);
+                    let detail = denial_detail(policy.name(), secs);
                     grpc_response(GRPC_RESOURCE_EXHAUSTED, &detail)
                 } else {
-                    let body = response::denial_problem(policy.name(), secs);
+                    let body = denial_problem(policy.name(), secs);
                     problem_response(StatusCode::TOO_MANY_REQUESTS, body)
                 }
             }
         };
         set_retry_after(response.headers_mut(), secs);
-        response::never_cached(response.headers_mut());
+        never_cached(response.headers_mut());
         add_headers(response.headers_mut(), self.headers, policy, verdict);
         response
     }
@@ -490,5 +516,93 @@ where
             Ok(Admitted::finish(admitted, response))
         });
         ResponseFuture::stage(Stage::Boxed { future })
+    }
+}
+
+impl RateLimitLayer {
+    /// Decides `parts` as the layer's service would, without a service: the policy that
+    /// applies, the key it derives, its check (in delay mode, the wait for the slot) and
+    /// whether the request would reach the inner service. It charges the backend and counts the
+    /// metrics exactly as a request would; with no response, a refund by status does not apply.
+    /// `cost` replaces the policy's cost when given (a cost the server computes by other means).
+    /// This is what `tollgate replay --config` runs for every line of a trace.
+    ///
+    /// # Examples
+    /// ```
+    /// use http::Request;
+    /// use tollgate::tower::{Key, Outcome, Policy, RateLimitLayer};
+    /// use tollgate::{Gcra, KeyedLimiter, Quota};
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let per_ip = KeyedLimiter::<Key, _>::new(Gcra::new(Quota::per_hour(1)?)?);
+    /// let layer = RateLimitLayer::builder().policy(Policy::new("api", per_ip)).build()?;
+    /// let mut request = Request::get("/api/x").body(())?;
+    /// request.extensions_mut().insert(std::net::SocketAddr::from(([192, 0, 2, 1], 40000)));
+    /// let (parts, ()) = request.into_parts();
+    /// let first = layer.evaluate(&parts, None).await;
+    /// assert_eq!((first.outcome, first.passes), (Outcome::Allowed, true));
+    /// assert_eq!(first.key.unwrap().to_string(), "192.0.2.1");
+    /// let second = layer.evaluate(&parts, None).await;
+    /// assert_eq!((second.outcome, second.passes), (Outcome::Denied, false));
+    /// assert_eq!(second.policy.as_deref(), Some("api"));
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub async fn evaluate(&self, parts: &Parts, cost: Option<u64>) -> Evaluation {
+        let shared = &self.shared;
+        let unchecked = |policy: Option<usize>, outcome, passes| Evaluation {
+            policy: policy.map(|i| Arc::clone(&shared.policies[i].name)),
+            key: None,
+            cost: 0,
+            outcome,
+            decision: None,
+            waited: std::time::Duration::ZERO,
+            passes,
+        };
+        let (index, key, policy_cost) = match shared.plan(parts) {
+            Plan::Pass => return unchecked(None, Outcome::Passed, true),
+            Plan::Unchecked {
+                policy,
+                outcome,
+                fallback,
+            } => return unchecked(Some(policy), outcome, fallback == Fallback::Allow),
+            Plan::Check { policy, key, cost } => (policy, key, cost),
+        };
+        let cost = cost.unwrap_or(policy_cost);
+        let policy = &shared.policies[index];
+        let decided = policy_verdict(policy, &key, cost).await;
+        let outcome = outcome(policy, &decided);
+        let (decision, waited) = match &decided {
+            Ok((verdict, waited)) => (Some(verdict.decision), *waited),
+            Err(_) => (None, std::time::Duration::ZERO),
+        };
+        let next = next::<()>(
+            shared,
+            index,
+            key.clone(),
+            cost,
+            decided,
+            is_grpc(&parts.method, &parts.headers),
+        );
+        Evaluation {
+            policy: Some(Arc::clone(&policy.name)),
+            key: Some(key),
+            cost,
+            outcome,
+            decision,
+            waited,
+            passes: matches!(next, Next::Call(_)),
+        }
+    }
+}
+
+impl<S> Layer<S> for RateLimitLayer {
+    type Service = RateLimit<S>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        RateLimit {
+            inner,
+            shared: Arc::clone(&self.shared),
+        }
     }
 }

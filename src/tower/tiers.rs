@@ -6,7 +6,9 @@ use std::sync::Arc;
 
 use parking_lot::RwLock;
 
-use super::{CheckBackend, CheckError, CheckFuture, ConfigError, Key, QuotaInfo, Verdict};
+use super::answers::ConfigError;
+use super::backend::{CheckBackend, CheckError, CheckFuture, QuotaInfo, Verdict};
+use super::key::Key;
 
 type TierFn = dyn Fn(&Key) -> Option<Arc<str>> + Send + Sync;
 

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use dashmap::DashMap;
 
-use super::Key;
+use super::key::Key;
 
 /// The waiters of one policy, shared by the layer's clones.
 #[derive(Debug)]

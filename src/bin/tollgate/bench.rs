@@ -27,7 +27,7 @@ use tollgate::{
     FixedWindow, Gcra, KeyedLimiter, LeakyQueue, Quota, SlidingLog, SlidingWindow, TextKey,
 };
 
-use crate::{Fatal, ALLOCATOR};
+use crate::common::{Fatal, ALLOCATOR};
 
 // The traffic regimes, shared with the benches (which include the same file).
 #[path = "regime.rs"]
@@ -39,7 +39,7 @@ use regime::{KeyType, Regime, Source, TrafficKey};
 pub struct BenchArgs {
     /// Algorithms to measure, comma-separated (default: gcra, leaky-queue, fixed-window,
     /// sliding-window, sliding-log).
-    #[arg(long, value_delimiter = ',', value_parser = crate::parse_algorithm)]
+    #[arg(long, value_delimiter = ',', value_parser = crate::common::parse_algorithm)]
     pub(crate) algorithm: Vec<AlgorithmName>,
     /// Threads checking at once.
     #[arg(long, default_value_t = 1)]

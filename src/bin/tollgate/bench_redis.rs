@@ -14,7 +14,7 @@ use tollgate::replay::AlgorithmName;
 use tollgate::Quota;
 
 use crate::bench::{BenchArgs, Mode};
-use crate::Fatal;
+use crate::common::Fatal;
 
 struct Tally {
     checks: AtomicU64,

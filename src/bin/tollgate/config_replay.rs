@@ -26,7 +26,7 @@ use tollgate::tower::config::LayerConfig;
 use tollgate::tower::{Evaluation, Key, Outcome};
 use tollgate::wait::TokioClock;
 
-use crate::{Fatal, Format};
+use crate::common::{Fatal, Format};
 
 /// What the run reads and prints.
 pub(crate) struct Options<'a> {
@@ -276,7 +276,7 @@ impl<'a> Printer<'a> {
     /// The keys with the most refusals (then the most requests, then by policy and key).
     fn top(&self) -> Vec<(&(Arc<str>, Key), &KeyTally)> {
         let keys = self.keys.iter().filter(|(_, t)| t.refused > 0).collect();
-        crate::most(keys, |k| (k.refused, k.requests), self.options.top)
+        crate::common::most(keys, |k| (k.refused, k.requests), self.options.top)
     }
 
     fn finish(&self, out: &mut impl Write) -> io::Result<()> {

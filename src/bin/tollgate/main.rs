@@ -27,19 +27,17 @@ use std::time::Duration;
 mod bench;
 #[cfg(feature = "redis")]
 mod bench_redis;
+mod common;
 mod config_replay;
 mod plot;
 mod report;
 
-use clap::{Args, Parser, Subcommand, ValueEnum};
+use clap::{Args, Parser, Subcommand};
+use common::{parse_algorithm, Fatal, Format};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use plot::{Chart, Timeline};
 use report::{Report, Setting};
 use tollgate::replay::{parse_duration, AlgorithmName, Outcome, Replayer, Request, TraceReader};
-
-/// Counts allocations, for `tollgate bench`'s bytes per key.
-#[global_allocator]
-static ALLOCATOR: &stats_alloc::StatsAlloc<std::alloc::System> = &stats_alloc::INSTRUMENTED_SYSTEM;
 
 #[derive(Parser)]
 #[command(
@@ -117,51 +115,6 @@ struct ReplayArgs {
     bucket: Option<Duration>,
     /// The trace; standard input if absent.
     file: Option<PathBuf>,
-}
-
-#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub(crate) enum Format {
-    Auto,
-    Lines,
-    Summary,
-    Json,
-}
-
-impl Format {
-    /// `auto` made concrete: a person at a terminal reads the summary, a pipe gets lines.
-    fn resolve(self) -> Format {
-        match self {
-            Format::Auto if io::stdout().is_terminal() => Format::Summary,
-            Format::Auto => Format::Lines,
-            other => other,
-        }
-    }
-}
-
-pub(crate) fn parse_algorithm(text: &str) -> Result<AlgorithmName, String> {
-    text.parse()
-}
-
-/// The `top` rows with the highest `score` (all of them for 0), ties by key.
-pub(crate) fn most<'a, K: Ord, V>(
-    mut rows: Vec<(&'a K, &'a V)>,
-    score: impl Fn(&V) -> (u64, u64),
-    top: usize,
-) -> Vec<(&'a K, &'a V)> {
-    rows.sort_by(|a, b| score(b.1).cmp(&score(a.1)).then_with(|| a.0.cmp(b.0)));
-    if top > 0 {
-        rows.truncate(top);
-    }
-    rows
-}
-
-/// A failure that ends the run with exit status 2.
-pub(crate) struct Fatal(String);
-
-impl<E: std::fmt::Display> From<E> for Fatal {
-    fn from(e: E) -> Self {
-        Fatal(e.to_string())
-    }
 }
 
 fn main() -> ExitCode {

@@ -8,8 +8,8 @@ use std::time::Duration;
 use plotters::prelude::*;
 use tollgate::replay::Outcome;
 
+use crate::common::Fatal;
 use crate::report::duration_text;
-use crate::Fatal;
 
 /// At most this many buckets are kept: past it, buckets double in width (pairs merge), so a
 /// trace of any length plots in bounded memory and a readable number of steps.

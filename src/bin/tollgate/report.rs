@@ -131,7 +131,7 @@ impl Report {
     /// The keys the table shows: most denials first, then most requests, then by name.
     fn top_keys(&self) -> Vec<(&String, &KeyStats)> {
         let keys = self.keys.iter().collect();
-        crate::most(keys, |k| (k.denied, k.requests), self.setting.top)
+        crate::common::most(keys, |k| (k.denied, k.requests), self.setting.top)
     }
 
     /// The key with the highest peak (first by name on a tie).

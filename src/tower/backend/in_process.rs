@@ -7,7 +7,7 @@ use super::{CheckBackend, CheckError, CheckFuture, QuotaInfo, Verdict};
 use crate::clock::Clock;
 use crate::decision::Decision;
 use crate::limiter::Algorithm;
-use crate::tower::Key;
+use crate::tower::key::Key;
 use crate::{KeyedLimiter, MultiLimiter};
 
 fn info<A: Algorithm>(rule: &A) -> QuotaInfo {

@@ -1,0 +1,57 @@
+//! What every subcommand shares: the failure that ends a run, the output format, the
+//! allocation counter, and small helpers for the reports.
+
+use std::io::{self, IsTerminal};
+
+use clap::ValueEnum;
+use tollgate::replay::AlgorithmName;
+
+/// Counts allocations, for `tollgate bench`'s bytes per key.
+#[global_allocator]
+pub(crate) static ALLOCATOR: &stats_alloc::StatsAlloc<std::alloc::System> =
+    &stats_alloc::INSTRUMENTED_SYSTEM;
+
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub(crate) enum Format {
+    Auto,
+    Lines,
+    Summary,
+    Json,
+}
+
+impl Format {
+    /// `auto` made concrete: a person at a terminal reads the summary, a pipe gets lines.
+    pub(crate) fn resolve(self) -> Format {
+        match self {
+            Format::Auto if io::stdout().is_terminal() => Format::Summary,
+            Format::Auto => Format::Lines,
+            other => other,
+        }
+    }
+}
+
+pub(crate) fn parse_algorithm(text: &str) -> Result<AlgorithmName, String> {
+    text.parse()
+}
+
+/// The `top` rows with the highest `score` (all of them for 0), ties by key.
+pub(crate) fn most<'a, K: Ord, V>(
+    mut rows: Vec<(&'a K, &'a V)>,
+    score: impl Fn(&V) -> (u64, u64),
+    top: usize,
+) -> Vec<(&'a K, &'a V)> {
+    rows.sort_by(|a, b| score(b.1).cmp(&score(a.1)).then_with(|| a.0.cmp(b.0)));
+    if top > 0 {
+        rows.truncate(top);
+    }
+    rows
+}
+
+/// A failure that ends the run with exit status 2.
+pub(crate) struct Fatal(pub(crate) String);
+
+impl<E: std::fmt::Display> From<E> for Fatal {
+    fn from(e: E) -> Self {
+        Fatal(e.to_string())
+    }
+}
