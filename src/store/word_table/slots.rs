@@ -1,0 +1,471 @@
+//! One shard's table: open addressing over slots of a key and its state cell, a tag byte per
+//! slot (eight to an `AtomicU64`, scanned as a group), the sizes tables grow by, and the
+//! release of a dropped table's keys a step at a time.
+
+use std::borrow::Borrow;
+use std::mem::MaybeUninit;
+use std::ops::Range;
+
+use super::super::cell::TableCell;
+use crate::sync::{Arc, AtomicU64, Ordering, UnsafeCell, MODEL_CHECKED};
+
+/// Shards: inserts, evictions and rebuilds of different shards never wait for each other.
+pub const SHARDS: usize = 64;
+pub(super) const SHARD_BITS: u32 = SHARDS.trailing_zeros();
+/// Slots of a spare or retired table that each call clears or drops (a multiple of 8).
+pub(crate) const CLEAR_STEP: usize = 64;
+/// The smallest table a shard holds.
+pub(super) const MIN_CAPACITY: usize = 8;
+/// A large table is rebuilt before its used slots (live keys and tombstones) exceed 7/8 of it,
+/// into a table whose capacity the live keys fill to 11/14 (11/16 of its slots) ...
+pub(super) const FULL: (usize, usize) = (7, 8);
+pub(super) const REFILL: (usize, usize) = (11, 14);
+/// ... and a small table before they exceed half of it (refilled to 2/3 of that): its slots stay
+/// in cache whatever their number, and a lookup's probe then nearly always ends at the home
+/// slot, so the probe loop's exit is predicted (1k keys: 217 → 206 instructions, about 33 → 28 ns
+/// a check). A large table's lookups are bound by the miss on the slot, and a fuller table holds
+/// more keys per byte (1M keys: 32.6 bytes each). Between the two, see [`capacity`].
+pub(super) const SMALL_FULL: (usize, usize) = (1, 2);
+pub(super) const SMALL_REFILL: (usize, usize) = (2, 3);
+/// The largest small table, in slots (64 shards of it: 1 MiB of 16-byte `u64` slots).
+pub(super) const SMALL_SLOTS: usize = 1024;
+
+/// The used slots a table of `len` slots holds before it is rebuilt: half a small table; a
+/// large one keeps [`SMALL_SLOTS`]` / 2` slots free, or an eighth of its slots if that is
+/// less. So the capacity grows with the length without a step. (With a step, a table just
+/// larger than the small ones held 896 keys where 520 were needed; at the `evict_above` bound a
+/// flooded shard's kept keys then kept it there, and the store held 2.3 × its bound.)
+pub(super) fn capacity(len: usize) -> usize {
+    let small = len * SMALL_FULL.0 / SMALL_FULL.1;
+    let large = (len * FULL.0 / FULL.1).min(len.saturating_sub(SMALL_SLOTS - SMALL_CAPACITY));
+    small.max(large)
+}
+
+/// The capacity of the largest small table.
+pub(super) const SMALL_CAPACITY: usize = SMALL_SLOTS * SMALL_FULL.0 / SMALL_FULL.1;
+
+/// Whether a table of `len` slots must be rebuilt before it holds `used` used slots.
+pub(super) fn over_full(used: usize, len: usize) -> bool {
+    used > capacity(len)
+}
+
+/// The slots of the smallest table whose [`capacity`] is `keys`.
+pub(super) fn holding(keys: usize) -> usize {
+    let small_or_mid =
+        (keys * SMALL_FULL.1 / SMALL_FULL.0).min(keys.saturating_add(SMALL_SLOTS - SMALL_CAPACITY));
+    small_or_mid.max((keys * FULL.1).div_ceil(FULL.0))
+}
+
+/// The slots of a table rebuilt for `keys` live keys: they fill its capacity to [`REFILL`]
+/// (to [`SMALL_REFILL`] while that fits a small table), so that it takes inserts before it is
+/// rebuilt again.
+pub(super) fn sized_for(keys: usize) -> usize {
+    let small = holding(keys * SMALL_REFILL.1 / SMALL_REFILL.0 + 1);
+    if small <= SMALL_SLOTS {
+        small
+    } else {
+        holding(keys * REFILL.1 / REFILL.0 + 1)
+    }
+}
+
+pub(crate) struct Slot<K, C: TableCell> {
+    pub(super) state: C,
+    pub(super) key: SlotKey<K>,
+    /// Aligns the slot as the cell asks (a log's slot to a cache line).
+    pub(super) _align: [C::Align; 0],
+}
+
+/// A slot's key: written once, under the shard lock, into an empty slot, then published by the
+/// slot's tag (a Release store after the write; lookups load tags with Acquire). It keeps no
+/// flag of its own: the table's tags say which keys are set, and the table drops those. A
+/// `OnceLock` kept a word for its state, so a `u64` slot took 24 bytes; it takes 16, and at
+/// 100k keys the table went from ~3.3 to ~2.2 MB, the difference between fitting the cache
+/// this VM lends a process and missing it (benches/README.md, "The cliff").
+pub(super) struct SlotKey<K>(UnsafeCell<MaybeUninit<K>>);
+
+// SAFETY: a key is written once, before its tag is published, by the shard lock's holder, and
+// after that only read (through `&K`) until the table is dropped or cleared by an owner that
+// has it to itself; as `OnceLock<K>`, sharing it needs `K: Sync + Send` (a key set by one
+// thread is read, and maybe dropped, by another), and sending it `K: Send`.
+#[allow(unsafe_code)]
+unsafe impl<K: Sync + Send> Sync for SlotKey<K> {}
+// SAFETY: as above: the cell owns its `K`.
+#[allow(unsafe_code)]
+unsafe impl<K: Send> Send for SlotKey<K> {}
+
+#[allow(unsafe_code)]
+impl<K> SlotKey<K> {
+    pub(super) fn empty() -> Self {
+        SlotKey(UnsafeCell::new(MaybeUninit::uninit()))
+    }
+
+    /// Sets the key.
+    ///
+    /// # Safety
+    /// The slot is empty (its tag is 0) and the caller holds its shard's lock, so that no
+    /// thread reads or writes the key meanwhile; the caller publishes the tag after.
+    pub(super) unsafe fn write(&self, key: K) {
+        self.0.with_mut(|cell| {
+            // SAFETY: by the contract, this is the only access to the cell now.
+            unsafe { (*cell).write(key) };
+        });
+    }
+
+    /// The key.
+    ///
+    /// # Safety
+    /// The slot's tag was seen set: loaded with Acquire (pairing with the Release that
+    /// published it), or read under the shard lock, so the write happened before this read;
+    /// and the table is shared (no one drops or clears its keys meanwhile).
+    pub(super) unsafe fn get(&self) -> &K {
+        self.0.with(|cell| {
+            // SAFETY: by the contract the key is initialised, and no write follows while the
+            // table is borrowed.
+            unsafe { (*cell).assume_init_ref() }
+        })
+    }
+
+    /// Drops the key.
+    ///
+    /// # Safety
+    /// The key is set, the caller has the table to itself, and no one reads it again (the
+    /// slot is cleared or freed next).
+    pub(super) unsafe fn drop_key(&self) {
+        self.0.with_mut(|cell| {
+            // SAFETY: by the contract, the key is initialised and this is its last use.
+            unsafe { (*cell).assume_init_drop() };
+        });
+    }
+}
+
+/// Whether slot `i`'s byte in its word of tags, `word`, is set: the slot holds a key.
+#[inline]
+pub(super) fn tag_set(word: u64, i: usize) -> bool {
+    word >> (i % 8 * 8) & 0xff != 0
+}
+
+/// Drops the keys set among `slots[range]`, clearing each one's tag before its drop: a key
+/// whose `Drop` panics is not dropped again by a later call, and the keys after it in `range`
+/// are dropped as the panic unwinds (a second panic aborts, as in a slice's drop). Nothing to
+/// do, and no loop, for keys without drop glue (`u64`, `IpAddr`).
+///
+/// # Safety
+/// `tags` are the tags of `slots`: a set tag means its slot's key is initialised.
+#[allow(unsafe_code)]
+pub(super) unsafe fn drop_keys<K, C: TableCell>(
+    tags: &mut [AtomicU64],
+    slots: &mut [Slot<K, C>],
+    range: Range<usize>,
+) {
+    /// The keys of a range still to drop.
+    struct Rest<'a, K, C: TableCell> {
+        tags: &'a [AtomicU64],
+        slots: &'a [Slot<K, C>],
+        range: Range<usize>,
+    }
+
+    impl<K, C: TableCell> Rest<'_, K, C> {
+        /// Drops the next slot's key, if it has one; false once the range is done.
+        fn drop_next(&mut self) -> bool {
+            let Some(i) = self.range.next() else {
+                return false;
+            };
+            let word = &self.tags[i / 8];
+            // Relaxed: the caller has the slots to itself (`&mut`), so no other thread reads.
+            let bits = word.load(Ordering::Relaxed);
+            if tag_set(bits, i) {
+                word.store(bits & !(0xff << (i % 8 * 8)), Ordering::Relaxed);
+                // SAFETY: the tag was set, so the key is initialised (the contract of
+                // `drop_keys`), and the slots are the caller's alone; the tag is cleared
+                // first, so nothing drops or reads this key again, even if its drop panics.
+                unsafe { self.slots[i].key.drop_key() };
+            }
+            true
+        }
+    }
+
+    impl<K, C: TableCell> Drop for Rest<'_, K, C> {
+        /// Runs only when a key's drop panicked: the rest of the range goes too.
+        fn drop(&mut self) {
+            while self.drop_next() {}
+        }
+    }
+
+    if !std::mem::needs_drop::<K>() {
+        return;
+    }
+    let mut rest = Rest { tags, slots, range };
+    while rest.drop_next() {}
+}
+
+/// A retired table's slots, dropped [`CLEAR_STEP`] at a time from the end (keys first), with
+/// the tags that say which hold keys.
+pub(super) struct Freeing<K, C: TableCell> {
+    pub(super) tags: Box<[AtomicU64]>,
+    pub(super) slots: Vec<Slot<K, C>>,
+}
+
+impl<K, C: TableCell> Freeing<K, C> {
+    /// Drops the last [`CLEAR_STEP`] slots; whether none is left.
+    pub(super) fn step(&mut self) -> bool {
+        let end = self.slots.len();
+        let start = end.saturating_sub(CLEAR_STEP);
+        // SAFETY: `tags` are the slots' own (taken from one table together).
+        #[allow(unsafe_code)]
+        unsafe {
+            drop_keys(&mut self.tags, &mut self.slots, start..end)
+        };
+        self.slots.truncate(start);
+        self.slots.is_empty()
+    }
+}
+
+impl<K, C: TableCell> Drop for Freeing<K, C> {
+    fn drop(&mut self) {
+        let all = 0..self.slots.len();
+        // SAFETY: `tags` are the slots' own (taken from one table together).
+        #[allow(unsafe_code)]
+        unsafe {
+            drop_keys(&mut self.tags, &mut self.slots, all)
+        };
+    }
+}
+
+/// What this thread's calls did to the tables, for the unit tests that hold each call to the
+/// bound `KeyedLimiter` states ("Work per call"). Compiles to nothing outside them.
+pub(crate) mod work {
+    #[cfg(test)]
+    thread_local! {
+        static VISITED: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+        static ALLOCATED: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+    }
+
+    /// `slots` slots visited: judged, moved or evicted.
+    #[inline(always)]
+    pub(crate) fn visited(_slots: usize) {
+        #[cfg(test)]
+        VISITED.with(|n| n.set(n.get() + _slots));
+    }
+
+    /// A table of `slots` slots allocated (and initialised).
+    #[inline(always)]
+    pub(crate) fn allocated(_slots: usize) {
+        #[cfg(test)]
+        ALLOCATED.with(|n| n.set(n.get() + _slots));
+    }
+
+    /// Slots visited and allocated since the last call.
+    #[cfg(test)]
+    #[allow(dead_code)] // `loom-tests` compiles this file in its own tests
+    pub(crate) fn take() -> (usize, usize) {
+        (VISITED.with(|n| n.take()), ALLOCATED.with(|n| n.take()))
+    }
+}
+
+/// One shard's table. Never shrinks or grows in place: a rebuild makes a new one.
+pub(super) struct Table<K, C: TableCell> {
+    /// A byte a slot, eight to a word: 0 until the slot's key is set, then [`tag`] of
+    /// its hash. A probe reads a word of tags at a time and reads a slot only when its tag
+    /// matches: a probe past other keys reads no slot (nor, for `String` keys, the heap), and
+    /// a miss in a table 7/8 full, about 32 slots on average under linear probing, reads 4 or
+    /// 5 words. (Eight bytes read as one word, without `unsafe`: the scan is a few integer
+    /// operations, as in hashbrown's portable group.)
+    pub(super) tags: Box<[AtomicU64]>,
+    /// A multiple of 8 slots, so that the words of tags cover them exactly.
+    pub(super) slots: Box<[Slot<K, C>]>,
+    /// The era its states were written in (see "Re-anchoring" in the module docs). Set before
+    /// the table is shared, or, on a table holding no live key, under its shard's lock.
+    pub(super) era: AtomicU64,
+}
+
+impl<K, C: TableCell> std::ops::Deref for Table<K, C> {
+    type Target = [Slot<K, C>];
+
+    fn deref(&self) -> &[Slot<K, C>] {
+        &self.slots
+    }
+}
+
+impl<K, C: TableCell> Table<K, C> {
+    /// Slot `i`'s key, if it has one.
+    pub(super) fn key(&self, i: usize) -> Option<&K> {
+        // Acquire: pairs with `occupy`'s Release, so that the key's write is seen.
+        if !tag_set(self.tags[i / 8].load(Ordering::Acquire), i) {
+            return None;
+        }
+        // SAFETY: the tag is set (loaded with Acquire), and the table is borrowed: shared.
+        #[allow(unsafe_code)]
+        Some(unsafe { self.slots[i].key.get() })
+    }
+}
+
+/// Which slots of a table hold keys, for a caller holding the shard lock or the table to
+/// itself (either orders the tags' writes before it): each word of tags is loaded once for
+/// its eight slots, where a load per slot would be eight (and, in the loom models, eight
+/// scheduling points).
+pub(super) struct TagWords<'t> {
+    pub(super) tags: &'t [AtomicU64],
+    /// The last word loaded, and its index.
+    pub(super) word: Option<(usize, u64)>,
+}
+
+impl<'t> TagWords<'t> {
+    pub(super) fn new(tags: &'t [AtomicU64]) -> Self {
+        TagWords { tags, word: None }
+    }
+
+    pub(super) fn is_set(&mut self, i: usize) -> bool {
+        let bits = match self.word {
+            Some((at, bits)) if at == i / 8 => bits,
+            _ => {
+                // Relaxed: the shard lock, or the caller's owning the table, orders every tag
+                // write before this load.
+                let bits = self.tags[i / 8].load(Ordering::Relaxed);
+                self.word = Some((i / 8, bits));
+                bits
+            }
+        };
+        tag_set(bits, i)
+    }
+}
+
+impl<K, C: TableCell> Drop for Table<K, C> {
+    fn drop(&mut self) {
+        let all = 0..self.slots.len();
+        // SAFETY: a table's tags are its slots' (set by `occupy` once the key is written).
+        #[allow(unsafe_code)]
+        unsafe {
+            drop_keys(&mut self.tags, &mut self.slots, all)
+        };
+    }
+}
+
+/// A byte of each tag of a word.
+pub(super) const LOW_BITS: u64 = 0x0101_0101_0101_0101;
+/// The high bit of each tag of a word: set in every tag but [`EMPTY`].
+pub(super) const HIGH_BITS: u64 = 0x8080_8080_8080_8080;
+
+/// A slot's tag: 7 bits of the hash that neither the shard (the top 6) nor the home slot (the
+/// low 32, scaled) depend on, and the high bit: an empty slot's byte is the only one with it clear.
+#[inline]
+pub(super) fn tag(hash: u64) -> u8 {
+    (hash >> 32) as u8 | 0x80
+}
+
+/// The slots of a table made for `capacity`: a multiple of 8 (whole words of tags).
+pub(super) fn table_len(capacity: usize) -> usize {
+    capacity.max(MIN_CAPACITY).next_multiple_of(8)
+}
+
+impl<K, C: TableCell> Slot<K, C> {
+    pub(super) fn empty() -> Self {
+        Slot {
+            state: C::default(),
+            key: SlotKey::empty(),
+            _align: [],
+        }
+    }
+}
+
+pub(super) fn new_table<K, C: TableCell>(capacity: usize, era: u64) -> Arc<Table<K, C>> {
+    let len = table_len(capacity);
+    work::allocated(len);
+    Arc::new(Table {
+        tags: (0..len / 8).map(|_| AtomicU64::new(0)).collect(),
+        slots: (0..len).map(|_| Slot::empty()).collect(),
+        era: AtomicU64::new(era),
+    })
+}
+
+impl<K, C: TableCell> Table<K, C> {
+    /// Relaxed: the era is set before the table is published (through the shard lock, or a
+    /// thread's own cache), or, in place, only on a table with no live cell (`forget`), whose
+    /// readers find nothing to decide on whichever era they read.
+    #[inline]
+    pub(super) fn era(&self) -> u64 {
+        self.era.load(Ordering::Relaxed)
+    }
+}
+
+/// Sets the key of slot `index`, then publishes its tag.
+///
+/// # Safety
+/// The caller holds the table's shard lock, and `find`, under it, ended at this slot: it is
+/// empty (its tag is 0), so no key is overwritten and no thread reads this one until the tag
+/// below is stored.
+#[allow(unsafe_code)]
+pub(super) unsafe fn occupy<K, C: TableCell>(table: &Table<K, C>, index: usize, hash: u64, key: K) {
+    let slot = &table.slots[index];
+    // SAFETY: by the contract, the slot is empty and no thread reads or writes its key now.
+    unsafe { slot.key.write(key) };
+    let word = &table.tags[index / 8];
+    // Relaxed: only the shard lock's holder writes tags, and it holds the lock.
+    let tags = word.load(Ordering::Relaxed) | u64::from(tag(hash)) << (index % 8 * 8);
+    // Release: the key is set before a lock-free probe can see the tag (pairs with `find`).
+    word.store(tags, Ordering::Release);
+}
+
+/// Where a hash's probe starts: the low 32 bits scaled to the table (any length).
+#[inline]
+pub(super) fn home<K, C: TableCell>(table: &Table<K, C>, hash: u64) -> usize {
+    ((hash as u32 as u64 * table.len() as u64) >> 32) as usize
+}
+
+/// The index of the slot holding `key`, or of the first empty slot of its probe (`Err`). A
+/// table always has
+/// an empty slot (rebuilds keep used slots below 7/8), so the probe ends. Without the shard
+/// lock, a key being inserted may read as absent (its tag not stored yet): lock-free callers
+/// then look again under the lock.
+#[inline]
+pub(super) fn find<K, C: TableCell, Q>(
+    table: &Table<K, C>,
+    hash: u64,
+    key: &Q,
+) -> Result<usize, usize>
+where
+    K: Borrow<Q>,
+    Q: Eq + ?Sized,
+{
+    let wanted = LOW_BITS * u64::from(tag(hash));
+    let mut i = home(table, hash);
+    // The home slot's miss starts now, beside the tag word's, where it would start only once
+    // the tags matched: a hit sits there or a slot or two on (a 16-byte slot: four a line).
+    // At 1M keys, 1.4x the checks a second (benches/README.md). Not under loom: a scheduling
+    // point per lookup that decides nothing.
+    if !MODEL_CHECKED {
+        table.slots[i].state.touch();
+    }
+    loop {
+        let group = i & !7;
+        // Acquire: pairs with the Release in `occupy`; a tag seen means its key is set.
+        let tags = table.tags[group / 8].load(Ordering::Acquire);
+        // The bytes of slots `i..group + 8`: the probe started at `i`.
+        let ahead = !0u64 << (i % 8 * 8);
+        let empty = !tags & HIGH_BITS & ahead;
+        // Bytes equal to the tag (and, rarely, the byte above one: a key check rejects it).
+        let same = tags ^ wanted;
+        let mut matches = same.wrapping_sub(LOW_BITS) & !same & HIGH_BITS & ahead;
+        // Only slots before the first empty one are in the probe.
+        if empty != 0 {
+            matches &= (empty & empty.wrapping_neg()) - 1;
+        }
+        while matches != 0 {
+            let at = group + matches.trailing_zeros() as usize / 8;
+            // SAFETY: the slot's tag byte is set (a match, or a byte above one, is never an
+            // empty slot's 0) in a word loaded with Acquire above; the table is borrowed.
+            #[allow(unsafe_code)]
+            let held = unsafe { table.slots[at].key.get() };
+            if held.borrow() == key {
+                return Ok(at);
+            }
+            matches &= matches - 1;
+        }
+        if empty != 0 {
+            return Err(group + empty.trailing_zeros() as usize / 8);
+        }
+        i = group + 8;
+        if i == table.len() {
+            i = 0;
+        }
+    }
+}
