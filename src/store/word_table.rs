@@ -684,7 +684,15 @@ impl<K: Clone + Hash + Eq + Send + Sync, H: BuildHasher, C: TableCell> WordTable
             drop_keys(&mut table.tags, &mut table.slots, start..end)
         };
         table.slots[start..end].fill_with(Slot::empty);
-        table.tags[start / 8..end / 8].fill_with(|| AtomicU64::new(0));
+        let tags = &mut table.tags[start / 8..end / 8];
+        // A step's own tag words only: clearing earlier ones again would be the same table at
+        // a cost that grows with it (the work meter counts slots, not tag words).
+        debug_assert!(
+            tags.len() <= CLEAR_STEP / 8,
+            "{} tag words cleared",
+            tags.len()
+        );
+        tags.fill_with(|| AtomicU64::new(0));
         spare.cleared = end;
     }
 
