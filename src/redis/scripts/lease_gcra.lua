@@ -25,11 +25,7 @@ local most = idiv(span, interval)
 local MAX_DEBT = 4503599627370495 -- 2^52 − 1, the largest debt a state holds
 for i = 1, (#ARGV - 4) / 4 do
   local key = KEYS[i]
-  local op, units, tat = ARGV[4 * i + 1], tonumber(ARGV[4 * i + 2]), ARGV[4 * i + 3]
-  local token = token_of(op)
-  op = string.sub(op, 1, 1)
-  if op ~= 'c' and units > most then units = most end
-  local ts, t = now_of(ARGV[4 * i + 4])
+  local op, token, units, tat, ts, t = lease_item(i, most)
   local code, debt, present
   code, debt, ts, t, present = read_gcra(key, ts, t)
   if type(code) == 'table' then return code end

@@ -42,11 +42,7 @@ local function fresh_ttl(e, t)
 end
 for i = 1, (#ARGV - 4) / 4 do
   local key = KEYS[i]
-  local op, units, since = ARGV[4 * i + 1], tonumber(ARGV[4 * i + 2]), ARGV[4 * i + 3]
-  local token = token_of(op)
-  op = string.sub(op, 1, 1)
-  if op ~= 'c' and units > limit then units = limit end
-  local ts, t = now_of(ARGV[4 * i + 4])
+  local op, token, units, since, ts, t = lease_item(i, limit)
   local code, prev, cur, e, st, sp, sc
   code, prev, cur, e, ts, t, st, sp, sc = read_window(key, ts, t, window, sliding)
   if type(code) == 'table' then return code end

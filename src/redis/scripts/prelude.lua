@@ -161,6 +161,15 @@ end
 local function token_of(op)
   if #op > 1 then return KEYS[tonumber(string.sub(op, 2))] end
 end
+-- Item i of a lease script (ARGV[4i+1 .. 4i+4]: op and token, units, a time or '', the time
+-- judged at): its op letter, its charge token's key (if any), its units (at most `most`, but
+-- for a charge), its third argument as given, and the time it is judged at.
+local function lease_item(i, most)
+  local op, units = ARGV[4 * i + 1], tonumber(ARGV[4 * i + 2])
+  if string.sub(op, 1, 1) ~= 'c' and units > most then units = most end
+  local ts, t = now_of(ARGV[4 * i + 4])
+  return string.sub(op, 1, 1), token_of(op), units, ARGV[4 * i + 3], ts, t
+end
 local function charged_before(token)
   if not token then return nil end
   local v = redis.call('GET', token)
