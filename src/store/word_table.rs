@@ -128,7 +128,7 @@ const DRAIN_STEP: usize = 16;
 #[allow(dead_code)] // read by the unit tests
 pub(crate) const MOST_VISITED: usize = DRAIN_STEP + 1 + SAMPLE;
 /// Runs of slots, spread evenly over a table, that a step of the eviction hand judges.
-const HAND_RUNS: usize = 4;
+pub(crate) const HAND_RUNS: usize = 4;
 /// A thread's lookups into a shard holding retired tables: one in `HELP_EVERY` drops
 /// [`CLEAR_STEP`] of their slots (if the shard's lock is free), so that the tables go even
 /// when no insert comes. (Every lookup under loom, whose models cache no table across calls
@@ -286,6 +286,17 @@ impl<K, C: TableCell> Drain<K, C> {
             None => self.start + self.from.len() - 1 - i,
         }
     }
+}
+
+/// A shard as the eviction hand finds it ([`WordTable::hand_view`], for tests): `None` for a
+/// slot without a key.
+#[allow(dead_code)] // read by the unit tests in `word_table_tests.rs`
+#[derive(Debug, PartialEq)]
+pub(crate) struct HandView<T> {
+    pub(crate) hand: usize,
+    pub(crate) table: Vec<Option<T>>,
+    /// Each drain's unvisited slots, in the order it visits them.
+    pub(crate) drains: Vec<Vec<Option<T>>>,
 }
 
 /// Retires a cell whose key may go (a fresh one) and says whether it did.
@@ -1301,6 +1312,24 @@ impl<K: Send + Sync, H, C: TableCell> WordTable<K, H, C> {
                 retiring + freeing.sum::<usize>()
             })
             .sum()
+    }
+
+    /// Shard `index` as the eviction hand finds it (for tests, with no call running): where its
+    /// hand stands, what `f` reads of each slot of its table that holds a key, and the same of
+    /// each drain's unvisited slots in the order the drain visits them.
+    #[allow(dead_code)] // read by the unit tests in `word_table_tests.rs`
+    pub(crate) fn hand_view<T>(&self, index: usize, f: impl Fn(&C) -> T) -> HandView<T> {
+        let shard = self.shards[index].lock();
+        let read = |table: &Table<K, C>, i: usize| table.key(i).map(|_| f(&table[i].state));
+        let table = &shard.table;
+        HandView {
+            hand: shard.hand,
+            table: (0..table.len()).map(|i| read(table, i)).collect(),
+            drains: (shard.drains.iter())
+                .map(|d| (d.next..d.from.len()).map(|i| read(&d.from, d.index(i))))
+                .map(Iterator::collect)
+                .collect(),
+        }
     }
 
     /// Checks each shard's counts against its tables (for tests, with no call running): `used`

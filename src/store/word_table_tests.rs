@@ -4,7 +4,7 @@
 use std::hash::Hash;
 
 use super::keyed_store::{Evictor, Inserted, KeyedStore};
-use super::word_table::WordTable;
+use super::word_table::{WordTable, SHARDS};
 use crate::clock::Nanos;
 use crate::state::{AtomicWord, Retired};
 
@@ -957,4 +957,239 @@ fn log_cells_evicted_in_a_full_table_are_neither_found_nor_counted() {
         "{}",
         store.len()
     );
+}
+
+/// A judge that evicts the cells holding 0, as [`EVICT_ZERO`] does, and counts the cells it
+/// is asked about: the keys a step judges.
+#[derive(Default)]
+struct CountingJudge(std::cell::Cell<usize>);
+
+impl Evictor<AtomicWord> for CountingJudge {
+    fn sweep(&self) -> usize {
+        unreachable!("the word table evicts on its own")
+    }
+
+    fn judging<R>(
+        &self,
+        f: impl FnOnce(Nanos, &dyn Fn(&AtomicWord, Nanos) -> bool) -> R,
+    ) -> Option<R> {
+        Some(f(0, &|cell, _since| {
+            self.0.set(self.0.get() + 1);
+            cell.retire_if(MARKS.tombstone, |s| s == 0).is_some()
+        }))
+    }
+}
+
+/// A shard as the model of the hand sees it: each slot's key state (`Some(None)`: retired).
+type ShardView = super::word_table::HandView<Option<u64>>;
+
+/// What one step of the eviction hand does, as `evict_some` states it, on plain vectors:
+/// shard after shard from the store's hand, while fewer than `budget` keys are judged and
+/// fewer than `32 × budget` slots visited; a shard's drains first (`budget − judged` slots a
+/// call, every key in them judged), then `HAND_RUNS` runs down the table from the shard's
+/// hand and from each further quarter of it: the first judges `⌈left / HAND_RUNS⌉` live keys
+/// within its share of the slots, the others walk as many slots as it did, and the shard's
+/// hand moves back past the first. Returns the keys judged, evicted and the slots visited.
+fn model_step(shards: &mut [ShardView], hand: &mut usize, budget: usize) -> [usize; 3] {
+    use super::word_table::{HAND_RUNS, SHARDS};
+    let live =
+        |slots: &[Option<Option<u64>>]| slots.iter().filter(|s| matches!(s, Some(Some(_)))).count();
+    let (mut judged, mut slots, mut asked, mut evicted, mut visited) = (0, 0, 0, 0, 0);
+    for _ in 0..SHARDS {
+        if judged >= budget || slots >= 32 * budget {
+            break;
+        }
+        let shard = &mut shards[*hand % SHARDS];
+        *hand += 1;
+        if live(&shard.table) + shard.drains.iter().map(|d| live(d)).sum::<usize>() == 0 {
+            continue;
+        }
+        while !shard.drains.is_empty() && judged < budget && slots < 32 * budget {
+            let left = |d: &[Vec<Option<Option<u64>>>]| {
+                (
+                    d.iter().map(|d| live(d)).sum::<usize>(),
+                    d.iter().map(Vec::len).sum::<usize>(),
+                )
+            };
+            let ((keys, unvisited), chunk) = (left(&shard.drains), budget - judged);
+            let mut step = 0;
+            while let Some(drain) = shard.drains.first_mut() {
+                if live(drain) == 0 {
+                    shard.drains.remove(0);
+                    break;
+                }
+                if step == chunk {
+                    break;
+                }
+                step += 1;
+                visited += 1;
+                if let Some(state) = drain.remove(0) {
+                    asked += 1;
+                    assert_eq!(state, Some(0), "the model's drains hold fresh keys only");
+                    evicted += 1;
+                }
+            }
+            let (keys_now, unvisited_now) = left(&shard.drains);
+            judged += keys - keys_now;
+            slots += chunk.min(unvisited - unvisited_now).max(1);
+        }
+        let len = shard.table.len();
+        let from = shard.hand % len;
+        let share = len.min((32 * budget).saturating_sub(slots)) / HAND_RUNS;
+        let mut run = share.max(1);
+        for i in 0..HAND_RUNS {
+            let keys = if i == 0 {
+                budget.saturating_sub(judged).div_ceil(HAND_RUNS)
+            } else {
+                usize::MAX
+            };
+            let (mut at, mut walked, mut found) = (from + i * (len / HAND_RUNS), 0, 0);
+            while walked < run && found < keys {
+                walked += 1;
+                at = (at + len - 1) % len;
+                if let Some(Some(state)) = shard.table[at] {
+                    (found, asked) = (found + 1, asked + 1);
+                    if state == 0 {
+                        shard.table[at] = Some(None);
+                        evicted += 1;
+                    }
+                }
+            }
+            if i == 0 {
+                run = walked;
+            }
+            (judged, visited, slots) = (judged + found, visited + walked, slots + walked);
+        }
+        shard.hand = (from + len - run % len) % len;
+    }
+    [asked, evicted, visited]
+}
+
+/// The eviction hand's steps, slot for slot, against [`model_step`]: which keys each step
+/// judges and evicts, how many slots it visits, where each shard's hand ends. Shards with
+/// drains of fresh keys and tables of fresh keys and keys holding state, tombstones left by
+/// earlier steps, budgets from 1 to 48.
+#[test]
+fn the_eviction_hand_judges_what_it_states() {
+    use super::word_table::work;
+    type Placed = WordTable<u64, std::hash::BuildHasherDefault<Identity>>;
+    let mut rng = 0x9E37_79B9_7F4A_7C15u64;
+    let mut next = move |n: u64| {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        rng % n
+    };
+    let read = |cell: &AtomicWord| add(cell, 0);
+    let (mut drained_steps, mut capped_steps) = (0, 0);
+    for case in 0..24u64 {
+        let store = Placed::new(MARKS, Default::default());
+        // Keys of shards 0 to 5 (the top 6 bits), a distinct middle, a random tag and home.
+        let mut made = 0u64;
+        let mut key = |shard: u64, r: u64| {
+            made += 1;
+            shard << 58 | made << 40 | r & 0xFF_FFFF_FFFF
+        };
+        let sizes: Vec<u64> = (0..6).map(|_| next(400)).collect();
+        // Fresh keys, round the shards, so that some stop with a growth's drain running.
+        for round in 0..400 {
+            for (shard, &size) in sizes.iter().enumerate() {
+                if round < size {
+                    inserting(
+                        &store,
+                        &key(shard as u64, next(u64::MAX)),
+                        |c| add(c, 0),
+                        &KEEP_ALL,
+                    );
+                }
+            }
+        }
+        // Keys holding state, into tables with room (no growth: the drains stay fresh).
+        for shard in 0..6 {
+            for _ in 0..next(24) {
+                let view = store.hand_view(shard, read);
+                let used = view.table.iter().flatten().count();
+                if (used + 1) * 16 <= view.table.len() * 7 {
+                    let (k, n) = (key(shard as u64, next(u64::MAX)), 1 + next(2));
+                    inserting(&store, &k, |c| add(c, n), &KEEP_ALL);
+                }
+            }
+        }
+        let mut model: Vec<ShardView> = (0..SHARDS).map(|i| store.hand_view(i, read)).collect();
+        let mut hand = 0;
+        for step in 0..40 {
+            let budget = 1 + next(48) as usize;
+            let judge = CountingJudge::default();
+            let draining = model.iter().any(|s| !s.drains.is_empty());
+            work::take();
+            let evicted = store.evict_some(&judge, budget);
+            let (visited, _) = work::take();
+            let expected = model_step(&mut model, &mut hand, budget);
+            let what = format!("case {case}, step {step}, budget {budget}");
+            assert_eq!(
+                [judge.0.get(), evicted, visited],
+                expected,
+                "judged, evicted, visited: {what}"
+            );
+            for (i, shard) in model.iter().enumerate() {
+                assert_eq!(&store.hand_view(i, read), shard, "shard {i}: {what}");
+            }
+            drained_steps += usize::from(draining);
+            capped_steps += usize::from(visited >= 32 * budget);
+        }
+        store.audit();
+    }
+    assert!(drained_steps > 20, "steps over drains: {drained_steps}");
+    assert!(
+        capped_steps > 20,
+        "steps stopped by their slots: {capped_steps}"
+    );
+}
+
+/// A retired table that another thread still caches waits in the shard, and lookups alone
+/// release it once that thread has let go: the shard tells lookups it holds retired tables
+/// whether or not one could be taken apart yet.
+#[test]
+fn a_table_another_thread_cached_is_released_by_lookups_once_it_lets_go() {
+    let store = store();
+    let look_all = |keys: u64| {
+        for key in 0..keys {
+            assert_eq!(get(&store, key), Some(1), "key {key}");
+        }
+    };
+    let first = 20_000;
+    for key in 0..first {
+        insert(&store, key, 1, &KEEP_ALL);
+    }
+    let (go, wait) = std::sync::mpsc::channel::<()>();
+    let (cached, ready) = std::sync::mpsc::channel::<()>();
+    let look_all = &look_all;
+    std::thread::scope(|scope| {
+        let other = scope.spawn(move || {
+            look_all(first); // caches every shard's table
+            cached.send(()).unwrap();
+            wait.recv().unwrap();
+            look_all(first); // lets them go, for the shards' new tables
+        });
+        ready.recv().unwrap();
+        let mut keys = first;
+        while keys < 2 * first || store.draining() < 48 {
+            insert(&store, keys, 1, &KEEP_ALL);
+            keys += 1;
+        }
+        while store.draining() > 0 {
+            look_all(keys);
+        }
+        assert!(
+            store.retired_slots() > 0,
+            "tables the other thread caches are kept"
+        );
+        go.send(()).unwrap();
+        other.join().unwrap();
+        for _ in 0..4 {
+            look_all(keys);
+        }
+        assert_eq!(store.retired_slots(), 0, "released by lookups alone");
+    });
+    store.audit();
 }
