@@ -34,7 +34,7 @@ use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use tollgate::redis::{
-    FailureHandling, FailurePolicy, LeaseConfig, LeasedLimiter, Mode, RedisLimiter, RedisRule,
+    FailureHandling, FailurePolicy, GuardMode, LeaseConfig, LeasedLimiter, RedisLimiter, RedisRule,
 };
 use tollgate::{Gcra, KeyedLimiter, Quota};
 
@@ -303,7 +303,7 @@ fn bench_degraded(c: &mut Criterion) {
     });
     server.signal("KILL");
     let degraded = Instant::now();
-    while node.mode() == Mode::Global || guarded.mode() == Mode::Global {
+    while node.mode() == GuardMode::Global || guarded.mode() == GuardMode::Global {
         assert!(
             degraded.elapsed() < Duration::from_secs(5),
             "no outage seen"
@@ -335,7 +335,7 @@ fn bench_degraded(c: &mut Criterion) {
         });
     }
     group.finish();
-    assert_eq!(node.mode(), Mode::Degraded(FailurePolicy::Local));
+    assert_eq!(node.mode(), GuardMode::Degraded(FailurePolicy::Local));
     for key in &keys {
         let _ = runtime.block_on(guarded.check(key));
     }

@@ -247,7 +247,7 @@ impl Decision {
     }
 
     /// These figures for a request that can never be admitted (a cost above the rule's
-    /// capacity, given to a pure rule: limiters refuse it with [`Error::CapacityExceeded`]
+    /// capacity, given to a pure rule: limiters refuse it with [`LimitError::CapacityExceeded`]
     /// first): denied, and no wait would help.
     pub(crate) fn never(self) -> Self {
         Decision {
@@ -290,19 +290,19 @@ impl Decision {
 ///
 /// # Examples
 /// ```
-/// use tollgate::{Error, Gcra, Limiter, Quota};
+/// use tollgate::{LimitError, Gcra, Limiter, Quota};
 /// let limiter = Limiter::new(Gcra::new(Quota::per_second(10)?.with_burst(5)?)?);
 /// match limiter.check_n(6) {
 ///     Ok(d) if d.allowed() => { /* serve */ }
 ///     Ok(_) => { /* 429: try again after `retry_after` */ }
 ///     // Never admissible, whatever the wait: a client error (400/413), not a 429.
-///     Err(Error::CapacityExceeded { cost, capacity }) => assert_eq!((cost, capacity), (6, 5)),
-///     Err(Error::KeyTableFull { .. }) => unreachable!("a direct limiter has no keys"),
+///     Err(LimitError::CapacityExceeded { cost, capacity }) => assert_eq!((cost, capacity), (6, 5)),
+///     Err(LimitError::KeyTableFull { .. }) => unreachable!("a direct limiter has no keys"),
 /// }
 /// # Ok::<(), tollgate::QuotaError>(())
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
-pub enum Error {
+pub enum LimitError {
     /// The cost can never be admitted: it exceeds the burst / capacity (GCRA, leaky) or the limit
     /// (windows, log). Nothing was changed.
     #[error("cost {cost} exceeds the capacity {capacity}: such a request can never be admitted")]

@@ -59,7 +59,7 @@
 //!   [`Decision`] directly (they cannot fail, except for an impossible cost).
 //! - [`KeyedLimiter`]: one state per key (client IP, API key, user id) in a concurrent map; a
 //!   key is created on its first check. Look keys up by a borrowed form (`&str` for `String`):
-//!   a known key costs no allocation. Checks return `Result<Decision, Error>`, because a key
+//!   a known key costs no allocation. Checks return `Result<Decision, LimitError>`, because a key
 //!   bound can refuse a new key.
 //! - [`MultiLimiter`]: several quotas on one key (10 a second *and* 1000 an hour), admitted
 //!   only if all admit; a request refused by one consumes nothing from the others.
@@ -92,11 +92,11 @@
 //! that failed before doing work), and a cost of 0 is always allowed and changes nothing.
 //!
 //! A cost the quota can *never* admit (above the burst for GCRA, above `L` for windows) is
-//! not a denial, because no wait would help: it is [`Error::CapacityExceeded`], and nothing is
+//! not a denial, because no wait would help: it is [`LimitError::CapacityExceeded`], and nothing is
 //! charged. Waiting and retrying would loop forever, so handle it as a bad request.
 //!
 //! ```
-//! use tollgate::{Error, Gcra, Limiter, Quota};
+//! use tollgate::{LimitError, Gcra, Limiter, Quota};
 //!
 //! let limiter = Limiter::new(Gcra::new(Quota::per_second(10)?)?); // burst = 10
 //! assert!(limiter.check_n(8)?.allowed());
@@ -105,7 +105,7 @@
 //! assert!(limiter.check_n(5)?.allowed());
 //! assert_eq!(
 //!     limiter.check_n(11),
-//!     Err(Error::CapacityExceeded { cost: 11, capacity: 10 })
+//!     Err(LimitError::CapacityExceeded { cost: 11, capacity: 10 })
 //! );
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
@@ -119,11 +119,11 @@
 //!   limit, a window under 1 ms for window algorithms, a limit above what the packed state
 //!   holds, a burst on a window algorithm, a clock too coarse for the quota). It is a
 //!   configuration mistake; report it at start-up.
-//! - [`Error`], when checking: [`Error::CapacityExceeded`] (see Costs above) or
-//!   [`Error::KeyTableFull`] (a keyed limiter at its `max_keys` bound with
+//! - [`LimitError`], when checking: [`LimitError::CapacityExceeded`] (see Costs above) or
+//!   [`LimitError::KeyTableFull`] (a keyed limiter at its `max_keys` bound with
 //!   [`OverflowPolicy::Deny`] refuses a key it does not hold yet; known keys are unaffected).
 //!
-//! No call panics on any input: constructors return [`QuotaError`], checks return [`Error`].
+//! No call panics on any input: constructors return [`QuotaError`], checks return [`LimitError`].
 //! The Redis tier and the tower layer have error types of their own, which say whether a failure
 //! is transient.
 //!
@@ -163,11 +163,11 @@
 //!   a flood of one-time keys holds about that many. A soft bound.
 //! - [`max_keys`](KeyedLimiterBuilder::max_keys) with an [`OverflowPolicy`]: a hard bound.
 //!   At the bound a new key replaces a fresh one if it finds one; otherwise `Deny` refuses it
-//!   ([`Error::KeyTableFull`]) and `Shared` counts every key that did not fit against one
+//!   ([`LimitError::KeyTableFull`]) and `Shared` counts every key that did not fit against one
 //!   shared state (strict in aggregate, never unlimited).
 //!
 //! ```
-//! use tollgate::{Error, Gcra, KeyedLimiter, OverflowPolicy, Quota};
+//! use tollgate::{LimitError, Gcra, KeyedLimiter, OverflowPolicy, Quota};
 //!
 //! let limiter = KeyedLimiter::<u32, _>::builder(Gcra::new(Quota::per_hour(10)?)?)
 //!     .max_keys(2, OverflowPolicy::Deny)
@@ -175,7 +175,7 @@
 //! assert!(limiter.check(&1).unwrap().allowed());
 //! assert!(limiter.check(&2).unwrap().allowed());
 //! // Keys 1 and 2 hold state (a unit each, for the next 6 minutes): no room for key 3.
-//! assert_eq!(limiter.check(&3), Err(Error::KeyTableFull { max_keys: 2 }));
+//! assert_eq!(limiter.check(&3), Err(LimitError::KeyTableFull { max_keys: 2 }));
 //! assert!(limiter.check(&1).unwrap().allowed()); // known keys keep their limits
 //! # Ok::<(), tollgate::QuotaError>(())
 //! ```
@@ -303,7 +303,7 @@ pub mod wait;
 pub use algorithm::{
     FixedWindow, Gcra, LeakyBucket, LeakyQueue, SlidingLog, SlidingWindow, TokenBucket,
 };
-pub use decision::{Decision, Error};
+pub use decision::{Decision, LimitError};
 pub use limiter::{Algorithm, KeyedLimiter, KeyedLimiterBuilder, Limiter, OverflowPolicy};
 pub use multi::MultiLimiter;
 pub use quota::{Quota, QuotaError};

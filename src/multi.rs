@@ -4,7 +4,7 @@ use std::borrow::Borrow;
 use std::hash::Hash;
 
 use crate::clock::{Clock, QuantaClock};
-use crate::decision::{Decision, Error};
+use crate::decision::{Decision, LimitError};
 use crate::limiter::Algorithm;
 use crate::limiter::KeyedLimiter;
 use crate::quota::QuotaError;
@@ -146,7 +146,7 @@ impl<K: Clone + Hash + Eq + Send + Sync, A: Algorithm, C: Clock> MultiLimiter<K,
     /// assert_eq!(third.limit(), 2); // the refusing limit's figures
     /// # Ok::<(), tollgate::QuotaError>(())
     /// ```
-    pub fn check<Q>(&self, key: &Q) -> Result<Decision, Error>
+    pub fn check<Q>(&self, key: &Q) -> Result<Decision, LimitError>
     where
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
@@ -159,7 +159,7 @@ impl<K: Clone + Hash + Eq + Send + Sync, A: Algorithm, C: Clock> MultiLimiter<K,
     /// units remaining.
     ///
     /// # Errors
-    /// [`Error::CapacityExceeded`] if any limit can never admit `cost`; [`Error::KeyTableFull`]
+    /// [`LimitError::CapacityExceeded`] if any limit can never admit `cost`; [`LimitError::KeyTableFull`]
     /// if a limit's key bound refuses the key. Nothing is consumed in either case.
     ///
     /// # Examples
@@ -175,7 +175,7 @@ impl<K: Clone + Hash + Eq + Send + Sync, A: Algorithm, C: Clock> MultiLimiter<K,
     /// assert_eq!(limiter.check_n("bob", 0).unwrap().remaining(), 0);
     /// # Ok::<(), tollgate::QuotaError>(())
     /// ```
-    pub fn check_n<Q>(&self, key: &Q, cost: u64) -> Result<Decision, Error>
+    pub fn check_n<Q>(&self, key: &Q, cost: u64) -> Result<Decision, LimitError>
     where
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
@@ -189,7 +189,7 @@ impl<K: Clone + Hash + Eq + Send + Sync, A: Algorithm, C: Clock> MultiLimiter<K,
     /// which do not reserve; a full queue), the limits reserved before it are refunded and its
     /// refusal returned, so that a refused call leaves nothing charged.
     #[cfg(any(feature = "tokio", feature = "tower"))]
-    pub(crate) fn reserve_n<Q>(&self, key: &Q, cost: u64) -> Result<(Decision, usize), Error>
+    pub(crate) fn reserve_n<Q>(&self, key: &Q, cost: u64) -> Result<(Decision, usize), LimitError>
     where
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
@@ -227,11 +227,11 @@ where
     C: Clock,
     Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
 {
-    fn peek(&self, key: &Q, cost: u64) -> Result<Decision, Error> {
+    fn peek(&self, key: &Q, cost: u64) -> Result<Decision, LimitError> {
         KeyedLimiter::peek(self, key, cost)
     }
 
-    fn charge(&self, key: &Q, cost: u64) -> Result<Decision, Error> {
+    fn charge(&self, key: &Q, cost: u64) -> Result<Decision, LimitError> {
         self.check_n(key, cost)
     }
 

@@ -44,9 +44,9 @@
 //!   gives a [`RedisMultiLimiter`], which decides them all in one script call, all or nothing.
 //! - **Time injection**, for tests and replay only: [`RedisLimiter::check_n_at`],
 //!   [`RedisLimiter::check_batch_at`]; [`replay_trace`] decides a trace for
-//!   `tollgate replay --redis URL` with the very [`Outcome`](crate::replay::Outcome)s the
+//!   `tollgate replay --redis URL` with the very [`TraceOutcome`](crate::replay::TraceOutcome)s the
 //!   in-process replay prints, and [`replay`] returns full decisions.
-//! - **Errors** ([`Error`]) are classified as transient (timeout, refused or dropped connection,
+//! - **Errors** ([`TierError`]) are classified as transient (timeout, refused or dropped connection,
 //!   cluster redirect or reconfiguration) or fatal (a key of the wrong type, a value our
 //!   scripts did not write, a reply outside the scripts' contract). Every call has a timeout
 //!   (50 ms by default). No reply, however wrong, can cause a panic: replies are parsed into
@@ -75,7 +75,7 @@
 //! opens it; from then on checks are decided at once by the [`FailurePolicy`] — `FailOpen`,
 //! `FailClosed`, or `Local`: an in-process limiter holding this node's share of the quota,
 //! `L ÷ live nodes`, the nodes being counted by heartbeats each keeps in Redis. A background
-//! task probes Redis and closes the breaker when it answers again. The [`Mode`] can be read
+//! task probes Redis and closes the breaker when it answers again. The [`GuardMode`] can be read
 //! at any time and every change is logged with `tracing`. Measured in the tests against a
 //! server killed with `kill -9` or frozen with `SIGSTOP`: the p99 check latency during the
 //! outage stays within the timeout + 5 ms, and global mode is back well within 2 s of the
@@ -135,12 +135,12 @@ mod replay;
 mod rule;
 mod scripts;
 
-pub use self::error::{Error, ErrorClass};
+pub use self::error::{ErrorClass, TierError};
 pub use self::exact::{
     RedisConnection, RedisLimiter, RedisLimiterBuilder, RedisMultiLimiter, DEFAULT_CONNECT_TIMEOUT,
     DEFAULT_INJECTED_MIN_TTL, DEFAULT_MAX_BATCH, DEFAULT_TIMEOUT,
 };
-pub use self::guard::{FailureHandling, FailurePolicy, GuardedLimiter, Mode};
+pub use self::guard::{FailureHandling, FailurePolicy, GuardMode, GuardedLimiter};
 pub use self::lease::{LeaseConfig, LeaseError, LeaseStats, LeasedLimiter, MAX_LEASE};
 pub use self::replay::{replay, replay_trace, ReplayError};
 pub use self::rule::{RedisRule, RuleError, MAX_LIMIT, MAX_NANOS};

@@ -33,7 +33,7 @@ use std::time::Duration;
 
 mod trace;
 
-pub use self::trace::{parse_line, Cost, Request, TraceError, TraceReader};
+pub use self::trace::{parse_line, Request, TraceCost, TraceError, TraceReader};
 
 use crate::clock::ManualClock;
 use crate::limiter::Algorithm;
@@ -218,17 +218,17 @@ impl fmt::Display for Millis {
 /// # Examples
 /// ```
 /// use std::time::Duration;
-/// use tollgate::replay::{AlgorithmName, Outcome, Replayer, TraceReader};
+/// use tollgate::replay::{AlgorithmName, TraceOutcome, Replayer, TraceReader};
 /// let mut queue = Replayer::new(AlgorithmName::LeakyQueue, 10, Duration::from_secs(1), None)?;
 /// let mut reader = TraceReader::new("0,a\n0,a\n".as_bytes());
 /// let first = queue.decide(&reader.next_request().unwrap()?);
 /// let second = queue.decide(&reader.next_request().unwrap()?);
-/// assert_eq!(first, Outcome::Allow { delay_nanos: Some(0) });
-/// assert_eq!(second, Outcome::Allow { delay_nanos: Some(100_000_000) }); // printed `allow 100`
+/// assert_eq!(first, TraceOutcome::Allow { delay_nanos: Some(0) });
+/// assert_eq!(second, TraceOutcome::Allow { delay_nanos: Some(100_000_000) }); // printed `allow 100`
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Outcome {
+pub enum TraceOutcome {
     /// Admitted; for `leaky-queue`, with its delay in nanoseconds.
     Allow {
         /// The shaping delay, for `leaky-queue` only.
@@ -240,30 +240,30 @@ pub enum Outcome {
     Error,
 }
 
-impl Outcome {
+impl TraceOutcome {
     /// Whether the request was admitted.
     ///
     /// # Examples
     /// ```
-    /// use tollgate::replay::Outcome;
-    /// assert!(Outcome::Allow { delay_nanos: None }.is_allow());
-    /// assert!(!Outcome::Deny.is_allow());
-    /// assert!(!Outcome::Error.is_allow()); // an impossible cost is not admitted either
+    /// use tollgate::replay::TraceOutcome;
+    /// assert!(TraceOutcome::Allow { delay_nanos: None }.is_allow());
+    /// assert!(!TraceOutcome::Deny.is_allow());
+    /// assert!(!TraceOutcome::Error.is_allow()); // an impossible cost is not admitted either
     /// ```
     pub fn is_allow(&self) -> bool {
-        matches!(self, Outcome::Allow { .. })
+        matches!(self, TraceOutcome::Allow { .. })
     }
 }
 
-impl fmt::Display for Outcome {
+impl fmt::Display for TraceOutcome {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Outcome::Allow { delay_nanos: None } => f.write_str("allow"),
-            Outcome::Allow {
+            TraceOutcome::Allow { delay_nanos: None } => f.write_str("allow"),
+            TraceOutcome::Allow {
                 delay_nanos: Some(ns),
             } => write!(f, "allow {}", Millis(*ns)),
-            Outcome::Deny => f.write_str("deny"),
-            Outcome::Error => f.write_str("error"),
+            TraceOutcome::Deny => f.write_str("deny"),
+            TraceOutcome::Error => f.write_str("error"),
         }
     }
 }
@@ -284,14 +284,14 @@ impl<A: Algorithm> Engine<A> {
         })
     }
 
-    fn outcome_at(&self, t_nanos: u64, key: &str, cost: u64, shaper: bool) -> Outcome {
+    fn outcome_at(&self, t_nanos: u64, key: &str, cost: u64, shaper: bool) -> TraceOutcome {
         self.clock.set(t_nanos);
         match self.limiter.check_n(key, cost) {
-            Ok(d) if d.allowed() => Outcome::Allow {
+            Ok(d) if d.allowed() => TraceOutcome::Allow {
                 delay_nanos: shaper.then(|| d.delay_nanos()),
             },
-            Ok(_) => Outcome::Deny,
-            Err(_) => Outcome::Error,
+            Ok(_) => TraceOutcome::Deny,
+            Err(_) => TraceOutcome::Error,
         }
     }
 }
@@ -310,7 +310,7 @@ enum AnyEngine {
 /// # Examples
 /// ```
 /// use std::time::Duration;
-/// use tollgate::replay::{AlgorithmName, Outcome, Replayer, TraceReader};
+/// use tollgate::replay::{AlgorithmName, TraceOutcome, Replayer, TraceReader};
 /// // "What would 2 per second per key have done to this traffic?"
 /// let mut replayer = Replayer::new(AlgorithmName::FixedWindow, 2, Duration::from_secs(1), None)?;
 /// let mut reader = TraceReader::new("0,a\n1,a\n2,a\n3,b\n".as_bytes());
@@ -393,18 +393,18 @@ impl Replayer {
     /// # Examples
     /// ```
     /// use std::time::Duration;
-    /// use tollgate::replay::{parse_line, AlgorithmName, Outcome, Replayer};
+    /// use tollgate::replay::{parse_line, AlgorithmName, TraceOutcome, Replayer};
     /// let mut replayer = Replayer::new(AlgorithmName::Gcra, 1, Duration::from_secs(1), None)?;
     /// let first = parse_line("0,k", 1)?.unwrap();
-    /// assert_eq!(replayer.decide(&first), Outcome::Allow { delay_nanos: None });
-    /// assert_eq!(replayer.decide(&parse_line("999,k", 2)?.unwrap()), Outcome::Deny);
+    /// assert_eq!(replayer.decide(&first), TraceOutcome::Allow { delay_nanos: None });
+    /// assert_eq!(replayer.decide(&parse_line("999,k", 2)?.unwrap()), TraceOutcome::Deny);
     /// // The trace's time, not the wall clock: a second later in the trace, admitted again.
     /// assert!(replayer.decide(&parse_line("1000,k", 3)?.unwrap()).is_allow());
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
-    pub fn decide(&mut self, request: &Request) -> Outcome {
-        let Cost::Units(cost) = request.units() else {
-            return Outcome::Error;
+    pub fn decide(&mut self, request: &Request) -> TraceOutcome {
+        let TraceCost::Units(cost) = request.units() else {
+            return TraceOutcome::Error;
         };
         // A time past 2^64 ns (584 years) cannot be represented: such a request is judged at
         // the end of time, where nothing more can be admitted.
@@ -430,11 +430,11 @@ mod tests {
         assert_eq!(parse_line("   ", 1), Ok(None));
         assert_eq!(parse_line("#x,y", 1), Ok(None));
         let r = parse_line("5,k\r", 1).unwrap().unwrap();
-        assert_eq!((r.t_ms, r.key, r.units()), (5, "k", Cost::Units(1)));
+        assert_eq!((r.t_ms, r.key, r.units()), (5, "k", TraceCost::Units(1)));
         let r = parse_line("5,k,99999999999999999999999", 1)
             .unwrap()
             .unwrap();
-        assert_eq!(r.cost, Some(Cost::Unbounded));
+        assert_eq!(r.cost, Some(TraceCost::Unbounded));
         let r = parse_line("5,k,,get,/a?b=c,d", 1).unwrap().unwrap();
         assert_eq!(
             (r.cost, r.method, r.path),
@@ -443,7 +443,7 @@ mod tests {
         let r = parse_line("5,k,2,PATCH,/", 1).unwrap().unwrap();
         assert_eq!(
             (r.units(), r.method, r.path),
-            (Cost::Units(2), Some("PATCH"), Some("/"))
+            (TraceCost::Units(2), Some("PATCH"), Some("/"))
         );
         for bad in [
             "5",
@@ -479,7 +479,7 @@ mod tests {
 
     #[test]
     fn delays_print_in_milliseconds() {
-        let allow = |ns| Outcome::Allow {
+        let allow = |ns| TraceOutcome::Allow {
             delay_nanos: Some(ns),
         };
         assert_eq!(allow(100_000_000).to_string(), "allow 100");

@@ -60,7 +60,7 @@ use crate::algorithm::Rule;
 use crate::clock::{Clock, Nanos};
 use crate::limiter::Algorithm;
 use crate::store::KeyedStore;
-use crate::{Decision, Error, KeyedLimiter, Limiter, MultiLimiter};
+use crate::{Decision, KeyedLimiter, LimitError, Limiter, MultiLimiter};
 
 /// Why `acquire` gave up.
 ///
@@ -84,7 +84,7 @@ use crate::{Decision, Error, KeyedLimiter, Limiter, MultiLimiter};
 pub enum WaitError {
     /// The limiter refused to decide (a cost above the capacity, a full key table).
     #[error(transparent)]
-    Limit(#[from] Error),
+    Limit(#[from] LimitError),
     /// Admission would take longer than `max_wait`; nothing was charged.
     #[error("admission would take {wait:?}, longer than the {max_wait:?} allowed")]
     TooLong {
@@ -184,8 +184,8 @@ impl<F: FnOnce()> Drop for RefundOnDrop<F> {
 /// - `refund` gives back a reservation where `charge` said it was made (only ever called after
 ///   an admitted `charge` whose decision carries a delay).
 async fn drive<R>(
-    mut charge: impl FnMut() -> Result<(Decision, R), Error>,
-    wait_now: impl Fn() -> Result<Duration, Error>,
+    mut charge: impl FnMut() -> Result<(Decision, R), LimitError>,
+    wait_now: impl Fn() -> Result<Duration, LimitError>,
     refund: impl FnOnce(R),
     max_wait: Option<Duration>,
 ) -> Result<Decision, WaitError> {
@@ -233,12 +233,12 @@ async fn drive<R>(
 }
 
 /// The outcome of a wait without a bound: it is never too long.
-fn unbounded(result: Result<Decision, WaitError>) -> Result<Decision, Error> {
+fn unbounded(result: Result<Decision, WaitError>) -> Result<Decision, LimitError> {
     result.map_err(|e| match e {
         WaitError::Limit(e) => e,
         // Only a bounded wait (`Some(max_wait)`) is ever too long; should one be reported,
         // the caller is told the cost cannot be admitted rather than given a panic.
-        WaitError::TooLong { .. } => Error::CapacityExceeded {
+        WaitError::TooLong { .. } => LimitError::CapacityExceeded {
             cost: 0,
             capacity: 0,
         },
@@ -264,7 +264,7 @@ impl<A: Algorithm, C: Clock> Limiter<A, C> {
     /// [`wait`](crate::wait) module for how each algorithm waits).
     ///
     /// # Errors
-    /// [`Error::CapacityExceeded`] at once if `cost` can never be admitted.
+    /// [`LimitError::CapacityExceeded`] at once if `cost` can never be admitted.
     ///
     /// # Examples
     /// ```
@@ -279,7 +279,7 @@ impl<A: Algorithm, C: Clock> Limiter<A, C> {
     /// # Ok(())
     /// # }
     /// ```
-    pub async fn until_ready(&self, cost: u64) -> Result<Decision, Error> {
+    pub async fn until_ready(&self, cost: u64) -> Result<Decision, LimitError> {
         unbounded(self.wait_inner(cost, None).await)
     }
 
@@ -350,7 +350,7 @@ where
     /// # Ok(())
     /// # }
     /// ```
-    pub async fn until_ready<Q>(&self, key: &Q, cost: u64) -> Result<Decision, Error>
+    pub async fn until_ready<Q>(&self, key: &Q, cost: u64) -> Result<Decision, LimitError>
     where
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
@@ -447,7 +447,7 @@ where
     /// # Ok(())
     /// # }
     /// ```
-    pub async fn until_ready<Q>(&self, key: &Q, cost: u64) -> Result<Decision, Error>
+    pub async fn until_ready<Q>(&self, key: &Q, cost: u64) -> Result<Decision, LimitError>
     where
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,

@@ -22,7 +22,7 @@ use tollgate::algorithm::sliding_log::Ring;
 use tollgate::algorithm::WordRule;
 use tollgate::clock::ManualClock;
 use tollgate::{
-    Algorithm, Decision, Error, FixedWindow, Gcra, KeyedLimiter, LeakyQueue, Limiter, Quota,
+    Algorithm, Decision, FixedWindow, Gcra, KeyedLimiter, LeakyQueue, LimitError, Limiter, Quota,
     QuotaError, SlidingLog, SlidingWindow,
 };
 
@@ -282,10 +282,10 @@ fn outcome(d: &Decision) -> Outcome {
     }
 }
 
-fn from_engine(r: Result<Decision, Error>) -> Result<Outcome, RefError> {
+fn from_engine(r: Result<Decision, LimitError>) -> Result<Outcome, RefError> {
     match r {
         Ok(d) => Ok(outcome(&d)),
-        Err(Error::CapacityExceeded { cost, capacity }) => {
+        Err(LimitError::CapacityExceeded { cost, capacity }) => {
             Err(RefError::CapacityExceeded { cost, capacity })
         }
         Err(e) => panic!("unexpected error {e:?}"),
@@ -525,8 +525,8 @@ proptest! {
 
 /// A limiter as the tests drive it: by key (a direct limiter ignores the key).
 trait Stored {
-    fn check(&self, key: u8, cost: u64) -> Result<Decision, Error>;
-    fn peek(&self, key: u8, cost: u64) -> Result<Decision, Error>;
+    fn check(&self, key: u8, cost: u64) -> Result<Decision, LimitError>;
+    fn peek(&self, key: u8, cost: u64) -> Result<Decision, LimitError>;
     fn refund(&self, key: u8, cost: u64);
     fn set_quota(&self, quota: Quota);
     /// Keys held, where the limiter counts them.
@@ -539,10 +539,10 @@ struct Keyed<A: Algorithm>(KeyedLimiter<u8, A, ManualClock>, Make<A>);
 struct Direct<A: Algorithm>(Limiter<A, ManualClock>, Make<A>);
 
 impl<A: Algorithm> Stored for Keyed<A> {
-    fn check(&self, key: u8, cost: u64) -> Result<Decision, Error> {
+    fn check(&self, key: u8, cost: u64) -> Result<Decision, LimitError> {
         self.0.check_n(&key, cost)
     }
-    fn peek(&self, key: u8, cost: u64) -> Result<Decision, Error> {
+    fn peek(&self, key: u8, cost: u64) -> Result<Decision, LimitError> {
         self.0.peek(&key, cost)
     }
     fn refund(&self, key: u8, cost: u64) {
@@ -557,10 +557,10 @@ impl<A: Algorithm> Stored for Keyed<A> {
 }
 
 impl<A: Algorithm> Stored for Direct<A> {
-    fn check(&self, _key: u8, cost: u64) -> Result<Decision, Error> {
+    fn check(&self, _key: u8, cost: u64) -> Result<Decision, LimitError> {
         self.0.check_n(cost)
     }
-    fn peek(&self, _key: u8, cost: u64) -> Result<Decision, Error> {
+    fn peek(&self, _key: u8, cost: u64) -> Result<Decision, LimitError> {
         self.0.peek(cost)
     }
     fn refund(&self, _key: u8, cost: u64) {

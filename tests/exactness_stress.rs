@@ -48,8 +48,8 @@ use std::time::Duration;
 use reference::{Algo, Model};
 use tollgate::clock::{Clock, ManualClock};
 use tollgate::{
-    Algorithm, Decision, Error, FixedWindow, Gcra, KeyedLimiter, LeakyBucket, LeakyQueue, Limiter,
-    MultiLimiter, OverflowPolicy, Quota, SlidingLog, SlidingWindow,
+    Algorithm, Decision, FixedWindow, Gcra, KeyedLimiter, LeakyBucket, LeakyQueue, LimitError,
+    Limiter, MultiLimiter, OverflowPolicy, Quota, SlidingLog, SlidingWindow,
 };
 
 /// Four times the two cores CI has: threads are preempted mid-check.
@@ -352,7 +352,7 @@ impl Drop for Release<'_> {
 fn judge(
     rounds: &Rounds,
     what: &dyn Fn() -> String,
-    result: Result<Decision, Error>,
+    result: Result<Decision, LimitError>,
     cost: u64,
     denied: Option<&AtomicU64>,
     denied_before: u64,
@@ -422,7 +422,7 @@ fn verdict(
 
 /// One key's limiter, whichever kind.
 trait OneKey: Sync {
-    fn check(&self, cost: u64) -> Result<Decision, Error>;
+    fn check(&self, cost: u64) -> Result<Decision, LimitError>;
     fn figures(&self) -> Figures;
 }
 
@@ -435,7 +435,7 @@ fn figures(decision: Decision) -> (u64, u64) {
 }
 
 impl<A: Algorithm> OneKey for Limiter<A, ManualClock> {
-    fn check(&self, cost: u64) -> Result<Decision, Error> {
+    fn check(&self, cost: u64) -> Result<Decision, LimitError> {
         self.check_n(cost)
     }
     fn figures(&self) -> Figures {
@@ -444,7 +444,7 @@ impl<A: Algorithm> OneKey for Limiter<A, ManualClock> {
 }
 
 impl<A: Algorithm> OneKey for KeyedLimiter<u64, A, ManualClock> {
-    fn check(&self, cost: u64) -> Result<Decision, Error> {
+    fn check(&self, cost: u64) -> Result<Decision, LimitError> {
         self.check_n(&KEY, cost)
     }
     fn figures(&self) -> Figures {
@@ -453,7 +453,7 @@ impl<A: Algorithm> OneKey for KeyedLimiter<u64, A, ManualClock> {
 }
 
 impl<A: Algorithm> OneKey for MultiLimiter<u64, A, ManualClock> {
-    fn check(&self, cost: u64) -> Result<Decision, Error> {
+    fn check(&self, cost: u64) -> Result<Decision, LimitError> {
         self.check_n(&KEY, cost)
     }
     fn figures(&self) -> Figures {
@@ -781,7 +781,9 @@ fn hot_keys_beside_a_flood<A: Algorithm>(case: Case<A>, bound: Bound) {
                         let cost = u64::from(i % holding_every == 0);
                         match limiter.check_n(&flood_key(r, id, i), cost) {
                             Ok(_) => inserted.fetch_add(1, SeqCst),
-                            Err(Error::KeyTableFull { .. }) if held => refused.fetch_add(1, SeqCst),
+                            Err(LimitError::KeyTableFull { .. }) if held => {
+                                refused.fetch_add(1, SeqCst)
+                            }
                             Err(e) => {
                                 rounds.fail(format!("{name}, round {r}, flood key {i}: {e}"));
                                 break;

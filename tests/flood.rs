@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use stats_alloc::{Region, StatsAlloc, INSTRUMENTED_SYSTEM};
 use tollgate::clock::ManualClock;
-use tollgate::{Error, Gcra, KeyedLimiter, OverflowPolicy, Quota, SlidingLog};
+use tollgate::{Gcra, KeyedLimiter, LimitError, OverflowPolicy, Quota, SlidingLog};
 
 #[global_allocator]
 static GLOBAL: &StatsAlloc<System> = &INSTRUMENTED_SYSTEM;
@@ -39,7 +39,7 @@ fn flood<A: tollgate::Algorithm>(rule: A, policy: OverflowPolicy, keys: u64) {
         clock.advance_nanos(1_000);
         match limiter.check(&key) {
             Ok(d) => allowed += u64::from(d.allowed()),
-            Err(Error::KeyTableFull { max_keys }) => {
+            Err(LimitError::KeyTableFull { max_keys }) => {
                 assert_eq!(max_keys, MAX_KEYS);
                 refused += 1;
             }

@@ -4,10 +4,9 @@
 
 use std::time::Duration;
 
-use tollgate::algorithm::{fixed_window, sliding_log, sliding_window};
 use tollgate::clock::ManualClock;
 use tollgate::{
-    Algorithm, Error, FixedWindow, Gcra, KeyedLimiter, LeakyQueue, Limiter, Quota, SlidingLog,
+    Algorithm, FixedWindow, Gcra, KeyedLimiter, LeakyQueue, LimitError, Limiter, Quota, SlidingLog,
     SlidingWindow,
 };
 
@@ -41,7 +40,7 @@ fn each(limit: u64, window: Duration, mut f: impl FnMut(&dyn Fn() -> Box<dyn Pro
 trait Probe {
     fn name(&self) -> &'static str;
     fn clock(&self) -> &ManualClock;
-    fn check_n(&self, cost: u64) -> Result<bool, Error>;
+    fn check_n(&self, cost: u64) -> Result<bool, LimitError>;
 }
 
 struct P<A: Algorithm> {
@@ -61,7 +60,7 @@ impl<A: Algorithm> Probe for P<A> {
     fn clock(&self) -> &ManualClock {
         self.limiter.clock()
     }
-    fn check_n(&self, cost: u64) -> Result<bool, Error> {
+    fn check_n(&self, cost: u64) -> Result<bool, LimitError> {
         self.limiter.check_n(cost).map(|d| {
             // Every figure is computable on any state.
             let _ = (d.remaining(), d.retry_after(), d.reset_after(), d.delay());
@@ -130,7 +129,7 @@ fn costs_near_u64_max_are_errors_that_change_nothing() {
         p.clock().set(SEC);
         for cost in [6, u64::MAX / 2, u64::MAX - 1, u64::MAX] {
             match p.check_n(cost) {
-                Err(Error::CapacityExceeded { cost: c, capacity }) => {
+                Err(LimitError::CapacityExceeded { cost: c, capacity }) => {
                     assert_eq!((c, capacity), (cost, 5), "{}", p.name())
                 }
                 other => panic!("{}: cost {cost} gave {other:?}", p.name()),
@@ -152,7 +151,7 @@ fn full_quota_at_once<A: Algorithm>(rule: A) {
     assert!(!limiter.check(&1).unwrap().allowed(), "{}", A::NAME);
     assert!(matches!(
         limiter.check_n(&1, capacity + 1),
-        Err(Error::CapacityExceeded { .. })
+        Err(LimitError::CapacityExceeded { .. })
     ));
 }
 
@@ -160,13 +159,13 @@ fn full_quota_at_once<A: Algorithm>(rule: A) {
 fn limits_at_the_edges_of_each_packed_layout() {
     let second = Duration::from_secs(1);
     full_quota_at_once(
-        FixedWindow::new(Quota::new(fixed_window::MAX_LIMIT, second).unwrap()).unwrap(),
+        FixedWindow::new(Quota::new(FixedWindow::MAX_LIMIT, second).unwrap()).unwrap(),
     );
     full_quota_at_once(
-        SlidingWindow::new(Quota::new(sliding_window::MAX_LIMIT, second).unwrap()).unwrap(),
+        SlidingWindow::new(Quota::new(SlidingWindow::MAX_LIMIT, second).unwrap()).unwrap(),
     );
     full_quota_at_once(
-        SlidingLog::new(Quota::new(sliding_log::MAX_LIMIT, second).unwrap()).unwrap(),
+        SlidingLog::new(Quota::new(SlidingLog::MAX_LIMIT, second).unwrap()).unwrap(),
     );
     // GCRA: W/L = 1 ns exactly, and a span of 2^62 ns exactly.
     full_quota_at_once(
@@ -178,13 +177,13 @@ fn limits_at_the_edges_of_each_packed_layout() {
         .unwrap();
     full_quota_at_once(Gcra::new(span).unwrap());
     // One past each edge is a typed error.
-    for limit in [fixed_window::MAX_LIMIT + 1, u64::MAX] {
+    for limit in [FixedWindow::MAX_LIMIT + 1, u64::MAX] {
         assert!(FixedWindow::new(Quota::new(limit, second).unwrap()).is_err());
     }
-    for limit in [sliding_window::MAX_LIMIT + 1, u64::MAX] {
+    for limit in [SlidingWindow::MAX_LIMIT + 1, u64::MAX] {
         assert!(SlidingWindow::new(Quota::new(limit, second).unwrap()).is_err());
     }
-    for limit in [sliding_log::MAX_LIMIT + 1, u64::MAX] {
+    for limit in [SlidingLog::MAX_LIMIT + 1, u64::MAX] {
         assert!(SlidingLog::new(Quota::new(limit, second).unwrap()).is_err());
     }
     assert!(Gcra::new(span.with_burst((1 << 20) + 1).unwrap()).is_err());

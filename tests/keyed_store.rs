@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use tollgate::clock::ManualClock;
 use tollgate::{
-    Algorithm, Error, FixedWindow, Gcra, KeyedLimiter, LeakyQueue, OverflowPolicy, Quota,
+    Algorithm, FixedWindow, Gcra, KeyedLimiter, LeakyQueue, LimitError, OverflowPolicy, Quota,
     SlidingLog, SlidingWindow, TextKey,
 };
 
@@ -315,8 +315,11 @@ fn max_keys_deny_refuses_new_keys_until_some_are_fresh() {
         for key in 0..3 {
             assert!(lim.check(&key).unwrap().allowed());
         }
-        assert_eq!(lim.check(&3), Err(Error::KeyTableFull { max_keys: 3 }));
-        assert_eq!(lim.check_n(&4, 0), Err(Error::KeyTableFull { max_keys: 3 }));
+        assert_eq!(lim.check(&3), Err(LimitError::KeyTableFull { max_keys: 3 }));
+        assert_eq!(
+            lim.check_n(&4, 0),
+            Err(LimitError::KeyTableFull { max_keys: 3 })
+        );
         assert_eq!(lim.len(), 3);
         // Known keys keep their own limits.
         let capacity = rule.capacity();
@@ -408,7 +411,7 @@ fn max_keys_holds_under_concurrent_inserts() {
                     for i in 0..2_000u64 {
                         match lim.check(&(id * 1_000_000 + i)) {
                             Ok(_) => {}
-                            Err(Error::KeyTableFull { max_keys }) => {
+                            Err(LimitError::KeyTableFull { max_keys }) => {
                                 assert_eq!(max_keys, 100);
                                 refused.fetch_add(1, Ordering::Relaxed);
                             }

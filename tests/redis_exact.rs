@@ -23,7 +23,7 @@ use redis::aio::ConnectionManager;
 use redis_server::{RedisCluster, RedisServer};
 use tollgate::clock::ManualClock;
 use tollgate::redis::{
-    replay, replay_trace, Error, RedisConnection, RedisLimiter, RedisRule, ReplayError,
+    replay, replay_trace, RedisConnection, RedisLimiter, RedisRule, ReplayError, TierError,
 };
 use tollgate::replay::{AlgorithmName, Replayer, TraceReader};
 use tollgate::{
@@ -82,7 +82,7 @@ fn figures(d: &Decision) -> Figures {
     )
 }
 
-fn from_redis(r: Result<Decision, Error>) -> Result<Figures, tollgate::Error> {
+fn from_redis(r: Result<Decision, TierError>) -> Result<Figures, tollgate::LimitError> {
     match r {
         Ok(d) => Ok(figures(&d)),
         Err(e) => Err(e
@@ -135,7 +135,7 @@ impl Reference {
         }
     }
 
-    fn decide(&self, key: &str, cost: u64, peek: bool) -> Result<Figures, tollgate::Error> {
+    fn decide(&self, key: &str, cost: u64, peek: bool) -> Result<Figures, tollgate::LimitError> {
         let decision =
             with_reference!(self, l => if peek { l.peek(key, cost) } else { l.check_n(key, cost) });
         decision.map(|d| figures(&d))
@@ -160,8 +160,8 @@ async fn both<C: RedisConnection>(
     trace: &[Request],
     batched: bool,
 ) -> (
-    Vec<Result<Figures, tollgate::Error>>,
-    Vec<Result<Figures, tollgate::Error>>,
+    Vec<Result<Figures, tollgate::LimitError>>,
+    Vec<Result<Figures, tollgate::LimitError>>,
 ) {
     let clock = ManualClock::new();
     let reference = Reference::new(name, quota, &clock);
@@ -194,8 +194,8 @@ async fn both<C: RedisConnection>(
 
 /// Asserts that both sides agree on every request, naming the first difference.
 fn assert_same(
-    expected: &[Result<Figures, tollgate::Error>],
-    actual: &[Result<Figures, tollgate::Error>],
+    expected: &[Result<Figures, tollgate::LimitError>],
+    actual: &[Result<Figures, tollgate::LimitError>],
     trace: &[Request],
     what: &str,
 ) {
@@ -228,7 +228,7 @@ fn at(times_ms: &[u64], key: &'static str) -> Vec<Request> {
         .collect()
 }
 
-fn allowed(outcomes: &[Result<Figures, tollgate::Error>]) -> Vec<bool> {
+fn allowed(outcomes: &[Result<Figures, tollgate::LimitError>]) -> Vec<bool> {
     outcomes.iter().map(|o| matches!(o, Ok(f) if f.0)).collect()
 }
 
@@ -488,7 +488,7 @@ impl MultiReference {
         }
     }
 
-    fn decide(&self, key: &str, cost: u64) -> Result<Figures, tollgate::Error> {
+    fn decide(&self, key: &str, cost: u64) -> Result<Figures, tollgate::LimitError> {
         let decision = match self {
             MultiReference::Gcra(l) => l.check_n(key, cost),
             MultiReference::Queue(l) => l.check_n(key, cost),
@@ -779,7 +779,7 @@ fn coalesced_checks_of_one_key_keep_their_arrival_order() {
 /// Awaits one-key checks spawned in arrival order on a bucket of `burst` that never empties:
 /// the i-th must see `burst − 1 − i` remaining (the server decided it i-th).
 async fn in_arrival_order(
-    tasks: Vec<tokio::task::JoinHandle<Result<Decision, tollgate::redis::Error>>>,
+    tasks: Vec<tokio::task::JoinHandle<Result<Decision, tollgate::redis::TierError>>>,
     burst: u64,
     round: usize,
 ) {
@@ -1127,7 +1127,7 @@ fn foreign_values_give_typed_fatal_errors() {
                 .await
                 .unwrap();
             let e = l.check("list").await.unwrap_err();
-            assert!(matches!(e, Error::WrongType { .. }), "{name}: {e:?}");
+            assert!(matches!(e, TierError::WrongType { .. }), "{name}: {e:?}");
             assert!(e.is_fatal() && !e.is_transient());
             // The right type, but not our format.
             let key = l.redis_key("junk");
@@ -1148,15 +1148,15 @@ fn foreign_values_give_typed_fatal_errors() {
                     .unwrap();
             }
             let e = l.check("junk").await.unwrap_err();
-            assert!(matches!(e, Error::CorruptState { .. }), "{name}: {e:?}");
+            assert!(matches!(e, TierError::CorruptState { .. }), "{name}: {e:?}");
             assert!(e.is_fatal());
             // In a batch, only the bad keys fail, and the others are decided.
             let results = l
                 .check_batch([("list", 1), ("fine", 1), ("junk", 1), ("fine", 1)])
                 .await;
-            assert!(matches!(results[0], Err(Error::WrongType { .. })));
+            assert!(matches!(results[0], Err(TierError::WrongType { .. })));
             assert!(results[1].as_ref().unwrap().allowed());
-            assert!(matches!(results[2], Err(Error::CorruptState { .. })));
+            assert!(matches!(results[2], Err(TierError::CorruptState { .. })));
             assert_eq!(results[3].as_ref().unwrap().remaining(), 8, "{name}");
             // The foreign values are untouched.
             let kind: String = redis::cmd("TYPE")
@@ -1181,7 +1181,7 @@ fn capacity_errors_send_nothing() {
             let e = l.check_n("k", 11).await.unwrap_err();
             assert_eq!(
                 e.as_capacity_exceeded(),
-                Some(tollgate::Error::CapacityExceeded {
+                Some(tollgate::LimitError::CapacityExceeded {
                     cost: 11,
                     capacity: 10
                 })
@@ -1321,7 +1321,7 @@ fn a_hung_server_times_out_then_recovers() {
         let e = l.check("k").await.unwrap_err();
         let took = started.elapsed();
         server.signal("CONT");
-        assert!(matches!(e, Error::Timeout { .. }), "{e:?}");
+        assert!(matches!(e, TierError::Timeout { .. }), "{e:?}");
         assert!(e.is_transient());
         assert!(
             took < Duration::from_millis(250),
@@ -1754,7 +1754,7 @@ fn cluster_batches_per_slot_and_holds_the_global_limit() {
             assert_eq!(outcomes, [true, true, false], "{key}");
         }
         let e = two.check("").await.unwrap_err();
-        assert!(matches!(e, Error::NoHashTag { .. }), "{e}");
+        assert!(matches!(e, TierError::NoHashTag { .. }), "{e}");
     });
     global_limit(Target::Cluster(urls.clone()), &urls[0]);
 }
@@ -1836,7 +1836,7 @@ fn a_log_cleans_expired_entries_a_bounded_number_per_call() {
 /// charged at least its answered checks and at most those and its given-up ones.
 #[test]
 fn callers_that_give_up_harm_no_other_check() {
-    use tollgate::redis::{FailureHandling, FailurePolicy, Mode};
+    use tollgate::redis::{FailureHandling, FailurePolicy, GuardMode};
     let Some(server) = RedisServer::start() else {
         return;
     };
@@ -1894,7 +1894,7 @@ fn callers_that_give_up_harm_no_other_check() {
                             Ok(_) => wrong[1] += 1,
                             Err(_) => wrong[0] += 1,
                         }
-                        if guarded.mode() != Mode::Global {
+                        if guarded.mode() != GuardMode::Global {
                             wrong[2] += 1;
                         }
                         tokio::task::yield_now().await;
@@ -2009,7 +2009,7 @@ fn a_state_ahead_of_the_server_clock_keeps_its_whole_ttl() {
 /// probe key answers; once it resumes, the breaker closes.
 #[test]
 fn the_probe_tests_the_slot_that_failed() {
-    use tollgate::redis::{FailureHandling, FailurePolicy, Mode};
+    use tollgate::redis::{FailureHandling, FailurePolicy, GuardMode};
     let Some(cluster) = RedisCluster::start(3) else {
         return;
     };
@@ -2081,25 +2081,25 @@ fn the_probe_tests_the_slot_that_failed() {
         node.signal("STOP");
         // The check times out: the breaker opens and the policy decides.
         assert!(!guarded.check(&key).await.unwrap().allowed());
-        assert_ne!(guarded.mode(), Mode::Global);
+        assert_ne!(guarded.mode(), GuardMode::Global);
         // Ten probe intervals and more, well under the cluster's node timeout (5 s).
         let until = Instant::now() + Duration::from_millis(600);
         while Instant::now() < until {
             assert_ne!(
                 guarded.mode(),
-                Mode::Global,
+                GuardMode::Global,
                 "the breaker closed while the failed slot's master was stopped"
             );
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
         node.signal("CONT");
         let until = Instant::now() + Duration::from_secs(3);
-        while guarded.mode() != Mode::Global && Instant::now() < until {
+        while guarded.mode() != GuardMode::Global && Instant::now() < until {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
         assert_eq!(
             guarded.mode(),
-            Mode::Global,
+            GuardMode::Global,
             "closed once the master resumed"
         );
         assert!(guarded.check(&key).await.unwrap().allowed());

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use redis_server::RedisServer;
 use tollgate::redis::{
-    Error, FailureHandling, FailurePolicy, GuardedLimiter, Mode, RedisLimiter, RedisRule,
+    FailureHandling, FailurePolicy, GuardMode, GuardedLimiter, RedisLimiter, RedisRule, TierError,
 };
 use tollgate::Quota;
 
@@ -93,7 +93,7 @@ impl Load {
                         if let Err(e) = result {
                             panic!("a check failed during the fault test: {e}");
                         }
-                        let degraded = l.mode() != Mode::Global;
+                        let degraded = l.mode() != GuardMode::Global;
                         samples.push(Sample {
                             start,
                             latency,
@@ -155,7 +155,7 @@ impl Load {
 }
 
 /// Waits until `limiter` reports `mode`; how long that took.
-async fn wait_for(limiter: &GuardedLimiter, mode: Mode, within: Duration) -> Duration {
+async fn wait_for(limiter: &GuardedLimiter, mode: GuardMode, within: Duration) -> Duration {
     let started = Instant::now();
     while limiter.mode() != mode {
         assert!(
@@ -223,7 +223,7 @@ fn kill_9_then_restart_under_load_with_the_local_policy() {
             .probe_interval(Duration::from_millis(100))
             .heartbeat_interval(Duration::from_millis(200));
         let limiter = guarded(&server, rule, handling).await;
-        assert_eq!(limiter.mode(), Mode::Global);
+        assert_eq!(limiter.mode(), GuardMode::Global);
         assert_eq!(limiter.live_nodes(), 1);
         let load = Load::start(&limiter, 4);
         tokio::time::sleep(Duration::from_millis(300)).await;
@@ -232,7 +232,7 @@ fn kill_9_then_restart_under_load_with_the_local_policy() {
         server.signal("KILL");
         wait_for(
             &limiter,
-            Mode::Degraded(FailurePolicy::Local),
+            GuardMode::Degraded(FailurePolicy::Local),
             Duration::from_secs(1),
         )
         .await;
@@ -241,7 +241,7 @@ fn kill_9_then_restart_under_load_with_the_local_policy() {
         let healed = Instant::now();
         // The restart blocks (it waits for PING): keep it off the load's worker.
         tokio::task::block_in_place(|| server.restart());
-        let back = wait_for(&limiter, Mode::Global, Duration::from_secs(2)).await;
+        let back = wait_for(&limiter, GuardMode::Global, Duration::from_secs(2)).await;
         let recovered = Instant::now();
         let at_recovery = load.checks();
         eprintln!("kill -9: global again {back:?} after the restart");
@@ -291,7 +291,7 @@ fn sigstop_then_sigcont_under_load_with_fail_closed() {
         server.signal("STOP");
         wait_for(
             &limiter,
-            Mode::Degraded(FailurePolicy::FailClosed),
+            GuardMode::Degraded(FailurePolicy::FailClosed),
             Duration::from_secs(1),
         )
         .await;
@@ -302,7 +302,7 @@ fn sigstop_then_sigcont_under_load_with_fail_closed() {
 
         let healed = Instant::now();
         server.signal("CONT");
-        let back = wait_for(&limiter, Mode::Global, Duration::from_secs(2)).await;
+        let back = wait_for(&limiter, GuardMode::Global, Duration::from_secs(2)).await;
         eprintln!("SIGSTOP: global again {back:?} after SIGCONT");
         assert!(limiter.check("probe").await.unwrap().allowed());
         let samples = load.finish().await;
@@ -331,12 +331,12 @@ fn fail_open_allows_and_fatal_errors_pass_through() {
             .await
             .unwrap();
         let e = limiter.check("list").await.unwrap_err();
-        assert!(matches!(e, Error::WrongType { .. }));
-        assert_eq!(limiter.mode(), Mode::Global);
+        assert!(matches!(e, TierError::WrongType { .. }));
+        assert_eq!(limiter.mode(), GuardMode::Global);
         // A cost above the capacity stays an error in every mode.
         assert!(matches!(
             limiter.check_n("k", 3).await,
-            Err(Error::Capacity { .. })
+            Err(TierError::Capacity { .. })
         ));
         for _ in 0..2 {
             assert!(limiter.check("k").await.unwrap().allowed());
@@ -347,13 +347,13 @@ fn fail_open_allows_and_fatal_errors_pass_through() {
         for _ in 0..5 {
             assert!(limiter.check("k").await.unwrap().allowed());
         }
-        assert_eq!(limiter.mode(), Mode::Degraded(FailurePolicy::FailOpen));
+        assert_eq!(limiter.mode(), GuardMode::Degraded(FailurePolicy::FailOpen));
         assert!(matches!(
             limiter.check_n("k", 3).await,
-            Err(Error::Capacity { .. })
+            Err(TierError::Capacity { .. })
         ));
         server.signal("CONT");
-        wait_for(&limiter, Mode::Global, Duration::from_secs(2)).await;
+        wait_for(&limiter, GuardMode::Global, Duration::from_secs(2)).await;
         assert!(
             !limiter.check("k").await.unwrap().allowed(),
             "the global state is intact"
@@ -400,8 +400,8 @@ fn local_policy_gives_each_live_node_its_share() {
         // Each of the two nodes now admits its share, ⌊10 / 2⌋ = 5, of a fresh key.
         let _ = a.check("warm-up").await.unwrap();
         let _ = b.check("warm-up").await.unwrap();
-        assert_eq!(a.mode(), Mode::Degraded(FailurePolicy::Local));
-        assert_eq!(b.mode(), Mode::Degraded(FailurePolicy::Local));
+        assert_eq!(a.mode(), GuardMode::Degraded(FailurePolicy::Local));
+        assert_eq!(b.mode(), GuardMode::Degraded(FailurePolicy::Local));
         for node in [&a, &b] {
             let mut admitted = 0;
             for _ in 0..20 {
@@ -410,7 +410,7 @@ fn local_policy_gives_each_live_node_its_share() {
             assert_eq!(admitted, 5);
         }
         server.signal("CONT");
-        wait_for(&a, Mode::Global, Duration::from_secs(2)).await;
+        wait_for(&a, GuardMode::Global, Duration::from_secs(2)).await;
     });
 }
 
@@ -431,7 +431,7 @@ fn away_from_a_window_end(window: Duration, margin: Duration) {
 /// Waits for the charges of a recovery to land: global mode, and nothing left to reconcile.
 async fn wait_reconciled(limiter: &GuardedLimiter, within: Duration) {
     let started = Instant::now();
-    while limiter.mode() != Mode::Global || limiter.unreconciled() > 0 {
+    while limiter.mode() != GuardMode::Global || limiter.unreconciled() > 0 {
         assert!(
             started.elapsed() < within,
             "not reconciled within {within:?}: mode {:?}, {} units owed",
@@ -481,7 +481,7 @@ fn units_admitted_locally_during_an_outage_are_charged_after_the_restart() {
                 local += limiter.check_n("k", 1).await.unwrap().allowed() as u64;
             }
             let _ = limiter.check("other").await.unwrap();
-            assert_eq!(limiter.mode(), Mode::Degraded(FailurePolicy::Local));
+            assert_eq!(limiter.mode(), GuardMode::Degraded(FailurePolicy::Local));
             assert_eq!(
                 local, 25,
                 "{name}: the local share (one node: all of L) admits"
@@ -536,7 +536,7 @@ fn a_charge_is_never_denied_and_may_pass_the_limit() {
             for _ in 0..6 {
                 assert!(limiter.check("k").await.unwrap().allowed(), "fail open");
             }
-            assert_eq!(limiter.mode(), Mode::Degraded(FailurePolicy::FailOpen));
+            assert_eq!(limiter.mode(), GuardMode::Degraded(FailurePolicy::FailOpen));
             server.signal("CONT");
             wait_reconciled(&limiter, Duration::from_secs(5)).await;
             assert_eq!(limiter.reconciled(), 6, "{name}");
@@ -603,7 +603,7 @@ async fn leased_local(
 }
 
 /// Waits (without checking: a check would ask for refills) until `node` reports `mode`.
-fn wait_mode(node: &LeasedLimiter, mode: Mode, within: Duration) {
+fn wait_mode(node: &LeasedLimiter, mode: GuardMode, within: Duration) {
     let start = Instant::now();
     while node.mode() != mode {
         assert!(start.elapsed() < within, "not {mode:?} within {within:?}");
@@ -647,7 +647,7 @@ fn a_leased_takeover_starts_from_what_the_node_knew_and_charges_each_unit_once()
     // The heartbeat finds the server gone: the breaker opens without a check.
     wait_mode(
         &node,
-        Mode::Degraded(FailurePolicy::Local),
+        GuardMode::Degraded(FailurePolicy::Local),
         Duration::from_secs(2),
     );
     assert_eq!(node.held("k"), held, "no check spent the lease meanwhile");
@@ -671,7 +671,7 @@ fn a_leased_takeover_starts_from_what_the_node_knew_and_charges_each_unit_once()
     assert_eq!(node.unreconciled(), (local - held) + fresh);
     server.restart();
     let healed = Instant::now();
-    while node.mode() != Mode::Global || node.unreconciled() > 0 {
+    while node.mode() != GuardMode::Global || node.unreconciled() > 0 {
         assert!(healed.elapsed() < Duration::from_secs(2), "not reconciled");
         std::thread::sleep(Duration::from_millis(5));
     }
@@ -734,7 +734,7 @@ fn takeover_under_load(signal: &str, heal: &str, (rule, limit, window): Limit) {
                     if decision.allowed() {
                         admitted.push((key, at));
                     }
-                    if degraded.is_none() && node.mode() != Mode::Global {
+                    if degraded.is_none() && node.mode() != GuardMode::Global {
                         degraded = Some(at);
                     }
                 }
@@ -750,7 +750,7 @@ fn takeover_under_load(signal: &str, heal: &str, (rule, limit, window): Limit) {
     let healed = Instant::now();
     heal_with(&mut server, heal);
     for node in &nodes {
-        wait_mode(node, Mode::Global, Duration::from_secs(2));
+        wait_mode(node, GuardMode::Global, Duration::from_secs(2));
     }
     let back = healed.elapsed();
     stop.store(true, Ordering::Relaxed);
@@ -967,7 +967,7 @@ fn guarded_takeover_under_load(signal: &str, heal: &str, (rule, limit, window): 
     let healed = Instant::now();
     heal_with(&mut server, heal);
     for (node, rt) in nodes.iter().zip(&runtimes) {
-        rt.block_on(wait_for(node, Mode::Global, Duration::from_secs(2)));
+        rt.block_on(wait_for(node, GuardMode::Global, Duration::from_secs(2)));
     }
     let back = healed.elapsed();
     stop.store(true, Ordering::Relaxed);
@@ -1061,7 +1061,7 @@ fn degraded_guarded_checks_run_at_in_process_speed() {
         server.signal("KILL");
         wait_for(
             &limiter,
-            Mode::Degraded(FailurePolicy::Local),
+            GuardMode::Degraded(FailurePolicy::Local),
             Duration::from_secs(2),
         )
         .await;
@@ -1081,7 +1081,7 @@ fn degraded_guarded_checks_run_at_in_process_speed() {
                 ours.push(v - u);
             }
         }
-        assert_eq!(limiter.mode(), Mode::Degraded(FailurePolicy::Local));
+        assert_eq!(limiter.mode(), GuardMode::Degraded(FailurePolicy::Local));
         let pct = |v: &mut Vec<Duration>, p: usize| {
             v.sort_unstable();
             v[(v.len() * p / 100).min(v.len() - 1)]
@@ -1121,7 +1121,7 @@ fn degraded_leased_checks_run_at_in_process_speed() {
     server.signal("KILL");
     wait_mode(
         &node,
-        Mode::Degraded(FailurePolicy::Local),
+        GuardMode::Degraded(FailurePolicy::Local),
         Duration::from_secs(2),
     );
     let local: KeyedLimiter<Vec<u8>, Gcra> = KeyedLimiter::new(Gcra::new(quota).unwrap());
@@ -1145,7 +1145,7 @@ fn degraded_leased_checks_run_at_in_process_speed() {
             }
         }
     }
-    assert_eq!(node.mode(), Mode::Degraded(FailurePolicy::Local));
+    assert_eq!(node.mode(), GuardMode::Degraded(FailurePolicy::Local));
     let pct = |v: &mut Vec<Duration>, p: usize| {
         v.sort_unstable();
         v[(v.len() * p / 100).min(v.len() - 1)]
@@ -1182,7 +1182,7 @@ fn a_guarded_takeover_starts_from_the_last_reply() {
         server.signal("KILL");
         wait_for(
             &limiter,
-            Mode::Degraded(FailurePolicy::Local),
+            GuardMode::Degraded(FailurePolicy::Local),
             Duration::from_secs(2),
         )
         .await;
@@ -1220,7 +1220,7 @@ async fn config_set(admin: &mut redis::aio::MultiplexedConnection, pairs: &[(&st
 /// Waits (at most 5 s) for `limiter` to be back in `Global` mode.
 async fn back_to_global(limiter: &GuardedLimiter, what: &str) {
     let deadline = Instant::now() + Duration::from_secs(5);
-    while limiter.mode() != Mode::Global {
+    while limiter.mode() != GuardMode::Global {
         assert!(Instant::now() < deadline, "{what}: back to Global");
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
@@ -1277,7 +1277,7 @@ fn a_redis_that_cannot_write_for_now_is_a_transient_failure() {
                 .await
                 .expect("the policy decides, not an error");
             assert!(!d.allowed(), "{code}: fail closed");
-            assert_ne!(limiter.mode(), Mode::Global, "{code}");
+            assert_ne!(limiter.mode(), GuardMode::Global, "{code}");
             config_set(&mut admin, reset).await;
             if code == "MISCONF" {
                 let _: String = redis::cmd("SAVE")
@@ -1324,7 +1324,7 @@ fn a_server_that_answers_but_cannot_write_keeps_the_breaker_open() {
         for _ in 0..50 {
             // Read after a few probes, before the next check (which would degrade it again).
             tokio::time::sleep(Duration::from_millis(30)).await;
-            global += usize::from(limiter.mode() == Mode::Global);
+            global += usize::from(limiter.mode() == GuardMode::Global);
             let _ = limiter.check("k").await;
         }
         assert_eq!(
@@ -1411,14 +1411,14 @@ fn charges_that_timed_out_but_ran_are_not_charged_twice() {
         let started = Instant::now();
         let mut global_once = false;
         let mut reopened = false;
-        while limiter.mode() != Mode::Global || limiter.unreconciled() > 0 {
+        while limiter.mode() != GuardMode::Global || limiter.unreconciled() > 0 {
             assert!(
                 started.elapsed() < Duration::from_secs(60),
                 "not reconciled: {} units owed",
                 limiter.unreconciled()
             );
             match limiter.mode() {
-                Mode::Global => global_once = true,
+                GuardMode::Global => global_once = true,
                 _ => reopened |= global_once,
             }
             tokio::time::sleep(Duration::from_millis(1)).await;

@@ -19,8 +19,8 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use redis_server::RedisServer;
 use tollgate::redis::{
-    FailureHandling, FailurePolicy, LeaseConfig, LeaseError, LeasedLimiter, Mode, RedisLimiter,
-    RedisRule,
+    FailureHandling, FailurePolicy, GuardMode, LeaseConfig, LeaseError, LeasedLimiter,
+    RedisLimiter, RedisRule,
 };
 use tollgate::Quota;
 
@@ -157,7 +157,7 @@ fn hammer(
     let end = wall_nanos();
     let stats = nodes.iter().map(LeasedLimiter::stats).collect();
     for node in &nodes {
-        assert_eq!(node.mode(), Mode::Global, "Redis answered throughout");
+        assert_eq!(node.mode(), GuardMode::Global, "Redis answered throughout");
     }
     drop(nodes);
     (tallies, stats, origin, start, end)
@@ -337,7 +337,7 @@ fn a_burst_after_a_trickle_stays_within_the_token_bucket() {
     );
     assert!(admitted <= most, "{admitted} admitted > {most}");
     for node in &nodes {
-        assert_eq!(node.mode(), Mode::Global, "Redis answered throughout");
+        assert_eq!(node.mode(), GuardMode::Global, "Redis answered throughout");
     }
 }
 
@@ -421,13 +421,13 @@ fn a_leased_node_spends_its_lease_then_follows_the_policy_then_recovers() {
         }
         // Then the refill fails, the breaker opens and the policy decides: no error, no panic.
         let deadline = Instant::now() + Duration::from_secs(2);
-        while node.mode() == Mode::Global {
+        while node.mode() == GuardMode::Global {
             assert!(Instant::now() < deadline, "the breaker did not open");
             let decision = node.check("k").expect("transient failures are absorbed");
             assert!(!decision.allowed(), "nothing left to spend while global");
             std::thread::sleep(Duration::from_millis(1));
         }
-        assert_eq!(node.mode(), Mode::Degraded(policy));
+        assert_eq!(node.mode(), GuardMode::Degraded(policy));
         let allowed = node.check("k").unwrap().allowed();
         match policy {
             FailurePolicy::FailClosed => assert!(!allowed, "fail closed"),
@@ -436,7 +436,7 @@ fn a_leased_node_spends_its_lease_then_follows_the_policy_then_recovers() {
         }
         server.restart();
         let healed = Instant::now();
-        while node.mode() != Mode::Global {
+        while node.mode() != GuardMode::Global {
             assert!(
                 healed.elapsed() < Duration::from_secs(2),
                 "not global again"
@@ -684,13 +684,17 @@ fn a_key_of_the_wrong_type_is_a_typed_error() {
             .unwrap();
         assert!(matches!(
             node.prefetch("bad").await,
-            Err(tollgate::redis::Error::WrongType { .. })
+            Err(tollgate::redis::TierError::WrongType { .. })
         ));
         assert!(matches!(
             node.check("bad"),
-            Err(tollgate::redis::Error::WrongType { .. })
+            Err(tollgate::redis::TierError::WrongType { .. })
         ));
-        assert_eq!(node.mode(), Mode::Global, "a fatal error is not an outage");
+        assert_eq!(
+            node.mode(),
+            GuardMode::Global,
+            "a fatal error is not an outage"
+        );
         // Other keys are unaffected.
         node.prefetch("good").await.unwrap();
         assert!(node.check("good").unwrap().allowed());
@@ -1312,7 +1316,7 @@ fn a_leased_node_charges_what_its_policy_admitted_during_an_outage() {
     assert_eq!(node.unreconciled(), 0);
     // Then the refill fails, the breaker opens, and the local share admits: those are owed.
     let deadline = Instant::now() + Duration::from_secs(2);
-    while node.mode() == Mode::Global {
+    while node.mode() == GuardMode::Global {
         assert!(Instant::now() < deadline, "the breaker did not open");
         assert!(!node.check("k").unwrap().allowed());
         std::thread::sleep(Duration::from_millis(1));
@@ -1325,7 +1329,7 @@ fn a_leased_node_charges_what_its_policy_admitted_during_an_outage() {
     assert_eq!(node.unreconciled(), 30);
     server.restart();
     let deadline = Instant::now() + Duration::from_secs(5);
-    while node.mode() != Mode::Global || node.unreconciled() > 0 {
+    while node.mode() != GuardMode::Global || node.unreconciled() > 0 {
         assert!(Instant::now() < deadline, "not reconciled");
         std::thread::sleep(Duration::from_millis(5));
     }

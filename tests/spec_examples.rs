@@ -5,8 +5,8 @@ use std::time::Duration;
 
 use tollgate::clock::ManualClock;
 use tollgate::{
-    Algorithm, Decision, Error, FixedWindow, Gcra, KeyedLimiter, LeakyBucket, LeakyQueue, Limiter,
-    Quota, SlidingLog, SlidingWindow, TokenBucket,
+    Algorithm, Decision, FixedWindow, Gcra, KeyedLimiter, LeakyBucket, LeakyQueue, LimitError,
+    Limiter, Quota, SlidingLog, SlidingWindow, TokenBucket,
 };
 
 const MS: u64 = 1_000_000;
@@ -517,7 +517,7 @@ fn a_cost_above_capacity_is_an_error_that_changes_nothing() {
             let (lim, clock) = limiter(rule);
             setup(&lim, &clock);
             for cost in [capacity + 1, capacity + 1_000, u64::MAX] {
-                let expected = Err(Error::CapacityExceeded { cost, capacity });
+                let expected = Err(LimitError::CapacityExceeded { cost, capacity });
                 assert_eq!(lim.check_n(cost), expected, "{}", A::NAME);
                 assert_eq!(lim.peek(cost), expected);
             }
@@ -532,7 +532,7 @@ fn a_cost_above_capacity_is_an_error_that_changes_nothing() {
         clock.set(SEC);
         assert_eq!(
             lim.check_n("k", capacity + 1),
-            Err(Error::CapacityExceeded {
+            Err(LimitError::CapacityExceeded {
                 cost: capacity + 1,
                 capacity
             })

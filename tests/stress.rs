@@ -494,7 +494,7 @@ fn multi_limiter_cost_above_any_capacity_is_an_error() {
     // per_minute (first) now refuses 6; per_second can never admit 11.
     assert_eq!(
         multi.check_n("k", 11),
-        Err(tollgate::Error::CapacityExceeded {
+        Err(tollgate::LimitError::CapacityExceeded {
             cost: 11,
             capacity: 10
         })

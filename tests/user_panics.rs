@@ -16,7 +16,7 @@ use std::sync::{Arc, Mutex, Once};
 
 use tollgate::clock::ManualClock;
 use tollgate::{
-    Algorithm, Error, FixedWindow, Gcra, KeyedLimiter, OverflowPolicy, Quota, SlidingLog,
+    Algorithm, FixedWindow, Gcra, KeyedLimiter, LimitError, OverflowPolicy, Quota, SlidingLog,
     SlidingWindow,
 };
 
@@ -197,7 +197,7 @@ fn run<A: Algorithm>(rule: A, shape: Shape, call: Call, every: u64) {
         key.exempt();
         match outcome {
             Ok(Ok(decision)) => decision.allowed(),
-            Ok(Err(Error::KeyTableFull { .. })) => false,
+            Ok(Err(LimitError::KeyTableFull { .. })) => false,
             Ok(Err(e)) => panic!("{what}: check failed: {e}"),
             Err(_) => {
                 panicked += 1;

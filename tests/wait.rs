@@ -12,7 +12,7 @@ use tokio::time::{timeout, Instant};
 use tollgate::clock::ManualClock;
 use tollgate::wait::{TokioClock, WaitError};
 use tollgate::{
-    Error, Gcra, KeyedLimiter, LeakyQueue, Limiter, MultiLimiter, OverflowPolicy, Quota,
+    Gcra, KeyedLimiter, LeakyQueue, LimitError, Limiter, MultiLimiter, OverflowPolicy, Quota,
 };
 
 fn keyed<A: tollgate::Algorithm>(rule: A) -> KeyedLimiter<String, A, TokioClock> {
@@ -35,7 +35,7 @@ async fn until_ready_waits_each_units_retry_after() {
     // A cost that can never be admitted is an error at once.
     assert_eq!(
         limiter.until_ready("k", 11).await,
-        Err(Error::CapacityExceeded {
+        Err(LimitError::CapacityExceeded {
             cost: 11,
             capacity: 10
         })
@@ -90,7 +90,7 @@ async fn acquire_refuses_a_long_wait_at_once_and_charges_nothing() {
     assert_eq!(start.elapsed(), Duration::from_millis(500));
     assert!(matches!(
         limiter.acquire("k", 3, Duration::from_secs(9)).await,
-        Err(WaitError::Limit(Error::CapacityExceeded { .. }))
+        Err(WaitError::Limit(LimitError::CapacityExceeded { .. }))
     ));
 }
 

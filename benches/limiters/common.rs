@@ -365,6 +365,6 @@ pub fn case<L: Sync, R>(
 /// `black_box` (see benches/README.md: a 72-byte copy right after the callee wrote it stalls
 /// on store forwarding).
 #[inline(always)]
-pub fn admitted(check: Result<tollgate::Decision, tollgate::Error>) -> bool {
+pub fn admitted(check: Result<tollgate::Decision, tollgate::LimitError>) -> bool {
     check.is_ok_and(|decision| decision.allowed())
 }

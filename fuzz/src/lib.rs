@@ -31,7 +31,8 @@ use tollgate::algorithm::WordRule;
 use tollgate::clock::ManualClock;
 use tollgate::Algorithm;
 use tollgate::{
-    Decision, Error, FixedWindow, Gcra, KeyedLimiter, LeakyQueue, Quota, SlidingLog, SlidingWindow,
+    Decision, FixedWindow, Gcra, KeyedLimiter, LeakyQueue, LimitError, Quota, SlidingLog,
+    SlidingWindow,
 };
 
 /// Prints what target `name` makes of `data` (for `cargo run --example show`).
@@ -140,16 +141,16 @@ struct Scenario {
 
 /// A keyed limiter of any algorithm, behind one interface.
 trait Subject {
-    fn check_n(&self, key: u8, cost: u64) -> Result<Decision, Error>;
-    fn peek(&self, key: u8, cost: u64) -> Result<Decision, Error>;
+    fn check_n(&self, key: u8, cost: u64) -> Result<Decision, LimitError>;
+    fn peek(&self, key: u8, cost: u64) -> Result<Decision, LimitError>;
     fn refund(&self, key: u8, cost: u64);
-    fn reserve(&self, key: u8, cost: u64) -> Result<Decision, Error>;
+    fn reserve(&self, key: u8, cost: u64) -> Result<Decision, LimitError>;
     /// `false` if the engine refused the new quota.
     fn set_limit(&self, limit: u64, burst: Option<u64>) -> bool;
 }
 
 /// A rule's reservation on the engine (GCRA's `reserve`, the leaky queue's, else `check_n`).
-type Reserve<A> = fn(&KeyedLimiter<u8, A, ManualClock>, u8, u64) -> Result<Decision, Error>;
+type Reserve<A> = fn(&KeyedLimiter<u8, A, ManualClock>, u8, u64) -> Result<Decision, LimitError>;
 
 struct Engine<A: Algorithm> {
     limiter: KeyedLimiter<u8, A, ManualClock>,
@@ -160,16 +161,16 @@ struct Engine<A: Algorithm> {
 }
 
 impl<A: Algorithm> Subject for Engine<A> {
-    fn check_n(&self, key: u8, cost: u64) -> Result<Decision, Error> {
+    fn check_n(&self, key: u8, cost: u64) -> Result<Decision, LimitError> {
         self.limiter.check_n(&key, cost)
     }
-    fn peek(&self, key: u8, cost: u64) -> Result<Decision, Error> {
+    fn peek(&self, key: u8, cost: u64) -> Result<Decision, LimitError> {
         self.limiter.peek(&key, cost)
     }
     fn refund(&self, key: u8, cost: u64) {
         self.limiter.refund(&key, cost)
     }
-    fn reserve(&self, key: u8, cost: u64) -> Result<Decision, Error> {
+    fn reserve(&self, key: u8, cost: u64) -> Result<Decision, LimitError> {
         (self.reserve)(&self.limiter, key, cost)
     }
     fn set_limit(&self, limit: u64, burst: Option<u64>) -> bool {
@@ -362,7 +363,11 @@ fn differential(name: &str, scenario: &Scenario) {
     }
 }
 
-fn compare(engine: Result<Decision, Error>, model: Result<Outcome, reference::RefError>, op: &Op) {
+fn compare(
+    engine: Result<Decision, LimitError>,
+    model: Result<Outcome, reference::RefError>,
+    op: &Op,
+) {
     match (engine, model) {
         (Ok(d), Ok(m)) => {
             let got = (
@@ -383,7 +388,7 @@ fn compare(engine: Result<Decision, Error>, model: Result<Outcome, reference::Re
             );
             assert_eq!(got, want, "engine vs reference on {op:?}");
         }
-        (Err(Error::CapacityExceeded { .. }), Err(_)) => {}
+        (Err(LimitError::CapacityExceeded { .. }), Err(_)) => {}
         (engine, model) => panic!("engine {engine:?} vs reference {model:?} on {op:?}"),
     }
 }
@@ -470,7 +475,7 @@ fn exercise<A: Algorithm>(rule: Result<A, tollgate::QuotaError>, c: &Constructio
                     admitted_at_end = admitted_at_end.saturating_add(cost);
                 }
             }
-            Err(Error::CapacityExceeded { capacity: cap, .. }) => {
+            Err(LimitError::CapacityExceeded { capacity: cap, .. }) => {
                 assert!(cost > capacity && cap == capacity)
             }
             Err(e) => panic!("unexpected {e:?}"),

@@ -105,6 +105,6 @@ pub mod store {
 }
 
 pub use algorithm::{FixedWindow, Gcra, LeakyQueue, Rule, SlidingLog, SlidingWindow};
-pub use decision::{Decision, Error};
+pub use decision::{Decision, LimitError};
 pub use quota::{Quota, QuotaError};
 pub use store::Stored;

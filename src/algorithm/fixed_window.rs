@@ -15,19 +15,8 @@ const COUNT_BITS: u32 = 24;
 const INDEX_BITS: u32 = 64 - COUNT_BITS;
 const COUNT_MASK: u64 = (1 << COUNT_BITS) - 1;
 
-/// The largest limit the packed state holds: 2^24 − 2 (a count of all ones is left to a keyed
-/// store's marks, see `RETIRED`).
-///
-/// # Examples
-/// ```
-/// use tollgate::{algorithm::fixed_window::MAX_LIMIT, FixedWindow, Quota, QuotaError};
-/// assert_eq!(MAX_LIMIT, (1 << 24) - 2);
-/// assert!(FixedWindow::new(Quota::per_minute(MAX_LIMIT)?).is_ok());
-/// // One more does not fit the packed count.
-/// assert!(matches!(FixedWindow::new(Quota::per_minute(MAX_LIMIT + 1)?), Err(QuotaError::TooLarge { .. })));
-/// # Ok::<(), tollgate::QuotaError>(())
-/// ```
-pub const MAX_LIMIT: u64 = COUNT_MASK - 1;
+/// The largest limit (see [`FixedWindow::MAX_LIMIT`]).
+const MAX_LIMIT: u64 = COUNT_MASK - 1;
 
 /// Fixed window counter.
 ///
@@ -55,6 +44,22 @@ windowed_rule!(
     "fixed-window",
     "The rule for `quota`: `W ≥ 1 ms`, `L ≤ 2^24 − 2`, no burst."
 );
+
+impl FixedWindow {
+    /// The largest limit the packed state holds: 2^24 − 2 (a count of all ones is left to a keyed
+    /// store's marks, see `RETIRED`).
+    ///
+    /// # Examples
+    /// ```
+    /// use tollgate::{FixedWindow, Quota, QuotaError};
+    /// assert_eq!(FixedWindow::MAX_LIMIT, (1 << 24) - 2);
+    /// assert!(FixedWindow::new(Quota::per_minute(FixedWindow::MAX_LIMIT)?).is_ok());
+    /// // One more does not fit the packed count.
+    /// assert!(matches!(FixedWindow::new(Quota::per_minute(FixedWindow::MAX_LIMIT + 1)?), Err(QuotaError::TooLarge { .. })));
+    /// # Ok::<(), tollgate::QuotaError>(())
+    /// ```
+    pub const MAX_LIMIT: u64 = MAX_LIMIT;
+}
 
 impl FixedWindow {
     /// (window index, window start, n) of `state` as seen at `now`.

@@ -134,12 +134,12 @@ impl Gcra {
     ///
     /// # Examples
     /// ```
-    /// use tollgate::{Error, Gcra, Limiter, Quota};
+    /// use tollgate::{LimitError, Gcra, Limiter, Quota};
     /// let rule = Gcra::new(Quota::per_second(4)?.with_burst(8)?)?;
     /// assert_eq!(rule.capacity(), 8);
     /// // A cost above it can never be admitted: an error, not a denial.
     /// let limiter = Limiter::new(rule);
-    /// assert_eq!(limiter.check_n(9), Err(Error::CapacityExceeded { cost: 9, capacity: 8 }));
+    /// assert_eq!(limiter.check_n(9), Err(LimitError::CapacityExceeded { cost: 9, capacity: 8 }));
     /// # Ok::<(), tollgate::QuotaError>(())
     /// ```
     pub fn capacity(&self) -> u64 {

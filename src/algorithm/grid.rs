@@ -273,15 +273,15 @@ macro_rules! windowed_rule {
             }
 
             /// `L`: the largest cost that can ever be admitted. A larger cost is
-            /// [`Error::CapacityExceeded`](crate::Error::CapacityExceeded), not a denial.
+            /// [`LimitError::CapacityExceeded`](crate::LimitError::CapacityExceeded), not a denial.
             ///
             /// # Examples
             /// ```
-            #[doc = concat!("use tollgate::{", stringify!($name), ", Error, Limiter, Quota};")]
+            #[doc = concat!("use tollgate::{", stringify!($name), ", LimitError, Limiter, Quota};")]
             #[doc = concat!("let rule = ", stringify!($name), "::new(Quota::per_second(50)?)?;")]
             #[doc = concat!("assert_eq!(rule.capacity(), 50);")]
             #[doc = concat!("let limiter = Limiter::new(rule);")]
-            #[doc = concat!("assert_eq!(limiter.check_n(51), Err(Error::CapacityExceeded { cost: 51, capacity: 50 }));")]
+            #[doc = concat!("assert_eq!(limiter.check_n(51), Err(LimitError::CapacityExceeded { cost: 51, capacity: 50 }));")]
             #[doc = concat!("# Ok::<(), tollgate::QuotaError>(())")]
             /// ```
             pub fn capacity(&self) -> u64 {

@@ -118,7 +118,7 @@ pub type Words = [u64; WORDS];
 pub trait WordRule: Copy {
     /// (decision, next state). The next state equals `state` when denied or `cost == 0`. A cost
     /// above the rule's capacity is denied with `retry_after` = `u64::MAX` ns (never), the state
-    /// unchanged (limiters refuse such a cost with [`crate::Error::CapacityExceeded`] instead).
+    /// unchanged (limiters refuse such a cost with [`crate::LimitError::CapacityExceeded`] instead).
     ///
     /// # Examples
     /// ```

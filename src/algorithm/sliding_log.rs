@@ -19,16 +19,8 @@ pub use self::ring::Ring;
 #[cfg(test)]
 use self::ring::INLINE;
 
-/// The largest limit: one 4-byte slot per unit, 2^20 − 1 slots (4 MiB) at most per key.
-///
-/// # Examples
-/// ```
-/// use tollgate::{algorithm::sliding_log::MAX_LIMIT, Quota, QuotaError, SlidingLog};
-/// assert!(SlidingLog::new(Quota::per_hour(MAX_LIMIT)?).is_ok());
-/// assert!(matches!(SlidingLog::new(Quota::per_hour(MAX_LIMIT + 1)?), Err(QuotaError::TooLarge { .. })));
-/// # Ok::<(), tollgate::QuotaError>(())
-/// ```
-pub const MAX_LIMIT: u64 = (1 << 20) - 1;
+/// The largest limit (see [`SlidingLog::MAX_LIMIT`]).
+const MAX_LIMIT: u64 = (1 << 20) - 1;
 
 /// Slot time units, finest first. All up to 1 ms divide 1 ms, so traces with millisecond times
 /// are decided exactly for any window up to 24.8 days.
@@ -77,6 +69,19 @@ pub struct SlidingLog {
     limit: u64,
     window: u64,
     tick: u64,
+}
+
+impl SlidingLog {
+    /// The largest limit: one 4-byte slot per unit, 2^20 − 1 slots (4 MiB) at most per key.
+    ///
+    /// # Examples
+    /// ```
+    /// use tollgate::{Quota, QuotaError, SlidingLog};
+    /// assert!(SlidingLog::new(Quota::per_hour(SlidingLog::MAX_LIMIT)?).is_ok());
+    /// assert!(matches!(SlidingLog::new(Quota::per_hour(SlidingLog::MAX_LIMIT + 1)?), Err(QuotaError::TooLarge { .. })));
+    /// # Ok::<(), tollgate::QuotaError>(())
+    /// ```
+    pub const MAX_LIMIT: u64 = MAX_LIMIT;
 }
 
 impl SlidingLog {

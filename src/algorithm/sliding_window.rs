@@ -22,16 +22,8 @@ const CUR_BITS: u32 = COUNT_BITS + 1;
 const CUR_MASK: u64 = (1 << CUR_BITS) - 1;
 const INDEX_BITS: u32 = 64 - COUNT_BITS - CUR_BITS;
 
-/// The largest limit the packed state holds: 2^20 − 1.
-///
-/// # Examples
-/// ```
-/// use tollgate::{algorithm::sliding_window::MAX_LIMIT, Quota, QuotaError, SlidingWindow};
-/// assert!(SlidingWindow::new(Quota::per_minute(MAX_LIMIT)?).is_ok());
-/// assert!(matches!(SlidingWindow::new(Quota::per_minute(MAX_LIMIT + 1)?), Err(QuotaError::TooLarge { .. })));
-/// # Ok::<(), tollgate::QuotaError>(())
-/// ```
-pub const MAX_LIMIT: u64 = COUNT_MASK;
+/// The largest limit (see [`SlidingWindow::MAX_LIMIT`]).
+const MAX_LIMIT: u64 = COUNT_MASK;
 
 /// Sliding window counter.
 ///
@@ -71,6 +63,19 @@ windowed_rule!(
     "sliding-window",
     "The rule for `quota`: `W ≥ 1 ms`, `L ≤ 2^20 − 1`, no burst."
 );
+
+impl SlidingWindow {
+    /// The largest limit the packed state holds: 2^20 − 1.
+    ///
+    /// # Examples
+    /// ```
+    /// use tollgate::{Quota, QuotaError, SlidingWindow};
+    /// assert!(SlidingWindow::new(Quota::per_minute(SlidingWindow::MAX_LIMIT)?).is_ok());
+    /// assert!(matches!(SlidingWindow::new(Quota::per_minute(SlidingWindow::MAX_LIMIT + 1)?), Err(QuotaError::TooLarge { .. })));
+    /// # Ok::<(), tollgate::QuotaError>(())
+    /// ```
+    pub const MAX_LIMIT: u64 = MAX_LIMIT;
+}
 
 impl SlidingWindow {
     #[inline]

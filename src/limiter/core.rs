@@ -213,11 +213,11 @@ impl<A: Stored, C: Clock> Core<A, C> {
     /// Refuses a cost that can never be admitted (decision rules: an error, not a denial). The clock is
     /// still read, so that every call sees time the same way whatever its outcome.
     #[inline]
-    pub fn check_cost(&self, rule: &A, cost: u64) -> Result<(), crate::decision::Error> {
+    pub fn check_cost(&self, rule: &A, cost: u64) -> Result<(), crate::decision::LimitError> {
         let capacity = rule.capacity();
         if cost > capacity {
             self.now();
-            Err(crate::decision::Error::CapacityExceeded { cost, capacity })
+            Err(crate::decision::LimitError::CapacityExceeded { cost, capacity })
         } else {
             Ok(())
         }

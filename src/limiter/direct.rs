@@ -4,7 +4,7 @@ use super::algorithm::Algorithm;
 use super::core::{Core, Sweep};
 use crate::algorithm::{Gcra, LeakyQueue};
 use crate::clock::{Clock, QuantaClock};
-use crate::decision::{Decision, Error};
+use crate::decision::{Decision, LimitError};
 use crate::quota::QuotaError;
 
 /// A limiter with a single state: every call counts against the same quota.
@@ -130,7 +130,7 @@ impl<A: Algorithm, C: Clock> Limiter<A, C> {
     /// and changes nothing.
     ///
     /// # Errors
-    /// [`Error::CapacityExceeded`] when `cost` can never be admitted; nothing changes.
+    /// [`LimitError::CapacityExceeded`] when `cost` can never be admitted; nothing changes.
     ///
     /// # Examples
     /// ```
@@ -145,14 +145,14 @@ impl<A: Algorithm, C: Clock> Limiter<A, C> {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     #[inline]
-    pub fn check_n(&self, cost: u64) -> Result<Decision, Error> {
+    pub fn check_n(&self, cost: u64) -> Result<Decision, LimitError> {
         self.decide_n(cost, true)
     }
 
     /// The decision a request of cost `cost` would get now; changes nothing.
     ///
     /// # Errors
-    /// [`Error::CapacityExceeded`] as for [`Limiter::check_n`].
+    /// [`LimitError::CapacityExceeded`] as for [`Limiter::check_n`].
     ///
     /// # Examples
     /// ```
@@ -165,7 +165,7 @@ impl<A: Algorithm, C: Clock> Limiter<A, C> {
     /// assert_eq!(limiter.check().remaining(), 1);
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
-    pub fn peek(&self, cost: u64) -> Result<Decision, Error> {
+    pub fn peek(&self, cost: u64) -> Result<Decision, LimitError> {
         self.decide_n(cost, false)
     }
 
@@ -225,7 +225,7 @@ impl<A: Algorithm, C: Clock> Limiter<A, C> {
 
     /// A request of `cost` decided now, counted if `commit` and allowed.
     #[inline]
-    fn decide_n(&self, cost: u64, commit: bool) -> Result<Decision, Error> {
+    fn decide_n(&self, cost: u64, commit: bool) -> Result<Decision, LimitError> {
         loop {
             let at = self.core.attempt();
             self.core.check_cost(at.rule(), cost)?;
@@ -238,7 +238,7 @@ impl<A: Algorithm, C: Clock> Limiter<A, C> {
 
     /// [`Limiter::check_n`] as a reservation (`Stored::reserve`): what the waiting calls
     /// charge with.
-    pub(crate) fn reserve_n(&self, cost: u64) -> Result<Decision, Error> {
+    pub(crate) fn reserve_n(&self, cost: u64) -> Result<Decision, LimitError> {
         loop {
             let at = self.core.attempt();
             self.core.check_cost(at.rule(), cost)?;
@@ -265,7 +265,7 @@ impl<C: Clock> Limiter<LeakyQueue, C> {
     /// up; call [`Limiter::refund`] to hand its slot back.
     ///
     /// # Errors
-    /// [`Error::CapacityExceeded`] when `cost > C`.
+    /// [`LimitError::CapacityExceeded`] when `cost > C`.
     ///
     /// # Examples
     /// ```
@@ -279,7 +279,7 @@ impl<C: Clock> Limiter<LeakyQueue, C> {
     /// assert_eq!(second.delay(), Duration::from_millis(100));
     /// # Ok::<(), tollgate::QuotaError>(())
     /// ```
-    pub fn reserve(&self, cost: u64) -> Result<Decision, Error> {
+    pub fn reserve(&self, cost: u64) -> Result<Decision, LimitError> {
         self.check_n(cost)
     }
 }
@@ -290,7 +290,7 @@ impl<C: Clock> Limiter<Gcra, C> {
     /// and due after the decision's [`Decision::delay`] (see [`KeyedLimiter::reserve`](crate::KeyedLimiter::reserve)).
     ///
     /// # Errors
-    /// [`Error::CapacityExceeded`] when `cost` exceeds the burst.
+    /// [`LimitError::CapacityExceeded`] when `cost` exceeds the burst.
     ///
     /// # Examples
     /// ```
@@ -301,7 +301,7 @@ impl<C: Clock> Limiter<Gcra, C> {
     /// assert_eq!(limiter.reserve(1)?.delay(), Duration::from_millis(500));
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
-    pub fn reserve(&self, cost: u64) -> Result<Decision, Error> {
+    pub fn reserve(&self, cost: u64) -> Result<Decision, LimitError> {
         self.reserve_n(cost)
     }
 }

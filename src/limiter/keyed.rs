@@ -5,7 +5,7 @@ use super::algorithm::Algorithm;
 use super::core::{Core, Sweep};
 use crate::algorithm::{Gcra, LeakyQueue};
 use crate::clock::{Clock, Nanos, QuantaClock};
-use crate::decision::{Decision, Error};
+use crate::decision::{Decision, LimitError};
 use crate::quota::QuotaError;
 use crate::store::table::{Charge, Check, KeyTable, Reserve};
 use crate::store::Stored;
@@ -191,10 +191,10 @@ where
     /// ```
     ///
     /// # Errors
-    /// [`Error::KeyTableFull`] for a new key when `max_keys` is reached under
+    /// [`LimitError::KeyTableFull`] for a new key when `max_keys` is reached under
     /// [`OverflowPolicy::Deny`].
     #[inline]
-    pub fn check<Q>(&self, key: &Q) -> Result<Decision, Error>
+    pub fn check<Q>(&self, key: &Q) -> Result<Decision, LimitError>
     where
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
@@ -205,22 +205,22 @@ where
     /// Decides a request of cost `cost` for `key`, and counts it if allowed.
     ///
     /// # Errors
-    /// [`Error::CapacityExceeded`] when `cost` can never be admitted (nothing changes, no key is
-    /// inserted); [`Error::KeyTableFull`] as for [`KeyedLimiter::check`].
+    /// [`LimitError::CapacityExceeded`] when `cost` can never be admitted (nothing changes, no key is
+    /// inserted); [`LimitError::KeyTableFull`] as for [`KeyedLimiter::check`].
     ///
     /// # Examples
     /// ```
-    /// use tollgate::{Error, KeyedLimiter, Quota, SlidingLog};
+    /// use tollgate::{LimitError, KeyedLimiter, Quota, SlidingLog};
     /// // 100 units a minute per key; an upload of 40 units costs 40.
     /// let limiter = KeyedLimiter::<u64, _>::new(SlidingLog::new(Quota::per_minute(100)?)?);
     /// assert_eq!(limiter.check_n(&1, 40).unwrap().remaining(), 60);
     /// assert!(!limiter.check_n(&1, 61).unwrap().allowed()); // denied: state unchanged
     /// // A cost no window can ever admit is an error, not a denial.
-    /// assert!(matches!(limiter.check_n(&1, 101), Err(Error::CapacityExceeded { .. })));
+    /// assert!(matches!(limiter.check_n(&1, 101), Err(LimitError::CapacityExceeded { .. })));
     /// # Ok::<(), tollgate::QuotaError>(())
     /// ```
     #[inline]
-    pub fn check_n<Q>(&self, key: &Q, cost: u64) -> Result<Decision, Error>
+    pub fn check_n<Q>(&self, key: &Q, cost: u64) -> Result<Decision, LimitError>
     where
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
@@ -232,7 +232,7 @@ where
     /// inserts no key.
     ///
     /// # Errors
-    /// [`Error::CapacityExceeded`] when `cost` can never be admitted.
+    /// [`LimitError::CapacityExceeded`] when `cost` can never be admitted.
     ///
     /// # Examples
     /// ```
@@ -242,7 +242,7 @@ where
     /// assert!(limiter.is_empty(), "a peek inserts nothing");
     /// # Ok::<(), tollgate::QuotaError>(())
     /// ```
-    pub fn peek<Q>(&self, key: &Q, cost: u64) -> Result<Decision, Error>
+    pub fn peek<Q>(&self, key: &Q, cost: u64) -> Result<Decision, LimitError>
     where
         K: Borrow<Q>,
         Q: Hash + Eq + ?Sized,
@@ -331,7 +331,12 @@ where
 
     /// A request of `cost` for `key`, counted as `charge` says, under the rule in force.
     #[inline]
-    fn check_charged<Q>(&self, key: &Q, cost: u64, charge: impl Charge) -> Result<Decision, Error>
+    fn check_charged<Q>(
+        &self,
+        key: &Q,
+        cost: u64,
+        charge: impl Charge,
+    ) -> Result<Decision, LimitError>
     where
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
@@ -355,7 +360,7 @@ where
 
     /// [`KeyedLimiter::check_n`] as a reservation (`Stored::reserve`): what the waiting
     /// calls charge with.
-    pub(crate) fn reserve_n<Q>(&self, key: &Q, cost: u64) -> Result<Decision, Error>
+    pub(crate) fn reserve_n<Q>(&self, key: &Q, cost: u64) -> Result<Decision, LimitError>
     where
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
@@ -445,7 +450,7 @@ where
     /// assert!(second.allowed() && second.delay_nanos() > 0); // wait, then proceed
     /// # Ok::<(), tollgate::QuotaError>(())
     /// ```
-    pub fn reserve<Q>(&self, key: &Q, cost: u64) -> Result<Decision, Error>
+    pub fn reserve<Q>(&self, key: &Q, cost: u64) -> Result<Decision, LimitError>
     where
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
@@ -482,7 +487,7 @@ where
     /// assert_eq!(limiter.reserve(&1, 2)?.delay(), Duration::from_millis(300));
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
-    pub fn reserve<Q>(&self, key: &Q, cost: u64) -> Result<Decision, Error>
+    pub fn reserve<Q>(&self, key: &Q, cost: u64) -> Result<Decision, LimitError>
     where
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
@@ -667,7 +672,7 @@ mod count_tests {
             marks: crate::state::Retired,
             max_keys: usize,
             seed: u64,
-        ) -> Result<(), (u64, Error)> {
+        ) -> Result<(), (u64, LimitError)> {
             let clock = ManualClock::new();
             let limiter = KeyedLimiter::<u64, A>::builder(rule)
                 .clock(clock.clone())

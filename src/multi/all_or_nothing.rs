@@ -2,14 +2,14 @@
 //! limits: the library runs it over keyed limiters, and `loom-tests` compiles this same file to
 //! model-check it over bare state cells.
 
-use crate::decision::{Decision, Error, Remaining};
+use crate::decision::{Decision, LimitError, Remaining};
 
 /// One limit as the protocol sees it, for a key of type `Q`.
 pub trait Limit<Q: ?Sized> {
     /// The decision a request of `cost` would get now; changes nothing.
-    fn peek(&self, key: &Q, cost: u64) -> Result<Decision, Error>;
+    fn peek(&self, key: &Q, cost: u64) -> Result<Decision, LimitError>;
     /// Decides a request of `cost`, counting it if allowed.
-    fn charge(&self, key: &Q, cost: u64) -> Result<Decision, Error>;
+    fn charge(&self, key: &Q, cost: u64) -> Result<Decision, LimitError>;
     /// Gives back `cost` units this call charged a moment ago, to the state `charged` (the
     /// charge's decision) says they went to.
     fn refund(&self, key: &Q, cost: u64, charged: &Decision);
@@ -29,7 +29,7 @@ pub fn all_or_nothing<Q: ?Sized, L: Limit<Q>>(
     limits: &[L],
     key: &Q,
     cost: u64,
-) -> Result<(Decision, usize), Error> {
+) -> Result<(Decision, usize), LimitError> {
     // Peek every limit before answering: a cost one limit can never admit is an error (SPEC),
     // whichever limit would have refused first.
     let mut refusal = None;

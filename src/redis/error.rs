@@ -7,7 +7,7 @@ use redis::{ErrorKind, ServerErrorKind};
 /// Why a Redis check could not be decided. A denial is not an error: it is a
 /// [`Decision`](crate::Decision) with `allowed() == false`.
 ///
-/// Every error is one of three classes ([`Error::class`]):
+/// Every error is one of three classes ([`TierError::class`]):
 /// - [`ErrorClass::Request`]: the request itself can never be admitted (decision rules: `c` above the
 ///   capacity). Nothing was sent to Redis.
 /// - [`ErrorClass::Transient`]: Redis did not answer in time, the connection was refused or
@@ -15,27 +15,27 @@ use redis::{ErrorKind, ServerErrorKind};
 ///   `TRYAGAIN`, `CLUSTERDOWN`, `MASTERDOWN`, `READONLY`). The same call may succeed later; a
 ///   failure policy (fail open, fail closed, local) decides meanwhile.
 /// - [`ErrorClass::Fatal`]: retrying will not help: a key holds data these scripts did not
-///   write ([`Error::WrongType`], [`Error::CorruptState`]), a reply breaks the scripts'
+///   write ([`TierError::WrongType`], [`TierError::CorruptState`]), a reply breaks the scripts'
 ///   contract, or the server refuses the call for good (permissions, out of memory, a
 ///   disabled command).
 ///
-/// After a [`Error::Timeout`] or a dropped connection the check may or may not have been
+/// After a [`TierError::Timeout`] or a dropped connection the check may or may not have been
 /// counted by Redis: it was sent, and its reply was lost. The error never over-admits (the
 /// caller did not get an admission); it may under-admit by that one request.
 ///
 /// # Examples
 /// ```
 /// use std::time::Duration;
-/// use tollgate::redis::{Error, ErrorClass};
-/// let e = Error::Timeout { timeout: Duration::from_millis(50) };
+/// use tollgate::redis::{TierError, ErrorClass};
+/// let e = TierError::Timeout { timeout: Duration::from_millis(50) };
 /// assert!(e.is_transient());
 /// assert_eq!(e.class(), ErrorClass::Transient);
-/// let e = Error::WrongType { key: "tollgate:gcra:{alice}".into() };
+/// let e = TierError::WrongType { key: "tollgate:gcra:{alice}".into() };
 /// assert!(e.is_fatal());
 /// ```
 #[derive(Debug, Clone, thiserror::Error)]
 #[non_exhaustive]
-pub enum Error {
+pub enum TierError {
     /// The cost can never be admitted: it exceeds the rule's capacity (`B`, `C` or `L`).
     /// Nothing was sent to Redis and nothing changed.
     #[error("cost {cost} exceeds the capacity {capacity}: such a request can never be admitted")]
@@ -96,21 +96,21 @@ pub enum Error {
     },
 }
 
-/// What kind of failure an [`Error`] is: see [`Error`].
+/// What kind of failure an [`TierError`] is: see [`TierError`].
 ///
 /// # Examples
 /// A failure policy keyed on the class: retry transient errors, give up on the others.
 /// ```
-/// use tollgate::redis::{Error, ErrorClass};
-/// fn should_retry(e: &Error) -> bool {
+/// use tollgate::redis::{TierError, ErrorClass};
+/// fn should_retry(e: &TierError) -> bool {
 ///     match e.class() {
 ///         ErrorClass::Transient => true,
 ///         ErrorClass::Request | ErrorClass::Fatal => false,
 ///     }
 /// }
 /// // A cost above the capacity is the request's fault, not Redis's: never retried.
-/// assert!(!should_retry(&Error::Capacity { cost: 11, capacity: 10 }));
-/// assert!(!should_retry(&Error::BadReply { detail: "nil".into() }));
+/// assert!(!should_retry(&TierError::Capacity { cost: 11, capacity: 10 }));
+/// assert!(!should_retry(&TierError::BadReply { detail: "nil".into() }));
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum ErrorClass {
@@ -122,28 +122,28 @@ pub enum ErrorClass {
     Fatal,
 }
 
-impl Error {
+impl TierError {
     /// The class of this error.
     ///
     /// # Examples
     /// ```
-    /// use tollgate::redis::{Error, ErrorClass};
-    /// let e = Error::Capacity { cost: 11, capacity: 10 };
+    /// use tollgate::redis::{TierError, ErrorClass};
+    /// let e = TierError::Capacity { cost: 11, capacity: 10 };
     /// assert_eq!(e.class(), ErrorClass::Request);
-    /// let e = Error::CorruptState { key: "tollgate:gcra:{alice}".into() };
+    /// let e = TierError::CorruptState { key: "tollgate:gcra:{alice}".into() };
     /// assert_eq!(e.class(), ErrorClass::Fatal);
     /// ```
     pub fn class(&self) -> ErrorClass {
         match self {
-            Error::Capacity { .. } | Error::NoHashTag { .. } => ErrorClass::Request,
-            Error::Timeout { .. } | Error::Unavailable { .. } => ErrorClass::Transient,
+            TierError::Capacity { .. } | TierError::NoHashTag { .. } => ErrorClass::Request,
+            TierError::Timeout { .. } | TierError::Unavailable { .. } => ErrorClass::Transient,
             // A script lost again after its reload (flushed, failed over meanwhile): the next
             // call loads it again.
-            Error::Server { .. } if self.is_no_script() => ErrorClass::Transient,
-            Error::WrongType { .. }
-            | Error::CorruptState { .. }
-            | Error::BadReply { .. }
-            | Error::Server { .. } => ErrorClass::Fatal,
+            TierError::Server { .. } if self.is_no_script() => ErrorClass::Transient,
+            TierError::WrongType { .. }
+            | TierError::CorruptState { .. }
+            | TierError::BadReply { .. }
+            | TierError::Server { .. } => ErrorClass::Fatal,
         }
     }
 
@@ -152,10 +152,10 @@ impl Error {
     /// # Examples
     /// ```
     /// use std::time::Duration;
-    /// use tollgate::redis::Error;
-    /// assert!(Error::Timeout { timeout: Duration::from_millis(50) }.is_transient());
+    /// use tollgate::redis::TierError;
+    /// assert!(TierError::Timeout { timeout: Duration::from_millis(50) }.is_transient());
     /// // A cost above the capacity fails the same way every time.
-    /// assert!(!Error::Capacity { cost: 11, capacity: 10 }.is_transient());
+    /// assert!(!TierError::Capacity { cost: 11, capacity: 10 }.is_transient());
     /// ```
     pub fn is_transient(&self) -> bool {
         self.class() == ErrorClass::Transient
@@ -166,9 +166,9 @@ impl Error {
     /// # Examples
     /// ```
     /// use std::time::Duration;
-    /// use tollgate::redis::Error;
-    /// assert!(Error::WrongType { key: "tollgate:gcra:{alice}".into() }.is_fatal());
-    /// assert!(!Error::Timeout { timeout: Duration::from_millis(50) }.is_fatal());
+    /// use tollgate::redis::TierError;
+    /// assert!(TierError::WrongType { key: "tollgate:gcra:{alice}".into() }.is_fatal());
+    /// assert!(!TierError::Timeout { timeout: Duration::from_millis(50) }.is_fatal());
     /// ```
     pub fn is_fatal(&self) -> bool {
         self.class() == ErrorClass::Fatal
@@ -181,53 +181,53 @@ impl Error {
     /// both tiers; any other error has no such counterpart.
     /// ```
     /// use std::time::Duration;
-    /// use tollgate::redis::Error;
-    /// let e = Error::Capacity { cost: 11, capacity: 10 };
+    /// use tollgate::redis::TierError;
+    /// let e = TierError::Capacity { cost: 11, capacity: 10 };
     /// assert_eq!(
     ///     e.as_capacity_exceeded(),
-    ///     Some(tollgate::Error::CapacityExceeded { cost: 11, capacity: 10 })
+    ///     Some(tollgate::LimitError::CapacityExceeded { cost: 11, capacity: 10 })
     /// );
-    /// assert_eq!(Error::Timeout { timeout: Duration::from_millis(50) }.as_capacity_exceeded(), None);
+    /// assert_eq!(TierError::Timeout { timeout: Duration::from_millis(50) }.as_capacity_exceeded(), None);
     /// ```
-    pub fn as_capacity_exceeded(&self) -> Option<crate::Error> {
+    pub fn as_capacity_exceeded(&self) -> Option<crate::LimitError> {
         match *self {
-            Error::Capacity { cost, capacity } => {
-                Some(crate::Error::CapacityExceeded { cost, capacity })
+            TierError::Capacity { cost, capacity } => {
+                Some(crate::LimitError::CapacityExceeded { cost, capacity })
             }
             _ => None,
         }
     }
 
-    pub(crate) fn bad_reply(detail: String) -> Error {
-        Error::BadReply { detail }
+    pub(crate) fn bad_reply(detail: String) -> TierError {
+        TierError::BadReply { detail }
     }
 
     /// The server had lost the script called (`NOSCRIPT`: restarted, failed over, or its
     /// script cache flushed); loading it again cures it.
     pub(crate) fn is_no_script(&self) -> bool {
-        matches!(self, Error::Server { source }
+        matches!(self, TierError::Server { source }
             if source.kind() == ErrorKind::Server(ServerErrorKind::NoScript))
     }
 }
 
-impl From<redis::RedisError> for Error {
+impl From<redis::RedisError> for TierError {
     /// Classifies a client-library error.
-    fn from(source: redis::RedisError) -> Error {
+    fn from(source: redis::RedisError) -> TierError {
         if is_transient(&source) {
-            Error::Unavailable { source }
+            TierError::Unavailable { source }
         } else if source.code() == Some("WRONGTYPE") {
-            Error::WrongType {
+            TierError::WrongType {
                 key: String::from("(unknown)"),
             }
         } else if matches!(
             source.kind(),
             ErrorKind::Parse | ErrorKind::UnexpectedReturnType
         ) {
-            Error::BadReply {
+            TierError::BadReply {
                 detail: source.to_string(),
             }
         } else {
-            Error::Server { source }
+            TierError::Server { source }
         }
     }
 }
@@ -270,31 +270,31 @@ mod tests {
     fn classification() {
         let io =
             redis::RedisError::from(std::io::Error::from(std::io::ErrorKind::ConnectionRefused));
-        assert!(Error::from(io).is_transient());
+        assert!(TierError::from(io).is_transient());
         let io = redis::RedisError::from(std::io::Error::from(std::io::ErrorKind::BrokenPipe));
-        assert!(Error::from(io).is_transient());
+        assert!(TierError::from(io).is_transient());
         let parse = redis::RedisError::from((ErrorKind::Parse, "garbage"));
-        assert!(matches!(Error::from(parse), Error::BadReply { .. }));
+        assert!(matches!(TierError::from(parse), TierError::BadReply { .. }));
         let config = redis::RedisError::from((ErrorKind::InvalidClientConfig, "bad url"));
-        assert!(Error::from(config).is_fatal());
+        assert!(TierError::from(config).is_fatal());
         let internal = redis::RedisError::from((
             ErrorKind::Client,
             "request wasn't handled due to internal failure",
         ));
-        assert!(Error::from(internal).is_transient());
+        assert!(TierError::from(internal).is_transient());
         let client = redis::RedisError::from((ErrorKind::Client, "Missing slot coverage"));
-        assert!(Error::from(client).is_fatal());
+        assert!(TierError::from(client).is_fatal());
         let no_script =
             redis::RedisError::from((ErrorKind::Server(ServerErrorKind::NoScript), "gone"));
-        let no_script = Error::from(no_script);
+        let no_script = TierError::from(no_script);
         assert!(no_script.is_no_script() && no_script.is_transient());
         assert_eq!(
-            Error::Capacity {
+            TierError::Capacity {
                 cost: 5,
                 capacity: 4
             }
             .as_capacity_exceeded(),
-            Some(crate::Error::CapacityExceeded {
+            Some(crate::LimitError::CapacityExceeded {
                 cost: 5,
                 capacity: 4
             })

@@ -12,7 +12,7 @@ use redis::cluster_async::ClusterConnection;
 use redis::cluster_routing::Slot;
 use redis::{ErrorKind, ServerErrorKind, Value};
 
-use super::error::Error;
+use super::error::TierError;
 use super::rule::reply::Verdict;
 use super::rule::RedisRule;
 use super::scripts::ScriptCall;
@@ -202,7 +202,7 @@ impl RedisLimiter {
     /// let limiter = RedisLimiter::connect("redis://127.0.0.1:6379", rule).await?;
     /// # Ok(()) }
     /// ```
-    pub async fn connect(url: &str, rule: RedisRule) -> Result<RedisLimiter, Error> {
+    pub async fn connect(url: &str, rule: RedisRule) -> Result<RedisLimiter, TierError> {
         RedisLimiter::builder(rule).connect(url).await
     }
 }
@@ -220,37 +220,37 @@ impl<C: RedisConnection> RedisLimiter<C> {
     /// Decides a request of cost 1 for `key` now, and counts it if allowed.
     ///
     /// # Errors
-    /// A transient or fatal [`Error`]; see its classes.
+    /// A transient or fatal [`TierError`]; see its classes.
     ///
     /// # Examples
     /// ```no_run
     /// # use tollgate::redis::RedisLimiter;
-    /// # async fn demo(limiter: RedisLimiter) -> Result<(), tollgate::redis::Error> {
+    /// # async fn demo(limiter: RedisLimiter) -> Result<(), tollgate::redis::TierError> {
     /// let d = limiter.check("203.0.113.7").await?;
     /// println!("allowed={} remaining={} reset={:?}", d.allowed(), d.remaining(), d.reset_after());
     /// # Ok(()) }
     /// ```
-    pub async fn check(&self, key: impl AsRef<[u8]>) -> Result<Decision, Error> {
+    pub async fn check(&self, key: impl AsRef<[u8]>) -> Result<Decision, TierError> {
         self.check_n(key, 1).await
     }
 
     /// Decides a request of cost `cost` for `key` now, and counts it if allowed.
     ///
     /// # Errors
-    /// [`Error::Capacity`] when the cost can never be admitted (nothing is sent); otherwise a
-    /// transient or fatal [`Error`].
+    /// [`TierError::Capacity`] when the cost can never be admitted (nothing is sent); otherwise a
+    /// transient or fatal [`TierError`].
     ///
     /// # Examples
     /// ```no_run
     /// # use tollgate::redis::RedisLimiter;
-    /// # async fn demo(limiter: RedisLimiter) -> Result<(), tollgate::redis::Error> {
+    /// # async fn demo(limiter: RedisLimiter) -> Result<(), tollgate::redis::TierError> {
     /// // An upload of 5 MiB against a byte budget counted in MiB.
     /// if limiter.check_n("tenant-7", 5).await?.allowed() {
     ///     // accept the upload
     /// }
     /// # Ok(()) }
     /// ```
-    pub async fn check_n(&self, key: impl AsRef<[u8]>, cost: u64) -> Result<Decision, Error> {
+    pub async fn check_n(&self, key: impl AsRef<[u8]>, cost: u64) -> Result<Decision, TierError> {
         self.one(key.as_ref(), cost, None, true).await
     }
 
@@ -262,12 +262,12 @@ impl<C: RedisConnection> RedisLimiter<C> {
     /// # Examples
     /// ```no_run
     /// # use tollgate::redis::RedisLimiter;
-    /// # async fn demo(limiter: RedisLimiter) -> Result<(), tollgate::redis::Error> {
+    /// # async fn demo(limiter: RedisLimiter) -> Result<(), tollgate::redis::TierError> {
     /// // Render `RateLimit-Remaining` without spending anything.
     /// let remaining = limiter.peek("alice", 0).await?.remaining();
     /// # Ok(()) }
     /// ```
-    pub async fn peek(&self, key: impl AsRef<[u8]>, cost: u64) -> Result<Decision, Error> {
+    pub async fn peek(&self, key: impl AsRef<[u8]>, cost: u64) -> Result<Decision, TierError> {
         self.one(key.as_ref(), cost, None, false).await
     }
 
@@ -289,7 +289,7 @@ impl<C: RedisConnection> RedisLimiter<C> {
     /// assert_eq!(results.len(), 3);
     /// # }
     /// ```
-    pub async fn check_batch<I, K>(&self, requests: I) -> Vec<Result<Decision, Error>>
+    pub async fn check_batch<I, K>(&self, requests: I) -> Vec<Result<Decision, TierError>>
     where
         I: IntoIterator<Item = (K, u64)>,
         K: AsRef<[u8]>,
@@ -305,17 +305,17 @@ impl<C: RedisConnection> RedisLimiter<C> {
     /// [`RedisLimiterBuilder::connect`]; otherwise the first check loads it).
     ///
     /// # Errors
-    /// A transient or fatal [`Error`].
+    /// A transient or fatal [`TierError`].
     ///
     /// # Examples
     /// ```no_run
     /// # use tollgate::redis::RedisLimiter;
-    /// # async fn demo(limiter: RedisLimiter) -> Result<(), tollgate::redis::Error> {
+    /// # async fn demo(limiter: RedisLimiter) -> Result<(), tollgate::redis::TierError> {
     /// // After a `SCRIPT FLUSH` or a failover, warm the cache before traffic arrives.
     /// limiter.load_scripts().await?;
     /// # Ok(()) }
     /// ```
-    pub async fn load_scripts(&self) -> Result<(), Error> {
+    pub async fn load_scripts(&self) -> Result<(), TierError> {
         let mut conn = self.conn.clone();
         let load = self.rule.script().load_async(&mut conn);
         match tokio::time::timeout(self.timeout, load).await {
@@ -330,7 +330,7 @@ impl<C: RedisConnection> RedisLimiter<C> {
     /// does not answer, a replica (`READONLY`), or one refusing writes (`OOM`, `MISCONF`)
     /// fails it; a Cluster node other than the slot's master plays no part. (A lost script
     /// cache needs no probe: a check loads the script again.)
-    pub(crate) async fn probe(&self, at: Option<&[u8]>) -> Result<(), Error> {
+    pub(crate) async fn probe(&self, at: Option<&[u8]>) -> Result<(), TierError> {
         let mut key = match at {
             // The key's hash tag picks the slot; the suffix keeps it apart from the state.
             Some(key) if !key.is_empty() => self.redis_key(key),
@@ -372,7 +372,7 @@ impl<C: RedisConnection> RedisLimiter<C> {
     /// # Examples
     /// ```no_run
     /// # use tollgate::redis::RedisLimiter;
-    /// # async fn demo(limiter: RedisLimiter) -> Result<(), tollgate::redis::Error> {
+    /// # async fn demo(limiter: RedisLimiter) -> Result<(), tollgate::redis::TierError> {
     /// // GCRA, 1 per second: the second request 10 ms later waits 990 ms.
     /// const MS: u64 = 1_000_000;
     /// assert!(limiter.check_n_at("k", 1, 0).await?.allowed());
@@ -385,7 +385,7 @@ impl<C: RedisConnection> RedisLimiter<C> {
         key: impl AsRef<[u8]>,
         cost: u64,
         at_nanos: u64,
-    ) -> Result<Decision, Error> {
+    ) -> Result<Decision, TierError> {
         self.one(key.as_ref(), cost, Some(at_nanos), true).await
     }
 
@@ -397,7 +397,7 @@ impl<C: RedisConnection> RedisLimiter<C> {
     /// # Examples
     /// ```no_run
     /// # use tollgate::redis::RedisLimiter;
-    /// # async fn demo(limiter: RedisLimiter) -> Result<(), tollgate::redis::Error> {
+    /// # async fn demo(limiter: RedisLimiter) -> Result<(), tollgate::redis::TierError> {
     /// let would = limiter.peek_at("k", 1, 1_700_000_000_000_000_000).await?;
     /// # Ok(()) }
     /// ```
@@ -406,7 +406,7 @@ impl<C: RedisConnection> RedisLimiter<C> {
         key: impl AsRef<[u8]>,
         cost: u64,
         at_nanos: u64,
-    ) -> Result<Decision, Error> {
+    ) -> Result<Decision, TierError> {
         self.one(key.as_ref(), cost, Some(at_nanos), false).await
     }
 
@@ -423,7 +423,7 @@ impl<C: RedisConnection> RedisLimiter<C> {
     ///     .await;
     /// # }
     /// ```
-    pub async fn check_batch_at<I, K>(&self, requests: I) -> Vec<Result<Decision, Error>>
+    pub async fn check_batch_at<I, K>(&self, requests: I) -> Vec<Result<Decision, TierError>>
     where
         I: IntoIterator<Item = (K, u64, u64)>,
         K: AsRef<[u8]>,
@@ -537,7 +537,7 @@ mod tests {
             ]),
         ];
         for case in cases {
-            assert!(matches!(rows(case, 1), Err(Error::BadReply { .. })));
+            assert!(matches!(rows(case, 1), Err(TierError::BadReply { .. })));
         }
         let ok = Value::Array(vec![Value::Array(vec![Value::Int(1), Value::Int(0)])]);
         assert_eq!(rows(ok, 1).unwrap(), vec![vec![1, 0]]);

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use redis::aio::ConnectionManager;
 
-use super::error::Error;
+use super::error::TierError;
 use super::exact::{RedisConnection, RedisLimiter, UnitOp, Units};
 use super::scripts::scripts;
 use crate::decision::{Decision, Remaining};
@@ -27,7 +27,7 @@ mod reconcile;
 use breaker::Breaker;
 use local::Local;
 
-pub use self::policy::{FailureHandling, FailurePolicy, Mode};
+pub use self::policy::{FailureHandling, FailurePolicy, GuardMode};
 
 use self::reconcile::Ledger;
 use super::exact::units::wall_nanos;
@@ -41,12 +41,12 @@ use super::exact::units::wall_nanos;
 ///
 /// # Examples
 /// ```no_run
-/// use tollgate::{Quota, redis::{FailureHandling, FailurePolicy, Mode, RedisLimiter, RedisRule}};
+/// use tollgate::{Quota, redis::{FailureHandling, FailurePolicy, GuardMode, RedisLimiter, RedisRule}};
 /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
 /// let exact = RedisLimiter::connect("redis://127.0.0.1:6379", RedisRule::gcra(Quota::per_second(100)?)?).await?;
 /// let limiter = exact.guarded(FailureHandling::new(FailurePolicy::Local)).await;
 /// let decision = limiter.check("alice").await?; // never a transient error
-/// if limiter.mode() != Mode::Global {
+/// if limiter.mode() != GuardMode::Global {
 ///     // decided locally: Redis is unreachable
 /// }
 /// # Ok(()) }
@@ -180,33 +180,33 @@ impl<C: RedisConnection> GuardedLimiter<C> {
     /// failure policy.
     ///
     /// # Errors
-    /// Only fatal errors (see [`Error::is_fatal`]): transient failures are absorbed by the
+    /// Only fatal errors (see [`TierError::is_fatal`]): transient failures are absorbed by the
     /// policy.
     ///
     /// # Examples
     /// ```no_run
     /// # use tollgate::redis::GuardedLimiter;
-    /// # async fn demo(limiter: GuardedLimiter) -> Result<(), tollgate::redis::Error> {
+    /// # async fn demo(limiter: GuardedLimiter) -> Result<(), tollgate::redis::TierError> {
     /// let allowed = limiter.check("alice").await?.allowed();
     /// # Ok(()) }
     /// ```
-    pub async fn check(&self, key: impl AsRef<[u8]>) -> Result<Decision, Error> {
+    pub async fn check(&self, key: impl AsRef<[u8]>) -> Result<Decision, TierError> {
         self.check_n(key, 1).await
     }
 
     /// Decides a request of cost `cost` for `key` (see [`GuardedLimiter::check`]).
     ///
     /// # Errors
-    /// [`Error::Capacity`] if the cost can never be admitted; otherwise only fatal errors.
+    /// [`TierError::Capacity`] if the cost can never be admitted; otherwise only fatal errors.
     ///
     /// # Examples
     /// ```no_run
     /// # use tollgate::redis::GuardedLimiter;
-    /// # async fn demo(limiter: GuardedLimiter) -> Result<(), tollgate::redis::Error> {
+    /// # async fn demo(limiter: GuardedLimiter) -> Result<(), tollgate::redis::TierError> {
     /// let allowed = limiter.check_n("alice", 3).await?.allowed();
     /// # Ok(()) }
     /// ```
-    pub async fn check_n(&self, key: impl AsRef<[u8]>, cost: u64) -> Result<Decision, Error> {
+    pub async fn check_n(&self, key: impl AsRef<[u8]>, cost: u64) -> Result<Decision, TierError> {
         let key = key.as_ref();
         let shared = &self.shared;
         if !shared.breaker.is_open() {
@@ -234,18 +234,18 @@ impl<C: RedisConnection> GuardedLimiter<C> {
     ///
     /// # Examples
     /// ```no_run
-    /// # use tollgate::redis::{GuardedLimiter, Mode};
+    /// # use tollgate::redis::{GuardedLimiter, GuardMode};
     /// # fn demo(limiter: GuardedLimiter) {
-    /// if let Mode::Degraded(policy) = limiter.mode() {
+    /// if let GuardMode::Degraded(policy) = limiter.mode() {
     ///     eprintln!("Redis unreachable, deciding by {policy:?}");
     /// }
     /// # }
     /// ```
-    pub fn mode(&self) -> Mode {
+    pub fn mode(&self) -> GuardMode {
         if self.shared.breaker.is_open() {
-            Mode::Degraded(self.shared.handling.policy)
+            GuardMode::Degraded(self.shared.handling.policy)
         } else {
-            Mode::Global
+            GuardMode::Global
         }
     }
 
@@ -270,7 +270,7 @@ impl<C: RedisConnection> GuardedLimiter<C> {
     /// # Examples
     /// ```no_run
     /// # use tollgate::redis::GuardedLimiter;
-    /// # async fn demo(limiter: GuardedLimiter) -> Result<(), tollgate::redis::Error> {
+    /// # async fn demo(limiter: GuardedLimiter) -> Result<(), tollgate::redis::TierError> {
     /// // Bypass the breaker, e.g. in a health check that must see Redis's own errors.
     /// let decision = limiter.exact().check("health-probe").await?;
     /// # let _ = decision;
@@ -286,9 +286,9 @@ impl<C: RedisConnection> GuardedLimiter<C> {
     ///
     /// # Examples
     /// ```no_run
-    /// # use tollgate::redis::{GuardedLimiter, Mode};
+    /// # use tollgate::redis::{GuardedLimiter, GuardMode};
     /// # async fn demo(limiter: GuardedLimiter) {
-    /// while limiter.mode() == Mode::Global && limiter.unreconciled() > 0 {
+    /// while limiter.mode() == GuardMode::Global && limiter.unreconciled() > 0 {
     ///     tokio::time::sleep(std::time::Duration::from_millis(10)).await;
     /// }
     /// # }
@@ -332,7 +332,7 @@ impl<C: RedisConnection> GuardedLimiter<C> {
 impl<C: RedisConnection> GuardedLimiter<C> {
     /// A transient failure seen outside [`GuardedLimiter::check_n`], on a call about `key`:
     /// counts toward opening.
-    pub(crate) fn transient_failure(&self, error: &Error, key: &[u8]) {
+    pub(crate) fn transient_failure(&self, error: &TierError, key: &[u8]) {
         self.shared.failed(error, Some(key));
     }
 
@@ -343,7 +343,7 @@ impl<C: RedisConnection> GuardedLimiter<C> {
 
     /// The failure policy's decision, without touching the network.
     #[inline]
-    pub(crate) fn fallback(&self, key: &[u8], cost: u64) -> Result<Decision, Error> {
+    pub(crate) fn fallback(&self, key: &[u8], cost: u64) -> Result<Decision, TierError> {
         self.shared.fallback(key, cost)
     }
 
@@ -415,7 +415,7 @@ impl<C: RedisConnection> GuardedLimiter<C> {
 }
 
 impl<C: RedisConnection> Shared<C> {
-    fn failed(&self, error: &Error, key: Option<&[u8]>) {
+    fn failed(&self, error: &TierError, key: Option<&[u8]>) {
         if let Some(key) = key {
             *self.probe_at.lock() = Some(key.into());
         }
@@ -435,7 +435,7 @@ impl<C: RedisConnection> Shared<C> {
     }
 
     #[inline]
-    fn fallback(&self, key: &[u8], cost: u64) -> Result<Decision, Error> {
+    fn fallback(&self, key: &[u8], cost: u64) -> Result<Decision, TierError> {
         if let (Some(local), None) = (&self.local, &self.ledger) {
             // The `Local` policy without reconciliation: the share's decision is the answer
             // (a cost it refuses goes the long way, for the global capacity's error).
@@ -446,11 +446,11 @@ impl<C: RedisConnection> Shared<C> {
         self.decide_by_policy(key, cost)
     }
 
-    fn decide_by_policy(&self, key: &[u8], cost: u64) -> Result<Decision, Error> {
+    fn decide_by_policy(&self, key: &[u8], cost: u64) -> Result<Decision, TierError> {
         let rule = self.exact.rule();
         let capacity = rule.capacity();
         if cost > capacity {
-            return Err(Error::Capacity { cost, capacity });
+            return Err(TierError::Capacity { cost, capacity });
         }
         let decision = |allowed: bool, remaining: u64, retry_after: u64| Decision {
             allowed: allowed.into(),
@@ -522,7 +522,7 @@ impl<C: RedisConnection> Shared<C> {
         }
     }
 
-    async fn heartbeat(&self, beat: bool) -> Result<u64, Error> {
+    async fn heartbeat(&self, beat: bool) -> Result<u64, TierError> {
         let expiry_ms = u64::try_from(self.handling.heartbeat_interval.as_millis() * 3)
             .unwrap_or(u64::MAX)
             .min(1 << 52);
@@ -535,12 +535,11 @@ impl<C: RedisConnection> Shared<C> {
         let mut conn = self.exact.connection().clone();
         let timeout = self.exact.timeout();
         match tokio::time::timeout(timeout, invocation.invoke_async::<i64>(&mut conn)).await {
-            Err(_) => Err(Error::Timeout { timeout }),
-            Ok(Err(error)) if error.is_timeout() => Err(Error::Timeout { timeout }),
-            Ok(Err(error)) => Err(Error::from(error)),
-            Ok(Ok(nodes)) => {
-                u64::try_from(nodes).map_err(|_| Error::bad_reply(format!("{nodes} live nodes")))
-            }
+            Err(_) => Err(TierError::Timeout { timeout }),
+            Ok(Err(error)) if error.is_timeout() => Err(TierError::Timeout { timeout }),
+            Ok(Err(error)) => Err(TierError::from(error)),
+            Ok(Ok(nodes)) => u64::try_from(nodes)
+                .map_err(|_| TierError::bad_reply(format!("{nodes} live nodes"))),
         }
     }
 }

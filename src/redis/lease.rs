@@ -69,9 +69,9 @@ use self::grant::accrued;
 use self::route::Way;
 use self::scheduler::{Node, Tasks};
 use self::word::{units_of, MS};
-use super::error::Error;
+use super::error::TierError;
 use super::exact::{Algo, RedisConnection, RedisLimiter};
-use super::guard::{FailureHandling, Mode};
+use super::guard::{FailureHandling, GuardMode};
 use super::rule::{Kind, RedisRule};
 use crate::clock::{Clock, Nanos};
 use crate::decision::{Decision, Remaining};
@@ -182,12 +182,12 @@ impl<C: RedisConnection> LeasedLimiter<C> {
     ///
     /// # Examples
     /// ```no_run
-    /// # fn demo(limiter: tollgate::redis::LeasedLimiter) -> Result<(), tollgate::redis::Error> {
+    /// # fn demo(limiter: tollgate::redis::LeasedLimiter) -> Result<(), tollgate::redis::TierError> {
     /// let allowed = limiter.check("alice")?.allowed();
     /// # Ok(()) }
     /// ```
     #[inline]
-    pub fn check(&self, key: impl AsRef<[u8]>) -> Result<Decision, Error> {
+    pub fn check(&self, key: impl AsRef<[u8]>) -> Result<Decision, TierError> {
         self.check_n(key, 1)
     }
 
@@ -221,19 +221,19 @@ impl<C: RedisConnection> LeasedLimiter<C> {
     /// Both are refreshed at every grant (about every half lease of the key's traffic).
     ///
     /// # Errors
-    /// [`Error::Capacity`] if the cost can never be admitted; a fatal error that the key's
+    /// [`TierError::Capacity`] if the cost can never be admitted; a fatal error that the key's
     /// last refill met (a key of the wrong type, …), until a refill succeeds again.
     ///
     /// # Examples
     /// ```no_run
-    /// # fn demo(limiter: tollgate::redis::LeasedLimiter) -> Result<(), tollgate::redis::Error> {
+    /// # fn demo(limiter: tollgate::redis::LeasedLimiter) -> Result<(), tollgate::redis::TierError> {
     /// let d = limiter.check_n("tenant-7", 5)?;
     /// if !d.allowed() {
     ///     println!("retry after {:?}", d.retry_after());
     /// }
     /// # Ok(()) }
     /// ```
-    pub fn check_n(&self, key: impl AsRef<[u8]>, cost: u64) -> Result<Decision, Error> {
+    pub fn check_n(&self, key: impl AsRef<[u8]>, cost: u64) -> Result<Decision, TierError> {
         let key = key.as_ref();
         let node = &self.node;
         // Degraded: straight to the policy, which holds what the leases held (no lease, no
@@ -254,7 +254,7 @@ impl<C: RedisConnection> LeasedLimiter<C> {
         }
         let capacity = node.terms.rule.capacity();
         if cost > capacity {
-            return Err(Error::Capacity { cost, capacity });
+            return Err(TierError::Capacity { cost, capacity });
         }
         let now = node.clock.now();
         if cost == 0 {
@@ -285,7 +285,7 @@ impl<C: RedisConnection> LeasedLimiter<C> {
             .entry(key.into())
             .or_insert_with(|| {
                 created = true;
-                let allowance = if node.guard.mode() == Mode::Global {
+                let allowance = if node.guard.mode() == GuardMode::Global {
                     let capacity = node.terms.rule.capacity();
                     let nodes = node.guard.live_nodes();
                     node.terms.config.first_touch_for(capacity, nodes)
@@ -311,16 +311,16 @@ impl<C: RedisConnection> LeasedLimiter<C> {
     /// global budget is spent).
     ///
     /// # Errors
-    /// [`Error::Timeout`] if no grant arrived in time; a fatal error as for
+    /// [`TierError::Timeout`] if no grant arrived in time; a fatal error as for
     /// [`LeasedLimiter::check_n`].
     ///
     /// # Examples
     /// ```no_run
-    /// # async fn demo(limiter: tollgate::redis::LeasedLimiter) -> Result<(), tollgate::redis::Error> {
+    /// # async fn demo(limiter: tollgate::redis::LeasedLimiter) -> Result<(), tollgate::redis::TierError> {
     /// limiter.prefetch("tenant-7").await?;
     /// # Ok(()) }
     /// ```
-    pub async fn prefetch(&self, key: impl AsRef<[u8]>) -> Result<(), Error> {
+    pub async fn prefetch(&self, key: impl AsRef<[u8]>) -> Result<(), TierError> {
         let key = key.as_ref();
         let node = &self.node;
         let lease = node
@@ -337,7 +337,7 @@ impl<C: RedisConnection> LeasedLimiter<C> {
             notified.as_mut().enable();
             node.request_refill(&lease);
             if tokio::time::timeout(timeout, notified).await.is_err() {
-                return Err(Error::Timeout { timeout });
+                return Err(TierError::Timeout { timeout });
             }
             if let Some(error) = lease.fatal() {
                 return Err(error);
@@ -378,14 +378,14 @@ impl<C: RedisConnection> LeasedLimiter<C> {
     ///
     /// # Examples
     /// ```no_run
-    /// # use tollgate::redis::{LeasedLimiter, Mode};
+    /// # use tollgate::redis::{LeasedLimiter, GuardMode};
     /// # fn demo(limiter: LeasedLimiter) {
-    /// if limiter.mode() != Mode::Global {
+    /// if limiter.mode() != GuardMode::Global {
     ///     eprintln!("Redis unreachable: checks decided by the failure policy");
     /// }
     /// # }
     /// ```
-    pub fn mode(&self) -> Mode {
+    pub fn mode(&self) -> GuardMode {
         self.node.guard.mode()
     }
 
@@ -423,7 +423,7 @@ impl<C: RedisConnection> LeasedLimiter<C> {
     ///
     /// # Examples
     /// ```no_run
-    /// # async fn demo(limiter: tollgate::redis::LeasedLimiter) -> Result<(), tollgate::redis::Error> {
+    /// # async fn demo(limiter: tollgate::redis::LeasedLimiter) -> Result<(), tollgate::redis::TierError> {
     /// limiter.prefetch("tenant-7").await?;
     /// // The units the next checks of tenant-7 spend without a network call.
     /// println!("{} units in hand", limiter.held("tenant-7"));
@@ -466,10 +466,10 @@ impl<C: RedisConnection> LeasedLimiter<C> {
     ///
     /// # Examples
     /// ```no_run
-    /// # use tollgate::redis::{LeasedLimiter, Mode};
+    /// # use tollgate::redis::{LeasedLimiter, GuardMode};
     /// # async fn demo(limiter: LeasedLimiter) {
     /// // After an outage: wait until what was admitted locally is counted in Redis.
-    /// while limiter.mode() == Mode::Global && limiter.unreconciled() > 0 {
+    /// while limiter.mode() == GuardMode::Global && limiter.unreconciled() > 0 {
     ///     tokio::time::sleep(std::time::Duration::from_millis(10)).await;
     /// }
     /// println!("{} units charged after outages", limiter.reconciled());
@@ -509,7 +509,7 @@ impl<C: RedisConnection> LeasedLimiter<C> {
     ///
     /// # Examples
     /// ```no_run
-    /// # async fn demo(limiter: tollgate::redis::LeasedLimiter) -> Result<(), tollgate::redis::Error> {
+    /// # async fn demo(limiter: tollgate::redis::LeasedLimiter) -> Result<(), tollgate::redis::TierError> {
     /// // An exact check of the same key's global state (one round trip), e.g. for an audit.
     /// let decision = limiter.exact().check("tenant-7").await?;
     /// println!("{} left globally", decision.remaining());
@@ -560,7 +560,7 @@ fn short<C: RedisConnection>(
     key: &[u8],
     cost: u64,
     now: Nanos,
-) -> Result<Decision, Error> {
+) -> Result<Decision, TierError> {
     // GCRA: a grant parked behind the units this check found short takes over.
     let decay = node.terms.decay();
     if decay > 0 && lease.unpark(now, decay) {

@@ -2,7 +2,7 @@
 //!
 //! Two entry points:
 //! - [`replay_trace`] (blocking, streaming) reads a [`TraceReader`] and emits one
-//!   [`Outcome`] per request — the very values the in-process [`Replayer`](crate::replay::Replayer)
+//!   [`TraceOutcome`] per request — the very values the in-process [`Replayer`](crate::replay::Replayer)
 //!   returns, so the CLI prints them the same way.
 //! - [`replay`] (async) decides already-parsed requests and returns the full decisions.
 //!
@@ -18,11 +18,11 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use redis::aio::ConnectionManager;
 
-use super::error::Error;
+use super::error::TierError;
 use super::exact::RedisLimiter;
 use super::rule::RedisRule;
 use crate::decision::Decision;
-use crate::replay::{Cost, Outcome, TraceError, TraceReader};
+use crate::replay::{TraceCost, TraceError, TraceOutcome, TraceReader};
 
 /// Requests sent per script call during a replay.
 const REPLAY_BATCH: usize = 512;
@@ -37,12 +37,12 @@ const REPLAY_TIMEOUT: Duration = Duration::from_secs(5);
 /// fault, exit status 2). Both built here without a server:
 /// ```
 /// use std::time::Duration;
-/// use tollgate::{redis::{Error, ReplayError}, replay::TraceReader};
+/// use tollgate::{redis::{TierError, ReplayError}, replay::TraceReader};
 /// // A time that is not a number: the reader's error, at line 1.
 /// let bad = TraceReader::new("soon,alice\n".as_bytes()).next_request().unwrap().unwrap_err();
 /// let stop = ReplayError::from(bad);
 /// assert!(matches!(stop, ReplayError::Trace(_)));
-/// let stop = ReplayError::from(Error::Timeout { timeout: Duration::from_secs(5) });
+/// let stop = ReplayError::from(TierError::Timeout { timeout: Duration::from_secs(5) });
 /// assert!(matches!(stop, ReplayError::Redis(e) if e.is_transient()));
 /// ```
 #[derive(Debug, Clone, thiserror::Error)]
@@ -53,11 +53,11 @@ pub enum ReplayError {
     Trace(#[from] TraceError),
     /// Redis failed; outcomes already emitted stay valid, later requests were not decided.
     #[error(transparent)]
-    Redis(#[from] Error),
+    Redis(#[from] TierError),
 }
 
 /// Decides the trace `reader` yields through the Redis server at `url` and calls `emit` with
-/// each request's [`Outcome`], in order: exactly what the in-process
+/// each request's [`TraceOutcome`], in order: exactly what the in-process
 /// [`Replayer`](crate::replay::Replayer) returns for the same trace and rule
 /// (`allow`, `allow DELAY_MS` for `leaky-queue`, `deny`, `error`). Blocks the calling thread
 /// (it runs a current-thread tokio runtime of its own; do not call it from async code).
@@ -87,12 +87,12 @@ pub fn replay_trace<R: BufRead>(
     url: &str,
     rule: RedisRule,
     reader: &mut TraceReader<R>,
-    mut emit: impl FnMut(Outcome),
+    mut emit: impl FnMut(TraceOutcome),
 ) -> Result<u64, ReplayError> {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
-        .map_err(|e| Error::Server {
+        .map_err(|e| TierError::Server {
             source: redis::RedisError::from(e),
         })?;
     runtime.block_on(async {
@@ -101,7 +101,7 @@ pub fn replay_trace<R: BufRead>(
         let mut decided = 0u64;
         let result = loop {
             // The next batch: owned copies, since the reader lends each line.
-            let mut batch: Vec<(Vec<u8>, Cost, u64)> = Vec::with_capacity(REPLAY_BATCH);
+            let mut batch: Vec<(Vec<u8>, TraceCost, u64)> = Vec::with_capacity(REPLAY_BATCH);
             let mut stop = None;
             while batch.len() < REPLAY_BATCH {
                 match reader.next_request() {
@@ -122,21 +122,23 @@ pub fn replay_trace<R: BufRead>(
                 }
             }
             let decidable = batch.iter().filter_map(|(key, cost, at)| match cost {
-                Cost::Units(cost) => Some((key, *cost, *at)),
-                Cost::Unbounded => None,
+                TraceCost::Units(cost) => Some((key, *cost, *at)),
+                TraceCost::Unbounded => None,
             });
             let mut results = limiter.check_batch_at(decidable).await.into_iter();
             for (_, cost, _) in &batch {
                 let result = match cost {
-                    Cost::Unbounded => Ok(Outcome::Error),
-                    Cost::Units(_) => match results.next() {
-                        Some(Ok(d)) if d.allowed() => Ok(Outcome::Allow {
+                    TraceCost::Unbounded => Ok(TraceOutcome::Error),
+                    TraceCost::Units(_) => match results.next() {
+                        Some(Ok(d)) if d.allowed() => Ok(TraceOutcome::Allow {
                             delay_nanos: shaper.then(|| d.delay_nanos()),
                         }),
-                        Some(Ok(_)) => Ok(Outcome::Deny),
-                        Some(Err(e)) if e.as_capacity_exceeded().is_some() => Ok(Outcome::Error),
+                        Some(Ok(_)) => Ok(TraceOutcome::Deny),
+                        Some(Err(e)) if e.as_capacity_exceeded().is_some() => {
+                            Ok(TraceOutcome::Error)
+                        }
                         Some(Err(e)) => Err(e),
-                        None => Err(Error::bad_reply("a request got no outcome".into())),
+                        None => Err(TierError::bad_reply("a request got no outcome".into())),
                     },
                 };
                 match result {
@@ -184,7 +186,7 @@ pub async fn replay<I, K>(
     url: &str,
     rule: RedisRule,
     trace: I,
-) -> Result<Vec<Result<Decision, crate::Error>>, Error>
+) -> Result<Vec<Result<Decision, crate::LimitError>>, TierError>
 where
     I: IntoIterator<Item = (u64, K, u64)>,
     K: AsRef<[u8]>,
@@ -222,7 +224,7 @@ where
 }
 
 /// A limiter under a prefix no other replay uses, and that prefix.
-async fn replay_limiter(url: &str, rule: RedisRule) -> Result<(RedisLimiter, String), Error> {
+async fn replay_limiter(url: &str, rule: RedisRule) -> Result<(RedisLimiter, String), TierError> {
     static RUNS: AtomicU64 = AtomicU64::new(0);
     let nanos = SystemTime::now()
         .duration_since(UNIX_EPOCH)

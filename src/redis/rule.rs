@@ -5,7 +5,7 @@
 //! `reset_after`, `delay`) need products beyond 2^53, which Lua's doubles cannot hold, so they
 //! are computed here in 128-bit integers from the facts the script saw. The verdict is
 //! recomputed from the same facts and must match the script's: a reply that disagrees, or
-//! holds values no correct state can produce, is refused with [`Error::BadReply`].
+//! holds values no correct state can produce, is refused with [`TierError::BadReply`].
 
 use crate::algorithm::rule::{no_burst, window_at_least_1ms};
 use crate::algorithm::{Gcra, LeakyQueue};
@@ -372,13 +372,12 @@ impl RedisRule {
     /// This node's share of the quota when `nodes` nodes share it: `⌊L / n⌋` per `W` (and
     /// `⌊B / n⌋` for the buckets), at least 1, and at most what the in-process state holds.
     pub(crate) fn share(&self, nodes: u64) -> Result<Quota, QuotaError> {
-        use crate::algorithm::{fixed_window, sliding_log, sliding_window};
         let nodes = nodes.max(1);
         let cap = match self.kind {
             Kind::Gcra { .. } => u64::MAX,
-            Kind::FixedWindow { .. } => fixed_window::MAX_LIMIT,
-            Kind::SlidingWindow { .. } => sliding_window::MAX_LIMIT,
-            Kind::SlidingLog { .. } => sliding_log::MAX_LIMIT,
+            Kind::FixedWindow { .. } => FixedWindow::MAX_LIMIT,
+            Kind::SlidingWindow { .. } => SlidingWindow::MAX_LIMIT,
+            Kind::SlidingLog { .. } => SlidingLog::MAX_LIMIT,
         };
         let limit = (self.limit / nodes).clamp(1, cap);
         let quota = Quota::new(limit, std::time::Duration::from_nanos(self.window_nanos()))?;
@@ -517,7 +516,7 @@ pub(crate) mod reply;
 
 #[cfg(test)]
 mod tests {
-    use super::super::error::Error;
+    use super::super::error::TierError;
     use super::*;
     use std::time::Duration;
 
@@ -634,7 +633,7 @@ mod tests {
         );
         let big = Quota::new(1 << 30, Duration::from_secs(60)).unwrap();
         let share = RedisRule::fixed_window(big).unwrap().share(2).unwrap();
-        assert_eq!(share.limit(), crate::algorithm::fixed_window::MAX_LIMIT);
+        assert_eq!(share.limit(), crate::FixedWindow::MAX_LIMIT);
         assert!(FixedWindow::new(share).is_ok());
     }
 
@@ -644,7 +643,7 @@ mod tests {
         // "allowed" with 10 of 10 already admitted.
         assert!(matches!(
             rule.decision(1, &[1, 5, 10], 1),
-            Err(Error::BadReply { .. })
+            Err(TierError::BadReply { .. })
         ));
         assert!(rule.decision(1, &[0, 5, 10], 1).is_ok());
     }

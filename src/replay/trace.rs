@@ -8,15 +8,15 @@ use std::io::BufRead;
 ///
 /// # Examples
 /// ```
-/// use tollgate::replay::{parse_line, Cost};
-/// assert_eq!(parse_line("10,alice,3", 1)?.unwrap().cost, Some(Cost::Units(3)));
+/// use tollgate::replay::{parse_line, TraceCost};
+/// assert_eq!(parse_line("10,alice,3", 1)?.unwrap().cost, Some(TraceCost::Units(3)));
 /// // Too many digits for u64: kept (and decided as an error) rather than refused as a bad line.
 /// let huge = parse_line("10,alice,99999999999999999999999", 1)?.unwrap();
-/// assert_eq!(huge.cost, Some(Cost::Unbounded));
+/// assert_eq!(huge.cost, Some(TraceCost::Unbounded));
 /// # Ok::<(), tollgate::replay::TraceError>(())
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Cost {
+pub enum TraceCost {
     /// A cost that fits in `u64`.
     Units(u64),
     /// A cost written with more digits than `u64` holds: it can never be admitted.
@@ -27,11 +27,11 @@ pub enum Cost {
 ///
 /// # Examples
 /// ```
-/// use tollgate::replay::{parse_line, Cost, Request};
+/// use tollgate::replay::{parse_line, TraceCost, Request};
 /// let request = parse_line("1500,alice", 7)?.unwrap();
 /// let expected = Request { line: 7, t_ms: 1500, key: "alice", cost: None, method: None, path: None };
 /// assert_eq!(request, expected);
-/// assert_eq!(request.units(), Cost::Units(1));
+/// assert_eq!(request.units(), TraceCost::Units(1));
 /// // With a method and a path (for `tollgate replay --config`), the cost may be left empty.
 /// let routed = parse_line("1500,203.0.113.7,,POST,/api/export?fields=a,b", 8)?.unwrap();
 /// assert_eq!((routed.cost, routed.method, routed.path), (None, Some("POST"), Some("/api/export?fields=a,b")));
@@ -46,7 +46,7 @@ pub struct Request<'a> {
     /// The key.
     pub key: &'a str,
     /// The cost, if the line gives one.
-    pub cost: Option<Cost>,
+    pub cost: Option<TraceCost>,
     /// The HTTP method, if the line gives a route (always with a path).
     pub method: Option<&'a str>,
     /// The path and query, if the line gives a route (always with a method).
@@ -55,8 +55,8 @@ pub struct Request<'a> {
 
 impl Request<'_> {
     /// The cost, 1 unless the line gives one.
-    pub fn units(&self) -> Cost {
-        self.cost.unwrap_or(Cost::Units(1))
+    pub fn units(&self) -> TraceCost {
+        self.cost.unwrap_or(TraceCost::Units(1))
     }
 }
 
@@ -91,9 +91,9 @@ impl std::error::Error for TraceError {}
 ///
 /// # Examples
 /// ```
-/// use tollgate::replay::{parse_line, Cost};
+/// use tollgate::replay::{parse_line, TraceCost};
 /// let r = parse_line("1500,alice,3", 1).unwrap().unwrap();
-/// assert_eq!((r.t_ms, r.key, r.units()), (1500, "alice", Cost::Units(3)));
+/// assert_eq!((r.t_ms, r.key, r.units()), (1500, "alice", TraceCost::Units(3)));
 /// assert_eq!(parse_line("# comment", 2), Ok(None));
 /// assert!(parse_line("soon,alice", 3).is_err());
 /// ```
@@ -129,8 +129,8 @@ pub fn parse_line(line: &str, number: usize) -> Result<Option<Request<'_>>, Trac
         // Left empty before a route: the policy's cost.
         Some("") if method.is_some() => None,
         Some(text) => Some(match parse_count(text) {
-            Some(Some(units)) => Cost::Units(units),
-            Some(None) => Cost::Unbounded,
+            Some(Some(units)) => TraceCost::Units(units),
+            Some(None) => TraceCost::Unbounded,
             None => {
                 return Err(error(format!(
                     "cost '{text}' is not a non-negative integer"
@@ -187,7 +187,7 @@ fn parse_count(text: &str) -> Option<Option<u64>> {
 /// # Examples
 /// ```
 /// use std::time::Duration;
-/// use tollgate::replay::{AlgorithmName, Outcome, Replayer, TraceReader};
+/// use tollgate::replay::{AlgorithmName, TraceOutcome, Replayer, TraceReader};
 /// let trace = "# t_ms,key[,cost]\n0,alice\n10,alice\n20,bob,2\n";
 /// let mut replayer = Replayer::new(AlgorithmName::Gcra, 1, Duration::from_secs(1), None)?;
 /// let mut reader = TraceReader::new(trace.as_bytes());
@@ -195,7 +195,7 @@ fn parse_count(text: &str) -> Option<Option<u64>> {
 /// while let Some(request) = reader.next_request() {
 ///     outcomes.push(replayer.decide(&request?));
 /// }
-/// assert_eq!(outcomes, [Outcome::Allow { delay_nanos: None }, Outcome::Deny, Outcome::Error]);
+/// assert_eq!(outcomes, [TraceOutcome::Allow { delay_nanos: None }, TraceOutcome::Deny, TraceOutcome::Error]);
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 #[derive(Debug)]

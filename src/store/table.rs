@@ -17,7 +17,7 @@ use std::marker::PhantomData;
 use super::keyed_store::{Evictor, Inserted, KeyedStore};
 use super::stored::Stored;
 use crate::clock::Nanos;
-use crate::decision::{Decision, Error};
+use crate::decision::{Decision, LimitError};
 use crate::sync::{AtomicBool, AtomicUsize, Ordering};
 
 /// The table is swept once it holds at least this many keys, then whenever it doubles (a store
@@ -60,7 +60,7 @@ const HAND_TRIES: usize = if crate::sync::MODEL_CHECKED { 1 } else { 4 };
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum OverflowPolicy {
-    /// Refuse the request with [`Error::KeyTableFull`]. Known keys keep their own limits.
+    /// Refuse the request with [`LimitError::KeyTableFull`]. Known keys keep their own limits.
     Deny,
     /// Count the request against one state shared by every key that did not fit: strict in
     /// aggregate (all overflow keys together get one key's quota), never unlimited.
@@ -221,7 +221,7 @@ where
     /// amortised schedule says so; a store that evicts on insert judges with it.
     ///
     /// # Errors
-    /// [`Error::KeyTableFull`] for a new key at the bound under [`OverflowPolicy::Deny`].
+    /// [`LimitError::KeyTableFull`] for a new key at the bound under [`OverflowPolicy::Deny`].
     #[inline]
     pub fn check_key<Q, A>(
         &self,
@@ -231,7 +231,7 @@ where
         cost: u64,
         evictor: &impl Evictor<V>,
         charge: impl Charge,
-    ) -> Result<Decision, Error>
+    ) -> Result<Decision, LimitError>
     where
         A: Stored<Cell = V>,
         K: Borrow<Q>,
@@ -312,7 +312,7 @@ where
         cost: u64,
         evictor: &impl Evictor<V>,
         charge: impl Charge,
-    ) -> Result<Decision, Error>
+    ) -> Result<Decision, LimitError>
     where
         A: Stored<Cell = V>,
         K: Borrow<Q>,
@@ -357,7 +357,7 @@ where
                 return Ok(decision);
             }
             return match policy {
-                OverflowPolicy::Deny => Err(Error::KeyTableFull { max_keys }),
+                OverflowPolicy::Deny => Err(LimitError::KeyTableFull { max_keys }),
                 OverflowPolicy::Shared => Ok(charge
                     .on(rule, &self.overflow, &now, cost)
                     .on_shared_state()),

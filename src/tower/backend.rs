@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use crate::decision::{Decision, Error};
+use crate::decision::{Decision, LimitError};
 
 use super::key::Key;
 
@@ -62,7 +62,7 @@ impl Verdict {
 /// let err = rt.block_on(CheckBackend::check(&backend, &Key::from("k"), 11)).unwrap_err();
 /// assert!(matches!(
 ///     err,
-///     CheckError::Limit(tollgate::Error::CapacityExceeded { cost: 11, capacity: 10 })
+///     CheckError::Limit(tollgate::LimitError::CapacityExceeded { cost: 11, capacity: 10 })
 /// ));
 /// // A network backend reports its own failures as `Backend`.
 /// let err = CheckError::Backend("connection reset".into());
@@ -74,7 +74,7 @@ pub enum CheckError {
     /// The limiter refused to decide: a cost above the capacity (the request can never be
     /// admitted) or a full key table.
     #[error(transparent)]
-    Limit(#[from] Error),
+    Limit(#[from] LimitError),
     /// The backend failed (for a network backend: a timeout, a dropped connection).
     #[error("rate-limit backend failed: {0}")]
     Backend(Box<dyn std::error::Error + Send + Sync>),

@@ -2,8 +2,7 @@
 //! globally, across every server of a fleet.
 
 use crate::redis::{
-    Error as RedisError, GuardedLimiter, LeasedLimiter, RedisConnection, RedisLimiter,
-    RedisMultiLimiter,
+    GuardedLimiter, LeasedLimiter, RedisConnection, RedisLimiter, RedisMultiLimiter, TierError,
 };
 use crate::{Decision, Quota};
 
@@ -168,11 +167,11 @@ impl<C> RedisBackend<RedisMultiLimiter<C>> {
     }
 }
 
-fn verdict(result: Result<Decision, RedisError>) -> Result<Verdict, CheckError> {
+fn verdict(result: Result<Decision, TierError>) -> Result<Verdict, CheckError> {
     indexed(result.map(|decision| (decision, 0)))
 }
 
-fn indexed(result: Result<(Decision, usize), RedisError>) -> Result<Verdict, CheckError> {
+fn indexed(result: Result<(Decision, usize), TierError>) -> Result<Verdict, CheckError> {
     match result {
         Ok((decision, quota)) => Ok(Verdict { decision, quota }),
         Err(e) => Err(match e.as_capacity_exceeded() {
@@ -227,7 +226,7 @@ impl<C: RedisConnection> CheckBackend for RedisBackend<GuardedLimiter<C>> {
     quota_methods!();
 
     fn degraded(&self) -> Option<bool> {
-        Some(self.limiter.mode() != crate::redis::Mode::Global)
+        Some(self.limiter.mode() != crate::redis::GuardMode::Global)
     }
 }
 
@@ -241,7 +240,7 @@ impl<C: RedisConnection> CheckBackend for RedisBackend<LeasedLimiter<C>> {
     quota_methods!();
 
     fn degraded(&self) -> Option<bool> {
-        Some(self.limiter.mode() != crate::redis::Mode::Global)
+        Some(self.limiter.mode() != crate::redis::GuardMode::Global)
     }
 }
 

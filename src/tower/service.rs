@@ -27,7 +27,7 @@ use super::response::{
 };
 use super::response::{denial_detail, denial_problem, never_cached};
 use super::stats;
-use crate::decision::Error;
+use crate::decision::LimitError;
 
 /// The service [`RateLimitLayer`] wraps around `S`.
 ///
@@ -184,7 +184,7 @@ pub(super) fn outcome(
     decided: &Result<(Verdict, std::time::Duration), CheckError>,
 ) -> Outcome {
     match decided {
-        Err(CheckError::Limit(Error::KeyTableFull { .. })) => Outcome::TableFull,
+        Err(CheckError::Limit(LimitError::KeyTableFull { .. })) => Outcome::TableFull,
         Err(_) => Outcome::Error,
         Ok((verdict, waited)) => match (verdict.decision.allowed(), policy.mode) {
             (true, _) if waited.is_zero() => Outcome::Allowed,
@@ -280,7 +280,7 @@ pub(super) fn next<B>(
     let verdict = match decided {
         Ok((verdict, _)) => verdict,
         Err(_) if policy.mode == Mode::Shadow => return Next::Call(None),
-        Err(CheckError::Limit(Error::CapacityExceeded { cost, capacity })) => {
+        Err(CheckError::Limit(LimitError::CapacityExceeded { cost, capacity })) => {
             let detail = format!(
                 "Rate limit \"{}\": a cost of {cost} exceeds the capacity {capacity}; this request can never be admitted.",
                 policy.name()
@@ -294,7 +294,7 @@ pub(super) fn next<B>(
         }
         Err(error) => {
             let (fallback, detail) = match error {
-                CheckError::Limit(Error::KeyTableFull { .. }) => (
+                CheckError::Limit(LimitError::KeyTableFull { .. }) => (
                     shared.on_table_full,
                     "The rate limiter holds as many clients as it may; try again later.",
                 ),

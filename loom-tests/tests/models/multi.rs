@@ -7,7 +7,7 @@ use loom::thread;
 use tollgate_loom_tests::clock::Nanos;
 use tollgate_loom_tests::multi::{all_or_nothing, Limit};
 use tollgate_loom_tests::state::AtomicWord;
-use tollgate_loom_tests::{Decision, Error, FixedWindow, Quota, Stored};
+use tollgate_loom_tests::{Decision, FixedWindow, LimitError, Quota, Stored};
 
 use crate::{explore, MS};
 
@@ -34,11 +34,11 @@ impl OneKey {
 }
 
 impl Limit<()> for OneKey {
-    fn peek(&self, _: &(), cost: u64) -> Result<Decision, Error> {
+    fn peek(&self, _: &(), cost: u64) -> Result<Decision, LimitError> {
         Ok(self.rule.acquire(&self.cell, || NOW, cost, false))
     }
 
-    fn charge(&self, _: &(), cost: u64) -> Result<Decision, Error> {
+    fn charge(&self, _: &(), cost: u64) -> Result<Decision, LimitError> {
         Ok(self.rule.acquire(&self.cell, || NOW, cost, true))
     }
 

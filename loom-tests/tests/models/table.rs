@@ -20,7 +20,7 @@ use tollgate_loom_tests::state::{AtomicWord, Retired};
 use tollgate_loom_tests::store::{
     Check, Evictor, Inserted, KeyTable, KeyedStore, OverflowPolicy, WordTable,
 };
-use tollgate_loom_tests::{Decision, Error, Gcra, Quota, Stored};
+use tollgate_loom_tests::{Decision, Gcra, LimitError, Quota, Stored};
 
 use crate::{explore, explore_reaching, At, MS};
 
@@ -120,13 +120,16 @@ fn admit_at<S: KeyedStore<u64, AtomicWord>>(
     table: &Keyed<S>,
     key: u64,
     at: Nanos,
-) -> Result<Decision, Error> {
+) -> Result<Decision, LimitError> {
     let rule = rule();
     let evictor = At { table, rule, at };
     table.check_key(&key, &rule, || at, 1, &evictor, Check)
 }
 
-fn admit<S: KeyedStore<u64, AtomicWord>>(table: &Keyed<S>, key: u64) -> Result<Decision, Error> {
+fn admit<S: KeyedStore<u64, AtomicWord>>(
+    table: &Keyed<S>,
+    key: u64,
+) -> Result<Decision, LimitError> {
     admit_at(table, key, NOW)
 }
 
@@ -165,7 +168,7 @@ fn with_fresh_key_in<S: KeyedStore<u64, AtomicWord>>(
     table
 }
 
-fn allowed(results: &[Result<Decision, Error>]) -> u64 {
+fn allowed(results: &[Result<Decision, LimitError>]) -> u64 {
     results
         .iter()
         .filter(|r| r.as_ref().is_ok_and(|d| d.allowed()))
@@ -218,7 +221,7 @@ fn evict_races_admissions() {
 fn assert_conserved<S: KeyedStore<u64, AtomicWord>>(
     table: &Keyed<S>,
     keys: &[u64],
-    decisions: &[Result<Decision, Error>],
+    decisions: &[Result<Decision, LimitError>],
 ) {
     let recorded: u64 =
         keys.iter().map(|&k| held_by(table, k)).sum::<u64>() + held(table.overflow());
@@ -231,11 +234,11 @@ fn assert_conserved<S: KeyedStore<u64, AtomicWord>>(
 }
 
 /// A short name for an outcome, for `Seen`.
-fn outcome(result: &Result<Decision, Error>) -> &'static str {
+fn outcome(result: &Result<Decision, LimitError>) -> &'static str {
     match result {
         Ok(d) if d.allowed() => "allowed",
         Ok(_) => "denied",
-        Err(Error::KeyTableFull { .. }) => "full",
+        Err(LimitError::KeyTableFull { .. }) => "full",
         Err(_) => "error",
     }
 }

@@ -21,7 +21,7 @@ use std::time::Duration;
 
 use http::{HeaderName, HeaderValue};
 use tokio::sync::mpsc;
-use tollgate::replay::{Cost, Millis, Request as Line, TraceReader};
+use tollgate::replay::{Millis, Request as Line, TraceCost, TraceReader};
 use tollgate::tower::config::LayerConfig;
 use tollgate::tower::{Evaluation, Key, Outcome};
 use tollgate::wait::TokioClock;
@@ -127,10 +127,10 @@ async fn run(
             }
         };
         let cost = line.cost.map(|cost| match cost {
-            Cost::Units(units) => units,
+            TraceCost::Units(units) => units,
             // More than any capacity: the layer reports it as an error, as it would a
             // cost too large for the quota.
-            Cost::Unbounded => u64::MAX,
+            TraceCost::Unbounded => u64::MAX,
         });
         let (layer, done, seq) = (layer.clone(), done.clone(), spawned);
         let key = line.key.to_owned();

@@ -37,7 +37,9 @@ use common::{parse_algorithm, Fatal, Format};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use plot::{Chart, Timeline};
 use report::{Report, Setting};
-use tollgate::replay::{parse_duration, AlgorithmName, Outcome, Replayer, Request, TraceReader};
+use tollgate::replay::{
+    parse_duration, AlgorithmName, Replayer, Request, TraceOutcome, TraceReader,
+};
 
 #[derive(Parser)]
 #[command(
@@ -396,11 +398,11 @@ struct Tally {
 }
 
 impl Tally {
-    fn add(&mut self, outcome: Outcome) {
+    fn add(&mut self, outcome: TraceOutcome) {
         match outcome {
-            Outcome::Allow { .. } => self.allowed += 1,
-            Outcome::Deny => self.denied += 1,
-            Outcome::Error => self.errors += 1,
+            TraceOutcome::Allow { .. } => self.allowed += 1,
+            TraceOutcome::Deny => self.denied += 1,
+            TraceOutcome::Error => self.errors += 1,
         }
     }
 }
@@ -412,7 +414,7 @@ struct Summary {
 }
 
 impl Summary {
-    fn add(&mut self, request: &Request, outcome: Outcome) {
+    fn add(&mut self, request: &Request, outcome: TraceOutcome) {
         self.total.add(outcome);
         match self.keys.get_mut(request.key) {
             Some(tally) => tally.add(outcome),
@@ -464,7 +466,8 @@ fn compare(args: &ReplayArgs) -> Result<(), Fatal> {
     let mut timeline = args.plot.as_ref().map(|_| timeline(args, COMPARED.len()));
     let failure = each_request(open(&args.file)?, |request| {
         requests += 1;
-        let outcomes: Vec<Outcome> = replayers.iter_mut().map(|r| r.decide(&request)).collect();
+        let outcomes: Vec<TraceOutcome> =
+            replayers.iter_mut().map(|r| r.decide(&request)).collect();
         let reference = outcomes[outcomes.len() - 1].is_allow();
         let plotted = args.key.as_deref().is_none_or(|k| k == request.key);
         for (i, outcome) in outcomes.into_iter().enumerate() {

@@ -6,7 +6,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use plotters::prelude::*;
-use tollgate::replay::Outcome;
+use tollgate::replay::TraceOutcome;
 
 use crate::common::Fatal;
 use crate::report::duration_text;
@@ -76,19 +76,19 @@ impl Timeline {
     }
 
     /// Counts one decision of series `series` at `t_ms`.
-    pub(crate) fn add(&mut self, series: usize, t_ms: u64, outcome: Outcome) {
+    pub(crate) fn add(&mut self, series: usize, t_ms: u64, outcome: TraceOutcome) {
         let index = self.index(t_ms);
         self.end = index;
         let counts = match outcome {
-            Outcome::Allow { .. } => {
+            TraceOutcome::Allow { .. } => {
                 self.totals[series] += 1;
                 &mut self.admitted[series]
             }
-            Outcome::Deny => {
+            TraceOutcome::Deny => {
                 self.denied_total += 1;
                 &mut self.denied
             }
-            Outcome::Error => {
+            TraceOutcome::Error => {
                 self.errors_total += 1;
                 return;
             }
@@ -237,12 +237,12 @@ mod tests {
 
     #[test]
     fn buckets_merge_past_the_cap_and_keep_their_totals() {
-        let allow = Outcome::Allow { delay_nanos: None };
+        let allow = TraceOutcome::Allow { delay_nanos: None };
         let mut t = Timeline::new(1, Duration::from_secs(1));
         t.add(0, 0, allow);
         t.add(0, 999_999, allow);
-        t.add(0, u64::MAX, Outcome::Deny);
-        t.add(0, 5, Outcome::Error);
+        t.add(0, u64::MAX, TraceOutcome::Deny);
+        t.add(0, 5, TraceOutcome::Error);
         assert!(t.admitted[0].len() <= MAX_BUCKETS && t.denied.len() <= MAX_BUCKETS);
         assert_eq!(t.admitted[0].iter().sum::<u64>(), 2);
         assert_eq!((t.totals[0], t.denied_total, t.errors_total), (2, 1, 1));

@@ -9,7 +9,7 @@ use std::collections::{HashMap, VecDeque};
 use std::io::{self, Write};
 use std::time::Duration;
 
-use tollgate::replay::{AlgorithmName, Cost, Outcome, Request};
+use tollgate::replay::{AlgorithmName, Request, TraceCost, TraceOutcome};
 
 /// What the report says about the run itself.
 pub(crate) struct Setting {
@@ -40,12 +40,12 @@ struct KeyStats {
 }
 
 impl KeyStats {
-    fn add(&mut self, t_ns: u64, window_ns: u64, units: u64, outcome: Outcome) {
+    fn add(&mut self, t_ns: u64, window_ns: u64, units: u64, outcome: TraceOutcome) {
         self.requests += 1;
         match outcome {
-            Outcome::Allow { .. } => self.allowed += 1,
-            Outcome::Deny => self.denied += 1,
-            Outcome::Error => self.errors += 1,
+            TraceOutcome::Allow { .. } => self.allowed += 1,
+            TraceOutcome::Deny => self.denied += 1,
+            TraceOutcome::Error => self.errors += 1,
         }
         // Expire what left the window, then count what this request admitted.
         while let Some(&(t, units)) = self.recent.front() {
@@ -100,19 +100,19 @@ impl Report {
         }
     }
 
-    pub(crate) fn add(&mut self, request: &Request, outcome: Outcome) {
+    pub(crate) fn add(&mut self, request: &Request, outcome: TraceOutcome) {
         self.requests += 1;
         let units = match request.units() {
-            Cost::Units(units) => units,
-            Cost::Unbounded => 0,
+            TraceCost::Units(units) => units,
+            TraceCost::Unbounded => 0,
         };
         match outcome {
-            Outcome::Allow { .. } => {
+            TraceOutcome::Allow { .. } => {
                 self.allowed += 1;
                 self.units_admitted = self.units_admitted.saturating_add(units);
             }
-            Outcome::Deny => self.denied += 1,
-            Outcome::Error => self.errors += 1,
+            TraceOutcome::Deny => self.denied += 1,
+            TraceOutcome::Error => self.errors += 1,
         }
         self.first_ms.get_or_insert(request.t_ms);
         self.last_ms = request.t_ms;
@@ -377,7 +377,7 @@ mod tests {
     fn the_peak_follows_the_logs_window_rule() {
         let w = 1_000_000_000;
         let mut k = KeyStats::default();
-        let allow = Outcome::Allow { delay_nanos: None };
+        let allow = TraceOutcome::Allow { delay_nanos: None };
         // Two at 0, one at 0.5 s, then at exactly 1 s the two at 0 have left the window.
         k.add(0, w, 1, allow);
         k.add(0, w, 1, allow);
@@ -385,7 +385,7 @@ mod tests {
         assert_eq!(k.peak, 3);
         k.add(w, w, 1, allow);
         assert_eq!(k.in_window, 2);
-        k.add(w, w, 5, Outcome::Deny);
+        k.add(w, w, 5, TraceOutcome::Deny);
         assert_eq!((k.in_window, k.peak, k.denied), (2, 3, 1));
     }
 

@@ -77,14 +77,14 @@ impl<K, A: Algorithm, C: Clock> KeyedLimiterBuilder<K, A, C> {
     ///
     /// # Examples
     /// ```
-    /// use tollgate::{Error, Gcra, KeyedLimiter, OverflowPolicy, Quota};
+    /// use tollgate::{LimitError, Gcra, KeyedLimiter, OverflowPolicy, Quota};
     /// let limiter = KeyedLimiter::<u64, _>::builder(Gcra::new(Quota::per_hour(10)?)?)
     ///     .max_keys(2, OverflowPolicy::Deny)
     ///     .build()?;
     /// assert!(limiter.check(&1).unwrap().allowed());
     /// assert!(limiter.check(&2).unwrap().allowed());
     /// // Both keys hold state for an hour: a third key finds no room.
-    /// assert!(matches!(limiter.check(&3), Err(Error::KeyTableFull { .. })));
+    /// assert!(matches!(limiter.check(&3), Err(LimitError::KeyTableFull { .. })));
     /// # Ok::<(), tollgate::QuotaError>(())
     /// ```
     pub fn max_keys(mut self, max_keys: usize, policy: OverflowPolicy) -> Self {

@@ -140,7 +140,7 @@ impl RedisLimiterBuilder {
     /// order they started). Each call runs on a tokio task of its own, so a caller that gives
     /// up (its future dropped) affects no other check: its check is not sent if its call was
     /// not yet formed, else decided and its answer dropped. A check answers within (calls in
-    /// flight + 2) × the timeout, or fails with [`Error::Timeout`]. With `false`, every check
+    /// flight + 2) × the timeout, or fails with [`TierError::Timeout`]. With `false`, every check
     /// is its own call, on the caller's task.
     ///
     /// # Examples
@@ -163,7 +163,7 @@ impl RedisLimiterBuilder {
     /// pay for it.
     ///
     /// # Errors
-    /// [`Error::Server`] for a malformed URL; a transient error if Redis cannot be reached
+    /// [`TierError::Server`] for a malformed URL; a transient error if Redis cannot be reached
     /// within the connect timeout.
     ///
     /// # Examples
@@ -176,7 +176,7 @@ impl RedisLimiterBuilder {
     /// assert!(limiter.check("alice").await?.allowed());
     /// # Ok(()) }
     /// ```
-    pub async fn connect(self, url: &str) -> Result<RedisLimiter<ConnectionManager>, Error> {
+    pub async fn connect(self, url: &str) -> Result<RedisLimiter<ConnectionManager>, TierError> {
         let client = redis::Client::open(url)?;
         let config = ConnectionManagerConfig::new()
             .set_connection_timeout(Some(self.connect_timeout))
@@ -187,7 +187,7 @@ impl RedisLimiterBuilder {
             ConnectionManager::new_with_config(client, config),
         )
         .await
-        .map_err(|_| Error::Timeout {
+        .map_err(|_| TierError::Timeout {
             timeout: self.connect_timeout,
         })??;
         let limiter = self.build(conn);
@@ -214,14 +214,14 @@ impl RedisLimiterBuilder {
     pub async fn connect_cluster(
         self,
         nodes: &[&str],
-    ) -> Result<RedisLimiter<ClusterConnection>, Error> {
+    ) -> Result<RedisLimiter<ClusterConnection>, TierError> {
         let client = ClusterClientBuilder::new(nodes.iter().copied())
             .connection_timeout(self.connect_timeout)
             .response_timeout(self.timeout)
             .build()?;
         let conn = tokio::time::timeout(self.connect_timeout, client.get_async_connection())
             .await
-            .map_err(|_| Error::Timeout {
+            .map_err(|_| TierError::Timeout {
                 timeout: self.connect_timeout,
             })??;
         let limiter = self.build(conn);

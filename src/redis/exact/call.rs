@@ -5,19 +5,19 @@
 use super::*;
 
 impl<C: RedisConnection> RedisLimiter<C> {
-    pub(super) fn timed_out(&self) -> Error {
+    pub(super) fn timed_out(&self) -> TierError {
         tracing::debug!(timeout = ?self.timeout, "redis call timed out");
-        Error::Timeout {
+        TierError::Timeout {
             timeout: self.timeout,
         }
     }
 
-    pub(super) fn failure(&self, error: redis::RedisError) -> Error {
+    pub(super) fn failure(&self, error: redis::RedisError) -> TierError {
         // The connection's own response timeout (set to ours by `connect`) may fire first.
         if error.is_timeout() {
             return self.timed_out();
         }
-        let error = Error::from(error);
+        let error = TierError::from(error);
         tracing::debug!(%error, "redis call failed");
         error
     }
@@ -36,7 +36,7 @@ impl<C: RedisConnection> RedisLimiter<C> {
         cost: u64,
         at: Option<u64>,
         commit: bool,
-    ) -> Result<Decision, Error> {
+    ) -> Result<Decision, TierError> {
         let item = self.item(key, cost, at);
         if commit {
             self.coalesced(item).await
@@ -46,11 +46,11 @@ impl<C: RedisConnection> RedisLimiter<C> {
     }
 
     /// `item` alone in one call.
-    pub(super) async fn decide_one(&self, item: Item, commit: bool) -> Result<Decision, Error> {
+    pub(super) async fn decide_one(&self, item: Item, commit: bool) -> Result<Decision, TierError> {
         self.call_items(std::slice::from_ref(&item), commit, true)
             .await
             .pop()
-            .unwrap_or_else(|| Err(Error::bad_reply("no result for the check".into())))
+            .unwrap_or_else(|| Err(TierError::bad_reply("no result for the check".into())))
     }
 
     /// Decides `items` in order; one result per item. `reload`: as for [`Self::invoke`].
@@ -59,12 +59,12 @@ impl<C: RedisConnection> RedisLimiter<C> {
         items: &[Item],
         commit: bool,
         reload: bool,
-    ) -> Vec<Result<Decision, Error>> {
+    ) -> Vec<Result<Decision, TierError>> {
         let capacity = self.rule.capacity();
-        let results: Vec<Option<Result<Decision, Error>>> = items
+        let results: Vec<Option<Result<Decision, TierError>>> = items
             .iter()
             .map(|item| {
-                (item.cost > capacity).then_some(Err(Error::Capacity {
+                (item.cost > capacity).then_some(Err(TierError::Capacity {
                     cost: item.cost,
                     capacity,
                 }))
@@ -111,8 +111,8 @@ impl<C: RedisConnection> RedisLimiter<C> {
 
     /// Sends one script call on the shared connection, within the timeout. When the server
     /// lost the script (`NOSCRIPT`), `reload` loads it and sends the call again; otherwise the
-    /// call fails with that error ([`Error::is_no_script`]).
-    pub(crate) async fn invoke(&self, call: &ScriptCall, reload: bool) -> Result<Value, Error> {
+    /// call fails with that error ([`TierError::is_no_script`]).
+    pub(crate) async fn invoke(&self, call: &ScriptCall, reload: bool) -> Result<Value, TierError> {
         let mut conn = self.conn.clone();
         let run = async {
             match call.evalsha().query_async(&mut conn).await {
@@ -137,7 +137,7 @@ impl<C: RedisConnection> RedisLimiter<C> {
         chunk: &[usize],
         commit: bool,
         reload: bool,
-    ) -> Result<Vec<Result<Decision, Error>>, Error> {
+    ) -> Result<Vec<Result<Decision, TierError>>, TierError> {
         let rule = self.rule;
         let mut invocation = ScriptCall::new(rule.script());
         let injected = chunk.iter().any(|&i| items[i].at.is_some());
@@ -175,16 +175,16 @@ impl<C: RedisConnection> RedisLimiter<C> {
 
 /// Refuses a reply row that says `key` holds what our scripts did not write (logged: an
 /// operator must look), or that is not a row of `rule`'s script.
-pub(super) fn ours(rule: RedisRule, row: &[i64], key: &[u8]) -> Result<(), Error> {
+pub(super) fn ours(rule: RedisRule, row: &[i64], key: &[u8]) -> Result<(), TierError> {
     let key = || String::from_utf8_lossy(key).into_owned();
     match rule.verdict(row)? {
         Verdict::WrongType => {
             tracing::warn!(key = %key(), "rate-limit key holds another Redis type");
-            Err(Error::WrongType { key: key() })
+            Err(TierError::WrongType { key: key() })
         }
         Verdict::CorruptState => {
             tracing::warn!(key = %key(), "rate-limit key holds a foreign value");
-            Err(Error::CorruptState { key: key() })
+            Err(TierError::CorruptState { key: key() })
         }
         Verdict::Decided { .. } => Ok(()),
     }
@@ -199,15 +199,15 @@ pub(super) fn clock_unit(injected: bool) -> u64 {
     }
 }
 
-/// A script's reply as `n` rows of integers; anything else is [`Error::BadReply`].
-pub(super) fn rows(reply: Value, n: usize) -> Result<Vec<Vec<i64>>, Error> {
+/// A script's reply as `n` rows of integers; anything else is [`TierError::BadReply`].
+pub(super) fn rows(reply: Value, n: usize) -> Result<Vec<Vec<i64>>, TierError> {
     let Value::Array(items) = reply else {
-        return Err(Error::bad_reply(format!(
+        return Err(TierError::bad_reply(format!(
             "expected an array, got {reply:?}"
         )));
     };
     if items.len() != n {
-        return Err(Error::bad_reply(format!(
+        return Err(TierError::bad_reply(format!(
             "{} results for {n} checks",
             items.len()
         )));
@@ -219,12 +219,12 @@ pub(super) fn rows(reply: Value, n: usize) -> Result<Vec<Vec<i64>>, Error> {
                 .into_iter()
                 .map(|field| match field {
                     Value::Int(v) => Ok(v),
-                    other => Err(Error::bad_reply(format!(
+                    other => Err(TierError::bad_reply(format!(
                         "expected an integer, got {other:?}"
                     ))),
                 })
                 .collect(),
-            other => Err(Error::bad_reply(format!(
+            other => Err(TierError::bad_reply(format!(
                 "expected an array, got {other:?}"
             ))),
         })
@@ -233,12 +233,12 @@ pub(super) fn rows(reply: Value, n: usize) -> Result<Vec<Vec<i64>>, Error> {
 
 /// Spreads the replies of script calls over their items: the result of item `i` of each call
 /// goes to `results[i]` (a failed call fails each of its items); an item left without a result
-/// is a [`Error::BadReply`].
+/// is a [`TierError::BadReply`].
 pub(crate) fn scatter<T>(
-    mut results: Vec<Option<Result<T, Error>>>,
+    mut results: Vec<Option<Result<T, TierError>>>,
     calls: &[Vec<usize>],
-    replies: Vec<Result<Vec<Result<T, Error>>, Error>>,
-) -> Vec<Result<T, Error>> {
+    replies: Vec<Result<Vec<Result<T, TierError>>, TierError>>,
+) -> Vec<Result<T, TierError>> {
     for (chunk, reply) in calls.iter().zip(replies) {
         match reply {
             Ok(decided) => {
@@ -255,7 +255,7 @@ pub(crate) fn scatter<T>(
     }
     results
         .into_iter()
-        .map(|r| r.unwrap_or_else(|| Err(Error::bad_reply("an item got no result".into()))))
+        .map(|r| r.unwrap_or_else(|| Err(TierError::bad_reply("an item got no result".into()))))
         .collect()
 }
 

@@ -34,7 +34,7 @@
 //! its answer dropped. Nobody else's check fails, waits or is charged for it, and the lane
 //! goes on, since a call runs on its own task whatever its callers do. Every wait is bounded:
 //! a check answers within [`Lanes::deadline`] (its call and the calls ahead of it, each within
-//! the limiter's timeout), or fails with [`Error::Timeout`].
+//! the limiter's timeout), or fails with [`TierError::Timeout`].
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -49,7 +49,7 @@ use tokio::sync::{oneshot, Notify};
 
 use super::{Item, RedisConnection, RedisLimiter};
 use crate::decision::Decision;
-use crate::redis::error::Error;
+use crate::redis::error::TierError;
 
 /// The calls a lane keeps in flight on a single server.
 pub(crate) const PIPELINE: usize = 2;
@@ -116,7 +116,7 @@ impl Lane {
 /// A queued check: the item, and where its answer goes.
 struct Waiting {
     item: Item,
-    tx: oneshot::Sender<Result<Decision, Error>>,
+    tx: oneshot::Sender<Result<Decision, TierError>>,
 }
 
 /// One call of a lane, with the checks it carries. It frees its place in the lane when
@@ -250,7 +250,7 @@ impl Lanes {
             _ => {
                 let mut baton = baton;
                 for waiting in std::mem::take(&mut baton.batch) {
-                    let error = Error::Timeout {
+                    let error = TierError::Timeout {
                         timeout: Duration::ZERO,
                     };
                     let _ = waiting.tx.send(Err(error));
@@ -291,7 +291,7 @@ impl Lanes {
 impl<C: RedisConnection> RedisLimiter<C> {
     /// Decides `item` (a counting check), sharing a script call with the checks of its lane
     /// that arrive while the lane is busy.
-    pub(super) async fn coalesced(&self, item: Item) -> Result<Decision, Error> {
+    pub(super) async fn coalesced(&self, item: Item) -> Result<Decision, TierError> {
         let slot = C::CLUSTERED.then(|| Slot::for_key(&item.key));
         let id = (slot, item.at.is_some());
         let Some(lanes) = &self.lanes else {
@@ -310,7 +310,7 @@ impl<C: RedisConnection> RedisLimiter<C> {
             Ok(Ok(result)) => result,
             // The call's task ended without an answer (its runtime shut down).
             Ok(Err(_)) => Err(self.timed_out()),
-            Err(_) => Err(Error::Timeout {
+            Err(_) => Err(TierError::Timeout {
                 timeout: lanes.deadline,
             }),
         }
@@ -319,7 +319,7 @@ impl<C: RedisConnection> RedisLimiter<C> {
     /// Sends the baton's checks as one call (split at `max_batch`), then frees its place in
     /// the lane and answers each check. Runs on a task of its own.
     pub(super) async fn lead(&self, mut baton: Baton) {
-        let (items, txs): (Vec<Item>, Vec<oneshot::Sender<Result<Decision, Error>>>) =
+        let (items, txs): (Vec<Item>, Vec<oneshot::Sender<Result<Decision, TierError>>>) =
             std::mem::take(&mut baton.batch)
                 .into_iter()
                 .map(|w| (w.item, w.tx))

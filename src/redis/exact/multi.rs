@@ -6,7 +6,7 @@ use redis::cluster_routing::Slot;
 
 use super::{clock_unit, ours, rows, RedisConnection, RedisLimiter};
 use crate::decision::Decision;
-use crate::redis::error::Error;
+use crate::redis::error::TierError;
 use crate::redis::rule::{RedisRule, RuleError};
 use crate::redis::scripts::ScriptCall;
 
@@ -155,12 +155,12 @@ impl<C: RedisConnection> RedisMultiLimiter<C> {
     /// # Examples
     /// ```no_run
     /// # use tollgate::redis::RedisMultiLimiter;
-    /// # async fn demo(limiter: RedisMultiLimiter) -> Result<(), tollgate::redis::Error> {
+    /// # async fn demo(limiter: RedisMultiLimiter) -> Result<(), tollgate::redis::TierError> {
     /// let d = limiter.check("203.0.113.7").await?;
     /// println!("allowed={} remaining={}", d.allowed(), d.remaining());
     /// # Ok(()) }
     /// ```
-    pub async fn check(&self, key: impl AsRef<[u8]>) -> Result<Decision, Error> {
+    pub async fn check(&self, key: impl AsRef<[u8]>) -> Result<Decision, TierError> {
         self.check_n(key, 1).await
     }
 
@@ -168,18 +168,18 @@ impl<C: RedisConnection> RedisMultiLimiter<C> {
     /// them if all admit, in none otherwise.
     ///
     /// # Errors
-    /// [`Error::Capacity`] when a limit can never admit the cost (nothing is sent);
-    /// [`Error::NoHashTag`] on a Cluster for an empty key (its
-    /// limits' states would not share a slot); otherwise a transient or fatal [`Error`].
+    /// [`TierError::Capacity`] when a limit can never admit the cost (nothing is sent);
+    /// [`TierError::NoHashTag`] on a Cluster for an empty key (its
+    /// limits' states would not share a slot); otherwise a transient or fatal [`TierError`].
     ///
     /// # Examples
     /// ```no_run
     /// # use tollgate::redis::RedisMultiLimiter;
-    /// # async fn demo(limiter: RedisMultiLimiter) -> Result<(), tollgate::redis::Error> {
+    /// # async fn demo(limiter: RedisMultiLimiter) -> Result<(), tollgate::redis::TierError> {
     /// let export = limiter.check_n("tenant-7", 5).await?;
     /// # Ok(()) }
     /// ```
-    pub async fn check_n(&self, key: impl AsRef<[u8]>, cost: u64) -> Result<Decision, Error> {
+    pub async fn check_n(&self, key: impl AsRef<[u8]>, cost: u64) -> Result<Decision, TierError> {
         self.check_indexed(key.as_ref(), cost, None)
             .await
             .map(|(decision, _)| decision)
@@ -194,7 +194,7 @@ impl<C: RedisConnection> RedisMultiLimiter<C> {
     /// # Examples
     /// ```no_run
     /// # use tollgate::redis::RedisMultiLimiter;
-    /// # async fn demo(limiter: RedisMultiLimiter) -> Result<(), tollgate::redis::Error> {
+    /// # async fn demo(limiter: RedisMultiLimiter) -> Result<(), tollgate::redis::TierError> {
     /// let d = limiter.check_n_at("k", 1, 1_700_000_000_000_000_000).await?;
     /// # Ok(()) }
     /// ```
@@ -203,7 +203,7 @@ impl<C: RedisConnection> RedisMultiLimiter<C> {
         key: impl AsRef<[u8]>,
         cost: u64,
         at_nanos: u64,
-    ) -> Result<Decision, Error> {
+    ) -> Result<Decision, TierError> {
         self.check_indexed(key.as_ref(), cost, Some(at_nanos))
             .await
             .map(|(decision, _)| decision)
@@ -215,10 +215,10 @@ impl<C: RedisConnection> RedisMultiLimiter<C> {
         key: &[u8],
         cost: u64,
         at: Option<u64>,
-    ) -> Result<(Decision, usize), Error> {
+    ) -> Result<(Decision, usize), TierError> {
         for rule in self.rules.iter() {
             if cost > rule.capacity() {
-                return Err(Error::Capacity {
+                return Err(TierError::Capacity {
                     cost,
                     capacity: rule.capacity(),
                 });
@@ -233,7 +233,7 @@ impl<C: RedisConnection> RedisMultiLimiter<C> {
                 .iter()
                 .any(|k| Slot::for_key(k) != Slot::for_key(&keys[0]))
         {
-            return Err(Error::NoHashTag {
+            return Err(TierError::NoHashTag {
                 key: String::from_utf8_lossy(key).into_owned(),
             });
         }
@@ -277,7 +277,7 @@ impl<C: RedisConnection> RedisMultiLimiter<C> {
                 tightest = Some((decision, index));
             }
         }
-        tightest.ok_or_else(|| Error::bad_reply("no limit decided".into()))
+        tightest.ok_or_else(|| TierError::bad_reply("no limit decided".into()))
     }
 }
 

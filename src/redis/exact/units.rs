@@ -8,7 +8,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use redis::Value;
 
 use super::{join_all, scatter, RedisConnection, RedisLimiter};
-use crate::redis::error::Error;
+use crate::redis::error::TierError;
 use crate::redis::rule::{Kind, RedisRule};
 use crate::redis::scripts::{scripts, ScriptCall};
 
@@ -139,7 +139,7 @@ impl<C: RedisConnection> RedisLimiter<C> {
         &self,
         algo: Algo,
         items: &[Units],
-    ) -> (Vec<Result<Reply, Error>>, u64) {
+    ) -> (Vec<Result<Reply, TierError>>, u64) {
         let all: Vec<usize> = (0..items.len()).collect();
         let calls = self.plan_calls(&all, |i| &items[i].key);
         let replies = join_all(
@@ -159,7 +159,7 @@ impl<C: RedisConnection> RedisLimiter<C> {
         algo: Algo,
         items: &[Units],
         chunk: &[usize],
-    ) -> Result<Vec<Result<Reply, Error>>, Error> {
+    ) -> Result<Vec<Result<Reply, TierError>>, TierError> {
         let (gcra_script, window_script) = (&scripts().lease_gcra, &scripts().lease_window);
         let [first, second] = self.rule().script_params();
         let (script, mode) = match algo {
@@ -194,12 +194,12 @@ impl<C: RedisConnection> RedisLimiter<C> {
         }
         let reply = self.invoke(&invocation, true).await?;
         let Value::Array(replies) = reply else {
-            return Err(Error::bad_reply(format!(
+            return Err(TierError::bad_reply(format!(
                 "expected an array, got {reply:?}"
             )));
         };
         if replies.len() != chunk.len() {
-            return Err(Error::bad_reply(format!(
+            return Err(TierError::bad_reply(format!(
                 "{} results for {} items",
                 replies.len(),
                 chunk.len()
@@ -239,7 +239,10 @@ impl<C: RedisConnection> RedisLimiter<C> {
     /// Charges `items` to sliding logs (the rule's), never denied: one script call per Cluster
     /// slot, pipelined. One result per item, in order: the units charged (0 when they had
     /// expired already). Also returns the number of script calls sent.
-    pub(crate) async fn charge_log(&self, items: &[LogCharge]) -> (Vec<Result<u64, Error>>, u64) {
+    pub(crate) async fn charge_log(
+        &self,
+        items: &[LogCharge],
+    ) -> (Vec<Result<u64, TierError>>, u64) {
         let all: Vec<usize> = (0..items.len()).collect();
         let calls = self.plan_calls(&all, |i| &items[i].key);
         let replies = join_all(
@@ -257,7 +260,7 @@ impl<C: RedisConnection> RedisLimiter<C> {
         &self,
         items: &[LogCharge],
         chunk: &[usize],
-    ) -> Result<Vec<Result<u64, Error>>, Error> {
+    ) -> Result<Vec<Result<u64, TierError>>, TierError> {
         let script = &scripts().charge_log;
         let [limit, window] = self.rule().script_params();
         let mut invocation = ScriptCall::new(script);
@@ -287,10 +290,10 @@ impl<C: RedisConnection> RedisLimiter<C> {
                     [1, n] => u64::try_from(n)
                         .ok()
                         .filter(|n| *n <= item.sent())
-                        .ok_or_else(|| Error::bad_reply(format!("charged {n} units"))),
-                    [-1, _] => Err(Error::WrongType { key: key() }),
-                    [-2, _] => Err(Error::CorruptState { key: key() }),
-                    _ => Err(Error::bad_reply(format!("log charge reply {row:?}"))),
+                        .ok_or_else(|| TierError::bad_reply(format!("charged {n} units"))),
+                    [-1, _] => Err(TierError::WrongType { key: key() }),
+                    [-2, _] => Err(TierError::CorruptState { key: key() }),
+                    _ => Err(TierError::bad_reply(format!("log charge reply {row:?}"))),
                 }
             })
             .collect())
@@ -299,14 +302,14 @@ impl<C: RedisConnection> RedisLimiter<C> {
 
 /// One item of a units script's reply, checked against the scripts' contract: anything else
 /// is an error, never a panic.
-pub(crate) fn parse(algo: Algo, key: &[u8], item: Value, asked: u64) -> Result<Reply, Error> {
-    let bad = |detail: String| Err(Error::bad_reply(detail));
+pub(crate) fn parse(algo: Algo, key: &[u8], item: Value, asked: u64) -> Result<Reply, TierError> {
+    let bad = |detail: String| Err(TierError::bad_reply(detail));
     let fields: Vec<i64> = match item {
         Value::Array(fields) if fields.len() == 7 => fields
             .into_iter()
             .map(|f| match f {
                 Value::Int(v) => Ok(v),
-                other => Err(Error::bad_reply(format!(
+                other => Err(TierError::bad_reply(format!(
                     "expected an integer, got {other:?}"
                 ))),
             })
@@ -316,8 +319,8 @@ pub(crate) fn parse(algo: Algo, key: &[u8], item: Value, asked: u64) -> Result<R
     let key = || String::from_utf8_lossy(key).into_owned();
     match fields[0] {
         1 => {}
-        -1 => return Err(Error::WrongType { key: key() }),
-        -2 => return Err(Error::CorruptState { key: key() }),
+        -1 => return Err(TierError::WrongType { key: key() }),
+        -2 => return Err(TierError::CorruptState { key: key() }),
         code => return bad(format!("units code {code}")),
     }
     let in_range = |v: i64, max: u64| u64::try_from(v).ok().filter(|v| *v <= max);
@@ -423,7 +426,7 @@ mod tests {
         let wrong = Value::Array([-1, 0, 0, 0, 0, 0, 0].map(Value::Int).to_vec());
         assert!(matches!(
             parse(algos[0], b"k", wrong, 10),
-            Err(Error::WrongType { .. })
+            Err(TierError::WrongType { .. })
         ));
     }
 }

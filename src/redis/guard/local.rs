@@ -87,7 +87,7 @@ impl Local {
     }
 
     #[inline]
-    pub(super) fn check(&self, key: &[u8], cost: u64) -> Result<Decision, crate::Error> {
+    pub(super) fn check(&self, key: &[u8], cost: u64) -> Result<Decision, crate::LimitError> {
         match self {
             Local::Gcra(l) => l.check_n(key, cost),
             Local::Queue(l) => l.check_n(key, cost),

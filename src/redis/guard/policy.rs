@@ -8,12 +8,12 @@ use std::time::Duration;
 ///
 /// # Examples
 /// ```
-/// use tollgate::redis::{FailureHandling, FailurePolicy, Mode};
+/// use tollgate::redis::{FailureHandling, FailurePolicy, GuardMode};
 /// // A login endpoint: better to refuse than to let a credential-stuffing burst through.
 /// let handling = FailureHandling::new(FailurePolicy::FailClosed);
 /// assert_eq!(handling.policy(), FailurePolicy::FailClosed);
 /// // While Redis is down, a limiter's mode names the policy deciding.
-/// assert_ne!(Mode::Degraded(FailurePolicy::FailClosed), Mode::Global);
+/// assert_ne!(GuardMode::Degraded(FailurePolicy::FailClosed), GuardMode::Global);
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum FailurePolicy {
@@ -52,20 +52,20 @@ pub enum FailurePolicy {
 ///
 /// # Examples
 /// ```
-/// use tollgate::redis::{FailurePolicy, Mode};
-/// fn header(mode: Mode) -> &'static str {
+/// use tollgate::redis::{FailurePolicy, GuardMode};
+/// fn header(mode: GuardMode) -> &'static str {
 ///     match mode {
-///         Mode::Global => "global",
-///         Mode::Degraded(FailurePolicy::Local) => "local-share",
-///         Mode::Degraded(FailurePolicy::FailOpen | FailurePolicy::FailClosed) => "degraded",
+///         GuardMode::Global => "global",
+///         GuardMode::Degraded(FailurePolicy::Local) => "local-share",
+///         GuardMode::Degraded(FailurePolicy::FailOpen | FailurePolicy::FailClosed) => "degraded",
 ///     }
 /// }
-/// assert_eq!(header(Mode::Degraded(FailurePolicy::Local)), "local-share");
+/// assert_eq!(header(GuardMode::Degraded(FailurePolicy::Local)), "local-share");
 /// ```
 /// A live limiter reports its mode with [`GuardedLimiter::mode`](super::GuardedLimiter::mode) and
 /// [`LeasedLimiter::mode`](crate::redis::LeasedLimiter::mode).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Mode {
+pub enum GuardMode {
     /// Redis answers: every check is exact and global.
     Global,
     /// Redis is unreachable: checks are decided by this policy.

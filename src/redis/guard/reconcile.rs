@@ -28,7 +28,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use dashmap::DashMap;
 
-use crate::redis::error::Error;
+use crate::redis::error::TierError;
 use crate::redis::exact::units::wall_nanos;
 use crate::redis::exact::{
     new_token, Algo, LogCharge, RedisConnection, RedisLimiter, UnitOp, Units,
@@ -249,7 +249,7 @@ impl Ledger {
     pub(super) async fn settle<C: RedisConnection>(
         &self,
         exact: &RedisLimiter<C>,
-    ) -> Result<(), Error> {
+    ) -> Result<(), TierError> {
         let now = wall_nanos();
         let mut batch: Vec<(Box<[u8]>, Charge)> = Vec::new();
         for mut entry in self.owed.iter_mut() {
@@ -287,9 +287,9 @@ impl Ledger {
         exact: &RedisLimiter<C>,
         slice: &[(Box<[u8]>, Charge)],
         now: u64,
-        first_error: &mut Option<Error>,
+        first_error: &mut Option<TierError>,
     ) {
-        let results: Vec<Result<u64, Error>> = match self.target {
+        let results: Vec<Result<u64, TierError>> = match self.target {
             Target::Units(algo) => {
                 let items: Vec<Units> = slice
                     .iter()

@@ -10,7 +10,7 @@ use parking_lot::Mutex;
 
 use super::word::{pack, usable, LeaseWord};
 use crate::clock::Nanos;
-use crate::redis::error::Error;
+use crate::redis::error::TierError;
 
 /// One key's lease on this node.
 pub(super) struct Lease {
@@ -24,7 +24,7 @@ pub(super) struct Lease {
     /// `retry_after` of a denial.
     pub retry_at: AtomicU64,
     /// A fatal error from the last refill, returned by checks the lease cannot serve.
-    error: Mutex<Option<Error>>,
+    error: Mutex<Option<TierError>>,
     failed: AtomicBool,
     /// The refill and sweeper's bookkeeping (never touched by a check).
     pub bg: Mutex<Bg>,
@@ -154,7 +154,7 @@ impl Lease {
     }
 
     /// The fatal error the last refill met, if it did.
-    pub fn fatal(&self) -> Option<Error> {
+    pub fn fatal(&self) -> Option<TierError> {
         // Relaxed: the error itself is read under its mutex.
         if self.failed.load(Ordering::Relaxed) {
             self.error.lock().clone()
@@ -164,7 +164,7 @@ impl Lease {
     }
 
     /// Records the outcome of a refill: `Some` fatal error, or `None` (it succeeded).
-    pub fn set_fatal(&self, error: Option<Error>) {
+    pub fn set_fatal(&self, error: Option<TierError>) {
         let failed = error.is_some();
         *self.error.lock() = error;
         // Relaxed: the error itself is under its mutex.

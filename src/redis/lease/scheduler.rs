@@ -16,9 +16,9 @@ use super::grant::{install, prepare};
 use super::route::Route;
 use super::word::{deadline_of, expired, now_ms, units_of, usable};
 use crate::clock::{Clock, Nanos, QuantaClock};
-use crate::redis::error::Error;
+use crate::redis::error::TierError;
 use crate::redis::exact::{new_token, RedisConnection, RedisLimiter, Reply, UnitOp, Units};
-use crate::redis::guard::{GuardedLimiter, Mode};
+use crate::redis::guard::{GuardMode, GuardedLimiter};
 
 /// The leases of one node and what serves them.
 pub(super) struct Node<C: RedisConnection> {
@@ -120,7 +120,7 @@ impl<C: RedisConnection> Node<C> {
     /// `max_batch` keys) and installs the grants. While the breaker is open, no request is
     /// sent: the policy decides, and the next check after recovery asks again.
     async fn refill_batch(&self, batch: Vec<Queued>) {
-        let global = self.guard.mode() == Mode::Global;
+        let global = self.guard.mode() == GuardMode::Global;
         let mut asks = Vec::with_capacity(batch.len());
         let mut done = Vec::with_capacity(batch.len());
         for Queued { lease, at } in batch {
@@ -216,7 +216,7 @@ impl<C: RedisConnection> Node<C> {
     fn finish(
         &self,
         lease: &Lease,
-        result: Result<Reply, Error>,
+        result: Result<Reply, TierError>,
         t0: Nanos,
         ask: (u64, u64),
     ) -> Option<(UnitOp, u64)> {

@@ -4,7 +4,7 @@
 
 use crate::decision::{Decision, Remaining};
 
-use super::super::error::Error;
+use super::super::error::TierError;
 use super::{Kind, RedisRule};
 
 /// What one item of a script's reply says, before its figures are computed.
@@ -18,16 +18,18 @@ pub(crate) enum Verdict {
 /// Every value a script returns is an integer below 2^53 (or −1 for "none").
 const REPLY_MAX: i64 = 1 << 53;
 
-fn field(reply: &[i64], i: usize) -> Result<u64, Error> {
+fn field(reply: &[i64], i: usize) -> Result<u64, TierError> {
     match reply.get(i) {
         Some(&v) if (0..REPLY_MAX).contains(&v) => Ok(v as u64),
-        Some(&v) => Err(Error::bad_reply(format!("field {i} is {v}, out of range"))),
-        None => Err(Error::bad_reply(format!("field {i} is missing"))),
+        Some(&v) => Err(TierError::bad_reply(format!(
+            "field {i} is {v}, out of range"
+        ))),
+        None => Err(TierError::bad_reply(format!("field {i} is missing"))),
     }
 }
 
 /// `-1` (none) or a value in range.
-fn optional(reply: &[i64], i: usize) -> Result<Option<u64>, Error> {
+fn optional(reply: &[i64], i: usize) -> Result<Option<u64>, TierError> {
     match reply.get(i) {
         Some(-1) => Ok(None),
         _ => field(reply, i).map(Some),
@@ -36,14 +38,14 @@ fn optional(reply: &[i64], i: usize) -> Result<Option<u64>, Error> {
 
 impl RedisRule {
     /// The verdict code of one reply item, and the number of fields the item must have.
-    pub(crate) fn verdict(&self, reply: &[i64]) -> Result<Verdict, Error> {
+    pub(crate) fn verdict(&self, reply: &[i64]) -> Result<Verdict, TierError> {
         let fields = match self.kind {
             Kind::Gcra { .. } => 2,
             Kind::FixedWindow { .. } => 3,
             Kind::SlidingWindow { .. } | Kind::SlidingLog { .. } => 4,
         };
         if reply.len() != fields {
-            return Err(Error::bad_reply(format!(
+            return Err(TierError::bad_reply(format!(
                 "an item of {} fields, expected {fields}",
                 reply.len()
             )));
@@ -53,19 +55,24 @@ impl RedisRule {
             0 => Ok(Verdict::Decided { allowed: false }),
             -1 => Ok(Verdict::WrongType),
             -2 => Ok(Verdict::CorruptState),
-            code => Err(Error::bad_reply(format!("verdict code {code}"))),
+            code => Err(TierError::bad_reply(format!("verdict code {code}"))),
         }
     }
 
     /// The decision for a request of `cost ≤ capacity()` from a script's reply item, with the
     /// durations rounded up to a multiple of `unit` ns (the clock's unit: 1 µs for the server's
     /// `TIME`, 1 ns for injected time).
-    pub(crate) fn decision(&self, cost: u64, reply: &[i64], unit: u64) -> Result<Decision, Error> {
+    pub(crate) fn decision(
+        &self,
+        cost: u64,
+        reply: &[i64],
+        unit: u64,
+    ) -> Result<Decision, TierError> {
         let allowed = match self.verdict(reply)? {
             Verdict::Decided { allowed } => allowed,
             // Handled by the caller, which knows the key.
             Verdict::WrongType | Verdict::CorruptState => {
-                return Err(Error::bad_reply("not a decision".into()))
+                return Err(TierError::bad_reply("not a decision".into()))
             }
         };
         let figures = match self.kind {
@@ -96,7 +103,7 @@ impl RedisRule {
             )?,
         };
         if figures.allowed != allowed {
-            return Err(Error::bad_reply(format!(
+            return Err(TierError::bad_reply(format!(
                 "the script {} a request the state it returned {}",
                 if allowed { "allowed" } else { "denied" },
                 if allowed { "denies" } else { "allows" }
@@ -146,9 +153,9 @@ fn gcra(interval: u64, span: u64, queue: bool, cost: u64, debt: u64) -> Figures 
 }
 
 /// decision rules §4 from `e` (time into the window) and `n` (units admitted in it).
-fn fixed_window(limit: u64, window: u64, cost: u64, e: u64, n: u64) -> Result<Figures, Error> {
+fn fixed_window(limit: u64, window: u64, cost: u64, e: u64, n: u64) -> Result<Figures, TierError> {
     if e >= window {
-        return Err(Error::bad_reply(format!(
+        return Err(TierError::bad_reply(format!(
             "{e} ns into a window of {window}"
         )));
     }
@@ -172,9 +179,9 @@ fn sliding_window(
     e: u64,
     prev: u64,
     cur: u64,
-) -> Result<Figures, Error> {
+) -> Result<Figures, TierError> {
     if e >= window {
-        return Err(Error::bad_reply(format!(
+        return Err(TierError::bad_reply(format!(
             "{e} ns into a window of {window}"
         )));
     }
@@ -252,9 +259,9 @@ fn sliding_log(
     count: u64,
     age_retry: Option<u64>,
     age_newest: Option<u64>,
-) -> Result<Figures, Error> {
+) -> Result<Figures, TierError> {
     let live = |age: Option<u64>| match age {
-        Some(age) if age >= window => Err(Error::bad_reply(format!(
+        Some(age) if age >= window => Err(TierError::bad_reply(format!(
             "a live entry {age} ns old in a window of {window}"
         ))),
         _ => Ok(age),
@@ -265,14 +272,14 @@ fn sliding_log(
     let retry_after = match (allowed, age_retry) {
         (true, _) => 0,
         (false, Some(age)) => window - age,
-        (false, None) => return Err(Error::bad_reply("a denial without its entry".into())),
+        (false, None) => return Err(TierError::bad_reply("a denial without its entry".into())),
     };
     let reset_after = match (count_after, allowed && cost > 0, age_newest) {
         (0, _, _) => 0,
         // The request's own entries are (or, for a peek, would be) the newest.
         (_, true, _) => window,
         (_, false, Some(age)) => window - age,
-        (_, false, None) => return Err(Error::bad_reply("units without an entry".into())),
+        (_, false, None) => return Err(TierError::bad_reply("units without an entry".into())),
     };
     Ok(Figures {
         allowed,
