@@ -1,0 +1,103 @@
+//! Finding a key: lock-free in this thread's cached table, or under the shard lock, in the
+//! drains as well as the table.
+
+use std::borrow::Borrow;
+use std::hash::{BuildHasher, Hash};
+
+use super::super::cell::TableCell;
+use super::shards::*;
+use super::slots::*;
+use crate::sync::Ordering;
+
+impl<K: Clone + Hash + Eq + Send + Sync, H: BuildHasher, C: TableCell> WordTable<K, H, C> {
+    /// The authoritative lookup after a miss on the lock-free path: under the shard lock, in
+    /// the drain as well as the table.
+    #[cold]
+    #[inline(never)]
+    pub(super) fn existing_locked<Q, R>(
+        &self,
+        index: usize,
+        hash: u64,
+        key: &Q,
+        era: u64,
+        f: impl FnMut(&C) -> Option<R>,
+    ) -> Option<R>
+    where
+        K: Borrow<Q>,
+        Q: Eq + ?Sized,
+    {
+        let mut shard = self.shards[index].lock();
+        self.enter_era(&mut shard, era);
+        // Lookups drain too (moving keys only: no judge here), so that a drain ends, and its
+        // table is freed, even when no insert comes. Before the key is taken from the drains:
+        // a step may chain the table, and the key must be in the table that is looked in.
+        self.drain(&mut shard, self.drain_step, None);
+        self.take_from_drain(&mut shard, hash, key);
+        Self::release(&mut shard);
+        self.note_retired(index, &shard);
+        let at = find(&shard.table, hash, key).ok()?;
+        // Under the lock the cell is neither moved nor evicted: `f` sees a live state or a
+        // tombstone (absent).
+        let mut f = f;
+        f(&shard.table[at].state)
+    }
+
+    /// The lock-free lookup. `Err` when the key is not in this thread's cached table of the
+    /// shard, or is tombstoned there.
+    #[inline]
+    pub(super) fn existing_fast<Q, R>(
+        &self,
+        hash: u64,
+        shard: usize,
+        key: &Q,
+        era: u64,
+        mut f: impl FnMut(&C) -> Option<R>,
+    ) -> Option<R>
+    where
+        K: Borrow<Q>,
+        Q: Eq + ?Sized,
+    {
+        let retired = self.retired;
+        self.cache.with(|cache| {
+            // Relaxed: a hint (see `note_retired`). Before the decision: a key's `Drop` that
+            // panics as a table is released then interrupts a call that decided nothing.
+            if self.releasing.0[shard].load(Ordering::Relaxed) {
+                self.help_release(shard, &cache.help);
+            }
+            let cached = &cache.tables[shard];
+            let mut table = cached.take();
+            let mut fetched = false;
+            // One loop and one call of `f`, so that its result stays in registers: a second
+            // path returning it through memory made the compiler copy every decision through
+            // the stack, and the copy stalled on store forwarding (benches/README.md).
+            let result = loop {
+                if let Some(table) = table.as_deref() {
+                    // A table of an older era than the rule's is never decided on: its states
+                    // are carried into the new era first, under the lock. (For the rules
+                    // without eras, `era` is 0 and this test compiles away.)
+                    if table.era() >= era {
+                        match find(table, hash, key) {
+                            Err(_) => break None,
+                            Ok(at) => {
+                                let slot = &table[at];
+                                let result = f(&slot.state);
+                                // Moved is final: the table is stale. A tombstone (or a key
+                                // revived since): absent here; the locked path looks again.
+                                if result.is_some() || !slot.state.is_moved(retired) {
+                                    break result;
+                                }
+                            }
+                        }
+                    } else if fetched {
+                        break None; // the shard itself is behind: the locked path moves it on
+                    }
+                }
+                // No table of the shard cached yet, or a stale one.
+                table = Some(self.current(shard));
+                fetched = true;
+            };
+            cached.set(table);
+            result
+        })
+    }
+}

@@ -1,0 +1,390 @@
+//! Replacing a full table: sizing the next one, draining the old one a few slots per call
+//! (moving live keys, evicting fresh ones at the bound), chaining a table that fills before
+//! its drain ends, and the tables built ahead or kept as spares.
+
+use std::borrow::Borrow;
+use std::hash::{BuildHasher, Hash};
+
+use super::super::cell::TableCell;
+use super::shards::*;
+use super::slots::*;
+use crate::clock::Nanos;
+use crate::sync::{Arc, AtomicU64, Ordering};
+
+impl<K: Clone + Hash + Eq + Send + Sync, H: BuildHasher, C: TableCell> WordTable<K, H, C> {
+    /// Replaces `shard`'s table by an empty one and starts draining the old one. Below the
+    /// store's [`WordTable::evict_above`] share, the new table holds every live key, as a hash
+    /// map grows. At or above it, fresh keys unused since `since` may go: the keys kept are
+    /// estimated by judging [`SAMPLE`] slots spread over the old table (evicting the fresh ones
+    /// at once), and the new table is sized for them and the inserts until the drain ends, or
+    /// to hold the share if that is more (the store does not shrink below what it may hold: a
+    /// smaller table's short cycles would evict clients that come back). With a drain still
+    /// running (the estimate was low), the table joins it instead ([`WordTable::chain`]).
+    pub(super) fn replace_table(
+        &self,
+        shard: &mut Shard<K, C>,
+        judge: Option<&mut Judge<'_, C>>,
+        since: Nanos,
+    ) {
+        if !shard.drains.is_empty() {
+            return self.chain(shard, since);
+        }
+        let (slots, since) = match judge {
+            Some(fresh) if shard.live >= self.keep => {
+                let kept = self.estimate_kept(shard, fresh);
+                let room = self.drain_inserts(shard.table.len());
+                (self.bound_slots(kept, room), Some(since))
+            }
+            // (No room for the drain's inserts here: the larger table takes a quarter of its
+            // keys in inserts before it fills, and the drain ends after a sixteenth.)
+            _ => (sized_for(shard.live), None),
+        };
+        let era = shard.table.era();
+        let next = Self::fresh_table(shard, slots, era);
+        self.start_drain(shard, next, since);
+    }
+
+    /// Makes `next` the shard's table and starts draining the one it replaces, whose live keys
+    /// are the shard's not in a drain already.
+    pub(super) fn start_drain(
+        &self,
+        shard: &mut Shard<K, C>,
+        next: Arc<Table<K, C>>,
+        since: Option<Nanos>,
+    ) {
+        let in_drains: usize = shard.drains.iter().map(|drain| drain.left).sum();
+        let from = std::mem::replace(&mut shard.table, next);
+        shard.drains.push(Drain {
+            start: shard.hand % from.len(),
+            from,
+            next: 0,
+            since,
+            left: shard.live - in_drains,
+        });
+        shard.used = 0;
+    }
+
+    /// The slots of the table a shard at its `evict_above` share moves to when the drain will
+    /// keep `kept` keys: room for the `room` inserts until the drain ends, and as many after
+    /// it, and never less than the share (what [`WordTable::build_next`] builds ahead).
+    pub(super) fn bound_slots(&self, kept: usize, room: usize) -> usize {
+        holding(kept.saturating_add(2 * room).max(self.keep))
+    }
+
+    /// The fallback when the shard's table fills while a drain into it runs (the estimate
+    /// that sized it was low): the table joins the drains, and is replaced by one sized for
+    /// every live key and for the inserts until every drain ends, which neither the drains nor
+    /// those inserts can overfill. Rare. No key is visited here, so the call's work stays one
+    /// drain step; but the new table may have to be allocated (a spare or a table built ahead
+    /// serves if one fits): the one call that initialises a table's slots at once. Its drain
+    /// evicts, as the drain before it does, keys unused since `since`.
+    #[cold]
+    #[inline(never)]
+    pub(super) fn chain(&self, shard: &mut Shard<K, C>, since: Nanos) {
+        let era = shard.table.era();
+        self.chain_into(shard, since, era);
+    }
+
+    /// [`WordTable::chain`], into a table of era `era`.
+    pub(super) fn chain_into(&self, shard: &mut Shard<K, C>, since: Nanos, era: u64) {
+        let unvisited = |drain: &Drain<K, C>| drain.from.len() - drain.next;
+        let room = shard
+            .drains
+            .iter()
+            .map(|drain| self.drain_inserts(unvisited(drain)))
+            .sum::<usize>()
+            + self.drain_inserts(shard.table.len());
+        let evicting = shard
+            .drains
+            .last()
+            .is_some_and(|drain| drain.since.is_some());
+        let next = Self::fresh_table(shard, sized_for(shard.live.saturating_add(room)), era);
+        self.start_drain(shard, next, evicting.then_some(since));
+    }
+
+    /// Moves the shard into era `era` if its table is of an older one (see "Re-anchoring" in
+    /// the module docs).
+    #[inline]
+    pub(super) fn enter_era(&self, shard: &mut Shard<K, C>, era: u64) {
+        if shard.table.era() < era {
+            self.forget(shard, era);
+        }
+    }
+
+    /// A table with no live key takes the new era in place. Any other joins the drains, as a
+    /// full table does ([`WordTable::chain`]): its keys are carried into a table of the new
+    /// era as the drain visits them or as they are looked up, a drain step per call. No key
+    /// is visited here.
+    #[cold]
+    #[inline(never)]
+    pub(super) fn forget(&self, shard: &mut Shard<K, C>, era: u64) {
+        if shard.live == 0 && shard.drains.is_empty() {
+            // Relaxed: see `Table::era`.
+            shard.table.era.store(era, Ordering::Relaxed);
+            return;
+        }
+        let since = shard.filled_at;
+        self.chain_into(shard, since, era);
+    }
+
+    /// How many of the shard's live keys a drain judged by `fresh` would keep, from a sample
+    /// of its table (whose fresh keys are evicted now). Errs high: `(k + 4) / (n + 4)` of the
+    /// live keys when `k` of the `n` live keys sampled are kept.
+    pub(super) fn estimate_kept(&self, shard: &mut Shard<K, C>, fresh: &mut Judge<'_, C>) -> usize {
+        let retired = self.retired;
+        let table = &shard.table;
+        let step = (table.len() / SAMPLE).max(1);
+        let (mut sampled, mut kept, mut gone) = (0usize, 0usize, 0usize);
+        for i in (0..table.len()).step_by(step).take(SAMPLE) {
+            let slot = &table[i];
+            work::visited(1);
+            if table.key(i).is_none() || !slot.state.is_live(retired) {
+                continue;
+            }
+            sampled += 1;
+            if fresh(&slot.state) {
+                gone += 1;
+            } else {
+                kept += 1;
+            }
+        }
+        shard.evict(gone);
+        let estimate = shard.live as u128 * (kept as u128 + 4) / (sampled as u128 + 4);
+        estimate as usize
+    }
+
+    /// Visits up to `budget` slots of the shard's oldest drain (it ends there if it ends
+    /// within them): a live key is evicted if `judge` finds it fresh (this is when its memory
+    /// is needed), else moved (rule 2).
+    pub(super) fn drain(
+        &self,
+        shard: &mut Shard<K, C>,
+        budget: usize,
+        mut judge: Option<&mut Judge<'_, C>>,
+    ) {
+        let mut visited = 0;
+        while let Some(drain) = shard.drains.first() {
+            if drain.left == 0 || drain.next == drain.from.len() {
+                let drain = shard.drains.remove(0);
+                Self::drained(shard, drain);
+                break;
+            }
+            if visited == budget {
+                break;
+            }
+            if over_full(shard.used + 1, shard.table.len()) {
+                // The table would overfill: it joins the drains.
+                let since = shard.filled_at;
+                self.chain(shard, since);
+                continue;
+            }
+            // The drain is left in place: a key's `Hash`, `Eq` or `Clone` that panics in the
+            // visit leaves the slot as it was, to be visited again.
+            let at = drain.index(drain.next);
+            let visit = self.visit(&drain.from, at, &shard.table, judge.as_deref_mut());
+            let drain = &mut shard.drains[0];
+            drain.next += 1;
+            visited += 1;
+            work::visited(1);
+            match visit {
+                Visit::Empty => {}
+                Visit::Moved => {
+                    shard.used += 1;
+                    drain.left -= 1;
+                }
+                Visit::Evicted => {
+                    drain.left -= 1;
+                    shard.evict(1);
+                }
+            }
+        }
+    }
+
+    /// A drain ended. One that evicted (the shard is at its `evict_above` share, where a
+    /// table is replaced by one of about its size) leaves its table as the shard's spare; a
+    /// growing shard's old table (it will not be wanted again) is retired, to be released a
+    /// few slots per insert.
+    pub(super) fn drained(shard: &mut Shard<K, C>, drain: Drain<K, C>) {
+        if drain.since.is_some() {
+            let spare = Spare {
+                table: drain.from,
+                cleared: 0,
+            };
+            if let Some(old) = shard.spare.replace(spare) {
+                shard.retiring.push(old.table);
+            }
+        } else {
+            shard.retiring.push(drain.from);
+        }
+    }
+
+    /// An empty table of at least `slots` slots: the spare if it is cleared, or the table
+    /// built ahead if it is complete, and not more than half as large again; else a new one
+    /// (and the spare or the table built ahead is freed).
+    pub(super) fn fresh_table(shard: &mut Shard<K, C>, slots: usize, era: u64) -> Arc<Table<K, C>> {
+        let len = table_len(slots);
+        let fits = |table_len: usize| (len..=len + len / 2).contains(&table_len);
+        if let Some(spare) = shard.spare.take() {
+            if spare.cleared == spare.table.len() && fits(spare.table.len()) {
+                // A key left in it would be found by probes (or fill it past its count).
+                debug_assert!(
+                    spare
+                        .table
+                        .tags
+                        .iter()
+                        .all(|t| t.load(Ordering::Relaxed) == 0),
+                    "a reused spare holds keys"
+                );
+                // Relaxed: no thread caches the spare; the lock publishes it.
+                spare.table.era.store(era, Ordering::Relaxed);
+                shard.spares_reused += 1;
+                return spare.table;
+            }
+            shard.retiring.push(spare.table);
+        }
+        if let Some(next) = shard.next.take() {
+            if next.slots.len() == next.len && fits(next.len) {
+                // Both vectors are full to capacity: no copy, no reallocation.
+                return Arc::new(Table {
+                    tags: next.tags.into_boxed_slice(),
+                    slots: next.slots.into_boxed_slice(),
+                    era: AtomicU64::new(era),
+                });
+            }
+            shard.freeing.push(Freeing {
+                tags: next.tags.into_boxed_slice(),
+                slots: next.slots,
+            });
+        }
+        shard.allocated_large += usize::from(len > BUILD_ABOVE);
+        new_table(slots, era)
+    }
+
+    /// Builds [`BUILD_STEP`] more slots of the table the shard will move to, once its table is
+    /// [`BUILD_FROM`] (27/28) of its capacity, so that the insert that finds it full allocates
+    /// and fills nothing (a large table is up to ~1 MB at the default bound: hundreds of µs in
+    /// one call otherwise). The table [`WordTable::replace_table`] will want: below the
+    /// `evict_above` share, one for the live keys the shard will hold when full; at it, one for
+    /// the share and the drain's inserts, unless the shard has a spare of that size to reuse
+    /// (then nothing is built: a table built there was never used, and held ~1 MB a shard).
+    pub(super) fn build_next(&self, shard: &mut Shard<K, C>) {
+        let len = shard.table.len();
+        if shard.next.is_none() {
+            if !shard.drains.is_empty() || shard.used * BUILD_FROM.1 <= capacity(len) * BUILD_FROM.0
+            {
+                return;
+            }
+            let at_full = shard.live + capacity(len).saturating_sub(shard.used);
+            let target = if at_full < self.keep {
+                table_len(sized_for(at_full))
+            } else if shard.spare.is_none() {
+                table_len(self.bound_slots(self.keep, self.drain_inserts(len)))
+            } else {
+                return;
+            };
+            if target <= BUILD_ABOVE {
+                return;
+            }
+            shard.next = Some(Building {
+                tags: Vec::with_capacity(target / 8),
+                slots: Vec::with_capacity(target),
+                len: target,
+            });
+        }
+        if let Some(next) = &mut shard.next {
+            let end = next.len.min(next.slots.len() + BUILD_STEP);
+            next.slots.resize_with(end, Slot::empty);
+            next.tags.resize_with(end / 8, || AtomicU64::new(0));
+        }
+    }
+
+    /// Evicts or moves the key of slot `at` of `from` (a drained table) into `to`, which must
+    /// have room for it (not `over_full` with one more key: `find` then ends at an empty slot).
+    pub(super) fn visit<'j>(
+        &self,
+        from: &Table<K, C>,
+        at: usize,
+        to: &Table<K, C>,
+        judge: Option<&mut Judge<'j, C>>,
+    ) -> Visit {
+        let Some(key) = from.key(at) else {
+            return Visit::Empty;
+        };
+        let slot = &from[at];
+        let retired = self.retired;
+        // A judge retires the cell itself (one CAS to the tombstone), so an admission racing
+        // it either lands first, and the key is not fresh any more, or sees the tombstone.
+        if judge.is_some_and(|fresh| fresh(&slot.state)) {
+            return Visit::Evicted;
+        }
+        if !slot.state.is_live(retired) {
+            return Visit::Empty; // a tombstone (dropped with its table), or moved already
+        }
+        // The key's own code first (hash, compare, clone): if it panics, the cell is still live
+        // here, and nothing was written to `to`. (Under the shard lock a live cell stays live:
+        // only the lock's holder retires cells.)
+        let (hash, _) = self.hash(key);
+        let place = find(to, hash, key);
+        let key = key.clone();
+        let Some(state) = slot.state.take_to_move(retired) else {
+            return Visit::Empty;
+        };
+        // A key is in at most one of the tables: the insert path moves a key still in a drain
+        // before it looks in the table.
+        if let Err(empty) = place {
+            to[empty].state.put(state);
+            let (from, to_era) = (from.era(), to.era());
+            if from != to_era {
+                // Not shared yet: the slot's tag is set below.
+                (self.carry)(&to[empty].state, from, to_era);
+            }
+            // SAFETY: the caller holds the shard lock, and `find` ended at this empty slot.
+            #[allow(unsafe_code)]
+            unsafe {
+                occupy(to, empty, hash, key)
+            };
+        }
+        Visit::Moved
+    }
+
+    /// Moves `key` out of the shard's drains if it is still there and live, so that it is
+    /// decided in the shard's table.
+    pub(super) fn take_from_drain<Q>(&self, shard: &mut Shard<K, C>, hash: u64, key: &Q)
+    where
+        K: Borrow<Q>,
+        Q: Eq + ?Sized,
+    {
+        // Where the key is live: a drain older than another may still hold the key's slot,
+        // moved or tombstoned, after it came back and moved into a table drained since.
+        let retired = self.retired;
+        let found = shard.drains.iter().enumerate().find_map(|(d, drain)| {
+            let at = find(&drain.from, hash, key).ok()?;
+            drain.from[at].state.is_live(retired).then_some((d, at))
+        });
+        let Some((d, at)) = found else {
+            return;
+        };
+        if over_full(shard.used + 1, shard.table.len()) {
+            // No room to move one key: the table joins the drains (behind `d`).
+            let since = shard.filled_at;
+            self.chain(shard, since);
+        }
+        let drain = &shard.drains[d];
+        work::visited(1);
+        if let Visit::Moved = self.visit(&drain.from, at, &shard.table, None) {
+            shard.used += 1;
+            let drain = &mut shard.drains[d];
+            drain.left -= 1;
+            if drain.left == 0 {
+                let drain = shard.drains.remove(d);
+                Self::drained(shard, drain);
+            }
+        }
+    }
+
+    /// The calls into a shard until a drain of a table of `len` slots ends (each visits
+    /// `drain_step` slots).
+    pub(super) fn drain_inserts(&self, len: usize) -> usize {
+        len / self.drain_step + 1
+    }
+}

@@ -1,0 +1,306 @@
+//! The word table's parts: the store, its shards, the tables a shard drains, keeps or builds
+//! ahead, each thread's cached tables, and the constants that bound a call's work.
+
+use std::cell::Cell;
+use std::hash::{BuildHasher, Hash};
+
+use super::super::cell::TableCell;
+use super::super::keyed_store::Carry;
+use super::slots::*;
+use crate::clock::Nanos;
+use crate::state::AtomicWord;
+use crate::sync::{Arc, AtomicBool, AtomicU64, AtomicUsize, Mutex, PerThread, MODEL_CHECKED};
+
+/// Slots of a replaced table that each insert into its shard visits (moves or evicts): the
+/// most eviction and copying work any one call does, whatever the table's size. (A loom model
+/// may take fewer: [`WordTable::set_drain_step_for_model`].)
+pub(super) const DRAIN_STEP: usize = 16;
+/// The most slots a check, peek, refund or insert visits (without `max_keys`): a drain step,
+/// the key taken out of a drain, and the sample a table replaced at the `evict_above` share
+/// judges. (Held to it by the tests; `KeyedLimiter`'s "Work per call" states it.)
+#[allow(dead_code)] // read by the unit tests
+pub(crate) const MOST_VISITED: usize = DRAIN_STEP + 1 + SAMPLE;
+/// Runs of slots, spread evenly over a table, that a step of the eviction hand judges.
+pub(crate) const HAND_RUNS: usize = 4;
+/// A thread's lookups into a shard holding retired tables: one in `HELP_EVERY` drops
+/// [`CLEAR_STEP`] of their slots (if the shard's lock is free), so that the tables go even
+/// when no insert comes. (Every lookup under loom, whose models cache no table across calls
+/// and so never count to more than one.)
+pub(super) const HELP_EVERY: u32 = if MODEL_CHECKED { 1 } else { 4 };
+/// Slots of its next table that each insert into a growing shard builds, once the shard's
+/// table is [`BUILD_FROM`] of its [`capacity`]: from there it takes `len / 32` inserts, and the
+/// next table (about `1.27 len` slots) needs `1.27 len / BUILD_STEP` = `len / 50` of them, so it
+/// is ready first. Late, so that both tables are held for a short while only (a growing shard
+/// holds a next table over a sixth of its growth).
+pub(super) const BUILD_STEP: usize = 64;
+pub(super) const BUILD_FROM: (usize, usize) = (27, 28);
+/// Tables up to this many slots are allocated when needed (64 KiB of `u64` slots: a few µs).
+pub(super) const BUILD_ABOVE: usize = 4096;
+/// Keys a store holds before it evicts fresh ones, by default (see
+/// [`KeyedLimiterBuilder::evict_above`](crate::KeyedLimiterBuilder::evict_above)): with `u64`
+/// keys, 32 MiB of 16-byte slots at full load, more with the tables' headroom.
+///
+/// # Examples
+/// ```
+/// use tollgate::store::DEFAULT_EVICT_ABOVE;
+/// // 2^21: about two million keys before fresh ones are evicted.
+/// assert_eq!(DEFAULT_EVICT_ABOVE, 2_097_152);
+/// ```
+pub const DEFAULT_EVICT_ABOVE: usize = 1 << 21;
+/// Slots judged to estimate how many keys of a full table are fresh, before sizing its
+/// replacement.
+pub(super) const SAMPLE: usize = 32;
+
+pub(super) struct Shard<K, C: TableCell> {
+    /// Where lookups and inserts go.
+    pub(super) table: Arc<Table<K, C>>,
+    /// Replaced tables being emptied into `table`, a few slots per call, the oldest first:
+    /// none or one, but for the rare table that fills before the drain into it ends (then it
+    /// joins the drains: [`WordTable::chain`]).
+    pub(super) drains: Vec<Drain<K, C>>,
+    /// Slots with a key (live or tombstoned) in `table`.
+    pub(super) used: usize,
+    /// Live keys: in `table`, and in the drains' slots not yet visited.
+    pub(super) live: usize,
+    /// Keys evicted that no call has reported yet ([`Shard::evict`]).
+    pub(super) evicted: usize,
+    /// Where `evict_some` goes on judging `table`.
+    pub(super) hand: usize,
+    /// When `table` last had to be replaced (it was full): a key unused since then may go at
+    /// the next replacement, a key used since is kept.
+    pub(super) filled_at: Nanos,
+    /// At the `evict_above` share, the last drained table, kept to serve as the next one.
+    pub(super) spare: Option<Spare<K, C>>,
+    /// Below it, the next (larger) table, built a few slots per insert before it is needed.
+    pub(super) next: Option<Building<K, C>>,
+    /// Tables the shard no longer uses (a growing shard's drained tables, a spare or a table
+    /// built ahead that did not fit), released [`CLEAR_STEP`] slots per insert (and lookups
+    /// help: [`WordTable::help_release`]) once no thread caches them: dropping a table of keys
+    /// with drop glue is a loop over its slots (a free per `String` key), which no call
+    /// should pay at once.
+    pub(super) retiring: Vec<Arc<Table<K, C>>>,
+    /// Slots of retired tables being dropped, the last one first.
+    pub(super) freeing: Vec<Freeing<K, C>>,
+    /// Tables of more than [`BUILD_ABOVE`] slots allocated in one call (for tests: growth
+    /// builds them ahead, and the bound reuses them, so only chained drains should).
+    pub(super) allocated_large: usize,
+    /// Spares reused as the next table (for the loom models, which must reach it).
+    pub(super) spares_reused: usize,
+}
+
+impl<K, C: TableCell> Shard<K, C> {
+    /// Counts `n` keys evicted. They are reported by the next call that reports evictions
+    /// ([`Shard::take_evicted`]): a call that a key's code interrupts (a panic in its `Hash`,
+    /// `Eq`, `Clone` or `Drop`) leaves them to the next, and the limiter's key count, which
+    /// may then read high for a while, never reads below the keys held.
+    pub(super) fn evict(&mut self, n: usize) {
+        self.live -= n;
+        self.evicted += n;
+    }
+
+    /// The keys evicted since the last call.
+    pub(super) fn take_evicted(&mut self) -> usize {
+        std::mem::take(&mut self.evicted)
+    }
+}
+
+/// Evictions a call over several shards ([`KeyedStore::evict_some`], [`KeyedStore::retain`])
+/// has taken from their counts but not reported yet. If a key's code interrupts the call (a
+/// panic in its `Hash`, `Eq` or `Clone` as a drain moves it), they are put back as it unwinds,
+/// in shard 0's count, for a later call to report.
+pub(super) struct Taken<'a, K, C: TableCell> {
+    pub(super) shards: &'a [Mutex<Shard<K, C>>],
+    pub(super) evicted: usize,
+}
+
+impl<'a, K, C: TableCell> Taken<'a, K, C> {
+    pub(super) fn new(shards: &'a [Mutex<Shard<K, C>>]) -> Self {
+        Taken { shards, evicted: 0 }
+    }
+
+    /// The evictions taken, now reported.
+    pub(super) fn report(mut self) -> usize {
+        std::mem::take(&mut self.evicted)
+    }
+}
+
+impl<K, C: TableCell> Drop for Taken<'_, K, C> {
+    fn drop(&mut self) {
+        if self.evicted > 0 {
+            // Unwinding: the shard locks of the interrupted call were released first.
+            self.shards[0].lock().evicted += self.evicted;
+        }
+    }
+}
+
+/// A table being built [`BUILD_STEP`] slots per insert (see [`WordTable::build_next`]).
+pub(super) struct Building<K, C: TableCell> {
+    pub(super) tags: Vec<AtomicU64>,
+    pub(super) slots: Vec<Slot<K, C>>,
+    /// The slots it will have (a multiple of 8).
+    pub(super) len: usize,
+}
+
+/// A drained table being cleared [`CLEAR_STEP`] slots per insert, once no thread caches it
+/// (it is then reachable from its shard alone, under the lock). At the bound a shard replaces
+/// its table every few thousand inserts, with one of the same size: taking a cleared spare,
+/// that call neither allocates nor fills a table (up to ~1 MB at the default bound), and no
+/// call drops a whole table's keys.
+pub(super) struct Spare<K, C: TableCell> {
+    pub(super) table: Arc<Table<K, C>>,
+    pub(super) cleared: usize,
+}
+
+/// A replaced table whose slots before `next` are visited: each live key there has been moved
+/// to the shard's table or, if fresh, evicted.
+pub(super) struct Drain<K, C: TableCell> {
+    pub(super) from: Arc<Table<K, C>>,
+    /// Slots visited.
+    pub(super) next: usize,
+    /// Where the eviction hand stood in `from`: the drain goes on from there, as the hand
+    /// would have, so it meets the keys judged longest ago first (the likeliest fresh), not
+    /// the run the hand just swept.
+    pub(super) start: usize,
+    /// The drain evicts keys unused since this instant (the table's previous replacement);
+    /// `None`: it moves every key (the table grew).
+    pub(super) since: Option<Nanos>,
+    /// Live keys not visited yet: the drain ends (and its table is freed) when none is left,
+    /// even if no call visits the empty slots after the last one.
+    pub(super) left: usize,
+}
+
+impl<K, C: TableCell> Drain<K, C> {
+    /// The index of the `i`th slot the drain visits: the hand's way, down from `start`, round
+    /// the table.
+    pub(super) fn index(&self, i: usize) -> usize {
+        // `i < len` and `start < len`; no division on the insert path.
+        match self.start.checked_sub(i + 1) {
+            Some(at) => at,
+            None => self.start + self.from.len() - 1 - i,
+        }
+    }
+}
+
+/// Retires a cell whose key may go (a fresh one) and says whether it did.
+pub(super) type Judge<'j, C> = dyn FnMut(&C) -> bool + 'j;
+
+/// What a drain did with one slot.
+pub(super) enum Visit {
+    Empty,
+    Moved,
+    Evicted,
+}
+
+/// Each thread's cached table per shard (see the module docs, rule 3). A lookup takes its
+/// shard's table out of the cell and puts it back when done; a lookup nested in it (a clock
+/// that calls its own limiter) finds the cell empty and fetches the table itself. `help`
+/// counts the thread's lookups into shards with retired tables ([`HELP_EVERY`]).
+pub(super) struct Cache<K, C: TableCell> {
+    pub(super) tables: [Cell<Cached<K, C>>; SHARDS],
+    pub(super) help: Cell<u32>,
+}
+
+/// One flag a shard, on cache lines of their own: every lookup reads its shard's flag, and a
+/// neighbour written by inserts (a shard's lock) would take the line from the readers' caches.
+#[repr(align(128))]
+pub(super) struct Flags(pub(super) [AtomicBool; SHARDS]);
+
+/// A thread's table of one shard, if it has fetched one.
+pub(super) type Cached<K, C> = Option<Arc<Table<K, C>>>;
+
+impl<K, C: TableCell> Default for Cache<K, C> {
+    fn default() -> Self {
+        Cache {
+            tables: std::array::from_fn(|_| Cell::new(None)),
+            help: Cell::new(0),
+        }
+    }
+}
+
+/// The lock-free keyed store, for cells of one word (`C` = [`AtomicWord`]) or a sliding log's
+/// ring. Built by [`KeyedLimiter`]'s builder; see the module documentation for the protocol.
+///
+/// # Examples
+/// The store every keyed limiter uses unless told otherwise (its type is the limiter's fourth
+/// parameter):
+///
+/// [`KeyedLimiter`]: crate::KeyedLimiter
+pub struct WordTable<K: Send + Sync, H, C: TableCell = AtomicWord> {
+    pub(super) shards: Box<[Mutex<Shard<K, C>>]>,
+    /// The shard where the next `evict_some` starts (modulo `SHARDS`).
+    pub(super) hand: AtomicUsize,
+    pub(super) hasher: H,
+    pub(super) retired: C::Marks,
+    pub(super) cache: PerThread<Cache<K, C>>,
+    /// Per shard: whether it holds retired tables to release (a hint for lookups, kept by
+    /// [`WordTable::note_retired`]).
+    pub(super) releasing: Flags,
+    /// Live keys a shard holds before it evicts fresh ones (its share of `evict_above`).
+    pub(super) keep: usize,
+    /// Slots of a drain each call visits: [`DRAIN_STEP`] (fewer in some loom models).
+    pub(super) drain_step: usize,
+    /// Carries a state moved out of a table of an older era into the newer one.
+    pub(super) carry: Carry<C>,
+}
+
+impl<K: Send + Sync, H, C: TableCell> std::fmt::Debug for WordTable<K, H, C> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WordTable")
+            .field("retired", &self.retired)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<K: Send + Sync, H, C: TableCell> WordTable<K, H, C> {
+    /// An empty store whose cells use `retired`'s marks, hashing with `hasher`. The marks must
+    /// be those of the rule the store will serve (states that rule never produces), so build
+    /// one through [`KeyedLimiterBuilder::build`](crate::KeyedLimiterBuilder::build) (or
+    /// `Stored::new_store`); this constructor is public for the loom models.
+    #[doc(hidden)]
+    pub fn new(retired: C::Marks, hasher: H) -> Self {
+        WordTable {
+            shards: (0..SHARDS)
+                .map(|_| {
+                    Mutex::new(Shard {
+                        table: new_table(MIN_CAPACITY, 0),
+                        drains: Vec::new(),
+                        used: 0,
+                        live: 0,
+                        evicted: 0,
+                        hand: 0,
+                        filled_at: 0,
+                        spare: None,
+                        next: None,
+                        retiring: Vec::new(),
+                        freeing: Vec::new(),
+                        allocated_large: 0,
+                        spares_reused: 0,
+                    })
+                })
+                .collect(),
+            hand: AtomicUsize::new(0),
+            hasher,
+            retired,
+            cache: PerThread::new(),
+            releasing: Flags(std::array::from_fn(|_| AtomicBool::new(false))),
+            keep: DEFAULT_EVICT_ABOVE / SHARDS,
+            drain_step: DRAIN_STEP,
+            carry: |_, _, _| {},
+        }
+    }
+
+    /// The shard's current table (under its lock): off the fast path.
+    #[cold]
+    #[inline(never)]
+    pub(super) fn current(&self, shard: usize) -> Arc<Table<K, C>> {
+        self.shards[shard].lock().table.clone()
+    }
+}
+
+impl<K: Send + Sync, H: BuildHasher, C: TableCell> WordTable<K, H, C> {
+    #[inline]
+    pub(super) fn hash<Q: Hash + ?Sized>(&self, key: &Q) -> (u64, usize) {
+        let hash = self.hasher.hash_one(key);
+        (hash, (hash >> (64 - SHARD_BITS)) as usize)
+    }
+}
