@@ -6,7 +6,18 @@
 //! cargo run --release --example memory_per_key            # 1M keys
 //! cargo run --release --example memory_per_key -- 100000  # another key count
 //! cargo run --release --example memory_per_key -- sweep   # GCRA and governor, 125k to 2M keys
+//! cargo run --release --example memory_per_key -- rss     # resident memory, see below
 //! ```
+//!
+//! `rss` measures what users pay for: resident memory (Linux: `VmRSS` and `VmHWM` of
+//! `/proc/self/status`), for tollgate's GCRA and governor side by side, with `u64`, `IpAddr` (half
+//! v4, half v6) and `String` keys (IP-like text, about 17 bytes, looked up by `&str`), at 100k
+//! to 4M keys (or the counts given after `rss`). Each measurement runs in a fresh process (a
+//! freed table may stay resident, so processes are never shared): the keys are made first, then
+//! each is checked once under a quota that keeps every state live; the growth in RSS over the
+//! keys held is shown right after the inserts, settled (after two more checks of every key,
+//! once the growth spread over later calls has run), and at its peak (the high-water mark: a
+//! growth step's old and new tables alive together, tables built ahead).
 //!
 //! Both maps grow by steps (tollgate's shard tables by about 1.3x, governor's hashbrown tables
 //! by 2x), so bytes per key at one key count depends on where it falls in each one's step: the
@@ -20,6 +31,7 @@
 
 use std::alloc::System;
 use std::hint::black_box;
+use std::net::IpAddr;
 use std::num::NonZeroU32;
 use std::time::Duration;
 
@@ -212,8 +224,206 @@ fn sweep(ten: Quota) {
     }
 }
 
+/// Resident memory now and at its peak, in bytes (Linux; 0 elsewhere).
+fn resident() -> (u64, u64) {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let kib = |field: &str| {
+        status
+            .lines()
+            .find_map(|line| line.strip_prefix(field))
+            .and_then(|rest| {
+                rest.trim()
+                    .trim_end_matches("kB")
+                    .trim()
+                    .parse::<u64>()
+                    .ok()
+            })
+            .map_or(0, |kib| kib * 1024)
+    };
+    (kib("VmRSS:"), kib("VmHWM:"))
+}
+
+/// One RSS measurement, in this (fresh) process: prints `keys held, base, after the inserts,
+/// settled, peak`, in bytes.
+fn rss_one(subject: &str, key_type: &str, n: usize) {
+    let raw = keys(n);
+    let hour = Duration::from_secs(3600);
+    let ten = Quota::new(10, hour).expect("valid quota");
+    let governor_quota = governor::Quota::per_hour(NonZeroU32::new(10).expect("non-zero"));
+    fn run<K: Clone, L>(
+        keys: &[K],
+        build: impl FnOnce() -> L,
+        check: impl Fn(&L, &K) -> bool,
+        held: impl Fn(&L) -> usize,
+    ) {
+        let (base, _) = resident();
+        let subject = build();
+        for key in keys {
+            assert!(check(&subject, key), "every first check is admitted");
+        }
+        let (after, _) = resident();
+        for _ in 0..2 {
+            for key in keys {
+                black_box(check(&subject, key));
+            }
+        }
+        let (settled, peak) = resident();
+        println!("{} {base} {after} {settled} {peak}", held(&subject));
+    }
+    fn tollgate_check<K: std::hash::Hash + Eq + Clone + Send + Sync>(
+        limiter: &KeyedLimiter<K, Gcra>,
+        key: &K,
+    ) -> bool {
+        limiter.check(key).expect("no key bound").allowed()
+    }
+    match (subject, key_type) {
+        ("tollgate", "u64") => run(
+            &raw,
+            || KeyedLimiter::<u64, Gcra>::new(Gcra::new(ten).expect("valid")),
+            tollgate_check,
+            |l| l.len(),
+        ),
+        ("governor", "u64") => run(
+            &raw,
+            || governor::RateLimiter::keyed(governor_quota),
+            |l, k| l.check_key(k).is_ok(),
+            |l| l.len(),
+        ),
+        ("tollgate", "ip") => {
+            let ips = ip_keys(&raw);
+            run(
+                &ips,
+                || KeyedLimiter::<IpAddr, Gcra>::new(Gcra::new(ten).expect("valid")),
+                tollgate_check,
+                |l| l.len(),
+            )
+        }
+        ("governor", "ip") => {
+            let ips = ip_keys(&raw);
+            run(
+                &ips,
+                || governor::RateLimiter::keyed(governor_quota),
+                |l, k| l.check_key(k).is_ok(),
+                |l| l.len(),
+            )
+        }
+        ("tollgate", "string") => {
+            let texts = text_keys(&raw);
+            run(
+                &texts,
+                || KeyedLimiter::<String, Gcra>::new(Gcra::new(ten).expect("valid")),
+                |l, k| l.check(k.as_str()).expect("no bound").allowed(),
+                |l| l.len(),
+            )
+        }
+        ("governor", "string") => {
+            let texts = text_keys(&raw);
+            run(
+                &texts,
+                || governor::RateLimiter::<String, _, _>::keyed(governor_quota),
+                |l, k| l.check_key(k).is_ok(),
+                |l| l.len(),
+            )
+        }
+        _ => panic!("unknown subject or key type: {subject} {key_type}"),
+    }
+}
+
+/// `IpAddr` keys: even ones IPv4, odd ones IPv6 (in 2001:db8::/32).
+fn ip_keys(raw: &[u64]) -> Vec<IpAddr> {
+    raw.iter()
+        .enumerate()
+        .map(|(i, &key)| {
+            if i % 2 == 0 {
+                IpAddr::V4((key as u32).into())
+            } else {
+                IpAddr::V6(((0x2001_0db8_u128 << 96) | u128::from(key)).into())
+            }
+        })
+        .collect()
+}
+
+/// IP-like text keys of about 17 bytes, `198.a.b.c#hex`: distinct, and past the 15 bytes a
+/// `String`'s heap block of 16 would hold.
+fn text_keys(raw: &[u64]) -> Vec<String> {
+    raw.iter()
+        .map(|&key| {
+            let [a, b, c, d, e, ..] = key.to_le_bytes();
+            format!("198.{a}.{b}.{c}#{:x}", u16::from_le_bytes([d, e]))
+        })
+        .collect()
+}
+
+/// The RSS table: every size, key type and subject in a fresh process of this example.
+fn rss(sizes: &[usize]) {
+    let exe = std::env::current_exe().expect("this example's path");
+    println!("Resident bytes per key held (tollgate GCRA / governor), each in a fresh process:");
+    println!();
+    println!("| keys | key | after the inserts | settled | peak |");
+    println!("|---|---|---|---|---|");
+    for &n in sizes {
+        for key_type in ["u64", "ip", "string"] {
+            let mut cells = [String::new(), String::new(), String::new()];
+            let mut per_key = Vec::new();
+            for subject in ["tollgate", "governor"] {
+                let out = std::process::Command::new(&exe)
+                    .args(["rss-one", subject, key_type, &n.to_string()])
+                    .output()
+                    .expect("the example runs itself");
+                assert!(
+                    out.status.success(),
+                    "{}",
+                    String::from_utf8_lossy(&out.stderr)
+                );
+                let text = String::from_utf8_lossy(&out.stdout);
+                let v: Vec<f64> = text
+                    .split_whitespace()
+                    .map(|x| x.parse().expect("a number"))
+                    .collect();
+                let (held, base) = (v[0], v[1]);
+                per_key.push([
+                    (v[2] - base) / held,
+                    (v[3] - base) / held,
+                    (v[4] - base) / held,
+                ]);
+            }
+            for (i, cell) in cells.iter_mut().enumerate() {
+                *cell = format!("{:.0} / {:.0}", per_key[0][i], per_key[1][i]);
+            }
+            let key = if key_type == "ip" {
+                "IpAddr"
+            } else if key_type == "string" {
+                "String"
+            } else {
+                "u64"
+            };
+            println!(
+                "| {n} | {key} | {} | {} | {} |",
+                cells[0], cells[1], cells[2]
+            );
+        }
+    }
+}
+
 fn main() {
-    let arg = std::env::args().nth(1);
+    let mut args = std::env::args().skip(1);
+    let arg = args.next();
+    if arg.as_deref() == Some("rss-one") {
+        let (subject, key_type, n) = (args.next(), args.next(), args.next());
+        let n = n
+            .and_then(|n| n.parse().ok())
+            .expect("rss-one SUBJECT KEY_TYPE COUNT");
+        return rss_one(
+            &subject.unwrap_or_default(),
+            &key_type.unwrap_or_default(),
+            n,
+        );
+    }
+    if arg.as_deref() == Some("rss") {
+        let sizes: Vec<usize> = args.map(|n| n.parse().expect("key counts")).collect();
+        let default = [100_000, 600_000, 1_000_000, 1_500_000, 2_000_000, 4_000_000];
+        return rss(if sizes.is_empty() { &default } else { &sizes });
+    }
     let hour = Duration::from_secs(3600);
     // Ten per hour: one admission leaves GCRA 6 minutes of debt and a window a count of 1, so
     // no key is fresh while this runs; the hot-path pass is admitted too.

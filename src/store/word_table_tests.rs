@@ -1139,6 +1139,40 @@ fn the_eviction_hand_judges_what_it_states() {
         }
         store.audit();
     }
+    // A drain whose next slots hold no key: a step of budget 1 spends its 32 slots there, one
+    // a call, stops the drain at exactly 32, and each run of the table walks its one slot
+    // (keys homed in the lower half of every table leave the upper half of a small table
+    // empty, and the drain visits it first).
+    let store = Placed::new(MARKS, Default::default());
+    let mut key = 0u64;
+    let empty_run = |view: &ShardView| {
+        let first = view.drains.first().map_or(&[][..], Vec::as_slice);
+        first.iter().take_while(|slot| slot.is_none()).count()
+    };
+    while empty_run(&store.hand_view(0, read)) < 40 {
+        key += 1;
+        assert!(key < 10_000, "no drain with an empty run");
+        let k = key << 40 | 0x2A << 32 | next(1 << 31);
+        inserting(&store, &k, |c| add(c, 0), &KEEP_ALL);
+    }
+    let mut model: Vec<ShardView> = (0..SHARDS).map(|i| store.hand_view(i, read)).collect();
+    let judge = CountingJudge::default();
+    work::take();
+    let evicted = store.evict_some(&judge, 1);
+    let (visited, _) = work::take();
+    let expected = model_step(&mut model, &mut 0, 1);
+    assert_eq!(
+        [judge.0.get(), evicted, visited],
+        expected,
+        "the empty drain"
+    );
+    let runs = super::word_table::HAND_RUNS;
+    assert_eq!(
+        expected,
+        [0, 0, 32 + runs],
+        "32 empty slots, then a slot a run"
+    );
+    assert_eq!(store.hand_view(0, read), model[0]);
     assert!(drained_steps > 20, "steps over drains: {drained_steps}");
     assert!(
         capped_steps > 20,
