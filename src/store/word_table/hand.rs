@@ -79,7 +79,7 @@ impl<K: Clone + Hash + Eq + Send + Sync, H: BuildHasher, C: TableCell> WordTable
                     work::visited(visited);
                     (visited, judged, gone)
                 };
-                let hand = shard.hand % len;
+                let hand = shard.hand;
                 let run_slots = len.min((32 * budget).saturating_sub(slots)) / HAND_RUNS;
                 let run_keys = budget.saturating_sub(judged).div_ceil(HAND_RUNS);
                 let (mut run, mut visited, mut gone) = (run_slots.max(1), 0, 0);
@@ -91,7 +91,7 @@ impl<K: Clone + Hash + Eq + Send + Sync, H: BuildHasher, C: TableCell> WordTable
                     }
                     (visited, judged, gone) = (visited + v, judged + j, gone + g);
                 }
-                shard.hand = (hand + len - run % len) % len;
+                shard.hand = (hand + len - run) % len; // a run walks at most `len` slots
                 shard.evict(gone);
                 self.note_retired(index, &shard);
                 slots += visited;
