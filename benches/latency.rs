@@ -11,7 +11,7 @@
 //! cargo bench --bench latency -- --list                    # the row IDs
 //! ```
 //!
-//! The rows are the `traffic` group's (`src/bin/tollgate/regime.rs`, plus `direct/precise`),
+//! The rows are the `traffic` group's (`benches/traffic/`, plus `direct/precise`),
 //! with the same IDs minus the `traffic/` prefix and the subject. Each row and subject gets a
 //! fresh limiter, primed as in the criterion group; the row's threads then make `--checks`
 //! checks in all (an equal share each), each timed with two quanta TSC reads into a per-thread
@@ -37,8 +37,8 @@ use governor::RateLimiter;
 use tollgate::clock::{Clock, CoarseClock, QuantaClock};
 use tollgate::{Limiter, TextKey};
 
-#[path = "../src/bin/tollgate/regime.rs"]
-mod regime;
+// The traffic rows (the `tollgate-traffic` dev crate, `benches/traffic/`).
+use tollgate_traffic as regime;
 #[path = "limiters/subjects.rs"]
 mod subjects;
 

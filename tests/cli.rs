@@ -486,67 +486,14 @@ fn bench_prints_a_table_with_the_floor() {
 }
 
 #[test]
-fn bench_regime_prints_throughput_and_with_latency_a_tails_table() {
-    let o = tollgate(
-        &[
-            "bench",
-            "--regime",
-            "returning",
-            "--latency",
-            "--keys",
-            "1000",
-            "--duration",
-            "20ms",
-            "--checks",
-            "20000",
-        ],
-        "",
-    );
-    assert!(o.status.success(), "{}", stderr(&o));
-    let out = stdout(&o);
-    let id = "returning/u64/1k/uniform/1t/precise";
-
-    // Throughput: the row's ID, ns/check, Mops/s, allowed share (values not judged).
-    let line = out
-        .lines()
-        .find(|l| l.starts_with(id) && !l.contains('|'))
-        .unwrap_or_else(|| panic!("a throughput line for {id}: {out}"));
-    let fields: Vec<&str> = line.split_whitespace().collect();
-    assert_eq!(fields.len(), 4, "{line}");
-    assert!(fields[1].parse::<f64>().is_ok() && fields[2].parse::<f64>().is_ok());
-    assert!(fields[3].ends_with('%'), "{line}");
-
-    // Tails: a header naming every column, then the row: five durations, the count over
-    // 10 µs, the share allowed.
-    let header = out
-        .lines()
-        .find(|l| l.starts_with("row") && l.contains("p50"))
-        .unwrap_or_else(|| panic!("a tails header: {out}"));
-    let columns: Vec<&str> = header.split_whitespace().collect();
-    for column in ["p50", "p99", "p99.9", "p99.99", "max", ">10µs", "allowed"] {
-        assert!(columns.contains(&column), "{header}");
-    }
-    let line = out
-        .lines()
-        .find(|l| l.starts_with(id) && l.contains('|'))
-        .unwrap_or_else(|| panic!("a tails line for {id}: {out}"));
-    let cells: Vec<&str> = line.split('|').map(str::trim).collect();
-    assert_eq!(cells.len(), 3, "{line}");
-    let tokens: Vec<&str> = cells[1].split_whitespace().collect();
-    assert_eq!(tokens.len(), 11, "{line}");
-    for pair in tokens[..10].chunks(2) {
-        assert!(pair[0].parse::<f64>().is_ok(), "{line}");
-        assert!(["ns", "µs", "ms", "s"].contains(&pair[1]), "{line}");
-    }
-    assert!(tokens[10].parse::<u64>().is_ok(), "{line}");
-    assert!(cells[2].parse::<f64>().is_ok(), "{line}");
-
-    // The regime options are checked.
+fn bench_no_longer_runs_traffic_regimes() {
+    // One row of the traffic matrix is the `traffic` example's job now (tests/traffic.rs):
+    // `bench` refuses its options.
     for bad in [
-        &["bench", "--latency"][..],
-        &["bench", "--regime", "sometimes"],
-        &["bench", "--regime", "api", "--key-type", "uuid"],
-        &["bench", "--regime", "api", "--algorithm", "gcra"],
+        &["bench", "--regime", "returning"][..],
+        &["bench", "--latency"],
+        &["bench", "--key-type", "u64"],
+        &["bench", "--checks", "1000"],
     ] {
         let o = tollgate(bad, "");
         assert_eq!(o.status.code(), Some(2), "{bad:?}: {}", stdout(&o));

@@ -10,14 +10,14 @@
 //! See `benches/README.md` for the figures and what every row measures.
 
 use criterion::{criterion_group, criterion_main};
+// The traffic rows (the `tollgate-traffic` dev crate, `benches/traffic/`), shared with the
+// latency bench and the `traffic` example.
+use tollgate_traffic as regime;
 
 mod algos;
 mod common;
 mod direct;
 mod keyed;
-// The traffic rows, shared with the latency bench and `tollgate bench --regime`.
-#[path = "../../src/bin/tollgate/regime.rs"]
-mod regime;
 mod subjects;
 mod traffic;
 

@@ -1,7 +1,8 @@
 //! The limiters of a traffic row, built as each library's users build them: shared by the
 //! criterion group `traffic` (`limiters/traffic.rs`) and the latency bench (`latency.rs`,
 //! which includes this file with `#[path]`). The rows themselves (quotas, keys, sequences)
-//! are `src/bin/tollgate/regime.rs`; this file adds governor, which only the benches link.
+//! are the `tollgate-traffic` dev crate's (`benches/traffic/`); this file adds governor, which
+//! only the benches link.
 //!
 //! Subjects: `tollgate` (a `KeyedLimiter` on its default store), `governor` (a keyed
 //! `RateLimiter` on its default `DashMap` store, never trimmed) and `governor_retain` (the

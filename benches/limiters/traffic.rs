@@ -2,7 +2,7 @@
 //! traffic servers see, through both libraries' public APIs only.
 //!
 //! The rows (regime, key type, key count, distribution, threads, clock) are
-//! `regime::matrix()`, shared with the latency bench and `tollgate bench --regime`: one axis
+//! `regime::matrix()`, shared with the latency bench and the `traffic` example: one axis
 //! at a time around the base row `returning/u64/100k/uniform/1t/precise`, plus the rows of the
 //! benchmark tables. IDs: `traffic/{regime}/{key}/{keys}/{distribution}/{threads}t/{clock}/{subject}`,
 //! e.g. `traffic/returning/u64/100k/uniform/1t/precise/tollgate`; the one-key row is

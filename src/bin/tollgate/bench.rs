@@ -7,33 +7,21 @@
 //! keyed check can beat: one clock read and one compare-and-swap on the key's own word, found
 //! by plain indexing (no hashing, no map).
 //!
-//! With `--regime`, it runs one row of the traffic matrix instead, on tollgate alone
-//! (the benches add governor): the same quotas, key types, key sets and sequences as
-//! `cargo bench --bench limiters -- traffic` and `cargo bench --bench latency`, all from
-//! `regime.rs`. It prints ns per check and, with `--latency`, the tails of every check timed
-//! on its own (p50, p99, p99.9, p99.99, max, checks over 10 µs).
+//! One row of the benches' traffic matrix on tollgate alone (a regime, its quota, key type and
+//! key sequence, and the tails of every check timed on its own) is the `traffic` example's job:
+//! `cargo run --release --example traffic -- --regime returning --latency`.
 
-use std::net::IpAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Barrier;
 use std::time::{Duration, Instant};
 
-use clap::builder::PossibleValue;
 use clap::{Args, ValueEnum};
 use tollgate::clock::{Clock, CoarseClock, ManualClock, QuantaClock};
 use tollgate::replay::{parse_duration, AlgorithmName};
 use tollgate::Algorithm;
-use tollgate::{
-    FixedWindow, Gcra, KeyedLimiter, LeakyQueue, Quota, SlidingLog, SlidingWindow, TextKey,
-};
+use tollgate::{FixedWindow, Gcra, KeyedLimiter, LeakyQueue, Quota, SlidingLog, SlidingWindow};
 
 use crate::common::{Fatal, ALLOCATOR};
-
-// The traffic regimes, shared with the benches (which include the same file).
-#[path = "regime.rs"]
-mod regime;
-
-use regime::{KeyType, Regime, Source, TrafficKey};
 
 #[derive(Args)]
 pub struct BenchArgs {
@@ -86,44 +74,6 @@ pub struct BenchArgs {
     /// With `--redis`: print one JSON object (checks, admitted, round_trips, seconds).
     #[arg(long)]
     pub(crate) json: bool,
-    /// Run one row of the traffic matrix on tollgate (GCRA): warm (every key charged so that
-    /// it is never fresh), returning (the bucket full again at each visit), api (100/s, burst
-    /// 1), deny (10/s, burst 1, keys exhausted first) or flood (a new key every check). Uses
-    /// --keys, --threads, --clock, --distribution, --key-type, --duration; not --algorithm,
-    /// --limit, --window, --burst (each regime has its quota).
-    #[arg(long, value_enum, conflicts_with_all = ["algorithm", "redis", "limit", "window", "burst"])]
-    regime: Option<Regime>,
-    /// With `--regime`: also time every check on its own (a fresh limiter, `--checks` checks)
-    /// and print p50, p99, p99.9, p99.99, max and the checks over 10 µs.
-    #[arg(long, requires = "regime")]
-    latency: bool,
-    /// With `--regime`: u64, ip (IpAddr, 3 in 4 IPv4, 1 in 4 IPv6), string (the same
-    /// addresses as text, looked up by &str) or text (the same texts as `TextKey`, inline).
-    #[arg(long, value_enum, default_value_t = KeyType::U64)]
-    key_type: KeyType,
-    /// With `--latency`: checks timed, in all threads.
-    #[arg(long, default_value_t = 8_400_000)]
-    checks: u64,
-}
-
-impl ValueEnum for Regime {
-    fn value_variants<'a>() -> &'a [Self] {
-        &Regime::ALL
-    }
-
-    fn to_possible_value(&self) -> Option<PossibleValue> {
-        Some(PossibleValue::new(self.as_str()))
-    }
-}
-
-impl ValueEnum for KeyType {
-    fn value_variants<'a>() -> &'a [Self] {
-        &KeyType::ALL
-    }
-
-    fn to_possible_value(&self) -> Option<PossibleValue> {
-        Some(PossibleValue::new(self.as_str()))
-    }
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -154,9 +104,6 @@ pub fn bench(args: BenchArgs) -> Result<(), Fatal> {
     // arrow points from bench_redis.rs to this file only.
     if args.threads == 0 || args.keys == 0 {
         return Err(Fatal("--threads and --keys must be at least 1".into()));
-    }
-    if let Some(regime) = args.regime {
-        return bench_regime(&args, regime);
     }
     let algorithms = if args.algorithm.is_empty() {
         vec![
@@ -402,152 +349,4 @@ fn print(args: &BenchArgs, rows: &[Row]) {
         );
     }
     println!("ns/op is per thread (wall time x threads / ops); Mops/s is the aggregate.");
-}
-
-// ---------------------------------------------------------------------------------------------
-// `--regime`: one row of the traffic matrix, tollgate alone.
-
-fn bench_regime(args: &BenchArgs, regime: Regime) -> Result<(), Fatal> {
-    let keys = usize::try_from(args.keys)
-        .ok()
-        .filter(|&n| n < u32::MAX as usize)
-        .ok_or_else(|| Fatal("--keys must be below 2^32 with --regime".into()))?;
-    if args.checks == 0 {
-        return Err(Fatal("--checks must be at least 1".into()));
-    }
-    let row = regime::Row {
-        regime,
-        key_type: args.key_type,
-        keys,
-        distribution: match args.distribution {
-            Distribution::Uniform => regime::Distribution::Uniform,
-            Distribution::Zipf => regime::Distribution::Zipf {
-                exponent: args.zipf_exponent,
-            },
-        },
-        threads: args.threads,
-        clock: match args.clock {
-            ClockKind::Precise => regime::ClockKind::Precise,
-            ClockKind::Coarse => regime::ClockKind::Coarse,
-        },
-    };
-    match row.key_type {
-        KeyType::U64 => regime_keys::<u64>(args, &row),
-        KeyType::Ip => regime_keys::<IpAddr>(args, &row),
-        KeyType::String => regime_keys::<String>(args, &row),
-        KeyType::Text => regime_keys::<TextKey>(args, &row),
-    }
-}
-
-fn regime_keys<K: TrafficKey>(args: &BenchArgs, row: &regime::Row) -> Result<(), Fatal> {
-    if row.regime == Regime::Flood {
-        regime_clock(args, row, regime::Flood::<K>::new, &[])
-    } else {
-        let sequence = regime::Sequence::<K>::new(row.keys, row.distribution);
-        regime_clock(args, row, || &sequence, &sequence.keys)
-    }
-}
-
-fn regime_clock<K: TrafficKey, S: Source<K>>(
-    args: &BenchArgs,
-    row: &regime::Row,
-    source: impl Fn() -> S,
-    keys: &[K],
-) -> Result<(), Fatal> {
-    match row.clock {
-        regime::ClockKind::Precise => regime_run(args, row, source, keys, QuantaClock::new),
-        regime::ClockKind::Coarse => regime_run(args, row, source, keys, CoarseClock::new),
-    }
-}
-
-/// A fresh limiter for the row, every key primed as the regime says.
-fn regime_limiter<K: TrafficKey, C: Clock>(
-    row: &regime::Row,
-    clock: C,
-    keys: &[K],
-) -> Result<KeyedLimiter<K, Gcra, C>, Fatal> {
-    let rate = row.rate();
-    let limiter = KeyedLimiter::<K, Gcra>::builder(rate.gcra())
-        .clock(clock)
-        .build()
-        .map_err(|e| Fatal(format!("{}: {e}", row.id())))?;
-    regime::prime(keys, row.regime.prime_cost(), |key, cost| {
-        let _ = limiter.check_n(key.lookup(), u64::from(cost));
-    });
-    Ok(limiter)
-}
-
-fn regime_run<K: TrafficKey, S: Source<K>, C: Clock>(
-    args: &BenchArgs,
-    row: &regime::Row,
-    source: impl Fn() -> S,
-    keys: &[K],
-    clock: impl Fn() -> C,
-) -> Result<(), Fatal> {
-    let check = |limiter: &KeyedLimiter<K, Gcra, C>, key: &K| {
-        limiter.check(key.lookup()).is_ok_and(|d| d.allowed())
-    };
-    let rate = row.rate();
-    let primed = match row.regime.prime_cost() {
-        Some(cost) => format!("every key checked once with cost {cost} before timing"),
-        None => "every check a new key".into(),
-    };
-    println!(
-        "tollgate bench --regime {}: GCRA {}/s burst {} ({} clock), {}; {primed}",
-        row.regime.as_str(),
-        rate.per_second,
-        rate.burst,
-        row.clock.as_str(),
-        match row.regime {
-            Regime::Flood => format!("{} keys", row.key_type.as_str()),
-            _ => format!(
-                "{} distinct {} keys ({})",
-                row.keys,
-                row.key_type.as_str(),
-                row.distribution.label()
-            ),
-        },
-    );
-
-    let throughput = {
-        let limiter = regime_limiter(row, clock(), keys)?;
-        regime::run_for(row.threads, args.duration, &source(), |key| {
-            check(&limiter, key)
-        })
-    };
-    let id = row.id();
-    let width = id.chars().count().max(3);
-    println!(
-        "{:<width$} {:>10} {:>10} {:>9}",
-        "row", "ns/check", "Mops/s", "allowed"
-    );
-    println!(
-        "{id:<width$} {:>10.1} {:>10.2} {:>8.1}%",
-        throughput.ns_per_check(),
-        throughput.mops(),
-        throughput.allowed_share() * 100.0
-    );
-    println!(
-        "ns/check is per thread (wall time x threads / checks, over {:?}); Mops/s is the aggregate.",
-        args.duration
-    );
-    if let Err(e) = row.regime.plausible_share(throughput.allowed_share()) {
-        eprintln!("tollgate: warning: {e}");
-    }
-
-    if args.latency {
-        let tails = {
-            let limiter = regime_limiter(row, clock(), keys)?;
-            regime::run_timed(row.threads, args.checks, &source(), |key| {
-                check(&limiter, key)
-            })
-        };
-        println!();
-        println!("{}", regime::timer_note(args.checks));
-        print!(
-            "{}",
-            regime::tails_table(&["tollgate"], &[(id, vec![tails])])
-        );
-    }
-    Ok(())
 }

@@ -1,16 +1,15 @@
-//! The traffic regimes, written once for three programs: the criterion group
-//! `traffic` (`benches/limiters/traffic.rs`), the latency bench (`benches/latency.rs`) and
-//! `tollgate bench --regime` (this binary). Each includes this file with `#[path]`, so a row
-//! means the same quota, the same keys and the same key sequence wherever it is measured.
+//! The traffic regimes of tollgate's benches, written once for their users: the criterion
+//! group `traffic` (`benches/limiters/traffic.rs`), the latency bench (`benches/latency.rs`),
+//! the `traffic` example (`cargo run --release --example traffic -- --regime returning`,
+//! tollgate alone) and `tests/traffic.rs`. A dev-only crate (`publish = false`, a path
+//! dev-dependency of tollgate), so a row means the same quota, the same keys and the same key
+//! sequence wherever it is measured, and nothing of it ships with the library or its binary.
 //!
 //! It holds what a row *is* (regime, quota, key type, key set, distribution, threads, clock),
 //! how its keys and sequences are generated, the drivers that time it (throughput, and every
 //! check on its own into an HDR histogram) and the tails table. It uses tollgate's public API
-//! only, and never governor (a dev-dependency: the benches add governor's side themselves)
-//! nor clap (the binary adds its options on top).
-//!
-//! Every includer uses a different part of it, hence the `dead_code` allowance.
-#![allow(dead_code)]
+//! only, and never governor (the benches add governor's side themselves) nor clap (the example
+//! adds its options on top).
 
 use std::any::{Any, TypeId};
 use std::borrow::Borrow;
@@ -531,20 +530,10 @@ impl<K: TrafficKey> Sequence<K> {
         }
     }
 
-    /// Distinct keys.
-    pub fn len(&self) -> usize {
-        self.keys.len()
-    }
-
     /// The `i`-th key of the sequence (wrapping).
     #[inline(always)]
     pub fn at(&self, i: usize) -> &K {
         &self.seq[i & self.mask]
-    }
-
-    /// The sequence's length.
-    pub fn period(&self) -> usize {
-        self.seq.len()
     }
 }
 
