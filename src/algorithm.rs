@@ -25,6 +25,8 @@ pub mod fixed_window;
 pub mod gcra;
 #[path = "algorithm/grid.rs"]
 mod grid;
+#[path = "algorithm/in_flight.rs"]
+pub(crate) mod in_flight;
 #[path = "algorithm/leaky_queue.rs"]
 pub mod leaky_queue;
 #[path = "algorithm/rule.rs"]
@@ -38,6 +40,7 @@ use crate::clock::Nanos;
 
 pub use self::fixed_window::FixedWindow;
 pub use self::gcra::Gcra;
+pub(crate) use self::in_flight::Concurrency;
 pub use self::leaky_queue::LeakyQueue;
 pub use self::rule::{Rule, WordRule};
 pub(crate) use self::rule::{Words, WORDS};
@@ -108,3 +111,4 @@ rule!(
 rule!(FixedWindow, "fixed-window", capacity, period, window);
 rule!(SlidingWindow, "sliding-window", capacity, period, window);
 rule!(SlidingLog, "sliding-log", limit, window, window);
+rule!(Concurrency, "in-flight", capacity, period, window);

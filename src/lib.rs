@@ -304,7 +304,9 @@ pub use algorithm::{
     FixedWindow, Gcra, LeakyBucket, LeakyQueue, SlidingLog, SlidingWindow, TokenBucket,
 };
 pub use decision::{Decision, LimitError};
-pub use limiter::{Algorithm, KeyedLimiter, KeyedLimiterBuilder, Limiter, OverflowPolicy};
+pub use limiter::{
+    Algorithm, InFlight, InFlightPermit, KeyedLimiter, KeyedLimiterBuilder, Limiter, OverflowPolicy,
+};
 pub use multi::MultiLimiter;
 pub use quota::{Quota, QuotaError};
 pub use text_key::TextKey;

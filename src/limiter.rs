@@ -3,6 +3,8 @@
 //! - [`Limiter`]: one state (a whole service, one connection, one tenant known up front).
 //! - [`KeyedLimiter`]: one state per key, in a sharded concurrent map, with automatic eviction
 //!   of keys that have become indistinguishable from fresh ones and an optional `max_keys`.
+//! - [`InFlight`]: at most `N` requests in flight at once per key (a concurrency limit, not a
+//!   rate), each admission a permit released when dropped.
 //!
 //! ```
 //! use tollgate::{limiter::{KeyedLimiter, Limiter}, FixedWindow, Quota};
@@ -19,9 +21,11 @@ mod algorithm;
 #[path = "limiter/core.rs"]
 pub(crate) mod core;
 mod direct;
+mod in_flight;
 mod keyed;
 
 pub use self::algorithm::Algorithm;
 pub use self::direct::Limiter;
+pub use self::in_flight::{InFlight, InFlightPermit};
 pub use self::keyed::builder::KeyedLimiterBuilder;
 pub use self::keyed::{KeyedLimiter, OverflowPolicy};

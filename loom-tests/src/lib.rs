@@ -108,3 +108,9 @@ pub use algorithm::{FixedWindow, Gcra, LeakyQueue, Rule, SlidingLog, SlidingWind
 pub use decision::{Decision, LimitError};
 pub use quota::{Quota, QuotaError};
 pub use store::Stored;
+
+/// The in-flight rule (crate-private in tollgate: a rule whose units come back only by a
+/// release), for the model of its acquire/release/evict protocol.
+pub fn in_flight_rule(max: u64) -> impl Stored<Cell = state::AtomicWord> + Copy {
+    algorithm::Concurrency::new(max).expect("a valid bound")
+}

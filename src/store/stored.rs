@@ -10,7 +10,7 @@ use std::hash::Hash;
 use super::keyed_store::KeyedStore;
 use super::word_table::WordTable;
 use crate::algorithm::{
-    FixedWindow, Gcra, LeakyQueue, Rule, SlidingLog, SlidingWindow, WordRule, Words,
+    Concurrency, FixedWindow, Gcra, LeakyQueue, Rule, SlidingLog, SlidingWindow, WordRule, Words,
 };
 use crate::clock::Nanos;
 use crate::decision::Decision;
@@ -291,6 +291,8 @@ macro_rules! word_cells {
 
 word_cells!(Gcra, TAT_MARKS);
 word_cells!(LeakyQueue, TAT_MARKS);
+// A count held stays at most `MAX_IN_FLIGHT`, below both marks.
+word_cells!(Concurrency, TAT_MARKS);
 word_cells!(FixedWindow, WINDOW_MARKS, windowed);
 word_cells!(SlidingWindow, WINDOW_MARKS, windowed);
 

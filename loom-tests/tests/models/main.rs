@@ -7,6 +7,7 @@
 mod breaker;
 mod clamp;
 mod core;
+mod in_flight;
 mod lease;
 mod log;
 mod log_table;

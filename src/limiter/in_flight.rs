@@ -1,0 +1,293 @@
+//! A keyed concurrency limit: at most `N` units held at once per key, each admission a permit
+//! that gives its units back when dropped.
+
+use std::borrow::Borrow;
+use std::fmt;
+use std::hash::Hash;
+
+use super::keyed::{KeyedLimiter, OverflowPolicy};
+use crate::algorithm::Concurrency;
+use crate::clock::ManualClock;
+use crate::decision::{Decision, LimitError};
+use crate::quota::QuotaError;
+
+/// At most `N` requests (or units) in flight at once per key: nginx's `limit_conn`, per
+/// client, exact.
+///
+/// A rate says how many requests a client may *start* per second; this says how many it may
+/// have *running*: uploads, streams, expensive searches. [`InFlight::try_acquire`] admits a
+/// request while the key holds fewer than `N` and returns an [`InFlightPermit`]; dropping the
+/// permit gives the unit back, on every path (a panic unwinding past it, a future dropped
+/// while it holds one).
+///
+/// The counts live in the same lock-free table as [`KeyedLimiter`]'s states, one word a key,
+/// updated by a compare-and-swap: an acquire never blocks another key, nor another acquire of
+/// the same key. A key with nothing in flight is as good as new: it may be evicted when the
+/// table needs room, as a fresh rate-limit key is, but never while a permit is out.
+///
+/// # Examples
+/// ```
+/// use tollgate::InFlight;
+/// // At most 2 uploads at once per client.
+/// let uploads = InFlight::<String>::new(2)?;
+/// let first = uploads.try_acquire("alice")?.expect("none in flight yet");
+/// let second = uploads.try_acquire("alice")?.expect("one in flight");
+/// assert!(uploads.try_acquire("alice")?.is_none()); // a third waits for one to end
+/// assert!(uploads.try_acquire("bob")?.is_some()); // other clients are not affected
+/// assert_eq!(uploads.in_flight("alice"), 2);
+/// drop(first); // the upload ended (or failed, or its task was cancelled)
+/// assert_eq!(uploads.in_flight("alice"), 1);
+/// assert!(uploads.try_acquire("alice")?.is_some());
+/// # drop(second);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub struct InFlight<K: Clone + Hash + Eq + Send + Sync> {
+    /// A keyed limiter on the concurrency rule. Its clock is never moved: the rule reads no
+    /// time, and a manual clock's reading costs one load.
+    limiter: KeyedLimiter<K, Concurrency, ManualClock>,
+}
+
+impl<K: Clone + Hash + Eq + Send + Sync> InFlight<K> {
+    /// At most `max` units in flight per key, with no bound on the number of keys (keys with
+    /// nothing in flight are evicted when the table needs the room, as
+    /// [`KeyedLimiter`]'s fresh keys are).
+    ///
+    /// # Errors
+    /// [`QuotaError::ZeroLimit`] for `max = 0`; [`QuotaError::TooLarge`] above `u64::MAX − 2`.
+    ///
+    /// # Examples
+    /// ```
+    /// use tollgate::{InFlight, QuotaError};
+    /// assert!(InFlight::<u64>::new(4).is_ok());
+    /// assert!(matches!(InFlight::<u64>::new(0), Err(QuotaError::ZeroLimit)));
+    /// ```
+    pub fn new(max: u64) -> Result<Self, QuotaError> {
+        let rule = Concurrency::new(max)?;
+        let limiter = KeyedLimiter::builder(rule)
+            .clock(ManualClock::new())
+            .build()?;
+        Ok(InFlight { limiter })
+    }
+
+    /// At most `max` units in flight per key, and at most `max_keys` keys held: a new key
+    /// beyond them is refused ([`OverflowPolicy::Deny`], [`LimitError::KeyTableFull`]) or
+    /// shares one count with every other key that did not fit ([`OverflowPolicy::Shared`]:
+    /// together they have `max` in flight). Keys with nothing in flight make room.
+    ///
+    /// # Errors
+    /// As for [`InFlight::new`].
+    ///
+    /// # Examples
+    /// ```
+    /// use tollgate::{InFlight, LimitError, OverflowPolicy};
+    /// let limit = InFlight::<u64>::with_max_keys(1, 1, OverflowPolicy::Deny)?;
+    /// let held = limit.try_acquire(&1)?.expect("a first key");
+    /// // Key 1 holds a permit, so it cannot make room for key 2.
+    /// assert!(matches!(limit.try_acquire(&2), Err(LimitError::KeyTableFull { .. })));
+    /// drop(held);
+    /// assert!(limit.try_acquire(&2)?.is_some());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn with_max_keys(
+        max: u64,
+        max_keys: usize,
+        policy: OverflowPolicy,
+    ) -> Result<Self, QuotaError> {
+        let rule = Concurrency::new(max)?;
+        let limiter = KeyedLimiter::builder(rule)
+            .clock(ManualClock::new())
+            .max_keys(max_keys, policy)
+            .build()?;
+        Ok(InFlight { limiter })
+    }
+
+    /// A permit for one unit, if `key` holds fewer than `N`; `None` if it is at its bound.
+    /// The permit keeps its own copy of the key (`key.to_owned()`), to release the unit with.
+    ///
+    /// # Errors
+    /// [`LimitError::KeyTableFull`] for a new key at `max_keys` under [`OverflowPolicy::Deny`].
+    ///
+    /// # Examples
+    /// ```
+    /// use tollgate::InFlight;
+    /// let searches = InFlight::<u64>::new(1)?;
+    /// let permit = searches.try_acquire(&7)?;
+    /// assert!(permit.is_some());
+    /// assert!(searches.try_acquire(&7)?.is_none());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn try_acquire<Q>(&self, key: &Q) -> Result<Option<InFlightPermit<'_, K>>, LimitError>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        self.try_acquire_n(key, 1)
+    }
+
+    /// A permit for `cost` units (a request that weighs more than others), if `key` holds at
+    /// most `N − cost`.
+    ///
+    /// # Errors
+    /// [`LimitError::CapacityExceeded`] if `cost > N` (it could never be admitted; nothing
+    /// changes); [`LimitError::KeyTableFull`] as for [`InFlight::try_acquire`].
+    ///
+    /// # Examples
+    /// ```
+    /// use tollgate::{InFlight, LimitError};
+    /// let exports = InFlight::<u64>::new(10)?;
+    /// let big = exports.try_acquire_n(&1, 8)?.expect("8 of 10");
+    /// assert_eq!(big.remaining(), 2);
+    /// assert!(exports.try_acquire_n(&1, 3)?.is_none());
+    /// assert!(matches!(exports.try_acquire_n(&1, 11), Err(LimitError::CapacityExceeded { .. })));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn try_acquire_n<Q>(
+        &self,
+        key: &Q,
+        cost: u64,
+    ) -> Result<Option<InFlightPermit<'_, K>>, LimitError>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        let decision = self.limiter.check_n(key, cost)?;
+        Ok(decision.allowed().then(|| InFlightPermit {
+            owner: self,
+            key: key.to_owned(),
+            cost,
+            decision,
+        }))
+    }
+
+    /// The units `key` holds now (0 for a key it does not hold).
+    ///
+    /// # Examples
+    /// ```
+    /// use tollgate::InFlight;
+    /// let limit = InFlight::<u64>::new(3)?;
+    /// let _permit = limit.try_acquire_n(&1, 2)?;
+    /// assert_eq!((limit.in_flight(&1), limit.in_flight(&2)), (2, 0));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn in_flight<Q>(&self, key: &Q) -> u64
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        match self.limiter.peek(key, 0) {
+            Ok(decision) => decision.limit() - decision.remaining(),
+            Err(_) => 0, // a cost of 0 is never refused
+        }
+    }
+
+    /// `N`.
+    pub fn max(&self) -> u64 {
+        self.limiter.rule().limit()
+    }
+
+    /// Keys held (those with units in flight, and some with none not evicted yet).
+    ///
+    /// # Examples
+    /// ```
+    /// use tollgate::InFlight;
+    /// let limit = InFlight::<u64>::new(1)?;
+    /// let _a = limit.try_acquire(&1)?;
+    /// let _b = limit.try_acquire(&2)?;
+    /// assert_eq!(limit.len(), 2);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn len(&self) -> usize {
+        self.limiter.len()
+    }
+
+    /// Whether no key is held.
+    pub fn is_empty(&self) -> bool {
+        self.limiter.is_empty()
+    }
+
+    /// Evicts every key with nothing in flight now; returns how many. Not needed for bounded
+    /// memory (the table evicts them when it needs the room): for a server that wants its
+    /// memory back after a burst of clients.
+    ///
+    /// # Examples
+    /// ```
+    /// use tollgate::InFlight;
+    /// let limit = InFlight::<u64>::new(1)?;
+    /// let held = limit.try_acquire(&1)?;
+    /// drop(limit.try_acquire(&2)?);
+    /// assert_eq!(limit.evict_idle(), 1); // key 2; key 1 holds a permit
+    /// # drop(held);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn evict_idle(&self) -> usize {
+        self.limiter.evict_fresh()
+    }
+}
+
+impl<K: Clone + Hash + Eq + Send + Sync> fmt::Debug for InFlight<K> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("InFlight")
+            .field("max", &self.limiter.rule().limit())
+            .finish_non_exhaustive()
+    }
+}
+
+/// Units held for a key of an [`InFlight`] limit, given back when dropped.
+///
+/// # Examples
+/// ```
+/// use tollgate::InFlight;
+/// let limit = InFlight::<u64>::new(1)?;
+/// let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+///     let _permit = limit.try_acquire(&1).unwrap().unwrap();
+///     panic!("the request failed");
+/// }));
+/// assert!(result.is_err());
+/// assert_eq!(limit.in_flight(&1), 0); // released on the way out
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[must_use = "dropping the permit releases its units at once"]
+pub struct InFlightPermit<'a, K: Clone + Hash + Eq + Send + Sync> {
+    owner: &'a InFlight<K>,
+    key: K,
+    cost: u64,
+    /// Where the units were taken: the key's own count, or the count keys over `max_keys`
+    /// share. They go back there, whatever became of the key since.
+    decision: Decision,
+}
+
+impl<K: Clone + Hash + Eq + Send + Sync> InFlightPermit<'_, K> {
+    /// The key the units are held for.
+    pub fn key(&self) -> &K {
+        &self.key
+    }
+
+    /// The units held.
+    pub fn cost(&self) -> u64 {
+        self.cost
+    }
+
+    /// Units the key could still take when this permit was granted.
+    pub fn remaining(&self) -> u64 {
+        self.decision.remaining()
+    }
+}
+
+impl<K: Clone + Hash + Eq + Send + Sync> Drop for InFlightPermit<'_, K> {
+    fn drop(&mut self) {
+        // The key holds these units, so it is not fresh and was not evicted: the release
+        // finds it (moved to a new table, if one replaced its table meanwhile).
+        self.owner
+            .limiter
+            .refund_decided(&self.key, self.cost, &self.decision);
+    }
+}
+
+impl<K: Clone + Hash + Eq + Send + Sync + fmt::Debug> fmt::Debug for InFlightPermit<'_, K> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("InFlightPermit")
+            .field("key", &self.key)
+            .field("cost", &self.cost)
+            .finish()
+    }
+}
