@@ -10,6 +10,9 @@
 //!   limiter, never a panic or an overflow, whatever is then asked of it; the one-word rules'
 //!   pure functions too, on any state, time and cost.
 //! - `replay_parser`: arbitrary bytes as a trace: parsed, replayed, never a panic.
+//! - `in_flight`: `InFlight` under arbitrary acquires (any cost), releases in any order,
+//!   sweeps and a `max_keys` bound, against a map of counts: every admission and refusal as
+//!   the map says, no count above `N`, every count back to 0 once the permits are gone.
 //! - `client_ip`, `config`: the tower layer's forwarding-header parsing and configuration
 //!   parser (`tower.rs`; features `tower` and `serde`, on by default here).
 
@@ -41,6 +44,7 @@ pub fn show(name: &str, data: &[u8]) {
     match name {
         "construction" => println!("{:#?}", Construction::arbitrary_take_rest(input)),
         "replay_parser" => println!("{:?}", String::from_utf8_lossy(data)),
+        "in_flight" => println!("{:#?}", InFlightScenario::arbitrary_take_rest(input)),
         #[cfg(all(feature = "tower", feature = "serde"))]
         "client_ip" => tower::show_client_ip(data),
         #[cfg(all(feature = "tower", feature = "serde"))]
@@ -64,6 +68,11 @@ pub fn run(name: &str, data: &[u8]) {
             }
         }
         "replay_parser" => replay_parser(data),
+        "in_flight" => {
+            if let Ok(scenario) = InFlightScenario::arbitrary_take_rest(input) {
+                in_flight(&scenario);
+            }
+        }
         #[cfg(all(feature = "tower", feature = "serde"))]
         "client_ip" => tower::client_ip(data),
         #[cfg(all(feature = "tower", feature = "serde"))]
@@ -82,6 +91,7 @@ pub const TARGETS: &[&str] = &[
     "sliding_log",
     "construction",
     "replay_parser",
+    "in_flight",
 ];
 
 /// The targets, for the corpus replay test (with the tower layer's: `client_ip`, `config`).
@@ -94,6 +104,7 @@ pub const TARGETS: &[&str] = &[
     "sliding_log",
     "construction",
     "replay_parser",
+    "in_flight",
     "client_ip",
     "config",
 ];
@@ -507,5 +518,95 @@ fn replay_parser(data: &[u8]) {
                 assert!(e.line >= 1 && !e.message.is_empty());
             }
         }
+    }
+}
+
+#[derive(Debug, Arbitrary)]
+struct InFlightScenario {
+    max: u8,
+    /// `Some((keys, deny))`: at most `keys` keys, a new one beyond them refused (`deny`) or
+    /// sharing one count with the others that did not fit.
+    bound: Option<(u8, bool)>,
+    ops: Vec<InFlightOp>,
+}
+
+#[derive(Debug, Arbitrary)]
+enum InFlightOp {
+    Acquire { key: u8, cost: u8 },
+    Release { index: u8 },
+    EvictIdle,
+}
+
+/// `InFlight` against a map of counts. Without a key bound every decision is the map's; with
+/// one, keys beyond it are refused or share a count, so only the bound on each count and the
+/// releases are checked.
+fn in_flight(scenario: &InFlightScenario) {
+    use std::collections::HashMap;
+    use tollgate::{InFlight, OverflowPolicy};
+    let max = u64::from(scenario.max);
+    let limit = match scenario.bound {
+        None => InFlight::<u8>::new(max),
+        Some((keys, deny)) => {
+            let policy = if deny {
+                OverflowPolicy::Deny
+            } else {
+                OverflowPolicy::Shared
+            };
+            InFlight::<u8>::with_max_keys(max, usize::from(keys), policy)
+        }
+    };
+    let Ok(limit) = limit else {
+        assert_eq!(max, 0, "only N = 0 is refused");
+        return;
+    };
+    let exact = scenario.bound.is_none();
+    let mut held: HashMap<u8, u64> = HashMap::new();
+    let mut permits = Vec::new();
+    for op in &scenario.ops {
+        match *op {
+            InFlightOp::Acquire { key, cost } => {
+                let cost = u64::from(cost);
+                let before = held.get(&key).copied().unwrap_or(0);
+                match limit.try_acquire_n(&key, cost) {
+                    Err(LimitError::CapacityExceeded { .. }) => assert!(cost > max),
+                    Err(LimitError::KeyTableFull { .. }) => {
+                        assert!(matches!(scenario.bound, Some((_, true))));
+                    }
+                    Ok(Some(permit)) => {
+                        if exact {
+                            assert!(before + cost <= max, "admitted past N");
+                            assert_eq!(permit.remaining(), max - before - cost);
+                        }
+                        *held.entry(key).or_default() += cost;
+                        permits.push(permit);
+                    }
+                    Ok(None) => {
+                        if exact {
+                            assert!(before + cost > max, "refused below N");
+                        }
+                    }
+                }
+            }
+            InFlightOp::Release { index } => {
+                if !permits.is_empty() {
+                    let permit = permits.swap_remove(usize::from(index) % permits.len());
+                    *held.get_mut(permit.key()).expect("a held key") -= permit.cost();
+                }
+            }
+            InFlightOp::EvictIdle => {
+                limit.evict_idle();
+            }
+        }
+        for (key, count) in &held {
+            let seen = limit.in_flight(key);
+            assert!(seen <= max, "key {key}: {seen} in flight, N = {max}");
+            if exact {
+                assert_eq!(seen, *count, "key {key}");
+            }
+        }
+    }
+    drop(permits);
+    for key in held.keys() {
+        assert_eq!(limit.in_flight(key), 0, "key {key}: a release lost");
     }
 }
