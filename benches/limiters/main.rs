@@ -5,6 +5,7 @@
 //! cargo bench --bench limiters                        # everything (about 15 minutes)
 //! cargo bench --bench limiters -- keyed_gcra/         # one group
 //! cargo bench --bench limiters -- traffic/            # the traffic matrix (about 7 minutes)
+//! cargo bench --bench limiters -- in_flight/          # concurrency limits, per key and global
 //! cargo bench --bench limiters -- 'keyed_gcra/tollgate/100k'
 //! ```
 //! See `benches/README.md` for the figures and what every row measures.
@@ -17,6 +18,7 @@ use tollgate_traffic as regime;
 mod algos;
 mod common;
 mod direct;
+mod in_flight;
 mod keyed;
 mod subjects;
 mod traffic;
@@ -27,6 +29,7 @@ criterion_group!(
     keyed::bench_one_thread,
     keyed::bench_two_threads,
     algos::bench_all,
+    in_flight::bench_all,
     traffic::bench_all
 );
 criterion_main!(benches);

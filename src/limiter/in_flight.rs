@@ -5,11 +5,16 @@ use std::borrow::Borrow;
 use std::fmt;
 use std::hash::Hash;
 
-use super::keyed::{KeyedLimiter, OverflowPolicy};
 use crate::algorithm::Concurrency;
-use crate::clock::ManualClock;
+use crate::clock::Nanos;
 use crate::decision::{Decision, LimitError};
 use crate::quota::QuotaError;
+use crate::state::AtomicWord;
+use crate::store::table::{Check, KeyTable, OverflowPolicy};
+use crate::store::{Evictor, Stored};
+
+/// The rule reads no time: every call runs at instant 0.
+const NOW: Nanos = 0;
 
 /// At most `N` requests (or units) in flight at once per key: nginx's `limit_conn`, per
 /// client, exact.
@@ -42,9 +47,10 @@ use crate::quota::QuotaError;
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 pub struct InFlight<K: Clone + Hash + Eq + Send + Sync> {
-    /// A keyed limiter on the concurrency rule. Its clock is never moved: the rule reads no
-    /// time, and a manual clock's reading costs one load.
-    limiter: KeyedLimiter<K, Concurrency, ManualClock>,
+    /// The keyed limiter's own key table on the concurrency rule, without its clock or its
+    /// quota cell: the rule reads no time and never changes.
+    table: KeyTable<K, AtomicWord, <Concurrency as Stored>::Store<K>>,
+    rule: Concurrency,
 }
 
 impl<K: Clone + Hash + Eq + Send + Sync> InFlight<K> {
@@ -62,11 +68,14 @@ impl<K: Clone + Hash + Eq + Send + Sync> InFlight<K> {
     /// assert!(matches!(InFlight::<u64>::new(0), Err(QuotaError::ZeroLimit)));
     /// ```
     pub fn new(max: u64) -> Result<Self, QuotaError> {
-        let rule = Concurrency::new(max)?;
-        let limiter = KeyedLimiter::builder(rule)
-            .clock(ManualClock::new())
-            .build()?;
-        Ok(InFlight { limiter })
+        Self::on(max, None)
+    }
+
+    fn on(max: u64, max_keys: Option<(usize, OverflowPolicy)>) -> Result<Self, QuotaError> {
+        Ok(InFlight {
+            table: KeyTable::new(Concurrency::new_store(), max_keys),
+            rule: Concurrency::new(max)?,
+        })
     }
 
     /// At most `max` units in flight per key, and at most `max_keys` keys held: a new key
@@ -93,12 +102,7 @@ impl<K: Clone + Hash + Eq + Send + Sync> InFlight<K> {
         max_keys: usize,
         policy: OverflowPolicy,
     ) -> Result<Self, QuotaError> {
-        let rule = Concurrency::new(max)?;
-        let limiter = KeyedLimiter::builder(rule)
-            .clock(ManualClock::new())
-            .max_keys(max_keys, policy)
-            .build()?;
-        Ok(InFlight { limiter })
+        Self::on(max, Some((max_keys.max(1), policy)))
     }
 
     /// A permit for one unit, if `key` holds fewer than `N`; `None` if it is at its bound.
@@ -150,7 +154,13 @@ impl<K: Clone + Hash + Eq + Send + Sync> InFlight<K> {
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
-        let decision = self.limiter.check_n(key, cost)?;
+        let capacity = self.rule.capacity();
+        if cost > capacity {
+            return Err(LimitError::CapacityExceeded { cost, capacity });
+        }
+        let decision = self
+            .table
+            .check_key(key, &self.rule, || NOW, cost, &Idle(self), Check)?;
         Ok(decision.allowed().then(|| InFlightPermit {
             owner: self,
             key: key.to_owned(),
@@ -174,15 +184,13 @@ impl<K: Clone + Hash + Eq + Send + Sync> InFlight<K> {
         K: Borrow<Q>,
         Q: Hash + Eq + ?Sized,
     {
-        match self.limiter.peek(key, 0) {
-            Ok(decision) => decision.limit() - decision.remaining(),
-            Err(_) => 0, // a cost of 0 is never refused
-        }
+        let decision = self.table.peek(key, &self.rule, || NOW, 0);
+        decision.limit() - decision.remaining()
     }
 
     /// `N`.
     pub fn max(&self) -> u64 {
-        self.limiter.rule().limit()
+        self.rule.limit()
     }
 
     /// Keys held (those with units in flight, and some with none not evicted yet).
@@ -197,12 +205,12 @@ impl<K: Clone + Hash + Eq + Send + Sync> InFlight<K> {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn len(&self) -> usize {
-        self.limiter.len()
+        self.table.len()
     }
 
     /// Whether no key is held.
     pub fn is_empty(&self) -> bool {
-        self.limiter.is_empty()
+        self.table.is_empty()
     }
 
     /// Evicts every key with nothing in flight now; returns how many. Not needed for bounded
@@ -220,14 +228,46 @@ impl<K: Clone + Hash + Eq + Send + Sync> InFlight<K> {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn evict_idle(&self) -> usize {
-        self.limiter.evict_fresh()
+        self.table.evict_fresh(&self.rule, NOW)
+    }
+
+    /// Gives back `cost` units to where `decided` took them.
+    fn release<Q>(&self, key: &Q, cost: u64, decided: &Decision)
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        if decided.charged_shared_state() {
+            self.rule.refund(self.table.overflow(), || NOW, cost);
+        } else {
+            // The key holds these units, so it is not fresh and was not evicted: the release
+            // finds it (moved to a new table, if one replaced its table meanwhile).
+            self.table.refund(key, &self.rule, || NOW, cost);
+        }
+    }
+}
+
+/// What the table evicts with: keys with nothing in flight, at any time.
+struct Idle<'a, K: Clone + Hash + Eq + Send + Sync>(&'a InFlight<K>);
+
+impl<K: Clone + Hash + Eq + Send + Sync> Evictor<AtomicWord> for Idle<'_, K> {
+    fn sweep(&self) -> usize {
+        self.0.evict_idle()
+    }
+
+    fn judging<R>(
+        &self,
+        f: impl FnOnce(Nanos, &dyn Fn(&AtomicWord, Nanos) -> bool) -> R,
+    ) -> Option<R> {
+        let rule = self.0.rule;
+        Some(f(NOW, &|cell, _since| rule.evict_if_fresh(cell, NOW)))
     }
 }
 
 impl<K: Clone + Hash + Eq + Send + Sync> fmt::Debug for InFlight<K> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("InFlight")
-            .field("max", &self.limiter.rule().limit())
+            .field("max", &self.rule.limit())
             .finish_non_exhaustive()
     }
 }
@@ -275,11 +315,7 @@ impl<K: Clone + Hash + Eq + Send + Sync> InFlightPermit<'_, K> {
 
 impl<K: Clone + Hash + Eq + Send + Sync> Drop for InFlightPermit<'_, K> {
     fn drop(&mut self) {
-        // The key holds these units, so it is not fresh and was not evicted: the release
-        // finds it (moved to a new table, if one replaced its table meanwhile).
-        self.owner
-            .limiter
-            .refund_decided(&self.key, self.cost, &self.decision);
+        self.owner.release(&self.key, self.cost, &self.decision);
     }
 }
 
