@@ -1227,3 +1227,79 @@ fn a_table_another_thread_cached_is_released_by_lookups_once_it_lets_go() {
     });
     store.audit();
 }
+
+/// The fill bounds `slots.rs` states, seen from outside on one shard: a table is replaced on
+/// the insert that would take it past its capacity (half a small table of up to 1,024 slots;
+/// a larger one keeps 512 slots free, or an eighth of them if that is less), and a growing
+/// shard's next table is the smallest (a multiple of 8 slots) whose capacity holds its keys
+/// with room to grow: 3/2 of them while that fits a small table, 14/11 after.
+#[test]
+fn tables_fill_to_their_stated_bound_and_grow_to_the_stated_size() {
+    let capacity = |len: usize| {
+        let small = len / 2;
+        if len <= 1024 {
+            small
+        } else {
+            small.max((len * 7 / 8).min(len - 512))
+        }
+    };
+    let grown = |keys: usize| {
+        let smallest = |target: usize| (8..).step_by(8).find(|&l| capacity(l) >= target);
+        let small = smallest(keys * 3 / 2 + 1).filter(|&len| len <= 1024);
+        small
+            .or_else(|| smallest(keys * 14 / 11 + 1))
+            .expect("a size")
+    };
+    let store: WordTable<u64, std::hash::BuildHasherDefault<Identity>> =
+        WordTable::new(MARKS, Default::default());
+    // The other 63 shards keep their first table of 8 slots.
+    let len = || store.capacity() - 63 * 8;
+    let mut x = 0x9E37_79B9_7F4A_7C15u64;
+    let (mut replaced, mut small, mut large) = (0, 0, 0);
+    for i in 1..=8_000u64 {
+        // Judged only from a settled table: a drain's moves fill the table too.
+        let (settled, before) = (store.draining() == 0, len());
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        // Shard 0, a distinct middle, any tag and home.
+        let key = i << 40 | (x & 0xFF_FFFF_FFFF);
+        inserting(&store, &key, |cell| add(cell, 1), &KEEP_ALL);
+        if !settled {
+            continue;
+        }
+        // Every key inserted so far is live, and all are in the settled table.
+        let used = i as usize - 1;
+        if len() == before {
+            assert!(
+                used < capacity(before),
+                "key {i}: {used} keys in {before} slots, not replaced"
+            );
+            continue;
+        }
+        assert_eq!(
+            used,
+            capacity(before),
+            "key {i}: replaced with {used} keys in {before} slots"
+        );
+        if before < 2048 {
+            // Small and mid tables are allocated when needed (larger ones may be built
+            // ahead, a little larger).
+            assert_eq!(
+                len(),
+                grown(used),
+                "key {i}: the table after {before} slots"
+            );
+        }
+        replaced += 1;
+        if before <= 1024 {
+            small += 1;
+        } else {
+            large += 1;
+        }
+    }
+    assert!(
+        small >= 5 && large >= 2,
+        "{replaced} replacements: {small} small, {large} large"
+    );
+}
