@@ -305,7 +305,8 @@ pub use algorithm::{
 };
 pub use decision::{Decision, LimitError};
 pub use limiter::{
-    Algorithm, InFlight, InFlightPermit, KeyedLimiter, KeyedLimiterBuilder, Limiter, OverflowPolicy,
+    Algorithm, InFlight, InFlightPermit, KeyedLimiter, KeyedLimiterBuilder, Limiter,
+    OverflowPolicy, OwnedInFlightPermit,
 };
 pub use multi::MultiLimiter;
 pub use quota::{Quota, QuotaError};

@@ -26,6 +26,6 @@ mod keyed;
 
 pub use self::algorithm::Algorithm;
 pub use self::direct::Limiter;
-pub use self::in_flight::{InFlight, InFlightPermit};
+pub use self::in_flight::{InFlight, InFlightPermit, OwnedInFlightPermit};
 pub use self::keyed::builder::KeyedLimiterBuilder;
 pub use self::keyed::{KeyedLimiter, OverflowPolicy};

@@ -183,3 +183,42 @@ fn counts_match_a_model_over_random_operations() {
         }
     }
 }
+
+/// Owned permits move into spawned tasks; a task aborted while it holds one gives it back.
+#[test]
+fn owned_permits_are_released_when_their_task_is_aborted() {
+    let limit = std::sync::Arc::new(InFlight::<u64>::new(3).unwrap());
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_time()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let tasks: Vec<_> = (0..3)
+            .map(|_| {
+                let permit = limit.try_acquire_owned(&9).unwrap().unwrap();
+                tokio::spawn(async move {
+                    let _held = permit;
+                    std::future::pending::<()>().await;
+                })
+            })
+            .collect();
+        assert!(limit.try_acquire_owned(&9).unwrap().is_none(), "3 held");
+        for task in &tasks {
+            task.abort();
+        }
+        for task in tasks {
+            assert!(task.await.unwrap_err().is_cancelled());
+        }
+    });
+    assert_eq!(
+        limit.in_flight(&9),
+        0,
+        "every aborted task's permit released"
+    );
+    let permit = limit.try_acquire_n_owned(&9, 3).unwrap().unwrap();
+    assert_eq!(
+        (permit.key(), permit.cost(), permit.remaining()),
+        (&9, 3, 0)
+    );
+}

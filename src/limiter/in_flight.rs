@@ -4,6 +4,7 @@
 use std::borrow::Borrow;
 use std::fmt;
 use std::hash::Hash;
+use std::sync::Arc;
 
 use crate::algorithm::Concurrency;
 use crate::clock::Nanos;
@@ -154,6 +155,67 @@ impl<K: Clone + Hash + Eq + Send + Sync> InFlight<K> {
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
+        let held = self.take(key, cost)?;
+        Ok(held.map(|held| InFlightPermit { owner: self, held }))
+    }
+
+    /// [`InFlight::try_acquire`] for a permit that owns a handle to the limit, to move into a
+    /// spawned task or a response body (`'static`).
+    ///
+    /// # Errors
+    /// As for [`InFlight::try_acquire`].
+    ///
+    /// # Examples
+    /// ```
+    /// use std::sync::Arc;
+    /// use tollgate::InFlight;
+    /// let jobs = Arc::new(InFlight::<u64>::new(1)?);
+    /// let permit = jobs.try_acquire_owned(&1)?.expect("none running");
+    /// let worker = std::thread::spawn(move || {
+    ///     // ... the job, holding its permit ...
+    ///     drop(permit);
+    /// });
+    /// worker.join().unwrap();
+    /// assert_eq!(jobs.in_flight(&1), 0);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn try_acquire_owned<Q>(
+        self: &Arc<Self>,
+        key: &Q,
+    ) -> Result<Option<OwnedInFlightPermit<K>>, LimitError>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        self.try_acquire_n_owned(key, 1)
+    }
+
+    /// [`InFlight::try_acquire_n`] for a permit that owns a handle to the limit.
+    ///
+    /// # Errors
+    /// As for [`InFlight::try_acquire_n`].
+    pub fn try_acquire_n_owned<Q>(
+        self: &Arc<Self>,
+        key: &Q,
+        cost: u64,
+    ) -> Result<Option<OwnedInFlightPermit<K>>, LimitError>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        let held = self.take(key, cost)?;
+        Ok(held.map(|held| OwnedInFlightPermit {
+            owner: Arc::clone(self),
+            held,
+        }))
+    }
+
+    /// Takes `cost` units of `key`, if it holds at most `N − cost`.
+    fn take<Q>(&self, key: &Q, cost: u64) -> Result<Option<Held<K>>, LimitError>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
         let capacity = self.rule.capacity();
         if cost > capacity {
             return Err(LimitError::CapacityExceeded { cost, capacity });
@@ -161,8 +223,7 @@ impl<K: Clone + Hash + Eq + Send + Sync> InFlight<K> {
         let decision = self
             .table
             .check_key(key, &self.rule, || NOW, cost, &Idle(self), Check)?;
-        Ok(decision.allowed().then(|| InFlightPermit {
-            owner: self,
+        Ok(decision.allowed().then(|| Held {
             key: key.to_owned(),
             cost,
             decision,
@@ -231,18 +292,14 @@ impl<K: Clone + Hash + Eq + Send + Sync> InFlight<K> {
         self.table.evict_fresh(&self.rule, NOW)
     }
 
-    /// Gives back `cost` units to where `decided` took them.
-    fn release<Q>(&self, key: &Q, cost: u64, decided: &Decision)
-    where
-        K: Borrow<Q>,
-        Q: Hash + Eq + ?Sized,
-    {
-        if decided.charged_shared_state() {
-            self.rule.refund(self.table.overflow(), || NOW, cost);
+    /// Gives `held`'s units back to where they were taken.
+    fn release(&self, held: &Held<K>) {
+        if held.decision.charged_shared_state() {
+            self.rule.refund(self.table.overflow(), || NOW, held.cost);
         } else {
             // The key holds these units, so it is not fresh and was not evicted: the release
             // finds it (moved to a new table, if one replaced its table meanwhile).
-            self.table.refund(key, &self.rule, || NOW, cost);
+            self.table.refund(&held.key, &self.rule, || NOW, held.cost);
         }
     }
 }
@@ -272,6 +329,15 @@ impl<K: Clone + Hash + Eq + Send + Sync> fmt::Debug for InFlight<K> {
     }
 }
 
+/// Units taken for a key: what a permit gives back.
+struct Held<K> {
+    key: K,
+    cost: u64,
+    /// Where the units were taken: the key's own count, or the count keys over `max_keys`
+    /// share. They go back there, whatever became of the key since.
+    decision: Decision,
+}
+
 /// Units held for a key of an [`InFlight`] limit, given back when dropped.
 ///
 /// # Examples
@@ -289,41 +355,52 @@ impl<K: Clone + Hash + Eq + Send + Sync> fmt::Debug for InFlight<K> {
 #[must_use = "dropping the permit releases its units at once"]
 pub struct InFlightPermit<'a, K: Clone + Hash + Eq + Send + Sync> {
     owner: &'a InFlight<K>,
-    key: K,
-    cost: u64,
-    /// Where the units were taken: the key's own count, or the count keys over `max_keys`
-    /// share. They go back there, whatever became of the key since.
-    decision: Decision,
+    held: Held<K>,
 }
 
-impl<K: Clone + Hash + Eq + Send + Sync> InFlightPermit<'_, K> {
-    /// The key the units are held for.
-    pub fn key(&self) -> &K {
-        &self.key
-    }
-
-    /// The units held.
-    pub fn cost(&self) -> u64 {
-        self.cost
-    }
-
-    /// Units the key could still take when this permit was granted.
-    pub fn remaining(&self) -> u64 {
-        self.decision.remaining()
-    }
+/// Units held for a key of an [`InFlight`] limit behind an `Arc`, given back when dropped:
+/// [`InFlight::try_acquire_owned`].
+#[must_use = "dropping the permit releases its units at once"]
+pub struct OwnedInFlightPermit<K: Clone + Hash + Eq + Send + Sync> {
+    owner: Arc<InFlight<K>>,
+    held: Held<K>,
 }
 
-impl<K: Clone + Hash + Eq + Send + Sync> Drop for InFlightPermit<'_, K> {
-    fn drop(&mut self) {
-        self.owner.release(&self.key, self.cost, &self.decision);
-    }
+macro_rules! permit {
+    ($permit:ident $(<$lt:lifetime>)?) => {
+        impl<K: Clone + Hash + Eq + Send + Sync> $permit<$($lt,)? K> {
+            /// The key the units are held for.
+            pub fn key(&self) -> &K {
+                &self.held.key
+            }
+
+            /// The units held.
+            pub fn cost(&self) -> u64 {
+                self.held.cost
+            }
+
+            /// Units the key could still take when this permit was granted.
+            pub fn remaining(&self) -> u64 {
+                self.held.decision.remaining()
+            }
+        }
+
+        impl<K: Clone + Hash + Eq + Send + Sync> Drop for $permit<$($lt,)? K> {
+            fn drop(&mut self) {
+                self.owner.release(&self.held);
+            }
+        }
+
+        impl<K: Clone + Hash + Eq + Send + Sync + fmt::Debug> fmt::Debug for $permit<$($lt,)? K> {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.debug_struct(stringify!($permit))
+                    .field("key", &self.held.key)
+                    .field("cost", &self.held.cost)
+                    .finish()
+            }
+        }
+    };
 }
 
-impl<K: Clone + Hash + Eq + Send + Sync + fmt::Debug> fmt::Debug for InFlightPermit<'_, K> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("InFlightPermit")
-            .field("key", &self.key)
-            .field("cost", &self.cost)
-            .finish()
-    }
-}
+permit!(InFlightPermit<'_>);
+permit!(OwnedInFlightPermit);
