@@ -26,9 +26,9 @@ const NOW: Nanos = 0;
 /// permit gives the unit back, on every path (a panic unwinding past it, a future dropped
 /// while it holds one).
 ///
-/// The counts live in the same lock-free table as [`KeyedLimiter`]'s states, one word a key,
-/// updated by a compare-and-swap: an acquire never blocks another key, nor another acquire of
-/// the same key. A key with nothing in flight is as good as new: it may be evicted when the
+/// The counts live in the same lock-free table as [`KeyedLimiter`](crate::KeyedLimiter)'s
+/// states, one word a key, updated by a compare-and-swap: an acquire never blocks another key,
+/// nor another acquire of the same key. A key with nothing in flight is as good as new: it may be evicted when the
 /// table needs room, as a fresh rate-limit key is, but never while a permit is out.
 ///
 /// # Examples
@@ -57,7 +57,7 @@ pub struct InFlight<K: Clone + Hash + Eq + Send + Sync> {
 impl<K: Clone + Hash + Eq + Send + Sync> InFlight<K> {
     /// At most `max` units in flight per key, with no bound on the number of keys (keys with
     /// nothing in flight are evicted when the table needs the room, as
-    /// [`KeyedLimiter`]'s fresh keys are).
+    /// [`KeyedLimiter`](crate::KeyedLimiter)'s fresh keys are).
     ///
     /// # Errors
     /// [`QuotaError::ZeroLimit`] for `max = 0`; [`QuotaError::TooLarge`] above `u64::MAX − 2`.
