@@ -244,7 +244,8 @@ fn resident() -> (u64, u64) {
 }
 
 /// One RSS measurement, in this (fresh) process: prints `keys held, base, after the inserts,
-/// settled, peak`, in bytes.
+/// settled, peak, live heap settled` (the heap as requested from the allocator, grown since
+/// base), in bytes.
 fn rss_one(subject: &str, key_type: &str, n: usize) {
     let raw = keys(n);
     let hour = Duration::from_secs(3600);
@@ -257,6 +258,7 @@ fn rss_one(subject: &str, key_type: &str, n: usize) {
         held: impl Fn(&L) -> usize,
     ) {
         let (base, _) = resident();
+        let heap = live();
         let subject = build();
         for key in keys {
             assert!(check(&subject, key), "every first check is admitted");
@@ -268,7 +270,8 @@ fn rss_one(subject: &str, key_type: &str, n: usize) {
             }
         }
         let (settled, peak) = resident();
-        println!("{} {base} {after} {settled} {peak}", held(&subject));
+        let heap = live() - heap;
+        println!("{} {base} {after} {settled} {peak} {heap}", held(&subject));
     }
     fn tollgate_check<K: std::hash::Hash + Eq + Clone + Send + Sync>(
         limiter: &KeyedLimiter<K, Gcra>,
