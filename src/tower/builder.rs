@@ -418,7 +418,10 @@ impl RateLimitLayerBuilder {
             {
                 return Err(ConfigError::PolicyName(name.to_string()));
             }
-            if let Some(problem) = policy.path_problem().or_else(|| policy.delay_problem()) {
+            let problem = (policy.path_problem())
+                .or_else(|| policy.delay_problem())
+                .or_else(|| policy.in_flight_problem());
+            if let Some(problem) = problem {
                 return Err(ConfigError::Policy {
                     policy: name.to_string(),
                     problem,

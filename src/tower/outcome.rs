@@ -31,6 +31,9 @@ pub enum Outcome {
     TableFull,
     /// The backend could not decide, or the cost can never be admitted.
     Error,
+    /// Refused at once: the client key had as many requests in flight as the policy's
+    /// [`max_in_flight`](super::Policy::max_in_flight) allows.
+    InFlight,
     /// An admitted request given back by its response's status (counted as allowed or
     /// delayed too). Never the outcome of an evaluation, which has no response.
     Refunded,
@@ -41,7 +44,7 @@ pub enum Outcome {
 impl Outcome {
     /// The name metrics and `tollgate replay --config` use: `allowed`, `denied`,
     /// `shadow_denied`, `delayed`, `no_key`, `key_too_long`, `table_full`, `error`,
-    /// `refunded` or `passed`.
+    /// `in_flight`, `refunded` or `passed`.
     pub fn label(self) -> &'static str {
         match self {
             Outcome::Allowed => "allowed",
@@ -52,6 +55,7 @@ impl Outcome {
             Outcome::KeyTooLong => "key_too_long",
             Outcome::TableFull => "table_full",
             Outcome::Error => "error",
+            Outcome::InFlight => "in_flight",
             Outcome::Refunded => "refunded",
             Outcome::Passed => "passed",
         }
@@ -69,7 +73,7 @@ impl std::fmt::Display for Outcome {
 /// must not write lines or terminal escapes into the server's logs, nor fill them.
 /// Every outcome, in declaration order (`Outcome as usize` indexes [`MetricKeys`]).
 #[cfg(feature = "metrics")]
-const OUTCOMES: [Outcome; 10] = [
+const OUTCOMES: [Outcome; 11] = [
     Outcome::Allowed,
     Outcome::Denied,
     Outcome::ShadowDenied,
@@ -78,6 +82,7 @@ const OUTCOMES: [Outcome; 10] = [
     Outcome::KeyTooLong,
     Outcome::TableFull,
     Outcome::Error,
+    Outcome::InFlight,
     Outcome::Refunded,
     Outcome::Passed,
 ];

@@ -7,8 +7,9 @@ use http::request::Parts;
 use http::{Method, StatusCode};
 
 use super::backend::{CheckBackend, QuotaInfo};
-use super::key::KeySource;
+use super::key::{Key, KeySource};
 use super::tiers::Tiers;
+use crate::limiter::InFlight;
 
 /// What a policy does with a request its limit refuses.
 ///
@@ -176,6 +177,11 @@ pub struct Policy {
     #[cfg(feature = "tokio")]
     pub(crate) waiters: Arc<super::waiters::Waiters>,
     pub(crate) refund: Option<Arc<RefundFn>>,
+    /// At most this many requests in flight per client key ([`Policy::max_in_flight`]): the
+    /// bound as given, and its limit (`None` if the bound is not valid: the builder says so).
+    pub(crate) in_flight: Option<(u64, Option<Arc<InFlight<Key>>>)>,
+    /// The answer to a request over the in-flight bound.
+    pub(crate) in_flight_status: StatusCode,
     /// The backend, when it is [`Tiers`]: a handle to move keys between tiers.
     pub(crate) tiers: Option<Tiers>,
     /// The last `RateLimit-Policy` value and the quotas it was built from.
@@ -252,7 +258,73 @@ impl Policy {
                 DEFAULT_MAX_WAITERS_PER_KEY,
             )),
             refund: None,
+            in_flight: None,
+            in_flight_status: StatusCode::TOO_MANY_REQUESTS,
         }
+    }
+
+    /// At most `max` requests of this policy in flight at once per client key (as nginx's
+    /// `limit_conn`), on top of the rate: a request over it is refused at once with
+    /// [`Policy::in_flight_status`] (default 429) and a problem+json body, and counted as
+    /// [`Outcome::InFlight`](super::Outcome::InFlight). An admitted request holds its place
+    /// until its response body ends or is dropped (a client that hangs up frees it). A request
+    /// the rate refuses takes no place. [`RateLimitLayer::evaluate`](super::RateLimitLayer::evaluate)
+    /// and `tollgate replay --config` leave the bound out: a trace line has no duration.
+    ///
+    /// # Examples
+    /// ```
+    /// use tollgate::tower::{Key, Policy, RateLimitLayer};
+    /// use tollgate::{Gcra, KeyedLimiter, Quota};
+    /// let uploads = KeyedLimiter::<Key, _>::new(Gcra::new(Quota::per_minute(60)?)?);
+    /// // 60 a minute, and at most 2 running at once, per client.
+    /// let policy = Policy::new("uploads", uploads).path_prefix("/upload").max_in_flight(2);
+    /// assert!(RateLimitLayer::builder().policy(policy).build().is_ok());
+    /// // A bound of 0 is refused when the layer is built.
+    /// let none = KeyedLimiter::<Key, _>::new(Gcra::new(Quota::per_minute(60)?)?);
+    /// let zero = Policy::new("none", none).max_in_flight(0);
+    /// assert!(RateLimitLayer::builder().policy(zero).build().is_err());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn max_in_flight(mut self, max: u64) -> Self {
+        self.in_flight = Some((max, InFlight::new(max).ok().map(Arc::new)));
+        self
+    }
+
+    /// The status a request over [`Policy::max_in_flight`] gets: 429 (the default), or 503
+    /// for servers that say "busy" rather than "too many".
+    ///
+    /// # Examples
+    /// ```
+    /// use http::StatusCode;
+    /// use tollgate::tower::{Key, Policy};
+    /// use tollgate::{Gcra, KeyedLimiter, Quota};
+    /// let searches = KeyedLimiter::<Key, _>::new(Gcra::new(Quota::per_second(5)?)?);
+    /// let policy = Policy::new("search", searches)
+    ///     .max_in_flight(4)
+    ///     .in_flight_status(StatusCode::SERVICE_UNAVAILABLE);
+    /// # let _ = policy;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn in_flight_status(mut self, status: StatusCode) -> Self {
+        self.in_flight_status = status;
+        self
+    }
+
+    /// The policy's in-flight limit, if it has one.
+    pub(crate) fn in_flight_limit(&self) -> Option<&Arc<InFlight<Key>>> {
+        self.in_flight
+            .as_ref()
+            .and_then(|(_, limit)| limit.as_ref())
+    }
+
+    /// Why the policy's in-flight settings are refused, if they are.
+    pub(crate) fn in_flight_problem(&self) -> Option<String> {
+        if let Some((max, None)) = self.in_flight {
+            return Some(format!("max_in_flight {max} must be at least 1"));
+        }
+        let status = self.in_flight_status;
+        (!(status.is_client_error() || status.is_server_error()))
+            .then(|| format!("in_flight_status {status} must be a 4xx or 5xx status"))
     }
 
     /// Matches paths starting with `prefix` in whole segments: `/api` covers `/api`, `/api/`

@@ -11,7 +11,9 @@ use http::{HeaderMap, Method, Response, StatusCode};
 use http_body::{Body, Frame, SizeHint};
 
 use super::backend::{CheckBackend, Verdict};
+use super::key::Key;
 use super::policy::Policy;
+use crate::limiter::OwnedInFlightPermit;
 use crate::Decision;
 
 /// Which rate-limit header fields the layer adds to every response a policy decided
@@ -517,6 +519,9 @@ pin_project_lite::pin_project! {
     pub struct RateLimitBody<B> {
         #[pin]
         kind: Kind<B>,
+        // The request's place under its policy's `max_in_flight`, held until the body ends
+        // or is dropped.
+        place: Option<OwnedInFlightPermit<Key>>,
     }
 }
 
@@ -546,6 +551,7 @@ impl<B> RateLimitBody<B> {
     pub fn inner(body: B) -> Self {
         RateLimitBody {
             kind: Kind::Inner { body },
+            place: None,
         }
     }
 
@@ -572,7 +578,16 @@ impl<B> RateLimitBody<B> {
             kind: Kind::Full {
                 data: (!data.is_empty()).then_some(data),
             },
+            place: None,
         }
+    }
+}
+
+impl<B> RateLimitBody<B> {
+    /// This body, holding `place` until it ends or is dropped.
+    pub(crate) fn holding(mut self, place: Option<OwnedInFlightPermit<Key>>) -> Self {
+        self.place = place;
+        self
     }
 }
 
@@ -596,10 +611,16 @@ where
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
-        match self.project().kind.project() {
-            KindProj::Inner { body } => body.poll_frame(cx),
-            KindProj::Full { data } => Poll::Ready(data.take().map(|d| Ok(Frame::data(d)))),
+        let this = self.project();
+        let frame = match this.kind.project() {
+            KindProj::Inner { body } => std::task::ready!(body.poll_frame(cx)),
+            KindProj::Full { data } => data.take().map(|d| Ok(Frame::data(d))),
+        };
+        if frame.is_none() {
+            // The body ended: the request is no longer in flight.
+            *this.place = None;
         }
+        Poll::Ready(frame)
     }
 
     fn is_end_stream(&self) -> bool {

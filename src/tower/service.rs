@@ -28,6 +28,7 @@ use super::response::{
 use super::response::{denial_detail, denial_problem, never_cached};
 use super::stats;
 use crate::decision::LimitError;
+use crate::limiter::OwnedInFlightPermit;
 
 /// The service [`RateLimitLayer`] wraps around `S`.
 ///
@@ -369,11 +370,13 @@ pin_project_lite::pin_project! {
     enum Stage<F, B, E> {
         /// Answered without the inner service.
         Ready { response: Option<Response<RateLimitBody<B>>> },
-        /// The inner service's future, and what its response still needs.
+        /// The inner service's future, and what its response still needs (its headers, and
+        /// the request's in-flight place, which its body holds).
         Inner {
             #[pin]
             future: F,
             admitted: Option<Admitted>,
+            place: Option<OwnedInFlightPermit<Key>>,
         },
         /// A decision that waits, and then the inner service.
         Boxed { future: BoxedResponse<B, E> },
@@ -405,9 +408,14 @@ where
                 // Polled again after completion: a caller bug; stay pending rather than panic.
                 None => Poll::Pending,
             },
-            StageProj::Inner { future, admitted } => {
+            StageProj::Inner {
+                future,
+                admitted,
+                place,
+            } => {
                 let response = std::task::ready!(future.poll(cx))?;
-                Poll::Ready(Ok(Admitted::finish(admitted.take(), response)))
+                let response = Admitted::finish(admitted.take(), response);
+                Poll::Ready(Ok(response.map(|body| body.holding(place.take()))))
             }
             StageProj::Boxed { future } => future.as_mut().poll(cx),
         }
@@ -439,6 +447,7 @@ where
                 return ResponseFuture::stage(Stage::Inner {
                     future: self.inner.call(request),
                     admitted: None,
+                    place: None,
                 })
             }
             Plan::Unchecked {
@@ -448,6 +457,7 @@ where
                     Fallback::Allow => Stage::Inner {
                         future: self.inner.call(request),
                         admitted: None,
+                        place: None,
                     },
                     Fallback::Reject(status) => Stage::Ready {
                         response: Some(self.shared.reject(
@@ -465,6 +475,27 @@ where
             Plan::Check { policy, key, cost } => (policy, key, cost),
         };
         let policy = &self.shared.policies[index];
+        // The request's place under the policy's in-flight bound, taken before the rate is
+        // charged (a request refused here costs nothing) and given back if the rate refuses.
+        let place = match policy.in_flight_limit() {
+            None => None,
+            Some(limit) => match limit.try_acquire_owned(&key) {
+                Ok(Some(place)) => Some(place),
+                // No key bound, a cost of 1: an error cannot happen; refused either way.
+                Ok(None) | Err(_) => {
+                    stats::record(policy, Outcome::InFlight);
+                    let grpc = is_grpc(request.method(), request.headers());
+                    let detail = format!(
+                        "Rate limit \"{}\": this client has as many requests in flight as it may.",
+                        policy.name()
+                    );
+                    let response = self.shared.reject(policy.in_flight_status, &detail, grpc);
+                    return ResponseFuture::stage(Stage::Ready {
+                        response: Some(response),
+                    });
+                }
+            },
+        };
         // Delay mode may sleep: it always takes the boxed path.
         let decided = match policy.mode {
             #[cfg(feature = "tokio")]
@@ -488,6 +519,7 @@ where
                     Next::Call(admitted) => Stage::Inner {
                         future: self.inner.call(request),
                         admitted,
+                        place,
                     },
                 },
             );
@@ -513,7 +545,8 @@ where
                 Next::Call(admitted) => admitted,
             };
             let response = inner.call(request).await?;
-            Ok(Admitted::finish(admitted, response))
+            let response = Admitted::finish(admitted, response);
+            Ok(response.map(|body| body.holding(place)))
         });
         ResponseFuture::stage(Stage::Boxed { future })
     }
