@@ -163,3 +163,38 @@ fn bad_bounds_are_refused_when_the_layer_is_built() {
         .in_flight_status(StatusCode::OK);
     assert!(RateLimitLayer::builder().policy(ok_status).build().is_err());
 }
+
+/// `in_flight` and `in_flight_status` in the configuration file.
+#[cfg(feature = "serde")]
+#[tokio::test]
+async fn the_bound_is_read_from_the_configuration() {
+    use tollgate::tower::config::LayerConfig;
+    let config: LayerConfig = toml::from_str(
+        r#"
+        [[policy]]
+        name = "exports"
+        quota = "100/1m"
+        in_flight = 1
+        in_flight_status = 503
+        "#,
+    )
+    .unwrap();
+    let layer = config.builder().unwrap().build().unwrap();
+    let mut svc = layer.layer(Streams::default());
+    let held = respond(&mut svc, request("/x", ALICE, &[])).await;
+    let over = respond(&mut svc, request("/x", ALICE, &[])).await;
+    assert_eq!(
+        (held.status(), over.status()),
+        (StatusCode::OK, StatusCode::SERVICE_UNAVAILABLE)
+    );
+    for bad in [
+        "in_flight = 0",
+        "in_flight = 1\nin_flight_status = 200",
+        "in_flight = 1\nin_flight_status = 1000",
+    ] {
+        let text = format!("[[policy]]\nname = \"p\"\nquota = \"1/1s\"\n{bad}\n");
+        let config: LayerConfig = toml::from_str(&text).unwrap();
+        let built = config.builder().and_then(|builder| builder.build());
+        assert!(built.is_err(), "{bad}: accepted");
+    }
+}

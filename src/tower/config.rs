@@ -51,6 +51,8 @@
 //!                                  # "5xx": a timeout layer's 503/504 under overload)
 //! tier = "free"                    # with tiers: the name of this quota's tier (default "default")
 //! tiers.pro = { quota = "1000/1m", keys = ["k-1"] }  # more tiers, keys placed at start
+//! in_flight = 4                    # at most 4 requests running at once per key
+//! in_flight_status = 503           # the answer over it (default 429)
 //! max_keys = 100000                # optional bound on the keys held
 //! overflow = "shared"              # past max_keys: shared (default) | deny
 //!
@@ -262,6 +264,14 @@ pub struct PolicyConfig {
     /// The name of the default tier (default `"default"`), when there are tiers.
     #[serde(default = "default_tier")]
     pub tier: String,
+    /// At most this many of the policy's requests in flight at once per client key (see
+    /// [`Policy::max_in_flight`]).
+    #[serde(default)]
+    pub in_flight: Option<u64>,
+    /// The status a request over `in_flight` gets: 429 (default), or another 4xx/5xx such as
+    /// 503.
+    #[serde(default)]
+    pub in_flight_status: Option<u16>,
     /// At most this many keys held (single-quota policies).
     #[serde(default)]
     pub max_keys: Option<usize>,

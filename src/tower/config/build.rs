@@ -220,6 +220,14 @@ impl PolicyConfig {
                 self.problem("max_waiters is for delay mode, which needs the `tokio` feature")
             );
         }
+        if let Some(max) = self.in_flight {
+            policy = policy.max_in_flight(max);
+        }
+        if let Some(code) = self.in_flight_status {
+            let status = http::StatusCode::from_u16(code)
+                .map_err(|_| self.problem(&format!("in_flight_status {code} is not a status")))?;
+            policy = policy.in_flight_status(status);
+        }
         if !self.refund.is_empty() {
             let statuses = self.refund.clone();
             policy = policy.refund_when(move |status| statuses.iter().any(|m| m.matches(status)));
