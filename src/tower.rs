@@ -135,7 +135,7 @@ pub use self::key::{Key, KeySource, LongKey};
 pub use self::layer::{Evaluation, RateLimitLayer};
 pub use self::outcome::Outcome;
 pub use self::path::normalized_path;
-pub use self::policy::{Cost, Mode, Policy};
+pub use self::policy::{Cost, InFlightScope, Mode, Policy};
 #[cfg(feature = "redis")]
 pub use self::redis_backend::{redis_key, RedisBackend};
 pub use self::response::{Denial, HeaderStyle, RateLimitBody};

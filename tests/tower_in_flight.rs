@@ -198,3 +198,37 @@ async fn the_bound_is_read_from_the_configuration() {
         assert!(built.is_err(), "{bad}: accepted");
     }
 }
+
+/// Under `InFlightScope::Policy` every client shares the one bound.
+#[tokio::test]
+async fn a_policy_wide_bound_is_shared_by_every_client() {
+    use tollgate::tower::InFlightScope;
+    let rate = KeyedLimiter::<Key, _>::new(Gcra::new(Quota::per_minute(1000).unwrap()).unwrap());
+    let policy = Policy::new("reports", rate)
+        .max_in_flight(1)
+        .in_flight_scope(InFlightScope::Policy);
+    let mut svc = RateLimitLayer::builder()
+        .policy(policy)
+        .build()
+        .unwrap()
+        .layer(Streams::default());
+    let alice = respond(&mut svc, request("/r", ALICE, &[])).await;
+    let bob = respond(&mut svc, request("/r", BOB, &[])).await;
+    assert_eq!(
+        (alice.status(), bob.status()),
+        (StatusCode::OK, StatusCode::TOO_MANY_REQUESTS)
+    );
+    drop(alice);
+    assert_eq!(
+        respond(&mut svc, request("/r", BOB, &[])).await.status(),
+        StatusCode::OK
+    );
+    #[cfg(feature = "serde")]
+    {
+        let config: tollgate::tower::config::PolicyConfig = toml::from_str(
+            "name = \"r\"\nquota = \"1/1s\"\nin_flight = 2\nin_flight_scope = \"policy\"",
+        )
+        .unwrap();
+        assert_eq!(config.in_flight_scope, InFlightScope::Policy);
+    }
+}

@@ -53,6 +53,7 @@
 //! tiers.pro = { quota = "1000/1m", keys = ["k-1"] }  # more tiers, keys placed at start
 //! in_flight = 4                    # at most 4 requests running at once per key
 //! in_flight_status = 503           # the answer over it (default 429)
+//! in_flight_scope = "key"          # key (default) | policy: one bound for all its requests
 //! max_keys = 100000                # optional bound on the keys held
 //! overflow = "shared"              # past max_keys: shared (default) | deny
 //!
@@ -105,7 +106,7 @@ use super::cidr::Cidr;
 use super::key::{Key, KeySource, LongKey};
 use super::layer::RateLimitLayer;
 use super::policy::PathMatch;
-use super::policy::{Mode, Policy};
+use super::policy::{InFlightScope, Mode, Policy};
 use super::response::HeaderStyle;
 use super::tiers::Tiers;
 use crate::clock::{Clock, QuantaClock};
@@ -272,6 +273,10 @@ pub struct PolicyConfig {
     /// 503.
     #[serde(default)]
     pub in_flight_status: Option<u16>,
+    /// Whose requests `in_flight` counts: `"key"` (each client key's, the default) or
+    /// `"policy"` (all of the policy's).
+    #[serde(default)]
+    pub in_flight_scope: InFlightScope,
     /// At most this many keys held (single-quota policies).
     #[serde(default)]
     pub max_keys: Option<usize>,

@@ -58,6 +58,29 @@ const DEFAULT_MAX_WAITERS: usize = 1024;
 #[cfg(feature = "tokio")]
 const DEFAULT_MAX_WAITERS_PER_KEY: usize = 16;
 
+/// Whose requests a policy's in-flight bound counts ([`Policy::in_flight_scope`]).
+///
+/// # Examples
+/// ```
+/// use tollgate::tower::InFlightScope;
+/// assert_eq!(InFlightScope::default(), InFlightScope::Key);
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[cfg_attr(
+    feature = "serde",
+    derive(serde::Deserialize),
+    serde(rename_all = "kebab-case")
+)]
+#[non_exhaustive]
+pub enum InFlightScope {
+    /// Each client key has its own bound (the default): nginx's `limit_conn` per client.
+    #[default]
+    Key,
+    /// The policy's requests share one bound, whatever their key: a cap on what an endpoint
+    /// runs at once.
+    Policy,
+}
+
 type CostFn = dyn Fn(&Parts) -> u64 + Send + Sync;
 type RefundFn = dyn Fn(StatusCode) -> bool + Send + Sync;
 
@@ -182,6 +205,8 @@ pub struct Policy {
     pub(crate) in_flight: Option<(u64, Option<Arc<InFlight<Key>>>)>,
     /// The answer to a request over the in-flight bound.
     pub(crate) in_flight_status: StatusCode,
+    /// The key the bound counts under [`InFlightScope::Policy`] (every request's).
+    pub(crate) in_flight_key: Option<Key>,
     /// The backend, when it is [`Tiers`]: a handle to move keys between tiers.
     pub(crate) tiers: Option<Tiers>,
     /// The last `RateLimit-Policy` value and the quotas it was built from.
@@ -260,6 +285,7 @@ impl Policy {
             refund: None,
             in_flight: None,
             in_flight_status: StatusCode::TOO_MANY_REQUESTS,
+            in_flight_key: None,
         }
     }
 
@@ -307,6 +333,29 @@ impl Policy {
     /// ```
     pub fn in_flight_status(mut self, status: StatusCode) -> Self {
         self.in_flight_status = status;
+        self
+    }
+
+    /// Whose requests [`Policy::max_in_flight`] counts: each client key's (the default), or
+    /// the whole policy's.
+    ///
+    /// # Examples
+    /// ```
+    /// use tollgate::tower::{InFlightScope, Key, Policy};
+    /// use tollgate::{Gcra, KeyedLimiter, Quota};
+    /// let reports = KeyedLimiter::<Key, _>::new(Gcra::new(Quota::per_minute(10)?)?);
+    /// // At most 8 report builds running at once on this server, whoever asks.
+    /// let policy = Policy::new("reports", reports)
+    ///     .max_in_flight(8)
+    ///     .in_flight_scope(InFlightScope::Policy);
+    /// # let _ = policy;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn in_flight_scope(mut self, scope: InFlightScope) -> Self {
+        self.in_flight_key = match scope {
+            InFlightScope::Key => None,
+            InFlightScope::Policy => Some(Key::from("")),
+        };
         self
     }
 

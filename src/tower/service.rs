@@ -479,22 +479,24 @@ where
         // charged (a request refused here costs nothing) and given back if the rate refuses.
         let place = match policy.in_flight_limit() {
             None => None,
-            Some(limit) => match limit.try_acquire_owned(&key) {
-                Ok(Some(place)) => Some(place),
-                // No key bound, a cost of 1: an error cannot happen; refused either way.
-                Ok(None) | Err(_) => {
-                    stats::record(policy, Outcome::InFlight);
-                    let grpc = is_grpc(request.method(), request.headers());
-                    let detail = format!(
+            Some(limit) => {
+                match limit.try_acquire_owned(policy.in_flight_key.as_ref().unwrap_or(&key)) {
+                    Ok(Some(place)) => Some(place),
+                    // No key bound, a cost of 1: an error cannot happen; refused either way.
+                    Ok(None) | Err(_) => {
+                        stats::record(policy, Outcome::InFlight);
+                        let grpc = is_grpc(request.method(), request.headers());
+                        let detail = format!(
                         "Rate limit \"{}\": this client has as many requests in flight as it may.",
                         policy.name()
                     );
-                    let response = self.shared.reject(policy.in_flight_status, &detail, grpc);
-                    return ResponseFuture::stage(Stage::Ready {
-                        response: Some(response),
-                    });
+                        let response = self.shared.reject(policy.in_flight_status, &detail, grpc);
+                        return ResponseFuture::stage(Stage::Ready {
+                            response: Some(response),
+                        });
+                    }
                 }
-            },
+            }
         };
         // Delay mode may sleep: it always takes the boxed path.
         let decided = match policy.mode {

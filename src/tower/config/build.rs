@@ -221,7 +221,9 @@ impl PolicyConfig {
             );
         }
         if let Some(max) = self.in_flight {
-            policy = policy.max_in_flight(max);
+            policy = policy
+                .max_in_flight(max)
+                .in_flight_scope(self.in_flight_scope);
         }
         if let Some(code) = self.in_flight_status {
             let status = http::StatusCode::from_u16(code)
