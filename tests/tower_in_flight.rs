@@ -232,3 +232,24 @@ async fn a_policy_wide_bound_is_shared_by_every_client() {
         assert_eq!(config.in_flight_scope, InFlightScope::Policy);
     }
 }
+
+/// A shadow policy counts a request over the bound and lets it through.
+#[tokio::test]
+async fn a_shadow_policy_lets_requests_over_the_bound_through() {
+    use tollgate::tower::Mode;
+    let rate = KeyedLimiter::<Key, _>::new(Gcra::new(Quota::per_minute(1000).unwrap()).unwrap());
+    let policy = Policy::new("trial", rate)
+        .max_in_flight(1)
+        .mode(Mode::Shadow);
+    let mut svc = RateLimitLayer::builder()
+        .policy(policy)
+        .build()
+        .unwrap()
+        .layer(Streams::default());
+    let first = respond(&mut svc, request("/t", ALICE, &[])).await;
+    let second = respond(&mut svc, request("/t", ALICE, &[])).await;
+    assert_eq!(
+        (first.status(), second.status()),
+        (StatusCode::OK, StatusCode::OK)
+    );
+}

@@ -294,7 +294,8 @@ impl Policy {
     /// [`Policy::in_flight_status`] (default 429) and a problem+json body, and counted as
     /// [`Outcome::InFlight`](super::Outcome::InFlight). An admitted request holds its place
     /// until its response body ends or is dropped (a client that hangs up frees it). A request
-    /// the rate refuses takes no place. [`RateLimitLayer::evaluate`](super::RateLimitLayer::evaluate)
+    /// the rate refuses takes no place; a [`Mode::Shadow`] policy counts a request over the
+    /// bound and lets it through. [`RateLimitLayer::evaluate`](super::RateLimitLayer::evaluate)
     /// and `tollgate replay --config` leave the bound out: a trace line has no duration.
     ///
     /// # Examples

@@ -483,6 +483,11 @@ where
                 match limit.try_acquire_owned(policy.in_flight_key.as_ref().unwrap_or(&key)) {
                     Ok(Some(place)) => Some(place),
                     // No key bound, a cost of 1: an error cannot happen; refused either way.
+                    // A shadow policy counts the refusal and lets the request through.
+                    Ok(None) | Err(_) if policy.mode == Mode::Shadow => {
+                        stats::record(policy, Outcome::InFlight);
+                        None
+                    }
                     Ok(None) | Err(_) => {
                         stats::record(policy, Outcome::InFlight);
                         let grpc = is_grpc(request.method(), request.headers());
