@@ -28,8 +28,9 @@ const NOW: Nanos = 0;
 ///
 /// The counts live in the same lock-free table as [`KeyedLimiter`](crate::KeyedLimiter)'s
 /// states, one word a key, updated by a compare-and-swap: an acquire never blocks another key,
-/// nor another acquire of the same key. A key with nothing in flight is as good as new: it may be evicted when the
-/// table needs room, as a fresh rate-limit key is, but never while a permit is out.
+/// nor another acquire of the same key. A key with nothing in flight is as good as new: it may
+/// be evicted when the table needs room, as a fresh rate-limit key is, but never while a
+/// permit is out.
 ///
 /// # Examples
 /// ```
