@@ -107,11 +107,14 @@
 mod addr;
 mod answers;
 mod backend;
+mod body;
 mod builder;
 mod cidr;
 #[cfg(feature = "serde")]
 pub mod config;
+mod cost;
 mod delay;
+mod future;
 mod key;
 mod layer;
 mod outcome;
@@ -129,15 +132,18 @@ mod waiters;
 pub use self::addr::ProxyHeader;
 pub use self::answers::{ConfigError, Fallback};
 pub use self::backend::{CheckBackend, CheckError, CheckFuture, QuotaInfo, Verdict};
+pub use self::body::RateLimitBody;
 pub use self::builder::RateLimitLayerBuilder;
 pub use self::cidr::{Cidr, CidrError};
+pub use self::cost::Cost;
+pub use self::future::ResponseFuture;
 pub use self::key::{Key, KeySource, LongKey};
 pub use self::layer::{Evaluation, RateLimitLayer};
 pub use self::outcome::Outcome;
 pub use self::path::normalized_path;
-pub use self::policy::{Cost, InFlightScope, Mode, Policy};
+pub use self::policy::{InFlightScope, Mode, Policy};
 #[cfg(feature = "redis")]
 pub use self::redis_backend::{redis_key, RedisBackend};
-pub use self::response::{Denial, HeaderStyle, RateLimitBody};
-pub use self::service::{RateLimit, ResponseFuture};
+pub use self::response::{Denial, HeaderStyle};
+pub use self::service::RateLimit;
 pub use self::tiers::{Tiers, TiersBuilder, UnknownTier};

@@ -105,7 +105,7 @@ use super::builder::RateLimitLayerBuilder;
 use super::cidr::Cidr;
 use super::key::{Key, KeySource, LongKey};
 use super::layer::RateLimitLayer;
-use super::policy::PathMatch;
+use super::path::PathMatch;
 use super::policy::{InFlightScope, Mode, Policy};
 use super::response::HeaderStyle;
 use super::tiers::Tiers;

@@ -87,6 +87,41 @@ fn percent_decoded(path: &[u8]) -> Vec<u8> {
     out
 }
 
+/// Which paths a policy covers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum PathMatch {
+    Any,
+    /// Whole segments: `/api` covers `/api`, `/api/` and `/api/x`, not `/apix`.
+    Prefix(String),
+    /// Segments; `*` is any one segment, a final `**` any rest (including none).
+    Pattern(Vec<String>),
+}
+
+impl PathMatch {
+    pub(crate) fn matches(&self, path: &str) -> bool {
+        match self {
+            PathMatch::Any => true,
+            PathMatch::Prefix(prefix) => match path.strip_prefix(prefix.as_str()) {
+                None => false,
+                Some(rest) => rest.is_empty() || prefix.ends_with('/') || rest.starts_with('/'),
+            },
+            PathMatch::Pattern(pattern) => {
+                let mut segments = path.split('/');
+                for (i, want) in pattern.iter().enumerate() {
+                    if want == "**" && i + 1 == pattern.len() {
+                        return true;
+                    }
+                    match segments.next() {
+                        Some(seg) if want == "*" || want == seg => {}
+                        _ => return false,
+                    }
+                }
+                segments.next().is_none()
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -7,7 +7,9 @@ use http::request::Parts;
 use http::{Method, StatusCode};
 
 use super::backend::{CheckBackend, QuotaInfo};
+use super::cost::Cost;
 use super::key::{Key, KeySource};
+use super::path::PathMatch;
 use super::tiers::Tiers;
 use crate::limiter::InFlight;
 
@@ -81,79 +83,7 @@ pub enum InFlightScope {
     Policy,
 }
 
-type CostFn = dyn Fn(&Parts) -> u64 + Send + Sync;
 type RefundFn = dyn Fn(StatusCode) -> bool + Send + Sync;
-
-/// How many units a request costs.
-///
-/// Set on a policy with [`Policy::cost`] (`Fixed`) or [`Policy::cost_fn`] (`Fn`).
-///
-/// # Examples
-/// ```
-/// use tollgate::tower::Cost;
-/// let cost = Cost::Fixed(5);
-/// assert_eq!(format!("{cost:?}"), "Fixed(5)");
-/// ```
-#[derive(Clone)]
-pub enum Cost {
-    /// The same for every request of the policy.
-    Fixed(u64),
-    /// Computed from the request's head (e.g. from `content-length`).
-    Fn(Arc<CostFn>),
-}
-
-impl fmt::Debug for Cost {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Cost::Fixed(n) => f.debug_tuple("Fixed").field(n).finish(),
-            Cost::Fn(_) => f.write_str("Fn(..)"),
-        }
-    }
-}
-
-impl Cost {
-    pub(crate) fn of(&self, parts: &Parts) -> u64 {
-        match self {
-            Cost::Fixed(n) => *n,
-            Cost::Fn(f) => f(parts),
-        }
-    }
-}
-
-/// Which paths a policy covers.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum PathMatch {
-    Any,
-    /// Whole segments: `/api` covers `/api`, `/api/` and `/api/x`, not `/apix`.
-    Prefix(String),
-    /// Segments; `*` is any one segment, a final `**` any rest (including none).
-    Pattern(Vec<String>),
-}
-
-impl PathMatch {
-    pub(crate) fn matches(&self, path: &str) -> bool {
-        match self {
-            PathMatch::Any => true,
-            PathMatch::Prefix(prefix) => match path.strip_prefix(prefix.as_str()) {
-                None => false,
-                Some(rest) => rest.is_empty() || prefix.ends_with('/') || rest.starts_with('/'),
-            },
-            PathMatch::Pattern(pattern) => {
-                let mut segments = path.split('/');
-                for (i, want) in pattern.iter().enumerate() {
-                    if want == "**" && i + 1 == pattern.len() {
-                        return true;
-                    }
-                    match segments.next() {
-                        Some(seg) if want == "*" || want == seg => {}
-                        _ => return false,
-                    }
-                }
-                segments.next().is_none()
-            }
-        }
-    }
-}
 
 /// One limit and the requests it applies to.
 ///

@@ -2,8 +2,6 @@
 //! which key), its verdict, and the response future that answers it or passes it on.
 
 use std::fmt;
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
@@ -15,7 +13,9 @@ use tower_service::Service;
 use super::addr::{peer_addr, Addrs};
 use super::answers::Fallback;
 use super::backend::{CheckBackend, CheckError, Verdict};
+use super::body::RateLimitBody;
 use super::delay::policy_verdict;
+use super::future::{Admitted, ResponseFuture, Stage};
 use super::key::{Key, LongKey};
 use super::layer::{Evaluation, RateLimitLayer, Shared};
 use super::outcome::Outcome;
@@ -23,12 +23,11 @@ use super::path::normalized_path;
 use super::policy::{Mode, Policy};
 use super::response::{
     add_headers, grpc_code, grpc_response, is_grpc, problem, problem_response, retry_after_secs,
-    set_retry_after, Denial, HeaderStyle, RateLimitBody, GRPC_RESOURCE_EXHAUSTED,
+    set_retry_after, Denial, HeaderStyle, GRPC_RESOURCE_EXHAUSTED,
 };
 use super::response::{denial_detail, denial_problem, never_cached};
 use super::stats;
 use crate::decision::LimitError;
-use crate::limiter::OwnedInFlightPermit;
 
 /// The service [`RateLimitLayer`] wraps around `S`.
 ///
@@ -210,54 +209,6 @@ pub(super) fn record_outcome(
     stats::record(policy, outcome);
 }
 
-pub(super) type BoxedResponse<B, E> =
-    Pin<Box<dyn Future<Output = Result<Response<RateLimitBody<B>>, E>> + Send>>;
-
-/// What an admitted request's response still needs once the inner service answered: the
-/// headers, and a refund by status.
-pub(super) struct Admitted {
-    shared: Arc<Shared>,
-    policy: usize,
-    key: Key,
-    cost: u64,
-    verdict: Verdict,
-}
-
-impl Admitted {
-    /// The inner service's `response`, with what `admitted` adds to it (nothing for `None`).
-    pub(super) fn finish<B>(
-        admitted: Option<Admitted>,
-        response: Response<B>,
-    ) -> Response<RateLimitBody<B>> {
-        let mut response = response.map(RateLimitBody::inner);
-        let Some(this) = admitted else {
-            return response;
-        };
-        let policy = &this.shared.policies[this.policy];
-        let mut verdict = this.verdict;
-        if verdict.decision.allowed()
-            && policy
-                .refund
-                .as_ref()
-                .is_some_and(|refund| refund(response.status()))
-        {
-            // The headers then say what the client has once the units are back.
-            let refunded = (policy.backend).refund_decided(&this.key, this.cost, &verdict.decision);
-            if let Some(after) = refunded {
-                verdict = after;
-            }
-            stats::record(policy, Outcome::Refunded);
-        }
-        add_headers(
-            response.headers_mut(),
-            this.shared.headers,
-            policy,
-            &verdict,
-        );
-        response
-    }
-}
-
 /// What becomes of a checked request.
 pub(super) enum Next<B> {
     /// This answer, without calling the inner service (a denial, a rejection).
@@ -324,102 +275,6 @@ pub(super) fn next<B>(
         cost,
         verdict,
     }))
-}
-
-pin_project_lite::pin_project! {
-    /// The future of [`RateLimit`]'s responses: no allocation when the policy's backend decides
-    /// at once ([`CheckBackend::check_now`]: the in-process limiters); a boxed future when it
-    /// must wait (a network backend, delay mode).
-    ///
-    /// # Examples
-    /// ```
-    /// use axum::{body::Body, routing::get, Router};
-    /// use http::{Request, StatusCode};
-    /// use tollgate::tower::{Key, Policy, RateLimitLayer};
-    /// use tollgate::{Gcra, KeyedLimiter, Quota};
-    /// use tower_layer::Layer;
-    /// use tower_service::Service;
-    /// # #[tokio::main(flavor = "current_thread")]
-    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// let per_ip = KeyedLimiter::<Key, _>::new(Gcra::new(Quota::per_hour(1)?)?);
-    /// let mut app = RateLimitLayer::builder()
-    ///     .policy(Policy::new("api", per_ip))
-    ///     .build()?
-    ///     .layer(Router::new().route("/", get(|| async { "ok" })));
-    /// let mut statuses = Vec::new();
-    /// for _ in 0..2 {
-    ///     let mut request = Request::get("/").body(Body::empty())?;
-    ///     request.extensions_mut().insert(std::net::SocketAddr::from(([192, 0, 2, 1], 40000)));
-    ///     std::future::poll_fn(|cx| Service::<Request<Body>>::poll_ready(&mut app, cx)).await?;
-    ///     let future: tollgate::tower::ResponseFuture<_, _, _> = app.call(request);
-    ///     statuses.push(future.await?.status());
-    /// }
-    /// // One an hour: the second is refused.
-    /// assert_eq!(statuses, [StatusCode::OK, StatusCode::TOO_MANY_REQUESTS]);
-    /// # Ok(())
-    /// # }
-    /// ```
-    pub struct ResponseFuture<F, B, E> {
-        #[pin]
-        stage: Stage<F, B, E>,
-    }
-}
-
-pin_project_lite::pin_project! {
-    #[project = StageProj]
-    enum Stage<F, B, E> {
-        /// Answered without the inner service.
-        Ready { response: Option<Response<RateLimitBody<B>>> },
-        /// The inner service's future, and what its response still needs (its headers, and
-        /// the request's in-flight place, which its body holds).
-        Inner {
-            #[pin]
-            future: F,
-            admitted: Option<Admitted>,
-            place: Option<OwnedInFlightPermit<Key>>,
-        },
-        /// A decision that waits, and then the inner service.
-        Boxed { future: BoxedResponse<B, E> },
-    }
-}
-
-impl<F, B, E> ResponseFuture<F, B, E> {
-    fn stage(stage: Stage<F, B, E>) -> Self {
-        ResponseFuture { stage }
-    }
-}
-
-impl<F, B, E> fmt::Debug for ResponseFuture<F, B, E> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("ResponseFuture")
-    }
-}
-
-impl<F, B, E> Future for ResponseFuture<F, B, E>
-where
-    F: Future<Output = Result<Response<B>, E>>,
-{
-    type Output = Result<Response<RateLimitBody<B>>, E>;
-
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        match self.project().stage.project() {
-            StageProj::Ready { response } => match response.take() {
-                Some(response) => Poll::Ready(Ok(response)),
-                // Polled again after completion: a caller bug; stay pending rather than panic.
-                None => Poll::Pending,
-            },
-            StageProj::Inner {
-                future,
-                admitted,
-                place,
-            } => {
-                let response = std::task::ready!(future.poll(cx))?;
-                let response = Admitted::finish(admitted.take(), response);
-                Poll::Ready(Ok(response.map(|body| body.holding(place.take()))))
-            }
-            StageProj::Boxed { future } => future.as_mut().poll(cx),
-        }
-    }
 }
 
 impl<S, ReqBody, ResBody> Service<Request<ReqBody>> for RateLimit<S>
