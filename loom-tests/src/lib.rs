@@ -25,6 +25,10 @@ pub mod algorithm;
 pub mod breaker;
 #[path = "../../src/decision.rs"]
 pub mod decision;
+/// `InFlight`'s waiter queue (`src/limiter/in_flight/waiters.rs`): waiters served first come,
+/// first served, none lost between a release and a waiter queueing.
+#[path = "../../src/limiter/in_flight/waiters.rs"]
+pub mod in_flight_waiters;
 /// A lease's refill state (`src/redis/lease/refill.rs`): one refill in flight per key, and
 /// none once the lease is retired.
 #[path = "../../src/redis/lease/refill.rs"]
@@ -113,4 +117,12 @@ pub use store::Stored;
 /// release), for the model of its acquire/release/evict protocol.
 pub fn in_flight_rule(max: u64) -> impl Stored<Cell = state::AtomicWord> + Copy {
     algorithm::Concurrency::new(max).expect("a valid bound")
+}
+
+/// The in-flight rule whose refund also clears the waiters' mark (what a waiter queue that
+/// has emptied gives back with).
+pub fn in_flight_unqueuing(max: u64) -> impl Stored<Cell = state::AtomicWord> + Copy {
+    algorithm::Concurrency::new(max)
+        .expect("a valid bound")
+        .unqueuing()
 }

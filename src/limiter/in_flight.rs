@@ -14,6 +14,11 @@ use crate::state::AtomicWord;
 use crate::store::table::{Check, KeyTable, OverflowPolicy};
 use crate::store::{Evictor, Stored};
 
+#[cfg(feature = "tokio")]
+mod wait;
+#[cfg(feature = "tokio")]
+mod waiters;
+
 /// The rule reads no time: every call runs at instant 0.
 const NOW: Nanos = 0;
 
@@ -53,6 +58,9 @@ pub struct InFlight<K: Clone + Hash + Eq + Send + Sync> {
     /// quota cell: the rule reads no time and never changes.
     table: KeyTable<K, AtomicWord, <Concurrency as Stored>::Store<K>>,
     rule: Concurrency,
+    /// Callers of `acquire` waiting for a place.
+    #[cfg(feature = "tokio")]
+    waiters: waiters::Waiters<K, Held<K>, LimitError>,
 }
 
 impl<K: Clone + Hash + Eq + Send + Sync> InFlight<K> {
@@ -77,6 +85,8 @@ impl<K: Clone + Hash + Eq + Send + Sync> InFlight<K> {
         Ok(InFlight {
             table: KeyTable::new(Concurrency::new_store(), max_keys),
             rule: Concurrency::new(max)?,
+            #[cfg(feature = "tokio")]
+            waiters: waiters::Waiters::new(),
         })
     }
 
@@ -221,11 +231,29 @@ impl<K: Clone + Hash + Eq + Send + Sync> InFlight<K> {
         if cost > capacity {
             return Err(LimitError::CapacityExceeded { cost, capacity });
         }
+        // The key copied first: once the units are taken, no user code runs before the permit
+        // that gives them back exists.
+        let owned = key.to_owned();
         let decision = self
             .table
             .check_key(key, &self.rule, || NOW, cost, &Idle(self), Check)?;
+        #[cfg(feature = "tokio")]
+        if !decision.allowed() && decision.remaining() >= cost {
+            // Refused with the units free: waiters are queued for them, or a mark was left by a
+            // waiter whose key panicked on the way into the queue; the queue clears the latter.
+            if self.waiters.heal(self, key) {
+                let decision =
+                    self.table
+                        .check_key(key, &self.rule, || NOW, cost, &Idle(self), Check)?;
+                return Ok(decision.allowed().then_some(Held {
+                    key: owned,
+                    cost,
+                    decision,
+                }));
+            }
+        }
         Ok(decision.allowed().then(|| Held {
-            key: key.to_owned(),
+            key: owned,
             cost,
             decision,
         }))
@@ -293,15 +321,18 @@ impl<K: Clone + Hash + Eq + Send + Sync> InFlight<K> {
         self.table.evict_fresh(&self.rule, NOW)
     }
 
-    /// Gives `held`'s units back to where they were taken.
+    /// Gives `held`'s units back to where they were taken, and serves the key's waiters.
     fn release(&self, held: &Held<K>) {
         if held.decision.charged_shared_state() {
+            // Nobody waits on the shared count (`acquire` answers such a key at once).
             self.rule.refund(self.table.overflow(), || NOW, held.cost);
-        } else {
-            // The key holds these units, so it is not fresh and was not evicted: the release
-            // finds it (moved to a new table, if one replaced its table meanwhile).
-            self.table.refund(&held.key, &self.rule, || NOW, held.cost);
+            return;
         }
+        // The key holds these units, so it is not fresh and was not evicted: the release
+        // finds it (moved to a new table, if one replaced its table meanwhile).
+        self.table.refund(&held.key, &self.rule, || NOW, held.cost);
+        #[cfg(feature = "tokio")]
+        self.waiters.released(self, &held.key);
     }
 }
 
@@ -331,7 +362,7 @@ impl<K: Clone + Hash + Eq + Send + Sync> fmt::Debug for InFlight<K> {
 }
 
 /// Units taken for a key: what a permit gives back.
-struct Held<K> {
+pub struct Held<K> {
     key: K,
     cost: u64,
     /// Where the units were taken: the key's own count, or the count keys over `max_keys`
