@@ -37,6 +37,10 @@ const NOW: Nanos = 0;
 /// be evicted when the table needs room, as a fresh rate-limit key is, but never while a
 /// permit is out.
 ///
+/// With the `tokio` feature, `acquire(&key, max_wait)` waits for a permit: waiters are served
+/// first come, first served, each woken only once its units are taken for it. Waiting takes a
+/// lock of its own, touched only while someone waits.
+///
 /// # Examples
 /// ```
 /// use tollgate::InFlight;
@@ -69,7 +73,7 @@ impl<K: Clone + Hash + Eq + Send + Sync> InFlight<K> {
     /// [`KeyedLimiter`](crate::KeyedLimiter)'s fresh keys are).
     ///
     /// # Errors
-    /// [`QuotaError::ZeroLimit`] for `max = 0`; [`QuotaError::TooLarge`] above `u64::MAX − 2`.
+    /// [`QuotaError::ZeroLimit`] for `max = 0`; [`QuotaError::TooLarge`] above `2^62 − 3`.
     ///
     /// # Examples
     /// ```
@@ -117,8 +121,9 @@ impl<K: Clone + Hash + Eq + Send + Sync> InFlight<K> {
         Self::on(max, Some((max_keys.max(1), policy)))
     }
 
-    /// A permit for one unit, if `key` holds fewer than `N`; `None` if it is at its bound.
-    /// The permit keeps its own copy of the key (`key.to_owned()`), to release the unit with.
+    /// A permit for one unit, if `key` holds fewer than `N`; `None` if it is at its bound, or
+    /// while callers of `acquire` (feature `tokio`) wait for the key: they come first. The
+    /// permit keeps its own copy of the key (`key.to_owned()`), to release the unit with.
     ///
     /// # Errors
     /// [`LimitError::KeyTableFull`] for a new key at `max_keys` under [`OverflowPolicy::Deny`].
