@@ -13,6 +13,8 @@
 //! - `in_flight`: `InFlight` under arbitrary acquires (any cost), releases in any order,
 //!   sweeps and a `max_keys` bound, against a map of counts: every admission and refusal as
 //!   the map says, no count above `N`, every count back to 0 once the permits are gone.
+//! - `in_flight_wait`: `InFlight` with waiters (`acquire`, feature `tokio`) against a model
+//!   of its queues (`in_flight_wait.rs`).
 //! - `client_ip`, `config`: the tower layer's forwarding-header parsing and configuration
 //!   parser (`tower.rs`; features `tower` and `serde`, on by default here).
 
@@ -25,6 +27,10 @@ pub mod reference;
 #[cfg(all(feature = "tower", feature = "serde"))]
 #[path = "tower.rs"]
 pub mod tower;
+
+#[cfg(feature = "tokio")]
+#[path = "in_flight_wait.rs"]
+pub mod in_flight_wait;
 
 use std::time::Duration;
 
@@ -45,6 +51,11 @@ pub fn show(name: &str, data: &[u8]) {
         "construction" => println!("{:#?}", Construction::arbitrary_take_rest(input)),
         "replay_parser" => println!("{:?}", String::from_utf8_lossy(data)),
         "in_flight" => println!("{:#?}", InFlightScenario::arbitrary_take_rest(input)),
+        #[cfg(feature = "tokio")]
+        "in_flight_wait" => println!(
+            "{:#?}",
+            in_flight_wait::WaitScenario::arbitrary_take_rest(input)
+        ),
         #[cfg(all(feature = "tower", feature = "serde"))]
         "client_ip" => tower::show_client_ip(data),
         #[cfg(all(feature = "tower", feature = "serde"))]
@@ -73,6 +84,15 @@ pub fn run(name: &str, data: &[u8]) {
                 in_flight(&scenario);
             }
         }
+        #[cfg(feature = "tokio")]
+        "in_flight_wait" => {
+            if let Ok(scenario) = in_flight_wait::WaitScenario::arbitrary_take_rest(input) {
+                in_flight_wait::in_flight_wait(&scenario);
+            }
+        }
+        // Built without waiting: nothing to run (the corpus test lists every target).
+        #[cfg(not(feature = "tokio"))]
+        "in_flight_wait" => {}
         #[cfg(all(feature = "tower", feature = "serde"))]
         "client_ip" => tower::client_ip(data),
         #[cfg(all(feature = "tower", feature = "serde"))]
@@ -92,6 +112,7 @@ pub const TARGETS: &[&str] = &[
     "construction",
     "replay_parser",
     "in_flight",
+    "in_flight_wait",
 ];
 
 /// The targets, for the corpus replay test (with the tower layer's: `client_ip`, `config`).
@@ -105,6 +126,7 @@ pub const TARGETS: &[&str] = &[
     "construction",
     "replay_parser",
     "in_flight",
+    "in_flight_wait",
     "client_ip",
     "config",
 ];
