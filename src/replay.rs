@@ -1,8 +1,9 @@
 //! `tollgate replay`: deciding a trace of requests, line by line, in the trace's own time.
 //!
 //! The format (the `tollgate replay` trace format): one request a line,
-//! `t_ms,key[,cost[,method,path]]`; `t_ms` a non-negative integer of milliseconds,
-//! non-decreasing; cost defaults to 1 (`tollgate replay --config`: to the policy's cost), and
+//! `t_ms[+duration_ms],key[,cost[,method,path]]`; `t_ms` a non-negative integer of
+//! milliseconds, non-decreasing; `duration_ms`, how long the request ran, read only by an
+//! in-flight replay ([`InFlightReplayer`]); cost defaults to 1 (`tollgate replay --config`: to the policy's cost), and
 //! may be left empty before a method and path; the method is an HTTP method token and the path
 //! starts with `/` (the rest of the line: it may hold commas). Blank lines and lines starting
 //! with `#` are skipped. The origin is `t = 0` of the trace; no wall clock.
@@ -31,8 +32,10 @@ use std::fmt;
 use std::str::FromStr;
 use std::time::Duration;
 
+mod in_flight;
 mod trace;
 
+pub use self::in_flight::InFlightReplayer;
 pub use self::trace::{parse_line, Request, TraceCost, TraceError, TraceReader};
 
 use crate::clock::ManualClock;
@@ -445,7 +448,16 @@ mod tests {
             (r.units(), r.method, r.path),
             (TraceCost::Units(2), Some("PATCH"), Some("/"))
         );
+        let r = parse_line("5+250,k", 1).unwrap().unwrap();
+        assert_eq!((r.t_ms, r.duration_ms, r.key), (5, Some(250), "k"));
+        assert_eq!(parse_line("5,k", 1).unwrap().unwrap().duration_ms, None);
         for bad in [
+            "5+,k",
+            "+5,k",
+            "5+-1,k",
+            "5+1.5,k",
+            "5+1+2,k",
+            "5+99999999999999999999999,k",
             "5",
             "-1,k",
             "1.5,k",

@@ -1148,3 +1148,87 @@ fn the_readmes_config_replay_is_what_the_command_prints() {
     assert!(o.status.success(), "{}", stderr(&o));
     assert_eq!(stdout(&o), shown);
 }
+
+/// `--in-flight N`: each admitted line holds its place until `t + duration`; alone or before a
+/// rate (a request the rate refuses gives its place back); bad durations and bounds refused.
+#[test]
+fn in_flight_replays_each_lines_duration() {
+    // Uploads: 300 ms each, at most 2 at once per client; bob's line has no duration.
+    let trace = "0+300,alice\n100+300,alice\n200+300,alice\n300+300,alice\n300,bob\n300,bob\n";
+    let o = tollgate(&["replay", "--in-flight", "2"], trace);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(stdout(&o), "allow\nallow\ndeny\nallow\nallow\nallow\n");
+
+    // Before a rate of 1 per second: alice's second is refused by the rate and gives its place
+    // back, so her third (in flight with the first only) is refused by the rate too, not the
+    // bound; the fourth, a second later, fits both.
+    let trace = "0+5000,alice\n100+5000,alice\n200,alice\n1000+10,alice\n";
+    let o = tollgate(
+        &[
+            "replay",
+            "--in-flight",
+            "2",
+            "--algorithm",
+            "fixed-window",
+            "--limit",
+            "1",
+            "--window",
+            "1s",
+            "--format",
+            "lines",
+        ],
+        trace,
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(stdout(&o), "allow\ndeny\ndeny\nallow\n");
+
+    let o = tollgate(
+        &["replay", "--in-flight", "2", "--format", "summary"],
+        "0+5,a\n1+5,a\n2,a\n",
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = stdout(&o);
+    assert!(
+        out.starts_with("tollgate replay: at most 2 in flight per key (stdin)"),
+        "{out}"
+    );
+    assert_eq!(
+        (
+            summary_figure(&out, "allowed"),
+            summary_figure(&out, "denied")
+        ),
+        (2, 1)
+    );
+
+    for (args, input, message) in [
+        (
+            &["replay", "--in-flight", "0"][..],
+            "0,a\n",
+            "--in-flight 0",
+        ),
+        (
+            &["replay", "--in-flight", "2"][..],
+            "0+x,a\n",
+            "line 1: duration 'x'",
+        ),
+        (
+            &["replay", "--in-flight", "2"][..],
+            "0+,a\n",
+            "line 1: duration ''",
+        ),
+        (
+            &["replay", "--in-flight", "2", "--plot", "/tmp/x.svg"][..],
+            "0,a\n",
+            "--plot",
+        ),
+        (
+            &["replay", "--in-flight", "2", "--compare"][..],
+            "0,a\n",
+            "--compare",
+        ),
+    ] {
+        let o = tollgate(args, input);
+        assert_eq!(o.status.code(), Some(2), "{args:?}");
+        assert!(stderr(&o).contains(message), "{args:?}: {}", stderr(&o));
+    }
+}

@@ -29,12 +29,14 @@ pub enum TraceCost {
 /// ```
 /// use tollgate::replay::{parse_line, TraceCost, Request};
 /// let request = parse_line("1500,alice", 7)?.unwrap();
-/// let expected = Request { line: 7, t_ms: 1500, key: "alice", cost: None, method: None, path: None };
+/// let expected = Request { line: 7, t_ms: 1500, duration_ms: None, key: "alice", cost: None, method: None, path: None };
 /// assert_eq!(request, expected);
 /// assert_eq!(request.units(), TraceCost::Units(1));
 /// // With a method and a path (for `tollgate replay --config`), the cost may be left empty.
 /// let routed = parse_line("1500,203.0.113.7,,POST,/api/export?fields=a,b", 8)?.unwrap();
 /// assert_eq!((routed.cost, routed.method, routed.path), (None, Some("POST"), Some("/api/export?fields=a,b")));
+/// // With how long it ran (for `tollgate replay --in-flight`): started at 1500 ms, took 250 ms.
+/// assert_eq!(parse_line("1500+250,alice", 9)?.unwrap().duration_ms, Some(250));
 /// # Ok::<(), tollgate::replay::TraceError>(())
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -43,6 +45,9 @@ pub struct Request<'a> {
     pub line: usize,
     /// Time in milliseconds since the trace's origin.
     pub t_ms: u64,
+    /// How long the request ran, in milliseconds, if the line says (`t_ms+duration_ms`): how
+    /// long an in-flight replay holds its place.
+    pub duration_ms: Option<u64>,
     /// The key.
     pub key: &'a str,
     /// The cost, if the line gives one.
@@ -106,7 +111,7 @@ pub fn parse_line(line: &str, number: usize) -> Result<Option<Request<'_>>, Trac
         line: number,
         message,
     };
-    const FORMAT: &str = "'t_ms,key[,cost[,method,path]]'";
+    const FORMAT: &str = "'t_ms[+duration_ms],key[,cost[,method,path]]'";
     // The path is the rest of the line: a query may hold commas.
     let mut fields = line.splitn(5, ',');
     let time = fields.next().unwrap_or_default().trim();
@@ -117,6 +122,10 @@ pub fn parse_line(line: &str, number: usize) -> Result<Option<Request<'_>>, Trac
     let cost = fields.next().map(str::trim);
     let method = fields.next().map(str::trim);
     let path = fields.next().map(str::trim);
+    let (time, duration) = match time.split_once('+') {
+        Some((time, duration)) => (time, Some(duration)),
+        None => (time, None),
+    };
     let t_ms = parse_count(time)
         .ok_or_else(|| {
             error(format!(
@@ -124,6 +133,18 @@ pub fn parse_line(line: &str, number: usize) -> Result<Option<Request<'_>>, Trac
             ))
         })?
         .ok_or_else(|| error(format!("time '{time}' is too large")))?;
+    let duration_ms = match duration {
+        None => None,
+        Some(text) => Some(
+            parse_count(text)
+                .ok_or_else(|| {
+                    error(format!(
+                        "duration '{text}' is not a non-negative integer of milliseconds"
+                    ))
+                })?
+                .ok_or_else(|| error(format!("duration '{text}' is too large")))?,
+        ),
+    };
     let cost = match cost {
         None => None,
         // Left empty before a route: the policy's cost.
@@ -160,6 +181,7 @@ pub fn parse_line(line: &str, number: usize) -> Result<Option<Request<'_>>, Trac
     Ok(Some(Request {
         line: number,
         t_ms,
+        duration_ms,
         key,
         cost,
         method,
@@ -249,7 +271,7 @@ impl<R: BufRead> TraceReader<R> {
         }
         // Find the next line that is not blank or a comment. The request is kept as numbers and
         // its fields' places in the buffer, because a borrow cannot leave this loop.
-        let (t_ms, cost, [key, method, path]) = loop {
+        let (t_ms, duration_ms, cost, [key, method, path]) = loop {
             self.buffer.clear();
             self.line += 1;
             match self.input.read_until(b'\n', &mut self.buffer) {
@@ -278,6 +300,7 @@ impl<R: BufRead> TraceReader<R> {
                     let route = |field: Option<&str>| field.map(place);
                     break (
                         r.t_ms,
+                        r.duration_ms,
                         r.cost,
                         [Some(place(r.key)), route(r.method), route(r.path)],
                     );
@@ -296,6 +319,7 @@ impl<R: BufRead> TraceReader<R> {
         Some(Ok(Request {
             line: self.line,
             t_ms,
+            duration_ms,
             key: field(key).unwrap_or_default(),
             cost,
             method: field(method),

@@ -38,7 +38,7 @@ use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use plot::{Chart, Timeline};
 use report::{Report, Setting};
 use tollgate::replay::{
-    parse_duration, AlgorithmName, Replayer, Request, TraceOutcome, TraceReader,
+    parse_duration, AlgorithmName, InFlightReplayer, Replayer, Request, TraceOutcome, TraceReader,
 };
 
 #[derive(Parser)]
@@ -65,14 +65,19 @@ enum Command {
 #[derive(Args)]
 struct ReplayArgs {
     /// gcra | token-bucket | leaky-bucket | leaky-queue | fixed-window | sliding-window | sliding-log
-    #[arg(long, value_parser = parse_algorithm, required_unless_present_any = ["compare", "config"])]
+    #[arg(long, value_parser = parse_algorithm, required_unless_present_any = ["compare", "config", "in_flight"], requires_all = ["limit", "window"])]
     algorithm: Option<AlgorithmName>,
     /// L: units allowed per window.
-    #[arg(long, required_unless_present = "config")]
+    #[arg(long, required_unless_present_any = ["config", "in_flight"])]
     limit: Option<u64>,
     /// W: e.g. 250ms, 1s, 60s, 1m, 1h.
-    #[arg(long, value_parser = parse_duration, required_unless_present = "config")]
+    #[arg(long, value_parser = parse_duration, required_unless_present_any = ["config", "in_flight"])]
     window: Option<Duration>,
+    /// At most N requests (units) in flight per key, each line's place held from its time
+    /// until its time plus its duration (`t_ms+duration_ms`; none: 0 ms). Alone, or checked
+    /// before the rate of --algorithm (a request the rate refuses gives its place back).
+    #[arg(long, value_name = "N", conflicts_with_all = ["config", "compare", "redis"])]
+    in_flight: Option<u64>,
     /// Decide through the tower layer this configuration (TOML, or JSON by its `.json`
     /// extension) builds, as a server loading it would: the policy each line's method and path
     /// match, the key it reads (the trace's key is the client's IP address and the value of
@@ -231,20 +236,36 @@ fn replay(args: ReplayArgs) -> Result<(), Fatal> {
     if args.compare {
         return compare(&args);
     }
-    let algorithm = args
-        .algorithm
-        .ok_or_else(|| Fatal("--algorithm is required".into()))?;
+    if args.algorithm.is_none() && args.in_flight.is_none() {
+        return Err(Fatal("--algorithm or --in-flight is required".into()));
+    }
+    if args.algorithm.is_none() && args.plot.is_some() {
+        return Err(Fatal(
+            "--plot draws a rate's windows: give --algorithm (and --in-flight if wanted)".into(),
+        ));
+    }
     if args.redis.is_some() && matches!(args.format, Format::Summary | Format::Json) {
         return Err(Fatal(
             "--redis prints one line per request: --format summary and json are in-process only"
                 .into(),
         ));
     }
-    if let Some(url) = &args.redis {
+    if let (Some(url), Some(algorithm)) = (&args.redis, args.algorithm) {
         return replay_redis(&args, algorithm, url);
     }
-    let mut replayer = Replayer::new(algorithm, args.limit(), args.window(), args.burst)
-        .map_err(|e| Fatal(format!("invalid quota for {algorithm}: {e}")))?;
+    let mut replayer = args
+        .algorithm
+        .map(|algorithm| {
+            Replayer::new(algorithm, args.limit(), args.window(), args.burst)
+                .map_err(|e| Fatal(format!("invalid quota for {algorithm}: {e}")))
+        })
+        .transpose()?;
+    let mut in_flight = args
+        .in_flight
+        .map(|n| {
+            InFlightReplayer::new(n).map_err(|e| Fatal(format!("invalid --in-flight {n}: {e}")))
+        })
+        .transpose()?;
     let format = args.format.resolve();
     let (input, bar) = open_with_progress(&args.file)?;
     let stdout = io::stdout();
@@ -253,7 +274,8 @@ fn replay(args: ReplayArgs) -> Result<(), Fatal> {
     let mut report =
         (!args.summary && matches!(format, Format::Summary | Format::Json)).then(|| {
             Report::new(Setting {
-                algorithm,
+                algorithm: args.algorithm,
+                in_flight: args.in_flight,
                 limit: args.limit(),
                 window: args.window(),
                 burst: args.burst,
@@ -264,7 +286,14 @@ fn replay(args: ReplayArgs) -> Result<(), Fatal> {
     let mut timeline = args.plot.as_ref().map(|_| timeline(&args, 1));
     let stdin_bar = bar.as_ref().filter(|_| args.file.is_none());
     let failure = each_request(input, |request| {
-        let outcome = replayer.decide(&request);
+        let outcome = match (&mut in_flight, &mut replayer) {
+            (Some(in_flight), Some(rate)) => {
+                in_flight.decide_then(&request, || rate.decide(&request))
+            }
+            (Some(in_flight), None) => in_flight.decide(&request),
+            (None, Some(rate)) => rate.decide(&request),
+            (None, None) => unreachable!("checked above"),
+        };
         if let Some(bar) = stdin_bar {
             bar.inc(1);
             if bar.position() == PROGRESS_FROM_REQUESTS {
@@ -301,7 +330,7 @@ fn replay(args: ReplayArgs) -> Result<(), Fatal> {
     }
     // Decisions already made are flushed (and plotted) before any error is reported.
     out.flush()?;
-    if let (Some(path), Some(timeline)) = (&args.plot, &timeline) {
+    if let (Some(path), Some(timeline), Some(algorithm)) = (&args.plot, &timeline, args.algorithm) {
         plot::draw(path, timeline, &chart(&args, &[algorithm.as_str()], true))?;
     }
     failure.map_or(Ok(()), Err)

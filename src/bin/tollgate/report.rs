@@ -13,7 +13,10 @@ use tollgate::replay::{AlgorithmName, Request, TraceCost, TraceOutcome};
 
 /// What the report says about the run itself.
 pub(crate) struct Setting {
-    pub(crate) algorithm: AlgorithmName,
+    /// The rate, if any (an in-flight replay may run without one).
+    pub(crate) algorithm: Option<AlgorithmName>,
+    /// At most this many in flight per key (`--in-flight`), checked before the rate.
+    pub(crate) in_flight: Option<u64>,
     pub(crate) limit: u64,
     pub(crate) window: Duration,
     pub(crate) burst: Option<u64>,
@@ -141,17 +144,29 @@ impl Report {
             .max_by(|a, b| a.1.peak.cmp(&b.1.peak).then_with(|| b.0.cmp(a.0)))
     }
 
-    fn quota_text(&self) -> String {
+    /// What was replayed: the rate and its quota, and the in-flight bound.
+    fn setting_text(&self) -> String {
         let s = &self.setting;
-        let mut text = format!("{} per {} per key", s.limit, duration_text(s.window));
-        if let Some(burst) = s.burst {
-            let name = match s.algorithm {
-                AlgorithmName::LeakyBucket | AlgorithmName::LeakyQueue => "capacity",
-                _ => "burst",
-            };
-            text.push_str(&format!(", {name} {burst}"));
+        let mut parts = Vec::new();
+        if let Some(algorithm) = s.algorithm {
+            let mut text = format!(
+                "{algorithm}, {} per {} per key",
+                s.limit,
+                duration_text(s.window)
+            );
+            if let Some(burst) = s.burst {
+                let name = match algorithm {
+                    AlgorithmName::LeakyBucket | AlgorithmName::LeakyQueue => "capacity",
+                    _ => "burst",
+                };
+                text.push_str(&format!(", {name} {burst}"));
+            }
+            parts.push(text);
         }
-        text
+        if let Some(n) = s.in_flight {
+            parts.push(format!("at most {n} in flight per key"));
+        }
+        parts.join("; ")
     }
 
     /// The aligned summary for a person.
@@ -160,9 +175,8 @@ impl Report {
         let window = duration_text(s.window);
         writeln!(
             out,
-            "tollgate replay: {}, {} ({})",
-            s.algorithm,
-            self.quota_text(),
+            "tollgate replay: {} ({})",
+            self.setting_text(),
             s.source
         )?;
         writeln!(out)?;
@@ -209,6 +223,10 @@ impl Report {
                 share(self.errors)
             )?;
         }
+        let Some(algorithm) = s.algorithm else {
+            // No rate: no window to count a peak in.
+            return self.print_keys(out, None);
+        };
         match peak {
             Some((key, k)) => writeln!(
                 out,
@@ -220,7 +238,7 @@ impl Report {
             None => writeln!(out, "  peak      {:>width$}   no units admitted", 0)?,
         }
         let bound = match s.burst {
-            Some(b) if s.algorithm.has_burst() => format!(
+            Some(b) if algorithm.has_burst() => format!(
                 "; a full bucket of {b} plus what refills in {window}: at most {} in one window",
                 b.saturating_add(s.limit)
             ),
@@ -231,6 +249,11 @@ impl Report {
             "  limit     {:>width$}   per {window} per key{bound}",
             s.limit
         )?;
+        self.print_keys(out, Some(&window))
+    }
+
+    /// The per-key table, with each key's peak in one `window` if there is a rate.
+    fn print_keys(&self, out: &mut impl Write, window: Option<&str>) -> io::Result<()> {
         let keys = self.top_keys();
         if keys.is_empty() {
             return Ok(());
@@ -242,29 +265,24 @@ impl Report {
             "keys by denials".to_owned()
         };
         writeln!(out, "  {title}")?;
-        let peak_column = format!("peak/{window}");
-        let header = [
-            "key",
-            "requests",
-            "allowed",
-            "denied",
-            "errors",
-            peak_column.as_str(),
-        ];
-        let rows: Vec<[String; 6]> = keys
+        let peak_column = window.map(|window| format!("peak/{window}"));
+        let mut header = vec!["key", "requests", "allowed", "denied", "errors"];
+        header.extend(peak_column.as_deref());
+        let rows: Vec<Vec<String>> = keys
             .iter()
             .map(|(key, k)| {
-                [
+                let mut row = vec![
                     (*key).clone(),
                     k.requests.to_string(),
                     k.allowed.to_string(),
                     k.denied.to_string(),
                     k.errors.to_string(),
-                    k.peak.to_string(),
-                ]
+                ];
+                row.extend(window.map(|_| k.peak.to_string()));
+                row
             })
             .collect();
-        let mut widths = header.map(str::len);
+        let mut widths: Vec<usize> = header.iter().map(|h| h.len()).collect();
         for row in &rows {
             for (w, cell) in widths.iter_mut().zip(row) {
                 *w = (*w).max(cell.chars().count());
@@ -272,7 +290,7 @@ impl Report {
         }
         let line = |cells: &[&str]| {
             let mut text = String::from("  ");
-            for (i, (cell, w)) in cells.iter().zip(widths).enumerate() {
+            for (i, (cell, &w)) in cells.iter().zip(&widths).enumerate() {
                 let pad = w.saturating_sub(cell.chars().count());
                 if i == 0 {
                     text.push_str(cell);
@@ -311,18 +329,20 @@ impl Report {
                     "allowed": k.allowed,
                     "denied": k.denied,
                     "errors": k.errors,
-                    "peak": k.peak,
+                    "peak": s.algorithm.map(|_| k.peak),
                 })
             })
             .collect();
-        let peak = self.peak().map(
+        let peak = self.peak().filter(|_| s.algorithm.is_some()).map(
             |(key, k)| json!({ "key": key, "admitted": k.peak, "at_ms": k.peak_at_ns / 1_000_000 }),
         );
+        let rate = s.algorithm.is_some();
         let value = json!({
-            "algorithm": s.algorithm.as_str(),
-            "limit": s.limit,
-            "window_ms": u64::try_from(s.window.as_millis()).unwrap_or(u64::MAX),
+            "algorithm": s.algorithm.map(AlgorithmName::as_str),
+            "limit": rate.then_some(s.limit),
+            "window_ms": rate.then(|| u64::try_from(s.window.as_millis()).unwrap_or(u64::MAX)),
             "burst": s.burst,
+            "in_flight": s.in_flight,
             "source": s.source,
             "requests": self.requests,
             "allowed": self.allowed,
