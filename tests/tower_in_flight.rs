@@ -1,7 +1,7 @@
 //! The tower layer's `max_in_flight`: a client's requests beyond the bound are refused while
 //! the admitted ones' response bodies are open, with the configured status and a problem+json
 //! body; a place comes back when its body ends or is dropped; a request the rate refuses takes
-//! none.
+//! none; under cancellation by many clients, no place is lost or given back twice.
 
 #![cfg(feature = "tower")]
 
@@ -252,4 +252,185 @@ async fn a_shadow_policy_lets_requests_over_the_bound_through() {
         (first.status(), second.status()),
         (StatusCode::OK, StatusCode::OK)
     );
+}
+
+/// The requests of one client now inside the inner service or its body (a guard a request
+/// holds from the inner `call` until its body ends or is dropped, or its future is dropped
+/// before it answered): what `max_in_flight` bounds. The layer gives a place back only after
+/// the inner future or body is gone, so this never reads above the bound.
+#[derive(Clone, Default)]
+struct Inside(Arc<Mutex<std::collections::HashMap<IpAddr, (u64, u64)>>>);
+
+struct Guard {
+    inside: Inside,
+    client: IpAddr,
+}
+
+impl Inside {
+    fn enter(&self, client: IpAddr) -> Guard {
+        let mut map = self.0.lock().unwrap();
+        let (now, most) = map.entry(client).or_default();
+        *now += 1;
+        *most = (*most).max(*now);
+        Guard {
+            inside: self.clone(),
+            client,
+        }
+    }
+}
+
+impl Drop for Guard {
+    fn drop(&mut self) {
+        let mut map = self.inside.0.lock().unwrap();
+        map.get_mut(&self.client).unwrap().0 -= 1;
+    }
+}
+
+/// A body of one chunk after a short pause, that leaves (drops its guard) as it ends.
+struct Pausing {
+    pause: Option<Pin<Box<tokio::time::Sleep>>>,
+    guard: Option<Guard>,
+}
+
+impl Body for Pausing {
+    type Data = Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+        if let Some(pause) = &mut self.pause {
+            std::task::ready!(std::future::Future::poll(pause.as_mut(), cx));
+            self.pause = None;
+            return Poll::Ready(Some(Ok(Frame::data(Bytes::from_static(b"chunk")))));
+        }
+        // Ends: out of the service before the layer sees the end.
+        self.guard = None;
+        Poll::Ready(None)
+    }
+}
+
+/// An inner service that takes a moment to answer, then streams a pausing body.
+#[derive(Clone)]
+struct Slow(Inside);
+
+impl Service<Request<String>> for Slow {
+    type Response = Response<Pausing>;
+    type Error = Infallible;
+    type Future =
+        Pin<Box<dyn std::future::Future<Output = Result<Response<Pausing>, Infallible>> + Send>>;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, request: Request<String>) -> Self::Future {
+        let client = request
+            .extensions()
+            .get::<std::net::SocketAddr>()
+            .unwrap()
+            .ip();
+        let micros: u64 = request.uri().query().unwrap().parse().unwrap();
+        let guard = self.0.enter(client);
+        Box::pin(async move {
+            let pause = std::time::Duration::from_micros(micros);
+            tokio::time::sleep(pause).await;
+            Ok(Response::new(Pausing {
+                pause: Some(Box::pin(tokio::time::sleep(pause))),
+                guard: Some(guard),
+            }))
+        })
+    }
+}
+
+/// Many clients, each with several tasks, on two worker threads: requests whose futures are
+/// dropped before the answer (a timeout), bodies read to the end, dropped unread, or dropped
+/// after their first chunk. No client ever has more than the bound inside the service, and
+/// once every task is done each client gets exactly the bound again: no place lost, none
+/// given back twice.
+#[test]
+fn places_survive_cancellation_by_many_clients() {
+    const BOUND: u64 = 3;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_time()
+        .build()
+        .unwrap();
+    let inside = Inside::default();
+    let rate =
+        KeyedLimiter::<Key, _>::new(Gcra::new(Quota::per_second(1_000_000).unwrap()).unwrap());
+    let layer = RateLimitLayer::builder()
+        .policy(Policy::new("work", rate).max_in_flight(BOUND))
+        .build()
+        .unwrap();
+    let svc = layer.layer(Slow(inside.clone()));
+    let clients: Vec<IpAddr> = (1..=12).map(|i| IpAddr::from([198, 51, 100, i])).collect();
+    let (admitted, refused) = runtime.block_on(async {
+        let tasks: Vec<_> = clients
+            .iter()
+            .flat_map(|&client| (0..5u64).map(move |task| (client, task)))
+            .map(|(client, task)| {
+                let mut svc = svc.clone();
+                tokio::spawn(async move {
+                    let (mut admitted, mut refused) = (0u64, 0u64);
+                    for round in 0..200u64 {
+                        let spin = (task * 7 + round * 13) % 11;
+                        let path = format!("/work?{}", 50 + spin * 40);
+                        let call = respond(&mut svc, request(&path, Some(client), &[]));
+                        // Some callers give up before the answer.
+                        let wait = std::time::Duration::from_micros(100 + spin * 60);
+                        let Ok(response) = tokio::time::timeout(wait, call).await else {
+                            continue;
+                        };
+                        if response.status() != StatusCode::OK {
+                            refused += 1;
+                            continue;
+                        }
+                        admitted += 1;
+                        let mut body = response.into_body();
+                        match spin % 3 {
+                            0 => drop(body.collect().await.unwrap()),
+                            1 => drop(body),
+                            _ => drop(body.frame().await),
+                        }
+                    }
+                    (admitted, refused)
+                })
+            })
+            .collect();
+        let mut totals = (0, 0);
+        for task in tasks {
+            let (a, r) = task.await.unwrap();
+            totals = (totals.0 + a, totals.1 + r);
+        }
+        totals
+    });
+    let map = inside.0.lock().unwrap().clone();
+    for client in &clients {
+        let (now, most) = map.get(client).copied().unwrap_or_default();
+        assert_eq!(now, 0, "{client}: every request has left the service");
+        assert!(
+            most <= BOUND,
+            "{client}: {most} inside at once, bound {BOUND}"
+        );
+    }
+    assert!(
+        admitted > 0 && refused > 0,
+        "admitted {admitted}, refused {refused}"
+    );
+    // Every place came back: each client gets exactly the bound again, with bodies held open.
+    runtime.block_on(async {
+        let mut svc = svc.clone();
+        for client in &clients {
+            let mut open = Vec::new();
+            for _ in 0..BOUND {
+                let response = respond(&mut svc, request("/work?100000", Some(*client), &[])).await;
+                assert_eq!(response.status(), StatusCode::OK, "{client}");
+                open.push(response);
+            }
+            let over = respond(&mut svc, request("/work?100000", Some(*client), &[])).await;
+            assert_eq!(over.status(), StatusCode::TOO_MANY_REQUESTS, "{client}");
+        }
+    });
 }
