@@ -24,7 +24,9 @@
 //! sweep shows the whole cycle.
 //!
 //! "bytes/key" is (live heap bytes after inserting the keys − live heap bytes before) / keys,
-//! as requested from the allocator: it counts the map's tables at their real capacity (a
+//! as requested from the allocator. The word table's tables of 4 KiB and more live in pages
+//! mapped outside the allocator, which it does not see: its rows show the heap that remains
+//! (a `String` key's text, the sliding log's tables); `rss` is the measure for them. Otherwise it counts the map's tables at their real capacity (a
 //! table that has just doubled shows it) but not the allocator's own per-block overhead. Every
 //! key is inserted by one admitted check, under a quota that keeps it from being fresh (so
 //! tollgate's automatic sweeps evict nothing). Keys are distinct uniformly random `u64`s.

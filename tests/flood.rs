@@ -1,9 +1,10 @@
 //! Hostile input: a flood of 10 million unique keys against `max_keys = 100_000`.
 //!
 //! The table never holds more than the bound, under both overflow policies, and the memory the
-//! process holds stays flat while the flood goes on (measured by `stats_alloc`'s counting
-//! allocator; no unsafe code of ours). Counts are process-wide, so this binary runs without the
-//! test harness: one thread, nothing else allocating.
+//! process holds stays flat while the flood goes on: the heap, measured by `stats_alloc`'s
+//! counting allocator (no unsafe code of ours), and resident memory (Linux), which also counts
+//! the large tables mapped outside the heap. Counts are process-wide, so this binary runs
+//! without the test harness: one thread, nothing else allocating.
 
 use std::alloc::System;
 use std::time::Duration;
@@ -16,6 +17,18 @@ use tollgate::{Gcra, KeyedLimiter, LimitError, OverflowPolicy, Quota, SlidingLog
 static GLOBAL: &StatsAlloc<System> = &INSTRUMENTED_SYSTEM;
 
 const MAX_KEYS: usize = 100_000;
+
+/// Resident memory in KiB (Linux: `VmRSS`): what the allocator's counts miss, the word table's
+/// large tables in pages mapped for them alone. `None` elsewhere.
+fn resident_kib() -> Option<i64> {
+    use std::io::Read;
+    // Room for the whole file: a buffer that grew by reallocation would count in `held`.
+    let mut status = String::with_capacity(16 * 1024);
+    let mut file = std::fs::File::open("/proc/self/status").ok()?;
+    file.read_to_string(&mut status).ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
+    line.split_whitespace().nth(1)?.parse().ok()
+}
 
 /// Bytes held now, relative to `region`'s start.
 fn held(region: &Region<'_, System>) -> i64 {
@@ -31,7 +44,8 @@ fn flood<A: tollgate::Algorithm>(rule: A, policy: OverflowPolicy, keys: u64) {
         .max_keys(MAX_KEYS, policy)
         .build()
         .unwrap();
-    let mut checkpoints = Vec::new();
+    // Room for every checkpoint first: the vectors' own growth is no table's.
+    let (mut checkpoints, mut resident) = (Vec::with_capacity(16), Vec::with_capacity(16));
     let (mut allowed, mut refused) = (0u64, 0u64);
     for key in 0..keys {
         // 1 µs apart: the whole flood fits well inside one window, so no key turns fresh and the
@@ -47,16 +61,23 @@ fn flood<A: tollgate::Algorithm>(rule: A, policy: OverflowPolicy, keys: u64) {
         }
         assert!(limiter.len() <= MAX_KEYS, "{} keys held", limiter.len());
         if (key + 1) % (keys / 10) == 0 && key + 1 >= 2 * MAX_KEYS as u64 {
+            resident.extend(resident_kib());
             checkpoints.push(held(&region));
         }
     }
     let first = checkpoints[0];
     let last = *checkpoints.last().unwrap();
     println!(
-        "flood {} {policy:?}: {keys} keys, held {} (bound {MAX_KEYS}), allowed {allowed}, refused {refused}, bytes held once full: {first}, at the end: {last}",
+        "flood {} {policy:?}: {keys} keys, held {} (bound {MAX_KEYS}), allowed {allowed}, refused {refused}, bytes held once full: {first}, at the end: {last}; resident KiB: {resident:?}",
         A::NAME,
         limiter.len()
     );
+    if let (Some(&first), Some(&last)) = (resident.first(), resident.last()) {
+        assert!(
+            last <= first + first / 10,
+            "resident memory grew from {first} to {last} KiB: {resident:?}"
+        );
+    }
     // Flat: the table is full from the first checkpoint on; nothing may grow after it.
     assert!(
         last <= first + first / 50,

@@ -5,8 +5,10 @@
 //! retired by one CAS to a rule's mark, and [`LogCell`] (the sliding log), retired under its
 //! per-key lock. The table's protocol (module docs of `word_table.rs`) is the same for both.
 
+use super::word_table::ZeroedIsFresh;
 use crate::algorithm::sliding_log::Mark;
 use crate::state::{AtomicWord, LogCell, Retired};
+use crate::sync::MODEL_CHECKED;
 
 /// A per-key cell of [`WordTable`](crate::store::WordTable). A decision on the cell returns
 /// `None` when it finds the cell retired (`Stored::acquire_live`), so that the table looks
@@ -40,6 +42,11 @@ pub trait TableCell: Default + Send + Sync {
     /// Turns a tombstone back into a fresh cell (its key came back); whether it was one.
     fn revive(&self, marks: Self::Marks) -> bool;
 
+    /// `Some` if a cell whose bytes are all zero is a valid, fresh cell (`Default`), and the
+    /// cell has no drop glue: a table of such cells can start as zeroed pages (see
+    /// `word_table/region.rs`). Only an `unsafe` promise makes the value.
+    const ZEROED: Option<ZeroedIsFresh> = None;
+
     /// Starts loading the cell, whose value is not needed yet: a lookup touches its key's home
     /// slot before it reads the table's tags, so that the two cache misses overlap instead of
     /// following each other. The default does nothing.
@@ -56,6 +63,15 @@ impl TableCell for AtomicWord {
     type Marks = Retired;
     type State = u64;
     type Align = ();
+    // SAFETY: an `AtomicWord` is one `AtomicU64` (all-zero bytes are 0, a valid value), 0 is
+    // the fresh state (`Default`), and it has no drop glue. Not in the loom models, whose
+    // atomics are not plain memory.
+    #[allow(unsafe_code)]
+    const ZEROED: Option<ZeroedIsFresh> = if MODEL_CHECKED {
+        None
+    } else {
+        Some(unsafe { ZeroedIsFresh::promise() })
+    };
 
     #[inline]
     fn touch(&self) {

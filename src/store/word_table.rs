@@ -112,6 +112,8 @@ mod hand;
 mod inspect;
 #[path = "word_table/lookup.rs"]
 mod lookup;
+#[path = "word_table/region.rs"]
+mod region;
 #[path = "word_table/release.rs"]
 mod release;
 #[path = "word_table/replace.rs"]
@@ -121,6 +123,7 @@ mod shards;
 #[path = "word_table/slots.rs"]
 mod slots;
 
+pub(crate) use self::region::ZeroedIsFresh;
 pub use self::shards::WordTable;
 #[allow(unused_imports)] // `loom-tests` has no use for it
 pub use self::shards::DEFAULT_EVICT_ABOVE;

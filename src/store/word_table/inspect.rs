@@ -61,6 +61,15 @@ impl<K: Send + Sync, H, C: TableCell> WordTable<K, H, C> {
             .sum()
     }
 
+    /// Shards whose table is in pages mapped for it alone (for tests).
+    #[allow(dead_code)] // read by the unit tests in `word_table_tests.rs`
+    pub(crate) fn mapped_tables(&self) -> usize {
+        self.shards
+            .iter()
+            .filter(|shard| shard.lock().table.slots.is_mapped())
+            .count()
+    }
+
     /// Spares reused as a shard's next table (for the loom models).
     #[allow(dead_code)] // read by the loom models
     pub(crate) fn spares_reused(&self) -> usize {
@@ -87,7 +96,7 @@ impl<K: Send + Sync, H, C: TableCell> WordTable<K, H, C> {
             .map(|shard| {
                 let shard = shard.lock();
                 let retiring: usize = shard.retiring.iter().map(|table| table.len()).sum();
-                let freeing = shard.freeing.iter().map(|f| f.slots.capacity());
+                let freeing = shard.freeing.iter().map(|f| f.slots.len());
                 retiring + freeing.sum::<usize>()
             })
             .sum()

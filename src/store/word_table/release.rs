@@ -3,6 +3,7 @@
 
 use std::cell::Cell;
 use std::hash::{BuildHasher, Hash};
+use std::mem::take;
 
 use super::super::cell::TableCell;
 use super::shards::*;
@@ -55,12 +56,15 @@ impl<K: Clone + Hash + Eq + Send + Sync, H: BuildHasher, C: TableCell> WordTable
             };
             let mut table = shard.retiring.swap_remove(at);
             if let Some(table) = Arc::get_mut(&mut table) {
-                shard.freeing.push(Freeing {
-                    tags: std::mem::take(&mut table.tags),
-                    slots: std::mem::take(&mut table.slots).into_vec(),
-                });
+                let end = table.slots.len();
+                if std::mem::needs_drop::<K>() {
+                    let (tags, slots) = (take(&mut table.tags), take(&mut table.slots));
+                    shard.freeing.push(Freeing::new(tags, slots, end));
+                }
+                // Keys without drop glue (`u64`, `IpAddr`): nothing to drop, so the memory
+                // goes at once, with `table`.
             }
-            // `table` (two empty slices) is freed here: no loop.
+            // `table` is freed here: no loop.
         }
         if let Some(freeing) = shard.freeing.last_mut() {
             if freeing.step() {

@@ -9,7 +9,7 @@ use super::super::cell::TableCell;
 use super::shards::*;
 use super::slots::*;
 use crate::clock::Nanos;
-use crate::sync::{Arc, AtomicU64, Ordering};
+use crate::sync::{Arc, Ordering};
 
 impl<K: Clone + Hash + Eq + Send + Sync, H: BuildHasher, C: TableCell> WordTable<K, H, C> {
     /// Replaces `shard`'s table by an empty one and starts draining the old one. Below the
@@ -243,21 +243,14 @@ impl<K: Clone + Hash + Eq + Send + Sync, H: BuildHasher, C: TableCell> WordTable
             shard.retiring.push(spare.table);
         }
         if let Some(next) = shard.next.take() {
-            if next.slots.len() == next.len && fits(next.len) {
-                // Both vectors are full to capacity: no copy, no reallocation.
-                return Arc::new(Table {
-                    tags: next.tags.into_boxed_slice(),
-                    slots: next.slots.into_boxed_slice(),
-                    era: AtomicU64::new(era),
-                });
+            if next.is_built() && fits(next.len) {
+                return Arc::new(next.into_table(era));
             }
-            shard.freeing.push(Freeing {
-                tags: next.tags.into_boxed_slice(),
-                slots: next.slots,
-            });
+            shard.freeing.push(next.into_freeing());
         }
-        shard.allocated_large += usize::from(len > BUILD_ABOVE);
-        new_table(slots, era)
+        let table = new_table(slots, era);
+        shard.allocated_large += usize::from(len > BUILD_ABOVE && !table.slots.is_mapped());
+        table
     }
 
     /// Builds [`BUILD_STEP`] more slots of the table the shard will move to, once its table is
@@ -282,19 +275,15 @@ impl<K: Clone + Hash + Eq + Send + Sync, H: BuildHasher, C: TableCell> WordTable
             } else {
                 return;
             };
+            // A small table is allocated when needed (in mapped pages, at most 16 of them
+            // are first touched by the calls that fill it).
             if target <= BUILD_ABOVE {
                 return;
             }
-            shard.next = Some(Building {
-                tags: Vec::with_capacity(target / 8),
-                slots: Vec::with_capacity(target),
-                len: target,
-            });
+            shard.next = Some(Building::new(target));
         }
         if let Some(next) = &mut shard.next {
-            let end = next.len.min(next.slots.len() + BUILD_STEP);
-            next.slots.resize_with(end, Slot::empty);
-            next.tags.resize_with(end / 8, || AtomicU64::new(0));
+            next.step();
         }
     }
 

@@ -7,6 +7,7 @@ use std::mem::MaybeUninit;
 use std::ops::Range;
 
 use super::super::cell::TableCell;
+use super::region::{Region, ZeroedIsFresh};
 use crate::sync::{Arc, AtomicU64, Ordering, UnsafeCell, MODEL_CHECKED};
 
 /// Shards: inserts, evictions and rebuilds of different shards never wait for each other.
@@ -198,35 +199,42 @@ pub(super) unsafe fn drop_keys<K, C: TableCell>(
     while rest.drop_next() {}
 }
 
-/// A retired table's slots, dropped [`CLEAR_STEP`] at a time from the end (keys first), with
-/// the tags that say which hold keys.
+/// A retired table's slots, their keys dropped [`CLEAR_STEP`] at a time from the end, with
+/// the tags that say which hold keys; the memory goes with the last step.
 pub(super) struct Freeing<K, C: TableCell> {
-    pub(super) tags: Box<[AtomicU64]>,
-    pub(super) slots: Vec<Slot<K, C>>,
+    pub(super) tags: Region<AtomicU64>,
+    pub(super) slots: Region<Slot<K, C>>,
+    /// Slots from here on have no key left.
+    pub(super) end: usize,
 }
 
 impl<K, C: TableCell> Freeing<K, C> {
-    /// Drops the last [`CLEAR_STEP`] slots; whether none is left.
+    /// A table's slots and tags, to free (the first `end` slots may hold keys).
+    pub(super) fn new(tags: Region<AtomicU64>, slots: Region<Slot<K, C>>, end: usize) -> Self {
+        Freeing { tags, slots, end }
+    }
+
+    /// Drops the keys of the last [`CLEAR_STEP`] slots that may hold some; whether none is
+    /// left (then the memory can go).
     pub(super) fn step(&mut self) -> bool {
-        let end = self.slots.len();
-        let start = end.saturating_sub(CLEAR_STEP);
+        let start = self.end.saturating_sub(CLEAR_STEP);
         // SAFETY: `tags` are the slots' own (taken from one table together).
         #[allow(unsafe_code)]
         unsafe {
-            drop_keys(&mut self.tags, &mut self.slots, start..end)
+            drop_keys(&mut self.tags, &mut self.slots, start..self.end)
         };
-        self.slots.truncate(start);
-        self.slots.is_empty()
+        self.end = start;
+        start == 0
     }
 }
 
 impl<K, C: TableCell> Drop for Freeing<K, C> {
     fn drop(&mut self) {
-        let all = 0..self.slots.len();
+        let rest = 0..self.end;
         // SAFETY: `tags` are the slots' own (taken from one table together).
         #[allow(unsafe_code)]
         unsafe {
-            drop_keys(&mut self.tags, &mut self.slots, all)
+            drop_keys(&mut self.tags, &mut self.slots, rest)
         };
     }
 }
@@ -247,7 +255,7 @@ pub(crate) mod work {
         VISITED.with(|n| n.set(n.get() + _slots));
     }
 
-    /// A table of `slots` slots allocated (and initialised).
+    /// A table of `slots` slots allocated and initialised (a mapped one, zero pages, is not).
     #[inline(always)]
     pub(crate) fn allocated(_slots: usize) {
         #[cfg(test)]
@@ -270,9 +278,9 @@ pub(super) struct Table<K, C: TableCell> {
     /// a miss in a table 7/8 full, about 32 slots on average under linear probing, reads 4 or
     /// 5 words. (Eight bytes read as one word, without `unsafe`: the scan is a few integer
     /// operations, as in hashbrown's portable group.)
-    pub(super) tags: Box<[AtomicU64]>,
+    pub(super) tags: Region<AtomicU64>,
     /// A multiple of 8 slots, so that the words of tags cover them exactly.
-    pub(super) slots: Box<[Slot<K, C>]>,
+    pub(super) slots: Region<Slot<K, C>>,
     /// The era its states were written in (see "Re-anchoring" in the module docs). Set before
     /// the table is shared, or, on a table holding no live key, under its shard's lock.
     pub(super) era: AtomicU64,
@@ -369,12 +377,39 @@ impl<K, C: TableCell> Slot<K, C> {
 
 pub(super) fn new_table<K, C: TableCell>(capacity: usize, era: u64) -> Arc<Table<K, C>> {
     let len = table_len(capacity);
-    work::allocated(len);
+    let (tags, slots) = zeroed_regions(len).unwrap_or_else(|| {
+        work::allocated(len);
+        let tags = (0..len / 8).map(|_| AtomicU64::new(0)).collect::<Vec<_>>();
+        let slots = (0..len).map(|_| Slot::empty()).collect::<Vec<_>>();
+        (tags.into(), slots.into())
+    });
     Arc::new(Table {
-        tags: (0..len / 8).map(|_| AtomicU64::new(0)).collect(),
-        slots: (0..len).map(|_| Slot::empty()).collect(),
+        tags,
+        slots,
         era: AtomicU64::new(era),
     })
+}
+
+/// A table's tags and slots.
+pub(super) type Regions<K, C> = (Region<AtomicU64>, Region<Slot<K, C>>);
+
+/// The tags and slots of a table of `len` slots in zeroed pages, if its cells may start as zero
+/// bytes and the table is large enough to map (see `region.rs`).
+pub(super) fn zeroed_regions<K, C: TableCell>(len: usize) -> Option<Regions<K, C>> {
+    // SAFETY: a slot's fields are its cell, zero a fresh one by `C::ZEROED`'s promise (as
+    // `Slot::empty` makes it, with no drop glue), its key, a `MaybeUninit` (any bytes, never
+    // read while its tag is 0, no drop glue), and a zero-sized alignment.
+    #[allow(unsafe_code)]
+    let slots = Region::zeroed(len, C::ZEROED.map(|_| unsafe { ZeroedIsFresh::promise() })?)?;
+    // SAFETY: a zero `AtomicU64` is 0, no tag, as a new table's tags are; no drop glue.
+    #[allow(unsafe_code)]
+    let tags = Region::zeroed(len / 8, unsafe { ZeroedIsFresh::promise() }).unwrap_or_else(|| {
+        (0..len / 8)
+            .map(|_| AtomicU64::new(0))
+            .collect::<Vec<_>>()
+            .into()
+    });
+    Some((tags, slots))
 }
 
 impl<K, C: TableCell> Table<K, C> {

@@ -1,0 +1,187 @@
+//! The memory a table's slots and tags live in: the heap for a small table, pages mapped for it
+//! alone for a larger one, so that freeing a table returns its pages to the system.
+//!
+//! A shard's table grows by ~1.3x steps from a few hundred bytes to megabytes, among 63 other
+//! shards doing the same. On the heap, the tables a shard outgrows were kept resident by the
+//! allocator, neither coalesced nor returned (glibc raises its own mapping threshold each time a
+//! large block is freed): at 100k `u64` keys the process held 46 bytes a key for 24 live. A
+//! mapped table is unmapped when it is freed, and a fresh one costs no initialisation loop: its
+//! pages are zero (the empty table, for cells that say so) and each is touched only when a key
+//! first lands in it.
+
+use std::marker::PhantomData;
+use std::ops::{Deref, DerefMut};
+use std::ptr::NonNull;
+
+use crate::sync::MODEL_CHECKED;
+
+/// Regions of at least this many bytes are mapped (one page of 4 KiB on most systems; with
+/// larger pages a small mapped table holds a whole page once touched).
+pub(super) const MAP_FROM: usize = 4096;
+
+/// A promise that a value whose bytes are all zero is a valid value of some type, and the very
+/// value a new table starts with (see [`TableCell::ZEROED`](super::super::cell::TableCell)).
+#[derive(Debug, Clone, Copy)]
+pub struct ZeroedIsFresh(());
+
+impl ZeroedIsFresh {
+    /// The promise.
+    ///
+    /// # Safety
+    /// All-zero bytes are a valid value of the type it is given for, the value a new table's
+    /// slot (or tag) starts with, and the type has no drop glue.
+    #[allow(unsafe_code)]
+    pub(crate) const unsafe fn promise() -> Self {
+        ZeroedIsFresh(())
+    }
+}
+
+/// `len` values of `T`: on the heap, or in pages mapped for them alone.
+pub(crate) struct Region<T> {
+    place: Place<T>,
+}
+
+enum Place<T> {
+    Heap(Box<[T]>),
+    Mapped {
+        /// The first value: the start of `map`, page-aligned.
+        first: NonNull<T>,
+        len: usize,
+        /// Owns the pages; unmapped when the region is dropped.
+        _map: memmap2::MmapMut,
+        _values: PhantomData<T>,
+    },
+}
+
+// SAFETY: a region owns its values as a `Box<[T]>` does (the mapping is its alone, and the
+// pointer is into it), so it may move to another thread when they may, and be shared when they
+// may be.
+#[allow(unsafe_code)]
+unsafe impl<T: Send> Send for Region<T> {}
+// SAFETY: as above: `&Region<T>` gives out only `&T`.
+#[allow(unsafe_code)]
+unsafe impl<T: Sync> Sync for Region<T> {}
+
+impl<T> Region<T> {
+    /// `len` values in zeroed pages mapped for them alone, if they span at least [`MAP_FROM`]
+    /// bytes and the system grants the pages (never in the loom models).
+    pub(crate) fn zeroed(len: usize, _promise: ZeroedIsFresh) -> Option<Self> {
+        let bytes = len.saturating_mul(std::mem::size_of::<T>());
+        if MODEL_CHECKED || bytes < MAP_FROM {
+            return None;
+        }
+        Self::mapped(len, bytes)
+    }
+
+    /// Zeroed pages for `len` values; `None` if the system refuses them.
+    fn mapped(len: usize, bytes: usize) -> Option<Self> {
+        debug_assert!(
+            !std::mem::needs_drop::<T>(),
+            "the promise rules out drop glue"
+        );
+        let mut map = memmap2::MmapMut::map_anon(bytes).ok()?;
+        let first = NonNull::new(map.as_mut_ptr().cast::<T>())?;
+        // A mapping starts on a page, far beyond any slot's alignment (at most a cache line).
+        if first.as_ptr().align_offset(std::mem::align_of::<T>()) != 0 {
+            return None;
+        }
+        Some(Region {
+            place: Place::Mapped {
+                first,
+                len,
+                _map: map,
+                _values: PhantomData,
+            },
+        })
+    }
+
+    /// Whether the values are in pages of their own (zero pages: nothing was initialised).
+    pub(crate) fn is_mapped(&self) -> bool {
+        matches!(self.place, Place::Mapped { .. })
+    }
+}
+
+impl<T> Default for Region<T> {
+    fn default() -> Self {
+        Region {
+            place: Place::Heap(Box::default()),
+        }
+    }
+}
+
+impl<T> From<Vec<T>> for Region<T> {
+    fn from(values: Vec<T>) -> Self {
+        Region {
+            place: Place::Heap(values.into_boxed_slice()),
+        }
+    }
+}
+
+impl<T> Deref for Region<T> {
+    type Target = [T];
+
+    #[inline]
+    fn deref(&self) -> &[T] {
+        match &self.place {
+            Place::Heap(values) => values,
+            // SAFETY: `first` starts a live mapping of at least `len` values' bytes, aligned
+            // for `T` (checked when mapped), which this region owns and never hands out
+            // mutably while `&self` lives; its bytes were zero when mapped, a valid `T` each
+            // (the promise), and since then were changed only through `&T` (atomics and cells)
+            // or `&mut [T]`, which keep them valid.
+            #[allow(unsafe_code)]
+            Place::Mapped { first, len, .. } => unsafe {
+                std::slice::from_raw_parts(first.as_ptr(), *len)
+            },
+        }
+    }
+}
+
+impl<T> DerefMut for Region<T> {
+    #[inline]
+    fn deref_mut(&mut self) -> &mut [T] {
+        match &mut self.place {
+            Place::Heap(values) => values,
+            // SAFETY: as in `deref`, and `&mut self` makes this the only borrow of the values.
+            #[allow(unsafe_code)]
+            Place::Mapped { first, len, .. } => unsafe {
+                std::slice::from_raw_parts_mut(first.as_ptr(), *len)
+            },
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sync::{AtomicU64, Ordering};
+
+    /// Run under Miri too (`scripts/test.sh`): the mapped values are written, read, shared and
+    /// unmapped.
+    #[test]
+    fn a_large_region_is_mapped_zeroed_and_a_small_one_is_not() {
+        // SAFETY: a zero `AtomicU64` is 0, what `fresh` makes, and it has no drop glue.
+        #[allow(unsafe_code)]
+        let zeroed = unsafe { ZeroedIsFresh::promise() };
+        let large: Region<AtomicU64> = Region::zeroed(1024, zeroed).expect("pages granted");
+        assert!(large.is_mapped());
+        assert_eq!(large.len(), 1024);
+        assert!(large.iter().all(|v| v.load(Ordering::Relaxed) == 0));
+        std::thread::scope(|s| {
+            s.spawn(|| large[1023].store(7, Ordering::Relaxed));
+        });
+        assert_eq!(large[1023].load(Ordering::Relaxed), 7);
+        let mut large = large;
+        *large[0].get_mut() = 3;
+        assert_eq!(large[0].load(Ordering::Relaxed), 3);
+        drop(large);
+
+        assert!(
+            Region::<AtomicU64>::zeroed(8, zeroed).is_none(),
+            "under a page: the heap"
+        );
+        let small: Region<AtomicU64> = (0..8).map(|_| AtomicU64::new(1)).collect::<Vec<_>>().into();
+        assert!(!small.is_mapped());
+        assert!(small.iter().all(|v| v.load(Ordering::Relaxed) == 1));
+    }
+}
