@@ -45,9 +45,10 @@ impl<K: Clone + Hash + Eq + Send + Sync> InFlight<K> {
     ///     tokio::time::sleep(Duration::from_millis(10)).await;
     ///     drop(first); // ... which it does 10 ms later.
     /// });
-    /// assert!(second?.is_some());
+    /// let second = second?.expect("the first ended within 5 s");
     /// // Nothing ends within 100 ms now: the wait gives up.
     /// assert!(exports.acquire("alice", Duration::from_millis(100)).await?.is_none());
+    /// drop(second);
     /// # Ok(())
     /// # }
     /// ```
