@@ -1029,6 +1029,31 @@ fn config_replay_waits_in_the_traces_time_and_prints_in_its_order() {
     );
 }
 
+/// A policy's `in_flight` bound in a configuration replay: each admitted line holds its place
+/// for its duration (`t_ms+duration_ms`), in the trace's time; a place that ends at `t` is free
+/// at `t`; a line the rate refuses takes none.
+#[test]
+fn config_replay_holds_in_flight_places_for_each_lines_duration() {
+    let config = temp_path("in_flight.toml");
+    std::fs::write(
+        &config,
+        "[[policy]]\nname = \"up\"\nalgorithm = \"fixed-window\"\nquota = \"3/1s\"\nin_flight = 1\n",
+    )
+    .unwrap();
+    let trace =
+        "0+300,::1\n100,::1\n300+50,::1\n310,::1\n360,::1\n370+1000,::1\n1000,::1\n1001,::2\n";
+    let o = replay_config(config.to_str().unwrap(), &["--format", "lines"], trace);
+    assert!(o.status.success(), "{}", stderr(&o));
+    // 0 runs until 300; 100 is over the bound; 300 starts as 0 ends (runs until 350); 310 is
+    // over it; 360 takes the window's third unit; 370 is refused by the rate and holds no
+    // place, so 1000 (a new window) gets one; ::2 is another client.
+    assert_eq!(
+        stdout(&o),
+        "allowed up\nin_flight up\nallowed up\nin_flight up\nallowed up\ndenied up\nallowed up\nallowed up\n"
+    );
+    let _ = std::fs::remove_file(config);
+}
+
 #[test]
 fn config_replay_costs_come_from_the_line_or_else_the_policy() {
     // The export costs 5 by the configuration; a line's own cost replaces it.

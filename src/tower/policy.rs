@@ -11,7 +11,7 @@ use super::cost::Cost;
 use super::key::{Key, KeySource};
 use super::path::PathMatch;
 use super::tiers::Tiers;
-use crate::limiter::InFlight;
+use crate::limiter::{InFlight, OwnedInFlightPermit};
 
 /// What a policy does with a request its limit refuses.
 ///
@@ -225,8 +225,9 @@ impl Policy {
     /// [`Outcome::InFlight`](super::Outcome::InFlight). An admitted request holds its place
     /// until its response body ends or is dropped (a client that hangs up frees it). A request
     /// the rate refuses takes no place; a [`Mode::Shadow`] policy counts a request over the
-    /// bound and lets it through. [`RateLimitLayer::evaluate`](super::RateLimitLayer::evaluate)
-    /// and `tollgate replay --config` leave the bound out: a trace line has no duration.
+    /// bound and lets it through. [`RateLimitLayer::evaluate_held`](super::RateLimitLayer::evaluate_held)
+    /// hands the place to its caller (`tollgate replay --config` holds it for the line's
+    /// duration, `t_ms+duration_ms`).
     ///
     /// # Examples
     /// ```
@@ -295,6 +296,28 @@ impl Policy {
         self.in_flight
             .as_ref()
             .and_then(|(_, limit)| limit.as_ref())
+    }
+
+    /// The request's place under the policy's in-flight bound, for `key`: `Ok(None)` without a
+    /// bound, or for a shadow policy over it (counted, let through); `Err(())` when it is
+    /// refused (counted as `Outcome::InFlight`).
+    pub(crate) fn take_place(&self, key: &Key) -> Result<Option<OwnedInFlightPermit<Key>>, ()> {
+        let Some(limit) = self.in_flight_limit() else {
+            return Ok(None);
+        };
+        match limit.try_acquire_owned(self.in_flight_key.as_ref().unwrap_or(key)) {
+            Ok(Some(place)) => Ok(Some(place)),
+            // No key bound, a cost of 1: an error cannot happen; refused either way.
+            Ok(None) | Err(_) => {
+                super::stats::record(self, super::outcome::Outcome::InFlight);
+                // A shadow policy counts the refusal and lets the request through.
+                if self.mode == Mode::Shadow {
+                    Ok(None)
+                } else {
+                    Err(())
+                }
+            }
+        }
     }
 
     /// Why the policy's in-flight settings are refused, if they are.

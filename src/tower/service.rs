@@ -28,6 +28,7 @@ use super::response::{
 use super::response::{denial_detail, denial_problem, never_cached};
 use super::stats;
 use crate::decision::LimitError;
+use crate::limiter::OwnedInFlightPermit;
 
 /// The service [`RateLimitLayer`] wraps around `S`.
 ///
@@ -332,31 +333,16 @@ where
         let policy = &self.shared.policies[index];
         // The request's place under the policy's in-flight bound, taken before the rate is
         // charged (a request refused here costs nothing) and given back if the rate refuses.
-        let place = match policy.in_flight_limit() {
-            None => None,
-            Some(limit) => {
-                match limit.try_acquire_owned(policy.in_flight_key.as_ref().unwrap_or(&key)) {
-                    Ok(Some(place)) => Some(place),
-                    // No key bound, a cost of 1: an error cannot happen; refused either way.
-                    // A shadow policy counts the refusal and lets the request through.
-                    Ok(None) | Err(_) if policy.mode == Mode::Shadow => {
-                        stats::record(policy, Outcome::InFlight);
-                        None
-                    }
-                    Ok(None) | Err(_) => {
-                        stats::record(policy, Outcome::InFlight);
-                        let grpc = is_grpc(request.method(), request.headers());
-                        let detail = format!(
-                        "Rate limit \"{}\": this client has as many requests in flight as it may.",
-                        policy.name()
-                    );
-                        let response = self.shared.reject(policy.in_flight_status, &detail, grpc);
-                        return ResponseFuture::stage(Stage::Ready {
-                            response: Some(response),
-                        });
-                    }
-                }
-            }
+        let Ok(place) = policy.take_place(&key) else {
+            let grpc = is_grpc(request.method(), request.headers());
+            let detail = format!(
+                "Rate limit \"{}\": this client has as many requests in flight as it may.",
+                policy.name()
+            );
+            let response = self.shared.reject(policy.in_flight_status, &detail, grpc);
+            return ResponseFuture::stage(Stage::Ready {
+                response: Some(response),
+            });
         };
         // Delay mode may sleep: it always takes the boxed path.
         let decided = match policy.mode {
@@ -420,7 +406,8 @@ impl RateLimitLayer {
     /// whether the request would reach the inner service. It charges the backend and counts the
     /// metrics exactly as a request would; with no response, a refund by status does not apply.
     /// `cost` replaces the policy's cost when given (a cost the server computes by other means).
-    /// This is what `tollgate replay --config` runs for every line of a trace.
+    /// A policy's in-flight bound is checked too, and the place given back at once: see
+    /// [`RateLimitLayer::evaluate_held`] to hold it while the request would run.
     ///
     /// # Examples
     /// ```
@@ -444,6 +431,44 @@ impl RateLimitLayer {
     /// # }
     /// ```
     pub async fn evaluate(&self, parts: &Parts, cost: Option<u64>) -> Evaluation {
+        self.evaluate_held(parts, cost).await.0
+    }
+
+    /// [`RateLimitLayer::evaluate`], and the request's place under its policy's in-flight
+    /// bound ([`Policy::max_in_flight`](super::Policy::max_in_flight)) when it passes, for the
+    /// caller to hold while the request would run: dropping it gives the place back. A request
+    /// over the bound is [`Outcome::InFlight`] and does not pass. This is what
+    /// `tollgate replay --config` runs for every line of a trace (holding the place until the
+    /// line's time plus its duration).
+    ///
+    /// # Examples
+    /// ```
+    /// use http::Request;
+    /// use tollgate::tower::{Key, Outcome, Policy, RateLimitLayer};
+    /// use tollgate::{Gcra, KeyedLimiter, Quota};
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let per_ip = KeyedLimiter::<Key, _>::new(Gcra::new(Quota::per_second(100)?)?);
+    /// let policy = Policy::new("exports", per_ip).max_in_flight(1);
+    /// let layer = RateLimitLayer::builder().policy(policy).build()?;
+    /// let mut request = Request::get("/export").body(())?;
+    /// request.extensions_mut().insert(std::net::SocketAddr::from(([192, 0, 2, 1], 40000)));
+    /// let (parts, ()) = request.into_parts();
+    /// let (first, place) = layer.evaluate_held(&parts, None).await;
+    /// assert!(first.passes && place.is_some());
+    /// // While the first export runs, a second is over the bound.
+    /// let (second, _) = layer.evaluate_held(&parts, None).await;
+    /// assert_eq!((second.outcome, second.passes), (Outcome::InFlight, false));
+    /// drop(place); // the first ended
+    /// assert!(layer.evaluate_held(&parts, None).await.0.passes);
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub async fn evaluate_held(
+        &self,
+        parts: &Parts,
+        cost: Option<u64>,
+    ) -> (Evaluation, Option<OwnedInFlightPermit<Key>>) {
         let shared = &self.shared;
         let unchecked = |policy: Option<usize>, outcome, passes| Evaluation {
             policy: policy.map(|i| Arc::clone(&shared.policies[i].name)),
@@ -455,16 +480,25 @@ impl RateLimitLayer {
             passes,
         };
         let (index, key, policy_cost) = match shared.plan(parts) {
-            Plan::Pass => return unchecked(None, Outcome::Passed, true),
+            Plan::Pass => return (unchecked(None, Outcome::Passed, true), None),
             Plan::Unchecked {
                 policy,
                 outcome,
                 fallback,
-            } => return unchecked(Some(policy), outcome, fallback == Fallback::Allow),
+            } => {
+                let passes = fallback == Fallback::Allow;
+                return (unchecked(Some(policy), outcome, passes), None);
+            }
             Plan::Check { policy, key, cost } => (policy, key, cost),
         };
         let cost = cost.unwrap_or(policy_cost);
         let policy = &shared.policies[index];
+        let Ok(place) = policy.take_place(&key) else {
+            let mut refused = unchecked(Some(index), Outcome::InFlight, false);
+            refused.key = Some(key);
+            refused.cost = cost;
+            return (refused, None);
+        };
         let decided = policy_verdict(policy, &key, cost).await;
         let outcome = outcome(policy, &decided);
         let (decision, waited) = match &decided {
@@ -479,15 +513,18 @@ impl RateLimitLayer {
             decided,
             is_grpc(&parts.method, &parts.headers),
         );
-        Evaluation {
+        let passes = matches!(next, Next::Call(_));
+        let evaluation = Evaluation {
             policy: Some(Arc::clone(&policy.name)),
             key: Some(key),
             cost,
             outcome,
             decision,
             waited,
-            passes: matches!(next, Next::Call(_)),
-        }
+            passes,
+        };
+        // A request that does not pass holds no place.
+        (evaluation, place.filter(|_| passes))
     }
 }
 

@@ -11,8 +11,12 @@
 //! - Time is the trace's: the layer runs on tokio's paused clock, so a delayed request's
 //!   wait passes at once in real time, and the requests that arrive meanwhile are decided in
 //!   their order, as a server would decide them.
+//! - A policy's `in_flight` bound holds each request's place from the time it passed (its line's
+//!   time, plus any delay-mode wait) for the line's duration (`t_ms+duration_ms`; none: 0 ms).
+//!   A place that ends at `t` is free for a line at `t`.
 
-use std::collections::{BTreeMap, HashMap};
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BinaryHeap, HashMap};
 use std::io::{self, BufRead, Write};
 use std::net::{IpAddr, SocketAddr};
 use std::path::Path;
@@ -25,6 +29,7 @@ use tollgate::replay::{Millis, Request as Line, TraceCost, TraceReader};
 use tollgate::tower::config::LayerConfig;
 use tollgate::tower::{Evaluation, Key, Outcome};
 use tollgate::wait::TokioClock;
+use tollgate::OwnedInFlightPermit;
 
 use crate::common::{Fatal, Format};
 
@@ -67,6 +72,35 @@ fn load(path: &Path) -> Result<LayerConfig, Fatal> {
 struct Decided {
     key: String,
     evaluation: Evaluation,
+    /// Its place under its policy's in-flight bound, and when (trace ms) the place ends.
+    place: Option<(u64, OwnedInFlightPermit<Key>)>,
+}
+
+/// In-flight places held, each until its end (trace ms), then dropped.
+#[derive(Default)]
+struct Places {
+    ends: BinaryHeap<Reverse<(u64, u64)>>,
+    held: HashMap<u64, OwnedInFlightPermit<Key>>,
+    next: u64,
+}
+
+impl Places {
+    fn hold(&mut self, ends_ms: u64, place: OwnedInFlightPermit<Key>) {
+        self.ends.push(Reverse((ends_ms, self.next)));
+        self.held.insert(self.next, place);
+        self.next += 1;
+    }
+
+    /// Gives back every place that ended by `now_ms`.
+    fn release_until(&mut self, now_ms: u64) {
+        while let Some(&Reverse((ends, id))) = self.ends.peek() {
+            if ends > now_ms {
+                break;
+            }
+            self.ends.pop();
+            self.held.remove(&id);
+        }
+    }
 }
 
 /// Lines spawned before the reader lets them run: bounds the tasks a trace whose lines share
@@ -98,6 +132,7 @@ async fn run(
     let (done, mut decided) = mpsc::unbounded_channel::<(u64, Decided)>();
     let mut reader = TraceReader::new(input);
     let (mut spawned, mut now_ms) = (0u64, 0u64);
+    let mut places = Places::default();
     let mut failure = None;
     while let Some(line) = reader.next_request() {
         let line = match line.map_err(|e| Fatal(e.to_string())) {
@@ -116,6 +151,12 @@ async fn run(
                 break;
             };
             tokio::time::sleep_until(at).await;
+            // The lines decided by now hand over their places; those that ended go back
+            // before this line is decided.
+            while let Ok((seq, line)) = decided.try_recv() {
+                printer.add(seq, line, &mut places, out)?;
+            }
+            places.release_until(now_ms);
         } else if spawned % SPAWN_BATCH == 0 {
             tokio::task::yield_now().await;
         }
@@ -134,20 +175,31 @@ async fn run(
         });
         let (layer, done, seq) = (layer.clone(), done.clone(), spawned);
         let key = line.key.to_owned();
+        let (t_ms, duration_ms) = (line.t_ms, line.duration_ms.unwrap_or(0));
         tokio::spawn(async move {
-            let evaluation = layer.evaluate(&parts, cost).await;
+            let (evaluation, place) = layer.evaluate_held(&parts, cost).await;
+            let waited = u64::try_from(evaluation.waited.as_millis()).unwrap_or(u64::MAX);
+            let ends = t_ms.saturating_add(waited).saturating_add(duration_ms);
+            let place = place.map(|place| (ends, place));
             // The receiver lives until every sender is gone.
-            let _ = done.send((seq, Decided { key, evaluation }));
+            let _ = done.send((
+                seq,
+                Decided {
+                    key,
+                    evaluation,
+                    place,
+                },
+            ));
         });
         spawned += 1;
         while let Ok((seq, line)) = decided.try_recv() {
-            printer.add(seq, line, out)?;
+            printer.add(seq, line, &mut places, out)?;
         }
     }
     drop(done);
     // The lines still waiting (delay mode) finish as the paused clock moves on.
     while let Some((seq, line)) = decided.recv().await {
-        printer.add(seq, line, out)?;
+        printer.add(seq, line, &mut places, out)?;
     }
     printer.finish(out)?;
     failure.map_or(Ok(()), Err)
@@ -234,7 +286,18 @@ impl<'a> Printer<'a> {
         }
     }
 
-    fn add(&mut self, seq: u64, line: Decided, out: &mut impl Write) -> io::Result<()> {
+    /// Prints the lines decided so far in order; a line's in-flight place goes to `places`,
+    /// held until it ends.
+    fn add(
+        &mut self,
+        seq: u64,
+        mut line: Decided,
+        places: &mut Places,
+        out: &mut impl Write,
+    ) -> io::Result<()> {
+        if let Some((ends_ms, place)) = line.place.take() {
+            places.hold(ends_ms, place);
+        }
         self.pending.insert(seq, line);
         while let Some(line) = self.pending.remove(&self.next) {
             self.next += 1;
