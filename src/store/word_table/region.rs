@@ -42,7 +42,8 @@ pub(crate) struct Region<T> {
 }
 
 enum Place<T> {
-    Heap(Box<[T]>),
+    /// Full to capacity, but after a `truncate`.
+    Heap(Vec<T>),
     Mapped {
         /// The first value: the start of `map`, page-aligned.
         first: NonNull<T>,
@@ -95,6 +96,16 @@ impl<T> Region<T> {
         })
     }
 
+    /// Drops the values from `len` on (a step of freeing a table whose cells have drop glue;
+    /// the memory goes with the region).
+    pub(crate) fn truncate(&mut self, len: usize) {
+        match &mut self.place {
+            Place::Heap(values) => values.truncate(len),
+            // Mapped values have no drop glue (the promise): they are just left behind.
+            Place::Mapped { len: mapped, .. } => *mapped = len.min(*mapped),
+        }
+    }
+
     /// Whether the values are in pages of their own (zero pages: nothing was initialised).
     pub(crate) fn is_mapped(&self) -> bool {
         matches!(self.place, Place::Mapped { .. })
@@ -104,7 +115,7 @@ impl<T> Region<T> {
 impl<T> Default for Region<T> {
     fn default() -> Self {
         Region {
-            place: Place::Heap(Box::default()),
+            place: Place::Heap(Vec::new()),
         }
     }
 }
@@ -112,7 +123,7 @@ impl<T> Default for Region<T> {
 impl<T> From<Vec<T>> for Region<T> {
     fn from(values: Vec<T>) -> Self {
         Region {
-            place: Place::Heap(values.into_boxed_slice()),
+            place: Place::Heap(values),
         }
     }
 }

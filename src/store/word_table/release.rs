@@ -57,12 +57,13 @@ impl<K: Clone + Hash + Eq + Send + Sync, H: BuildHasher, C: TableCell> WordTable
             let mut table = shard.retiring.swap_remove(at);
             if let Some(table) = Arc::get_mut(&mut table) {
                 let end = table.slots.len();
-                if std::mem::needs_drop::<K>() {
+                // (A slot's key is dropped by hand, by its tag: the slot itself has no glue.)
+                if std::mem::needs_drop::<K>() || std::mem::needs_drop::<C>() {
                     let (tags, slots) = (take(&mut table.tags), take(&mut table.slots));
                     shard.freeing.push(Freeing::new(tags, slots, end));
                 }
-                // Keys without drop glue (`u64`, `IpAddr`): nothing to drop, so the memory
-                // goes at once, with `table`.
+                // Keys and cells without drop glue (`u64` or `IpAddr` keys and word cells):
+                // nothing to drop, so the memory goes at once, with `table`.
             }
             // `table` is freed here: no loop.
         }

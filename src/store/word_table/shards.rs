@@ -217,10 +217,13 @@ impl<K, C: TableCell> Building<K, C> {
         }
     }
 
-    /// What a table not used needs freed (its slots hold no key).
+    /// What a table not used needs freed (its slots hold no key; the built ones are dropped a
+    /// step at a time).
     pub(super) fn into_freeing(self) -> Freeing<K, C> {
+        let built = self.built;
         let (tags, slots) = self.into_regions();
-        Freeing::new(tags, slots, 0)
+        // No key to drop, but the built cells go a step at a time too.
+        Freeing::new(tags, slots, built)
     }
 
     fn into_regions(self) -> Regions<K, C> {

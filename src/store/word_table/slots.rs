@@ -199,7 +199,7 @@ pub(super) unsafe fn drop_keys<K, C: TableCell>(
     while rest.drop_next() {}
 }
 
-/// A retired table's slots, their keys dropped [`CLEAR_STEP`] at a time from the end, with
+/// A retired table's slots, dropped [`CLEAR_STEP`] at a time from the end (keys first), with
 /// the tags that say which hold keys; the memory goes with the last step.
 pub(super) struct Freeing<K, C: TableCell> {
     pub(super) tags: Region<AtomicU64>,
@@ -209,13 +209,14 @@ pub(super) struct Freeing<K, C: TableCell> {
 }
 
 impl<K, C: TableCell> Freeing<K, C> {
-    /// A table's slots and tags, to free (the first `end` slots may hold keys).
+    /// A table's slots and tags, to free (the first `end` slots may hold keys, and every slot
+    /// past it is dropped already).
     pub(super) fn new(tags: Region<AtomicU64>, slots: Region<Slot<K, C>>, end: usize) -> Self {
         Freeing { tags, slots, end }
     }
 
-    /// Drops the keys of the last [`CLEAR_STEP`] slots that may hold some; whether none is
-    /// left (then the memory can go).
+    /// Drops the last [`CLEAR_STEP`] slots left (keys, then cells); whether none is left
+    /// (then the memory can go).
     pub(super) fn step(&mut self) -> bool {
         let start = self.end.saturating_sub(CLEAR_STEP);
         // SAFETY: `tags` are the slots' own (taken from one table together).
@@ -223,6 +224,7 @@ impl<K, C: TableCell> Freeing<K, C> {
         unsafe {
             drop_keys(&mut self.tags, &mut self.slots, start..self.end)
         };
+        self.slots.truncate(start);
         self.end = start;
         start == 0
     }
