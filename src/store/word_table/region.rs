@@ -191,8 +191,30 @@ mod tests {
             Region::<AtomicU64>::zeroed(8, zeroed).is_none(),
             "under a page: the heap"
         );
+        let page = MAP_FROM / std::mem::size_of::<AtomicU64>();
+        assert!(Region::<AtomicU64>::zeroed(page, zeroed).is_some_and(|r| r.is_mapped()));
+        assert!(Region::<AtomicU64>::zeroed(page - 1, zeroed).is_none());
         let small: Region<AtomicU64> = (0..8).map(|_| AtomicU64::new(1)).collect::<Vec<_>>().into();
         assert!(!small.is_mapped());
         assert!(small.iter().all(|v| v.load(Ordering::Relaxed) == 1));
+    }
+
+    /// A heap region's values are dropped as it is truncated (a retired table's cells go a
+    /// step at a time), and the rest with it.
+    #[test]
+    fn truncating_a_heap_region_drops_its_values() {
+        struct Counted(std::rc::Rc<std::cell::Cell<usize>>);
+        impl Drop for Counted {
+            fn drop(&mut self) {
+                self.0.set(self.0.get() + 1);
+            }
+        }
+        let dropped = std::rc::Rc::new(std::cell::Cell::new(0));
+        let values: Vec<_> = (0..10).map(|_| Counted(dropped.clone())).collect();
+        let mut region = Region::from(values);
+        region.truncate(6);
+        assert_eq!((region.len(), dropped.get()), (6, 4));
+        drop(region);
+        assert_eq!(dropped.get(), 10);
     }
 }
