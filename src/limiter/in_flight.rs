@@ -239,23 +239,18 @@ impl<K: Clone + Hash + Eq + Send + Sync> InFlight<K> {
         // The key copied first: once the units are taken, no user code runs before the permit
         // that gives them back exists.
         let owned = key.to_owned();
-        let decision = self
-            .table
-            .check_key(key, &self.rule, || NOW, cost, &Idle(self), Check)?;
+        let check = || {
+            self.table
+                .check_key(key, &self.rule, || NOW, cost, &Idle(self), Check)
+        };
+        #[cfg_attr(not(feature = "tokio"), allow(unused_mut))] // reassigned by a heal
+        let mut decision = check()?;
+        // Refused with the units free: waiters are queued for them, or a mark was left by a
+        // waiter whose key panicked on the way into the queue; the queue clears the latter,
+        // and the check runs again.
         #[cfg(feature = "tokio")]
-        if !decision.allowed() && decision.remaining() >= cost {
-            // Refused with the units free: waiters are queued for them, or a mark was left by a
-            // waiter whose key panicked on the way into the queue; the queue clears the latter.
-            if self.waiters.heal(self, key) {
-                let decision =
-                    self.table
-                        .check_key(key, &self.rule, || NOW, cost, &Idle(self), Check)?;
-                return Ok(decision.allowed().then_some(Held {
-                    key: owned,
-                    cost,
-                    decision,
-                }));
-            }
+        if !decision.allowed() && decision.remaining() >= cost && self.waiters.heal(self, key) {
+            decision = check()?;
         }
         Ok(decision.allowed().then(|| Held {
             key: owned,
