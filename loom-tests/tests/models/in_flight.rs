@@ -12,7 +12,7 @@ use loom::sync::Arc;
 use loom::thread;
 use std::task::{Context, Poll, Waker};
 
-use tollgate_loom_tests::in_flight_waiters::{Enqueued, Places, Reserved, Waiters};
+use tollgate_loom_tests::in_flight_waiters::{Enqueued, Places, Reserved, Ticket, Waiters};
 use tollgate_loom_tests::state::{AtomicWord, Retired};
 use tollgate_loom_tests::store::{Check, KeyTable, Reserve, Stored, WordTable};
 
@@ -140,10 +140,38 @@ where
         decision.allowed()
     }
 
+    /// A waiter for a unit of `key`, after a refused check: how it ends up holding it (or is
+    /// yet to), and its ticket if it waits.
+    fn queue(&self, key: u64) -> (&'static str, Option<Ticket<u64, (), ()>>) {
+        match self.waiters.enqueue(self, &key, 1) {
+            Enqueued::Now(Ok(())) => ("reserved on queueing", None),
+            Enqueued::Now(Err(_)) => panic!("refused for ever"),
+            Enqueued::Waiting(ticket) => ("served by a release", Some(ticket)),
+        }
+    }
+
+    /// Asserts that `ticket`'s waiter was served its unit.
+    fn assert_served(&self, ticket: &Ticket<u64, (), ()>, message: &str) {
+        let mut cx = Context::from_waker(Waker::noop());
+        let served = self.waiters.poll(ticket, &mut cx);
+        assert!(matches!(served, Poll::Ready(Ok(()))), "{message}");
+    }
+
     /// A permit's drop: the unit back to the key's word, then the key's waiters served.
     fn release(&self, key: u64) {
         self.table.refund(&key, &self.rule, || 0, 1);
         self.waiters.released(self, &key);
+    }
+}
+
+/// One key's limit of `N = 1` over the word table, with no waiter yet.
+fn waited_one(
+) -> Waited<impl Stored<Cell = AtomicWord> + Copy, impl Stored<Cell = AtomicWord> + Copy> {
+    Waited {
+        table: table(),
+        rule: tollgate_loom_tests::in_flight_rule(1),
+        unqueuing: tollgate_loom_tests::in_flight_unqueuing(1),
+        waiters: Waiters::new(),
     }
 }
 
@@ -162,12 +190,7 @@ fn a_release_and_a_waiter_never_miss_each_other() {
             "served by a release",
         ],
         |seen| {
-            let limit = Arc::new(Waited {
-                table: table(),
-                rule: tollgate_loom_tests::in_flight_rule(1),
-                unqueuing: tollgate_loom_tests::in_flight_unqueuing(1),
-                waiters: Waiters::new(),
-            });
+            let limit = Arc::new(waited_one());
             assert!(limit.check(1), "the unit the release gives back");
             let holders = Arc::new(AtomicUsize::new(1));
             let releaser = {
@@ -192,21 +215,12 @@ fn a_release_and_a_waiter_never_miss_each_other() {
             let (how, ticket) = if limit.check(1) {
                 ("checked after the release", None)
             } else {
-                match limit.waiters.enqueue(&*limit, &1, 1) {
-                    Enqueued::Now(Ok(())) => ("reserved on queueing", None),
-                    Enqueued::Now(Err(_)) => panic!("refused for ever"),
-                    Enqueued::Waiting(ticket) => ("served by a release", Some(ticket)),
-                }
+                limit.queue(1)
             };
             releaser.join().unwrap();
             newcomer.join().unwrap();
             if let Some(ticket) = ticket {
-                let mut cx = Context::from_waker(Waker::noop());
-                let served = limit.waiters.poll(&ticket, &mut cx);
-                assert!(
-                    matches!(served, Poll::Ready(Ok(()))),
-                    "a waiter left waiting once every unit is free"
-                );
+                limit.assert_served(&ticket, "a waiter left waiting once every unit is free");
             }
             seen.saw(how);
             let held = 1 - limit.table.peek(&1, &limit.rule, || 0, 0).remaining();
@@ -227,12 +241,7 @@ fn a_release_and_a_waiter_on_a_left_mark_never_miss_each_other() {
         "in_flight: release vs waiter, mark left",
         &["reserved on queueing", "served by a release"],
         |seen| {
-            let limit = Arc::new(Waited {
-                table: table(),
-                rule: tollgate_loom_tests::in_flight_rule(1),
-                unqueuing: tollgate_loom_tests::in_flight_unqueuing(1),
-                waiters: Waiters::new(),
-            });
+            let limit = Arc::new(waited_one());
             assert!(limit.check(1));
             assert!(
                 matches!(limit.reserve(&1, 1), Reserved::Queued),
@@ -242,19 +251,10 @@ fn a_release_and_a_waiter_on_a_left_mark_never_miss_each_other() {
                 let limit = limit.clone();
                 thread::spawn(move || limit.release(1))
             };
-            let (how, ticket) = match limit.waiters.enqueue(&*limit, &1, 1) {
-                Enqueued::Now(Ok(())) => ("reserved on queueing", None),
-                Enqueued::Now(Err(_)) => panic!("refused for ever"),
-                Enqueued::Waiting(ticket) => ("served by a release", Some(ticket)),
-            };
+            let (how, ticket) = limit.queue(1);
             releaser.join().unwrap();
             if let Some(ticket) = ticket {
-                let mut cx = Context::from_waker(Waker::noop());
-                let served = limit.waiters.poll(&ticket, &mut cx);
-                assert!(
-                    matches!(served, Poll::Ready(Ok(()))),
-                    "a waiter left waiting once every unit is free"
-                );
+                limit.assert_served(&ticket, "a waiter left waiting once every unit is free");
             }
             seen.saw(how);
             limit.release(1);
@@ -271,12 +271,7 @@ fn a_waiter_giving_up_races_the_release_that_serves_it() {
         "in_flight: cancel vs serve",
         &["left unserved", "served, handed back"],
         |seen| {
-            let limit = Arc::new(Waited {
-                table: table(),
-                rule: tollgate_loom_tests::in_flight_rule(1),
-                unqueuing: tollgate_loom_tests::in_flight_unqueuing(1),
-                waiters: Waiters::new(),
-            });
+            let limit = Arc::new(waited_one());
             assert!(limit.check(1));
             let Enqueued::Waiting(first) = limit.waiters.enqueue(&*limit, &1, 1) else {
                 panic!("the unit is held")
@@ -298,12 +293,7 @@ fn a_waiter_giving_up_races_the_release_that_serves_it() {
             } else {
                 "left unserved"
             });
-            let mut cx = Context::from_waker(Waker::noop());
-            let served = limit.waiters.poll(&second, &mut cx);
-            assert!(
-                matches!(served, Poll::Ready(Ok(()))),
-                "the waiter behind is served with the unit"
-            );
+            limit.assert_served(&second, "the waiter behind is served with the unit");
             let held = 1 - limit.table.peek(&1, &limit.rule, || 0, 0).remaining();
             assert_eq!(held, 1, "the second waiter's unit, and only it");
             limit.release(1);
