@@ -1337,3 +1337,43 @@ fn tables_fill_to_their_stated_bound_and_grow_to_the_stated_size() {
         "{replaced} replacements: {small} small, {large} large"
     );
 }
+
+/// A table of log cells (a heap table: a zero `LogCell` is not a fresh one) grows past
+/// 4,096 slots (the size from which tables are built ahead) in one shard: each large table is
+/// built ahead a step per insert, slot by slot, so no call allocates one whole, and every key
+/// keeps its entry through the moves.
+#[test]
+fn a_heap_table_of_logs_is_built_ahead_slot_by_slot() {
+    use crate::state::LogCell;
+    use crate::{Quota, SlidingLog};
+    let rule = SlidingLog::new(Quota::per_second(1_000).unwrap()).unwrap();
+    let store: WordTable<u64, std::hash::BuildHasherDefault<Identity>, LogCell> =
+        WordTable::new((), Default::default());
+    // Shard 0 (top bits 0), homes and tags spread by the low bits.
+    let key = |i: u64| i.wrapping_mul(0x9E37_79B9) & 0x00FF_FFFF_FFFF;
+    let keys = 12_000u64;
+    for i in 0..keys {
+        let mut done = Inserted::default();
+        store.with_inserted(
+            &key(i),
+            0,
+            |cell: &LogCell| cell.with(|| 0, |ring, now| rule.decide(ring, now, 1, true)),
+            &EmptyLogs,
+            &mut done,
+        );
+    }
+    assert!(
+        store.capacity() > 2 * 4096,
+        "shard 0's table grew past two large sizes"
+    );
+    assert_eq!(store.mapped_tables(), 0, "log cells live on the heap");
+    assert_eq!(store.allocated_large(), 0, "large tables built ahead");
+    for i in 0..keys {
+        let entries = store.with_existing(&key(i), 0, |cell: &LogCell| {
+            cell.with_live(|| 0, |ring, _| ring.len())
+        });
+        assert_eq!(entries, Some(1), "key {i} keeps its entry");
+    }
+    assert_eq!(store.len(), keys as usize);
+    store.audit();
+}
