@@ -35,7 +35,7 @@ use std::time::Duration;
 mod in_flight;
 mod trace;
 
-pub use self::in_flight::InFlightReplayer;
+pub use self::in_flight::{HeldUntil, InFlightReplayer};
 pub use self::trace::{parse_line, Request, TraceCost, TraceError, TraceReader};
 
 use crate::clock::ManualClock;

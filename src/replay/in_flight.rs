@@ -1,8 +1,7 @@
 //! Replaying a concurrency limit: each admitted line holds its place from its time until its
 //! time plus its duration (`t_ms+duration_ms`), on the crate's own [`InFlight`].
 
-use std::cmp::Reverse;
-use std::collections::BinaryHeap;
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use super::{Request, TraceCost, TraceOutcome};
@@ -34,36 +33,73 @@ use crate::{InFlight, OwnedInFlightPermit, QuotaError};
 #[derive(Debug)]
 pub struct InFlightReplayer {
     limit: Arc<InFlight<String>>,
-    /// Places held, by the trace time they end at (then arrival order).
-    held: BinaryHeap<Reverse<Held>>,
+    /// Places held, until the trace time they end at.
+    held: HeldUntil<OwnedInFlightPermit<String>>,
+}
+
+/// Values held until a trace time, then dropped, earliest end first (then the order they were
+/// held in): the places a replay gives back as its trace's time moves on.
+///
+/// # Examples
+/// ```
+/// use tollgate::replay::HeldUntil;
+/// let mut held = HeldUntil::new();
+/// held.hold(300, "upload");
+/// held.hold(100, "search");
+/// held.release_until(100); // a place that ends at t is free at t
+/// assert_eq!(held.len(), 1);
+/// held.release_until(299);
+/// assert_eq!(held.len(), 1);
+/// held.release_until(300);
+/// assert!(held.is_empty());
+/// ```
+#[derive(Debug)]
+pub struct HeldUntil<T> {
+    /// By (end in trace ms, order held).
+    values: BTreeMap<(u64, u64), T>,
     next: u64,
 }
 
-#[derive(Debug)]
-struct Held {
-    ends_ms: u64,
-    seq: u64,
-    /// Held for its drop: the place given back.
-    _permit: OwnedInFlightPermit<String>,
-}
-
-impl PartialEq for Held {
-    fn eq(&self, other: &Self) -> bool {
-        (self.ends_ms, self.seq) == (other.ends_ms, other.seq)
+impl<T> Default for HeldUntil<T> {
+    fn default() -> Self {
+        HeldUntil {
+            values: BTreeMap::new(),
+            next: 0,
+        }
     }
 }
 
-impl Eq for Held {}
-
-impl PartialOrd for Held {
-    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
-        Some(self.cmp(other))
+impl<T> HeldUntil<T> {
+    /// Nothing held.
+    pub fn new() -> Self {
+        Self::default()
     }
-}
 
-impl Ord for Held {
-    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
-        (self.ends_ms, self.seq).cmp(&(other.ends_ms, other.seq))
+    /// Holds `value` until trace time `until_ms`.
+    pub fn hold(&mut self, until_ms: u64, value: T) {
+        self.values.insert((until_ms, self.next), value);
+        self.next += 1;
+    }
+
+    /// Drops every value held until `now_ms` or earlier.
+    pub fn release_until(&mut self, now_ms: u64) {
+        while self
+            .values
+            .first_key_value()
+            .is_some_and(|(&(until, _), _)| until <= now_ms)
+        {
+            self.values.pop_first();
+        }
+    }
+
+    /// How many values are held.
+    pub fn len(&self) -> usize {
+        self.values.len()
+    }
+
+    /// Whether none is.
+    pub fn is_empty(&self) -> bool {
+        self.values.is_empty()
     }
 }
 
@@ -82,8 +118,7 @@ impl InFlightReplayer {
     pub fn new(max: u64) -> Result<InFlightReplayer, QuotaError> {
         Ok(InFlightReplayer {
             limit: Arc::new(InFlight::new(max)?),
-            held: BinaryHeap::new(),
-            next: 0,
+            held: HeldUntil::new(),
         })
     }
 
@@ -127,13 +162,7 @@ impl InFlightReplayer {
         let TraceCost::Units(cost) = request.units() else {
             return TraceOutcome::Error;
         };
-        while self
-            .held
-            .peek()
-            .is_some_and(|Reverse(h)| h.ends_ms <= request.t_ms)
-        {
-            self.held.pop();
-        }
+        self.held.release_until(request.t_ms);
         let permit = match self.limit.try_acquire_n_owned(request.key, cost) {
             Ok(Some(permit)) => permit,
             Ok(None) => return TraceOutcome::Deny,
@@ -144,12 +173,7 @@ impl InFlightReplayer {
             let ends_ms = request
                 .t_ms
                 .saturating_add(request.duration_ms.unwrap_or(0));
-            self.held.push(Reverse(Held {
-                ends_ms,
-                seq: self.next,
-                _permit: permit,
-            }));
-            self.next += 1;
+            self.held.hold(ends_ms, permit);
         }
         outcome
     }

@@ -15,8 +15,7 @@
 //!   time, plus any delay-mode wait) for the line's duration (`t_ms+duration_ms`; none: 0 ms).
 //!   A place that ends at `t` is free for a line at `t`.
 
-use std::cmp::Reverse;
-use std::collections::{BTreeMap, BinaryHeap, HashMap};
+use std::collections::{BTreeMap, HashMap};
 use std::io::{self, BufRead, Write};
 use std::net::{IpAddr, SocketAddr};
 use std::path::Path;
@@ -25,7 +24,7 @@ use std::time::Duration;
 
 use http::{HeaderName, HeaderValue};
 use tokio::sync::mpsc;
-use tollgate::replay::{Millis, Request as Line, TraceCost, TraceReader};
+use tollgate::replay::{HeldUntil, Millis, Request as Line, TraceCost, TraceReader};
 use tollgate::tower::config::LayerConfig;
 use tollgate::tower::{Evaluation, Key, Outcome};
 use tollgate::wait::TokioClock;
@@ -77,31 +76,7 @@ struct Decided {
 }
 
 /// In-flight places held, each until its end (trace ms), then dropped.
-#[derive(Default)]
-struct Places {
-    ends: BinaryHeap<Reverse<(u64, u64)>>,
-    held: HashMap<u64, OwnedInFlightPermit<Key>>,
-    next: u64,
-}
-
-impl Places {
-    fn hold(&mut self, ends_ms: u64, place: OwnedInFlightPermit<Key>) {
-        self.ends.push(Reverse((ends_ms, self.next)));
-        self.held.insert(self.next, place);
-        self.next += 1;
-    }
-
-    /// Gives back every place that ended by `now_ms`.
-    fn release_until(&mut self, now_ms: u64) {
-        while let Some(&Reverse((ends, id))) = self.ends.peek() {
-            if ends > now_ms {
-                break;
-            }
-            self.ends.pop();
-            self.held.remove(&id);
-        }
-    }
-}
+type Places = HeldUntil<OwnedInFlightPermit<Key>>;
 
 /// Lines spawned before the reader lets them run: bounds the tasks a trace whose lines share
 /// one millisecond holds at once.
@@ -132,7 +107,7 @@ async fn run(
     let (done, mut decided) = mpsc::unbounded_channel::<(u64, Decided)>();
     let mut reader = TraceReader::new(input);
     let (mut spawned, mut now_ms) = (0u64, 0u64);
-    let mut places = Places::default();
+    let mut places = Places::new();
     let mut failure = None;
     while let Some(line) = reader.next_request() {
         let line = match line.map_err(|e| Fatal(e.to_string())) {
@@ -153,9 +128,7 @@ async fn run(
             tokio::time::sleep_until(at).await;
             // The lines decided by now hand over their places; those that ended go back
             // before this line is decided.
-            while let Ok((seq, line)) = decided.try_recv() {
-                printer.add(seq, line, &mut places, out)?;
-            }
+            printer.add_decided(&mut decided, &mut places, out)?;
             places.release_until(now_ms);
         } else if spawned % SPAWN_BATCH == 0 {
             tokio::task::yield_now().await;
@@ -192,9 +165,7 @@ async fn run(
             ));
         });
         spawned += 1;
-        while let Ok((seq, line)) = decided.try_recv() {
-            printer.add(seq, line, &mut places, out)?;
-        }
+        printer.add_decided(&mut decided, &mut places, out)?;
     }
     drop(done);
     // The lines still waiting (delay mode) finish as the paused clock moves on.
@@ -284,6 +255,19 @@ impl<'a> Printer<'a> {
             passed: 0,
             requests: 0,
         }
+    }
+
+    /// [`Printer::add`]s the lines decided by now (those the channel holds).
+    fn add_decided(
+        &mut self,
+        decided: &mut mpsc::UnboundedReceiver<(u64, Decided)>,
+        places: &mut Places,
+        out: &mut impl Write,
+    ) -> io::Result<()> {
+        while let Ok((seq, line)) = decided.try_recv() {
+            self.add(seq, line, places, out)?;
+        }
+        Ok(())
     }
 
     /// Prints the lines decided so far in order; a line's in-flight place goes to `places`,
