@@ -38,10 +38,10 @@ cargo test --release --test flood
 if [ "${FAST:-0}" != 1 ]; then
   step "public API: unchanged from tests/public-api.txt (bash scripts/public-api.sh --bless after a deliberate change)"
   bash scripts/public-api.sh
-  step "Miri: the word table's unsafe slot keys (written, read, moved, dropped once, also when a key's code panics) and its mapped tables"
+  step "Miri: the word table's unsafe slot keys (written, read, moved, dropped once, also when a key's code panics; String keys inline) and its mapped tables"
   cargo +nightly miri test --lib -- keys_are_written_read_moved_and_dropped_once \
     keys_that_panic_are_never_dropped_twice_nor_lost a_large_region_is_mapped_zeroed \
-    a_mapped_table_is_written_moved_and_freed
+    a_mapped_table_is_written_moved_and_freed string_keys word_table::text
   if [ -d loom-tests ]; then
     step "loom models (bounded preemption)"
     LOOM_MAX_PREEMPTIONS="${LOOM_MAX_PREEMPTIONS:-2}" \

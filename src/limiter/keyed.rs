@@ -40,9 +40,12 @@ pub(super) mod builder;
 /// ```
 ///
 /// # Text keys
-/// A `String` key keeps its bytes on the heap, and a check reads them there to compare the
-/// key: a second cache miss per check once the keys outgrow the caches. [`TextKey`](crate::TextKey)
-/// holds text of up to 38 bytes inline, in the table's slot:
+/// A `String` key of up to 23 bytes (any IPv4 address as text, most names and ids) is kept
+/// inline in the table's slot: looked up by `&str`, a check reads no memory but the table's,
+/// and the key holds no heap block. A longer `String` keeps its bytes on the heap, where a
+/// check reads them to compare the key: a second cache miss per check once the keys outgrow
+/// the caches. [`TextKey`](crate::TextKey) holds text of up to 38 bytes inline (IPv6
+/// addresses, longer tokens), in a slot 16 bytes larger:
 /// ```
 /// use tollgate::{Gcra, KeyedLimiter, Quota, TextKey};
 /// let limiter = KeyedLimiter::<TextKey, _>::new(Gcra::new(Quota::per_second(1)?)?);

@@ -122,6 +122,8 @@ mod replace;
 mod shards;
 #[path = "word_table/slots.rs"]
 mod slots;
+#[path = "word_table/text.rs"]
+mod text;
 
 pub(crate) use self::region::ZeroedIsFresh;
 pub use self::shards::WordTable;
@@ -209,7 +211,7 @@ where
             Ok(at) => (at, shard.table[at].state.revive(self.retired)),
             Err(_) => {
                 // The key's clone first: if it panics, the shard is as it was.
-                let owned = key.to_owned();
+                let owned = text::NewKey::of(key);
                 if over_full(shard.used + 1, shard.table.len()) {
                     // The table is full: it is replaced, and the old one drained from now on,
                     // a few slots per call. Above the shard's share of `evict_above`, keys

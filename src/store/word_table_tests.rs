@@ -67,14 +67,15 @@ fn insert(store: &Store, key: u64, n: u64, judge: &Judge) -> bool {
 }
 
 /// [`KeyedStore::with_inserted`], returning what it did.
-fn inserting<K, S, R>(
+fn inserting<K, Q, S, R>(
     store: &S,
-    key: &K,
+    key: &Q,
     f: impl FnOnce(&AtomicWord) -> R,
     judge: &impl Evictor<AtomicWord>,
 ) -> (R, Inserted)
 where
-    K: Hash + Eq + Clone,
+    K: Hash + Eq + Clone + std::borrow::Borrow<Q>,
+    Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     S: KeyedStore<K, AtomicWord>,
 {
     let mut done = Inserted::default();
@@ -1376,4 +1377,144 @@ fn a_heap_table_of_logs_is_built_ahead_slot_by_slot() {
     }
     assert_eq!(store.len(), keys as usize);
     store.audit();
+}
+
+/// A text key for the `String` tests: every 5th one longer than a `String`'s 23 inline bytes.
+fn text(i: u64) -> String {
+    if i % 5 == 0 {
+        format!("a-long-key-held-on-the-heap-{i}")
+    } else {
+        format!("198.51.{i}")
+    }
+}
+
+/// `String` keys: short ones kept inline, long ones as `String`s, through every rebuild, found
+/// by `&str` and by `&String`, inserted either way; each long key's `String` dropped once (the
+/// leak check of Miri, which runs it too: `scripts/test.sh`).
+#[test]
+fn string_keys_short_inline_and_long_on_the_heap_survive_every_rebuild() {
+    let keys: u64 = if cfg!(miri) { 400 } else { 20_000 };
+    let store: WordTable<String, foldhash::fast::FixedState, AtomicWord> =
+        WordTable::new(MARKS, foldhash::fast::FixedState::with_seed(7));
+    for i in 0..keys {
+        let key = text(i);
+        let (_, done) = if i % 2 == 0 {
+            inserting(&store, key.as_str(), |cell| add(cell, i + 1), &KEEP_ALL)
+        } else {
+            inserting(&store, &key, |cell| add(cell, i + 1), &KEEP_ALL)
+        };
+        assert!(done.inserted, "key {i}");
+    }
+    for i in 0..keys {
+        let key = text(i);
+        assert_eq!(
+            store.with_existing(key.as_str(), 0, |c| add(c, 0)),
+            Some(i + 1)
+        );
+        assert_eq!(store.with_existing(&key, 0, |c| add(c, 0)), Some(i + 1));
+        let (_, done) = inserting(&store, key.as_str(), |c| add(c, 0), &KEEP_ALL);
+        assert!(!done.inserted, "key {i} is found, not inserted again");
+    }
+    assert_eq!(store.with_existing("198.51.x", 0, |c| add(c, 0)), None);
+    assert_eq!(store.len(), keys as usize);
+    store.audit();
+    // Drained tables released: every key is in a shard's table, 4 in 5 of them inline.
+    while store.retired_slots() > 0 {
+        inserting(&store, "198.51.x", |c| add(c, 0), &KEEP_ALL);
+    }
+    assert_eq!(store.inline_texts(), (keys - keys / 5) as usize);
+}
+
+/// The inline bound: 23 bytes inline, 24 on the heap, and texts of every length up to 40
+/// (among them the empty one) are told apart from each other.
+#[test]
+fn string_keys_of_every_length_around_the_inline_bound_are_told_apart() {
+    let store: WordTable<String, foldhash::fast::FixedState, AtomicWord> =
+        WordTable::new(MARKS, foldhash::fast::FixedState::with_seed(11));
+    let keys: Vec<String> = (0..=40).map(|n| "x".repeat(n)).collect();
+    for (i, key) in keys.iter().enumerate() {
+        inserting(&store, key.as_str(), |c| add(c, i as u64 + 1), &KEEP_ALL);
+    }
+    for (i, key) in keys.iter().enumerate() {
+        assert_eq!(
+            store.with_existing(key.as_str(), 0, |c| add(c, 0)),
+            Some(i as u64 + 1)
+        );
+    }
+    assert_eq!(store.len(), keys.len());
+}
+
+/// Every text hashes alike: one home slot and one tag for all, so each probe walks past keys
+/// of both classes (the inline and the heap tag differ in one bit) and wraps the table; each
+/// key is still found, by its own class, through the rebuilds.
+#[test]
+fn string_keys_of_both_classes_sharing_a_hash_are_told_apart() {
+    #[derive(Default)]
+    struct Same;
+    impl std::hash::Hasher for Same {
+        fn finish(&self) -> u64 {
+            0x0000_00FF_FFFF_FFFF
+        }
+        fn write(&mut self, _: &[u8]) {}
+    }
+    let store: WordTable<String, std::hash::BuildHasherDefault<Same>, AtomicWord> =
+        WordTable::new(MARKS, Default::default());
+    let keys = if cfg!(miri) { 40 } else { 300 };
+    for i in 0..keys {
+        inserting(&store, text(i).as_str(), |c| add(c, i + 1), &KEEP_ALL);
+    }
+    for i in 0..keys {
+        assert_eq!(
+            store.with_existing(text(i).as_str(), 0, |c| add(c, 0)),
+            Some(i + 1)
+        );
+    }
+    assert_eq!(store.with_existing("absent", 0, |c| add(c, 0)), None);
+    assert_eq!(store.len(), keys as usize);
+    store.audit();
+}
+
+/// A caller's own type that a `String` borrows as: its text is not known to the table, which
+/// looks in both classes (and makes a `String` to compare an inline key with); keys inserted
+/// through it are kept inline when they fit, and found by `&str` after.
+#[test]
+fn string_keys_looked_up_through_a_callers_own_borrow_type() {
+    #[derive(PartialEq, Eq, Hash)]
+    #[repr(transparent)]
+    struct Name(String);
+    impl std::borrow::Borrow<Name> for String {
+        fn borrow(&self) -> &Name {
+            // SAFETY: `Name` is a `#[repr(transparent)]` `String`.
+            #[allow(unsafe_code)]
+            unsafe {
+                &*(self as *const String).cast::<Name>()
+            }
+        }
+    }
+    impl ToOwned for Name {
+        type Owned = String;
+        fn to_owned(&self) -> String {
+            self.0.clone()
+        }
+    }
+    let store: WordTable<String, foldhash::fast::FixedState, AtomicWord> =
+        WordTable::new(MARKS, foldhash::fast::FixedState::with_seed(3));
+    for i in 0..50 {
+        inserting(&store, &Name(text(i)), |c| add(c, i + 1), &KEEP_ALL);
+    }
+    for i in 0..50 {
+        assert_eq!(
+            store.with_existing(&Name(text(i)), 0, |c| add(c, 0)),
+            Some(i + 1)
+        );
+        assert_eq!(
+            store.with_existing(text(i).as_str(), 0, |c| add(c, 0)),
+            Some(i + 1)
+        );
+    }
+    assert_eq!(
+        store.with_existing(&Name("absent".into()), 0, |c| add(c, 0)),
+        None
+    );
+    assert_eq!(store.len(), 50);
 }

@@ -70,6 +70,20 @@ impl<K: Send + Sync, H, C: TableCell> WordTable<K, H, C> {
             .count()
     }
 
+    /// Keys of the shards' tables kept inline as text (`text.rs`; for tests).
+    #[allow(dead_code)] // read by the unit tests in `word_table_tests.rs`
+    pub(crate) fn inline_texts(&self) -> usize {
+        self.shards
+            .iter()
+            .map(|shard| {
+                let table = &shard.lock().table;
+                (0..table.len())
+                    .filter(|&i| matches!(table.key(i), Some(super::text::Held::Text(_))))
+                    .count()
+            })
+            .sum()
+    }
+
     /// Spares reused as a shard's next table (for the loom models).
     #[allow(dead_code)] // read by the loom models
     pub(crate) fn spares_reused(&self) -> usize {

@@ -8,6 +8,7 @@ use std::hash::{BuildHasher, Hash};
 use super::super::cell::TableCell;
 use super::shards::*;
 use super::slots::*;
+use super::text::{Held, NewKey};
 use crate::clock::Nanos;
 use crate::sync::{Arc, Ordering};
 
@@ -312,9 +313,16 @@ impl<K: Clone + Hash + Eq + Send + Sync, H: BuildHasher, C: TableCell> WordTable
         // The key's own code first (hash, compare, clone): if it panics, the cell is still live
         // here, and nothing was written to `to`. (Under the shard lock a live cell stays live:
         // only the lock's holder retires cells.)
-        let (hash, _) = self.hash(key);
-        let place = find(to, hash, key);
-        let key = key.clone();
+        let (hash, place, key) = match key {
+            Held::Key(key) => {
+                let (hash, _) = self.hash(key);
+                (hash, find(to, hash, key), NewKey::Key(key.clone()))
+            }
+            Held::Text(text) => {
+                let (hash, _) = self.hash(text);
+                (hash, find_text(to, hash, text), NewKey::Text(text))
+            }
+        };
         let Some(state) = slot.state.take_to_move(retired) else {
             return Visit::Empty;
         };

@@ -8,6 +8,7 @@ use std::ops::Range;
 
 use super::super::cell::TableCell;
 use super::region::{Region, ZeroedIsFresh};
+use super::text::{fits, inline_strings, query_text, Held, NewKey, INLINE, INLINE_BIT};
 use crate::sync::{Arc, AtomicU64, Ordering, UnsafeCell, MODEL_CHECKED};
 
 /// Shards: inserts, evictions and rebuilds of different shards never wait for each other.
@@ -112,12 +113,50 @@ impl<K> SlotKey<K> {
         });
     }
 
+    /// Sets the key of a table of `String` keys to `text`, inline: its length, then its bytes.
+    ///
+    /// # Safety
+    /// As [`SlotKey::write`]; and `K` is `String` (24 bytes, room for a length byte and
+    /// [`INLINE`] bytes) and `text` fits ([`fits`]).
+    pub(super) unsafe fn write_text(&self, text: &str) {
+        debug_assert!(inline_strings::<K>() && text.len() <= INLINE);
+        self.0.with_mut(|cell| {
+            let bytes = cell.cast::<u8>();
+            // SAFETY: by the contract this is the only access to the cell, whose
+            // `size_of::<K>()` = 1 + INLINE bytes a `MaybeUninit` lets hold any bytes; the
+            // length fits a byte (at most INLINE).
+            unsafe {
+                bytes.write(text.len() as u8);
+                std::ptr::copy_nonoverlapping(text.as_ptr(), bytes.add(1), text.len());
+            }
+        });
+    }
+
+    /// The text of an inline key.
+    ///
+    /// # Safety
+    /// As [`SlotKey::get`], for a key set by [`SlotKey::write_text`] (its tag has
+    /// [`INLINE_BIT`], in a table of `String` keys).
+    pub(super) unsafe fn text(&self) -> &str {
+        self.0.with(|cell| {
+            let bytes = cell.cast::<u8>();
+            // SAFETY: by the contract the cell holds a length byte and that many bytes copied
+            // from a `str` (valid UTF-8), written before this read and never again while the
+            // table is borrowed.
+            unsafe {
+                let len = usize::from(bytes.read());
+                std::str::from_utf8_unchecked(std::slice::from_raw_parts(bytes.add(1), len))
+            }
+        })
+    }
+
     /// The key.
     ///
     /// # Safety
     /// The slot's tag was seen set: loaded with Acquire (pairing with the Release that
     /// published it), or read under the shard lock, so the write happened before this read;
-    /// and the table is shared (no one drops or clears its keys meanwhile).
+    /// the table is shared (no one drops or clears its keys meanwhile); and the key is not
+    /// an inline text ([`SlotKey::text`]).
     pub(super) unsafe fn get(&self) -> &K {
         self.0.with(|cell| {
             // SAFETY: by the contract the key is initialised, and no write follows while the
@@ -142,7 +181,19 @@ impl<K> SlotKey<K> {
 /// Whether slot `i`'s byte in its word of tags, `word`, is set: the slot holds a key.
 #[inline]
 pub(super) fn tag_set(word: u64, i: usize) -> bool {
-    word >> (i % 8 * 8) & 0xff != 0
+    tag_byte(word, i) != 0
+}
+
+/// Slot `i`'s byte in its word of tags.
+#[inline]
+fn tag_byte(word: u64, i: usize) -> u8 {
+    (word >> (i % 8 * 8)) as u8
+}
+
+/// Whether a key whose tag is `tag` is an inline text (in a table of `String` keys).
+#[inline(always)]
+fn is_text<K>(tag: u8) -> bool {
+    inline_strings::<K>() && tag & INLINE_BIT != 0
 }
 
 /// Drops the keys set among `slots[range]`, clearing each one's tag before its drop: a key
@@ -174,12 +225,17 @@ pub(super) unsafe fn drop_keys<K, C: TableCell>(
             let word = &self.tags[i / 8];
             // Relaxed: the caller has the slots to itself (`&mut`), so no other thread reads.
             let bits = word.load(Ordering::Relaxed);
-            if tag_set(bits, i) {
+            let tag = tag_byte(bits, i);
+            if tag != 0 {
                 word.store(bits & !(0xff << (i % 8 * 8)), Ordering::Relaxed);
-                // SAFETY: the tag was set, so the key is initialised (the contract of
-                // `drop_keys`), and the slots are the caller's alone; the tag is cleared
-                // first, so nothing drops or reads this key again, even if its drop panics.
-                unsafe { self.slots[i].key.drop_key() };
+                // An inline text has nothing to drop.
+                if !is_text::<K>(tag) {
+                    // SAFETY: the tag was set, so the key is initialised (the contract of
+                    // `drop_keys`) as a `K` (not a text), and the slots are the caller's
+                    // alone; the tag is cleared first, so nothing drops or reads this key
+                    // again, even if its drop panics.
+                    unsafe { self.slots[i].key.drop_key() };
+                }
             }
             true
         }
@@ -298,14 +354,29 @@ impl<K, C: TableCell> std::ops::Deref for Table<K, C> {
 
 impl<K, C: TableCell> Table<K, C> {
     /// Slot `i`'s key, if it has one.
-    pub(super) fn key(&self, i: usize) -> Option<&K> {
+    pub(super) fn key(&self, i: usize) -> Option<Held<'_, K>> {
         // Acquire: pairs with `occupy`'s Release, so that the key's write is seen.
-        if !tag_set(self.tags[i / 8].load(Ordering::Acquire), i) {
-            return None;
-        }
-        // SAFETY: the tag is set (loaded with Acquire), and the table is borrowed: shared.
+        let tag = tag_byte(self.tags[i / 8].load(Ordering::Acquire), i);
+        // SAFETY: the tag, loaded with Acquire, is `tag`, and the table is borrowed: shared.
         #[allow(unsafe_code)]
-        Some(unsafe { self.slots[i].key.get() })
+        (tag != 0).then(|| unsafe { self.held(i, tag) })
+    }
+
+    /// Slot `i`'s key, as its tag `tag` says it is held.
+    ///
+    /// # Safety
+    /// As [`SlotKey::get`]: `tag` is the slot's tag, set, and seen as that says.
+    #[allow(unsafe_code)]
+    #[inline(always)]
+    unsafe fn held(&self, i: usize, tag: u8) -> Held<'_, K> {
+        let key = &self.slots[i].key;
+        if is_text::<K>(tag) {
+            // SAFETY: by the contract; the tag says the key is an inline text.
+            Held::Text(unsafe { key.text() })
+        } else {
+            // SAFETY: by the contract; the tag says the key is a `K`.
+            Held::Key(unsafe { key.get() })
+        }
     }
 }
 
@@ -356,10 +427,17 @@ pub(super) const LOW_BITS: u64 = 0x0101_0101_0101_0101;
 pub(super) const HIGH_BITS: u64 = 0x8080_8080_8080_8080;
 
 /// A slot's tag: 7 bits of the hash that neither the shard (the top 6) nor the home slot (the
-/// low 32, scaled) depend on, and the high bit: an empty slot's byte is the only one with it clear.
-#[inline]
-pub(super) fn tag(hash: u64) -> u8 {
-    (hash >> 32) as u8 | 0x80
+/// low 32, scaled) depend on, and the high bit: an empty slot's byte is the only one with it
+/// clear. In a table of `String` keys, 6 bits of the hash and [`INLINE_BIT`] for a key kept
+/// inline (`text.rs`).
+#[inline(always)]
+pub(super) fn tag<K>(hash: u64, text: bool) -> u8 {
+    let hash = (hash >> 32) as u8 | 0x80;
+    if inline_strings::<K>() {
+        hash & !INLINE_BIT | if text { INLINE_BIT } else { 0 }
+    } else {
+        hash
+    }
 }
 
 /// The slots of a table made for `capacity`: a multiple of 8 (whole words of tags).
@@ -430,14 +508,38 @@ impl<K, C: TableCell> Table<K, C> {
 /// The caller holds the table's shard lock, and `find`, under it, ended at this slot: it is
 /// empty (its tag is 0), so no key is overwritten and no thread reads this one until the tag
 /// below is stored.
+/// A `String` key that fits is written inline whichever way it comes (`text.rs`).
 #[allow(unsafe_code)]
-pub(super) unsafe fn occupy<K, C: TableCell>(table: &Table<K, C>, index: usize, hash: u64, key: K) {
+pub(super) unsafe fn occupy<K, C: TableCell>(
+    table: &Table<K, C>,
+    index: usize,
+    hash: u64,
+    key: NewKey<'_, K>,
+) {
     let slot = &table.slots[index];
-    // SAFETY: by the contract, the slot is empty and no thread reads or writes its key now.
-    unsafe { slot.key.write(key) };
+    let text = match key {
+        NewKey::Text(text) => {
+            // SAFETY: by the contract, the slot is empty and no thread reads or writes its
+            // key now; a `NewKey::Text` is made for a table of `String` keys, and fits.
+            unsafe { slot.key.write_text(text) };
+            true
+        }
+        NewKey::Key(key) => match inline_strings::<K>().then(|| query_text(&key)).flatten() {
+            Some(text) if fits(text).is_some() => {
+                // SAFETY: as above; `K` is `String` and the text fits.
+                unsafe { slot.key.write_text(text) };
+                true
+            }
+            _ => {
+                // SAFETY: by the contract, as above.
+                unsafe { slot.key.write(key) };
+                false
+            }
+        },
+    };
     let word = &table.tags[index / 8];
     // Relaxed: only the shard lock's holder writes tags, and it holds the lock.
-    let tags = word.load(Ordering::Relaxed) | u64::from(tag(hash)) << (index % 8 * 8);
+    let tags = word.load(Ordering::Relaxed) | u64::from(tag::<K>(hash, text)) << (index % 8 * 8);
     // Release: the key is set before a lock-free probe can see the tag (pairs with `find`).
     word.store(tags, Ordering::Release);
 }
@@ -463,7 +565,61 @@ where
     K: Borrow<Q>,
     Q: Eq + ?Sized,
 {
-    let wanted = LOW_BITS * u64::from(tag(hash));
+    let is_key = |held: Held<'_, K>| matches!(held, Held::Key(held) if held.borrow() == key);
+    if !inline_strings::<K>() {
+        return probe(table, hash, tag::<K>(hash, false), is_key);
+    }
+    match query_text(key) {
+        Some(text) if fits(text).is_some() => find_text(table, hash, text),
+        Some(_) => probe(table, hash, tag::<K>(hash, false), is_key),
+        // A caller's own `Borrow` type: its text is not known, so either class.
+        None => probe(table, hash, tag::<K>(hash, false), is_key).or_else(|_| {
+            probe(table, hash, tag::<K>(hash, true), |held| match held {
+                Held::Text(text) => owned_string::<K>(text).borrow() == key,
+                Held::Key(_) => false,
+            })
+        }),
+    }
+}
+
+/// [`find`] for a text kept inline, in a table of `String` keys.
+#[inline]
+pub(super) fn find_text<K, C: TableCell>(
+    table: &Table<K, C>,
+    hash: u64,
+    text: &str,
+) -> Result<usize, usize> {
+    probe(
+        table,
+        hash,
+        tag::<K>(hash, true),
+        |held| matches!(held, Held::Text(held) if held == text),
+    )
+}
+
+/// `text` as a `K` (which is `String`), for a caller's own `Borrow` type to compare with.
+fn owned_string<K>(text: &str) -> K {
+    assert!(inline_strings::<K>());
+    let owned = String::from(text);
+    // SAFETY: `K` is `String` (asserted), so this moves a `String` into a `String`.
+    #[allow(unsafe_code)]
+    unsafe {
+        let key = std::mem::transmute_copy::<String, K>(&owned);
+        std::mem::forget(owned);
+        key
+    }
+}
+
+/// The probe of [`find`]: the slots whose tag is `tag` until `is_key` says one holds the key,
+/// else the first empty slot.
+#[inline(always)]
+fn probe<K, C: TableCell>(
+    table: &Table<K, C>,
+    hash: u64,
+    tag: u8,
+    mut is_key: impl FnMut(Held<'_, K>) -> bool,
+) -> Result<usize, usize> {
+    let wanted = LOW_BITS * u64::from(tag);
     let mut i = home(table, hash);
     // The home slot's miss starts now, beside the tag word's, where it would start only once
     // the tags matched: a hit sits there or a slot or two on (a 16-byte slot: four a line).
@@ -489,10 +645,12 @@ where
         while matches != 0 {
             let at = group + matches.trailing_zeros() as usize / 8;
             // SAFETY: the slot's tag byte is set (a match, or a byte above one, is never an
-            // empty slot's 0) in a word loaded with Acquire above; the table is borrowed.
+            // empty slot's 0) in a word loaded with Acquire above, and read from that word
+            // (not from `tag`: a byte above a match may be of the other class); the table is
+            // borrowed.
             #[allow(unsafe_code)]
-            let held = unsafe { table.slots[at].key.get() };
-            if held.borrow() == key {
+            let held = unsafe { table.held(at, tag_byte(tags, at)) };
+            if is_key(held) {
                 return Ok(at);
             }
             matches &= matches - 1;
