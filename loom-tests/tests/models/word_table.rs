@@ -422,15 +422,16 @@ impl Evictor<AtomicWord> for KeepAll {
 
 /// `n` names that fall in one shard (as `same_shard_keys`).
 fn same_shard_names(n: usize) -> Vec<String> {
-    use std::hash::{BuildHasher, Hash};
-    let shard = |name: &String| {
-        let mut hasher = Hasher::default().build_hasher();
-        name.hash(&mut hasher);
-        std::hash::Hasher::finish(&hasher) >> 58
-    };
-    let names = (0..).map(|i| format!("client-{i}"));
-    let first = shard(&"client-0".to_owned());
-    names.filter(|name| shard(name) == first).take(n).collect()
+    same_shard_texts("client-", n)
+}
+
+/// `n` texts `{prefix}{i:04}` that fall in shard 0 (of one length: only their bytes tell them
+/// apart).
+fn same_shard_texts(prefix: &str, n: usize) -> Vec<String> {
+    use std::hash::BuildHasher;
+    let shard = |name: &String| Hasher::default().hash_one(name) >> 58;
+    let names = (0..).map(|i| format!("{prefix}{i:04}"));
+    names.filter(|name| shard(name) == 0).take(n).collect()
 }
 
 /// (h) Keys with drop glue: 4 named keys fill a shard's table; a 5th and 6th replace it and
@@ -502,6 +503,130 @@ fn keys_with_drop_glue_move_and_drop_once_racing_an_admission() {
                 left, 0,
                 "copies of keys left (or dropped twice, if negative)"
             );
+        },
+    );
+}
+
+/// (h') `String` keys, the word table's own case: short ones kept inline in their slot (a
+/// length and bytes, written before the tag is published), long ones as `String`s. 4 keys,
+/// short and long alternating, fill a shard's table; a 5th and 6th replace it and drain it
+/// (an inline key is copied, a long one cloned) while another thread admits on the first,
+/// short key lock-free, reading its text in a slot of either table. loom checks each read of
+/// a slot's bytes against their write; every admission is counted once.
+#[test]
+fn string_keys_inline_and_on_the_heap_move_racing_an_admission() {
+    let short = same_shard_texts("c-", 3);
+    let long = same_shard_texts("a-client-name-longer-than-23-bytes-", 3);
+    let keys: Vec<String> = short
+        .into_iter()
+        .zip(long)
+        .flat_map(|(s, l)| [s, l])
+        .collect();
+    assert!(keys[0].len() <= 23 && keys[1].len() > 23);
+    explore_reaching(
+        "word table: String keys drained vs admission",
+        &["moved first", "admitted first"],
+        move |seen| {
+            let store = WordTable::new(MARKS, Hasher::default());
+            let table = Arc::new(KeyTable::new(store, None));
+            let rule = rule();
+            let admit = |table: &KeyTable<String, AtomicWord, _>, key: &str| {
+                table
+                    .check_key(key, &rule, || NOW, 1, &KeepAll, Check)
+                    .unwrap()
+                    .allowed()
+            };
+            for key in &keys[..4] {
+                assert!(admit(&table, key));
+            }
+            let admitter = {
+                let (table, first) = (Arc::clone(&table), keys[0].clone());
+                thread::spawn(move || {
+                    let mut attempts = 0;
+                    let decision = table.store().with_existing(first.as_str(), 0, |cell| {
+                        attempts += 1;
+                        rule.acquire_live(cell, || NOW, 1, true)
+                    });
+                    (decision.map(|d| d.allowed()), attempts)
+                })
+            };
+            assert!(admit(&table, &keys[4]), "the 5th key, replacing");
+            assert!(admit(&table, &keys[5]), "the 6th key, draining");
+            let (allowed, attempts) = admitter.join().unwrap();
+            assert_eq!(allowed, Some(true), "the second unit of a bucket of 2");
+            let held = |key: &str| {
+                table.store().with_existing(key, 0, |cell| {
+                    rule.acquire_live(cell, || NOW, 0, false)
+                        .map(|d| 2 - d.remaining())
+                })
+            };
+            assert_eq!(held(&keys[0]), Some(2), "no admission lost to the move");
+            for key in &keys[1..] {
+                assert_eq!(held(key), Some(1), "{key}");
+            }
+            assert_eq!(table.len(), 6);
+            seen.saw(if attempts > 1 {
+                "moved first"
+            } else {
+                "admitted first"
+            });
+        },
+    );
+}
+
+/// (h'') A `String` key published while another thread looks it up lock-free (`try_existing`:
+/// the fast path only): with the shard's table made, one thread inserts a short key (kept inline: its length and bytes) and a long one (a `String`), the
+/// other looks each up without the lock. A lookup that sees a tag reads the bytes the insert
+/// wrote before it (the tag's Release store, the probe's Acquire load: loom checks the read
+/// against the write); one that sees no tag finds the key absent, or under the lock.
+#[test]
+fn a_string_key_is_read_only_once_published() {
+    let mut short = same_shard_texts("c-", 2);
+    let keys = [
+        short.remove(1),
+        same_shard_texts("a-client-name-longer-than-23-bytes-", 1).remove(0),
+    ];
+    let first = short.remove(0);
+    explore_reaching(
+        "word table: String key published vs lock-free lookup",
+        &["found", "absent"],
+        move |seen| {
+            let table = Arc::new(KeyTable::new(
+                WordTable::new(MARKS, Hasher::default()),
+                None,
+            ));
+            let rule = rule();
+            // The shard's table exists, holding a first key, and the reader caches it: its
+            // lookups of the two keys probe that very table without the lock.
+            assert!(table
+                .check_key(first.as_str(), &rule, || NOW, 1, &KeepAll, Check)
+                .unwrap()
+                .allowed());
+            let reader = {
+                let (table, keys, first) = (Arc::clone(&table), keys.clone(), first.clone());
+                thread::spawn(move || {
+                    let cached = table.store().with_existing(first.as_str(), 0, |_| Some(()));
+                    assert!(cached.is_some());
+                    keys.map(|key| {
+                        table.store().try_existing(key.as_str(), 0, |cell| {
+                            rule.acquire_live(cell, || NOW, 0, false)
+                                .map(|d| d.remaining())
+                        })
+                    })
+                })
+            };
+            for key in &keys {
+                let admitted = table
+                    .check_key(key.as_str(), &rule, || NOW, 1, &KeepAll, Check)
+                    .unwrap();
+                assert!(admitted.allowed());
+            }
+            for found in reader.join().unwrap() {
+                // The bucket of 2 holds one admission: 1 left.
+                assert!(matches!(found, None | Some(1)), "{found:?}");
+                seen.saw(if found.is_some() { "found" } else { "absent" });
+            }
+            assert_eq!(table.len(), 3, "three keys, each its own");
         },
     );
 }
