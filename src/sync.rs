@@ -11,6 +11,11 @@ pub(crate) use std::sync::atomic::AtomicU32;
 pub(crate) use std::sync::atomic::{fence, AtomicBool, AtomicU64, AtomicUsize, Ordering};
 pub(crate) use std::sync::Arc;
 
+/// A point where a loom model lets other threads run (see `loom-tests/src/sync.rs`); nothing
+/// here.
+#[inline(always)]
+pub(crate) fn model_yield() {}
+
 /// Whether this build is the loom model (`loom-tests`), where a retried step only multiplies
 /// the interleavings loom must explore (see `HAND_TRIES`).
 pub(crate) const MODEL_CHECKED: bool = false;

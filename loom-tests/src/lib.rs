@@ -91,6 +91,18 @@ pub mod store {
         store
     }
 
+    /// A word table whose lookups let the model's other threads run between fetching a table
+    /// and probing it (see `model_yield` in `sync.rs`).
+    pub fn yielding_after_fetch<K, H, C>(mut store: WordTable<K, H, C>) -> WordTable<K, H, C>
+    where
+        K: Clone + std::hash::Hash + Eq + Send + Sync,
+        H: std::hash::BuildHasher,
+        C: TableCell,
+    {
+        store.yield_after_fetch_for_model();
+        store
+    }
+
     /// Chains the table of `key`'s shard if a drain runs there (`WordTable::chain`, which an
     /// insert reaches only when a table's size was estimated too low); returns the shard's
     /// drains.

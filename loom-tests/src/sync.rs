@@ -12,6 +12,17 @@ pub(crate) use loom::sync::atomic::{
 /// happens-before edges loom checks are all there; only the reference count is not modelled.
 pub(crate) use std::sync::Arc;
 
+/// Lets the model's other threads run here. loom's DPOR keeps only the last access to each
+/// atomic: when a thread loads a word and then stores it (an insert's probe, then its tag's
+/// publication), its own load hides another thread's earlier load of that word, and loom never
+/// tries the store before that load. A lookup of a store made with `yielding_after_fetch`
+/// yields once between fetching its table and probing it, so that a model runs an insert into
+/// that very table in between (without it, a Relaxed publication of a slot's tag failed no
+/// model).
+pub(crate) fn model_yield() {
+    loom::thread::yield_now();
+}
+
 /// This build is the loom model (see `src/sync.rs`).
 pub(crate) const MODEL_CHECKED: bool = true;
 

@@ -27,6 +27,14 @@ impl<K: Clone + Hash + Eq + Send + Sync, H: BuildHasher, C: TableCell> WordTable
         self.drain_step = slots.max(1);
     }
 
+    /// Makes each lookup let the model's other threads run between fetching its table and
+    /// probing it (see `model_yield` in `loom-tests/src/sync.rs`). For the loom models only:
+    /// the yield changes which schedules a bounded search reaches, so models opt in.
+    #[allow(dead_code)] // called by the loom models
+    pub(crate) fn yield_after_fetch_for_model(&mut self) {
+        self.yield_after_fetch = true;
+    }
+
     /// Chains the table of `key`'s shard if a drain runs there, as an insert does when the
     /// table fills before its drain ends; returns the drains the shard then has. For the loom
     /// models: their tables are too small for a sizing estimate to fall short.

@@ -7,7 +7,7 @@ use std::hash::{BuildHasher, Hash};
 use super::super::cell::TableCell;
 use super::shards::*;
 use super::slots::*;
-use crate::sync::Ordering;
+use crate::sync::{Ordering, MODEL_CHECKED};
 
 impl<K: Clone + Hash + Eq + Send + Sync, H: BuildHasher, C: TableCell> WordTable<K, H, C> {
     /// The authoritative lookup after a miss on the lock-free path: under the shard lock, in
@@ -95,6 +95,11 @@ impl<K: Clone + Hash + Eq + Send + Sync, H: BuildHasher, C: TableCell> WordTable
                 // No table of the shard cached yet, or a stale one.
                 table = Some(self.current(shard));
                 fetched = true;
+                // In the loom models that ask for it, other threads run between the fetch
+                // and the probe (see `model_yield`); compiled away otherwise.
+                if MODEL_CHECKED && self.yield_after_fetch {
+                    crate::sync::model_yield();
+                }
             };
             cached.set(table);
             result

@@ -333,6 +333,9 @@ pub struct WordTable<K: Send + Sync, H, C: TableCell = AtomicWord> {
     pub(super) keep: usize,
     /// Slots of a drain each call visits: [`DRAIN_STEP`] (fewer in some loom models).
     pub(super) drain_step: usize,
+    /// Whether a lookup lets other threads run between fetching its table and probing it
+    /// (`crate::sync::model_yield`): set by the loom models that need it; false otherwise.
+    pub(super) yield_after_fetch: bool,
     /// Carries a state moved out of a table of an older era into the newer one.
     pub(super) carry: Carry<C>,
 }
@@ -379,6 +382,7 @@ impl<K: Send + Sync, H, C: TableCell> WordTable<K, H, C> {
             releasing: Flags(std::array::from_fn(|_| AtomicBool::new(false))),
             keep: DEFAULT_EVICT_ABOVE / SHARDS,
             drain_step: DRAIN_STEP,
+            yield_after_fetch: false,
             carry: |_, _, _| {},
         }
     }
