@@ -136,7 +136,7 @@ use self::slots::*;
 pub(crate) use self::{
     inspect::HandView,
     shards::{HAND_RUNS, MOST_VISITED},
-    slots::{work, Slot, CLEAR_STEP},
+    slots::{staggered, work, Slot, CLEAR_STEP},
 };
 
 impl<K, H, C> KeyedStore<K, C> for WordTable<K, H, C>

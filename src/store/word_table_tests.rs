@@ -4,7 +4,7 @@
 use std::hash::Hash;
 
 use super::keyed_store::{Evictor, Inserted, KeyedStore};
-use super::word_table::{WordTable, SHARDS};
+use super::word_table::{staggered, WordTable, SHARDS};
 use crate::clock::Nanos;
 use crate::state::{AtomicWord, Retired};
 
@@ -320,8 +320,9 @@ fn overfilling_drains_chain(seed: u64) {
 }
 
 /// Below `evict_above` the tables grow as a hash map's: after a drain, between 11/16 and 7/8 of
-/// each large table holds keys (at most 1.46 slots a key), and lookups alone end the drains
-/// that inserts left running, freeing their tables.
+/// each large table holds keys (at most 1.46 slots a key), but for a shard's first table past
+/// 4,096 slots, rounded up to its ladder (`staggered`: up to 14/11 larger); and lookups alone
+/// end the drains that inserts left running, freeing their tables.
 #[test]
 fn tables_stay_dense_and_lookups_end_drains() {
     let store = store();
@@ -341,7 +342,7 @@ fn tables_stay_dense_and_lookups_end_drains() {
         );
         let slots = capacity(&store);
         assert!(
-            slots as u64 * 11 <= keys * 16 + 64 * 11,
+            slots as u64 * 11 * 11 <= keys * 16 * 14 + 64 * 11 * 11,
             "{keys} keys in {slots} slots"
         );
         assert!(slots as u64 * 7 >= keys * 8, "{keys} keys in {slots} slots");
@@ -1242,9 +1243,11 @@ fn a_table_another_thread_cached_is_released_by_lookups_once_it_lets_go() {
         });
         ready.recv().unwrap();
         let mut keys = first;
-        while keys < 2 * first || store.draining() < 48 {
+        // (The shards grow at staggered key counts: a few drain at a time.)
+        while keys < 2 * first || store.draining() < 8 {
             insert(&store, keys, 1, &KEEP_ALL);
             keys += 1;
+            assert!(keys < 20 * first, "shards drain as they grow");
         }
         while store.draining() > 0 {
             look_all(keys);
@@ -1517,4 +1520,42 @@ fn string_keys_looked_up_through_a_callers_own_borrow_type() {
         None
     );
     assert_eq!(store.len(), 50);
+}
+
+/// The shards' large tables grow at staggered key counts: each shard's lengths follow its own
+/// ladder (`staggered`), so a growing store has a few shards draining at a time, not most of
+/// them (each holds its old table beside the new one until its drain ends). On one ladder, 48
+/// of the 64 shards drained at once.
+#[test]
+fn shards_grow_at_staggered_key_counts() {
+    // The ladders: a rung is itself, the next is 14/11 of it, and the shards' rungs interleave.
+    for stagger in [0, 17, 63] {
+        let rung = staggered(5_000, stagger);
+        assert!((5_000..=5_000 * 14 / 11 + 1).contains(&rung), "{rung}");
+        assert_eq!(staggered(rung, stagger), rung);
+        let next = staggered(rung * 14 / 11 + 2, stagger);
+        assert!(
+            (next as f64 / rung as f64 - 14.0 / 11.0).abs() < 0.01,
+            "{rung} -> {next}"
+        );
+    }
+    assert_eq!(
+        staggered(4_096, 5),
+        4_096,
+        "tables up to 4,096 slots are not staggered"
+    );
+    let rungs: Vec<usize> = (0..SHARDS).map(|s| staggered(5_000, s)).collect();
+    let distinct: std::collections::HashSet<_> = rungs.iter().collect();
+    assert!(distinct.len() > SHARDS / 2, "{rungs:?}");
+
+    let store = store();
+    let mut most = 0;
+    for key in 0..400_000u64 {
+        insert(&store, key, 1, &KEEP_ALL);
+        if key >= 300_000 && key % 64 == 0 {
+            most = most.max(store.draining());
+        }
+    }
+    assert!(most <= SHARDS / 3, "{most} shards drained at once");
+    store.audit();
 }

@@ -88,6 +88,8 @@ pub(super) struct Shard<K, C: TableCell> {
     pub(super) allocated_large: usize,
     /// Spares reused as the next table (for the loom models, which must reach it).
     pub(super) spares_reused: usize,
+    /// The shard's index: which ladder of lengths its large tables take ([`staggered`]).
+    pub(super) stagger: usize,
 }
 
 impl<K, C: TableCell> Shard<K, C> {
@@ -357,7 +359,7 @@ impl<K: Send + Sync, H, C: TableCell> WordTable<K, H, C> {
     pub fn new(retired: C::Marks, hasher: H) -> Self {
         WordTable {
             shards: (0..SHARDS)
-                .map(|_| {
+                .map(|stagger| {
                     Mutex::new(Shard {
                         table: new_table(MIN_CAPACITY, 0),
                         drains: Vec::new(),
@@ -372,6 +374,7 @@ impl<K: Send + Sync, H, C: TableCell> WordTable<K, H, C> {
                         freeing: Vec::new(),
                         allocated_large: 0,
                         spares_reused: 0,
+                        stagger,
                     })
                 })
                 .collect(),

@@ -70,6 +70,30 @@ pub(super) fn sized_for(keys: usize) -> usize {
     }
 }
 
+/// A large table's length in shard `stagger` (of [`SHARDS`]): `len` rounded up to the shard's
+/// ladder of lengths, [`STAGGER_FROM`]` × (14/11)^(k + stagger / SHARDS)`, the ratio a growing
+/// large table's length is multiplied by ([`REFILL`] over [`FULL`]). Keys spread evenly over
+/// the shards, so with one ladder for all they grew at the same key counts, each holding its
+/// old table beside the new one until its drain ended: at 600k, 1.5M and 2M `u64` keys the
+/// store held 40-44 bytes a key right after the inserts, 24-26 once the drains ended. Offset
+/// ladders spread the shards' growth evenly over a growth's span of key counts. A length
+/// within 2 % above a rung takes that rung (the sizes' rounding would otherwise skip one).
+pub(crate) fn staggered(len: usize, stagger: usize) -> usize {
+    if len <= STAGGER_FROM {
+        return len;
+    }
+    let ratio = REFILL.1 as f64 / REFILL.0 as f64;
+    let offset = (stagger % SHARDS) as f64 / SHARDS as f64;
+    let rung = ((len as f64 / STAGGER_FROM as f64).ln() / ratio.ln() - offset - 0.08).ceil();
+    let staggered = (STAGGER_FROM as f64 * ratio.powf(rung + offset)).ceil() as usize;
+    staggered.max(STAGGER_FROM + 1)
+}
+
+/// Tables up to this length are not staggered: below it a table's capacity is its length less
+/// 512 slots (see [`capacity`]), so it does not grow by the ladder's ratio, and rounding it up
+/// to a rung would leave it sparse.
+const STAGGER_FROM: usize = 4096;
+
 pub(crate) struct Slot<K, C: TableCell> {
     pub(super) state: C,
     pub(super) key: SlotKey<K>,
