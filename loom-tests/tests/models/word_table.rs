@@ -448,55 +448,11 @@ fn keys_with_drop_glue_move_and_drop_once_racing_an_admission() {
         &["moved first", "admitted first"],
         move |seen| {
             let copies = std::sync::Arc::new(std::sync::atomic::AtomicIsize::new(0));
-            {
-                let store = WordTable::new(MARKS, Hasher::default());
-                let table = Arc::new(KeyTable::new(store, None));
-                let rule = rule();
-                let admit = |table: &KeyTable<Named, AtomicWord, _>, key: &Named| {
-                    table
-                        .check_key(key, &rule, || NOW, 1, &KeepAll, Check)
-                        .unwrap()
-                        .allowed()
-                };
-                let keys: Vec<Named> = names
-                    .iter()
-                    .map(|n| Named::new(n.clone(), &copies))
-                    .collect();
-                for key in &keys[..4] {
-                    assert!(admit(&table, key));
-                }
-                let admitter = {
-                    let (table, first) = (Arc::clone(&table), keys[0].clone());
-                    thread::spawn(move || {
-                        let mut attempts = 0;
-                        let decision = table.store().with_existing(&first, 0, |cell| {
-                            attempts += 1;
-                            rule.acquire_live(cell, || NOW, 1, true)
-                        });
-                        (decision.map(|d| d.allowed()), attempts)
-                    })
-                };
-                assert!(admit(&table, &keys[4]), "the 5th key, replacing");
-                assert!(admit(&table, &keys[5]), "the 6th key, draining");
-                let (allowed, attempts) = admitter.join().unwrap();
-                assert_eq!(allowed, Some(true), "the second unit of a bucket of 2");
-                let held = |key: &Named| {
-                    table.store().with_existing(key, 0, |cell| {
-                        rule.acquire_live(cell, || NOW, 0, false)
-                            .map(|d| 2 - d.remaining())
-                    })
-                };
-                assert_eq!(held(&keys[0]), Some(2), "no admission lost to the move");
-                for key in &keys[1..] {
-                    assert_eq!(held(key), Some(1), "{}", key.name);
-                }
-                assert_eq!(table.len(), 6);
-                seen.saw(if attempts > 1 {
-                    "moved first"
-                } else {
-                    "admitted first"
-                });
-            }
+            let keys: Vec<Named> = names
+                .iter()
+                .map(|n| Named::new(n.clone(), &copies))
+                .collect();
+            drain_races_an_admission(keys, seen);
             // Relaxed: every thread that held a copy has been joined.
             let left = copies.load(std::sync::atomic::Ordering::Relaxed);
             assert_eq!(
@@ -526,52 +482,60 @@ fn string_keys_inline_and_on_the_heap_move_racing_an_admission() {
     explore_reaching(
         "word table: String keys drained vs admission",
         &["moved first", "admitted first"],
-        move |seen| {
-            let store = WordTable::new(MARKS, Hasher::default());
-            let table = Arc::new(KeyTable::new(store, None));
-            let rule = rule();
-            let admit = |table: &KeyTable<String, AtomicWord, _>, key: &str| {
-                table
-                    .check_key(key, &rule, || NOW, 1, &KeepAll, Check)
-                    .unwrap()
-                    .allowed()
-            };
-            for key in &keys[..4] {
-                assert!(admit(&table, key));
-            }
-            let admitter = {
-                let (table, first) = (Arc::clone(&table), keys[0].clone());
-                thread::spawn(move || {
-                    let mut attempts = 0;
-                    let decision = table.store().with_existing(first.as_str(), 0, |cell| {
-                        attempts += 1;
-                        rule.acquire_live(cell, || NOW, 1, true)
-                    });
-                    (decision.map(|d| d.allowed()), attempts)
-                })
-            };
-            assert!(admit(&table, &keys[4]), "the 5th key, replacing");
-            assert!(admit(&table, &keys[5]), "the 6th key, draining");
-            let (allowed, attempts) = admitter.join().unwrap();
-            assert_eq!(allowed, Some(true), "the second unit of a bucket of 2");
-            let held = |key: &str| {
-                table.store().with_existing(key, 0, |cell| {
-                    rule.acquire_live(cell, || NOW, 0, false)
-                        .map(|d| 2 - d.remaining())
-                })
-            };
-            assert_eq!(held(&keys[0]), Some(2), "no admission lost to the move");
-            for key in &keys[1..] {
-                assert_eq!(held(key), Some(1), "{key}");
-            }
-            assert_eq!(table.len(), 6);
-            seen.saw(if attempts > 1 {
-                "moved first"
-            } else {
-                "admitted first"
-            });
-        },
+        move |seen| drain_races_an_admission(keys.clone(), seen),
     );
+}
+
+/// The body of (h) and (h'): 4 of `keys` (of one shard) fill its table; a 5th and 6th replace
+/// it and drain it, while another thread admits on the first lock-free. Every admission is
+/// counted once; the store (and every copy of a key it made) is dropped before it returns.
+fn drain_races_an_admission<K>(keys: Vec<K>, seen: &crate::Seen)
+where
+    K: Clone + std::hash::Hash + Eq + Send + Sync + std::fmt::Debug + 'static,
+{
+    let store = WordTable::new(MARKS, Hasher::default());
+    let table = Arc::new(KeyTable::new(store, None));
+    let rule = rule();
+    let admit = |table: &KeyTable<K, AtomicWord, _>, key: &K| {
+        table
+            .check_key(key, &rule, || NOW, 1, &KeepAll, Check)
+            .unwrap()
+            .allowed()
+    };
+    for key in &keys[..4] {
+        assert!(admit(&table, key));
+    }
+    let admitter = {
+        let (table, first) = (Arc::clone(&table), keys[0].clone());
+        thread::spawn(move || {
+            let mut attempts = 0;
+            let decision = table.store().with_existing(&first, 0, |cell| {
+                attempts += 1;
+                rule.acquire_live(cell, || NOW, 1, true)
+            });
+            (decision.map(|d| d.allowed()), attempts)
+        })
+    };
+    assert!(admit(&table, &keys[4]), "the 5th key, replacing");
+    assert!(admit(&table, &keys[5]), "the 6th key, draining");
+    let (allowed, attempts) = admitter.join().unwrap();
+    assert_eq!(allowed, Some(true), "the second unit of a bucket of 2");
+    let held = |key: &K| {
+        table.store().with_existing(key, 0, |cell| {
+            rule.acquire_live(cell, || NOW, 0, false)
+                .map(|d| 2 - d.remaining())
+        })
+    };
+    assert_eq!(held(&keys[0]), Some(2), "no admission lost to the move");
+    for key in &keys[1..] {
+        assert_eq!(held(key), Some(1), "{key:?}");
+    }
+    assert_eq!(table.len(), 6);
+    seen.saw(if attempts > 1 {
+        "moved first"
+    } else {
+        "admitted first"
+    });
 }
 
 /// (h'') A `String` key published while another thread looks it up lock-free (`try_existing`:
