@@ -94,7 +94,7 @@ impl TextKey {
     /// The text.
     ///
     /// An inline key's bytes are checked as UTF-8 on each call (they were copied from a
-    /// `str`, so the check always passes; the crate has no `unsafe` to skip it). Hashing and
+    /// `str`, so the check always passes; `TextKey` has no `unsafe` to skip it). Hashing and
     /// comparing keys use [`TextKey::as_bytes`], which checks nothing.
     pub fn as_str(&self) -> &str {
         match &self.0 {

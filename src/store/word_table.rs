@@ -9,7 +9,7 @@
 //! their shard. Three rules make lock-free lookups safe without epochs:
 //!
 //! 1. **A slot's key never changes** within a shared table (written once under the lock, then
-//!    published by the slot's tag: [`SlotKey`], the crate's one `unsafe`), so a reader that
+//!    published by the slot's tag: [`SlotKey`], the table's `unsafe`), so a reader that
 //!    matched a key can never act on another key's state (no ABA through slot reuse).
 //! 2. **A cell is retired by one CAS** from a live state (a log cell: under its lock):
 //!    eviction writes the rule's tombstone (only if the state is fresh), a rebuild writes the
