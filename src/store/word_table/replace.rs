@@ -38,7 +38,7 @@ impl<K: Clone + Hash + Eq + Send + Sync, H: BuildHasher, C: TableCell> WordTable
             }
             // (No room for the drain's inserts here: the larger table takes a quarter of its
             // keys in inserts before it fills, and the drain ends after a sixteenth.)
-            _ => (staggered(sized_for(shard.live), shard.stagger), None),
+            _ => (shard.grown_for(shard.live), None),
         };
         let era = shard.table.era();
         let next = Self::fresh_table(shard, slots, era);
@@ -99,8 +99,7 @@ impl<K: Clone + Hash + Eq + Send + Sync, H: BuildHasher, C: TableCell> WordTable
             .drains
             .last()
             .is_some_and(|drain| drain.since.is_some());
-        let slots = staggered(sized_for(shard.live.saturating_add(room)), shard.stagger);
-        let next = Self::fresh_table(shard, slots, era);
+        let next = Self::fresh_table(shard, shard.grown_for(shard.live.saturating_add(room)), era);
         self.start_drain(shard, next, evicting.then_some(since));
     }
 
@@ -271,7 +270,7 @@ impl<K: Clone + Hash + Eq + Send + Sync, H: BuildHasher, C: TableCell> WordTable
             }
             let at_full = shard.live + capacity(len).saturating_sub(shard.used);
             let target = if at_full < self.keep {
-                table_len(staggered(sized_for(at_full), shard.stagger))
+                table_len(shard.grown_for(at_full))
             } else if shard.spare.is_none() {
                 table_len(self.bound_slots(self.keep, self.drain_inserts(len)))
             } else {

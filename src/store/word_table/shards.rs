@@ -93,6 +93,13 @@ pub(super) struct Shard<K, C: TableCell> {
 }
 
 impl<K, C: TableCell> Shard<K, C> {
+    /// The slots of a table this shard grows into for `keys` live keys: [`sized_for`] on the
+    /// shard's ladder ([`staggered`]). One place, so that the table built ahead is the one the
+    /// replacement asks for.
+    pub(super) fn grown_for(&self, keys: usize) -> usize {
+        staggered(sized_for(keys), self.stagger)
+    }
+
     /// Counts `n` keys evicted. They are reported by the next call that reports evictions
     /// ([`Shard::take_evicted`]): a call that a key's code interrupts (a panic in its `Hash`,
     /// `Eq`, `Clone` or `Drop`) leaves them to the next, and the limiter's key count, which

@@ -548,8 +548,9 @@ pub(super) unsafe fn occupy<K, C: TableCell>(
             unsafe { slot.key.write_text(text) };
             true
         }
-        NewKey::Key(key) => match inline_strings::<K>().then(|| query_text(&key)).flatten() {
-            Some(text) if fits(text).is_some() => {
+        // (`query_text` reads a `K` only when it is `String`.)
+        NewKey::Key(key) => match query_text(&key).and_then(fits) {
+            Some(text) => {
                 // SAFETY: as above; `K` is `String` and the text fits.
                 unsafe { slot.key.write_text(text) };
                 true
