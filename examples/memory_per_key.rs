@@ -469,6 +469,13 @@ fn main() {
             1,
         ),
     ];
+    // Seven entries: past the cell's six inline slots (the smallest heap ring).
+    rows.push(tollgate(
+        "tollgate sliding_log (L=64, 7 entries)",
+        &keys,
+        SlidingLog::new(sixty_four).expect("valid"),
+        7,
+    ));
     // A full log, for the worst case at L = 64; its hot-path checks are denials.
     rows.push(tollgate(
         "tollgate sliding_log (L=64, 64 entries)",

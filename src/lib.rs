@@ -1,8 +1,8 @@
 //! # tollgate
 //!
 //! Exact, in-process rate limiting, with each key's state in atomics updated by
-//! compare-and-swap (a lock is taken only for the sliding log's per-key ring, and a shard's lock
-//! when a key is new or a thread's cached table is stale): GCRA / token bucket, leaky bucket
+//! compare-and-swap (a shard's lock is taken only when a key is new or a thread's cached table
+//! is stale): GCRA / token bucket, leaky bucket
 //! (meter and queue), fixed window, sliding window counter and sliding window log. Each decides exactly by
 //! the rules written out in [`docs::decision_rules`]: the state, the admission inequality,
 //! `remaining`, `retry_after` and `reset_after` of every algorithm, and how costs and capacity

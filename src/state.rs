@@ -2,7 +2,7 @@
 //! [`crate::store`].
 //!
 //! - [`AtomicWord`]: one `u64` updated by a compare-and-swap loop around a pure rule.
-//! - [`LogCell`]: the sliding log's ring buffer behind a per-key lock.
+//! - [`LogCell`]: the sliding log's ring buffer, updated by a CAS on its 128-bit header.
 //! - [`ParamCell`]: the limiter's quota, replaceable at run time without a lock on the read path.
 //! - [`HighWater`]: the clamp that keeps a non-monotonic clock from going back.
 
@@ -17,7 +17,7 @@ mod params;
 mod word;
 
 pub use self::high_water::HighWater;
-pub use self::log::LogCell;
+pub use self::log::{LogCell, LogState};
 pub use self::params::ParamCell;
 pub use self::word::{AtomicWord, Retired};
 

@@ -5,11 +5,151 @@
 //! that is model-checked is the code that ships.
 
 pub(crate) use std::hint::spin_loop;
-/// The Redis tier's breaker counts failures in 32 bits.
-#[cfg(feature = "redis")]
-pub(crate) use std::sync::atomic::AtomicU32;
-pub(crate) use std::sync::atomic::{fence, AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::mem::MaybeUninit;
+pub(crate) use std::sync::atomic::{
+    fence, AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering,
+};
 pub(crate) use std::sync::Arc;
+
+/// A sliding log's header: one 128-bit word (portable-atomic's; `cmpxchg16b` on x86_64).
+pub(crate) use portable_atomic::AtomicU128;
+
+/// Lets another thread run while a call waits for a key's log to finish changing size.
+#[inline]
+pub(crate) fn yield_now() {
+    std::thread::yield_now();
+}
+
+/// A ring of 4-byte slots in one allocation (its length with it), not yet shared.
+pub(crate) struct Slots(crossbeam_epoch::Owned<[MaybeUninit<AtomicU32>]>);
+
+impl Slots {
+    /// `len` slots, each 0.
+    pub(crate) fn zeroed(len: usize) -> Slots {
+        let mut slots = crossbeam_epoch::Owned::<[MaybeUninit<AtomicU32>]>::init(len);
+        for slot in slots.iter_mut() {
+            slot.write(AtomicU32::new(0));
+        }
+        Slots(slots)
+    }
+
+    pub(crate) fn as_slice(&self) -> &[AtomicU32] {
+        assume_init(&self.0)
+    }
+}
+
+/// Every ring's slots are written when it is made ([`Slots::zeroed`]).
+#[allow(unsafe_code)]
+fn assume_init(slots: &[MaybeUninit<AtomicU32>]) -> &[AtomicU32] {
+    // SAFETY: `MaybeUninit<T>` has `T`'s layout, and every element was initialised by
+    // `Slots::zeroed`, the only way a ring is made.
+    unsafe { &*(slots as *const [MaybeUninit<AtomicU32>] as *const [AtomicU32]) }
+}
+
+/// A ring of slots replaced while lock-free readers may still read the old one, which is freed
+/// once none can (crossbeam-epoch). Readers reach it only inside [`ReclaimedSlots::with`].
+pub(crate) struct ReclaimedSlots(crossbeam_epoch::Atomic<[MaybeUninit<AtomicU32>]>);
+
+#[allow(unsafe_code)]
+impl ReclaimedSlots {
+    pub(crate) fn null() -> Self {
+        ReclaimedSlots(crossbeam_epoch::Atomic::null())
+    }
+
+    /// Runs `f` on the ring (`None` if there is none), which stays allocated while `f` runs.
+    #[inline]
+    pub(crate) fn with<R>(&self, f: impl FnOnce(Option<&[AtomicU32]>) -> R) -> R {
+        let guard = crossbeam_epoch::pin();
+        // Acquire: pairs with `swap`'s release, so the ring is read as it was published.
+        let shared = self.0.load(Ordering::Acquire, &guard);
+        // SAFETY: a ring is only freed through `defer_destroy`, after it was unlinked, which
+        // waits for every guard pinned before it, `guard` included, which lives until `f`
+        // returns.
+        f(unsafe { shared.as_ref() }.map(assume_init))
+    }
+
+    /// Publishes `new` (none if `None`); the old ring is freed once no reader holds it.
+    pub(crate) fn replace(&self, new: Option<Slots>) {
+        self.swap(new.map(|slots| Detached(Some(slots.0))));
+    }
+
+    /// Takes the ring out (the pointer is left empty), for [`ReclaimedSlots::attach`]
+    /// elsewhere: readers that loaded it may go on reading it, so it is never freed meanwhile.
+    pub(crate) fn detach(&self) -> Option<Detached> {
+        let guard = crossbeam_epoch::pin();
+        // AcqRel: as in `swap`.
+        let old = self
+            .0
+            .swap(crossbeam_epoch::Shared::null(), Ordering::AcqRel, &guard);
+        // SAFETY: the swap unlinked `old`, and only this call holds it now; `Detached` frees it
+        // only through `defer_destroy` (readers that loaded it before are pinned).
+        (!old.is_null()).then(|| Detached(Some(unsafe { old.into_owned() })))
+    }
+
+    /// Publishes a detached ring in place of the current one (freed once no reader holds it).
+    pub(crate) fn attach(&self, ring: Detached) {
+        self.swap(Some(ring));
+    }
+
+    fn swap(&self, new: Option<Detached>) {
+        let guard = crossbeam_epoch::pin();
+        let new = match new {
+            Some(ring) => ring.into_shared(&guard),
+            None => crossbeam_epoch::Shared::null(),
+        };
+        // AcqRel: release publishes the new ring to `with`; acquire takes the old one's
+        // contents before it is freed.
+        let old = self.0.swap(new, Ordering::AcqRel, &guard);
+        if !old.is_null() {
+            // SAFETY: `old` is unlinked by the swap, so no reader can load it from now on; the
+            // ones that loaded it before are pinned, and the destruction waits for them.
+            unsafe { guard.defer_destroy(old) };
+        }
+    }
+}
+
+impl Drop for ReclaimedSlots {
+    fn drop(&mut self) {
+        // Deferred, not freed at once: a ring attached here may have been detached from
+        // another cell whose readers still read it.
+        drop(self.detach());
+    }
+}
+
+/// A ring taken out of a [`ReclaimedSlots`] that readers may still be reading: owned, but freed
+/// only once no reader can hold it.
+pub(crate) struct Detached(Option<crossbeam_epoch::Owned<[MaybeUninit<AtomicU32>]>>);
+
+impl Detached {
+    fn into_shared<'g>(
+        mut self,
+        guard: &'g crossbeam_epoch::Guard,
+    ) -> crossbeam_epoch::Shared<'g, [MaybeUninit<AtomicU32>]> {
+        self.0
+            .take()
+            .map_or(crossbeam_epoch::Shared::null(), |ring| {
+                ring.into_shared(guard)
+            })
+    }
+}
+
+#[allow(unsafe_code)]
+impl Drop for Detached {
+    fn drop(&mut self) {
+        if let Some(ring) = self.0.take() {
+            let guard = crossbeam_epoch::pin();
+            // SAFETY: readers that loaded the ring before it was detached are pinned, and the
+            // destruction waits for them; no one else holds it.
+            unsafe { guard.defer_destroy(ring.into_shared(&guard)) };
+        }
+    }
+}
+
+impl std::fmt::Debug for Detached {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Detached")
+    }
+}
 
 /// A point where a loom model lets other threads run (see `loom-tests/src/sync.rs`); nothing
 /// here.

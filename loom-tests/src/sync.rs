@@ -23,6 +23,112 @@ pub(crate) fn model_yield() {
     loom::thread::yield_now();
 }
 
+/// `src/sync.rs`'s 128-bit atomic, modelled by a loom mutex: every access is one step of the
+/// model, ordered as strongly as a lock orders it (at least what the library asks of it).
+#[derive(Default)]
+pub(crate) struct AtomicU128(loom::sync::Mutex<u128>);
+
+impl AtomicU128 {
+    pub(crate) fn new(value: u128) -> Self {
+        AtomicU128(loom::sync::Mutex::new(value))
+    }
+
+    fn locked(&self) -> loom::sync::MutexGuard<'_, u128> {
+        self.0
+            .lock()
+            .expect("a loom model panicked while holding the lock")
+    }
+
+    pub(crate) fn load(&self, _: Ordering) -> u128 {
+        *self.locked()
+    }
+
+    pub(crate) fn store(&self, value: u128, _: Ordering) {
+        *self.locked() = value;
+    }
+
+    pub(crate) fn compare_exchange(
+        &self,
+        current: u128,
+        new: u128,
+        _: Ordering,
+        _: Ordering,
+    ) -> Result<u128, u128> {
+        let mut word = self.locked();
+        if *word == current {
+            *word = new;
+            Ok(current)
+        } else {
+            Err(*word)
+        }
+    }
+}
+
+/// Lets the model's other threads run (a wait for a log being resized).
+pub(crate) fn yield_now() {
+    loom::thread::yield_now();
+}
+
+/// `src/sync.rs`'s ring of slots, not yet shared.
+pub(crate) struct Slots(Box<[AtomicU32]>);
+
+impl Slots {
+    pub(crate) fn zeroed(len: usize) -> Slots {
+        Slots((0..len).map(|_| AtomicU32::new(0)).collect())
+    }
+
+    pub(crate) fn as_slice(&self) -> &[AtomicU32] {
+        &self.0
+    }
+}
+
+/// `src/sync.rs`'s reclaimed ring, over a loom atomic pointer. Rings are leaked, not freed:
+/// the models check the protocol around them; the reclamation is crossbeam-epoch's (and Miri
+/// runs the library's tests of it).
+pub(crate) struct ReclaimedSlots(loom::sync::atomic::AtomicPtr<Box<[AtomicU32]>>);
+
+#[allow(unsafe_code)]
+impl ReclaimedSlots {
+    pub(crate) fn null() -> Self {
+        ReclaimedSlots(loom::sync::atomic::AtomicPtr::new(std::ptr::null_mut()))
+    }
+
+    pub(crate) fn with<R>(&self, f: impl FnOnce(Option<&[AtomicU32]>) -> R) -> R {
+        let ring = self.0.load(Ordering::Acquire);
+        // SAFETY: rings are never freed while the model runs (leaked when replaced).
+        f(unsafe { ring.as_ref() }.map(|ring| &ring[..]))
+    }
+
+    pub(crate) fn replace(&self, new: Option<Slots>) {
+        let new = new.map_or(std::ptr::null_mut(), |slots| {
+            Box::into_raw(Box::new(slots.0))
+        });
+        self.0.swap(new, Ordering::AcqRel);
+    }
+
+    pub(crate) fn detach(&self) -> Option<Detached> {
+        let old = self.0.swap(std::ptr::null_mut(), Ordering::AcqRel);
+        (!old.is_null()).then_some(Detached(old))
+    }
+
+    pub(crate) fn attach(&self, ring: Detached) {
+        self.0.swap(ring.0, Ordering::AcqRel);
+    }
+}
+
+/// `src/sync.rs`'s detached ring: a pointer, leaked as replaced rings are.
+pub(crate) struct Detached(*mut Box<[AtomicU32]>);
+
+// SAFETY: a moved ring, as a `Box` of atomics is Send.
+#[allow(unsafe_code)]
+unsafe impl Send for Detached {}
+
+impl std::fmt::Debug for Detached {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Detached")
+    }
+}
+
 /// This build is the loom model (see `src/sync.rs`).
 pub(crate) const MODEL_CHECKED: bool = true;
 

@@ -14,7 +14,6 @@ use crate::quota::{Quota, QuotaError};
 #[path = "sliding_log/ring.rs"]
 mod ring;
 
-pub(crate) use self::ring::Mark;
 pub use self::ring::Ring;
 #[cfg(test)]
 use self::ring::INLINE;
@@ -41,17 +40,21 @@ const TICKS: [u64; 14] = [
     1_000_000_000,
 ];
 
-/// The log's slots must tell apart times up to `2W` apart in 32 bits.
-const MAX_WINDOW_TICKS: u64 = 1 << 31;
+/// A slot keeps its entry's time in 31 bits (the lock-free cell's 32nd tells a written slot
+/// from one being written), read as an age below 2^31 ticks: `W` plus the two ticks of
+/// rounding must stay under it.
+const MAX_WINDOW_TICKS: u64 = (1 << 31) - 2;
 
 /// Sliding window log, exact: no window of length `W` ever holds more than `L` admitted units.
 ///
 /// # Storage
-/// Each key keeps a ring buffer of 4-byte slots, one per admitted unit still in the window, in
-/// a 40-byte state (48 with its lock): up to 7 slots live in the state itself, so a short log
-/// needs no allocation and no second memory access; a longer log moves to a heap ring that
-/// grows by doubling up to `L` slots, and moves back into the state once it is down to 4
-/// entries. A slot holds its entry's time in *ticks* modulo 2^32; the tick is the finest of 1,
+/// Each key keeps a ring buffer of 4-byte slots, one per admitted unit still in the window,
+/// with a 128-bit header that every admission updates by compare-and-swap (no lock): a
+/// 48-byte cell, where up to 6 slots live in the cell itself, so a short log needs no
+/// allocation and no second memory access; a longer log moves to a heap ring that grows by
+/// doubling up to `L` slots, and moves back into the cell once it is down to 3 entries. The
+/// pure rule also runs on a [`Ring`] (this module's reference, with 7 slots inline). A slot
+/// holds its entry's time in *ticks* modulo 2^31; the tick is the finest of 1,
 /// 2, …, 64 ns, 1 µs, 10 µs, … that keeps `W` under 2^31 ticks (1 ns for `W` up to 2.1 s, 64 ns
 /// up to 137 s, 1 µs up to 35 min, 1 ms up to 24.8 days). An entry's time is rounded *up* to its
 /// tick, so it expires at the same instant or later than the exact rule says: decisions are
@@ -69,6 +72,8 @@ pub struct SlidingLog {
     limit: u64,
     window: u64,
     tick: u64,
+    /// The tick's place in [`TICKS`], plus one: how a log's header records it.
+    code: u8,
 }
 
 impl SlidingLog {
@@ -82,6 +87,25 @@ impl SlidingLog {
     /// # Ok::<(), tollgate::QuotaError>(())
     /// ```
     pub const MAX_LIMIT: u64 = MAX_LIMIT;
+}
+
+/// A log as the lock-free cell holds it (`LogCell`): entries oldest first, each known, or not
+/// yet written by the call that admitted it.
+pub(crate) trait Entries {
+    /// The entries, written or not.
+    fn count(&self) -> u32;
+    /// The `i`-th oldest entry's time in ticks (`i < count`); `None` while it is not written.
+    fn ticks(&self, i: u32) -> Option<u64>;
+}
+
+/// A decision on [`Entries`] and what it changes.
+#[derive(Debug)]
+pub(crate) struct Judged {
+    pub(crate) decision: Decision,
+    /// The oldest entries found expired: the cell drops them.
+    pub(crate) expired: u32,
+    /// The time in ticks of the `cost` entries to append, if the decision appends.
+    pub(crate) append: Option<u64>,
 }
 
 impl SlidingLog {
@@ -102,14 +126,15 @@ impl SlidingLog {
         no_burst(&quota, "sliding-log")?;
         let window = window_at_least_1ms(&quota)?;
         let limit = limit_at_most(&quota, MAX_LIMIT)?;
-        let tick = TICKS
-            .into_iter()
-            .find(|tick| window / tick < MAX_WINDOW_TICKS)
-            .unwrap_or(TICKS[TICKS.len() - 1]);
+        let at = TICKS
+            .iter()
+            .position(|tick| window / tick < MAX_WINDOW_TICKS)
+            .unwrap_or(TICKS.len() - 1);
         Ok(SlidingLog {
             limit,
             window,
-            tick,
+            tick: TICKS[at],
+            code: at as u8 + 1,
         })
     }
 
@@ -156,14 +181,15 @@ impl SlidingLog {
     // inherent method would lose method resolution to the trait method (endless recursion).
     #[allow(clippy::wrong_self_convention)]
     pub(crate) fn to_words(&self) -> Words {
-        [self.limit, self.window, self.tick, 0, 0]
+        [self.limit, self.window, self.tick, u64::from(self.code), 0]
     }
 
-    pub(crate) fn from_words([limit, window, tick, _, _]: Words) -> Self {
+    pub(crate) fn from_words([limit, window, tick, code, _]: Words) -> Self {
         SlidingLog {
             limit,
             window,
             tick,
+            code: code as u8,
         }
     }
 
@@ -191,13 +217,16 @@ impl SlidingLog {
     /// Drops expired entries and brings the ring to this rule's tick.
     #[inline]
     fn prune(&self, ring: &mut Ring, now: Nanos) {
-        if u64::from(ring.tick) != self.tick {
-            ring.retick(self.tick);
-        }
         // Before `W` has passed since the origin nothing has expired. After, an entry at
         // `ticks` has expired iff `ticks·tick ≤ now − W`, i.e. `ticks ≤ (now − W) / tick`.
-        if let Some(past) = now.checked_sub(self.window) {
-            ring.expire_through(self.ticks_floor(past));
+        let last_expired = now
+            .checked_sub(self.window)
+            .map(|past| self.ticks_floor(past));
+        if u64::from(ring.tick) != self.tick {
+            ring.retick(self.tick, self.ticks_ceil(now), last_expired);
+        }
+        if let Some(last_expired) = last_expired {
+            ring.expire_through(last_expired);
         }
     }
 
@@ -265,6 +294,82 @@ impl SlidingLog {
             delay: 0,
             remaining: Remaining::Exact(self.limit.saturating_sub(count_after)),
         }
+    }
+
+    /// Decides as [`SlidingLog::decide`] does on a ring holding the same entries, for the
+    /// lock-free cell (`LogCell`), which reads its entries in place and applies the outcome
+    /// itself. An entry whose writer has not written it yet counts as live, at `pending` ticks
+    /// (no earlier than its real time): the decision is then never more permissive than the
+    /// exact one, and is the exact one when every entry is written.
+    #[inline]
+    pub(crate) fn judge(
+        &self,
+        log: &impl Entries,
+        now: Nanos,
+        pending: u64,
+        cost: u64,
+        commit: bool,
+    ) -> Judged {
+        let n = log.count();
+        let ticks = |i| log.ticks(i).unwrap_or(pending);
+        let mut expired = 0;
+        if let Some(past) = now.checked_sub(self.window) {
+            let last_expired = self.ticks_floor(past);
+            while expired < n && log.ticks(expired).is_some_and(|t| t <= last_expired) {
+                expired += 1;
+            }
+        }
+        let count = u64::from(n - expired);
+        let allowed = count + cost <= self.limit;
+        let append = (allowed && commit && cost > 0).then(|| {
+            // Never before the newest entry: the log stays in time order.
+            let at = self.ticks_ceil(now);
+            if count > 0 {
+                at.max(ticks(n - 1))
+            } else {
+                at
+            }
+        });
+        let count_after = if allowed { count + cost } else { count };
+        let retry_after = if allowed {
+            0
+        } else {
+            self.expires_in(ticks(expired + (count + cost - self.limit - 1) as u32), now)
+        };
+        let reset_after = match append {
+            _ if count_after == 0 => 0,
+            Some(at) => self.expires_in(at, now),
+            None if allowed && cost > 0 => self.expires_in(self.ticks_ceil(now), now),
+            None => self.expires_in(ticks(n - 1), now),
+        };
+        Judged {
+            decision: Decision {
+                allowed: allowed.into(),
+                limit: self.limit,
+                retry_after,
+                reset_after,
+                delay: 0,
+                remaining: Remaining::Exact(self.limit.saturating_sub(count_after)),
+            },
+            expired,
+            append,
+        }
+    }
+
+    /// The index of this rule's tick in [`TICKS`], plus one (0 stands for no tick yet).
+    #[inline]
+    pub(crate) fn tick_code(&self) -> u8 {
+        self.code
+    }
+
+    /// The tick a [`SlidingLog::tick_code`] stands for (`None` for 0).
+    pub(crate) fn tick_of(code: u8) -> Option<u64> {
+        TICKS.get(usize::from(code).checked_sub(1)?).copied()
+    }
+
+    /// `nanos / tick`, rounded up: the time in ticks a log's bookkeeping reads entries against.
+    pub(crate) fn ticks_at(&self, nanos: Nanos) -> u64 {
+        self.ticks_ceil(nanos)
     }
 
     /// Removes up to `cost` of the newest live entries.

@@ -57,7 +57,7 @@ pub(super) mod builder;
 /// Every algorithm keeps its states in the lock-free word table ([design](crate::docs::design)): a
 /// check on a known key takes no shared lock and writes no shared memory but the key's own
 /// state (GCRA, the leaky buckets and both window counters: one word, by a CAS; the sliding
-/// log: its ring, under the key's own lock). Inserts and evictions lock one of its 64 shards;
+/// log: its ring, by a CAS on the ring's header). Inserts and evictions lock one of its 64 shards;
 /// a check on a known key waits for that lock only when its thread's cached table of the shard
 /// is stale (once after each table change). [`KeyedLimiterBuilder::build_with_store`](crate::KeyedLimiterBuilder::build_with_store) takes
 /// another store (for example [`DashMapStore`](crate::store::DashMapStore), to compare).

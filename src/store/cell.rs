@@ -2,12 +2,11 @@
 //! that a decision on it cannot miss, and to carry its state into a new table.
 //!
 //! Two cells implement it: [`AtomicWord`] (GCRA, the leaky buckets and both window counters),
-//! retired by one CAS to a rule's mark, and [`LogCell`] (the sliding log), retired under its
-//! per-key lock. The table's protocol (module docs of `word_table.rs`) is the same for both.
+//! retired by one CAS to a rule's mark, and [`LogCell`] (the sliding log), retired by a CAS on its
+//! header (a tombstone) or frozen and then marked (a move). The table's protocol (module docs of `word_table.rs`) is the same for both.
 
 use super::word_table::ZeroedIsFresh;
-use crate::algorithm::sliding_log::Mark;
-use crate::state::{AtomicWord, LogCell, Retired};
+use crate::state::{AtomicWord, LogCell, LogState, Retired};
 use crate::sync::MODEL_CHECKED;
 
 /// A per-key cell of [`WordTable`](crate::store::WordTable). A decision on the cell returns
@@ -19,7 +18,7 @@ use crate::sync::MODEL_CHECKED;
 /// from a tombstone.
 pub trait TableCell: Default + Send + Sync {
     /// What tells a retired cell from a live one: a rule's two marks for a word, nothing for a
-    /// log (its lock guards a flag of its own).
+    /// log (its header has flags of its own).
     type Marks: Copy + Send + Sync + std::fmt::Debug;
     /// A live state, taken out of a cell that is moved to a new table.
     type State;
@@ -104,7 +103,7 @@ impl TableCell for AtomicWord {
 
 impl TableCell for LogCell {
     type Marks = ();
-    type State = crate::algorithm::sliding_log::Ring;
+    type State = LogState;
     /// A log's cell (48 bytes) and a `u64` key fill one cache line: a check reads one line,
     /// as a word rule's does. A key over 8 bytes makes the slot two lines (128 bytes).
     type Align = CacheLine;
@@ -114,15 +113,15 @@ impl TableCell for LogCell {
     }
 
     fn is_moved(&self, (): ()) -> bool {
-        self.retired() == Some(Mark::Moved)
+        self.retired() == Some(true)
     }
 
-    fn take_to_move(&self, (): ()) -> Option<Self::State> {
+    fn take_to_move(&self, (): ()) -> Option<LogState> {
         self.take_to_move()
     }
 
-    fn put(&self, ring: Self::State) {
-        self.put(ring);
+    fn put(&self, state: LogState) {
+        self.put(state);
     }
 
     fn revive(&self, (): ()) -> bool {

@@ -34,7 +34,7 @@ pub(crate) const WINDOW_MARKS: Retired = Retired {
 };
 
 /// A rule whose per-key state a limiter can store: its cell, its default store, and each
-/// decision, refund and judgement run on a cell (by a CAS loop, or under the log's lock).
+/// decision, refund and judgement run on a cell (by a CAS loop on its word or header).
 pub trait Stored: Rule {
     /// The per-key state as stored in a limiter.
     type Cell: Default + Send + Sync;
@@ -306,15 +306,23 @@ impl Stored for SlidingLog {
         cost: u64,
         commit: bool,
     ) -> Decision {
-        cell.with(now, |ring, t| self.decide(ring, t, cost, commit))
+        // Only a keyed store retires a cell, and not the new key's cell it decides on here; if
+        // one were retired, nothing would be admitted on it.
+        cell.decide(self, now, cost, commit).unwrap_or(Decision {
+            allowed: false.into(),
+            limit: self.limit(),
+            retry_after: 0,
+            reset_after: 0,
+            delay: 0,
+            remaining: crate::decision::Remaining::Exact(0),
+        })
     }
     fn refund<F: Fn() -> Nanos>(&self, cell: &LogCell, now: F, cost: u64) {
-        cell.with(now, |ring, t| self.refund(ring, t, cost))
+        cell.refund(self, now, cost);
     }
     fn is_fresh(&self, cell: &LogCell, now: Nanos) -> bool {
-        // A retired cell holds no state; its ring must stay marked (no prune on it).
-        cell.with_live(|| now, |ring, t| self.is_empty_at(ring, t))
-            .unwrap_or(true)
+        // A retired cell holds no state.
+        cell.is_empty_at(self, now).unwrap_or(true)
     }
     type Store<K: Clone + Hash + Eq + Send + Sync> =
         WordTable<K, foldhash::fast::RandomState, LogCell>;
@@ -329,18 +337,19 @@ impl Stored for SlidingLog {
         cost: u64,
         commit: bool,
     ) -> Option<Decision> {
-        cell.with_live(now, |ring, t| self.decide(ring, t, cost, commit))
+        cell.decide(self, now, cost, commit)
     }
     fn refund_live<F: Fn() -> Nanos>(&self, cell: &LogCell, now: F, cost: u64) -> Option<()> {
-        cell.with_live(now, |ring, t| self.refund(ring, t, cost))
+        cell.refund(self, now, cost)
     }
-    /// Under the cell's lock, so no decision runs between the judgement and the tombstone.
+    /// One CAS from the header judged empty, so no admission lands between the judgement and
+    /// the tombstone.
     fn evict_if_fresh(&self, cell: &LogCell, now: Nanos) -> bool {
-        cell.evict_if(|ring| self.is_empty_at(ring, now))
+        cell.evict_if_empty(self, now)
     }
     /// Empty at `since` means no entry after `since − W`, so empty at `now ≥ since` too.
     fn evict_if_idle(&self, cell: &LogCell, since: Nanos, now: Nanos) -> bool {
-        cell.evict_if(|ring| self.is_empty_at(ring, since.min(now)))
+        cell.evict_if_empty(self, since.min(now))
     }
     fn take_over(self, _previous: &Self, _now: Nanos) -> Self {
         // Entries are absolute times: a new window or limit applies to them as they are.

@@ -1,7 +1,7 @@
 //! The lock-free keyed store: a lookup of an existing key takes no shared lock and writes
 //! nothing but the key's own state. A cell is one word for GCRA, the leaky buckets and both
-//! window counters (updated by a CAS), and the sliding log's ring under its own per-key lock
-//! ([`TableCell`] says what the table needs of a cell).
+//! window counters (updated by a CAS), and the sliding log's ring (updated by a CAS on its
+//! header) ([`TableCell`] says what the table needs of a cell).
 //!
 //! # Design
 //! Keys are spread over [`SHARDS`] shards; each shard owns an open-addressing table (linear
@@ -11,7 +11,7 @@
 //! 1. **A slot's key never changes** within a shared table (written once under the lock, then
 //!    published by the slot's tag: [`SlotKey`], the table's `unsafe`), so a reader that
 //!    matched a key can never act on another key's state (no ABA through slot reuse).
-//! 2. **A cell is retired by one CAS** from a live state (a log cell: under its lock):
+//! 2. **A cell is retired by one CAS** from a live state (a log cell: on its header):
 //!    eviction writes the rule's tombstone (only if the state is fresh), a rebuild writes the
 //!    rule's `moved` mark (whatever the live state) and copies the state it replaced. A
 //!    decision's CAS therefore lands either before the retirement (which then re-reads and
@@ -96,8 +96,8 @@
 //!   exited thread's cache passes to the next thread that gets its id): at most one replaced
 //!   table per shard per thread, which its shard releases once the thread moves on.
 //! - Keys are cloned when they move to a new table (`K: Clone`).
-//! - A sliding log's check takes its key's lock (`LogCell`): two checks on one key wait for
-//!   each other, checks on different keys do not.
+//! - A sliding log's check waits only while its key's ring changes size, gives units back or
+//!   changes tick (`LogCell`'s exclusive changes); checks between do not wait for each other.
 
 use std::borrow::Borrow;
 use std::hash::{BuildHasher, Hash};

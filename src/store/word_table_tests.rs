@@ -934,8 +934,8 @@ fn evictions_taken_by_an_interrupted_hand_are_reported_later() {
     assert_eq!(reported as u64, keys - keys / 2, "evictions reported");
 }
 
-/// A limiter of sliding logs that lets its store evict every empty ring.
-struct EmptyLogs;
+/// A limiter of sliding logs that lets its store evict every empty ring (at time 0).
+struct EmptyLogs(crate::SlidingLog);
 
 impl Evictor<crate::state::LogCell> for EmptyLogs {
     fn sweep(&self) -> usize {
@@ -946,7 +946,7 @@ impl Evictor<crate::state::LogCell> for EmptyLogs {
         &self,
         f: impl FnOnce(Nanos, &dyn Fn(&crate::state::LogCell, Nanos) -> bool) -> R,
     ) -> Option<R> {
-        Some(f(0, &|cell, _since| cell.evict_if(|ring| ring.is_empty())))
+        Some(f(0, &|cell, _since| cell.evict_if_empty(&self.0, 0)))
     }
 }
 
@@ -971,10 +971,10 @@ fn log_cells_evicted_in_a_full_table_are_neither_found_nor_counted() {
             0,
             |cell: &LogCell| {
                 if key % 2 == 0 {
-                    cell.with(|| 0, |ring, now| rule.decide(ring, now, 1, true));
+                    cell.decide(&rule, || 0, 1, true);
                 }
             },
-            &EmptyLogs,
+            &EmptyLogs(rule),
             &mut done,
         );
         if key % 1_024 == 0 {
@@ -984,7 +984,7 @@ fn log_cells_evicted_in_a_full_table_are_neither_found_nor_counted() {
     store.audit();
     for key in (0..20_000u64).step_by(2) {
         let entries = store.with_existing(&key, 0, |cell: &LogCell| {
-            cell.with_live(|| 0, |ring, _| ring.len())
+            cell.retired().is_none().then(|| cell.entries())
         });
         assert_eq!(entries, Some(1), "key {key} keeps its entry");
     }
@@ -1361,8 +1361,8 @@ fn a_heap_table_of_logs_is_built_ahead_slot_by_slot() {
         store.with_inserted(
             &key(i),
             0,
-            |cell: &LogCell| cell.with(|| 0, |ring, now| rule.decide(ring, now, 1, true)),
-            &EmptyLogs,
+            |cell: &LogCell| cell.decide(&rule, || 0, 1, true),
+            &EmptyLogs(rule),
             &mut done,
         );
     }
@@ -1374,7 +1374,7 @@ fn a_heap_table_of_logs_is_built_ahead_slot_by_slot() {
     assert_eq!(store.allocated_large(), 0, "large tables built ahead");
     for i in 0..keys {
         let entries = store.with_existing(&key(i), 0, |cell: &LogCell| {
-            cell.with_live(|| 0, |ring, _| ring.len())
+            cell.retired().is_none().then(|| cell.entries())
         });
         assert_eq!(entries, Some(1), "key {i} keeps its entry");
     }

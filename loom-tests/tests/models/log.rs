@@ -1,7 +1,7 @@
-//! `LogCell`, the sliding log's ring under its per-key mutex.
+//! `LogCell`, the sliding log's ring updated by a CAS on its header: admissions racing each
+//! other, the clock, refunds, the ring's moves between the cell and the heap, and a quota
+//! change of tick.
 
-use std::cell::Cell;
-use std::sync::atomic::{AtomicUsize, Ordering as StdOrdering};
 use std::time::Duration;
 
 use loom::sync::atomic::{AtomicU64, Ordering};
@@ -9,125 +9,275 @@ use loom::sync::Arc;
 use loom::thread;
 use tollgate_loom_tests::clock::Nanos;
 use tollgate_loom_tests::state::LogCell;
-use tollgate_loom_tests::{Quota, SlidingLog, Stored};
+use tollgate_loom_tests::{Quota, SlidingLog};
 
 use crate::{explore, MS};
 
 const WINDOW: Nanos = MS;
+const START: Nanos = 5 * MS;
 
-/// A request as the model saw it: its turn at the lock, the time read under the lock, its cost
-/// and whether it was admitted.
+/// One call on the cell, as a worker makes it.
 #[derive(Debug, Clone, Copy)]
-struct Entry {
-    turn: usize,
-    t: Nanos,
-    cost: u64,
-    allowed: bool,
+enum Op {
+    Check(u64),
+    /// A check of cost 1 that does not commit.
+    Peek,
+    Refund(u64),
 }
 
-fn check(
-    rule: &SlidingLog,
-    cell: &LogCell,
-    clock: &AtomicU64,
-    turns: &AtomicUsize,
-    cost: u64,
-) -> Entry {
-    let seen = Cell::new((0, 0));
-    let now = || {
-        // Runs under the key's lock, so the turn is the lock order. A std atomic: bookkeeping
-        // loom need not see (loom runs one thread at a time).
-        let turn = turns.fetch_add(1, StdOrdering::Relaxed);
-        // Relaxed: a clock reading; the lock orders it after the previous holder's.
-        let t = clock.load(Ordering::Relaxed);
-        seen.set((turn, t));
-        t
-    };
-    let allowed = rule.acquire(cell, now, cost, true).allowed();
-    let (turn, t) = seen.get();
-    Entry {
-        turn,
-        t,
-        cost,
-        allowed,
-    }
+/// What a call came to: for a check, the time the cell decided at, its cost and whether it
+/// was admitted; for a refund, what it gave back.
+#[derive(Debug, Clone, Copy)]
+enum Done {
+    Checked { t: Nanos, cost: u64, allowed: bool },
+    Peeked { remaining: u64 },
+    Refunded(u64),
 }
 
-/// Two threads append (costs 1, 1 and 2) to a log of L = 2 per 1 ms while a third moves the
-/// clock by exactly W, to where the first entries have just expired (SPEC §6: an entry at
-/// exactly `t − W` no longer counts). Taken in lock order, the decisions are exactly SPEC's, and
-/// no window of length W ever holds more than L admitted units.
-#[test]
-fn log_cell_never_over_limit() {
-    model("log_cell_never_over_limit", 2, [&[1, 1], &[2]]);
+fn rule(limit: u64, window: Nanos) -> SlidingLog {
+    SlidingLog::new(Quota::new(limit, Duration::from_nanos(window)).unwrap()).unwrap()
 }
 
-/// The same race on a log of L = 12, one thread appending 8 then 1, the other 3: the log can
-/// outgrow the 7 slots its cell holds and move to the heap, and move back into the cell when a
-/// call after the clock passed W finds its entries expired. The moves change nothing SPEC can
-/// see.
-#[test]
-fn log_cell_moving_to_the_heap_and_back_never_over_limit() {
-    model(
-        "log_cell_moving_to_the_heap_and_back_never_over_limit",
-        12,
-        [&[8, 1], &[3]],
-    );
-}
-
-fn model(name: &str, limit: u64, costs: [&'static [u64]; 2]) {
-    const START: Nanos = 5 * MS;
-    let rule = SlidingLog::new(Quota::new(limit, Duration::from_nanos(WINDOW)).unwrap()).unwrap();
+/// A log holding `prefill` entries at `START`; two workers run their calls (each with its own
+/// rule: the same one, or one whose window, and so tick, a quota change replaced) while a third
+/// thread moves the clock from `START` to `START + moved_by`. Then:
+/// - every window `(x − W, x]` ending at an admitted entry holds at most L units, less what
+///   refunds gave back (a refund takes the newest entries, which are in every such window
+///   that holds the refunding worker's own, admitted, units);
+/// - no entry is lost or counted twice: a check at the end counts exactly the admitted units
+///   still in the window, less the refunds, and a window later none;
+/// - with the clock still (`moved_by` < W): nothing is refused that fits, and a peek sees the
+///   prefilled entries (they are live throughout).
+fn model(
+    name: &str,
+    limit: u64,
+    rules: [SlidingLog; 2],
+    prefill: u64,
+    ops: [&'static [Op]; 2],
+    moved_by: Nanos,
+) {
     explore(name, move || {
         let cell = Arc::new(LogCell::default());
+        if prefill > 0 {
+            let (d, _) = cell.decide_at(&rules[0], || START, prefill, true).unwrap();
+            assert!(d.allowed());
+        }
         let clock = Arc::new(AtomicU64::new(START));
-        let turns = Arc::new(AtomicUsize::new(0));
         let mover = {
             let clock = Arc::clone(&clock);
-            // Relaxed: see `check`.
-            thread::spawn(move || clock.store(START + WINDOW, Ordering::Relaxed))
+            // Relaxed: a clock reading; the cell orders decisions by its own header.
+            thread::spawn(move || clock.store(START + moved_by, Ordering::Relaxed))
         };
-        let workers = costs.map(|costs| {
-            let (cell, clock, turns) = (Arc::clone(&cell), Arc::clone(&clock), Arc::clone(&turns));
-            thread::spawn(move || {
-                costs
-                    .iter()
-                    .map(|&cost| check(&rule, &cell, &clock, &turns, cost))
-                    .collect::<Vec<_>>()
+        let workers: Vec<_> = (0..2)
+            .map(|w| {
+                let (cell, clock, rule, ops) =
+                    (Arc::clone(&cell), Arc::clone(&clock), rules[w], ops[w]);
+                thread::spawn(move || {
+                    let now = || clock.load(Ordering::Relaxed);
+                    ops.iter()
+                        .map(|&op| match op {
+                            Op::Check(cost) => {
+                                let (decision, t) = cell.decide_at(&rule, now, cost, true).unwrap();
+                                Done::Checked {
+                                    t,
+                                    cost,
+                                    allowed: decision.allowed(),
+                                }
+                            }
+                            Op::Peek => {
+                                let (decision, _) = cell.decide_at(&rule, now, 1, false).unwrap();
+                                Done::Peeked {
+                                    remaining: decision.remaining(),
+                                }
+                            }
+                            Op::Refund(cost) => {
+                                cell.refund(&rule, now, cost).unwrap();
+                                Done::Refunded(cost)
+                            }
+                        })
+                        .collect::<Vec<_>>()
+                })
             })
-        });
-        let mut entries: Vec<Entry> = workers
+            .collect();
+        let done: Vec<Done> = workers
             .into_iter()
             .flat_map(|w| w.join().unwrap())
             .collect();
         mover.join().unwrap();
-        entries.sort_by_key(|e| e.turn);
 
-        // SPEC §6, sequentially, in lock order.
-        let mut log: Vec<Nanos> = Vec::new();
-        for (i, e) in entries.iter().enumerate() {
-            if i > 0 {
-                assert!(
-                    e.t >= entries[i - 1].t,
-                    "time went back under the lock: {entries:?}"
-                );
-            }
-            let count = log.iter().filter(|&&x| x + WINDOW > e.t).count() as u64;
-            let allowed = count + e.cost <= limit;
-            assert_eq!(
-                e.allowed, allowed,
-                "not SPEC's decision for {e:?}: {entries:?}"
-            );
-            if allowed {
-                log.extend((0..e.cost).map(|_| e.t));
-            }
-        }
-        // The invariant itself: every window (x − W, x] ending at an admitted entry.
-        for &x in &log {
-            let held = log.iter().filter(|&&y| y <= x && y + WINDOW > x).count() as u64;
+        let admitted: Vec<(Nanos, u64)> = done
+            .iter()
+            .filter_map(|d| match *d {
+                Done::Checked {
+                    t,
+                    cost,
+                    allowed: true,
+                } => Some((t, cost)),
+                _ => None,
+            })
+            .chain((prefill > 0).then_some((START, prefill)))
+            .collect();
+        let refunded: u64 = done
+            .iter()
+            .map(|d| match *d {
+                Done::Refunded(cost) => cost,
+                _ => 0,
+            })
+            .sum();
+        let window = rules[0].window();
+        for &(x, _) in &admitted {
+            let held: u64 = admitted
+                .iter()
+                .filter(|&&(y, _)| y <= x && y + window > x)
+                .map(|&(_, cost)| cost)
+                .sum();
             assert!(
-                held <= limit,
-                "{held} units in the window ending at {x}: {entries:?}"
+                held <= limit + refunded,
+                "{held} units in the window ending at {x}: {done:?}"
             );
+        }
+        // Every admitted unit still in the window is in the log, less the refunds (which the
+        // models make only with units of their own still in the window).
+        let end = START + moved_by;
+        let live: u64 = admitted
+            .iter()
+            .filter(|&&(t, _)| t + window > end)
+            .map(|&(_, cost)| cost)
+            .sum();
+        let (last, _) = cell.decide_at(&rules[0], || end, 0, false).unwrap();
+        assert_eq!(
+            last.remaining(),
+            limit.saturating_sub(live.saturating_sub(refunded)),
+            "entries lost or counted twice: {done:?}"
+        );
+        // And every entry was written: a window later the log is empty (a slot claimed and
+        // never written would count as live for ever).
+        let (later, _) = cell
+            .decide_at(&rules[0], || end + window, 0, false)
+            .unwrap();
+        assert_eq!(later.remaining(), limit, "a slot never written: {done:?}");
+        if moved_by < window {
+            let demand: u64 = prefill
+                + done
+                    .iter()
+                    .map(|d| match *d {
+                        Done::Checked { cost, .. } => cost,
+                        _ => 0,
+                    })
+                    .sum::<u64>();
+            let units: u64 = admitted.iter().map(|&(_, cost)| cost).sum();
+            assert!(units <= limit + refunded, "over the limit: {done:?}");
+            if demand <= limit {
+                assert_eq!(units, demand, "a spurious denial: {done:?}");
+            }
+            for d in &done {
+                if let Done::Peeked { remaining } = *d {
+                    assert!(
+                        remaining + prefill <= limit + refunded,
+                        "a peek missed the prefilled entries: {done:?}"
+                    );
+                }
+            }
         }
     });
+}
+
+/// Two workers append (costs 1, 1 and 2) to a log of L = 2 per 1 ms while the clock moves by
+/// exactly W, to where the first entries have just expired (an entry at exactly `t − W` no
+/// longer counts): no window of length W ever holds more than L, and no entry is lost.
+#[test]
+fn log_cell_never_over_limit() {
+    let r = rule(2, WINDOW);
+    model(
+        "log_cell_never_over_limit",
+        2,
+        [r, r],
+        0,
+        [&[Op::Check(1), Op::Check(1)], &[Op::Check(2)]],
+        WINDOW,
+    );
+}
+
+/// L = 12, one worker appending 5 then 3 (past the 6 slots the cell holds: the log moves to a
+/// heap ring, frozen, while the other appends), the other 2 and then refunding 1 (frozen
+/// again), the clock still: nothing lost, nothing refused that fits.
+#[test]
+fn log_cell_moving_to_the_heap_and_refunding_loses_nothing() {
+    let r = rule(12, WINDOW);
+    model(
+        "log_cell_moving_to_the_heap_and_refunding_loses_nothing",
+        12,
+        [r, r],
+        0,
+        [
+            &[Op::Check(5), Op::Check(3)],
+            &[Op::Check(2), Op::Refund(1)],
+        ],
+        WINDOW / 2,
+    );
+}
+
+/// A heap log of 8 entries expires when the clock moves by W; a check after it keeps 2 and
+/// moves the log back into the cell (frozen), racing the other worker's checks.
+#[test]
+fn log_cell_moving_back_into_the_cell_never_over_limit() {
+    let r = rule(8, WINDOW);
+    model(
+        "log_cell_moving_back_into_the_cell_never_over_limit",
+        8,
+        [r, r],
+        0,
+        [&[Op::Check(8), Op::Check(2)], &[Op::Check(1)]],
+        WINDOW,
+    );
+}
+
+/// One worker decides under a rule of another tick (a quota change from a 1 ms window to a
+/// 3 s one, whose tick is 2 ns): the first check under it re-expresses the log's entries
+/// (frozen) while the other worker appends under the old rule. Nothing lost or refused.
+#[test]
+fn log_cell_retick_races_an_admission() {
+    let (old, new) = (rule(4, WINDOW), rule(4, 3_000 * MS));
+    assert_eq!(new.tick_nanos(), 2);
+    model(
+        "log_cell_retick_races_an_admission",
+        4,
+        [old, new],
+        0,
+        [&[Op::Check(1), Op::Check(1)], &[Op::Check(1)]],
+        0,
+    );
+}
+
+/// A peek under the old rule races a check that re-expresses the log in place under a new
+/// tick: the peek must not read the new slots against the old header (it re-reads the header
+/// before its decision stands), so it always sees the two prefilled entries.
+#[test]
+fn log_cell_a_peek_racing_a_retick_sees_every_entry() {
+    let (old, new) = (rule(4, WINDOW), rule(4, 3_000 * MS));
+    model(
+        "log_cell_a_peek_racing_a_retick_sees_every_entry",
+        4,
+        [old, new],
+        2,
+        [&[Op::Peek], &[Op::Check(1)]],
+        0,
+    );
+}
+
+/// A check reads a heap ring of 7 entries while the other worker grows the log into a new ring
+/// (10 more) and refunds the 10 in place, which brings the header back to the positions, time
+/// and flags it had: only the generation tells the first check that its ring was replaced, and
+/// its CAS must fail (an entry written into the old ring would be lost).
+#[test]
+fn log_cell_a_check_on_a_replaced_ring_fails_its_cas() {
+    let r = rule(20, WINDOW);
+    model(
+        "log_cell_a_check_on_a_replaced_ring_fails_its_cas",
+        20,
+        [r, r],
+        7,
+        [&[Op::Check(1)], &[Op::Check(10), Op::Refund(10)]],
+        0,
+    );
 }

@@ -1,10 +1,8 @@
 //! The sliding log's per-key state: entry times in ticks, oldest first, in a ring of 4-byte
 //! slots that lives inside the state while it is short.
 
-/// How many slots a log keeps inside its own state. Seven fill the slots field (the size of a
-/// boxed slice, its head and length, and the tag), so a short log costs no allocation and no
-/// second cache miss, and the state with its lock and a `u64` key fills one 64-byte cache line
-/// of the keyed store's table.
+/// How many slots a ring keeps inside its own state. Seven fill the slots field (the size of a
+/// boxed slice, its head and length, and the tag), so a short log costs no allocation.
 pub(super) const INLINE: usize = 7;
 
 /// A log on the heap moves back into its state once it holds at most this many entries. Below
@@ -37,7 +35,8 @@ enum Slots {
 /// # Examples
 /// ```
 /// use tollgate::{algorithm::sliding_log::Ring, Quota, SlidingLog};
-/// // The per-key state of a sliding log, decided by the pure rule (a limiter holds one per key).
+/// // A log decided by the pure rule, from one thread (a limiter keeps a lock-free cell per key
+/// // instead, which decides the same).
 /// let rule = SlidingLog::new(Quota::per_second(3)?)?;
 /// let mut ring = Ring::default();
 /// assert!(rule.decide(&mut ring, 0, 3, true).allowed());
@@ -49,8 +48,7 @@ enum Slots {
 pub struct Ring {
     /// The high half of the newest entry's time in ticks; the low half is the newest slot.
     newest_high: u32,
-    /// The tick the slots are counted in, in ns (at most 1 s); 0 until the first entry, or a
-    /// keyed store's mark.
+    /// The tick the slots are counted in, in ns (at most 1 s); 0 until the first entry.
     pub(super) tick: u32,
     slots: Slots,
 }
@@ -69,42 +67,7 @@ impl Default for Ring {
     }
 }
 
-/// Ticks no rule uses (a rule's tick is at most 1 s), written by a keyed store into a ring it
-/// retired: see [`LogCell`](crate::state::LogCell).
-const TOMBSTONE_TICK: u32 = u32::MAX;
-const MOVED_TICK: u32 = u32::MAX - 1;
-
-/// Why a keyed store retired a ring.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Mark {
-    /// Evicted: its log was empty.
-    Tombstone,
-    /// Moved to a new table, with its entries.
-    Moved,
-}
-
 impl Ring {
-    /// An empty ring retired with `mark`.
-    pub(crate) fn marked(mark: Mark) -> Ring {
-        Ring {
-            tick: match mark {
-                Mark::Tombstone => TOMBSTONE_TICK,
-                Mark::Moved => MOVED_TICK,
-            },
-            ..Ring::default()
-        }
-    }
-
-    /// The mark a keyed store left on this ring, if it retired it.
-    #[inline]
-    pub(crate) fn mark(&self) -> Option<Mark> {
-        match self.tick {
-            TOMBSTONE_TICK => Some(Mark::Tombstone),
-            MOVED_TICK => Some(Mark::Moved),
-            _ => None,
-        }
-    }
-
     /// The index of the oldest entry and the number of entries.
     #[inline]
     fn head_len(&self) -> (u32, u32) {
@@ -269,10 +232,13 @@ impl Ring {
     }
 
     /// Re-expresses the entries in another tick (after `set_quota` changed the window), rounding
-    /// up: entries never expire earlier than they did.
+    /// up, but to no later than `now` (in the new tick): no entry is logged after the time it
+    /// was admitted at was read, so none expires before its admission plus `W`. Entries at or
+    /// before `last_expired` (new ticks) are dropped here: the slots read ages below 2^31
+    /// ticks, and in a finer tick an entry live under the old window may lie further back.
     #[cold]
     #[inline(never)]
-    pub(super) fn retick(&mut self, tick: u64) {
+    pub(super) fn retick(&mut self, tick: u64, now: u64, last_expired: Option<u64>) {
         let (_, len) = self.head_len();
         if len > 0 && self.tick != 0 {
             let times: Vec<u64> = (0..len)
@@ -280,7 +246,9 @@ impl Ring {
                     self.entry(i)
                         .saturating_mul(u64::from(self.tick))
                         .div_ceil(tick)
+                        .min(now)
                 })
+                .filter(|&t| last_expired.is_none_or(|last| t > last))
                 .collect();
             self.set_head_len(0, 0);
             for t in times {
