@@ -108,11 +108,20 @@ impl ReclaimedSlots {
     }
 }
 
+#[allow(unsafe_code)]
 impl Drop for ReclaimedSlots {
     fn drop(&mut self) {
-        // Deferred, not freed at once: a ring attached here may have been detached from
-        // another cell whose readers still read it.
-        drop(self.detach());
+        // SAFETY: `&mut self`: no other access to the pointer, which is only compared to null
+        // here, not read through (no pin needed, so a cell without a ring drops without
+        // registering its thread with the collector, an allocation).
+        let ring = self
+            .0
+            .load(Ordering::Relaxed, unsafe { crossbeam_epoch::unprotected() });
+        if !ring.is_null() {
+            // Deferred, not freed at once: a ring attached here may have been detached from
+            // another cell whose readers still read it.
+            drop(self.detach());
+        }
     }
 }
 

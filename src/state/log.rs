@@ -28,8 +28,9 @@
 //!   when a key's log changes size or gives units back, never between two admissions on a log
 //!   that keeps its size.
 //! - **Storage**: up to [`INLINE`] entries live in the cell; a longer log has a heap ring,
-//!   replaced when it grows or shrinks and freed once no reader holds it (epoch reclamation,
-//!   `ReclaimedSlots`). A CAS by a call that read an old ring fails: the generation changed.
+//!   replaced when it grows and freed once no reader holds it (epoch reclamation,
+//!   `ReclaimedSlots`); a log back in the cell keeps a small ring idle for its next growth. A
+//!   CAS by a call that read an old ring fails: the generation changed.
 //!
 //! In a keyed limiter the cell lives in the lock-free table, which evicts it (a tombstone, by
 //! CAS, when its log is empty) or moves it (frozen, then marked moved), and a decision that
