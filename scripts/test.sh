@@ -42,8 +42,8 @@ if [ "${FAST:-0}" != 1 ]; then
   cargo +nightly miri test --lib -- keys_are_written_read_moved_and_dropped_once \
     keys_that_panic_are_never_dropped_twice_nor_lost a_large_region_is_mapped_zeroed \
     a_mapped_table_is_written_moved_and_freed string_keys word_table::text
-  step "Miri, Tree Borrows (crossbeam-epoch's lists are not Stacked Borrows clean; crossbeam runs Miri so): the sliding log's cell, its heap rings replaced and freed by epoch"
-  MIRIFLAGS=-Zmiri-tree-borrows cargo +nightly miri test --lib -- state::log
+  step "Miri, Tree Borrows, leaks not checked (crossbeam-epoch is not Stacked Borrows clean, its maintainers run Miri under Tree Borrows; its global collector may still hold deferred frees and exited threads' records when the process ends): the sliding log's cell, its heap rings replaced and freed by epoch"
+  MIRIFLAGS="-Zmiri-tree-borrows -Zmiri-ignore-leaks" cargo +nightly miri test --lib -- state::log
   if [ -d loom-tests ]; then
     step "loom models (bounded preemption)"
     LOOM_MAX_PREEMPTIONS="${LOOM_MAX_PREEMPTIONS:-2}" \
