@@ -2,8 +2,9 @@
 //! that a decision on it cannot miss, and to carry its state into a new table.
 //!
 //! Two cells implement it: [`AtomicWord`] (GCRA, the leaky buckets and both window counters),
-//! retired by one CAS to a rule's mark, and [`LogCell`] (the sliding log), retired by a CAS on its
-//! header (a tombstone) or frozen and then marked (a move). The table's protocol (module docs of `word_table.rs`) is the same for both.
+//! retired by one CAS to a rule's mark, and [`LogCell`] (the sliding log), retired by a CAS on
+//! its header (a tombstone) or frozen and then marked (a move). The table's protocol (module
+//! docs of `word_table.rs`) is the same for both.
 
 use super::word_table::ZeroedIsFresh;
 use crate::state::{AtomicWord, LogCell, LogState, Retired};
