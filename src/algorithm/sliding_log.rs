@@ -206,7 +206,7 @@ impl SlidingLog {
 
     /// `nanos / tick`, rounded up.
     #[inline]
-    fn ticks_ceil(&self, nanos: Nanos) -> u64 {
+    pub(crate) fn ticks_ceil(&self, nanos: Nanos) -> u64 {
         if self.tick == 1 {
             nanos
         } else {
@@ -365,11 +365,6 @@ impl SlidingLog {
     /// The tick a [`SlidingLog::tick_code`] stands for (`None` for 0).
     pub(crate) fn tick_of(code: u8) -> Option<u64> {
         TICKS.get(usize::from(code).checked_sub(1)?).copied()
-    }
-
-    /// `nanos / tick`, rounded up: the time in ticks a log's bookkeeping reads entries against.
-    pub(crate) fn ticks_at(&self, nanos: Nanos) -> u64 {
-        self.ticks_ceil(nanos)
     }
 
     /// Removes up to `cost` of the newest live entries.

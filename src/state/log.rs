@@ -266,7 +266,7 @@ impl<'a> Rewritten<'a> {
             view,
             retick: SlidingLog::tick_of(header.tick)
                 .filter(|_| header.tick != rule.tick_code())
-                .map(|old| (old, rule.tick_nanos(), rule.ticks_at(t))),
+                .map(|old| (old, rule.tick_nanos(), rule.ticks_ceil(t))),
         }
     }
 }
@@ -362,6 +362,22 @@ impl LogCell {
         Header::unpack(self.header.load(Ordering::Acquire))
     }
 
+    /// The header once no exclusive change holds it (waiting meanwhile); `None` if a keyed
+    /// store retired the cell.
+    #[inline(always)]
+    fn settled(&self, round: &mut u32) -> Option<Header> {
+        loop {
+            let header = self.load();
+            if header.retired() {
+                return None;
+            }
+            if header.flags & FROZEN == 0 {
+                return Some(header);
+            }
+            wait(round);
+        }
+    }
+
     #[inline(always)]
     fn cas(&self, current: Header, new: Header) -> bool {
         // AcqRel: release publishes what came before (a rebuilt ring's slots, a frozen log's
@@ -415,14 +431,7 @@ impl LogCell {
         let tick = rule.tick_code();
         let mut round = 0;
         loop {
-            let header = self.load();
-            if header.retired() {
-                return None;
-            }
-            if header.flags & FROZEN != 0 {
-                wait(&mut round);
-                continue;
-            }
+            let header = self.settled(&mut round)?;
             let t = now().max(header.at);
             if header.tick != tick && header.tick != 0 && header.head != header.tail {
                 self.exclusive(header, rule, t, Change::Retick);
@@ -505,14 +514,7 @@ impl LogCell {
     pub fn refund(&self, rule: &SlidingLog, now: impl Fn() -> Nanos, cost: u64) -> Option<()> {
         let mut round = 0;
         loop {
-            let header = self.load();
-            if header.retired() {
-                return None;
-            }
-            if header.flags & FROZEN != 0 {
-                wait(&mut round);
-                continue;
-            }
+            let header = self.settled(&mut round)?;
             // Read even when there is nothing to give back: a limiter's clock clamps on it.
             let t = now().max(header.at);
             if cost == 0 || header.head == header.tail {
