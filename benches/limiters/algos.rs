@@ -8,7 +8,8 @@
 //! - `sliding_log`: L = 64 per W = 100 ms. At 100k keys a key comes round every 100k checks
 //!   (20–40 ms at 200–400 ns a check), so its log holds a few live entries (Poisson, mean
 //!   W / that period, about 2.5–5): a check typically prunes one expired entry and appends one,
-//!   and the log mostly stays within the 7 slots a key's cell holds without an allocation.
+//!   and the log mostly stays within the 6 entries a key's cell holds; a longer one moves to a
+//!   heap ring, and back into the cell once it holds 3.
 //!
 //! Deny rows (`*_deny`): one per hour, spent before timing (`sliding_log_deny`: 64 per hour,
 //! the log filled with 64 entries).
