@@ -791,6 +791,16 @@ impl LogCell {
         true
     }
 
+    /// Where the log lives: whether on the heap, and the heap ring's address and length (a ring
+    /// kept idle too), for the tests of the rings' sizes.
+    #[cfg(test)]
+    fn storage(&self) -> (bool, Option<(usize, usize)>) {
+        let ring = self
+            .heap
+            .with(|ring| ring.map(|ring| (ring.as_ptr() as usize, ring.len())));
+        (self.load().flags & HEAP != 0, ring)
+    }
+
     /// The log's entries, written or not (read by the tests and the loom models).
     #[allow(dead_code)]
     pub fn entries(&self) -> usize {
@@ -958,6 +968,57 @@ mod examples {
         if !cfg!(miri) {
             assert!(all.len() > 100, "admissions: {}", all.len());
         }
+    }
+
+    /// A heap ring is twice its log (at least 16 slots, at most L), is replaced by a smaller one
+    /// once its log fills a quarter of it or less, and stays idle for the log's next growth once
+    /// the log is back in the cell.
+    #[test]
+    fn heap_rings_are_sized_to_their_log() -> Result<(), Box<dyn std::error::Error>> {
+        let rule = SlidingLog::new(Quota::per_second(40)?)?;
+        let cell = LogCell::default();
+        let admit = |n| {
+            for _ in 0..n {
+                assert!(cell.decide(&rule, || 0, 1, true).unwrap().allowed());
+            }
+        };
+        admit(6);
+        assert_eq!(cell.storage(), (false, None));
+        admit(1);
+        let (heap, Some((first, 16))) = cell.storage() else {
+            panic!("7 entries: a ring of 16, got {:?}", cell.storage());
+        };
+        assert!(heap);
+        admit(9);
+        assert_eq!(cell.storage(), (true, Some((first, 16))));
+        admit(1);
+        assert_eq!(cell.storage().1.map(|(_, len)| len), Some(34));
+        admit(17);
+        assert_eq!(cell.storage().1.map(|(_, len)| len), Some(34));
+        admit(1);
+        // Twice 35 is more than L: the ring holds L.
+        assert_eq!(cell.storage().1.map(|(_, len)| len), Some(40));
+        // 10 of 40 is a quarter: a ring for them, 20 slots.
+        cell.refund(&rule, || 0, 25).unwrap();
+        assert_eq!(cell.entries(), 10);
+        assert_eq!(cell.storage().1.map(|(_, len)| len), Some(20));
+        // 6 of 20 stays; 3 is back in the cell, the ring kept idle.
+        cell.refund(&rule, || 0, 4).unwrap();
+        assert_eq!(cell.storage().1.map(|(_, len)| len), Some(20));
+        assert!(cell.storage().0);
+        cell.refund(&rule, || 0, 3).unwrap();
+        let (heap, Some((idle, 20))) = cell.storage() else {
+            panic!(
+                "3 entries: in the cell, the ring idle, got {:?}",
+                cell.storage()
+            );
+        };
+        assert!(!heap);
+        // The next growth takes the idle ring, no allocation.
+        admit(4);
+        assert_eq!(cell.storage(), (true, Some((idle, 20))));
+        assert_eq!(cell.entries(), 7);
+        Ok(())
     }
 
     #[test]
