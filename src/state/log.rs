@@ -797,7 +797,7 @@ impl LogCell {
     fn storage(&self) -> (bool, Option<(usize, usize)>) {
         let ring = self
             .heap
-            .with(|ring| ring.map(|ring| (ring.as_ptr() as usize, ring.len())));
+            .with(|ring| ring.map(|ring| (ring.as_ptr().addr(), ring.len())));
         (self.load().flags & HEAP != 0, ring)
     }
 
