@@ -794,10 +794,10 @@ impl LogCell {
     /// Where the log lives: whether on the heap, and the heap ring's address and length (a ring
     /// kept idle too), for the tests of the rings' sizes.
     #[cfg(test)]
-    fn storage(&self) -> (bool, Option<(usize, usize)>) {
+    fn storage(&self) -> (bool, Option<(*const AtomicU32, usize)>) {
         let ring = self
             .heap
-            .with(|ring| ring.map(|ring| (ring.as_ptr().addr(), ring.len())));
+            .with(|ring| ring.map(|ring| (ring.as_ptr(), ring.len())));
         (self.load().flags & HEAP != 0, ring)
     }
 
