@@ -1021,6 +1021,38 @@ mod examples {
         Ok(())
     }
 
+    /// A check that read a header before its heap ring was replaced by a smaller one may meet
+    /// positions past the ring's end: it retries (the header is read again) and reads no slot.
+    #[test]
+    fn a_header_whose_positions_outrun_the_ring_is_retried(
+    ) -> Result<(), Box<dyn std::error::Error>> {
+        use super::{Header, Step, HEAP};
+        let rule = SlidingLog::new(Quota::per_second(40)?)?;
+        let cell = LogCell::default();
+        assert!(cell.decide(&rule, || 0, 10, true).unwrap().allowed());
+        let current = cell.load();
+        assert!(current.flags & HEAP != 0);
+        // The ring holds 20 slots: positions are below 40.
+        for (head, tail) in [(70, 75), (70, 5), (5, 70)] {
+            let stale = Header {
+                head,
+                tail,
+                ..current
+            };
+            let step = cell
+                .with_slots(stale, |slots| {
+                    assert_eq!(slots.len(), 20);
+                    cell.attempt(stale, slots, &rule, rule.tick_code(), 0, 1, true)
+                })
+                .unwrap();
+            assert!(matches!(step, Step::Retry), "head {head}, tail {tail}");
+        }
+        // Nothing was written: the log still holds its 10 entries.
+        assert_eq!(cell.load(), current);
+        assert_eq!(cell.entries(), 10);
+        Ok(())
+    }
+
     #[test]
     fn a_log_cell_is_48_bytes() {
         // The 16-byte header, the heap ring's pointer and six inline slots.

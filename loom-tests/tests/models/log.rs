@@ -281,3 +281,35 @@ fn log_cell_a_check_on_a_replaced_ring_fails_its_cas() {
         0,
     );
 }
+
+/// L = 1, a log whose positions have gone once round the cell's six slots (six entries a window
+/// apart, each expiring the last), two checks at once: the first claim of the second lap lands
+/// on the slot of the first entry, long expired. Only the slot's lap bit tells the other check
+/// that it is not written yet; read as written, it would be dropped as expired, a second unit
+/// admitted, and the first lost.
+#[test]
+fn log_cell_in_its_second_lap_never_over_limit() {
+    explore("log_cell_in_its_second_lap_never_over_limit", || {
+        let r = rule(1, WINDOW);
+        let cell = Arc::new(LogCell::default());
+        for i in 0..6 {
+            let (d, _) = cell.decide_at(&r, || START + i * WINDOW, 1, true).unwrap();
+            assert!(d.allowed());
+        }
+        let at = START + 6 * WINDOW;
+        let workers: Vec<_> = (0..2)
+            .map(|_| {
+                let cell = Arc::clone(&cell);
+                thread::spawn(move || cell.decide_at(&r, || at, 1, true).unwrap().0.allowed())
+            })
+            .collect();
+        let admitted = workers
+            .into_iter()
+            .map(|w| w.join().unwrap())
+            .filter(|&allowed| allowed)
+            .count();
+        assert_eq!(admitted, 1, "two units admitted in one window of L = 1");
+        let (last, _) = cell.decide_at(&r, || at, 0, false).unwrap();
+        assert_eq!(last.remaining(), 0, "the admitted unit lost");
+    });
+}
