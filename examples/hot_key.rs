@@ -19,7 +19,7 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use tollgate::{Gcra, KeyedLimiter, Quota, SlidingLog};
+use tollgate::{Algorithm, Gcra, KeyedLimiter, Quota, SlidingLog};
 use tollgate_traffic::{human_ns, run_timed, Source, Tails};
 
 /// Every position is the same key.
@@ -97,6 +97,14 @@ fn spin_ticks_for(
     low
 }
 
+/// A fresh keyed limiter of `rule`, its checks timed on the one key.
+fn run_keyed<A: Algorithm>(rule: A, threads: usize, checks: u64, source: &OneKey) -> Tails {
+    let limiter = KeyedLimiter::<u64, _>::new(rule);
+    run_timed(threads, checks, source, |key| {
+        limiter.check(key).is_ok_and(|d| d.allowed())
+    })
+}
+
 fn median(mut values: Vec<f64>) -> f64 {
     values.sort_by(f64::total_cmp);
     values[values.len() / 2]
@@ -132,16 +140,18 @@ fn main() {
         );
     };
     for round in 0..rounds {
-        let limiter = KeyedLimiter::<u64, _>::new(Gcra::new(quota).expect("GCRA"));
-        let tails = run_timed(threads, checks, &source, |key| {
-            limiter.check(key).is_ok_and(|d| d.allowed())
-        });
-        gcra.push(figures(&tails));
-        let limiter = KeyedLimiter::<u64, _>::new(SlidingLog::new(quota).expect("log"));
-        let tails = run_timed(threads, checks, &source, |key| {
-            limiter.check(key).is_ok_and(|d| d.allowed())
-        });
-        log.push(figures(&tails));
+        gcra.push(figures(&run_keyed(
+            Gcra::new(quota).expect("GCRA"),
+            threads,
+            checks,
+            &source,
+        )));
+        log.push(figures(&run_keyed(
+            SlidingLog::new(quota).expect("log"),
+            threads,
+            checks,
+            &source,
+        )));
         let ticks = spin_ticks_for(log[round][0], threads, checks.min(1 << 22), &clock, &source);
         let tails = run_timed(threads, checks, &source, spinner(&clock, ticks));
         spun.push(figures(&tails));
