@@ -982,6 +982,7 @@ mod examples {
                 assert!(cell.decide(&rule, || 0, 1, true).unwrap().allowed());
             }
         };
+        let ring_len = || cell.storage().1.map(|(_, len)| len);
         admit(6);
         assert_eq!(cell.storage(), (false, None));
         admit(1);
@@ -992,19 +993,19 @@ mod examples {
         admit(9);
         assert_eq!(cell.storage(), (true, Some((first, 16))));
         admit(1);
-        assert_eq!(cell.storage().1.map(|(_, len)| len), Some(34));
+        assert_eq!(ring_len(), Some(34));
         admit(17);
-        assert_eq!(cell.storage().1.map(|(_, len)| len), Some(34));
+        assert_eq!(ring_len(), Some(34));
         admit(1);
         // Twice 35 is more than L: the ring holds L.
-        assert_eq!(cell.storage().1.map(|(_, len)| len), Some(40));
+        assert_eq!(ring_len(), Some(40));
         // 10 of 40 is a quarter: a ring for them, 20 slots.
         cell.refund(&rule, || 0, 25).unwrap();
         assert_eq!(cell.entries(), 10);
-        assert_eq!(cell.storage().1.map(|(_, len)| len), Some(20));
+        assert_eq!(ring_len(), Some(20));
         // 6 of 20 stays; 3 is back in the cell, the ring kept idle.
         cell.refund(&rule, || 0, 4).unwrap();
-        assert_eq!(cell.storage().1.map(|(_, len)| len), Some(20));
+        assert_eq!(ring_len(), Some(20));
         assert!(cell.storage().0);
         cell.refund(&rule, || 0, 3).unwrap();
         let (heap, Some((idle, 20))) = cell.storage() else {
