@@ -34,11 +34,11 @@
 //! so no call does more than `DRAIN_STEP` slots of eviction and copying work (a table that
 //! fills before the drain into it ends joins the drains, oldest drained first:
 //! [`WordTable::chain`]). Nor does a call allocate a large table: a growing shard builds its
-//! next table [`BUILD_STEP`] slots per insert once its table is 27/28 of its capacity (the
-//! first table at the bound too), and a shard at the bound reuses its spare (below); only a
-//! chained table's replacement may be allocated in the call that needs it, as may a table
-//! that moves to a new era (below). (`KeyedStore::retain`, an explicit sweep, visits every
-//! slot.)
+//! next table a page of slots per insert ([`build_step`]), from [`build_from`] inserts before
+//! its table is full (at the bound too, where a heap table reuses its drained one instead:
+//! below); only a chained table's replacement may be allocated in the call that needs
+//! it, as may a table that moves to a new era (below). (`KeyedStore::retain`, an explicit
+//! sweep, visits every slot.)
 //!
 //! # Re-anchoring: eras
 //! The window counters keep a window index of a few bits, read relative to an anchor (`base`)
@@ -68,10 +68,12 @@
 //!   them). Under a
 //!   flood of unique keys the store so holds about `evict_above` keys plus those holding state
 //!   (measured: 1.15 to 1.4 × that, with the drains' keys not visited yet and their room).
-//!   There a shard replaces its table every few thousand inserts by one of the same size: the
-//!   drained table is kept as a spare and cleared a few slots per insert once no thread
-//!   caches it, and serves as the next table, so the replacing call allocates and fills
-//!   nothing. Memory at the bound is then two tables a shard.
+//!   There a shard replaces its table every few thousand inserts by one of the same size,
+//!   built ahead as a growing shard's is; the drained table is released (a table in mapped
+//!   pages) or, on the heap, kept as a spare, cleared a few slots per insert once no thread
+//!   caches it, to serve as the next table, so the replacing call allocates and fills
+//!   nothing. A mapped spare would keep two tables a shard resident at the bound (4M `u64`
+//!   keys: 39 bytes a key against 22 without).
 //!
 //! Nor does a call drop a whole table: a table the shard no longer needs (a growing shard's
 //! drained one) is released [`CLEAR_STEP`] slots per insert once no thread caches it, and per

@@ -60,7 +60,7 @@ impl<K: Send + Sync, H, C: TableCell> WordTable<K, H, C> {
             .count()
     }
 
-    /// Tables of more than [`BUILD_ABOVE`] slots allocated in one call (for tests).
+    /// Tables of more than [`BUILD_ABOVE`] slots made in one call, not built ahead (for tests).
     #[allow(dead_code)] // read by the unit tests in `word_table_tests.rs`
     pub(crate) fn allocated_large(&self) -> usize {
         self.shards
@@ -98,6 +98,15 @@ impl<K: Send + Sync, H, C: TableCell> WordTable<K, H, C> {
         self.shards
             .iter()
             .map(|shard| shard.lock().spares_reused)
+            .sum()
+    }
+
+    /// Tables built ahead, or being built, that a replacement could not use (for tests).
+    #[allow(dead_code)] // read by the unit tests in `word_table_tests.rs`
+    pub(crate) fn built_unused(&self) -> usize {
+        self.shards
+            .iter()
+            .map(|shard| shard.lock().built_unused)
             .sum()
     }
 

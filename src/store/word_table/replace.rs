@@ -202,11 +202,14 @@ impl<K: Clone + Hash + Eq + Send + Sync, H: BuildHasher, C: TableCell> WordTable
     }
 
     /// A drain ended. One that evicted (the shard is at its `evict_above` share, where a
-    /// table is replaced by one of about its size) leaves its table as the shard's spare; a
-    /// growing shard's old table (it will not be wanted again) is retired, to be released a
-    /// few slots per insert.
+    /// table is replaced by one of about its size) leaves its table as the shard's spare if it
+    /// is on the heap; a table in mapped pages, and a growing shard's old table (it will not
+    /// be wanted again), is retired, to be released a few slots per insert. A mapped spare
+    /// would stay resident, cleared, beside the table: at 4M `u64` keys (twice the default
+    /// `evict_above`) 39 bytes a key against 23 without; the next table is built ahead in
+    /// fresh pages instead, as a growing shard's is.
     pub(super) fn drained(shard: &mut Shard<K, C>, drain: Drain<K, C>) {
-        if drain.since.is_some() {
+        if drain.since.is_some() && !drain.from.slots.is_mapped() {
             let spare = Spare {
                 table: drain.from,
                 cleared: 0,
@@ -247,15 +250,16 @@ impl<K: Clone + Hash + Eq + Send + Sync, H: BuildHasher, C: TableCell> WordTable
             if next.is_built() && fits(next.len) {
                 return Arc::new(next.into_table(era));
             }
+            shard.built_unused += 1;
             shard.freeing.push(next.into_freeing());
         }
         let table = new_table(slots, era);
-        shard.allocated_large += usize::from(len > BUILD_ABOVE && !table.slots.is_mapped());
+        shard.allocated_large += usize::from(len > BUILD_ABOVE);
         table
     }
 
-    /// Builds [`BUILD_STEP`] more slots of the table the shard will move to, once its table is
-    /// [`BUILD_FROM`] (27/28) of its capacity, so that the insert that finds it full allocates
+    /// Builds [`build_step`] more slots of the table the shard will move to, once its table is
+    /// [`build_from`] inserts from full, so that the insert that finds it full allocates
     /// and fills nothing (a large table is up to ~1 MB at the default bound: hundreds of µs in
     /// one call otherwise). The table [`WordTable::replace_table`] will want: below the
     /// `evict_above` share, one for the live keys the shard will hold when full; at it, one for
@@ -264,8 +268,8 @@ impl<K: Clone + Hash + Eq + Send + Sync, H: BuildHasher, C: TableCell> WordTable
     pub(super) fn build_next(&self, shard: &mut Shard<K, C>) {
         let len = shard.table.len();
         if shard.next.is_none() {
-            if !shard.drains.is_empty() || shard.used * BUILD_FROM.1 <= capacity(len) * BUILD_FROM.0
-            {
+            let left = capacity(len).saturating_sub(shard.used);
+            if !shard.drains.is_empty() || left > build_from::<K, C>(len) {
                 return;
             }
             let at_full = shard.live + capacity(len).saturating_sub(shard.used);

@@ -28,13 +28,31 @@ pub(crate) const HAND_RUNS: usize = 4;
 /// when no insert comes. (Every lookup under loom, whose models cache no table across calls
 /// and so never count to more than one.)
 pub(super) const HELP_EVERY: u32 = if MODEL_CHECKED { 1 } else { 4 };
-/// Slots of its next table that each insert into a growing shard builds, once the shard's
-/// table is [`BUILD_FROM`] of its [`capacity`]: from there it takes `len / 32` inserts, and the
-/// next table (about `1.27 len` slots) needs `1.27 len / BUILD_STEP` = `len / 50` of them, so it
-/// is ready first. Late, so that both tables are held for a short while only (a growing shard
-/// holds a next table over a sixth of its growth).
-pub(super) const BUILD_STEP: usize = 64;
-pub(super) const BUILD_FROM: (usize, usize) = (27, 28);
+/// Slots of its next table that each insert into a growing shard builds: a page of them, so
+/// that a table in mapped pages has one page touched per insert (a first touch is a fault,
+/// about a microsecond on the VM the benches ran on), and a heap table 4 KiB initialised.
+pub(super) const fn build_step<K, C: TableCell>() -> usize {
+    let slot = std::mem::size_of::<Slot<K, C>>();
+    if slot == 0 || slot >= PAGE {
+        1
+    } else {
+        PAGE / slot
+    }
+}
+
+/// Inserts left before a table of `len` slots is full when its shard starts building the next
+/// one: the steps a table of `2 len` slots takes (a grown table is about `1.27 len`, a table at
+/// the `evict_above` share about `1.14 len`), so that it is built before it is needed. Late,
+/// because a table built ahead is resident until the shard moves to it: started at 27/28 of
+/// the capacity with 64 slots an insert, a sixth of the shards held one at any time, 14 % of
+/// the store's slots (1.5M `u64` keys: 25.3 bytes a key settled, where the tables hold 22).
+pub(super) const fn build_from<K, C: TableCell>(len: usize) -> usize {
+    (2 * len).div_ceil(build_step::<K, C>())
+}
+
+/// Bytes written apart to touch every page once (the smallest page size in use).
+pub(super) const PAGE: usize = 4096;
+
 /// Tables up to this many slots are allocated when needed (64 KiB of `u64` slots: a few µs).
 pub(super) const BUILD_ABOVE: usize = 4096;
 /// Keys a store holds before it evicts fresh ones, by default (see
@@ -82,10 +100,12 @@ pub(super) struct Shard<K, C: TableCell> {
     pub(super) retiring: Vec<Arc<Table<K, C>>>,
     /// Slots of retired tables being dropped, the last one first.
     pub(super) freeing: Vec<Freeing<K, C>>,
-    /// Tables of more than [`BUILD_ABOVE`] slots allocated and initialised in one call (for
-    /// tests: growth builds them ahead or maps them zeroed, and the bound reuses them, so only
-    /// chained drains should).
+    /// Tables of more than [`BUILD_ABOVE`] slots made in one call, allocated or mapped, where
+    /// none was built ahead or kept as a spare (for tests: growth builds them ahead and the
+    /// bound reuses them, so only chained drains and era moves should).
     pub(super) allocated_large: usize,
+    /// Tables built ahead, or being built, that a replacement could not use (for tests).
+    pub(super) built_unused: usize,
     /// Spares reused as the next table (for the loom models, which must reach it).
     pub(super) spares_reused: usize,
     /// The shard's index: which ladder of lengths its large tables take ([`staggered`]).
@@ -144,7 +164,7 @@ impl<K, C: TableCell> Drop for Taken<'_, K, C> {
     }
 }
 
-/// A table being built [`BUILD_STEP`] slots per insert (see [`WordTable::build_next`]): its
+/// A table being built [`build_step`] slots per insert (see [`WordTable::build_next`]): its
 /// slots initialised on the heap, or, for a table in zeroed pages, those pages touched (written
 /// once each), so that the calls that fill it meet no first touch of a page (a fault each: a
 /// drain step moving keys into 16 untouched pages took over 10 µs).
@@ -167,9 +187,6 @@ enum Memory<K, C: TableCell> {
     },
 }
 
-/// Bytes written apart to touch every page once (the smallest page size in use).
-const PAGE: usize = 4096;
-
 impl<K, C: TableCell> Building<K, C> {
     /// A table of `len` slots to build.
     pub(super) fn new(len: usize) -> Self {
@@ -187,9 +204,9 @@ impl<K, C: TableCell> Building<K, C> {
         }
     }
 
-    /// Builds [`BUILD_STEP`] more slots.
+    /// Builds [`build_step`] more slots.
     pub(super) fn step(&mut self) {
-        let (from, end) = (self.built, self.len.min(self.built + BUILD_STEP));
+        let (from, end) = (self.built, self.len.min(self.built + build_step::<K, C>()));
         match &mut self.memory {
             Memory::Heap { tags, slots } => {
                 slots.resize_with(end, Slot::empty);
@@ -381,6 +398,7 @@ impl<K: Send + Sync, H, C: TableCell> WordTable<K, H, C> {
                         freeing: Vec::new(),
                         allocated_large: 0,
                         spares_reused: 0,
+                        built_unused: 0,
                         stagger,
                     })
                 })
