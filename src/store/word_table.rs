@@ -71,9 +71,9 @@
 //!   There a shard replaces its table every few thousand inserts by one of the same size,
 //!   built ahead as a growing shard's is; the drained table is released (a table in mapped
 //!   pages) or, on the heap, kept as a spare, cleared a few slots per insert once no thread
-//!   caches it, to serve as the next table, so the replacing call allocates and fills
-//!   nothing. A mapped spare would keep two tables a shard resident at the bound (4M `u64`
-//!   keys: 39 bytes a key against 22 without).
+//!   caches it, to serve as the next table, so the replacing call fills no table. A mapped
+//!   spare would keep two tables a shard resident at the bound (4M `u64` keys: 39 bytes a key
+//!   against 22 without).
 //!
 //! Nor does a call drop a whole table: a table the shard no longer needs (a growing shard's
 //! drained one) is released [`CLEAR_STEP`] slots per insert once no thread caches it, and per

@@ -206,7 +206,7 @@ impl<K: Clone + Hash + Eq + Send + Sync, H: BuildHasher, C: TableCell> WordTable
     /// is on the heap; a table in mapped pages, and a growing shard's old table (it will not
     /// be wanted again), is retired, to be released a few slots per insert. A mapped spare
     /// would stay resident, cleared, beside the table: at 4M `u64` keys (twice the default
-    /// `evict_above`) 39 bytes a key against 23 without; the next table is built ahead in
+    /// `evict_above`) 39 bytes a key against 22 without; the next table is built ahead in
     /// fresh pages instead, as a growing shard's is.
     pub(super) fn drained(shard: &mut Shard<K, C>, drain: Drain<K, C>) {
         if drain.since.is_some() && !drain.from.slots.is_mapped() {

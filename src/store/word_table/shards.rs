@@ -29,8 +29,8 @@ pub(crate) const HAND_RUNS: usize = 4;
 /// and so never count to more than one.)
 pub(super) const HELP_EVERY: u32 = if MODEL_CHECKED { 1 } else { 4 };
 /// Slots of its next table that each insert into a growing shard builds: a page of them, so
-/// that a table in mapped pages has one page touched per insert (a first touch is a fault,
-/// about a microsecond on the VM the benches ran on), and a heap table 4 KiB initialised.
+/// that a table in mapped pages has one page touched per insert (a first touch is a fault, a
+/// few microseconds on the VM the benches ran on), and a heap table 4 KiB initialised.
 pub(super) const fn build_step<K, C: TableCell>() -> usize {
     let slot = std::mem::size_of::<Slot<K, C>>();
     if slot == 0 || slot >= PAGE {
