@@ -1009,6 +1009,36 @@ fn log_cells_evicted_in_a_full_table_are_neither_found_nor_counted() {
     );
 }
 
+/// A table of log cells (on the heap: a zero `LogCell` is not a fresh one) at its
+/// `evict_above` share keeps each drained table as a spare, cleared a few slots per insert, and
+/// takes it as the next one: a flood of keys with empty logs through the bound reuses spares,
+/// and no call allocates a large table. (A table in mapped pages releases its drained one:
+/// `a_flood_through_the_bound_allocates_no_large_table_in_a_call`.)
+#[test]
+fn a_heap_table_at_the_bound_reuses_its_drained_tables() {
+    use crate::state::LogCell;
+    use crate::{Quota, SlidingLog};
+    let rule = SlidingLog::new(Quota::per_second(1_000).unwrap()).unwrap();
+    let mut store: WordTable<u64, foldhash::fast::FixedState, LogCell> = WordTable::new(
+        (),
+        foldhash::fast::FixedState::with_seed(0xD1B5_4A32_D192_ED03),
+    );
+    store.set_evict_above(64 * 1_000);
+    for key in 0..300_000u64 {
+        let mut done = Inserted::default();
+        store.with_inserted(&key, 0, |_: &LogCell| (), &EmptyLogs(rule), &mut done);
+    }
+    assert!(
+        store.spares_reused() > 64,
+        "spares reused: {}",
+        store.spares_reused()
+    );
+    assert_eq!(store.allocated_large(), 0);
+    assert_eq!(store.built_unused(), 0);
+    assert!(store.len() < 2 * 64_000, "held {}", store.len());
+    store.audit();
+}
+
 /// A judge that evicts the cells holding 0, as [`EVICT_ZERO`] does, and counts the cells it
 /// is asked about: the keys a step judges.
 #[derive(Default)]
