@@ -425,6 +425,34 @@ fn growth_builds_large_tables_ahead() {
     store.audit();
 }
 
+/// A table that moves to a new era (its limiter re-anchored the window indices) is replaced by
+/// one sized for its keys, made in the first call into its shard that meets the era: besides a
+/// chained drain's, the one large table not built ahead, and the count that the tests of
+/// growth and of the bound hold at 0 sees each of them.
+#[test]
+fn a_move_to_a_new_era_makes_one_large_table_a_shard_in_the_call() {
+    use super::word_table::SHARDS;
+    let store = store();
+    for key in 0..400_000u64 {
+        assert!(insert(&store, key, 1, &KEEP_ALL));
+    }
+    assert!(capacity(&store) > SHARDS * 4096, "the tables grew large");
+    assert_eq!(store.allocated_large(), 0);
+    for key in 0..400_000u64 {
+        let mut done = Inserted::default();
+        store.with_inserted(&key, 1, |cell| add(cell, 0), &KEEP_ALL, &mut done);
+    }
+    assert_eq!(
+        store.allocated_large(),
+        SHARDS,
+        "one table a shard, made in the call"
+    );
+    for key in (0..400_000u64).step_by(997) {
+        assert_eq!(store.with_existing(&key, 1, |cell| add(cell, 0)), Some(1));
+    }
+    store.audit();
+}
+
 thread_local! {
     /// Copies of `Counted` keys made and dropped on this thread.
     static COPIES: std::cell::Cell<(usize, usize)> = const { std::cell::Cell::new((0, 0)) };
