@@ -428,7 +428,8 @@ fn growth_builds_large_tables_ahead() {
 /// A table that moves to a new era (its limiter re-anchored the window indices) is replaced by
 /// one sized for its keys, made in the first call into its shard that meets the era: besides a
 /// chained drain's, the one large table not built ahead, and the count that the tests of
-/// growth and of the bound hold at 0 sees each of them.
+/// growth and of the bound hold at 0 sees each of them, as the count of tables built for
+/// nothing sees those the move leaves unused.
 #[test]
 fn a_move_to_a_new_era_makes_one_large_table_a_shard_in_the_call() {
     use super::word_table::SHARDS;
@@ -438,6 +439,7 @@ fn a_move_to_a_new_era_makes_one_large_table_a_shard_in_the_call() {
     }
     assert!(capacity(&store) > SHARDS * 4096, "the tables grew large");
     assert_eq!(store.allocated_large(), 0);
+    assert!(store.built_ahead() > 0, "no shard building its next table");
     for key in 0..400_000u64 {
         let mut done = Inserted::default();
         store.with_inserted(&key, 1, |cell| add(cell, 0), &KEEP_ALL, &mut done);
@@ -446,6 +448,12 @@ fn a_move_to_a_new_era_makes_one_large_table_a_shard_in_the_call() {
         store.allocated_large(),
         SHARDS,
         "one table a shard, made in the call"
+    );
+    // The tables being built were for growth, not this move: dropped, and counted.
+    let unused = store.built_unused();
+    assert!(
+        (1..=SHARDS).contains(&unused),
+        "{unused} tables built unused"
     );
     for key in (0..400_000u64).step_by(997) {
         assert_eq!(store.with_existing(&key, 1, |cell| add(cell, 0)), Some(1));
