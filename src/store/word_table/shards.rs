@@ -430,3 +430,22 @@ impl<K: Send + Sync, H: BuildHasher, C: TableCell> WordTable<K, H, C> {
         (hash, (hash >> (64 - SHARD_BITS)) as usize)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::{build_from, build_step, PAGE};
+    use crate::state::{AtomicWord, LogCell};
+
+    /// A build step is a page of slots, so that a call touches at most one page of a mapped
+    /// table (or initialises 4 KiB of a heap one): 256 16-byte `u64` slots, 64 log slots (a
+    /// cache line each); and building starts as many inserts before the table is full as a
+    /// table of twice its length takes.
+    #[test]
+    fn a_build_step_is_a_page_of_slots() {
+        assert_eq!(build_step::<u64, AtomicWord>(), PAGE / 16);
+        assert_eq!(build_step::<u64, LogCell>(), PAGE / 64);
+        assert_eq!(build_step::<String, AtomicWord>(), PAGE / 32);
+        assert_eq!(build_from::<u64, AtomicWord>(25_600), 200);
+        assert_eq!(build_from::<u64, AtomicWord>(25_601), 201);
+    }
+}
