@@ -1103,6 +1103,24 @@ mod examples {
     }
 
     #[test]
+    fn a_tombstone_keeps_its_time_and_comes_back_live() -> Result<(), Box<dyn std::error::Error>> {
+        let rule = SlidingLog::new(Quota::per_second(1)?)?;
+        let cell = LogCell::default();
+        assert!(cell.decide(&rule, || 0, 1, true).unwrap().allowed());
+        assert!(cell.evict_if_empty(&rule, 1_000_000_000));
+        // A tombstone, not a moved cell.
+        assert_eq!(cell.retired(), Some(false));
+        assert!(cell.revive());
+        assert_eq!(cell.retired(), None);
+        // The sweep decided at 1 s: a later check that read an earlier clock decides at 1 s,
+        // not before (a key's time never goes backwards, eviction included).
+        let (decision, at) = cell.decide_at(&rule, || 500_000_000, 1, true).unwrap();
+        assert!(decision.allowed());
+        assert_eq!(at, 1_000_000_000);
+        Ok(())
+    }
+
+    #[test]
     fn take_to_move_example() -> Result<(), Box<dyn std::error::Error>> {
         let rule = SlidingLog::new(Quota::per_second(20)?)?;
         let old = LogCell::default();

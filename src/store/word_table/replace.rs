@@ -272,7 +272,7 @@ impl<K: Clone + Hash + Eq + Send + Sync, H: BuildHasher, C: TableCell> WordTable
             if !shard.drains.is_empty() || left > build_from::<K, C>(len) {
                 return;
             }
-            let at_full = shard.live + capacity(len).saturating_sub(shard.used);
+            let at_full = shard.live + left;
             let target = if at_full < self.keep {
                 table_len(shard.grown_for(at_full))
             } else if shard.spare.is_none() {

@@ -214,7 +214,7 @@ impl<K, C: TableCell> Building<K, C> {
             }
             Memory::Mapped { tags, slots } => {
                 // A fresh value written over the zero one: the page is the table's from now.
-                let stride = (PAGE / std::mem::size_of::<Slot<K, C>>()).max(1);
+                let stride = build_step::<K, C>();
                 for i in (from..end).filter(|i| i % stride == 0) {
                     slots[i] = Slot::empty();
                 }
