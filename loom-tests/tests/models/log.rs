@@ -9,9 +9,10 @@ use loom::sync::Arc;
 use loom::thread;
 use tollgate_loom_tests::clock::Nanos;
 use tollgate_loom_tests::state::LogCell;
+use tollgate_loom_tests::store::TableCell;
 use tollgate_loom_tests::{Quota, SlidingLog};
 
-use crate::{explore, MS};
+use crate::{explore, explore_reaching, MS};
 
 const WINDOW: Nanos = MS;
 const START: Nanos = 5 * MS;
@@ -312,4 +313,44 @@ fn log_cell_in_its_second_lap_never_over_limit() {
         let (last, _) = cell.decide_at(&r, || at, 0, false).unwrap();
         assert_eq!(last.remaining(), 0, "the admitted unit lost");
     });
+}
+
+/// A keyed store's drain moves a log of one entry (`take_to_move`, then `put` into a new cell)
+/// while a check admits on it. The move freezes the header before it copies the slots, so the
+/// check either lands first and is carried (the new cell holds 2 entries) or meets the frozen,
+/// then moved, header and is turned away to look again (`None`; the new cell holds 1). A move
+/// that copied without freezing would let the check's claim land after the copy: admitted, and
+/// lost with the old cell.
+#[test]
+fn log_cell_a_move_racing_an_admission_carries_it_or_turns_it_away() {
+    explore_reaching(
+        "log_cell_a_move_racing_an_admission_carries_it_or_turns_it_away",
+        &["carried", "turned away"],
+        |seen| {
+            let r = rule(3, WINDOW);
+            let old = Arc::new(LogCell::default());
+            assert!(old.decide_at(&r, || START, 1, true).unwrap().0.allowed());
+            let checker = {
+                let old = Arc::clone(&old);
+                thread::spawn(move || old.decide_at(&r, || START, 1, true))
+            };
+            let moved = TableCell::take_to_move(&*old, ()).expect("a live log");
+            let new = LogCell::default();
+            TableCell::put(&new, moved);
+            let checked = checker.join().unwrap();
+            let (peek, _) = new.decide_at(&r, || START, 0, false).unwrap();
+            let held = 3 - peek.remaining();
+            match checked {
+                Some((decision, _)) => {
+                    assert!(decision.allowed(), "two of three");
+                    assert_eq!(held, 2, "an admitted entry is carried by the move");
+                    seen.saw("carried");
+                }
+                None => {
+                    assert_eq!(held, 1, "nothing admitted on the old cell");
+                    seen.saw("turned away");
+                }
+            }
+        },
+    );
 }
