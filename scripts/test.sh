@@ -9,7 +9,7 @@ export CARGO_TERM_COLOR=never
 # A fresh clone gains nothing from incremental builds, and they double the disk a CI run needs.
 if [ "${CI:-}" = true ]; then export CARGO_INCREMENTAL=0; fi
 
-step() { printf '\n==> %s\n' "$*"; }
+step() { printf '\n==> [%s] %s\n' "$(date +%T)" "$*"; }
 
 step "install what is missing"
 bash scripts/install-deps.sh
