@@ -1107,6 +1107,9 @@ mod examples {
         let rule = SlidingLog::new(Quota::per_second(1)?)?;
         let cell = LogCell::default();
         assert!(cell.decide(&rule, || 0, 1, true).unwrap().allowed());
+        // A live cell is not revived: an insert that finds its key live (another thread put it
+        // there since the insert's lookup) must not count it again.
+        assert!(!cell.revive());
         assert!(cell.evict_if_empty(&rule, 1_000_000_000));
         // A tombstone, not a moved cell.
         assert_eq!(cell.retired(), Some(false));
