@@ -266,6 +266,24 @@ fn log_cell_a_peek_racing_a_retick_sees_every_entry() {
     );
 }
 
+/// L = 1, a full log (1 entry prefilled); one worker refunds it in place and checks 1 again,
+/// claiming the slot the refund freed, now the log's head, while the other checks 1. The
+/// refund marks the freed slot as not written in its lap: a check that reads it claimed but
+/// not yet written waits for it. Marked as written (at tick 0), it would read as an expired
+/// entry at the head, and both checks would be admitted: 2 in the window.
+#[test]
+fn log_cell_a_slot_freed_by_a_refund_reads_as_not_written() {
+    let r = rule(1, WINDOW);
+    model(
+        "log_cell_a_slot_freed_by_a_refund_reads_as_not_written",
+        1,
+        [r, r],
+        1,
+        [&[Op::Refund(1), Op::Check(1)], &[Op::Check(1)]],
+        0,
+    );
+}
+
 /// A check reads a heap ring of 7 entries while the other worker grows the log into a new ring
 /// (10 more) and refunds the 10 in place, which brings the header back to the positions, time
 /// and flags it had: only the generation tells the first check that its ring was replaced, and

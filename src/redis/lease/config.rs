@@ -377,3 +377,31 @@ impl Terms {
         u64::try_from(duration.as_nanos()).unwrap_or(u64::MAX)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Quota;
+
+    fn terms(rule: RedisRule) -> Terms {
+        let config = LeaseConfig::new();
+        Terms {
+            max_lease: config.max_lease_for(rule.capacity()),
+            algo: Algo::of(&rule).unwrap(),
+            rule,
+            config,
+        }
+    }
+
+    /// A GCRA lease's units decay one per emission interval before its deadline; a window
+    /// lease's do not decay (its units are the window's until the deadline). The leased tests
+    /// cannot tell a decay of 1 ns from none: a lease's units are far fewer than the
+    /// nanoseconds it has left.
+    #[test]
+    fn a_gcra_lease_decays_by_its_interval_and_a_window_lease_not_at_all() {
+        let quota = Quota::per_second(1_000).unwrap();
+        assert_eq!(terms(RedisRule::gcra(quota).unwrap()).decay(), 1_000_000);
+        assert_eq!(terms(RedisRule::fixed_window(quota).unwrap()).decay(), 0);
+        assert_eq!(terms(RedisRule::sliding_window(quota).unwrap()).decay(), 0);
+    }
+}
