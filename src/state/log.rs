@@ -1022,6 +1022,25 @@ mod examples {
         Ok(())
     }
 
+    /// A log back in its cell keeps a ring of at most 64 slots idle for its next growth; a
+    /// larger ring is freed (a key that once held many entries does not hold their memory).
+    #[test]
+    fn a_large_ring_is_not_kept_idle() -> Result<(), Box<dyn std::error::Error>> {
+        let rule = SlidingLog::new(Quota::per_second(200)?)?;
+        let cell = LogCell::default();
+        for _ in 0..60 {
+            assert!(cell.decide(&rule, || 0, 1, true).unwrap().allowed());
+        }
+        let Some((_, len)) = cell.storage().1 else {
+            panic!("60 entries: a heap ring, got {:?}", cell.storage());
+        };
+        assert!(len > 64, "a ring of {len} for 60 entries");
+        cell.refund(&rule, || 0, 57).unwrap();
+        assert_eq!(cell.entries(), 3);
+        assert_eq!(cell.storage(), (false, None));
+        Ok(())
+    }
+
     /// A check that read a header before its heap ring was replaced by a smaller one may meet
     /// positions past the ring's end: it retries (the header is read again) and reads no slot.
     #[test]
