@@ -742,8 +742,9 @@ impl LogCell {
                     position = positions.advance(position, 1);
                 }
                 (head, tail, frozen.flags & HEAP, None)
-            } else if len <= SHRINK_AT || (!heap && len as usize <= INLINE) {
-                // Back into the cell; the heap ring stays, idle, for the log's next growth.
+            } else if len <= SHRINK_AT {
+                // A heap log back into the cell (a log in the cell stays there while it fits,
+                // above); the heap ring stays, idle, for the log's next growth.
                 fill(&self.inline, new_entries);
                 (0, len, 0, None)
             } else {
@@ -1038,6 +1039,30 @@ mod examples {
         cell.refund(&rule, || 0, 57).unwrap();
         assert_eq!(cell.entries(), 3);
         assert_eq!(cell.storage(), (false, None));
+        Ok(())
+    }
+
+    /// A heap log that shrinks to 4-6 entries, which its ring no longer suits, takes the
+    /// smallest ring, not the cell (it would fit there): only at 3 entries does it move back,
+    /// so that a log hovering at the cell's size does not move at every check.
+    #[test]
+    fn a_heap_log_moves_back_into_its_cell_only_at_three_entries(
+    ) -> Result<(), Box<dyn std::error::Error>> {
+        let rule = SlidingLog::new(Quota::per_second(40)?)?;
+        let cell = LogCell::default();
+        for _ in 0..40 {
+            assert!(cell.decide(&rule, || 0, 1, true).unwrap().allowed());
+        }
+        assert_eq!(cell.storage().1.map(|(_, len)| len), Some(40));
+        cell.refund(&rule, || 0, 35).unwrap();
+        assert_eq!(cell.entries(), 5);
+        let (heap, Some((_, 16))) = cell.storage() else {
+            panic!("5 entries: a ring of 16, got {:?}", cell.storage());
+        };
+        assert!(heap);
+        cell.refund(&rule, || 0, 2).unwrap();
+        assert!(!cell.storage().0, "3 entries: back in the cell");
+        assert_eq!(cell.entries(), 3);
         Ok(())
     }
 
