@@ -971,6 +971,14 @@ mod examples {
         }
     }
 
+    /// Admits `n` entries of one unit each at time 0, one check at a time (each check is a
+    /// growth step of the log).
+    fn admit_at_zero(cell: &LogCell, rule: &SlidingLog, n: usize) {
+        for _ in 0..n {
+            assert!(cell.decide(rule, || 0, 1, true).unwrap().allowed());
+        }
+    }
+
     /// A heap ring is twice its log (at least 16 slots, at most L), is replaced by a smaller one
     /// once its log fills a quarter of it or less, and stays idle for the log's next growth once
     /// the log is back in the cell.
@@ -978,11 +986,7 @@ mod examples {
     fn heap_rings_are_sized_to_their_log() -> Result<(), Box<dyn std::error::Error>> {
         let rule = SlidingLog::new(Quota::per_second(40)?)?;
         let cell = LogCell::default();
-        let admit = |n| {
-            for _ in 0..n {
-                assert!(cell.decide(&rule, || 0, 1, true).unwrap().allowed());
-            }
-        };
+        let admit = |n| admit_at_zero(&cell, &rule, n);
         let ring_len = || cell.storage().1.map(|(_, len)| len);
         admit(6);
         assert_eq!(cell.storage(), (false, None));
@@ -1029,9 +1033,7 @@ mod examples {
     fn a_large_ring_is_not_kept_idle() -> Result<(), Box<dyn std::error::Error>> {
         let rule = SlidingLog::new(Quota::per_second(200)?)?;
         let cell = LogCell::default();
-        for _ in 0..60 {
-            assert!(cell.decide(&rule, || 0, 1, true).unwrap().allowed());
-        }
+        admit_at_zero(&cell, &rule, 60);
         let Some((_, len)) = cell.storage().1 else {
             panic!("60 entries: a heap ring, got {:?}", cell.storage());
         };
@@ -1050,9 +1052,7 @@ mod examples {
     ) -> Result<(), Box<dyn std::error::Error>> {
         let rule = SlidingLog::new(Quota::per_second(40)?)?;
         let cell = LogCell::default();
-        for _ in 0..40 {
-            assert!(cell.decide(&rule, || 0, 1, true).unwrap().allowed());
-        }
+        admit_at_zero(&cell, &rule, 40);
         assert_eq!(cell.storage().1.map(|(_, len)| len), Some(40));
         cell.refund(&rule, || 0, 35).unwrap();
         assert_eq!(cell.entries(), 5);
