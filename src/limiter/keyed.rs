@@ -699,17 +699,24 @@ mod count_tests {
             Ok(())
         }
         let quota = Quota::new(10, Duration::from_millis(100)).unwrap();
-        for seed in SEEDS {
-            let queue = run(LeakyQueue::new(quota).unwrap(), TAT_MARKS, 1_000, seed);
-            assert_eq!(queue, Ok(()), "leaky queue, seed {seed}");
-            let window = run(
-                SlidingWindow::new(quota).unwrap(),
-                WINDOW_MARKS,
-                20_000,
-                seed,
-            );
-            assert_eq!(window, Ok(()), "sliding window, seed {seed}");
-        }
+        // A thread for each run: the runs are independent, and this is the crate's longest test.
+        std::thread::scope(|s| {
+            for seed in SEEDS {
+                s.spawn(move || {
+                    let queue = run(LeakyQueue::new(quota).unwrap(), TAT_MARKS, 1_000, seed);
+                    assert_eq!(queue, Ok(()), "leaky queue, seed {seed}");
+                });
+                s.spawn(move || {
+                    let window = run(
+                        SlidingWindow::new(quota).unwrap(),
+                        WINDOW_MARKS,
+                        20_000,
+                        seed,
+                    );
+                    assert_eq!(window, Ok(()), "sliding window, seed {seed}");
+                });
+            }
+        });
     }
 
     /// Hash seeds (shared and per table) under which a rule was refused a key: 19 of the first
