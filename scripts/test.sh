@@ -21,6 +21,8 @@ cargo clippy --all-targets --all-features -- -D warnings
 # the tower layer without metrics, serde or redis.
 cargo clippy --lib -- -D warnings
 cargo clippy --lib --features tower -- -D warnings
+# The library's files as the loom models compile them (against loom's atomics).
+cargo clippy -p tollgate-loom-tests --lib --test models -- -D warnings
 
 # Right after clippy: rustdoc reuses the dependencies' check builds clippy just made.
 step "documentation: every feature, rustdoc warnings are errors (broken links, missing docs)"
