@@ -1311,10 +1311,12 @@ fn a_table_another_thread_cached_is_released_by_lookups_once_it_lets_go() {
     for key in 0..first {
         insert(&store, key, 1, &KEEP_ALL);
     }
-    let (go, wait) = std::sync::mpsc::channel::<()>();
-    let (cached, ready) = std::sync::mpsc::channel::<()>();
     let look_all = &look_all;
     std::thread::scope(|scope| {
+        // Made in the scope: a failed assertion below drops `go`, and the other thread's wait
+        // ends (the scope would wait for that thread forever).
+        let (go, wait) = std::sync::mpsc::channel::<()>();
+        let (cached, ready) = std::sync::mpsc::channel::<()>();
         let other = scope.spawn(move || {
             look_all(first); // caches every shard's table
             cached.send(()).unwrap();

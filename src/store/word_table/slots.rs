@@ -659,7 +659,14 @@ fn probe<K, C: TableCell>(
     if !MODEL_CHECKED {
         table.slots[i].state.touch();
     }
+    // A table is never full, so a probe ends within a round of it: every group once, its first
+    // twice, at most 8 candidate slots each. Checked in debug builds, where a broken probe then
+    // fails instead of hanging (release builds compile the count away).
+    let most = (table.len() / 8 + 1) * 9;
+    let mut steps = 0;
     loop {
+        steps += 1;
+        debug_assert!(steps <= most, "a probe went round its whole table");
         let group = i & !7;
         // Acquire: pairs with the Release in `occupy`; a tag seen means its key is set.
         let tags = table.tags[group / 8].load(Ordering::Acquire);
@@ -674,6 +681,8 @@ fn probe<K, C: TableCell>(
             matches &= (empty & empty.wrapping_neg()) - 1;
         }
         while matches != 0 {
+            steps += 1;
+            debug_assert!(steps <= most, "a probe went round its whole table");
             let at = group + matches.trailing_zeros() as usize / 8;
             // SAFETY: the slot's tag byte is set (a match, or a byte above one, is never an
             // empty slot's 0) in a word loaded with Acquire above, and read from that word
