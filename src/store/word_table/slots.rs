@@ -41,7 +41,7 @@ const RAMP: usize = 2;
 /// 896 keys where 520 were needed; at the `evict_above` bound a flooded shard's kept keys then
 /// kept it there, and the store held 2.3 × its bound. With one more slot of capacity a slot,
 /// the ramp ran to 4,096 slots, and at 100k `u64` keys each shard held 2,128 slots, 73 % full:
-/// 30 resident bytes a key, against 27 now.)
+/// 30 resident bytes a key, against 26-27 now.)
 pub(super) fn capacity(len: usize) -> usize {
     let small = len * SMALL_FULL.0 / SMALL_FULL.1;
     let ramp = (SMALL_CAPACITY + RAMP * len).saturating_sub(RAMP * SMALL_SLOTS);
