@@ -294,6 +294,7 @@ fn overfilling_drains_chain(seed: u64) {
     while store.draining() == 0 {
         insert(&store, key, 0, &EVICT_ZERO);
         key += 1;
+        assert!(key < 1_000_000, "no table replaced");
     }
     let before = capacity(&store);
     // Now every key holds state: moving them into the small table overfills it.
@@ -967,12 +968,13 @@ fn evictions_taken_by_an_interrupted_hand_are_reported_later() {
     }
     PANICS.with(|p| p.set(None));
     // The rest, without panics, until the hand finds nothing more.
-    loop {
+    for calls in 1.. {
         let evicted = store.evict_some(&EVICT_ZERO, 1 << 20);
         reported += evicted;
         if evicted == 0 && store.draining() == 0 {
             break;
         }
+        assert!(calls < 1_000, "the hand still evicts or drains");
     }
     assert!(interrupted > 0, "no hand step was interrupted");
     store.audit();
@@ -1331,7 +1333,11 @@ fn a_table_another_thread_cached_is_released_by_lookups_once_it_lets_go() {
             keys += 1;
             assert!(keys < 20 * first, "shards drain as they grow");
         }
-        while store.draining() > 0 {
+        for passes in 1.. {
+            if store.draining() == 0 {
+                break;
+            }
+            assert!(passes < 1_000, "lookups do not end the drains");
             look_all(keys);
         }
         assert!(
@@ -1504,7 +1510,11 @@ fn string_keys_short_inline_and_long_on_the_heap_survive_every_rebuild() {
     assert_eq!(store.len(), keys as usize);
     store.audit();
     // Drained tables released: every key is in a shard's table, 4 in 5 of them inline.
-    while store.retired_slots() > 0 {
+    for calls in 1.. {
+        if store.retired_slots() == 0 {
+            break;
+        }
+        assert!(calls < 1_000_000, "drained tables not released");
         inserting(&store, "198.51.x", |c| add(c, 0), &KEEP_ALL);
     }
     assert_eq!(store.inline_texts(), (keys - keys / 5) as usize);
