@@ -771,6 +771,14 @@ impl LogCell {
             rebuilt.unwrap_or((frozen.head, frozen.tail, frozen.flags & HEAP, None));
         if ring.is_some() {
             self.heap.replace(ring);
+        } else if heap
+            && flags & HEAP == 0
+            && self.heap.with(|ring| ring.map_or(0, <[_]>::len)) > IDLE_MOST
+        {
+            // A large ring is not kept idle. Released while the log is still frozen: once the
+            // next header is out, another change may move the log into the idle ring, and a
+            // release after it left a heap header with no ring (checks retried for ever).
+            self.heap.replace(None);
         }
         let next = Header {
             at: frozen.at.max(t),
@@ -782,13 +790,6 @@ impl LogCell {
         };
         // Release: publishes the slots written above (and a new ring's pointer before it).
         self.header.store(next.pack(), Ordering::Release);
-        if heap
-            && flags & HEAP == 0
-            && self.heap.with(|ring| ring.map_or(0, <[_]>::len)) > IDLE_MOST
-        {
-            // A large ring is not kept idle.
-            self.heap.replace(None);
-        }
         true
     }
 
