@@ -1354,6 +1354,22 @@ fn a_table_another_thread_cached_is_released_by_lookups_once_it_lets_go() {
     store.audit();
 }
 
+/// The capacity `slots.rs` states for a table of `len` slots: half a small table of up to
+/// 1,024 slots; two more for each slot past that, up to 7/8 of a larger one.
+fn stated_capacity(len: usize) -> usize {
+    let small = len / 2;
+    if len <= 1024 {
+        small
+    } else {
+        small.max((len * 7 / 8).min(512 + 2 * (len - 1024)))
+    }
+}
+
+/// The smallest table (a multiple of 8 slots) whose capacity holds `keys`.
+fn smallest_holding(keys: usize) -> Option<usize> {
+    (8..).step_by(8).find(|&len| stated_capacity(len) >= keys)
+}
+
 /// The fill bounds `slots.rs` states, seen from outside on one shard: a table is replaced on
 /// the insert that would take it past its capacity (half a small table of up to 1,024 slots;
 /// two more for each slot past that, up to 7/8 of a larger one), and a growing
@@ -1361,19 +1377,10 @@ fn a_table_another_thread_cached_is_released_by_lookups_once_it_lets_go() {
 /// with room to grow: 3/2 of them while that fits a small table, 14/11 after.
 #[test]
 fn tables_fill_to_their_stated_bound_and_grow_to_the_stated_size() {
-    let capacity = |len: usize| {
-        let small = len / 2;
-        if len <= 1024 {
-            small
-        } else {
-            small.max((len * 7 / 8).min(512 + 2 * (len - 1024)))
-        }
-    };
     let grown = |keys: usize| {
-        let smallest = |target: usize| (8..).step_by(8).find(|&l| capacity(l) >= target);
-        let small = smallest(keys * 3 / 2 + 1).filter(|&len| len <= 1024);
+        let small = smallest_holding(keys * 3 / 2 + 1).filter(|&len| len <= 1024);
         small
-            .or_else(|| smallest(keys * 14 / 11 + 1))
+            .or_else(|| smallest_holding(keys * 14 / 11 + 1))
             .expect("a size")
     };
     let store: WordTable<u64, std::hash::BuildHasherDefault<Identity>> =
@@ -1398,14 +1405,14 @@ fn tables_fill_to_their_stated_bound_and_grow_to_the_stated_size() {
         let used = i as usize - 1;
         if len() == before {
             assert!(
-                used < capacity(before),
+                used < stated_capacity(before),
                 "key {i}: {used} keys in {before} slots, not replaced"
             );
             continue;
         }
         assert_eq!(
             used,
-            capacity(before),
+            stated_capacity(before),
             "key {i}: replaced with {used} keys in {before} slots"
         );
         if before < 2048 {
@@ -1428,6 +1435,63 @@ fn tables_fill_to_their_stated_bound_and_grow_to_the_stated_size() {
         small >= 5 && large >= 2,
         "{replaced} replacements: {small} small, {large} large"
     );
+}
+
+/// A shard at its `evict_above` share moves to a table sized for the keys it keeps, the
+/// drain's inserts (one per 16-slot step of the old table, and one more) and as many again
+/// after the drain, and never smaller than one holding the share: the smallest table holding
+/// `max(kept + 2 × (old slots / 16 + 1), share)`. Below 4,096 slots nothing is built ahead, so
+/// the sizing is seen exactly. Returns how many replacements at the share it saw.
+fn replacements_at_the_share(state: u64, expected: impl Fn(usize, usize) -> usize) -> usize {
+    let mut store: WordTable<u64, std::hash::BuildHasherDefault<Identity>> =
+        WordTable::new(MARKS, Default::default());
+    store.set_evict_above(SHARDS * SHARE);
+    let len = || store.capacity() - 63 * 8;
+    let mut x = 0x2545_F491_4F6C_DD1Du64;
+    let mut at_the_share = 0;
+    for i in 1..=3_000u64 {
+        let (settled, before, live) = (store.draining() == 0, len(), store.len());
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        // Shard 0, a distinct middle, any tag and home; judged at the share, where a state
+        // of 0 is fresh (evicted) and any other kept.
+        let key = i << 40 | (x & 0xFF_FFFF_FFFF);
+        inserting(&store, &key, |cell| add(cell, state), &EVICT_ZERO);
+        // Replaced: a table of another size, or of the same size with a drain begun.
+        let replaced = len() != before || store.draining() > 0;
+        if !settled || !replaced || live < SHARE {
+            continue;
+        }
+        let room = before / 16 + 1;
+        assert_eq!(
+            Some(len()),
+            smallest_holding(expected(live, room).max(SHARE)),
+            "key {i}: {live} keys live in {before} slots"
+        );
+        assert!(len() <= 4096, "sized where nothing is built ahead");
+        at_the_share += 1;
+    }
+    at_the_share
+}
+
+/// The share of shard 0 in [`replacements_at_the_share`].
+const SHARE: usize = 600;
+
+/// Every key kept: the table holds them and twice the drain's inserts.
+#[test]
+fn a_shard_at_its_share_moves_to_a_table_with_room_for_twice_the_drains_inserts() {
+    let seen = replacements_at_the_share(1, |live, room| live + 2 * room);
+    assert!(seen >= 2, "{seen} replacements at the share");
+}
+
+/// Every key fresh: the estimate keeps few (it counts the sampled keys it evicts as gone, with
+/// a margin), and the table still holds the share, as a hash map does not shrink below what
+/// it may hold.
+#[test]
+fn a_shard_of_fresh_keys_at_its_share_keeps_a_table_holding_the_share() {
+    let seen = replacements_at_the_share(0, |_, _| 0);
+    assert!(seen >= 2, "{seen} replacements at the share");
 }
 
 /// A table of log cells (a heap table: a zero `LogCell` is not a fresh one) grows past

@@ -372,3 +372,34 @@ fn log_cell_a_move_racing_an_admission_carries_it_or_turns_it_away() {
         },
     );
 }
+
+/// A heap log of 33 entries (a ring of 66 slots, over the 64 a ring may keep idle) expires; one
+/// check keeps 1 and moves the log back into the cell, releasing the large ring, while another
+/// check of 17 grows the log out of the cell. The release must happen while the log is still
+/// frozen: released after the next header is out, it could free the ring the growth had just
+/// moved into, leaving a heap header with no ring (every later check retried for ever, which
+/// loom reports as a model past its branch bound). Both checks admitted, both entries kept.
+#[test]
+fn log_cell_a_large_ring_released_racing_a_growth_keeps_the_log() {
+    explore(
+        "log_cell_a_large_ring_released_racing_a_growth_keeps_the_log",
+        || {
+            let r = rule(100, WINDOW);
+            let cell = Arc::new(LogCell::default());
+            assert!(cell.decide_at(&r, || START, 33, true).unwrap().0.allowed());
+            let at = START + WINDOW;
+            let workers: Vec<_> = [1, 17]
+                .into_iter()
+                .map(|cost| {
+                    let cell = Arc::clone(&cell);
+                    thread::spawn(move || cell.decide_at(&r, || at, cost, true).unwrap().0)
+                })
+                .collect();
+            for w in workers {
+                assert!(w.join().unwrap().allowed(), "a check refused under L = 100");
+            }
+            let (peek, _) = cell.decide_at(&r, || at, 0, false).unwrap();
+            assert_eq!(peek.remaining(), 100 - 18, "entries lost or counted twice");
+        },
+    );
+}
