@@ -1370,6 +1370,66 @@ fn smallest_holding(keys: usize) -> Option<usize> {
     (8..).step_by(8).find(|&len| stated_capacity(len) >= keys)
 }
 
+/// The table a shard of up to 4,096 slots grows to for `keys` keys, as `slots.rs` states it:
+/// the smallest holding 3/2 of them while that is a small table (up to 1,024 slots), else
+/// 14/11 of them.
+fn stated_growth(keys: usize) -> usize {
+    smallest_holding(keys * 3 / 2 + 1)
+        .filter(|&len| len <= 1024)
+        .or_else(|| smallest_holding(keys * 14 / 11 + 1))
+        .expect("a size")
+}
+
+/// A new era (the rule re-anchored its window indices) moves a shard's keys into a table of
+/// the new era as a full table does: a table grown for the live keys and the inserts until
+/// every drain ends, one per 16-slot step of each drain's unvisited slots and of the table it
+/// replaces, and one more each. Seen exactly on one shard below 4,096 slots, twice: from a
+/// settled table, then again while that first drain has visited ten steps.
+#[test]
+fn a_new_era_moves_the_keys_to_a_table_with_room_for_every_drains_inserts() {
+    let store: WordTable<u64, std::hash::BuildHasherDefault<Identity>> =
+        WordTable::new(MARKS, Default::default());
+    let len = || store.capacity() - 63 * 8;
+    // Shard 0, a distinct middle, any tag and home.
+    let key = |i: u64| i << 40 | (i.wrapping_mul(0x9E37_79B9_7F4A_7C15) & 0xFF_FFFF_FFFF);
+    let insert_in = |i: u64, era: u64| {
+        let mut done = Inserted::default();
+        store.with_inserted(&key(i), era, |cell| add(cell, 1), &KEEP_ALL, &mut done);
+        assert!(done.inserted, "key {i}");
+    };
+    for i in 1..=300 {
+        insert_in(i, 0);
+    }
+    assert_eq!(store.retain(|_| true), 0);
+    assert_eq!(store.draining(), 0);
+    let settled = len();
+    // Era 1: the settled table joins the drains (its first step runs in the same call), and
+    // nine more calls visit nine more steps.
+    insert_in(301, 1);
+    let first = len();
+    assert_eq!(first, stated_growth(300 + (settled / 16 + 1)));
+    for i in 302..=310 {
+        insert_in(i, 1);
+    }
+    assert_eq!((len(), store.draining()), (first, 1), "shard 0 draining");
+    // Era 2, with the first drain ten steps in: its unvisited slots count, and the table of
+    // era 1 it drains into joins them.
+    insert_in(311, 2);
+    let room = (settled - 10 * 16) / 16 + 1 + (first / 16 + 1);
+    assert_eq!(len(), stated_growth(310 + room));
+    assert!(
+        len() <= 4096,
+        "sized where nothing is staggered or built ahead"
+    );
+    for i in 1..=311 {
+        assert_eq!(
+            store.with_existing(&key(i), 2, |cell| add(cell, 0)),
+            Some(1),
+            "key {i} kept"
+        );
+    }
+}
+
 /// The fill bounds `slots.rs` states, seen from outside on one shard: a table is replaced on
 /// the insert that would take it past its capacity (half a small table of up to 1,024 slots;
 /// two more for each slot past that, up to 7/8 of a larger one), and a growing
@@ -1377,12 +1437,6 @@ fn smallest_holding(keys: usize) -> Option<usize> {
 /// with room to grow: 3/2 of them while that fits a small table, 14/11 after.
 #[test]
 fn tables_fill_to_their_stated_bound_and_grow_to_the_stated_size() {
-    let grown = |keys: usize| {
-        let small = smallest_holding(keys * 3 / 2 + 1).filter(|&len| len <= 1024);
-        small
-            .or_else(|| smallest_holding(keys * 14 / 11 + 1))
-            .expect("a size")
-    };
     let store: WordTable<u64, std::hash::BuildHasherDefault<Identity>> =
         WordTable::new(MARKS, Default::default());
     // The other 63 shards keep their first table of 8 slots.
@@ -1420,7 +1474,7 @@ fn tables_fill_to_their_stated_bound_and_grow_to_the_stated_size() {
             // ahead, a little larger).
             assert_eq!(
                 len(),
-                grown(used),
+                stated_growth(used),
                 "key {i}: the table after {before} slots"
             );
         }
