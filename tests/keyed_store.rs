@@ -482,3 +482,78 @@ fn a_clock_that_checks_its_own_limiter() {
     }
     assert!(limiter.peek(&u64::MAX, 1).unwrap().remaining() < 1_000 - 300);
 }
+
+/// `DashMapStore`, the store to compare with and to plug in, decides as the default lock-free
+/// table on one sequence of checks, peeks, refunds and sweeps over 40 keys (a new key, a
+/// returning one, one gone fresh), and holds the same keys after each sweep.
+#[test]
+fn the_dashmap_store_decides_as_the_default_store() {
+    use tollgate::clock::Nanos;
+    use tollgate::store::{DashMapStore, Evictor, Inserted, KeyedStore};
+    fn test<A: Algorithm + Copy>(rule: A)
+    where
+        A::Cell: Default,
+    {
+        let clock = ManualClock::new();
+        let default = KeyedLimiter::<u64, A>::builder(rule)
+            .clock(clock.clone())
+            .build()
+            .unwrap();
+        let dashmap = KeyedLimiter::<u64, A>::builder(rule)
+            .clock(clock.clone())
+            .build_with_store(DashMapStore::new())
+            .unwrap();
+        let mut x = 0x2545_F491_4F6C_DD1Du64;
+        for step in 0..4_000 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            let (key, n) = (x % 40, x >> 60 & 3);
+            let both = match x >> 56 & 7 {
+                0 => (default.peek(&key, n), dashmap.peek(&key, n)),
+                1 => {
+                    default.refund(&key, n);
+                    dashmap.refund(&key, n);
+                    (default.peek(&key, 0), dashmap.peek(&key, 0))
+                }
+                2 => {
+                    assert_eq!(default.evict_fresh(), dashmap.evict_fresh(), "step {step}");
+                    assert_eq!(default.len(), dashmap.len(), "step {step}: keys held");
+                    continue;
+                }
+                _ => (default.check_n(&key, n), dashmap.check_n(&key, n)),
+            };
+            assert_eq!(both.0.unwrap(), both.1.unwrap(), "step {step}, key {key}");
+            clock.advance_nanos(x >> 40 & (4 * MS - 1));
+        }
+        assert!(!default.is_empty(), "keys held at the end");
+    }
+    let quota = Quota::new(5, Duration::from_millis(20)).unwrap();
+    test(Gcra::new(quota).unwrap());
+    test(FixedWindow::new(quota).unwrap());
+    test(SlidingWindow::new(quota).unwrap());
+    test(LeakyQueue::new(quota).unwrap());
+    test(SlidingLog::new(quota).unwrap());
+    // On its own, as a custom limiter would use it: it counts the keys it holds.
+    struct NoEviction;
+    impl Evictor<u64> for NoEviction {
+        fn sweep(&self) -> usize {
+            0
+        }
+        fn judging<R>(
+            &self,
+            _: impl FnOnce(Nanos, &dyn Fn(&u64, Nanos) -> bool) -> R,
+        ) -> Option<R> {
+            None
+        }
+    }
+    let store = DashMapStore::<u64, u64>::new();
+    assert!(store.is_empty());
+    for (key, new) in [(1, true), (2, true), (3, true), (2, false)] {
+        let mut done = Inserted::default();
+        store.with_inserted(&key, 0, |_| (), &NoEviction, &mut done);
+        assert_eq!(done.inserted, new, "key {key}");
+    }
+    assert_eq!((store.len(), store.is_empty()), (3, false));
+    assert_eq!(format!("{store:?}"), "DashMapStore { .. }");
+}
