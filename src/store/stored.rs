@@ -73,9 +73,6 @@ pub trait Stored: Rule {
         self.acquire_live(cell, now, cost, true)
     }
 
-    /// Whether `cell` can no longer be told apart from a fresh key at `now` (safe to evict).
-    fn is_fresh(&self, cell: &Self::Cell, now: Nanos) -> bool;
-
     /// The keyed store this rule's cells live in by default: the lock-free [`WordTable`].
     type Store<K: Clone + Hash + Eq + Send + Sync>: KeyedStore<K, Self::Cell>;
 
@@ -192,9 +189,6 @@ macro_rules! word_cells {
                     |state| marks.any(state),
                 )
                 .ok()
-            }
-            fn is_fresh(&self, cell: &AtomicWord, now: Nanos) -> bool {
-                WordRule::is_fresh(self, cell.load(), now)
             }
             #[inline]
             fn acquire_live<F: Fn() -> Nanos>(
@@ -319,10 +313,6 @@ impl Stored for SlidingLog {
     }
     fn refund<F: Fn() -> Nanos>(&self, cell: &LogCell, now: F, cost: u64) {
         cell.refund(self, now, cost);
-    }
-    fn is_fresh(&self, cell: &LogCell, now: Nanos) -> bool {
-        // A retired cell holds no state.
-        cell.is_empty_at(self, now).unwrap_or(true)
     }
     type Store<K: Clone + Hash + Eq + Send + Sync> =
         WordTable<K, foldhash::fast::RandomState, LogCell>;

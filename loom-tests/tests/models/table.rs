@@ -15,6 +15,7 @@ use std::time::Duration;
 
 use loom::sync::{Arc, RwLock};
 use loom::thread;
+use tollgate_loom_tests::algorithm::WordRule;
 use tollgate_loom_tests::clock::Nanos;
 use tollgate_loom_tests::state::{AtomicWord, Retired};
 use tollgate_loom_tests::store::{
@@ -162,7 +163,7 @@ fn with_fresh_key_in<S: KeyedStore<u64, AtomicWord>>(
     assert!(admit_at(&table, 1, 0).unwrap().allowed());
     let fresh = table
         .store()
-        .with_existing(&1, 0, |cell| Some(rule().is_fresh(cell, NOW)));
+        .with_existing(&1, 0, |cell| Some(rule().is_fresh(cell.load(), NOW)));
     assert_eq!(fresh, Some(true));
     assert_eq!(held_by(&table, 1), 0);
     table
