@@ -1,6 +1,6 @@
 //! The keyed limiter's store: eviction of keys that have become fresh, a bounded `len()`, the
 //! `max_keys` bound with both overflow policies, peeks and refunds that insert nothing, and
-//! borrowed lookups (`&str` for `String` keys).
+//! borrowed lookups (`&str` for `String` keys); `DashMapStore` decides as the default store.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::thread;
