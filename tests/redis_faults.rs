@@ -876,7 +876,7 @@ fn kill_9_under_load_leased_windows_take_over_without_a_burst() {
 }
 
 /// What one guarded node saw under load: its admissions (key, when), and per key the last
-/// decision it had before the fault (units remaining, when).
+/// decision it had before the fault (units remaining, when its check was sent).
 struct GuardedNode {
     admitted: Vec<(usize, Instant)>,
     last: Vec<Option<(u64, Instant)>>,
@@ -886,8 +886,8 @@ struct GuardedNode {
 /// a few keys hot; Redis gets `signal`. Each node's share starts each key from `⌊r / n⌋` of
 /// the last reply it had (`FailurePolicy::Local`), not from a full bucket, so the fleet's
 /// admissions per key in the outage's first 250 ms stay within
-/// `Σ_nodes (⌊r_i / n⌋ + ⌈(fault + 250 ms − t_i) · ⌊L/n⌋ / W⌉ + 2)`, with `r_i` and `t_i` the
-/// node's last reply before the fault and when it came (the 2: the share's rounding, and a
+/// `Σ_nodes (⌊r_i / n⌋ + ⌈(fault + 250 ms − t_i) · ⌊L/n⌋ / W⌉ + 2)`, with `r_i` the node's last
+/// reply before the fault and `t_i` when its check was sent (the 2: the share's rounding, and a
 /// reply that arrived as the server died); then global mode is back. The window of a window
 /// rule must not end during the test (see [`day_windows`]).
 fn guarded_takeover_under_load(signal: &str, heal: &str, (rule, limit, window): Limit) {
@@ -930,13 +930,17 @@ fn guarded_takeover_under_load(signal: &str, heal: &str, (rule, limit, window): 
                 while !stop.load(Ordering::Relaxed) {
                     let key = i % KEYS;
                     i += 1;
+                    // The reply's share accrues from when the node read it, between the send
+                    // and `at`: a loaded runtime resumes this task tens of ms later, so the
+                    // bound takes the send.
+                    let sent = Instant::now();
                     let decision = node.check(format!("key-{key}")).await.expect("no error");
                     let at = Instant::now();
                     if decision.allowed() {
                         seen.admitted.push((key, at));
                     }
                     if fault_at.lock().unwrap().is_none_or(|fault| at < fault) {
-                        seen.last[key] = Some((decision.remaining(), at));
+                        seen.last[key] = Some((decision.remaining(), sent));
                     }
                     // Degraded checks never await: let the breaker's probe run.
                     tokio::task::yield_now().await;
