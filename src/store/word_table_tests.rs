@@ -1354,6 +1354,23 @@ fn a_table_another_thread_cached_is_released_by_lookups_once_it_lets_go() {
     store.audit();
 }
 
+/// A store whose `u64` keys hash to themselves: a key's top bits pick its shard (the tests of
+/// one shard's sizes put every key in shard 0).
+type OneShard = WordTable<u64, std::hash::BuildHasherDefault<Identity>>;
+
+/// The slots of shard 0's table: the other 63 shards keep their first table of 8 slots.
+fn shard_zero_len(store: &OneShard) -> usize {
+    store.capacity() - 63 * 8
+}
+
+/// The `i`th key of shard 0 (a distinct middle, any tag and home), `x` a xorshift state.
+fn shard_zero_key(i: u64, x: &mut u64) -> u64 {
+    *x ^= *x << 13;
+    *x ^= *x >> 7;
+    *x ^= *x << 17;
+    i << 40 | (*x & 0xFF_FFFF_FFFF)
+}
+
 /// The capacity `slots.rs` states for a table of `len` slots: half a small table of up to
 /// 1,024 slots; two more for each slot past that, up to 7/8 of a larger one.
 fn stated_capacity(len: usize) -> usize {
@@ -1387,10 +1404,9 @@ fn stated_growth(keys: usize) -> usize {
 /// settled table, then again while that first drain has visited ten steps.
 #[test]
 fn a_new_era_moves_the_keys_to_a_table_with_room_for_every_drains_inserts() {
-    let store: WordTable<u64, std::hash::BuildHasherDefault<Identity>> =
-        WordTable::new(MARKS, Default::default());
-    let len = || store.capacity() - 63 * 8;
-    // Shard 0, a distinct middle, any tag and home.
+    let store = OneShard::new(MARKS, Default::default());
+    let len = || shard_zero_len(&store);
+    // Shard 0, a distinct middle, any tag and home (the same for each `i`: looked up again).
     let key = |i: u64| i << 40 | (i.wrapping_mul(0x9E37_79B9_7F4A_7C15) & 0xFF_FFFF_FFFF);
     let insert_in = |i: u64, era: u64| {
         let mut done = Inserted::default();
@@ -1437,20 +1453,14 @@ fn a_new_era_moves_the_keys_to_a_table_with_room_for_every_drains_inserts() {
 /// with room to grow: 3/2 of them while that fits a small table, 14/11 after.
 #[test]
 fn tables_fill_to_their_stated_bound_and_grow_to_the_stated_size() {
-    let store: WordTable<u64, std::hash::BuildHasherDefault<Identity>> =
-        WordTable::new(MARKS, Default::default());
-    // The other 63 shards keep their first table of 8 slots.
-    let len = || store.capacity() - 63 * 8;
+    let store = OneShard::new(MARKS, Default::default());
+    let len = || shard_zero_len(&store);
     let mut x = 0x9E37_79B9_7F4A_7C15u64;
     let (mut replaced, mut small, mut large) = (0, 0, 0);
     for i in 1..=8_000u64 {
         // Judged only from a settled table: a drain's moves fill the table too.
         let (settled, before) = (store.draining() == 0, len());
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        // Shard 0, a distinct middle, any tag and home.
-        let key = i << 40 | (x & 0xFF_FFFF_FFFF);
+        let key = shard_zero_key(i, &mut x);
         inserting(&store, &key, |cell| add(cell, 1), &KEEP_ALL);
         if !settled {
             continue;
@@ -1497,20 +1507,15 @@ fn tables_fill_to_their_stated_bound_and_grow_to_the_stated_size() {
 /// `max(kept + 2 × (old slots / 16 + 1), share)`. Below 4,096 slots nothing is built ahead, so
 /// the sizing is seen exactly. Returns how many replacements at the share it saw.
 fn replacements_at_the_share(state: u64, expected: impl Fn(usize, usize) -> usize) -> usize {
-    let mut store: WordTable<u64, std::hash::BuildHasherDefault<Identity>> =
-        WordTable::new(MARKS, Default::default());
+    let mut store = OneShard::new(MARKS, Default::default());
     store.set_evict_above(SHARDS * SHARE);
-    let len = || store.capacity() - 63 * 8;
+    let len = || shard_zero_len(&store);
     let mut x = 0x2545_F491_4F6C_DD1Du64;
     let mut at_the_share = 0;
     for i in 1..=3_000u64 {
         let (settled, before, live) = (store.draining() == 0, len(), store.len());
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        // Shard 0, a distinct middle, any tag and home; judged at the share, where a state
-        // of 0 is fresh (evicted) and any other kept.
-        let key = i << 40 | (x & 0xFF_FFFF_FFFF);
+        // Judged at the share, where a state of 0 is fresh (evicted) and any other kept.
+        let key = shard_zero_key(i, &mut x);
         inserting(&store, &key, |cell| add(cell, state), &EVICT_ZERO);
         // Replaced: a table of another size, or of the same size with a drain begun.
         let replaced = len() != before || store.draining() > 0;
