@@ -352,3 +352,46 @@ impl Stored for SlidingLog {
         Self::from_words(words)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Quota;
+    use std::time::Duration;
+
+    /// The states a window counter writes at its largest stored index (all ones: every
+    /// `2^bits` windows) with its largest counts are not marks: a lookup would read a key's
+    /// full window as moved or evicted. The fixed window's index and count are then all ones
+    /// but the count's lowest bit; the sliding window's `cur` never sets its top bit.
+    #[test]
+    fn full_windows_at_the_last_stored_index_are_not_marks() {
+        const MS: u64 = 1_000_000;
+        let per_ms = |limit| Quota::new(limit, Duration::from_millis(1)).unwrap();
+
+        let fixed = FixedWindow::new(per_ms(FixedWindow::MAX_LIMIT)).unwrap();
+        for index in [(1 << 40) - 1, (1 << 41) - 1, (1 << 40) - 2] {
+            for cost in [FixedWindow::MAX_LIMIT, FixedWindow::MAX_LIMIT - 1, 1] {
+                let (d, state) = fixed.decide(0, index * MS, cost);
+                assert!(d.allowed());
+                assert!(
+                    !WINDOW_MARKS.any(state),
+                    "{state:#x}: window {index}, n = {cost}"
+                );
+            }
+        }
+
+        let limit = SlidingWindow::MAX_LIMIT;
+        let sliding = SlidingWindow::new(per_ms(limit)).unwrap();
+        for index in [(1 << 23) - 1, (1 << 24) - 1] {
+            // A full previous window and a nearly full current one (the previous window weighs
+            // 1/W at the current one's last nanosecond: a unit or two of it left).
+            let (_, prev) = sliding.decide(0, (index - 1) * MS, limit);
+            let (d, state) = sliding.decide(prev, (index + 1) * MS - 1, limit - 2);
+            assert!(d.allowed());
+            let (_, alone) = sliding.decide(0, index * MS, limit);
+            for state in [prev, state, alone] {
+                assert!(!WINDOW_MARKS.any(state), "{state:#x}: window {index}");
+            }
+        }
+    }
+}
