@@ -12,7 +12,8 @@ use tokio::time::{timeout, Instant};
 use tollgate::clock::ManualClock;
 use tollgate::wait::{TokioClock, WaitError};
 use tollgate::{
-    Gcra, KeyedLimiter, LeakyQueue, LimitError, Limiter, MultiLimiter, OverflowPolicy, Quota,
+    FixedWindow, Gcra, KeyedLimiter, LeakyQueue, LimitError, Limiter, MultiLimiter, OverflowPolicy,
+    Quota, SlidingLog, SlidingWindow,
 };
 
 fn keyed<A: tollgate::Algorithm>(rule: A) -> KeyedLimiter<String, A, TokioClock> {
@@ -317,4 +318,42 @@ async fn acquire_refused_as_too_long_on_the_overflow_state_leaves_it_as_it_was()
     limiter.clock().advance(Duration::from_secs(1));
     let decision = limiter.check("d").unwrap();
     assert!(decision.allowed(), "{decision:?}");
+}
+
+/// At the `max_keys` bound, a waiter for a held key is decided on the key's own state, whatever
+/// the rule: the look for a held key must not read it as gone (it would be refused as a new
+/// key, `KeyTableFull`, or charged to the overflow state).
+#[tokio::test(start_paused = true)]
+async fn a_held_keys_waiter_at_the_bound_decides_on_its_own_state_for_every_rule() {
+    async fn held_key_waits<A: tollgate::Algorithm>(rule: A) {
+        let name = std::any::type_name::<A>();
+        let limiter = KeyedLimiter::<String, _, _>::builder(rule)
+            .clock(ManualClock::new())
+            .max_keys(1, OverflowPolicy::Deny)
+            .build()
+            .unwrap();
+        assert!(limiter.check("a").unwrap().allowed(), "{name}");
+        assert_eq!(
+            limiter.check("b"),
+            Err(LimitError::KeyTableFull { max_keys: 1 }),
+            "{name}"
+        );
+        // Ten units in all: the waiter's are admitted at once, from "a"'s own state.
+        let decision = limiter.until_ready("a", 9).await;
+        assert!(
+            decision.as_ref().is_ok_and(|d| d.allowed()),
+            "{name}: {decision:?}"
+        );
+        assert!(
+            !limiter.check("a").unwrap().allowed(),
+            "{name}: \"a\" is spent"
+        );
+        assert_eq!(limiter.len(), 1, "{name}");
+    }
+    let quota = Quota::per_second(10).unwrap();
+    held_key_waits(Gcra::new(quota).unwrap()).await;
+    held_key_waits(LeakyQueue::new(quota).unwrap()).await;
+    held_key_waits(FixedWindow::new(quota).unwrap()).await;
+    held_key_waits(SlidingWindow::new(quota).unwrap()).await;
+    held_key_waits(SlidingLog::new(quota).unwrap()).await;
 }
