@@ -379,19 +379,23 @@ impl Terms {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::Quota;
-
-    fn terms(rule: RedisRule) -> Terms {
+impl Terms {
+    /// The terms a leased node of `rule` keeps under the default configuration.
+    pub fn of(rule: RedisRule) -> Terms {
         let config = LeaseConfig::new();
         Terms {
             max_lease: config.max_lease_for(rule.capacity()),
-            algo: Algo::of(&rule).unwrap(),
+            algo: Algo::of(&rule).expect("a leasable rule"),
             rule,
             config,
         }
     }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Quota;
 
     /// A GCRA lease's units decay one per emission interval before its deadline; a window
     /// lease's do not decay (its units are the window's until the deadline). The leased tests
@@ -400,8 +404,17 @@ mod tests {
     #[test]
     fn a_gcra_lease_decays_by_its_interval_and_a_window_lease_not_at_all() {
         let quota = Quota::per_second(1_000).unwrap();
-        assert_eq!(terms(RedisRule::gcra(quota).unwrap()).decay(), 1_000_000);
-        assert_eq!(terms(RedisRule::fixed_window(quota).unwrap()).decay(), 0);
-        assert_eq!(terms(RedisRule::sliding_window(quota).unwrap()).decay(), 0);
+        assert_eq!(
+            Terms::of(RedisRule::gcra(quota).unwrap()).decay(),
+            1_000_000
+        );
+        assert_eq!(
+            Terms::of(RedisRule::fixed_window(quota).unwrap()).decay(),
+            0
+        );
+        assert_eq!(
+            Terms::of(RedisRule::sliding_window(quota).unwrap()).decay(),
+            0
+        );
     }
 }

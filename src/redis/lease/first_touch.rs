@@ -97,3 +97,95 @@ pub(super) fn cover(
     });
     (granted - covered, charge)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::redis::lease::word::{deadline_of, units_of, MS};
+    use crate::redis::RedisRule;
+    use crate::Quota;
+    use std::sync::atomic::Ordering;
+
+    fn terms(rule: fn(Quota) -> Result<RedisRule, crate::QuotaError>) -> Terms {
+        Terms::of(rule(Quota::per_second(1_000).unwrap()).unwrap())
+    }
+
+    /// A GCRA first-touch lease lasts as a grant of its units from a full bucket would: one
+    /// interval a unit, one more, and the horizon. None is made while Redis does not answer.
+    #[test]
+    fn a_first_lease_lasts_as_a_grant_of_its_units_would() {
+        let gcra = terms(RedisRule::gcra);
+        let lease = first_lease(&gcra, b"k", 5, 10 * MS);
+        let word = lease.hot.word.load();
+        assert_eq!(units_of(word), 5);
+        assert_eq!(deadline_of(word), now_ms(10 * MS + 6 * MS + 50 * MS));
+        assert_eq!(lease.bg.lock().provisional, 5);
+        let none = first_lease(&gcra, b"k", 0, 10 * MS);
+        assert_eq!((none.hot.word.load(), none.bg.lock().provisional), (0, 0));
+
+        // A window's units are void before its end, by the wall clock.
+        let fixed = terms(RedisRule::fixed_window);
+        let before = wall_nanos() / 1_000_000_000;
+        let lease = first_lease(&fixed, b"k", 5, 0);
+        let after = wall_nanos() / 1_000_000_000;
+        let bg = lease.bg.lock();
+        assert!((before..=after).contains(&bg.provisional_window));
+        let life = u64::from(deadline_of(lease.hot.word.load())) * MS;
+        assert!(life < 1_000 * MS, "{life}");
+    }
+
+    /// A grant covers the first-touch units it can: those spent beyond it are charged, those
+    /// never spent are taken back; a grant of a later window covers none, and the charge
+    /// then names when they were spent.
+    #[test]
+    fn a_grant_covers_the_first_touch_units_and_the_rest_are_charged_or_taken_back() {
+        let gcra = terms(RedisRule::gcra);
+        let decay = gcra.decay();
+        // 5 provisional units, 2 spent: a grant of 8 covers all 5, 3 of it are new.
+        let stats = Counters::default();
+        let lease = first_lease(&gcra, b"k", 5, 0);
+        assert_eq!(lease.hot.word.take(2, 0, decay), Some(3));
+        let covered = cover(&gcra, &lease, &mut lease.bg.lock(), 8, None, &stats);
+        assert_eq!(covered, (3, None));
+        assert_eq!(units_of(lease.hot.word.load()), 3, "the covered units stay");
+        assert_eq!(lease.bg.lock().provisional, 0);
+        assert_eq!(stats.provisional.load(Ordering::Relaxed), 2, "spent");
+        assert_eq!(
+            cover(&gcra, &lease, &mut lease.bg.lock(), 4, None, &stats),
+            (4, None)
+        );
+
+        // A grant of 1: of the 2 spent, 1 is charged now; the 3 unspent are taken back.
+        let stats = Counters::default();
+        let lease = first_lease(&gcra, b"k", 5, 0);
+        lease.hot.word.take(2, 0, decay);
+        let covered = cover(&gcra, &lease, &mut lease.bg.lock(), 1, None, &stats);
+        assert_eq!(covered, (0, Some((UnitOp::Charge { at: None }, 1))));
+        assert_eq!(units_of(lease.hot.word.load()), 0);
+        assert_eq!(stats.overdrawn.load(Ordering::Relaxed), 1);
+
+        // A window: a grant decided in the units' window covers them; one of a later window
+        // covers none, and the 2 spent are charged at the time they were spent.
+        let fixed = terms(RedisRule::fixed_window);
+        let window = 1_000 * MS;
+        for later in [false, true] {
+            let stats = Counters::default();
+            let lease = first_lease(&fixed, b"k", 5, 0);
+            lease.hot.word.take(2, 0, 0);
+            let mut bg = lease.bg.lock();
+            let start = (bg.provisional_window + u64::from(later)) * window;
+            let at = bg.provisional_at;
+            let covered = cover(&fixed, &lease, &mut bg, 8, Some(start), &stats);
+            if later {
+                let charge = (UnitOp::Charge { at: Some(at) }, 2);
+                assert_eq!(covered, (8, Some(charge)));
+                assert_eq!(bg.window_start, None);
+                assert_eq!(units_of(lease.hot.word.load()), 0);
+            } else {
+                assert_eq!(covered, (3, None));
+                assert_eq!(bg.window_start, Some(start));
+                assert_eq!(units_of(lease.hot.word.load()), 3);
+            }
+        }
+    }
+}

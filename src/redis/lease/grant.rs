@@ -260,3 +260,238 @@ fn view(terms: &Terms, reply: &Reply, extra: u64) -> (u64, Option<u64>) {
 pub(super) fn accrued(interval: u64, since: Nanos, now: Nanos) -> u64 {
     now.saturating_sub(since) / interval.max(1)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::redis::lease::word::{deadline_of, pack, units_of, MS};
+    use crate::redis::RedisRule;
+    use crate::Quota;
+
+    /// A thousand units a second; the default configuration: a 50 ms horizon, leases of at
+    /// most capacity / 16 = 62 units, a 1 ms backoff.
+    fn terms(rule: fn(Quota) -> Result<RedisRule, crate::QuotaError>) -> Terms {
+        Terms::of(rule(Quota::per_second(1_000).unwrap()).unwrap())
+    }
+
+    fn relaxed(atomic: &std::sync::atomic::AtomicU64) -> u64 {
+        atomic.load(Ordering::Relaxed)
+    }
+
+    /// A first refill asks for a quarter of the largest lease; one that knows the key's rate
+    /// asks for the horizon's worth of it, the rate a running average of each refill's; a
+    /// check's stated need and unsettled first-touch units are asked on top.
+    #[test]
+    fn a_refill_asks_for_the_horizons_worth_of_the_recent_rate() {
+        let terms = terms(RedisRule::fixed_window);
+        assert_eq!(terms.max_lease, 62);
+        let lease = Lease::new(b"k");
+        assert_eq!(prepare(&terms, &lease, MS), Some((15, 15)), "62 / 4");
+        lease.need.store(40, Ordering::Relaxed);
+        assert_eq!(
+            prepare(&terms, &lease, MS),
+            Some((40, 15)),
+            "a check needs 40"
+        );
+        assert_eq!(relaxed(&lease.need), 0, "the need is taken");
+
+        // 20 units installed at 1 ms, 10 left at 11 ms: 1 unit a ms, 50 for the horizon.
+        lease.hot.word.deposit(10, false, 1_000);
+        {
+            let mut bg = lease.bg.lock();
+            bg.installed_at = MS;
+            bg.level_after = 20;
+        }
+        assert_eq!(prepare(&terms, &lease, 11 * MS), Some((40, 50)));
+        // 10 consumed in 20 ms: 0.5 a ms, averaged with the last rate: 0.75, 38 units.
+        assert_eq!(prepare(&terms, &lease, 21 * MS), Some((28, 38)));
+
+        // First-touch units the first grant must cover are asked on top.
+        let lease = Lease::new(b"k");
+        lease.hot.word.deposit(5, false, 1_000);
+        lease.bg.lock().provisional = 5;
+        assert_eq!(prepare(&terms, &lease, MS), Some((20, 15)));
+    }
+
+    /// A window grant: its units are the window's until (a thousandth before) its end, the
+    /// low-water mark is half the target, the figures are the window's after the grant, and a
+    /// short grant sets when to ask again (the window's end, for a fixed window) and backs off.
+    #[test]
+    fn a_window_grant_lasts_to_the_windows_end() {
+        let terms = terms(RedisRule::fixed_window);
+        let stats = Counters::default();
+        let lease = Lease::new(b"k");
+        let time = 7_000 * 1_000 * MS; // the server's clock: 200 ms into a window
+        let reply = Reply {
+            units: 15,
+            time: time + 200 * MS,
+            fact: 200 * MS,
+            prev: 0,
+            count: 15,
+        };
+        let charge = install(&terms, &lease, &reply, (0, 2 * MS), (15, 15), &stats);
+        assert_eq!(charge, None);
+        let life = 800 * MS - 800 * MS / 1024;
+        assert_eq!(lease.hot.word.load(), pack(15, now_ms(life)));
+        assert_eq!(relaxed(&stats.granted), 15);
+        assert_eq!(relaxed(&lease.hot.low_water), 7);
+        assert_eq!(relaxed(&lease.hot.lead), 0, "window units do not decay");
+        assert_eq!(relaxed(&lease.hot.view_left), 985);
+        assert_eq!(relaxed(&lease.hot.view_at), 2 * MS);
+        assert_eq!(relaxed(&lease.hot.view_full_at), 802 * MS);
+        assert_eq!(relaxed(&lease.retry_at), 0, "granted in full");
+        {
+            let bg = lease.bg.lock();
+            assert_eq!(bg.window_start, Some(time));
+            assert_eq!(bg.window_over, 802 * MS);
+            assert_eq!(
+                (bg.installed_at, bg.level_after, bg.slowest),
+                (2 * MS, 15, 2 * MS)
+            );
+        }
+
+        // The same window again, short of what was asked: the units add up, and the next ask
+        // waits for the window's end, the next refill for the horizon.
+        let short = Reply {
+            units: 5,
+            time: time + 300 * MS,
+            fact: 300 * MS,
+            count: 20,
+            ..reply
+        };
+        install(
+            &terms,
+            &lease,
+            &short,
+            (100 * MS, 101 * MS),
+            (15, 15),
+            &stats,
+        );
+        assert_eq!(units_of(lease.hot.word.load()), 20);
+        assert_eq!(relaxed(&lease.retry_at), 100 * MS + 700 * MS);
+        assert_eq!(lease.bg.lock().not_before, 150 * MS);
+        assert_eq!(relaxed(&stats.granted), 20);
+
+        // A new window voids what is left of the old one.
+        let next = Reply {
+            units: 3,
+            time: time + 1_100 * MS,
+            fact: 100 * MS,
+            count: 3,
+            ..reply
+        };
+        install(&terms, &lease, &next, (900 * MS, 901 * MS), (3, 15), &stats);
+        assert_eq!(units_of(lease.hot.word.load()), 3);
+        assert_eq!(lease.bg.lock().window_start, Some(time + 1_000 * MS));
+    }
+
+    /// GCRA grants: a grant's units live until the end of the bucket's debt plus the horizon
+    /// and one interval; a grant whose slots follow the word's extends it, one that does not
+    /// is parked until the word's units are spent (no refill is asked meanwhile).
+    #[test]
+    fn gcra_grants_extend_the_word_or_wait_parked() {
+        let terms = terms(RedisRule::gcra);
+        let Algo::Gcra { interval, span } = terms.algo else {
+            unreachable!()
+        };
+        assert_eq!(interval, MS);
+        let stats = Counters::default();
+        let lease = Lease::new(b"k");
+        let time = 7_000 * 1_000 * MS;
+        // 15 units from a full bucket: a debt of 15 ms after the grant.
+        let reply = Reply {
+            units: 15,
+            time,
+            fact: 15 * MS,
+            prev: 0,
+            count: 0,
+        };
+        install(&terms, &lease, &reply, (0, 2 * MS), (15, 15), &stats);
+        let life = |debt: u64| {
+            let life = debt + 50 * MS + interval;
+            life - life / 1024
+        };
+        assert_eq!(lease.hot.word.load(), pack(15, now_ms(life(15 * MS))));
+        assert_eq!(
+            relaxed(&lease.hot.lead),
+            50 * MS / 4,
+            "a quarter of the horizon"
+        );
+        assert_eq!(relaxed(&lease.hot.view_left), (span - 15 * MS) / interval);
+        assert_eq!(relaxed(&lease.hot.view_full_at), 2 * MS + 15 * MS);
+        assert_eq!(lease.bg.lock().grant_end, time + 15 * MS);
+
+        // 5 ms later on the server: 5 units refilled, 10 granted, whose slots follow the
+        // word's (the debt is 20 ms): one run of 25 units, the new deadline.
+        let follows = Reply {
+            units: 10,
+            time: time + 5 * MS,
+            fact: 20 * MS,
+            ..reply
+        };
+        install(&terms, &lease, &follows, (5 * MS, 7 * MS), (10, 15), &stats);
+        let word = lease.hot.word.load();
+        assert_eq!(units_of(word), 25);
+        assert_eq!(deadline_of(word), now_ms(5 * MS + life(20 * MS)));
+        assert_eq!(lease.bg.lock().parked, None);
+
+        // A grant whose slots do not follow (another node took some between): parked while
+        // the word holds units, and no refill is asked until a check takes it over.
+        let apart = Reply {
+            units: 4,
+            time: time + 10 * MS,
+            fact: 30 * MS,
+            ..reply
+        };
+        install(&terms, &lease, &apart, (10 * MS, 12 * MS), (4, 15), &stats);
+        assert_eq!(units_of(lease.hot.word.load()), 25, "the word is unchanged");
+        let deadline = now_ms(10 * MS + life(30 * MS));
+        assert_eq!(lease.bg.lock().parked, Some((4, deadline)));
+        assert_eq!(relaxed(&lease.hot.low_water), 0);
+        assert_eq!(relaxed(&lease.hot.lead), 0);
+        // The word spent, a check takes the parked grant over.
+        assert!(lease.hot.word.take(25, 12 * MS, interval).is_some());
+        assert!(lease.unpark(12 * MS, interval));
+        assert_eq!(lease.hot.word.load(), pack(4, deadline));
+        assert_eq!(relaxed(&stats.granted), 29);
+    }
+
+    /// The figures after a grant, by the decision rules at the server's time: what the state
+    /// could still grant, and when it is full again.
+    #[test]
+    fn the_figures_after_a_grant_are_the_rules_at_the_servers_time() {
+        let reply = |fact, prev, count| Reply {
+            units: 0,
+            time: 0,
+            fact,
+            prev,
+            count,
+        };
+        let gcra = terms(RedisRule::gcra);
+        assert_eq!(view(&gcra, &reply(0, 0, 0), 0), (1_000, None));
+        assert_eq!(view(&gcra, &reply(15 * MS, 0, 0), 5), (980, Some(20 * MS)));
+        let fixed = terms(RedisRule::fixed_window);
+        assert_eq!(view(&fixed, &reply(200 * MS, 0, 0), 0), (1_000, None));
+        assert_eq!(
+            view(&fixed, &reply(200 * MS, 0, 990), 20),
+            (0, Some(800 * MS))
+        );
+        let sliding = terms(RedisRule::sliding_window);
+        // 400 of the previous window weigh 400 · 3/4 at a quarter in: 1000 − 300 − 100.
+        assert_eq!(
+            view(&sliding, &reply(250 * MS, 400, 100), 0),
+            (600, Some(1_750 * MS))
+        );
+        assert_eq!(
+            view(&sliding, &reply(250 * MS, 400, 0), 0),
+            (700, Some(750 * MS))
+        );
+        assert_eq!(view(&sliding, &reply(250 * MS, 0, 0), 0), (1_000, None));
+        // Over the limit: nothing left, not a wrapped count. Part of a unit left rounds up
+        // (1,000 − 998 − 0.75).
+        assert_eq!(view(&sliding, &reply(0, 2_000, 0), 0).0, 0);
+        assert_eq!(view(&sliding, &reply(250 * MS, 1, 998), 0).0, 2);
+        assert_eq!(accrued(MS, 10 * MS, 15 * MS + 1), 5);
+        assert_eq!(accrued(MS, 15 * MS, 10 * MS), 0);
+    }
+}

@@ -70,3 +70,41 @@ impl Refill {
         self.0.load(Ordering::Acquire) != IDLE
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// One refill at a time; a finished one lets the next be claimed; a retired lease is never
+    /// claimed, finished or retired idle again, whatever state it was retired from.
+    #[test]
+    fn one_refill_at_a_time_and_none_once_retired() {
+        let refill = Refill::default();
+        assert!(!refill.in_flight());
+        assert!(refill.claim());
+        assert!(refill.in_flight());
+        assert!(!refill.claim(), "one in flight");
+        assert!(!refill.retire_idle(), "a refill is in flight");
+        assert!(refill.finish());
+        assert!(!refill.in_flight());
+        assert!(!refill.finish(), "none in flight");
+        assert!(refill.claim(), "the next one");
+
+        // Retired with a refill in flight: it finishes on a retired lease.
+        refill.retire();
+        assert!(!refill.finish());
+        assert!(
+            refill.in_flight(),
+            "retired reads as busy: no refill is queued"
+        );
+        assert!(!refill.claim());
+        assert!(!refill.retire_idle());
+
+        // Retired while idle.
+        let idle = Refill::default();
+        assert!(idle.retire_idle());
+        assert!(!idle.claim());
+        assert!(!idle.finish());
+        assert!(!idle.retire_idle(), "once");
+    }
+}

@@ -72,3 +72,44 @@ pub(super) fn seen_left(terms: &Terms, lease: &Lease, now: Nanos, window_over: N
         Algo::Fixed { .. } | Algo::Sliding { .. } => capacity,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::redis::lease::word::MS;
+    use crate::redis::RedisRule;
+    use crate::Quota;
+
+    /// What the policy starts a key from when Redis fails: what the last grant's reply left,
+    /// plus for GCRA the units that accrued since (at most the capacity); for a window, its
+    /// figure while the window lasts, then the capacity; the capacity for a key never granted.
+    #[test]
+    fn the_policy_starts_from_what_the_last_grant_left() {
+        for (rule, windowed) in [
+            (RedisRule::gcra as fn(Quota) -> _, false),
+            (RedisRule::fixed_window, true),
+            (RedisRule::sliding_window, true),
+        ] {
+            let terms = Terms::of(rule(Quota::per_second(1_000).unwrap()).unwrap());
+            let lease = Lease::new(b"k");
+            assert_eq!(
+                seen_left(&terms, &lease, 5 * MS, u64::MAX),
+                1_000,
+                "never granted"
+            );
+            lease.hot.view_left.store(100, Ordering::Relaxed);
+            lease.hot.view_at.store(10 * MS, Ordering::Relaxed);
+            let (soon, later) = (
+                seen_left(&terms, &lease, 15 * MS + 1, 20 * MS),
+                seen_left(&terms, &lease, 20 * MS, 20 * MS),
+            );
+            if windowed {
+                assert_eq!((soon, later), (100, 1_000), "the window is over at 20 ms");
+            } else {
+                assert_eq!((soon, later), (105, 110), "1 unit a ms");
+                let much_later = seen_left(&terms, &lease, 10_000 * MS, 0);
+                assert_eq!(much_later, 1_000, "at most the capacity");
+            }
+        }
+    }
+}
