@@ -105,6 +105,7 @@ mod tests {
     use crate::redis::RedisRule;
     use crate::Quota;
     use std::sync::atomic::Ordering;
+    use std::time::Duration;
 
     fn terms(rule: fn(Quota) -> Result<RedisRule, crate::QuotaError>) -> Terms {
         Terms::of(rule(Quota::per_second(1_000).unwrap()).unwrap())
@@ -123,15 +124,21 @@ mod tests {
         let none = first_lease(&gcra, b"k", 0, 10 * MS);
         assert_eq!((none.hot.word.load(), none.bg.lock().provisional), (0, 0));
 
-        // A window's units are void before its end, by the wall clock.
-        let fixed = terms(RedisRule::fixed_window);
-        let before = wall_nanos() / 1_000_000_000;
-        let lease = first_lease(&fixed, b"k", 5, 0);
-        let after = wall_nanos() / 1_000_000_000;
+        // A window's units are void a thousandth before its end, by the wall clock (an hour's
+        // window: a thousandth of what is left of it is seconds).
+        let hour = 3_600_000 * MS;
+        let fixed = Terms::of(
+            RedisRule::fixed_window(Quota::new(1, Duration::from_secs(3_600)).unwrap()).unwrap(),
+        );
+        let before = wall_nanos() / hour;
+        let lease = first_lease(&fixed, b"k", 5, 10 * MS);
+        let after = wall_nanos() / hour;
         let bg = lease.bg.lock();
         assert!((before..=after).contains(&bg.provisional_window));
-        let life = u64::from(deadline_of(lease.hot.word.load())) * MS;
-        assert!(life < 1_000 * MS, "{life}");
+        assert_eq!(bg.provisional_window, bg.provisional_at / hour);
+        let left = hour - bg.provisional_at % hour;
+        let deadline = now_ms(10 * MS + left - left / 1024);
+        assert_eq!(deadline_of(lease.hot.word.load()), deadline);
     }
 
     /// A grant covers the first-touch units it can: those spent beyond it are charged, those

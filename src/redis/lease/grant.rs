@@ -306,11 +306,21 @@ mod tests {
         // 10 consumed in 20 ms: 0.5 a ms, averaged with the last rate: 0.75, 38 units.
         assert_eq!(prepare(&terms, &lease, 21 * MS), Some((28, 38)));
 
+        // Asked again at the instant of the last install: no time to measure a rate in, the
+        // last one stands.
+        lease.bg.lock().installed_at = 21 * MS;
+        assert_eq!(prepare(&terms, &lease, 21 * MS), Some((28, 38)));
+
         // First-touch units the first grant must cover are asked on top.
         let lease = Lease::new(b"k");
         lease.hot.word.deposit(5, false, 1_000);
         lease.bg.lock().provisional = 5;
         assert_eq!(prepare(&terms, &lease, MS), Some((20, 15)));
+
+        // A parked grant's units are held.
+        let lease = Lease::new(b"k");
+        lease.bg.lock().parked = Some((10, 1_000));
+        assert_eq!(prepare(&terms, &lease, MS), Some((5, 15)));
     }
 
     /// A window grant: its units are the window's until (a thousandth before) its end, the
