@@ -270,7 +270,7 @@ mod tests {
 
     /// A thousand units a second; the default configuration: a 50 ms horizon, leases of at
     /// most capacity / 16 = 62 units, a 1 ms backoff.
-    fn terms(rule: fn(Quota) -> Result<RedisRule, crate::QuotaError>) -> Terms {
+    fn thousand_a_second(rule: fn(Quota) -> Result<RedisRule, crate::QuotaError>) -> Terms {
         Terms::of(rule(Quota::per_second(1_000).unwrap()).unwrap())
     }
 
@@ -283,7 +283,7 @@ mod tests {
     /// check's stated need and unsettled first-touch units are asked on top.
     #[test]
     fn a_refill_asks_for_the_horizons_worth_of_the_recent_rate() {
-        let terms = terms(RedisRule::fixed_window);
+        let terms = thousand_a_second(RedisRule::fixed_window);
         assert_eq!(terms.max_lease, 62);
         let lease = Lease::new(b"k");
         assert_eq!(prepare(&terms, &lease, MS), Some((15, 15)), "62 / 4");
@@ -321,6 +321,24 @@ mod tests {
         let lease = Lease::new(b"k");
         lease.bg.lock().parked = Some((10, 1_000));
         assert_eq!(prepare(&terms, &lease, MS), Some((5, 15)));
+
+        // Slow refills lengthen the horizon: four of the slowest, 80 ms at 0.5 units a ms.
+        let lease = Lease::new(b"k");
+        lease.hot.word.deposit(10, false, 1_000);
+        {
+            let mut bg = lease.bg.lock();
+            (bg.installed_at, bg.level_after, bg.slowest) = (MS, 20, 20 * MS);
+        }
+        assert_eq!(prepare(&terms, &lease, 21 * MS), Some((30, 40)));
+
+        // The word holds at most `MAX_LEASE`: a need beyond asks for the rest, a full word
+        // for nothing.
+        let lease = Lease::new(b"k");
+        lease.hot.word.deposit(MAX_LEASE - 5, false, 1_000);
+        lease.need.store(u64::MAX, Ordering::Relaxed);
+        assert_eq!(prepare(&terms, &lease, MS), Some((5, 15)));
+        lease.hot.word.deposit(5, true, 1_000);
+        assert_eq!(prepare(&terms, &lease, MS), None);
     }
 
     /// A window grant: its units are the window's until (a thousandth before) its end, the
@@ -328,7 +346,7 @@ mod tests {
     /// short grant sets when to ask again (the window's end, for a fixed window) and backs off.
     #[test]
     fn a_window_grant_lasts_to_the_windows_end() {
-        let terms = terms(RedisRule::fixed_window);
+        let terms = thousand_a_second(RedisRule::fixed_window);
         let stats = Counters::default();
         let lease = Lease::new(b"k");
         let time = 7_000 * 1_000 * MS; // the server's clock: 200 ms into a window
@@ -393,6 +411,21 @@ mod tests {
         install(&terms, &lease, &next, (900 * MS, 901 * MS), (3, 15), &stats);
         assert_eq!(units_of(lease.hot.word.load()), 3);
         assert_eq!(lease.bg.lock().window_start, Some(time + 1_000 * MS));
+
+        // A sliding estimate frees units continuously: a short grant asks again a 64th of the
+        // window later.
+        let sliding = thousand_a_second(RedisRule::sliding_window);
+        let lease = Lease::new(b"k");
+        install(
+            &sliding,
+            &lease,
+            &short,
+            (100 * MS, 101 * MS),
+            (15, 15),
+            &stats,
+        );
+        assert_eq!(relaxed(&lease.retry_at), 100 * MS + 1_000 * MS / 64);
+        assert_eq!(lease.bg.lock().not_before, 100 * MS + 1_000 * MS / 64);
     }
 
     /// GCRA grants: a grant's units live until the end of the bucket's debt plus the horizon
@@ -400,7 +433,7 @@ mod tests {
     /// is parked until the word's units are spent (no refill is asked meanwhile).
     #[test]
     fn gcra_grants_extend_the_word_or_wait_parked() {
-        let terms = terms(RedisRule::gcra);
+        let terms = thousand_a_second(RedisRule::gcra);
         let Algo::Gcra { interval, span } = terms.algo else {
             unreachable!()
         };
@@ -464,6 +497,30 @@ mod tests {
         assert!(lease.unpark(12 * MS, interval));
         assert_eq!(lease.hot.word.load(), pack(4, deadline));
         assert_eq!(relaxed(&stats.granted), 29);
+
+        // Short of what was asked, with the bucket empty after the grant: the next unit is
+        // due in one interval; the next refill waits until the units asked for are.
+        let lease = Lease::new(b"k");
+        let empty = Reply {
+            units: 5,
+            fact: span,
+            ..reply
+        };
+        install(&terms, &lease, &empty, (10 * MS, 12 * MS), (15, 15), &stats);
+        assert_eq!(relaxed(&lease.retry_at), 10 * MS + interval);
+        assert_eq!(lease.bg.lock().not_before, 10 * MS + 15 * interval);
+
+        // A second's interval: the thousandth taken off the life for drift is whole
+        // milliseconds (6.05 s of life, 5.9 ms off).
+        let slow = Terms::of(RedisRule::gcra(Quota::per_minute(60).unwrap()).unwrap());
+        let lease = Lease::new(b"k");
+        let debt = Reply {
+            fact: 5_000 * MS,
+            ..reply
+        };
+        install(&slow, &lease, &debt, (0, 2 * MS), (15, 15), &stats);
+        let life = 6_050 * MS;
+        assert_eq!(lease.hot.word.load(), pack(15, now_ms(life - life / 1024)));
     }
 
     /// The figures after a grant, by the decision rules at the server's time: what the state
@@ -477,16 +534,16 @@ mod tests {
             prev,
             count,
         };
-        let gcra = terms(RedisRule::gcra);
+        let gcra = thousand_a_second(RedisRule::gcra);
         assert_eq!(view(&gcra, &reply(0, 0, 0), 0), (1_000, None));
         assert_eq!(view(&gcra, &reply(15 * MS, 0, 0), 5), (980, Some(20 * MS)));
-        let fixed = terms(RedisRule::fixed_window);
+        let fixed = thousand_a_second(RedisRule::fixed_window);
         assert_eq!(view(&fixed, &reply(200 * MS, 0, 0), 0), (1_000, None));
         assert_eq!(
             view(&fixed, &reply(200 * MS, 0, 990), 20),
             (0, Some(800 * MS))
         );
-        let sliding = terms(RedisRule::sliding_window);
+        let sliding = thousand_a_second(RedisRule::sliding_window);
         // 400 of the previous window weigh 400 · 3/4 at a quarter in: 1000 − 300 − 100.
         assert_eq!(
             view(&sliding, &reply(250 * MS, 400, 100), 0),
