@@ -510,6 +510,14 @@ mod tests {
         assert_eq!(relaxed(&lease.retry_at), 10 * MS + interval);
         assert_eq!(lease.bg.lock().not_before, 10 * MS + 15 * interval);
 
+        // The first grant of a first-touch lease covers its units: the word's units are the
+        // grant's, so the rest of the grant extends the word rather than waiting parked.
+        let lease = crate::redis::lease::first_touch::first_lease(&terms, b"k", 5, 0);
+        let first = Reply { units: 8, ..reply };
+        install(&terms, &lease, &first, (0, 2 * MS), (13, 15), &stats);
+        assert_eq!(units_of(lease.hot.word.load()), 8);
+        assert_eq!(lease.bg.lock().parked, None);
+
         // A second's interval: the thousandth taken off the life for drift is whole
         // milliseconds (6.05 s of life, 5.9 ms off).
         let slow = Terms::of(RedisRule::gcra(Quota::per_minute(60).unwrap()).unwrap());
