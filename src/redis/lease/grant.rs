@@ -399,6 +399,8 @@ mod tests {
         assert_eq!(relaxed(&lease.retry_at), 100 * MS + 700 * MS);
         assert_eq!(lease.bg.lock().not_before, 150 * MS);
         assert_eq!(relaxed(&stats.granted), 20);
+        // A faster refill: the slowest is forgotten by an eighth.
+        assert_eq!(lease.bg.lock().slowest, 2 * MS - 2 * MS / 8);
 
         // A new window voids what is left of the old one.
         let next = Reply {
@@ -529,6 +531,113 @@ mod tests {
         install(&slow, &lease, &debt, (0, 2 * MS), (15, 15), &stats);
         let life = 6_050 * MS;
         assert_eq!(lease.hot.word.load(), pack(15, now_ms(life - life / 1024)));
+    }
+
+    /// The low-water mark covers two of the slowest refills at the recent rate, if that is
+    /// more than half the target.
+    #[test]
+    fn the_low_water_mark_covers_two_slow_refills() {
+        let terms = thousand_a_second(RedisRule::fixed_window);
+        let lease = Lease::new(b"k");
+        lease.bg.lock().rate = 1.0 / 131_072.0; // units a ns: 30.5 in two refills of 2 ms
+        let reply = Reply {
+            units: 40,
+            time: 200 * MS,
+            fact: 200 * MS,
+            prev: 0,
+            count: 40,
+        };
+        install(
+            &terms,
+            &lease,
+            &reply,
+            (0, 2 * MS),
+            (40, 40),
+            &Counters::default(),
+        );
+        assert_eq!(relaxed(&lease.hot.low_water), 30);
+    }
+
+    /// GCRA grants queue behind the word's units: a parked grant goes into an empty word
+    /// before a new grant that follows it; grants that follow the parked one join it (its
+    /// units, the new deadline), others share the earlier deadline; the level a refill
+    /// measures the rate from counts the word's units and the parked ones.
+    #[test]
+    fn gcra_grants_queue_behind_the_words_units() {
+        let terms = thousand_a_second(RedisRule::gcra);
+        let stats = Counters::default();
+        let far = 10_000; // ms
+        let grant = |units: u64, end: u64| Reply {
+            units,
+            time: 0,
+            fact: end,
+            prev: 0,
+            count: 0,
+        };
+
+        // An empty word, a parked grant ending at 15 ms: the new grant follows it.
+        let lease = Lease::new(b"k");
+        {
+            let mut bg = lease.bg.lock();
+            (bg.parked, bg.grant_end) = (Some((4, far)), 15 * MS);
+        }
+        install(
+            &terms,
+            &lease,
+            &grant(2, 17 * MS),
+            (10 * MS, 12 * MS),
+            (2, 15),
+            &stats,
+        );
+        assert_eq!(units_of(lease.hot.word.load()), 6);
+        assert_eq!(lease.bg.lock().parked, None);
+
+        // A word of 10 units and a parked grant of 4 ending at 15 ms.
+        let lease = Lease::new(b"k");
+        lease.hot.word.replace(10, far);
+        {
+            let mut bg = lease.bg.lock();
+            (bg.parked, bg.grant_end) = (Some((4, far)), 15 * MS);
+        }
+        // Nothing granted: the level is both.
+        install(
+            &terms,
+            &lease,
+            &grant(0, 30 * MS),
+            (0, 2 * MS),
+            (5, 15),
+            &stats,
+        );
+        assert_eq!(lease.bg.lock().level_after, 14);
+        // Following the parked grant: one run, the new deadline.
+        install(
+            &terms,
+            &lease,
+            &grant(2, 17 * MS),
+            (0, 2 * MS),
+            (5, 15),
+            &stats,
+        );
+        let life = 17 * MS + 50 * MS + MS;
+        let deadline = now_ms(life - life / 1024);
+        {
+            let bg = lease.bg.lock();
+            assert_eq!(bg.parked, Some((6, deadline)));
+            assert_eq!((bg.grant_end, bg.level_after), (17 * MS, 16));
+        }
+        // Not following: the earlier deadline, and no run to follow any more.
+        install(
+            &terms,
+            &lease,
+            &grant(3, 40 * MS),
+            (0, 2 * MS),
+            (5, 15),
+            &stats,
+        );
+        let bg = lease.bg.lock();
+        assert_eq!(bg.parked, Some((9, deadline)));
+        assert_eq!((bg.grant_end, bg.level_after), (0, 19));
+        assert_eq!(units_of(lease.hot.word.load()), 10, "the word is unchanged");
     }
 
     /// The figures after a grant, by the decision rules at the server's time: what the state
