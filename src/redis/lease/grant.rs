@@ -585,12 +585,15 @@ mod tests {
             &terms,
             &lease,
             &grant(2, 17 * MS),
-            (10 * MS, 12 * MS),
+            (2 * MS, 12 * MS),
             (2, 15),
             &stats,
         );
         assert_eq!(units_of(lease.hot.word.load()), 6);
         assert_eq!(lease.bg.lock().parked, None);
+        // A refill of 10 ms: the next is asked two of them before the word expires (more
+        // than a quarter of the horizon).
+        assert_eq!(relaxed(&lease.hot.lead), 20 * MS);
 
         // A word of 10 units and a parked grant of 4 ending at 15 ms.
         let lease = Lease::new(b"k");
