@@ -520,6 +520,15 @@ mod tests {
         assert_eq!(units_of(lease.hot.word.load()), 8);
         assert_eq!(lease.bg.lock().parked, None);
 
+        // All 5 spent and 2 granted: 3 are charged, and the figures count them.
+        let lease = crate::redis::lease::first_touch::first_lease(&terms, b"k", 5, 0);
+        lease.hot.word.take(5, 0, interval);
+        let first = Reply { units: 2, ..reply };
+        let charge = install(&terms, &lease, &first, (0, 2 * MS), (7, 15), &stats);
+        assert_eq!(charge, Some((UnitOp::Charge { at: None }, 3)));
+        let left = (span - 15 * MS) / interval - 3;
+        assert_eq!(relaxed(&lease.hot.view_left), left);
+
         // A second's interval: the thousandth taken off the life for drift is whole
         // milliseconds (6.05 s of life, 5.9 ms off).
         let slow = Terms::of(RedisRule::gcra(Quota::per_minute(60).unwrap()).unwrap());
