@@ -390,6 +390,14 @@ impl Terms {
             config,
         }
     }
+
+    /// The terms of `rule` at a thousand units a second: a 50 ms horizon, leases of at most
+    /// capacity / 16 = 62 units, a 1 ms backoff.
+    pub fn thousand_a_second(
+        rule: fn(crate::Quota) -> Result<RedisRule, crate::QuotaError>,
+    ) -> Terms {
+        Terms::of(rule(crate::Quota::per_second(1_000).unwrap()).unwrap())
+    }
 }
 
 #[cfg(test)]

@@ -107,15 +107,11 @@ mod tests {
     use std::sync::atomic::Ordering;
     use std::time::Duration;
 
-    fn terms(rule: fn(Quota) -> Result<RedisRule, crate::QuotaError>) -> Terms {
-        Terms::of(rule(Quota::per_second(1_000).unwrap()).unwrap())
-    }
-
     /// A GCRA first-touch lease lasts as a grant of its units from a full bucket would: one
     /// interval a unit, one more, and the horizon. None is made while Redis does not answer.
     #[test]
     fn a_first_lease_lasts_as_a_grant_of_its_units_would() {
-        let gcra = terms(RedisRule::gcra);
+        let gcra = Terms::thousand_a_second(RedisRule::gcra);
         let lease = first_lease(&gcra, b"k", 5, 10 * MS);
         let word = lease.hot.word.load();
         assert_eq!(units_of(word), 5);
@@ -146,7 +142,7 @@ mod tests {
     /// then names when they were spent.
     #[test]
     fn a_grant_covers_the_first_touch_units_and_the_rest_are_charged_or_taken_back() {
-        let gcra = terms(RedisRule::gcra);
+        let gcra = Terms::thousand_a_second(RedisRule::gcra);
         let decay = gcra.decay();
         // 5 provisional units, 2 spent: a grant of 8 covers all 5, 3 of it are new.
         let stats = Counters::default();
@@ -173,7 +169,7 @@ mod tests {
 
         // A window: a grant decided in the units' window covers them; one of a later window
         // covers none, and the 2 spent are charged at the time they were spent.
-        let fixed = terms(RedisRule::fixed_window);
+        let fixed = Terms::thousand_a_second(RedisRule::fixed_window);
         let window = 1_000 * MS;
         for later in [false, true] {
             let stats = Counters::default();

@@ -264,14 +264,14 @@ pub(super) fn accrued(interval: u64, since: Nanos, now: Nanos) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::redis::lease::first_touch::first_lease;
     use crate::redis::lease::word::{deadline_of, pack, units_of, MS};
     use crate::redis::RedisRule;
     use crate::Quota;
 
-    /// A thousand units a second; the default configuration: a 50 ms horizon, leases of at
-    /// most capacity / 16 = 62 units, a 1 ms backoff.
-    fn thousand_a_second(rule: fn(Quota) -> Result<RedisRule, crate::QuotaError>) -> Terms {
-        Terms::of(rule(Quota::per_second(1_000).unwrap()).unwrap())
+    /// A lease's life less the thousandth kept for clock drift.
+    fn less_drift(life: u64) -> u64 {
+        life - life / 1024
     }
 
     fn relaxed(atomic: &std::sync::atomic::AtomicU64) -> u64 {
@@ -283,7 +283,7 @@ mod tests {
     /// check's stated need and unsettled first-touch units are asked on top.
     #[test]
     fn a_refill_asks_for_the_horizons_worth_of_the_recent_rate() {
-        let terms = thousand_a_second(RedisRule::fixed_window);
+        let terms = Terms::thousand_a_second(RedisRule::fixed_window);
         assert_eq!(terms.max_lease, 62);
         let lease = Lease::new(b"k");
         assert_eq!(prepare(&terms, &lease, MS), Some((15, 15)), "62 / 4");
@@ -346,7 +346,7 @@ mod tests {
     /// short grant sets when to ask again (the window's end, for a fixed window) and backs off.
     #[test]
     fn a_window_grant_lasts_to_the_windows_end() {
-        let terms = thousand_a_second(RedisRule::fixed_window);
+        let terms = Terms::thousand_a_second(RedisRule::fixed_window);
         let stats = Counters::default();
         let lease = Lease::new(b"k");
         let time = 7_000 * 1_000 * MS; // the server's clock: 200 ms into a window
@@ -359,7 +359,7 @@ mod tests {
         };
         let charge = install(&terms, &lease, &reply, (0, 2 * MS), (15, 15), &stats);
         assert_eq!(charge, None);
-        let life = 800 * MS - 800 * MS / 1024;
+        let life = less_drift(800 * MS);
         assert_eq!(lease.hot.word.load(), pack(15, now_ms(life)));
         assert_eq!(relaxed(&stats.granted), 15);
         assert_eq!(relaxed(&lease.hot.low_water), 7);
@@ -416,7 +416,7 @@ mod tests {
 
         // A sliding estimate frees units continuously: a short grant asks again a 64th of the
         // window later.
-        let sliding = thousand_a_second(RedisRule::sliding_window);
+        let sliding = Terms::thousand_a_second(RedisRule::sliding_window);
         let lease = Lease::new(b"k");
         install(
             &sliding,
@@ -435,7 +435,7 @@ mod tests {
     /// is parked until the word's units are spent (no refill is asked meanwhile).
     #[test]
     fn gcra_grants_extend_the_word_or_wait_parked() {
-        let terms = thousand_a_second(RedisRule::gcra);
+        let terms = Terms::thousand_a_second(RedisRule::gcra);
         let Algo::Gcra { interval, span } = terms.algo else {
             unreachable!()
         };
@@ -452,10 +452,7 @@ mod tests {
             count: 0,
         };
         install(&terms, &lease, &reply, (0, 2 * MS), (15, 15), &stats);
-        let life = |debt: u64| {
-            let life = debt + 50 * MS + interval;
-            life - life / 1024
-        };
+        let life = |debt: u64| less_drift(debt + 50 * MS + interval);
         assert_eq!(lease.hot.word.load(), pack(15, now_ms(life(15 * MS))));
         assert_eq!(
             relaxed(&lease.hot.lead),
@@ -514,14 +511,14 @@ mod tests {
 
         // The first grant of a first-touch lease covers its units: the word's units are the
         // grant's, so the rest of the grant extends the word rather than waiting parked.
-        let lease = crate::redis::lease::first_touch::first_lease(&terms, b"k", 5, 0);
+        let lease = first_lease(&terms, b"k", 5, 0);
         let first = Reply { units: 8, ..reply };
         install(&terms, &lease, &first, (0, 2 * MS), (13, 15), &stats);
         assert_eq!(units_of(lease.hot.word.load()), 8);
         assert_eq!(lease.bg.lock().parked, None);
 
         // All 5 spent and 2 granted: 3 are charged, and the figures count them.
-        let lease = crate::redis::lease::first_touch::first_lease(&terms, b"k", 5, 0);
+        let lease = first_lease(&terms, b"k", 5, 0);
         lease.hot.word.take(5, 0, interval);
         let first = Reply { units: 2, ..reply };
         let charge = install(&terms, &lease, &first, (0, 2 * MS), (7, 15), &stats);
@@ -538,15 +535,15 @@ mod tests {
             ..reply
         };
         install(&slow, &lease, &debt, (0, 2 * MS), (15, 15), &stats);
-        let life = 6_050 * MS;
-        assert_eq!(lease.hot.word.load(), pack(15, now_ms(life - life / 1024)));
+        let life = less_drift(6_050 * MS);
+        assert_eq!(lease.hot.word.load(), pack(15, now_ms(life)));
     }
 
     /// The low-water mark covers two of the slowest refills at the recent rate, if that is
     /// more than half the target.
     #[test]
     fn the_low_water_mark_covers_two_slow_refills() {
-        let terms = thousand_a_second(RedisRule::fixed_window);
+        let terms = Terms::thousand_a_second(RedisRule::fixed_window);
         let lease = Lease::new(b"k");
         lease.bg.lock().rate = 1.0 / 131_072.0; // units a ns: 30.5 in two refills of 2 ms
         let reply = Reply {
@@ -573,7 +570,7 @@ mod tests {
     /// measures the rate from counts the word's units and the parked ones.
     #[test]
     fn gcra_grants_queue_behind_the_words_units() {
-        let terms = thousand_a_second(RedisRule::gcra);
+        let terms = Terms::thousand_a_second(RedisRule::gcra);
         let stats = Counters::default();
         let far = 10_000; // ms
         let grant = |units: u64, end: u64| Reply {
@@ -630,8 +627,7 @@ mod tests {
             (5, 15),
             &stats,
         );
-        let life = 17 * MS + 50 * MS + MS;
-        let deadline = now_ms(life - life / 1024);
+        let deadline = now_ms(less_drift(17 * MS + 50 * MS + MS));
         {
             let bg = lease.bg.lock();
             assert_eq!(bg.parked, Some((6, deadline)));
@@ -663,16 +659,16 @@ mod tests {
             prev,
             count,
         };
-        let gcra = thousand_a_second(RedisRule::gcra);
+        let gcra = Terms::thousand_a_second(RedisRule::gcra);
         assert_eq!(view(&gcra, &reply(0, 0, 0), 0), (1_000, None));
         assert_eq!(view(&gcra, &reply(15 * MS, 0, 0), 5), (980, Some(20 * MS)));
-        let fixed = thousand_a_second(RedisRule::fixed_window);
+        let fixed = Terms::thousand_a_second(RedisRule::fixed_window);
         assert_eq!(view(&fixed, &reply(200 * MS, 0, 0), 0), (1_000, None));
         assert_eq!(
             view(&fixed, &reply(200 * MS, 0, 990), 20),
             (0, Some(800 * MS))
         );
-        let sliding = thousand_a_second(RedisRule::sliding_window);
+        let sliding = Terms::thousand_a_second(RedisRule::sliding_window);
         // 400 of the previous window weigh 400 · 3/4 at a quarter in: 1000 − 300 − 100.
         assert_eq!(
             view(&sliding, &reply(250 * MS, 400, 100), 0),

@@ -90,7 +90,7 @@ mod tests {
             (RedisRule::fixed_window, true),
             (RedisRule::sliding_window, true),
         ] {
-            let terms = Terms::of(rule(Quota::per_second(1_000).unwrap()).unwrap());
+            let terms = Terms::thousand_a_second(rule);
             let lease = Lease::new(b"k");
             assert_eq!(
                 seen_left(&terms, &lease, 5 * MS, u64::MAX),
