@@ -75,3 +75,26 @@ impl Route {
             .is_ok()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn one_handover_then_the_policy_then_back_to_the_leases() {
+        let route = Route::default();
+        assert_eq!(route.way(), Way::Leases);
+        assert!(!route.back(), "no way back before a handover");
+        assert!(route.begin(), "the first caller is elected");
+        assert_eq!(route.way(), Way::Handing);
+        assert!(!route.begin(), "one caller runs the handover");
+        assert!(!route.back(), "a running handover finishes first");
+        route.finish();
+        assert_eq!(route.way(), Way::Policy);
+        assert!(!route.begin(), "not while the policy decides");
+        assert!(route.back(), "the breaker closed");
+        assert_eq!(route.way(), Way::Leases);
+        assert!(!route.back());
+        assert!(route.begin(), "the next outage hands over again");
+    }
+}
