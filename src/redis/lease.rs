@@ -50,6 +50,7 @@ mod grant;
 mod refill;
 mod route;
 mod scheduler;
+mod sweep;
 mod takeover;
 mod word;
 

@@ -1,9 +1,8 @@
-//! The refill scheduler: one node's leases, the queue of refills asked for, and the two
-//! background tasks: the refill task (every refill asked for since its last batch, in one
-//! script call per Cluster slot) and the sweeper (units of idle keys and expired window leases
-//! go back to Redis).
+//! The refill scheduler: one node's leases, the queue of refills asked for, and the refill
+//! task (every refill asked for since its last batch, in one script call per Cluster slot).
+//! The node's other task, the sweeper, is in `sweep.rs`.
 
-use std::sync::{Arc, Weak};
+use std::sync::Arc;
 use std::time::Duration;
 
 use dashmap::DashMap;
@@ -14,7 +13,8 @@ use super::config::{Counters, Terms};
 use super::first_touch::void_provisional;
 use super::grant::{install, prepare};
 use super::route::Route;
-use super::word::{deadline_of, expired, now_ms, units_of, usable};
+use super::sweep::sweep;
+use super::word::{now_ms, units_of, usable};
 use crate::clock::{Clock, Nanos, QuantaClock};
 use crate::redis::error::TierError;
 use crate::redis::exact::{new_token, RedisConnection, RedisLimiter, Reply, UnitOp, Units};
@@ -179,7 +179,7 @@ impl<C: RedisConnection> Node<C> {
                 // Retired while the grant was in flight: whatever it brought goes back, and
                 // the lease is never refilled again.
                 lease.refill.retire();
-                let (units, since) = self.take_all(&lease);
+                let (units, since) = take_all(&self.terms, &lease, &self.clock);
                 returns.push((lease, units, since));
             }
         }
@@ -248,33 +248,10 @@ impl<C: RedisConnection> Node<C> {
     pub fn retire(&self, lease: Arc<Lease>) -> Return {
         // A check that still holds the lease finds it empty, and never refilled.
         lease.refill.retire();
-        let (units, since) = self.take_all(&lease);
+        let (units, since) = take_all(&self.terms, &lease, &self.clock);
         self.leases
             .remove_if(&lease.key, |_, v| Arc::ptr_eq(v, &lease));
         (lease, units, since)
-    }
-
-    /// Empties `lease`: the units to give back and what the return needs to place them (the
-    /// server time of their window's last grant; for GCRA, their grant's TAT), read together
-    /// under the lock that installs grants.
-    fn take_all(&self, lease: &Lease) -> (u64, u64) {
-        let mut bg = lease.bg.lock();
-        let now = self.clock.now();
-        let decay = self.terms.decay();
-        let parked = bg.parked_units(now, decay);
-        let word = lease.hot.word.empty(now_ms(now));
-        if self.terms.window().is_some() {
-            // Expired or not: the script takes back what the state still counts of the
-            // grant's window (a sliding window's `prev` does). First-touch units were never
-            // granted: nothing of them goes back.
-            return (units_of(word).saturating_sub(bg.provisional), bg.grant_time);
-        }
-        let held = usable(word, now, decay).saturating_sub(bg.provisional);
-        // GCRA: only the latest grant's units can go back; a parked one's, if any (the
-        // word's are then void).
-        let had_parked = bg.parked.take().is_some();
-        let units = if had_parked { parked } else { held };
-        (units, std::mem::take(&mut bg.grant_end))
     }
 
     /// Returns `(lease, units, since)`: `units` of `lease`, granted in the window of server
@@ -327,68 +304,80 @@ async fn refills<C: RedisConnection>(node: Arc<Node<C>>) {
     }
 }
 
-/// The background task: returns the units of idle keys and of expired sliding-window leases.
-async fn sweep<C: RedisConnection>(node: Weak<Node<C>>) {
-    loop {
-        let period = match node.upgrade() {
-            // Often enough to notice idle keys within a quarter of the timeout, and expired
-            // window leases within a quarter of a window.
-            Some(node) => {
-                let config = node.terms.config;
-                let window = node.terms.window().unwrap_or(u64::MAX);
-                (config.idle_timeout / 4)
-                    .min(config.max_age / 2)
-                    .min(Duration::from_nanos(window / 4))
-                    .max(Duration::from_millis(5))
-            }
-            None => return,
-        };
-        tokio::time::sleep(period).await;
-        let Some(node) = node.upgrade() else {
-            return;
-        };
-        let now = node.clock.now();
-        let idle = Terms::nanos(node.terms.config.idle_timeout);
-        let mut idle_leases = Vec::new();
-        let mut returns = Vec::new();
-        for entry in node.leases.iter() {
-            let lease = entry.value();
-            if lease.refill.in_flight() {
-                continue;
-            }
-            let word = lease.hot.word.load();
-            let mut bg = lease.bg.lock();
-            if word != bg.last_word || bg.still_since == 0 {
-                bg.last_word = word;
-                bg.still_since = now;
-            } else if now - bg.still_since >= idle {
-                idle_leases.push(lease.clone());
-                continue;
-            }
-            if units_of(word) > 0
-                && expired(now_ms(now), deadline_of(word))
-                && lease.hot.word.expire(word)
-            {
-                bg.last_word = lease.hot.word.load();
-                // A fixed window that is over has forgotten its count, and the bucket refilled
-                // an expired GCRA lease's units: nothing to return.
-                let over = match node.terms.algo {
-                    crate::redis::exact::Algo::Fixed { .. } => now >= bg.window_over,
-                    crate::redis::exact::Algo::Gcra { .. } => true,
-                    crate::redis::exact::Algo::Sliding { .. } => false,
-                };
-                if !over {
-                    returns.push((lease.clone(), units_of(word), bg.grant_time));
-                }
-            }
+/// Empties `lease`: the units to give back and what the return needs to place them (the
+/// server time of their window's last grant; for GCRA, their grant's TAT), read together
+/// under the lock that installs grants (the clock too, so that no install comes between).
+fn take_all(terms: &Terms, lease: &Lease, clock: &impl Clock) -> (u64, u64) {
+    let mut bg = lease.bg.lock();
+    let now = clock.now();
+    let decay = terms.decay();
+    let parked = bg.parked_units(now, decay);
+    let word = lease.hot.word.empty(now_ms(now));
+    if terms.window().is_some() {
+        // Expired or not: the script takes back what the state still counts of the grant's
+        // window (a sliding window's `prev` does). First-touch units were never granted:
+        // nothing of them goes back.
+        return (units_of(word).saturating_sub(bg.provisional), bg.grant_time);
+    }
+    let held = usable(word, now, decay).saturating_sub(bg.provisional);
+    // GCRA: only the latest grant's units can go back; a parked one's, if any (the word's are
+    // then void).
+    let had_parked = bg.parked.take().is_some();
+    let units = if had_parked { parked } else { held };
+    (units, std::mem::take(&mut bg.grant_end))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::clock::ManualClock;
+    use crate::redis::lease::word::MS;
+    use crate::redis::RedisRule;
+
+    /// A lease with 10 units until 100 ms, 3 of them first-touch units, its last grant at
+    /// server time 42 (a window's start) ending at 99 (a GCRA grant's TAT).
+    fn granted() -> Lease {
+        let lease = Lease::new(b"k");
+        lease.hot.word.deposit(10, false, 100);
+        let mut bg = lease.bg.lock();
+        (bg.provisional, bg.grant_time, bg.grant_end) = (3, 42, 99);
+        drop(bg);
+        lease
+    }
+
+    /// What goes back of a lease: its granted units (not the first-touch ones), with the
+    /// window's grant time, or for GCRA the units still usable and the grant's TAT, or a
+    /// parked grant's units in place of the word's; the lease is left empty.
+    #[test]
+    fn a_lease_gives_back_its_granted_units_once() {
+        let clock = ManualClock::new();
+        clock.set(95 * MS);
+        for rule in [RedisRule::fixed_window, RedisRule::sliding_window] {
+            let (terms, lease) = (Terms::thousand_a_second(rule), granted());
+            assert_eq!(
+                take_all(&terms, &lease, &clock),
+                (7, 42),
+                "{:?}",
+                terms.algo
+            );
+            assert_eq!(units_of(lease.hot.word.load()), 0);
         }
-        // All returns in one batch: a script call per Cluster slot.
-        for lease in idle_leases {
-            if lease.refill.retire_idle() {
-                returns.push(node.retire(lease));
-            }
-        }
-        node.give_back(&returns).await;
-        drop(node);
+
+        let gcra = Terms::thousand_a_second(RedisRule::gcra);
+        let lease = granted();
+        // 5 ms left at 1 ms a unit: 5 usable, less the 3 first-touch ones.
+        assert_eq!(take_all(&gcra, &lease, &clock), (2, 99));
+        assert_eq!(units_of(lease.hot.word.load()), 0);
+        assert_eq!(take_all(&gcra, &lease, &clock), (0, 0), "once");
+
+        let lease = granted();
+        lease.bg.lock().parked = Some((4, 200));
+        assert_eq!(
+            take_all(&gcra, &lease, &clock),
+            (4, 99),
+            "the parked grant's"
+        );
+        assert_eq!(lease.bg.lock().parked, None);
+        assert_eq!(units_of(lease.hot.word.load()), 0);
     }
 }
