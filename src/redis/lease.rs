@@ -621,3 +621,49 @@ fn reroute<C: RedisConnection>(node: &Node<C>, way: Way, open: bool) {
         _ => {}
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn lease(view_left: u64, view_at: Nanos, full_at: Nanos) -> Lease {
+        let lease = Lease::new(b"k");
+        lease.hot.view_left.store(view_left, Ordering::Relaxed);
+        lease.hot.view_at.store(view_at, Ordering::Relaxed);
+        lease.hot.view_full_at.store(full_at, Ordering::Relaxed);
+        lease
+    }
+
+    fn admitted(remaining: u64, reset_after: Nanos) -> Decision {
+        Decision {
+            allowed: true.into(),
+            limit: 1_000,
+            retry_after: 0,
+            reset_after,
+            delay: 0,
+            remaining: Remaining::Exact(remaining),
+        }
+    }
+
+    /// A check spent from a lease reports the lease's units left plus what the global state
+    /// could still grant as of the last grant (for GCRA, plus a unit a `T` since), at most the
+    /// capacity, and the time until the state is full.
+    #[test]
+    fn an_admission_from_a_lease_reports_the_global_figures_as_last_seen() {
+        let gcra = Terms::thousand_a_second(RedisRule::gcra);
+        let fixed = Terms::thousand_a_second(RedisRule::fixed_window);
+        let (seen, now) = (lease(100, 10 * MS, 500 * MS), 30 * MS);
+        // 20 ms at 1 ms a unit.
+        assert_eq!(allowed(&gcra, Some(&seen), 5, now), admitted(125, 470 * MS));
+        assert_eq!(
+            allowed(&fixed, Some(&seen), 5, now),
+            admitted(105, 470 * MS)
+        );
+        let ungranted = lease(100, 0, 0);
+        assert_eq!(allowed(&gcra, Some(&ungranted), 5, now), admitted(105, 0));
+        let full = lease(990, 10 * MS, 0);
+        assert_eq!(allowed(&gcra, Some(&full), 5, now), admitted(1_000, 0));
+        assert_eq!(allowed(&gcra, None, 5, now), admitted(5, 0));
+        assert_eq!(allowed(&gcra, Some(&seen), 5, 600 * MS), admitted(695, 0));
+    }
+}
