@@ -176,6 +176,9 @@ fn counts_match_a_model_over_random_operations() {
                 let idle = model.values().filter(|&&held| held == 0).count();
                 assert!(limit.evict_idle() <= idle + 8, "step {step}");
                 model.retain(|_, held| *held > 0);
+                // Every key left holds units.
+                assert_eq!(limit.len(), model.len(), "step {step}");
+                assert_eq!(limit.is_empty(), model.is_empty(), "step {step}");
             }
         }
         for (key, held) in &model {
