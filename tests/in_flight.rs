@@ -142,6 +142,8 @@ fn the_shared_overflow_count_is_released_where_it_was_taken() {
 fn counts_match_a_model_over_random_operations() {
     const N: u64 = 5;
     let limit = InFlight::<u32>::new(N).unwrap();
+    assert_eq!(limit.max(), N);
+    assert_eq!(format!("{limit:?}"), "InFlight { max: 5, .. }");
     let mut model: HashMap<u32, u64> = HashMap::new();
     let mut permits = Vec::new();
     let mut state = 0x2545_F491_4F6C_DD1Du64;
