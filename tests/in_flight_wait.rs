@@ -346,6 +346,9 @@ fn waiters_giving_up_under_contention_lose_no_unit() {
                             }
                             None => {
                                 gave_up.fetch_add(1, Ordering::Relaxed);
+                                // Back to the scheduler, as a waiter that gave up does: a
+                                // loop that never yields would keep the timer from firing.
+                                tokio::task::yield_now().await;
                             }
                         }
                     }
