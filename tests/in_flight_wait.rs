@@ -173,6 +173,35 @@ async fn a_waiter_served_then_dropped_unpolled_hands_its_units_on() {
     ));
 }
 
+/// An owned permit waits as a borrowed one does, and moves into a spawned task, which gives
+/// its units back when it ends.
+#[tokio::test(start_paused = true)]
+async fn an_owned_waiter_is_served_and_its_task_gives_the_units_back() {
+    let limit = Arc::new(InFlight::<u64>::new(3).unwrap());
+    let held = limit.try_acquire_n(&4, 3).unwrap().unwrap();
+    let one = tokio::spawn({
+        let limit = Arc::clone(&limit);
+        async move {
+            let permit = limit.acquire_owned(&4, LONG).await.unwrap().unwrap();
+            assert_eq!(permit.cost(), 1);
+        }
+    });
+    let two = tokio::spawn({
+        let limit = Arc::clone(&limit);
+        async move { limit.acquire_n_owned(&4, 2, LONG).await.unwrap() }
+    });
+    tokio::task::yield_now().await;
+    drop(held);
+    one.await.unwrap();
+    let permit = two
+        .await
+        .unwrap()
+        .expect("served when the three units came back");
+    assert_eq!((permit.cost(), limit.in_flight(&4)), (2, 2));
+    drop(permit);
+    assert_eq!(limit.in_flight(&4), 0);
+}
+
 #[tokio::test(start_paused = true)]
 async fn errors_and_keys_without_a_place_of_their_own_answer_at_once() {
     let limit = InFlight::<u64>::new(2).unwrap();
