@@ -337,6 +337,52 @@ fn a_key_that_panics_in_the_queue_leaves_nothing_behind() {
     );
 }
 
+/// A queue that a panic in its key's `Hash` left empty as its last waiter gave up is no
+/// queue: the next waiter still reserves first, which marks the key, so that a newcomer does
+/// not take the units that waiter is owed.
+#[test]
+fn a_queue_a_panic_left_empty_still_marks_the_key_for_its_next_waiter() {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .start_paused(true)
+        .build()
+        .unwrap();
+    for nth in 1..=20 {
+        let calls = Arc::new([AtomicU64::new(0), AtomicU64::new(0)]);
+        let fragile = |panic_at| Fragile {
+            id: 7,
+            calls: Arc::clone(&calls),
+            panic_at,
+        };
+        let key = fragile([u64::MAX; 2]);
+        let limit = InFlight::<Fragile>::new(3).unwrap();
+        let held = limit.try_acquire_n(&key, 2).unwrap().unwrap();
+        let mut panic_at = [u64::MAX; 2];
+        panic_at[HASH] = calls[HASH].load(Ordering::SeqCst) + nth;
+        let doomed = fragile(panic_at);
+        let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            runtime.block_on(async {
+                tokio::time::timeout(Duration::from_millis(1), limit.acquire_n(&doomed, 2, LONG))
+                    .await
+            })
+        }));
+        // One unit is free; a waiter for two queues, and a newcomer for one is refused.
+        let _runtime = runtime.enter();
+        let (_, waker) = counting();
+        let mut waiter = Box::pin(limit.acquire_n(&key, 2, LONG));
+        assert!(poll_once(waiter.as_mut(), &waker).is_pending(), "nth {nth}");
+        assert!(
+            limit.try_acquire(&key).unwrap().is_none(),
+            "nth {nth}: the free unit is the waiter's"
+        );
+        drop(held);
+        assert!(
+            matches!(poll_once(waiter.as_mut(), &waker), Poll::Ready(Ok(Some(_)))),
+            "nth {nth}: served"
+        );
+    }
+}
+
 /// Tasks on two worker threads oversubscribe one key, each waiting with a short bound, many
 /// giving up: never more than `N` held, every waiter served or timed out, nothing lost.
 #[test]
