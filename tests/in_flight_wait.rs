@@ -202,6 +202,37 @@ async fn an_owned_waiter_is_served_and_its_task_gives_the_units_back() {
     assert_eq!(limit.in_flight(&4), 0);
 }
 
+/// A waiter polled again with another waker is woken through the latest one; a head that
+/// gives up with units free lets the waiters behind it take them at once.
+#[tokio::test(start_paused = true)]
+async fn the_latest_waker_is_woken_and_a_head_giving_up_serves_the_rest() {
+    let limit = InFlight::<u64>::new(4).unwrap();
+    let held = limit.try_acquire_n(&1, 3).unwrap().unwrap();
+    let (wakes_old, waker_old) = counting();
+    let (wakes_new, waker_new) = counting();
+    let mut head = Box::pin(limit.acquire_n(&1, 3, LONG));
+    let mut next = pin!(limit.acquire_n(&1, 1, LONG));
+    assert!(poll_once(head.as_mut(), &waker_old).is_pending());
+    assert!(poll_once(next.as_mut(), &waker_old).is_pending());
+    assert!(poll_once(next.as_mut(), &waker_new).is_pending(), "moved");
+
+    // The unit free is the head's turn; it gives up: the next takes it.
+    drop(head);
+    assert_eq!(
+        (
+            wakes_old.0.load(Ordering::SeqCst),
+            wakes_new.0.load(Ordering::SeqCst)
+        ),
+        (0, 1)
+    );
+    let Poll::Ready(Ok(Some(permit))) = poll_once(next.as_mut(), &waker_new) else {
+        panic!("next served when the head gave up")
+    };
+    assert_eq!(limit.in_flight(&1), 4);
+    drop((permit, held));
+    assert_eq!(limit.in_flight(&1), 0);
+}
+
 #[tokio::test(start_paused = true)]
 async fn errors_and_keys_without_a_place_of_their_own_answer_at_once() {
     let limit = InFlight::<u64>::new(2).unwrap();
