@@ -1,8 +1,9 @@
-//! The refill scheduler: one node's leases, the queue of refills asked for, and the refill
-//! task (every refill asked for since its last batch, in one script call per Cluster slot).
-//! The node's other task, the sweeper, is in `sweep.rs`.
+//! The refill scheduler: one node's leases, the queue of refills asked for, and the two
+//! background tasks: the refill task (every refill asked for since its last batch, in one
+//! script call per Cluster slot) and the sweeper (units of idle keys and expired window leases
+//! go back to Redis; what it decides is `sweep.rs`).
 
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use dashmap::DashMap;
@@ -13,7 +14,7 @@ use super::config::{Counters, Terms};
 use super::first_touch::void_provisional;
 use super::grant::{install, prepare};
 use super::route::Route;
-use super::sweep::sweep;
+use super::sweep::{period, visit, Swept};
 use super::word::{now_ms, units_of, usable};
 use crate::clock::{Clock, Nanos, QuantaClock};
 use crate::redis::error::TierError;
@@ -301,6 +302,38 @@ async fn refills<C: RedisConnection>(node: Arc<Node<C>>) {
             }
             node.refill_batch(batch).await;
         }
+    }
+}
+
+/// The sweeper: every [`period`], sweeps the node's leases and sends every return in
+/// one batch (a script call per Cluster slot). It ends with the node.
+async fn sweep<C: RedisConnection>(node: Weak<Node<C>>) {
+    loop {
+        let Some(period) = node.upgrade().map(|node| period(&node.terms)) else {
+            return;
+        };
+        tokio::time::sleep(period).await;
+        let Some(node) = node.upgrade() else {
+            return;
+        };
+        let now = node.clock.now();
+        let mut idle_leases = Vec::new();
+        let mut returns = Vec::new();
+        for entry in node.leases.iter() {
+            match visit(&node.terms, entry.value(), now) {
+                Swept::Kept => {}
+                Swept::Idle => idle_leases.push(Arc::clone(entry.value())),
+                Swept::Expired { units, since } => {
+                    returns.push((Arc::clone(entry.value()), units, since));
+                }
+            }
+        }
+        for lease in idle_leases {
+            if lease.refill.retire_idle() {
+                returns.push(node.retire(lease));
+            }
+        }
+        node.give_back(&returns).await;
     }
 }
 

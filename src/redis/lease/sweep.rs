@@ -1,52 +1,19 @@
-//! The sweeper: a background task that gives back to Redis the units of idle keys (whose
-//! leases it retires) and of expired window leases, so that units a node no longer spends
-//! count against the global limit for no longer than a sweep period.
+//! What the sweeper decides: how often it runs, and for each lease whether it is idle (to
+//! retire, its units given back to Redis) or holds expired units to give back, so that units
+//! a node no longer spends count against the global limit for no longer than a sweep period.
+//! The task that acts on it is the scheduler's.
 
-use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use super::cell::Lease;
 use super::config::Terms;
-use super::scheduler::Node;
 use super::word::{deadline_of, expired, now_ms, units_of};
-use crate::clock::{Clock, Nanos};
-use crate::redis::exact::{Algo, RedisConnection};
-
-/// The background task: every [`period`], sweeps the node's leases and sends every return in
-/// one batch (a script call per Cluster slot). It ends with the node.
-pub(super) async fn sweep<C: RedisConnection>(node: Weak<Node<C>>) {
-    loop {
-        let Some(period) = node.upgrade().map(|node| period(&node.terms)) else {
-            return;
-        };
-        tokio::time::sleep(period).await;
-        let Some(node) = node.upgrade() else {
-            return;
-        };
-        let now = node.clock.now();
-        let mut idle_leases = Vec::new();
-        let mut returns = Vec::new();
-        for entry in node.leases.iter() {
-            match visit(&node.terms, entry.value(), now) {
-                Swept::Kept => {}
-                Swept::Idle => idle_leases.push(Arc::clone(entry.value())),
-                Swept::Expired { units, since } => {
-                    returns.push((Arc::clone(entry.value()), units, since));
-                }
-            }
-        }
-        for lease in idle_leases {
-            if lease.refill.retire_idle() {
-                returns.push(node.retire(lease));
-            }
-        }
-        node.give_back(&returns).await;
-    }
-}
+use crate::clock::Nanos;
+use crate::redis::exact::Algo;
 
 /// How often the sweeper runs: often enough to notice idle keys within a quarter of the idle
 /// timeout, and expired window leases within a quarter of a window; at most every 5 ms.
-fn period(terms: &Terms) -> Duration {
+pub(super) fn period(terms: &Terms) -> Duration {
     let config = terms.config;
     let window = terms.window().unwrap_or(u64::MAX);
     (config.idle_timeout / 4)
@@ -57,7 +24,7 @@ fn period(terms: &Terms) -> Duration {
 
 /// What a sweep found of one lease.
 #[derive(Debug, PartialEq, Eq)]
-enum Swept {
+pub(super) enum Swept {
     /// Nothing to do: in use, refilling, or holding nothing to give back.
     Kept,
     /// Unchanged for the idle timeout: to retire, its units given back.
@@ -69,7 +36,7 @@ enum Swept {
 
 /// Sweeps `lease` at `now`: notes whether its word changed since the last sweep, and expires
 /// its units if their deadline passed.
-fn visit(terms: &Terms, lease: &Lease, now: Nanos) -> Swept {
+pub(super) fn visit(terms: &Terms, lease: &Lease, now: Nanos) -> Swept {
     if lease.refill.in_flight() {
         return Swept::Kept;
     }
