@@ -572,6 +572,39 @@ fn algorithms_that_cannot_be_leased_are_a_typed_error() {
     });
 }
 
+/// A node's background tasks (its refill task and its sweeper) end with the last clone of the
+/// limiter: the refill task holds the node, and would keep it, its leases and its connection
+/// for good.
+#[test]
+fn the_background_tasks_end_with_the_last_clone() {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    let rt = runtime(1);
+    rt.block_on(async {
+        let alive = || {
+            tokio::runtime::Handle::current()
+                .metrics()
+                .num_alive_tasks()
+        };
+        let rule = RedisRule::gcra(Quota::per_second(10).unwrap()).unwrap();
+        let limiter = node(&server, "tasks", rule, LeaseConfig::new()).await;
+        let running = alive();
+        let clone = limiter.clone();
+        drop(limiter);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert_eq!(alive(), running, "a clone keeps them");
+        drop(clone);
+        for _ in 0..200 {
+            if alive() + 2 <= running {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        panic!("{} of {running} tasks still alive after 1 s", alive());
+    });
+}
+
 #[test]
 fn an_idle_key_gives_its_lease_back() {
     let Some(server) = RedisServer::start() else {
