@@ -605,6 +605,45 @@ fn the_background_tasks_end_with_the_last_clone() {
     });
 }
 
+/// A key whose budget is spent asks Redis again only after its backoff: the checks refused
+/// meanwhile send nothing. (An upper bound: a slow machine sends fewer refills, not more.)
+#[test]
+fn a_spent_key_asks_again_only_after_its_backoff() {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    let rt = runtime(1);
+    rt.block_on(async {
+        let rule = RedisRule::fixed_window(Quota::per_hour(10).unwrap()).unwrap();
+        let backoff = Duration::from_millis(20);
+        let node = node(
+            &server,
+            "backoff",
+            rule,
+            LeaseConfig::new().backoff(backoff),
+        )
+        .await;
+        let (mut admitted, mut refused) = (0, 0);
+        let start = Instant::now();
+        while start.elapsed() < Duration::from_millis(400) {
+            match node.check("k").unwrap().allowed() {
+                true => admitted += 1,
+                false => refused += 1,
+            }
+            tokio::time::sleep(Duration::from_micros(100)).await;
+        }
+        assert!(admitted <= 10 && refused > 0, "{admitted} admitted");
+        // Each grant of the 10 units, then one ask a backoff.
+        let most = 10 + 400 / 20 + 1;
+        let refills = node.stats().refills;
+        println!("{refills} refills, {admitted} admitted, {refused} refused");
+        assert!(
+            refills <= most,
+            "{refills} refills in 400 ms, {refused} checks refused"
+        );
+    });
+}
+
 #[test]
 fn an_idle_key_gives_its_lease_back() {
     let Some(server) = RedisServer::start() else {
