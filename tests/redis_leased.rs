@@ -605,6 +605,30 @@ fn the_background_tasks_end_with_the_last_clone() {
     });
 }
 
+/// A lease given back while its first refill is still queued is not refilled: the refill
+/// task asks nothing for it.
+#[test]
+fn a_lease_given_back_before_its_refill_is_not_refilled() {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    // One thread: the refill task runs only when the test awaits.
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let rule = RedisRule::fixed_window(Quota::per_hour(1_000).unwrap()).unwrap();
+        let node = node(&server, "given-back", rule, LeaseConfig::new()).await;
+        node.check("k").unwrap();
+        assert!(node.refilling("k"), "the first touch queued a refill");
+        node.release_all().await;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert_eq!(node.stats().refills, 0);
+        assert_eq!(node.held("k"), 0);
+    });
+}
+
 /// A key whose budget is spent asks Redis again only after its backoff: the checks refused
 /// meanwhile send nothing. (An upper bound: a slow machine sends fewer refills, not more.)
 #[test]

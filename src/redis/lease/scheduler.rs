@@ -174,7 +174,9 @@ impl<C: RedisConnection> Node<C> {
         }
         let mut returns = Vec::new();
         for lease in done {
-            if lease.refill.finish() && !self.retired(&lease) {
+            // `finish` fails once the lease was retired: `retire` marks the refill before it
+            // takes the lease's units and forgets it.
+            if lease.refill.finish() {
                 lease.refilled.notify_waiters();
             } else {
                 // Retired while the grant was in flight: whatever it brought goes back, and
