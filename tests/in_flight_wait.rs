@@ -28,6 +28,12 @@ impl Wake for Wakes {
     }
 }
 
+impl Wakes {
+    fn count(&self) -> usize {
+        self.0.load(Ordering::SeqCst)
+    }
+}
+
 fn counting() -> (Arc<Wakes>, Waker) {
     let wakes = Arc::new(Wakes::default());
     (Arc::clone(&wakes), Waker::from(wakes))
@@ -54,20 +60,14 @@ async fn waiters_are_served_in_arrival_order_and_woken_only_when_served() {
     drop(first);
     assert!(limit.try_acquire("k").unwrap().is_none(), "the unit is a's");
     assert_eq!(limit.in_flight("k"), 1, "held for a, not free");
-    assert_eq!(
-        (
-            wakes_a.0.load(Ordering::SeqCst),
-            wakes_b.0.load(Ordering::SeqCst)
-        ),
-        (1, 0)
-    );
+    assert_eq!((wakes_a.count(), wakes_b.count()), (1, 0));
     let Poll::Ready(Ok(Some(permit_a))) = poll_once(a.as_mut(), &waker_a) else {
         panic!("a was woken with its unit")
     };
     assert!(poll_once(b.as_mut(), &waker_b).is_pending());
 
     drop(permit_a);
-    assert_eq!(wakes_b.0.load(Ordering::SeqCst), 1);
+    assert_eq!(wakes_b.count(), 1);
     let Poll::Ready(Ok(Some(permit_b))) = poll_once(b.as_mut(), &waker_b) else {
         panic!("b was woken with its unit")
     };
@@ -97,12 +97,8 @@ async fn a_large_waiter_at_the_head_holds_back_the_small_ones_behind_it() {
     assert!(poll_once(small.as_mut(), &waker_small).is_pending());
     assert!(limit.try_acquire(&1).unwrap().is_none());
     drop(held);
-    assert_eq!(wakes_big.0.load(Ordering::SeqCst), 1);
-    assert_eq!(
-        wakes_small.0.load(Ordering::SeqCst),
-        1,
-        "3 + 1 fit in 4 once released"
-    );
+    assert_eq!(wakes_big.count(), 1);
+    assert_eq!(wakes_small.count(), 1, "3 + 1 fit in 4 once released");
     let Poll::Ready(Ok(Some(big_permit))) = poll_once(big.as_mut(), &waker_big) else {
         panic!("big served")
     };
@@ -147,7 +143,7 @@ async fn a_waiter_served_then_dropped_unpolled_hands_its_units_on() {
     drop(held); // a is served ...
     assert_eq!(limit.in_flight(&2), 1);
     drop(a); // ... and gives up before it looks: its unit goes to b.
-    assert_eq!(wakes_b.0.load(Ordering::SeqCst), 1);
+    assert_eq!(wakes_b.count(), 1);
     let Poll::Ready(Ok(Some(permit))) = poll_once(b.as_mut(), &waker_b) else {
         panic!("b served with a's unit")
     };
@@ -218,13 +214,7 @@ async fn the_latest_waker_is_woken_and_a_head_giving_up_serves_the_rest() {
 
     // The unit free is the head's turn; it gives up: the next takes it.
     drop(head);
-    assert_eq!(
-        (
-            wakes_old.0.load(Ordering::SeqCst),
-            wakes_new.0.load(Ordering::SeqCst)
-        ),
-        (0, 1)
-    );
+    assert_eq!((wakes_old.count(), wakes_new.count()), (0, 1));
     let Poll::Ready(Ok(Some(permit))) = poll_once(next.as_mut(), &waker_new) else {
         panic!("next served when the head gave up")
     };
