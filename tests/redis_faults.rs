@@ -1,6 +1,8 @@
 //! Failure handling against a real `redis-server` this test starts and then kills (`kill -9`),
 //! hangs (`SIGSTOP`) and revives: no panic, the failure policy takes over within the timeout,
-//! checks stay fast during the outage, and global mode is back within 2 s.
+//! checks stay fast during the outage, and global mode is back within 2 s. A leased node's
+//! background calls also meet failures planted one call at a time (a connection that fails
+//! the call of a chosen grant, charge or return).
 //!
 //! Run with `cargo test --features redis --test redis_faults`.
 
@@ -1425,4 +1427,247 @@ fn charges_that_timed_out_but_ran_are_not_charged_twice() {
             "no charge call timed out: the test did not test retries"
         );
     });
+}
+
+// ---------------------------------------------------------------------------------------------
+// A leased node's background calls failing one at a time: a connection that fails the first
+// call carrying a chosen lease operation (a grant, a charge, a return), in a transient way (an
+// I/O error) or a fatal one (a reply of the wrong type), and passes every other call to Redis.
+
+use redis::aio::{ConnectionLike, ConnectionManager};
+use redis::{Arg, Cmd, ErrorKind, Pipeline, RedisError, RedisFuture, Value};
+use tollgate::redis::RedisConnection;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Fault {
+    Transient,
+    Fatal,
+}
+
+/// A connection that fails the next call of one lease operation (`g`rant, `c`harge, `r`eturn).
+#[derive(Clone)]
+struct Planted {
+    inner: ConnectionManager,
+    plan: Arc<Mutex<Option<(u8, Fault)>>>,
+    failed: Arc<AtomicU64>,
+}
+
+impl Planted {
+    fn plant(&self, op: u8, fault: Fault) {
+        *self.plan.lock().unwrap() = Some((op, fault));
+    }
+
+    /// The operation of a lease script call: `EVALSHA sha numkeys keys… 0 mode p1 p2 op …`.
+    fn op(cmd: &Cmd) -> Option<u8> {
+        let args: Vec<&[u8]> = cmd
+            .args_iter()
+            .filter_map(|arg| match arg {
+                Arg::Simple(bytes) => Some(bytes),
+                _ => None,
+            })
+            .collect();
+        let keys: usize = std::str::from_utf8(args.get(2)?).ok()?.parse().ok()?;
+        args.get(3 + keys + 4)?.first().copied()
+    }
+
+    /// The planted fault, once, if `cmd` carries its operation.
+    fn fault(&self, cmd: &Cmd) -> Option<Fault> {
+        let mut plan = self.plan.lock().unwrap();
+        match *plan {
+            Some((op, fault)) if Self::op(cmd) == Some(op) => {
+                *plan = None;
+                self.failed.fetch_add(1, Ordering::Relaxed);
+                Some(fault)
+            }
+            _ => None,
+        }
+    }
+}
+
+impl ConnectionLike for Planted {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        match self.fault(cmd) {
+            Some(Fault::Transient) => Box::pin(async {
+                Err(RedisError::from(std::io::Error::from(
+                    std::io::ErrorKind::ConnectionReset,
+                )))
+            }),
+            Some(Fault::Fatal) => Box::pin(async {
+                Err(RedisError::from((
+                    ErrorKind::UnexpectedReturnType,
+                    "planted",
+                )))
+            }),
+            None => self.inner.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        self.inner.req_packed_commands(pipeline, offset, count)
+    }
+
+    fn get_db(&self) -> i64 {
+        self.inner.get_db()
+    }
+}
+
+impl RedisConnection for Planted {}
+
+/// A leased node on a [`Planted`] connection: one failure opens the breaker, which then stays
+/// open (no probe within the test), and what the node admitted without Redis is recorded.
+async fn planted_node(
+    server: &RedisServer,
+    config: LeaseConfig,
+) -> (LeasedLimiter<Planted>, Planted) {
+    let client = redis::Client::open(server.url()).expect("a URL");
+    let conn = Planted {
+        inner: ConnectionManager::new(client).await.expect("connects"),
+        plan: Arc::default(),
+        failed: Arc::default(),
+    };
+    let handling = FailureHandling::new(FailurePolicy::FailOpen)
+        .failure_threshold(1)
+        .probe_interval(Duration::from_secs(3_600))
+        .reconcile(true);
+    let day = Quota::new(100, Duration::from_secs(86_400)).unwrap();
+    let node = RedisLimiter::builder(RedisRule::gcra(day).unwrap())
+        .timeout(Duration::from_millis(500))
+        .build(conn.clone())
+        .leased(config, handling)
+        .await
+        .expect("a leasable rule");
+    (node, conn)
+}
+
+/// The breaker is open: the `FailOpen` policy decides.
+const DEGRADED: GuardMode = GuardMode::Degraded(FailurePolicy::FailOpen);
+
+/// A runtime whose tasks run only inside `block_on`: checks made outside it all run before
+/// the refill they ask for.
+fn current_thread() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("a tokio runtime")
+}
+
+/// `checks` checks of `key`, before any refill runs: how many were admitted.
+fn admitted(node: &LeasedLimiter<Planted>, key: &str, checks: usize) -> u64 {
+    (0..checks)
+        .filter(|_| node.check(key).unwrap().allowed())
+        .count() as u64
+}
+
+/// Runs the node's tasks until the planted fault has fired and the refill of `key` is over.
+async fn until_failed(node: &LeasedLimiter<Planted>, conn: &Planted, key: &str) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while conn.failed.load(Ordering::Relaxed) == 0 || node.refilling(key) {
+        assert!(Instant::now() < deadline, "the planted fault did not fire");
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+}
+
+#[test]
+fn first_touch_units_spent_before_a_failed_first_grant_are_recorded() {
+    let _serial = serial();
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    let rt = current_thread();
+    let (node, conn) = rt.block_on(planted_node(&server, LeaseConfig::new().first_touch(10)));
+    conn.plant(b'g', Fault::Transient);
+    assert_eq!(
+        admitted(&node, "k", 20),
+        10,
+        "the allowance, while the grant is asked for"
+    );
+    rt.block_on(until_failed(&node, &conn, "k"));
+    assert_eq!(node.mode(), DEGRADED, "a transient failure counts");
+    assert_eq!(
+        node.unreconciled(),
+        10,
+        "every unit admitted without Redis is owed"
+    );
+    assert_eq!(node.stats().provisional, 10);
+    assert_eq!(node.held("k"), 0);
+}
+
+/// A spent key's first touch: the grant is empty, so the 10 units admitted from the allowance
+/// are charged; the charge's call fails with `fault`.
+fn a_failed_overdraft_charge(server: &RedisServer, fault: Fault) -> LeasedLimiter<Planted> {
+    let rt = current_thread();
+    let (node, conn) = rt.block_on(planted_node(server, LeaseConfig::new().first_touch(10)));
+    // Another node (here the exact tier) spends the whole budget first.
+    let spent = rt.block_on(node.exact().check_n("k", 100)).unwrap();
+    assert!(spent.allowed());
+    conn.plant(b'c', fault);
+    assert_eq!(admitted(&node, "k", 20), 10);
+    rt.block_on(until_failed(&node, &conn, "k"));
+    assert_eq!(node.stats().overdrawn, 10, "none covered");
+    node
+}
+
+#[test]
+fn an_overdraft_charge_that_failed_in_a_transient_way_is_sent_again_later() {
+    let _serial = serial();
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    let node = a_failed_overdraft_charge(&server, Fault::Transient);
+    assert_eq!(node.mode(), DEGRADED, "a transient failure counts");
+    assert_eq!(
+        node.unreconciled(),
+        10,
+        "owed: the charge may have run or not"
+    );
+}
+
+#[test]
+fn an_overdraft_charge_that_failed_for_good_is_not_sent_again() {
+    let _serial = serial();
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    let node = a_failed_overdraft_charge(&server, Fault::Fatal);
+    assert_eq!(
+        node.mode(),
+        GuardMode::Global,
+        "a fatal error does not open the breaker"
+    );
+    assert_eq!(
+        node.unreconciled(),
+        0,
+        "sending it again would fail the same way"
+    );
+}
+
+#[test]
+fn only_a_transient_failure_of_a_return_counts_toward_the_breaker() {
+    let _serial = serial();
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    let rt = current_thread();
+    for (fault, mode) in [
+        (Fault::Fatal, GuardMode::Global),
+        (Fault::Transient, DEGRADED),
+    ] {
+        let (node, conn) = rt.block_on(planted_node(&server, LeaseConfig::new().max_lease(10)));
+        rt.block_on(node.prefetch("k")).unwrap();
+        assert!(node.held("k") > 0);
+        conn.plant(b'r', fault);
+        rt.block_on(node.release_all());
+        assert_eq!(
+            conn.failed.load(Ordering::Relaxed),
+            1,
+            "{fault:?}: the return failed"
+        );
+        assert_eq!(node.stats().returned, 0, "{fault:?}");
+        assert_eq!(node.mode(), mode, "{fault:?}");
+    }
 }
