@@ -6,8 +6,13 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export CARGO_TERM_COLOR=never
-# A fresh clone gains nothing from incremental builds, and they double the disk a CI run needs.
-if [ "${CI:-}" = true ]; then export CARGO_INCREMENTAL=0; fi
+if [ "${CI:-}" = true ]; then
+  # A fresh clone gains nothing from incremental builds, and they double the disk a CI run needs.
+  export CARGO_INCREMENTAL=0
+  # CI reads backtraces, not a debugger: line tables in test builds, no debug info in release
+  # ones (the flood test, the loom models, fuzzing), which shortens every link.
+  export CARGO_PROFILE_DEV_DEBUG=line-tables-only CARGO_PROFILE_RELEASE_DEBUG=0
+fi
 
 step() { printf '\n==> [%s] %s\n' "$(date +%T)" "$*"; }
 

@@ -1442,9 +1442,12 @@ use tollgate::redis::RedisConnection;
 enum Fault {
     Transient,
     Fatal,
+    /// Answered by Redis, this long late.
+    Slow(Duration),
 }
 
-/// A connection that fails the next call of one lease operation (`g`rant, `c`harge, `r`eturn).
+/// A connection that fails (or delays) the next call of one lease operation (`g`rant,
+/// `c`harge, `r`eturn).
 #[derive(Clone)]
 struct Planted {
     inner: ConnectionManager,
@@ -1453,7 +1456,9 @@ struct Planted {
 }
 
 impl Planted {
+    /// Fails the next call of `op` with `fault`; `failed` counts from 0 again.
     fn plant(&self, op: u8, fault: Fault) {
+        self.failed.store(0, Ordering::Relaxed);
         *self.plan.lock().unwrap() = Some((op, fault));
     }
 
@@ -1498,6 +1503,13 @@ impl ConnectionLike for Planted {
                     "planted",
                 )))
             }),
+            Some(Fault::Slow(delay)) => {
+                let reply = self.inner.req_packed_command(cmd);
+                Box::pin(async move {
+                    tokio::time::sleep(delay).await;
+                    reply.await
+                })
+            }
             None => self.inner.req_packed_command(cmd),
         }
     }
@@ -1524,16 +1536,28 @@ async fn planted_node(
     server: &RedisServer,
     config: LeaseConfig,
 ) -> (LeasedLimiter<Planted>, Planted) {
+    planted_node_with(server, config, planted_handling(FailurePolicy::FailOpen)).await
+}
+
+fn planted_handling(policy: FailurePolicy) -> FailureHandling {
+    FailureHandling::new(policy)
+        .failure_threshold(1)
+        .probe_interval(Duration::from_secs(3_600))
+        .reconcile(true)
+}
+
+/// A leased node on a [`Planted`] connection, with a timeout of 500 ms.
+async fn planted_node_with(
+    server: &RedisServer,
+    config: LeaseConfig,
+    handling: FailureHandling,
+) -> (LeasedLimiter<Planted>, Planted) {
     let client = redis::Client::open(server.url()).expect("a URL");
     let conn = Planted {
         inner: ConnectionManager::new(client).await.expect("connects"),
         plan: Arc::default(),
         failed: Arc::default(),
     };
-    let handling = FailureHandling::new(FailurePolicy::FailOpen)
-        .failure_threshold(1)
-        .probe_interval(Duration::from_secs(3_600))
-        .reconcile(true);
     let day = Quota::new(100, Duration::from_secs(86_400)).unwrap();
     let node = RedisLimiter::builder(RedisRule::gcra(day).unwrap())
         .timeout(Duration::from_millis(500))
@@ -1669,5 +1693,166 @@ fn only_a_transient_failure_of_a_return_counts_toward_the_breaker() {
         );
         assert_eq!(node.stats().returned, 0, "{fault:?}");
         assert_eq!(node.mode(), mode, "{fault:?}");
+    }
+}
+
+#[test]
+fn with_fail_closed_a_node_spends_what_its_leases_hold_once_the_breaker_opens() {
+    let _serial = serial();
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    let rt = current_thread();
+    let config = LeaseConfig::new().max_lease(10);
+    let (node, conn) = rt.block_on(planted_node_with(
+        &server,
+        config,
+        planted_handling(FailurePolicy::FailClosed),
+    ));
+    assert_eq!(node.max_lease(), 10);
+    rt.block_on(node.prefetch("a")).unwrap();
+    let held = node.held("a");
+    assert!(held > 0);
+    // The first grant of another key fails: the breaker opens.
+    conn.plant(b'g', Fault::Transient);
+    assert!(
+        !node.check("b").unwrap().allowed(),
+        "no first-touch allowance"
+    );
+    rt.block_on(until_failed(&node, &conn, "b"));
+    assert_eq!(node.mode(), GuardMode::Degraded(FailurePolicy::FailClosed));
+    // Granted units are no over-admission: spent first, then the policy denies.
+    assert_eq!(admitted(&node, "a", 2 * held as usize), held);
+    assert_eq!(admitted(&node, "b", 1), 0);
+    let debug = format!("{node:?}");
+    assert!(
+        debug.starts_with("LeasedLimiter {")
+            && debug.contains("mode: Degraded(FailClosed)")
+            && debug.contains("keys: 2"),
+        "{debug}"
+    );
+}
+
+#[test]
+fn a_prefetch_waits_for_a_slow_grant_and_out_a_failed_ones_backoff() {
+    let _serial = serial();
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    let rt = current_thread();
+    // A failure backs the key off for the probe interval, and does not open the breaker.
+    let handling = FailureHandling::new(FailurePolicy::FailOpen)
+        .failure_threshold(2)
+        .probe_interval(Duration::from_secs(1));
+    let (node, conn) = rt.block_on(planted_node_with(&server, LeaseConfig::new(), handling));
+    // Slower than half the call's timeout (500 ms), within the prefetch's twice the timeout.
+    conn.plant(b'g', Fault::Slow(Duration::from_millis(350)));
+    rt.block_on(node.prefetch("a"))
+        .expect("the grant came within the wait");
+    assert!(node.held("a") > 0);
+    assert_eq!(
+        node.stats().refills,
+        1,
+        "the first grant brought units: asked once"
+    );
+    // The first grant fails: the prefetch asks again once the key's backoff is over.
+    conn.plant(b'g', Fault::Transient);
+    let started = Instant::now();
+    rt.block_on(node.prefetch("b"))
+        .expect("the second grant came within the wait");
+    assert!(
+        started.elapsed() >= Duration::from_secs(1),
+        "after the backoff"
+    );
+    assert!(node.held("b") > 0, "granted by the second ask");
+    assert_eq!(node.stats().refills, 3);
+    assert_eq!(node.mode(), GuardMode::Global);
+}
+
+#[test]
+fn a_leased_cost_above_the_capacity_is_an_error_and_the_capacity_is_not() {
+    let _serial = serial();
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    let rt = current_thread();
+    let (node, _conn) = rt.block_on(planted_node(&server, LeaseConfig::new()));
+    assert!(matches!(
+        node.check_n("k", 101),
+        Err(TierError::Capacity {
+            cost: 101,
+            capacity: 100
+        })
+    ));
+    // The whole capacity is a request like any other: denied here (no lease yet), not an error.
+    assert!(!node.check_n("k", 100).unwrap().allowed());
+}
+
+#[test]
+fn a_gcra_grant_parked_behind_the_last_one_counts_as_held() {
+    let _serial = serial();
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    let rt = current_thread();
+    let (node, _conn) = rt.block_on(planted_node(&server, LeaseConfig::new().max_lease(10)));
+    rt.block_on(node.prefetch("k")).unwrap();
+    let first = node.held("k");
+    assert!(first > 0);
+    // Another node takes a unit: the next grant's slots do not follow this lease's, so the
+    // grant is parked until the lease's units are spent.
+    assert!(rt.block_on(node.exact().check("k")).unwrap().allowed());
+    rt.block_on(node.prefetch("k")).unwrap();
+    let granted = node.stats().granted;
+    assert!(granted > first, "a second grant");
+    assert_eq!(
+        node.held("k"),
+        granted,
+        "the lease's units and the parked grant's"
+    );
+}
+
+/// Runs the node's tasks until `done` holds (within 5 s).
+async fn until(node: &LeasedLimiter<Planted>, done: impl Fn(&LeasedLimiter<Planted>) -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !done(node) {
+        assert!(Instant::now() < deadline, "not within 5 s");
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+}
+
+#[test]
+fn every_outage_hands_the_leases_over_to_the_local_policy() {
+    let _serial = serial();
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    let rt = current_thread();
+    let handling = FailureHandling::new(FailurePolicy::Local)
+        .failure_threshold(1)
+        .probe_interval(Duration::from_millis(200))
+        .reconcile(true);
+    let config = LeaseConfig::new().max_lease(10);
+    let (node, conn) = rt.block_on(planted_node_with(&server, config, handling));
+    for outage in 0..2 {
+        rt.block_on(node.prefetch("k")).unwrap();
+        let held = node.held("k");
+        assert!(held > 0);
+        // The first grant of a new key fails: the breaker opens.
+        conn.plant(b'g', Fault::Transient);
+        assert!(!node.check(format!("new{outage}")).unwrap().allowed());
+        rt.block_on(until_failed(&node, &conn, &format!("new{outage}")));
+        assert_eq!(node.mode(), GuardMode::Degraded(FailurePolicy::Local));
+        // The next check hands the leases over: the local share starts from what "k" held,
+        // and those units, granted already, are not charged again.
+        assert_eq!(admitted(&node, "k", held as usize), held, "outage {outage}");
+        assert_eq!(
+            node.unreconciled(),
+            0,
+            "outage {outage}: granted units are not owed"
+        );
+        // The probe finds Redis; a check goes back to the leases.
+        rt.block_on(until(&node, |node| node.mode() == GuardMode::Global));
+        let _ = node.check("k");
     }
 }

@@ -248,7 +248,7 @@ impl<C: RedisConnection> LeasedLimiter<C> {
             (Way::Leases, true) if node.guard.spends_leases_first() => {}
             _ => {
                 reroute(node, way, open);
-                if node.route.way() == Way::Policy && node.guard.is_open() {
+                if node.route.way().to_policy(node.guard.is_open()) {
                     return node.guard.fallback(key, cost);
                 }
             }

@@ -32,6 +32,16 @@ pub enum Way {
     Policy,
 }
 
+impl Way {
+    /// Whether a check goes to the failure policy: only once a handover is done and while the
+    /// breaker is open. During a handover checks go to the leases (denied beyond them), and
+    /// once the breaker closed the route goes back to the leases.
+    #[inline]
+    pub fn to_policy(self, open: bool) -> bool {
+        self == Way::Policy && open
+    }
+}
+
 /// The route word.
 #[derive(Debug, Default)]
 pub struct Route(AtomicUsize);
@@ -79,6 +89,16 @@ impl Route {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_a_finished_handover_with_the_breaker_open_goes_to_the_policy() {
+        for way in [Way::Leases, Way::Handing, Way::Policy] {
+            for open in [false, true] {
+                let expected = way == Way::Policy && open;
+                assert_eq!(way.to_policy(open), expected, "{way:?}, open: {open}");
+            }
+        }
+    }
 
     #[test]
     fn one_handover_then_the_policy_then_back_to_the_leases() {
