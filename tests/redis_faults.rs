@@ -1822,7 +1822,7 @@ async fn until(node: &LeasedLimiter<Planted>, done: impl Fn(&LeasedLimiter<Plant
 }
 
 #[test]
-fn every_outage_hands_the_leases_over_to_the_local_policy() {
+fn every_outage_hands_the_leases_over_again() {
     let _serial = serial();
     let Some(server) = RedisServer::start() else {
         return;
