@@ -1587,13 +1587,21 @@ fn admitted(node: &LeasedLimiter<Planted>, key: &str, checks: usize) -> u64 {
         .count() as u64
 }
 
-/// Runs the node's tasks until the planted fault has fired and the refill of `key` is over.
-async fn until_failed(node: &LeasedLimiter<Planted>, conn: &Planted, key: &str) {
+/// Runs the node's tasks until `done` holds (within 5 s).
+async fn until(node: &LeasedLimiter<Planted>, done: impl Fn(&LeasedLimiter<Planted>) -> bool) {
     let deadline = Instant::now() + Duration::from_secs(5);
-    while conn.failed.load(Ordering::Relaxed) == 0 || node.refilling(key) {
-        assert!(Instant::now() < deadline, "the planted fault did not fire");
+    while !done(node) {
+        assert!(Instant::now() < deadline, "not within 5 s");
         tokio::time::sleep(Duration::from_millis(1)).await;
     }
+}
+
+/// Runs the node's tasks until the planted fault has fired and the refill of `key` is over.
+async fn until_failed(node: &LeasedLimiter<Planted>, conn: &Planted, key: &str) {
+    until(node, |node| {
+        conn.failed.load(Ordering::Relaxed) > 0 && !node.refilling(key)
+    })
+    .await;
 }
 
 #[test]
@@ -1765,7 +1773,11 @@ fn a_prefetch_waits_for_a_slow_grant_and_out_a_failed_ones_backoff() {
         "after the backoff"
     );
     assert!(node.held("b") > 0, "granted by the second ask");
-    assert_eq!(node.stats().refills, 3);
+    assert_eq!(
+        node.stats().refills,
+        3,
+        "a's, then b's failed ask and its second"
+    );
     assert_eq!(node.mode(), GuardMode::Global);
 }
 
@@ -1810,15 +1822,6 @@ fn a_gcra_grant_parked_behind_the_last_one_counts_as_held() {
         granted,
         "the lease's units and the parked grant's"
     );
-}
-
-/// Runs the node's tasks until `done` holds (within 5 s).
-async fn until(node: &LeasedLimiter<Planted>, done: impl Fn(&LeasedLimiter<Planted>) -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while !done(node) {
-        assert!(Instant::now() < deadline, "not within 5 s");
-        tokio::time::sleep(Duration::from_millis(1)).await;
-    }
 }
 
 #[test]
