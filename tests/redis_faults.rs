@@ -1571,13 +1571,22 @@ async fn planted_node_with(
 /// The breaker is open: the `FailOpen` policy decides.
 const DEGRADED: GuardMode = GuardMode::Degraded(FailurePolicy::FailOpen);
 
-/// A runtime whose tasks run only inside `block_on`: checks made outside it all run before
-/// the refill they ask for.
-fn current_thread() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_current_thread()
+/// What each test below starts with: the turn to run, a server of its own, and a runtime
+/// whose tasks run only inside `block_on`, so that checks made outside it all run before the
+/// refill they ask for (`None`: no redis-server here, the test is skipped). Dropped in
+/// reverse: the runtime, then the server, then the turn.
+fn start_one_thread() -> Option<(
+    std::sync::MutexGuard<'static, ()>,
+    RedisServer,
+    tokio::runtime::Runtime,
+)> {
+    let serial = serial();
+    let server = RedisServer::start()?;
+    let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
-        .expect("a tokio runtime")
+        .expect("a tokio runtime");
+    Some((serial, server, rt))
 }
 
 /// `checks` checks of `key`, before any refill runs: how many were admitted.
@@ -1606,11 +1615,9 @@ async fn until_failed(node: &LeasedLimiter<Planted>, conn: &Planted, key: &str) 
 
 #[test]
 fn first_touch_units_spent_before_a_failed_first_grant_are_recorded() {
-    let _serial = serial();
-    let Some(server) = RedisServer::start() else {
+    let Some((_serial, server, rt)) = start_one_thread() else {
         return;
     };
-    let rt = current_thread();
     let (node, conn) = rt.block_on(planted_node(&server, LeaseConfig::new().first_touch(10)));
     conn.plant(b'g', Fault::Transient);
     assert_eq!(
@@ -1631,8 +1638,11 @@ fn first_touch_units_spent_before_a_failed_first_grant_are_recorded() {
 
 /// A spent key's first touch: the grant is empty, so the 10 units admitted from the allowance
 /// are charged; the charge's call fails with `fault`.
-fn a_failed_overdraft_charge(server: &RedisServer, fault: Fault) -> LeasedLimiter<Planted> {
-    let rt = current_thread();
+fn a_failed_overdraft_charge(
+    server: &RedisServer,
+    rt: &tokio::runtime::Runtime,
+    fault: Fault,
+) -> LeasedLimiter<Planted> {
     let (node, conn) = rt.block_on(planted_node(server, LeaseConfig::new().first_touch(10)));
     // Another node (here the exact tier) spends the whole budget first.
     let spent = rt.block_on(node.exact().check_n("k", 100)).unwrap();
@@ -1646,11 +1656,10 @@ fn a_failed_overdraft_charge(server: &RedisServer, fault: Fault) -> LeasedLimite
 
 #[test]
 fn an_overdraft_charge_that_failed_in_a_transient_way_is_sent_again_later() {
-    let _serial = serial();
-    let Some(server) = RedisServer::start() else {
+    let Some((_serial, server, rt)) = start_one_thread() else {
         return;
     };
-    let node = a_failed_overdraft_charge(&server, Fault::Transient);
+    let node = a_failed_overdraft_charge(&server, &rt, Fault::Transient);
     assert_eq!(node.mode(), DEGRADED, "a transient failure counts");
     assert_eq!(
         node.unreconciled(),
@@ -1661,11 +1670,10 @@ fn an_overdraft_charge_that_failed_in_a_transient_way_is_sent_again_later() {
 
 #[test]
 fn an_overdraft_charge_that_failed_for_good_is_not_sent_again() {
-    let _serial = serial();
-    let Some(server) = RedisServer::start() else {
+    let Some((_serial, server, rt)) = start_one_thread() else {
         return;
     };
-    let node = a_failed_overdraft_charge(&server, Fault::Fatal);
+    let node = a_failed_overdraft_charge(&server, &rt, Fault::Fatal);
     assert_eq!(
         node.mode(),
         GuardMode::Global,
@@ -1680,11 +1688,9 @@ fn an_overdraft_charge_that_failed_for_good_is_not_sent_again() {
 
 #[test]
 fn only_a_transient_failure_of_a_return_counts_toward_the_breaker() {
-    let _serial = serial();
-    let Some(server) = RedisServer::start() else {
+    let Some((_serial, server, rt)) = start_one_thread() else {
         return;
     };
-    let rt = current_thread();
     for (fault, mode) in [
         (Fault::Fatal, GuardMode::Global),
         (Fault::Transient, DEGRADED),
@@ -1706,11 +1712,9 @@ fn only_a_transient_failure_of_a_return_counts_toward_the_breaker() {
 
 #[test]
 fn with_fail_closed_a_node_spends_what_its_leases_hold_once_the_breaker_opens() {
-    let _serial = serial();
-    let Some(server) = RedisServer::start() else {
+    let Some((_serial, server, rt)) = start_one_thread() else {
         return;
     };
-    let rt = current_thread();
     let config = LeaseConfig::new().max_lease(10);
     let (node, conn) = rt.block_on(planted_node_with(
         &server,
@@ -1743,11 +1747,9 @@ fn with_fail_closed_a_node_spends_what_its_leases_hold_once_the_breaker_opens() 
 
 #[test]
 fn a_prefetch_waits_for_a_slow_grant_and_out_a_failed_ones_backoff() {
-    let _serial = serial();
-    let Some(server) = RedisServer::start() else {
+    let Some((_serial, server, rt)) = start_one_thread() else {
         return;
     };
-    let rt = current_thread();
     // A failure backs the key off for the probe interval, and does not open the breaker.
     let handling = FailureHandling::new(FailurePolicy::FailOpen)
         .failure_threshold(2)
@@ -1783,11 +1785,9 @@ fn a_prefetch_waits_for_a_slow_grant_and_out_a_failed_ones_backoff() {
 
 #[test]
 fn a_leased_cost_above_the_capacity_is_an_error_and_the_capacity_is_not() {
-    let _serial = serial();
-    let Some(server) = RedisServer::start() else {
+    let Some((_serial, server, rt)) = start_one_thread() else {
         return;
     };
-    let rt = current_thread();
     let (node, _conn) = rt.block_on(planted_node(&server, LeaseConfig::new()));
     assert!(matches!(
         node.check_n("k", 101),
@@ -1802,11 +1802,9 @@ fn a_leased_cost_above_the_capacity_is_an_error_and_the_capacity_is_not() {
 
 #[test]
 fn a_gcra_grant_parked_behind_the_last_one_counts_as_held() {
-    let _serial = serial();
-    let Some(server) = RedisServer::start() else {
+    let Some((_serial, server, rt)) = start_one_thread() else {
         return;
     };
-    let rt = current_thread();
     let (node, _conn) = rt.block_on(planted_node(&server, LeaseConfig::new().max_lease(10)));
     rt.block_on(node.prefetch("k")).unwrap();
     let first = node.held("k");
@@ -1826,11 +1824,9 @@ fn a_gcra_grant_parked_behind_the_last_one_counts_as_held() {
 
 #[test]
 fn every_outage_hands_the_leases_over_again() {
-    let _serial = serial();
-    let Some(server) = RedisServer::start() else {
+    let Some((_serial, server, rt)) = start_one_thread() else {
         return;
     };
-    let rt = current_thread();
     let handling = FailureHandling::new(FailurePolicy::Local)
         .failure_threshold(1)
         .probe_interval(Duration::from_millis(200))
@@ -1842,9 +1838,10 @@ fn every_outage_hands_the_leases_over_again() {
         let held = node.held("k");
         assert!(held > 0);
         // The first grant of a new key fails: the breaker opens.
+        let new = format!("new{outage}");
         conn.plant(b'g', Fault::Transient);
-        assert!(!node.check(format!("new{outage}")).unwrap().allowed());
-        rt.block_on(until_failed(&node, &conn, &format!("new{outage}")));
+        assert!(!node.check(&new).unwrap().allowed());
+        rt.block_on(until_failed(&node, &conn, &new));
         assert_eq!(node.mode(), GuardMode::Degraded(FailurePolicy::Local));
         // The next check hands the leases over: the local share starts from what "k" held,
         // and those units, granted already, are not charged again.
