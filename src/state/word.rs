@@ -32,11 +32,26 @@ impl AtomicWord {
         AtomicWord(AtomicU64::new(state))
     }
 
-    /// Loads the word for its cache line only (the value is dropped): see `TableCell::touch`.
+    /// Starts loading the word's cache line, for a read soon after: see `TableCell::touch`.
     #[inline]
     pub(crate) fn touch(&self) {
+        // A prefetch, where the CPU has one: unlike a load it never faults, so a page of a
+        // fresh mapped table is first touched by the write that puts a key there, once,
+        // instead of by a read (the zero page mapped) and then that write (copied): a small
+        // table made when needed (`word_table/region.rs`) took two faults a page on the
+        // flood's checks. It reads nothing, so no ordering is involved.
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: the intrinsic needs SSE, part of every x86_64 CPU (a baseline target
+        // feature); a prefetch reads no memory, so any address would do, and this one is a
+        // live word's.
+        #[allow(unsafe_code)]
+        unsafe {
+            use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+            _mm_prefetch::<_MM_HINT_T0>(std::ptr::from_ref(self).cast::<i8>());
+        }
         // Relaxed: nothing is read from the value. (An Acquire load would hold back the loads
         // after it on weakly ordered CPUs: the overlap this is for.)
+        #[cfg(not(target_arch = "x86_64"))]
         std::hint::black_box(self.0.load(Ordering::Relaxed));
     }
 

@@ -704,3 +704,50 @@ fn probe<K, C: TableCell>(
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::super::shards::PAGE;
+    use super::{find, new_table};
+    use crate::state::AtomicWord;
+
+    /// Minor page faults of this thread so far (`/proc/thread-self/stat`, field 10).
+    #[cfg(target_os = "linux")]
+    fn minor_faults() -> u64 {
+        let stat = std::fs::read_to_string("/proc/thread-self/stat").expect("procfs");
+        // The fields after the command's name, which ends at the last ')': state is field 3.
+        let after_name = stat.rsplit(')').next().expect("a name in parentheses");
+        let field = after_name.split_whitespace().nth(10 - 3).expect("field 10");
+        field.parse().expect("a count")
+    }
+
+    /// A lookup's early touch of its home slot (`TableCell::touch`) is a prefetch on x86_64,
+    /// which never faults: lookups of absent keys in a fresh table in mapped pages fault in
+    /// none of its slots' pages, so that the write putting a key in a page is that page's one
+    /// first touch. (With a load there, the lookup mapped the zero page and the insert's write
+    /// then faulted again: two faults a page on the flood's checks.)
+    #[cfg(all(target_arch = "x86_64", target_os = "linux", not(miri)))]
+    #[test]
+    fn lookups_in_a_fresh_mapped_table_fault_in_none_of_its_slots() {
+        let lookups = |len: usize| {
+            let table = new_table::<u64, AtomicWord>(len, 0);
+            let hashes = (0..len as u64).map(|i| i.wrapping_mul(0x9E37_79B9_7F4A_7C15));
+            for (key, hash) in hashes.enumerate() {
+                assert!(find(&table, hash, &(key as u64)).is_err(), "an empty table");
+            }
+            table.slots.is_mapped()
+        };
+        // The same lookups first in a heap table: the code's own first touches.
+        assert!(!lookups(64));
+        let len = 64 * 1024;
+        let pages = (len * std::mem::size_of::<super::Slot<u64, AtomicWord>>() / PAGE) as u64;
+        let before = minor_faults();
+        assert!(lookups(len), "a table of {len} slots is mapped");
+        let faults = minor_faults() - before;
+        // Its tags' pages (read: the zero page mapped), the mapping code's first run, the heap.
+        assert!(
+            faults < pages / 4,
+            "{faults} faults for lookups in a table of {pages} pages"
+        );
+    }
+}
