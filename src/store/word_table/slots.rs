@@ -705,14 +705,14 @@ fn probe<K, C: TableCell>(
     }
 }
 
-#[cfg(test)]
+/// Linux on x86_64 (its prefetch; procfs), outside Miri (no procfs).
+#[cfg(all(test, target_arch = "x86_64", target_os = "linux", not(miri)))]
 mod tests {
     use super::super::shards::PAGE;
     use super::{find, new_table};
     use crate::state::AtomicWord;
 
     /// Minor page faults of this thread so far (`/proc/thread-self/stat`, field 10).
-    #[cfg(target_os = "linux")]
     fn minor_faults() -> u64 {
         let stat = std::fs::read_to_string("/proc/thread-self/stat").expect("procfs");
         // The fields after the command's name, which ends at the last ')': state is field 3.
@@ -726,7 +726,6 @@ mod tests {
     /// none of its slots' pages, so that the write putting a key in a page is that page's one
     /// first touch. (With a load there, the lookup mapped the zero page and the insert's write
     /// then faulted again: two faults a page on the flood's checks.)
-    #[cfg(all(target_arch = "x86_64", target_os = "linux", not(miri)))]
     #[test]
     fn lookups_in_a_fresh_mapped_table_fault_in_none_of_its_slots() {
         let lookups = |len: usize| {
