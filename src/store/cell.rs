@@ -49,7 +49,9 @@ pub trait TableCell: Default + Send + Sync {
 
     /// Starts loading the cell, whose value is not needed yet: a lookup touches its key's home
     /// slot before it reads the table's tags, so that the two cache misses overlap instead of
-    /// following each other. The default does nothing.
+    /// following each other. It should not fault a page in (a prefetch, not a load): the
+    /// lookup may be for a key absent from a fresh table in zeroed pages. The default does
+    /// nothing.
     #[inline]
     fn touch(&self) {}
 }
