@@ -137,7 +137,7 @@ use self::slots::*;
 #[allow(unused_imports)]
 pub(crate) use self::{
     inspect::HandView,
-    shards::{HAND_RUNS, MOST_VISITED},
+    shards::{DRAIN_STEP, HAND_RUNS, MOST_VISITED},
     slots::{staggered, work, Slot, CLEAR_STEP},
 };
 

@@ -21,7 +21,7 @@ pub(crate) struct HandView<T> {
 
 impl<K: Clone + Hash + Eq + Send + Sync, H: BuildHasher, C: TableCell> WordTable<K, H, C> {
     /// Visits `slots` slots of a drain per call instead of [`DRAIN_STEP`]: for the loom models,
-    /// whose 8-slot tables a step of 16 drains in one call.
+    /// whose 8-slot tables a whole step drains in one call.
     #[allow(dead_code)] // called by the loom models
     pub(crate) fn set_drain_step_for_model(&mut self, slots: usize) {
         self.drain_step = slots.max(1);
@@ -108,6 +108,16 @@ impl<K: Send + Sync, H, C: TableCell> WordTable<K, H, C> {
             .iter()
             .map(|shard| shard.lock().built_unused)
             .sum()
+    }
+
+    /// Shards building their next table ahead, or holding it built and not used yet (for
+    /// tests).
+    #[allow(dead_code)] // read by the unit tests in `word_table_tests.rs`
+    pub(crate) fn building(&self) -> usize {
+        self.shards
+            .iter()
+            .filter(|shard| shard.lock().next.is_some())
+            .count()
     }
 
     /// Slots of tables being built ahead, or built and not used yet (for tests).

@@ -37,7 +37,7 @@ impl<K: Clone + Hash + Eq + Send + Sync, H: BuildHasher, C: TableCell> WordTable
                 (self.bound_slots(kept, room), Some(since))
             }
             // (No room for the drain's inserts here: the larger table takes a quarter of its
-            // keys in inserts before it fills, and the drain ends after a sixteenth.)
+            // keys in inserts before it fills, and the drain ends after a sixty-fourth.)
             _ => (shard.grown_for(shard.live), None),
         };
         let era = shard.table.era();

@@ -15,7 +15,17 @@ use crate::sync::{Arc, AtomicBool, AtomicU64, AtomicUsize, Mutex, PerThread, MOD
 /// Slots of a replaced table that each insert into its shard visits (moves or evicts): the
 /// most eviction and copying work any one call does, whatever the table's size. (A loom model
 /// may take fewer: [`WordTable::set_drain_step_for_model`].)
-pub(super) const DRAIN_STEP: usize = 16;
+///
+/// Not smaller: the work of a drain is fixed (every slot visited once), and each call that
+/// does a step also pays the lock and its own lookups, so a smaller step spreads the same work
+/// over more calls and keeps the old table resident for longer. With 16 slots, a quarter of
+/// the shards were still draining right after 1.5M inserts (29 resident bytes a `u64` key
+/// against 24 settled), and 0.1 % of the checks that followed paid a step under the lock, the
+/// 1M-key rows' p99.9 (benches/README.md, "Tails"). Not larger than [`CLEAR_STEP`]: a shard
+/// must drop the slots of its retired tables as fast as it drains them, or they pile up (128
+/// against 64: 470 bytes a `String` key at 4M keys).
+pub(crate) const DRAIN_STEP: usize = 64;
+const _: () = assert!(DRAIN_STEP <= CLEAR_STEP);
 /// The most slots a check, peek, refund or insert visits (without `max_keys`): a drain step,
 /// the key taken out of a drain, and the sample a table replaced at the `evict_above` share
 /// judges. (Held to it by the tests; `KeyedLimiter`'s "Work per call" states it.)
