@@ -137,7 +137,7 @@ use self::slots::*;
 #[allow(unused_imports)]
 pub(crate) use self::{
     inspect::HandView,
-    shards::{DRAIN_STEP, HAND_RUNS, MOST_VISITED},
+    shards::{DRAIN_STEP, HAND_RUNS, MOST_VISITED, SHARE_ROOM},
     slots::{staggered, work, Slot, CLEAR_STEP},
 };
 

@@ -4,7 +4,7 @@
 use std::hash::Hash;
 
 use super::keyed_store::{Evictor, Inserted, KeyedStore};
-use super::word_table::{staggered, WordTable, DRAIN_STEP, SHARDS};
+use super::word_table::{staggered, WordTable, DRAIN_STEP, SHARDS, SHARE_ROOM};
 use crate::clock::Nanos;
 use crate::state::{AtomicWord, Retired};
 
@@ -1507,9 +1507,10 @@ fn tables_fill_to_their_stated_bound_and_grow_to_the_stated_size() {
 }
 
 /// A shard at its `evict_above` share moves to a table sized for the keys it keeps, the
-/// drain's inserts (one per drain step of the old table, and one more) and as many again
+/// drain's inserts with room to spare (one per `SHARE_ROOM` slots of the old table, and one
+/// more) and as many again
 /// after the drain, and never smaller than one holding the share: the smallest table holding
-/// `max(kept + 2 × (old slots / DRAIN_STEP + 1), share)`. Below 4,096 slots nothing is built ahead, so
+/// `max(kept + 2 × (old slots / SHARE_ROOM + 1), share)`. Below 4,096 slots nothing is built ahead, so
 /// the sizing is seen exactly. Returns how many replacements at the share it saw.
 fn replacements_at_the_share(state: u64, expected: impl Fn(usize, usize) -> usize) -> usize {
     let mut store = OneShard::new(MARKS, Default::default());
@@ -1527,7 +1528,7 @@ fn replacements_at_the_share(state: u64, expected: impl Fn(usize, usize) -> usiz
         if !settled || !replaced || live < SHARE {
             continue;
         }
-        let room = before / DRAIN_STEP + 1;
+        let room = before / SHARE_ROOM + 1;
         assert_eq!(
             Some(len()),
             smallest_holding(expected(live, room).max(SHARE)),

@@ -33,8 +33,7 @@ impl<K: Clone + Hash + Eq + Send + Sync, H: BuildHasher, C: TableCell> WordTable
         let (slots, since) = match judge {
             Some(fresh) if shard.live >= self.keep => {
                 let kept = self.estimate_kept(shard, fresh);
-                let room = self.drain_inserts(shard.table.len());
-                (self.bound_slots(kept, room), Some(since))
+                (self.bound_slots(kept, shard.table.len()), Some(since))
             }
             // (No room for the drain's inserts here: the larger table takes a quarter of its
             // keys in inserts before it fills, and the drain ends after a sixty-fourth.)
@@ -65,10 +64,12 @@ impl<K: Clone + Hash + Eq + Send + Sync, H: BuildHasher, C: TableCell> WordTable
         shard.used = 0;
     }
 
-    /// The slots of the table a shard at its `evict_above` share moves to when the drain will
-    /// keep `kept` keys: room for the `room` inserts until the drain ends, and as many after
-    /// it, and never less than the share (what [`WordTable::build_next`] builds ahead).
-    pub(super) fn bound_slots(&self, kept: usize, room: usize) -> usize {
+    /// The slots of the table a shard at its `evict_above` share moves to from a table of
+    /// `len` slots when the drain will keep `kept` keys: room for [`SHARE_ROOM`]'s inserts
+    /// (or the drain's, if more: a loom model's short steps) twice, and never less than the share (what
+    /// [`WordTable::build_next`] builds ahead).
+    pub(super) fn bound_slots(&self, kept: usize, len: usize) -> usize {
+        let room = self.drain_inserts(len).max(len / SHARE_ROOM + 1);
         holding(kept.saturating_add(2 * room).max(self.keep))
     }
 
@@ -276,7 +277,7 @@ impl<K: Clone + Hash + Eq + Send + Sync, H: BuildHasher, C: TableCell> WordTable
             let target = if at_full < self.keep {
                 table_len(shard.grown_for(at_full))
             } else if shard.spare.is_none() {
-                table_len(self.bound_slots(self.keep, self.drain_inserts(len)))
+                table_len(self.bound_slots(self.keep, len))
             } else {
                 return;
             };
