@@ -66,8 +66,8 @@ impl<K: Clone + Hash + Eq + Send + Sync, H: BuildHasher, C: TableCell> WordTable
 
     /// The slots of the table a shard at its `evict_above` share moves to from a table of
     /// `len` slots when the drain will keep `kept` keys: room for [`SHARE_ROOM`]'s inserts
-    /// (or the drain's, if more: a loom model's short steps) twice, and never less than the share (what
-    /// [`WordTable::build_next`] builds ahead).
+    /// (or the drain's, if more: a loom model's short steps) twice, and never less than the
+    /// share (what [`WordTable::build_next`] builds ahead).
     pub(super) fn bound_slots(&self, kept: usize, len: usize) -> usize {
         let room = self.drain_inserts(len).max(len / SHARE_ROOM + 1);
         holding(kept.saturating_add(2 * room).max(self.keep))

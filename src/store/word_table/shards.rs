@@ -21,9 +21,10 @@ use crate::sync::{Arc, AtomicBool, AtomicU64, AtomicUsize, Mutex, PerThread, MOD
 /// over more calls and keeps the old table resident for longer. With 16 slots, a quarter of
 /// the shards were still draining right after 1.5M inserts (29 resident bytes a `u64` key
 /// against 24 settled), and 0.1 % of the checks that followed paid a step under the lock, the
-/// 1M-key rows' p99.9 (benches/README.md, "Tails"). Not larger than [`CLEAR_STEP`]: a shard
-/// must drop the slots of its retired tables as fast as it drains them, or they pile up (128
-/// against 64: 470 bytes a `String` key at 4M keys).
+/// 1M-key rows' p99.9 (benches/README.md, "Tails"). Not larger than [`CLEAR_STEP`], the
+/// slots of retired tables a call drops: a drain of 128 slots against 64 let retired `String`
+/// tables pile up at 4M keys, 470 bytes a key (measured with the room at the share then tied
+/// to the drain step, [`SHARE_ROOM`]).
 pub(crate) const DRAIN_STEP: usize = 64;
 const _: () = assert!(DRAIN_STEP <= CLEAR_STEP);
 /// At the `evict_above` share, the inserts a replaced table makes room for, twice (until its
