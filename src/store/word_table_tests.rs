@@ -1510,7 +1510,8 @@ fn tables_fill_to_their_stated_bound_and_grow_to_the_stated_size() {
 /// drain's inserts with room to spare (one per `SHARE_ROOM` slots of the old table, and one
 /// more) and as many again after the drain, and never smaller than one holding the share: the
 /// smallest table holding `max(kept + 2 × (old slots / SHARE_ROOM + 1), share)`. Below 4,096
-/// slots nothing is built ahead, so the sizing is seen exactly. Returns how many replacements at the share it saw.
+/// slots nothing is built ahead, so the sizing is seen exactly. Returns how many replacements
+/// at the share it saw.
 fn replacements_at_the_share(state: u64, expected: impl Fn(usize, usize) -> usize) -> usize {
     let mut store = OneShard::new(MARKS, Default::default());
     store.set_evict_above(SHARDS * SHARE);

@@ -36,7 +36,8 @@ impl<K: Clone + Hash + Eq + Send + Sync, H: BuildHasher, C: TableCell> WordTable
                 (self.bound_slots(kept, shard.table.len()), Some(since))
             }
             // (No room for the drain's inserts here: the larger table takes a quarter of its
-            // keys in inserts before it fills, and the drain ends after a sixty-fourth.)
+            // keys in inserts before it fills, and the drain ends after one insert per
+            // `DRAIN_STEP` of its slots.)
             _ => (shard.grown_for(shard.live), None),
         };
         let era = shard.table.era();
