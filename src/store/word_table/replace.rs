@@ -261,7 +261,7 @@ impl<K: Clone + Hash + Eq + Send + Sync, H: BuildHasher, C: TableCell> WordTable
     }
 
     /// Builds [`build_step`] more slots of the table the shard will move to, once its table is
-    /// [`build_from`] inserts from full, so that the insert that finds it full allocates
+    /// [`build_from`] inserts from full (the next table's steps and an eighth), so that the insert that finds it full allocates
     /// and fills nothing (a large table is up to ~1 MB at the default bound: hundreds of µs in
     /// one call otherwise). The table [`WordTable::replace_table`] will want: below the
     /// `evict_above` share, one for the live keys the shard will hold when full; at it, one for
@@ -271,7 +271,9 @@ impl<K: Clone + Hash + Eq + Send + Sync, H: BuildHasher, C: TableCell> WordTable
         let len = shard.table.len();
         if shard.next.is_none() {
             let left = capacity(len).saturating_sub(shard.used);
-            if !shard.drains.is_empty() || left > build_from::<K, C>(len) {
+            // No next table is twice as large (a grown one is about 1.27 times, up to 1.6 at
+            // the first staggered length): no sizing until then.
+            if !shard.drains.is_empty() || left > build_from::<K, C>(2 * len) {
                 return;
             }
             let at_full = shard.live + left;
@@ -284,7 +286,7 @@ impl<K: Clone + Hash + Eq + Send + Sync, H: BuildHasher, C: TableCell> WordTable
             };
             // A small table is allocated when needed (in mapped pages, at most 16 of them
             // are first touched by the calls that fill it).
-            if target <= BUILD_ABOVE {
+            if target <= BUILD_ABOVE || left > build_from::<K, C>(target) {
                 return;
             }
             shard.next = Some(Building::new(target));
