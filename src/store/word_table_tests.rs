@@ -400,8 +400,8 @@ fn probes_past_equal_tags_and_the_table_end() {
 /// insert that finds its table full takes it ready-made: up to 600k keys (tables of ~20k
 /// slots a shard), no call allocates, maps or fills a large table. It builds late, since a
 /// table built ahead is resident until used: over the growth, the tables being built or
-/// built hold a few percent of the slots in use (started at 27/28 of the capacity, 64 slots
-/// an insert, they held 14 %).
+/// built hold 3 % of the slots in use (started as many inserts before full as a table twice
+/// the current one takes, 4.8 %; at 27/28 of the capacity, 64 slots an insert, 14 %).
 #[test]
 fn growth_builds_large_tables_ahead() {
     let store = store();
@@ -414,7 +414,7 @@ fn growth_builds_large_tables_ahead() {
         }
     }
     assert!(
-        built * 100 < used * 6,
+        built * 100 < used * 4,
         "tables built ahead: {built} slots against {used}"
     );
     assert!(capacity(&store) > 64 * 4096, "the tables did grow large");
