@@ -261,18 +261,19 @@ impl<K: Clone + Hash + Eq + Send + Sync, H: BuildHasher, C: TableCell> WordTable
     }
 
     /// Builds [`build_step`] more slots of the table the shard will move to, once its table is
-    /// [`build_from`] inserts from full (the next table's steps and an eighth), so that the insert that finds it full allocates
-    /// and fills nothing (a large table is up to ~1 MB at the default bound: hundreds of µs in
-    /// one call otherwise). The table [`WordTable::replace_table`] will want: below the
-    /// `evict_above` share, one for the live keys the shard will hold when full; at it, one for
-    /// the share and the drain's inserts, unless the shard has a spare of that size to reuse
-    /// (then nothing is built: a table built there was never used, and held ~1 MB a shard).
+    /// [`build_from`] inserts from full (the next table's steps and an eighth), so that the insert
+    /// that finds it full allocates and fills nothing (a large table is up to ~1 MB at the default
+    /// bound: hundreds of µs in one call otherwise). The table [`WordTable::replace_table`] will
+    /// want: below the `evict_above` share, one for the live keys the shard will hold when full; at
+    /// it, one for the share and the drain's inserts, unless the shard has a spare of that size to
+    /// reuse (then nothing is built: a table built there was never used, and held ~1 MB a shard).
     pub(super) fn build_next(&self, shard: &mut Shard<K, C>) {
         let len = shard.table.len();
         if shard.next.is_none() {
             let left = capacity(len).saturating_sub(shard.used);
-            // No next table is twice as large (a grown one is about 1.27 times, up to 1.6 at
-            // the first staggered length): no sizing until then.
+            // No sizing before a table twice the current one would start: a grown table is
+            // about 1.27 times it, up to 1.6 at the first staggered length (a larger one would
+            // be built late, and made in the call that needs it).
             if !shard.drains.is_empty() || left > build_from::<K, C>(2 * len) {
                 return;
             }
