@@ -592,21 +592,35 @@ fn bench_redis_prints_one_json_object_per_process() {
     }
 }
 
-/// A fresh path for an SVG in the system's temporary directory.
-/// A file of this test run's own in the temporary directory.
-fn temp_path(name: &str) -> std::path::PathBuf {
-    std::env::temp_dir().join(format!("tollgate-cli-{}-{name}", std::process::id()))
+/// A file of this test run's own in the temporary directory, removed when the test is done
+/// with it, a failed assertion included.
+struct TempFile(std::path::PathBuf);
+
+impl TempFile {
+    fn new(name: &str) -> Self {
+        TempFile(std::env::temp_dir().join(format!("tollgate-cli-{}-{name}", std::process::id())))
+    }
+
+    fn path(&self) -> &str {
+        self.0.to_str().expect("a temporary path in UTF-8")
+    }
 }
 
-fn svg_path(name: &str) -> std::path::PathBuf {
-    temp_path(&format!("{name}.svg"))
+impl Drop for TempFile {
+    fn drop(&mut self) {
+        std::fs::remove_file(&self.0).ok();
+    }
+}
+
+/// A fresh path for an SVG in the system's temporary directory.
+fn svg_path(name: &str) -> TempFile {
+    TempFile::new(&format!("{name}.svg"))
 }
 
 /// The plot's data series (polylines of more than two points: axes, ticks, legend marks and
 /// the limit have two) and the texts of its legend, read from the SVG as XML.
-fn read_svg(path: &std::path::Path) -> (usize, Vec<String>) {
-    let text = std::fs::read_to_string(path).unwrap();
-    std::fs::remove_file(path).ok();
+fn read_svg(file: &TempFile) -> (usize, Vec<String>) {
+    let text = std::fs::read_to_string(&file.0).unwrap();
     let doc = roxmltree::Document::parse(&text).expect("the plot is well-formed XML");
     assert_eq!(doc.root_element().tag_name().name(), "svg");
     let series = doc
@@ -644,7 +658,7 @@ fn compare_plots_one_admitted_series_per_algorithm_with_the_tables_counts() {
             "--bucket",
             "100ms",
             "--plot",
-            path.to_str().unwrap(),
+            path.path(),
             trace,
         ],
         "",
@@ -676,7 +690,7 @@ fn compare_plots_one_admitted_series_per_algorithm_with_the_tables_counts() {
 #[test]
 fn plot_of_one_algorithm_shows_admitted_denied_and_the_limit_as_the_summary_counts() {
     let path = svg_path("main-job");
-    let o = main_job(&["--format", "json", "--plot", path.to_str().unwrap()]);
+    let o = main_job(&["--format", "json", "--plot", path.path()]);
     assert!(o.status.success(), "{}", stderr(&o));
     let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
     let (series, texts) = read_svg(&path);
@@ -702,7 +716,7 @@ fn plot_of_one_algorithm_shows_admitted_denied_and_the_limit_as_the_summary_coun
         "--top",
         "0",
         "--plot",
-        path.to_str().unwrap(),
+        path.path(),
         "--key",
         "mallory",
     ]);
@@ -791,7 +805,7 @@ fn plot_options_are_checked() {
             "--window",
             "10us",
             "--plot",
-            path.to_str().unwrap(),
+            path.path(),
         ],
         "",
     );
@@ -827,7 +841,7 @@ fn the_shipped_plots_are_current() {
     ] {
         let path = svg_path(shipped);
         let mut args = args;
-        args.extend(["--plot", path.to_str().unwrap()]);
+        args.extend(["--plot", path.path()]);
         // The title names the trace as given: the commands use repository-relative paths.
         let trace = if shipped == "api.svg" {
             "examples/traces/api.csv"
@@ -837,8 +851,7 @@ fn the_shipped_plots_are_current() {
         args.push(trace);
         let o = tollgate_at_root(&args);
         assert!(o.status.success(), "{}", stderr(&o));
-        let drawn = std::fs::read_to_string(&path).unwrap();
-        std::fs::remove_file(&path).ok();
+        let drawn = std::fs::read_to_string(&path.0).unwrap();
         let expected = std::fs::read_to_string(format!("{root}/docs/{shipped}")).unwrap();
         assert!(
             drawn == expected,
@@ -853,14 +866,14 @@ fn the_shipped_plots_are_current() {
 /// util-linux's `script` is missing.
 #[test]
 fn a_progress_bar_only_on_a_terminal() {
-    let path = temp_path("long.csv");
+    let path = TempFile::new("long.csv");
     let mut trace = String::new();
     let mut t = 0u64;
     while trace.len() < 4 << 20 {
         trace.push_str(&format!("{t},key-{}\n", t % 1000));
         t += 1;
     }
-    std::fs::write(&path, &trace).unwrap();
+    std::fs::write(&path.0, &trace).unwrap();
     let args = [
         "replay",
         "--algorithm",
@@ -871,7 +884,7 @@ fn a_progress_bar_only_on_a_terminal() {
         "1s",
         "--format",
         "json",
-        path.to_str().unwrap(),
+        path.path(),
     ];
     let piped = tollgate(&args, "");
     assert!(piped.status.success(), "{}", stderr(&piped));
@@ -885,7 +898,6 @@ fn a_progress_bar_only_on_a_terminal() {
         .args(["-qec", &command, "/dev/null"])
         .stdin(Stdio::null())
         .output();
-    std::fs::remove_file(&path).ok();
     let Ok(o) = on_a_terminal else {
         eprintln!("no `script` here: the terminal case is not checked");
         return;
@@ -1011,17 +1023,13 @@ fn config_replay_waits_in_the_traces_time_and_prints_in_its_order() {
     // requests both wait for the next window; the third wakes first (at 1,146 ms) and takes
     // it, the second waits for the window after (2 s, its bound); the fourth, at 2.5 s, for
     // the window after that (511 ms: 3 s and its spread).
-    let config = temp_path("window.toml");
+    let config = TempFile::new("window.toml");
     std::fs::write(
-        &config,
+        &config.0,
         "[[policy]]\nname = \"w\"\nalgorithm = \"fixed-window\"\nquota = \"1/1s\"\nmode = { delay = \"2s\" }\n",
     )
     .unwrap();
-    let o = replay_config(
-        config.to_str().unwrap(),
-        &[],
-        "0,::1\n0,::1\n0,::1\n2500,::1\n",
-    );
+    let o = replay_config(config.path(), &[], "0,::1\n0,::1\n0,::1\n2500,::1\n");
     assert!(o.status.success(), "{}", stderr(&o));
     assert_eq!(
         stdout(&o),
@@ -1034,15 +1042,15 @@ fn config_replay_waits_in_the_traces_time_and_prints_in_its_order() {
 /// at `t`; a line the rate refuses takes none.
 #[test]
 fn config_replay_holds_in_flight_places_for_each_lines_duration() {
-    let config = temp_path("in_flight.toml");
+    let config = TempFile::new("in_flight.toml");
     std::fs::write(
-        &config,
+        &config.0,
         "[[policy]]\nname = \"up\"\nalgorithm = \"fixed-window\"\nquota = \"3/1s\"\nin_flight = 1\n",
     )
     .unwrap();
     let trace =
         "0+300,::1\n100,::1\n300+50,::1\n310,::1\n360,::1\n370+1000,::1\n1000,::1\n1001,::2\n";
-    let o = replay_config(config.to_str().unwrap(), &["--format", "lines"], trace);
+    let o = replay_config(config.path(), &["--format", "lines"], trace);
     assert!(o.status.success(), "{}", stderr(&o));
     // 0 runs until 300; 100 is over the bound; 300 starts as 0 ends (runs until 350); 310 is
     // over it; 360 takes the window's third unit; 370 is refused by the rate and holds no
@@ -1051,7 +1059,6 @@ fn config_replay_holds_in_flight_places_for_each_lines_duration() {
         stdout(&o),
         "allowed up\nin_flight up\nallowed up\nin_flight up\nallowed up\ndenied up\nallowed up\nallowed up\n"
     );
-    let _ = std::fs::remove_file(config);
 }
 
 #[test]
@@ -1120,19 +1127,19 @@ fn config_replay_summary_and_json_count_per_policy() {
 
 #[test]
 fn config_replay_reads_json_and_reports_bad_configurations_and_lines() {
-    let json = temp_path("policies.json");
+    let json = TempFile::new("policies.json");
     std::fs::write(
-        &json,
+        &json.0,
         r#"{ "policy": [ { "name": "api", "quota": "1/1m", "key": { "header": "x-api-key" } } ] }"#,
     )
     .unwrap();
-    let o = replay_config(json.to_str().unwrap(), &[], "0,k1\n0,k1\n0,k2\n");
+    let o = replay_config(json.path(), &[], "0,k1\n0,k1\n0,k2\n");
     assert!(o.status.success(), "{}", stderr(&o));
     assert_eq!(stdout(&o), "allowed api\ndenied api\nallowed api\n");
 
-    let bad = temp_path("bad.toml");
-    std::fs::write(&bad, "[[policy]]\nname = \"a\"\nquota = \"0/1s\"\n").unwrap();
-    let o = replay_config(bad.to_str().unwrap(), &[], "0,k\n");
+    let bad = TempFile::new("bad.toml");
+    std::fs::write(&bad.0, "[[policy]]\nname = \"a\"\nquota = \"0/1s\"\n").unwrap();
+    let o = replay_config(bad.path(), &[], "0,k\n");
     assert_eq!(o.status.code(), Some(2));
     let err = stderr(&o);
     assert!(
@@ -1145,12 +1152,12 @@ fn config_replay_reads_json_and_reports_bad_configurations_and_lines() {
     assert!(stderr(&o).contains("cannot read"), "{}", stderr(&o));
 
     // A bad line: what came before is printed, the message names the line, exit status 2.
-    let o = replay_config(json.to_str().unwrap(), &[], "0,k1\n5,k1,1,GET\n");
+    let o = replay_config(json.path(), &[], "0,k1\n5,k1,1,GET\n");
     assert_eq!(o.status.code(), Some(2));
     assert_eq!(stdout(&o), "allowed api\n");
     assert!(stderr(&o).contains("line 2"), "{}", stderr(&o));
     // A key no header can carry, for a policy keyed by a header.
-    let o = replay_config(json.to_str().unwrap(), &[], "0,k1\n5,a\u{1}b\n");
+    let o = replay_config(json.path(), &[], "0,k1\n5,a\u{1}b\n");
     assert_eq!(o.status.code(), Some(2));
     assert!(stderr(&o).contains("line 2"), "{}", stderr(&o));
 
