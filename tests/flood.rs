@@ -30,10 +30,12 @@ fn resident_kib() -> Option<i64> {
     line.split_whitespace().nth(1)?.parse().ok()
 }
 
-/// Bytes held now, relative to `region`'s start.
+/// Bytes held now, relative to `region`'s start (stats_alloc counts a reallocation's growth in
+/// `bytes_allocated` and its shrinking in `bytes_deallocated`; `bytes_reallocated` is the same
+/// change again).
 fn held(region: &Region<'_, System>) -> i64 {
     let c = region.change();
-    c.bytes_allocated as i64 - c.bytes_deallocated as i64 + c.bytes_reallocated as i64
+    c.bytes_allocated as i64 - c.bytes_deallocated as i64
 }
 
 fn flood<A: tollgate::Algorithm>(rule: A, policy: OverflowPolicy, keys: u64) {

@@ -128,6 +128,8 @@ mod slots;
 mod text;
 
 pub(crate) use self::region::ZeroedIsFresh;
+#[cfg(test)]
+pub(super) use self::region::HEAP_ONLY;
 pub use self::shards::WordTable;
 #[allow(unused_imports)] // `loom-tests` has no use for it
 pub use self::shards::DEFAULT_EVICT_ABOVE;

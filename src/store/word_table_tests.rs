@@ -3,6 +3,7 @@
 
 use std::hash::Hash;
 
+use super::cell::TableCell;
 use super::keyed_store::{Evictor, Inserted, KeyedStore};
 use super::word_table::{staggered, WordTable, DRAIN_STEP, SHARDS, SHARE_ROOM};
 use crate::clock::Nanos;
@@ -1779,4 +1780,232 @@ fn shards_grow_at_staggered_key_counts() {
     }
     assert!(most <= SHARDS / 3, "{most} shards drained at once");
     store.audit();
+}
+
+/// A key of `8 + P` bytes with drop glue, counted as [`Counted`] keys are: aligned to 4, so
+/// that the sizes below are exact (a slot is its cell and the key, rounded to the cell's
+/// alignment). Its hash is its id, so the ids of [`wide_key`] all land in shard 0.
+#[derive(Debug)]
+struct Wide<const P: usize> {
+    id: [u32; 2],
+    _pad: [u8; P],
+}
+
+impl<const P: usize> Wide<P> {
+    fn new(id: u64) -> Self {
+        COPIES.with(|c| c.set((c.get().0 + 1, c.get().1)));
+        Wide {
+            id: [id as u32, (id >> 32) as u32],
+            _pad: [id as u8; P],
+        }
+    }
+
+    fn id(&self) -> u64 {
+        u64::from(self.id[0]) | u64::from(self.id[1]) << 32
+    }
+}
+
+impl<const P: usize> Hash for Wide<P> {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        state.write_u64(self.id());
+    }
+}
+
+impl<const P: usize> PartialEq for Wide<P> {
+    fn eq(&self, other: &Self) -> bool {
+        self.id() == other.id()
+    }
+}
+
+impl<const P: usize> Eq for Wide<P> {}
+
+impl<const P: usize> Clone for Wide<P> {
+    fn clone(&self) -> Self {
+        Wide::new(self.id())
+    }
+}
+
+impl<const P: usize> Drop for Wide<P> {
+    fn drop(&mut self) {
+        COPIES.with(|c| c.set((c.get().0, c.get().1 + 1)));
+    }
+}
+
+/// The `i`th key of shard 0 (top bits 0; homes and tags spread by the low bits).
+fn wide_key<const P: usize>(i: u64) -> Wide<P> {
+    Wide::new(i.wrapping_mul(0x9E37_79B9) & 0x00FF_FFFF_FFFF)
+}
+
+type WideTable<const P: usize, C> = WordTable<Wide<P>, std::hash::BuildHasherDefault<Identity>, C>;
+
+/// An evictor that evicts nothing (a store below its share never asks).
+struct KeepEvery;
+
+impl<C> Evictor<C> for KeepEvery {
+    fn sweep(&self) -> usize {
+        unreachable!("the word table evicts on its own")
+    }
+
+    fn judging<R>(&self, _: impl FnOnce(Nanos, &dyn Fn(&C, Nanos) -> bool) -> R) -> Option<R> {
+        None
+    }
+}
+
+/// Inserts key `key` of `store`, running `f` on its cell, `judge` judging what to evict.
+fn insert_wide<const P: usize, C: TableCell>(
+    store: &WideTable<P, C>,
+    key: &Wide<P>,
+    f: &impl Fn(&C),
+    judge: &impl Evictor<C>,
+) {
+    let mut done = Inserted::default();
+    store.with_inserted(key, 0, f, judge, &mut done);
+}
+
+/// Inserts keys of shard 0 from `*next` on until the shard is part-way through building its
+/// next table for the `builds`-th time, and a few inserts (build steps) into it.
+fn grow_to_a_part_built_table<const P: usize, C: TableCell>(
+    store: &WideTable<P, C>,
+    next: &mut u64,
+    builds: usize,
+    f: &impl Fn(&C),
+) {
+    let (mut seen, mut was, mut into) = (0, false, 0);
+    let most = *next + 200_000;
+    // Stopped one to five steps into the build, by where the keys stand.
+    let steps = 1 + (*next % 5) as usize;
+    loop {
+        insert_wide(store, &wide_key(*next), f, &KeepEvery);
+        *next += 1;
+        assert!(*next < most, "no build after {most} keys");
+        let building = store.part_built() > 0;
+        seen += usize::from(building && !was);
+        was = building;
+        into += usize::from(seen == builds && building);
+        if into == steps {
+            return;
+        }
+    }
+}
+
+/// One key size and cell through every path that frees keys of part-built and built tables:
+/// growth through a built table and into a part-built one, every key evicted (the build is
+/// abandoned: its slots freed through its tags), growth again and the store dropped mid-build;
+/// then a store at its `evict_above` share, whose replaced tables are kept as spares and
+/// cleared a step at a time, dropped mid-clear. Every copy of every key is dropped once.
+fn keys_of_every_path<const P: usize, C: TableCell>(
+    what: &str,
+    new: impl Fn() -> WideTable<P, C>,
+    f: impl Fn(&C),
+    fresh: &impl Evictor<C>,
+) {
+    COPIES.with(|c| c.set((0, 0)));
+    let size = std::mem::size_of::<Wide<P>>();
+    {
+        let store = new();
+        let mut next = 0;
+        grow_to_a_part_built_table(&store, &mut next, 2, &f);
+        store.audit();
+        assert_eq!(
+            store.retain(|_| false),
+            next as usize,
+            "{what}, {size} bytes"
+        );
+        assert_eq!(store.len(), 0);
+        assert_eq!(
+            store.part_built(),
+            0,
+            "{what}, {size} bytes: the build abandoned"
+        );
+        store.audit();
+        grow_to_a_part_built_table(&store, &mut next, 1, &f);
+        store.audit();
+    }
+    let (made, gone) = COPIES.with(|c| c.get());
+    assert_eq!(made, gone, "{what}, {size}-byte keys: made and dropped");
+    {
+        let mut store = new();
+        // A share of a few tables' worth for shard 0, each replaced table a spare to clear.
+        let share = if cfg!(miri) { 300 } else { 5_000 };
+        store.set_evict_above(share * SHARDS);
+        for i in 0..4 * share as u64 {
+            insert_wide(&store, &wide_key(i), &f, fresh);
+        }
+        store.audit();
+        assert!(
+            store.len() < 2 * share,
+            "{what}, {size} bytes: held {}",
+            store.len()
+        );
+        // (Mapped tables are unmapped once drained; heap ones are kept and cleared.)
+        if store.mapped_tables() == 0 {
+            assert!(
+                store.spares_reused() > 0,
+                "{what}, {size} bytes: spares reused"
+            );
+        }
+    }
+    let (made, gone) = COPIES.with(|c| c.get());
+    assert_eq!(
+        made, gone,
+        "{what}, {size}-byte keys at the share: made and dropped"
+    );
+}
+
+/// Log cells whose entries have all expired by the time this judges (10 s on).
+struct ExpiredLogs(crate::SlidingLog);
+
+impl Evictor<crate::state::LogCell> for ExpiredLogs {
+    fn sweep(&self) -> usize {
+        unreachable!("the word table evicts on its own")
+    }
+
+    fn judging<R>(
+        &self,
+        f: impl FnOnce(Nanos, &dyn Fn(&crate::state::LogCell, Nanos) -> bool) -> R,
+    ) -> Option<R> {
+        const LATER: Nanos = 10_000_000_000;
+        Some(f(LATER, &|cell, _since| {
+            cell.evict_if_empty(&self.0, LATER)
+        }))
+    }
+}
+
+/// Keys with drop glue of 8, 24, 40, 72, 100 and 192 bytes (build steps of a page of slots:
+/// 256, 128, 85, 51, 36 and 20 word slots; 64, 32, 32, 32, 21 and 16 log slots, a cache line
+/// each or more: not all a multiple of the eight tags a word holds),
+/// in tables of word cells (every rule but the sliding log: mapped, and on the heap as when
+/// mapping fails) and of log cells (on the heap), through [`keys_of_every_path`]. Run under
+/// Miri too (`scripts/test.sh`), where tables are built ahead from 256 slots.
+#[test]
+fn keys_of_every_size_and_cell_are_dropped_once_on_every_path() {
+    fn sizes<const P: usize>() {
+        let word = |heap: bool| {
+            move || {
+                super::word_table::HEAP_ONLY.with(|h| h.set(heap));
+                WideTable::<P, AtomicWord>::new(MARKS, Default::default())
+            }
+        };
+        let count = |cell: &AtomicWord| {
+            add(cell, 0);
+        };
+        keys_of_every_path::<P, _>("word cells, mapped", word(false), count, &EVICT_ZERO);
+        keys_of_every_path::<P, _>("word cells, heap", word(true), count, &EVICT_ZERO);
+        super::word_table::HEAP_ONLY.with(|h| h.set(false));
+        let rule = crate::SlidingLog::new(crate::Quota::per_second(1_000).unwrap()).unwrap();
+        let logs = || WideTable::<P, crate::state::LogCell>::new((), Default::default());
+        let entry = |cell: &crate::state::LogCell| {
+            cell.decide(&rule, || 0, 1, true);
+        };
+        keys_of_every_path::<P, _>("log cells", logs, entry, &ExpiredLogs(rule));
+    }
+    // (Miri takes the first: build steps of 36 word slots and 21 log slots.)
+    sizes::<92>();
+    if !cfg!(miri) {
+        sizes::<0>();
+        sizes::<16>();
+        sizes::<32>();
+        sizes::<64>();
+        sizes::<184>();
+    }
 }

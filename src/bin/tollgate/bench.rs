@@ -313,9 +313,8 @@ fn bytes_per_key<A: Algorithm>(args: &BenchArgs, rule: A) -> f64 {
     }
     let stats = region.change();
     drop(limiter);
-    // Growth by `realloc` is counted apart from fresh allocations.
-    (stats.bytes_allocated as f64 - stats.bytes_deallocated as f64 + stats.bytes_reallocated as f64)
-        / args.keys as f64
+    // A reallocation's growth is in `bytes_allocated`, its shrinking in `bytes_deallocated`.
+    (stats.bytes_allocated as f64 - stats.bytes_deallocated as f64) / args.keys as f64
 }
 
 fn print(args: &BenchArgs, rows: &[Row]) {

@@ -120,6 +120,21 @@ impl<K: Send + Sync, H, C: TableCell> WordTable<K, H, C> {
             .count()
     }
 
+    /// Shards part-way through building their next table (for tests).
+    #[allow(dead_code)] // read by the unit tests in `word_table_tests.rs`
+    pub(crate) fn part_built(&self) -> usize {
+        self.shards
+            .iter()
+            .filter(|shard| {
+                shard
+                    .lock()
+                    .next
+                    .as_ref()
+                    .is_some_and(|next| !next.is_built())
+            })
+            .count()
+    }
+
     /// Slots of tables being built ahead, or built and not used yet (for tests).
     #[allow(dead_code)] // read by the unit tests in `word_table_tests.rs`
     pub(crate) fn built_ahead(&self) -> usize {

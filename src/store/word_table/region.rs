@@ -35,6 +35,22 @@ impl ZeroedIsFresh {
     }
 }
 
+#[cfg(test)]
+thread_local! {
+    /// Set by unit tests of the heap tables that mapping would otherwise serve: regions made on
+    /// this thread are all on the heap, as when the system refuses a mapping.
+    pub(crate) static HEAP_ONLY: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Whether the unit tests asked for heap regions only (never outside them).
+#[inline(always)]
+fn heap_only() -> bool {
+    #[cfg(test)]
+    return HEAP_ONLY.with(std::cell::Cell::get);
+    #[cfg(not(test))]
+    false
+}
+
 /// `len` values of `T`: on the heap, or in pages mapped for them alone.
 ///
 /// The values are reached through `first` and `len` whichever owns them, so that a lookup's
@@ -70,7 +86,7 @@ impl<T> Region<T> {
     /// bytes and the system grants the pages (never in the loom models).
     pub(crate) fn zeroed(len: usize, _promise: ZeroedIsFresh) -> Option<Self> {
         let bytes = len.saturating_mul(std::mem::size_of::<T>());
-        if MODEL_CHECKED || bytes < MAP_FROM {
+        if MODEL_CHECKED || bytes < MAP_FROM || heap_only() {
             return None;
         }
         Self::mapped(len, bytes)
@@ -98,12 +114,14 @@ impl<T> Region<T> {
     /// Drops the values from `len` on (a step of freeing a table whose cells have drop glue;
     /// the memory goes with the region).
     pub(crate) fn truncate(&mut self, len: usize) {
+        // Shortened first: a value whose drop panics unwinds out of `Vec::truncate`, and the
+        // values it was dropping must not stay reachable through `Deref` afterwards.
+        self.len = len.min(self.len);
         match &mut self.owner {
             Owner::Heap(values) => values.truncate(len),
             // Mapped values have no drop glue (the promise): they are just left behind.
             Owner::Mapped { .. } => {}
         }
-        self.len = len.min(self.len);
     }
 
     /// Whether the values are in pages of their own (zero pages: nothing was initialised).

@@ -90,7 +90,7 @@ impl<K: Clone + Hash + Eq + Send + Sync, H: BuildHasher, C: TableCell> WordTable
             drop_keys(&mut table.tags, &mut table.slots, start..end)
         };
         table.slots[start..end].fill_with(Slot::empty);
-        let tags = &mut table.tags[start / 8..end / 8];
+        let tags = &mut table.tags[tag_words(start)..tag_words(end)];
         // A step's own tag words only: clearing earlier ones again would be the same table at
         // a cost that grows with it (the work meter counts slots, not tag words).
         debug_assert!(

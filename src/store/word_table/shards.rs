@@ -73,7 +73,9 @@ pub(super) const fn build_from<K, C: TableCell>(next: usize) -> usize {
 pub(super) const PAGE: usize = 4096;
 
 /// Tables up to this many slots are allocated when needed (64 KiB of `u64` slots: a few µs).
-pub(super) const BUILD_ABOVE: usize = 4096;
+/// (Lower under Miri, so that its tests of the slot keys reach tables built a step at a time
+/// with a few hundred keys; the same paths at this size are tested natively.)
+pub(super) const BUILD_ABOVE: usize = if cfg!(miri) { 256 } else { 4096 };
 /// Keys a store holds before it evicts fresh ones, by default (see
 /// [`KeyedLimiterBuilder::evict_above`](crate::KeyedLimiterBuilder::evict_above)): with `u64`
 /// keys, 32 MiB of 16-byte slots at full load, more with the tables' headroom.
@@ -212,7 +214,7 @@ impl<K, C: TableCell> Building<K, C> {
         let memory = match zeroed_regions(len) {
             Some((tags, slots)) => Memory::Mapped { tags, slots },
             None => Memory::Heap {
-                tags: Vec::with_capacity(len / 8),
+                tags: Vec::with_capacity(tag_words(len)),
                 slots: Vec::with_capacity(len),
             },
         };
@@ -229,7 +231,9 @@ impl<K, C: TableCell> Building<K, C> {
         match &mut self.memory {
             Memory::Heap { tags, slots } => {
                 slots.resize_with(end, Slot::empty);
-                tags.resize_with(end / 8, || AtomicU64::new(0));
+                // Rounded up: the last word may tag fewer than eight built slots, and a build
+                // abandoned here is freed through those tags ([`Building::into_freeing`]).
+                tags.resize_with(tag_words(end), || AtomicU64::new(0));
             }
             Memory::Mapped { tags, slots } => {
                 // A fresh value written over the zero one: the page is the table's from now.
@@ -238,7 +242,7 @@ impl<K, C: TableCell> Building<K, C> {
                     slots[i] = Slot::empty();
                 }
                 let stride = PAGE / std::mem::size_of::<AtomicU64>();
-                for i in (from / 8..end / 8).filter(|i| i % stride == 0) {
+                for i in (tag_words(from)..tag_words(end)).filter(|i| i % stride == 0) {
                     tags[i] = AtomicU64::new(0);
                 }
             }

@@ -298,6 +298,8 @@ impl<K, C: TableCell> Freeing<K, C> {
     /// A table's slots and tags, to free (the first `end` slots may hold keys, and every slot
     /// past it is dropped already).
     pub(super) fn new(tags: Region<AtomicU64>, slots: Region<Slot<K, C>>, end: usize) -> Self {
+        // Every slot that may hold a key has its tag: `drop_keys` reads them all.
+        debug_assert!(end <= slots.len() && tags.len() >= tag_words(end));
         Freeing { tags, slots, end }
     }
 
@@ -485,11 +487,21 @@ impl<K, C: TableCell> Slot<K, C> {
     }
 }
 
+/// Words of tags that `slots` slots have, eight tags a word, rounded up: the one count of a
+/// table's tags, whole or part-built (a build step is a page of slots, often not a multiple of
+/// eight), that every path making, reading or freeing tags uses.
+#[inline]
+pub(super) const fn tag_words(slots: usize) -> usize {
+    slots.div_ceil(8)
+}
+
 pub(super) fn new_table<K, C: TableCell>(capacity: usize, era: u64) -> Arc<Table<K, C>> {
     let len = table_len(capacity);
     let (tags, slots) = zeroed_regions(len).unwrap_or_else(|| {
         work::allocated(len);
-        let tags = (0..len / 8).map(|_| AtomicU64::new(0)).collect::<Vec<_>>();
+        let tags = (0..tag_words(len))
+            .map(|_| AtomicU64::new(0))
+            .collect::<Vec<_>>();
         let slots = (0..len).map(|_| Slot::empty()).collect::<Vec<_>>();
         (tags.into(), slots.into())
     });
@@ -513,12 +525,13 @@ pub(super) fn zeroed_regions<K, C: TableCell>(len: usize) -> Option<Regions<K, C
     let slots = Region::zeroed(len, C::ZEROED.map(|_| unsafe { ZeroedIsFresh::promise() })?)?;
     // SAFETY: a zero `AtomicU64` is 0, no tag, as a new table's tags are; no drop glue.
     #[allow(unsafe_code)]
-    let tags = Region::zeroed(len / 8, unsafe { ZeroedIsFresh::promise() }).unwrap_or_else(|| {
-        (0..len / 8)
-            .map(|_| AtomicU64::new(0))
-            .collect::<Vec<_>>()
-            .into()
-    });
+    let tags =
+        Region::zeroed(tag_words(len), unsafe { ZeroedIsFresh::promise() }).unwrap_or_else(|| {
+            (0..tag_words(len))
+                .map(|_| AtomicU64::new(0))
+                .collect::<Vec<_>>()
+                .into()
+        });
     Some((tags, slots))
 }
 
