@@ -41,7 +41,7 @@ use crate::algorithm::sliding_log::{Entries, SlidingLog};
 use crate::clock::Nanos;
 use crate::decision::Decision;
 use crate::sync::{
-    spin_loop, yield_now, AtomicU128, AtomicU32, Detached, Ordering, ReclaimedSlots, Slots,
+    fence, spin_loop, yield_now, AtomicU128, AtomicU32, Detached, Ordering, ReclaimedSlots, Slots,
 };
 
 /// Entries kept in the cell itself: 24 bytes, beside the 16-byte header and the heap pointer, so
@@ -243,8 +243,10 @@ impl Entries for View<'_> {
     #[inline(always)]
     fn ticks(&self, i: u32) -> Option<u64> {
         let position = self.positions.advance(self.head, i);
-        // Acquire: keeps the reads after it (a denial's re-check of the header) after it, so
-        // that a decision that writes nothing stands only on slots read under that header.
+        // Acquire: keeps the reads after it (a denial's re-check of the header) after it, and
+        // makes a slot an exclusive change rewrote after its fence carry the freeze to that
+        // re-check, so that a decision that writes nothing stands only on slots read under
+        // that header (the seqlock reader's fence(Acquire), one load at a time).
         let slot = self.slots[self.positions.index(position)].load(Ordering::Acquire);
         if slot & 1 != self.positions.lap(position) {
             return None;
@@ -729,6 +731,12 @@ impl LogCell {
         if !self.cas(header, frozen) {
             return false;
         }
+        // Release, as a seqlock's writer after its odd store: a call whose Acquire load of a
+        // slot reads one of the relaxed stores below then sees the freeze (or later) when it
+        // reads the header again, so that no denial or peek stands on half-rewritten slots
+        // beside the header they were rewritten from (the CAS's release orders only what came
+        // before it).
+        fence(Ordering::Release);
         let (t, gen) = frozen.versioned(t);
         let tick = rule.tick_code();
         let heap = frozen.flags & HEAP != 0;
