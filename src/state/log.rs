@@ -1142,6 +1142,9 @@ mod examples {
     /// back to the ones it read, and its ring is no longer the log's. Committed, it would claim
     /// a slot of the new ring and write the old one: an entry no refund could wait out.
     #[test]
+    // 16,384 ring replacements while the test's pin keeps every one allocated: more than Miri
+    // finishes (the rings' reclamation is run under Miri by the tests above).
+    #[cfg_attr(miri, ignore)]
     fn a_check_stale_across_every_generation_fails_its_cas(
     ) -> Result<(), Box<dyn std::error::Error>> {
         use super::{Step, HEAP};
