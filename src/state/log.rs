@@ -133,7 +133,7 @@ impl Header {
     /// shows `FROZEN`), and the storage the call read, the ring and every slot, is still the
     /// log's: its CAS from that header is sound. A 14-bit generation alone comes back after
     /// 16,384 changes within one clock reading (a coarse tick, a manual clock), and a check
-    /// preempted that long committed into a ring the log no longer had. The carry moves a key's
+    /// preempted that long could commit into a ring the log no longer has. The carry moves a key's
     /// time ahead of its clock only when the clock stood still over 16,384 exclusive changes of
     /// the key: by 1 ns each time. (At `u64::MAX` ns, where only a manual clock pushed there
     /// gets, there is no later time to move to.)
@@ -1170,7 +1170,7 @@ mod examples {
         // The generation wrapped at one instant: the log's time moved on by 1 ns.
         assert_eq!((cell.load().at, cell.load().gen), (1, stale.gen));
         // The log holds its 7 entries, every one written: a refund of them all returns, and
-        // the log is empty after it.
+        // the log is empty after it (a peek of one unit leaves 39 of 40).
         assert_eq!(cell.entries(), 7);
         cell.refund(&rule, || 0, 7).unwrap();
         assert_eq!(cell.decide(&rule, || 0, 1, false).unwrap().remaining(), 39);
