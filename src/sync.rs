@@ -6,6 +6,8 @@
 
 pub(crate) use std::hint::spin_loop;
 use std::mem::MaybeUninit;
+
+use crossbeam_epoch::Pointer;
 pub(crate) use std::sync::atomic::{
     fence, AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering,
 };
@@ -70,7 +72,11 @@ impl ReclaimedSlots {
 
     /// Publishes `new` (none if `None`); the old ring is freed once no reader holds it.
     pub(crate) fn replace(&self, new: Option<Slots>) {
-        self.swap(new.map(|slots| Detached(Some(slots.0))));
+        let guard = crossbeam_epoch::pin();
+        let new = new.map_or(crossbeam_epoch::Shared::null(), |slots| {
+            slots.0.into_shared(&guard)
+        });
+        self.swap(new, &guard);
     }
 
     /// Takes the ring out (the pointer is left empty), for [`ReclaimedSlots::attach`]
@@ -81,25 +87,28 @@ impl ReclaimedSlots {
         let old = self
             .0
             .swap(crossbeam_epoch::Shared::null(), Ordering::AcqRel, &guard);
-        // SAFETY: the swap unlinked `old`, and only this call holds it now; `Detached` frees it
-        // only through `defer_destroy` (readers that loaded it before are pinned).
-        (!old.is_null()).then(|| Detached(Some(unsafe { old.into_owned() })))
+        // Kept a pointer, never made an `Owned`: pinned readers may still hold it.
+        (!old.is_null()).then(|| Detached(old.into_usize()))
     }
 
     /// Publishes a detached ring in place of the current one (freed once no reader holds it).
     pub(crate) fn attach(&self, ring: Detached) {
-        self.swap(Some(ring));
+        let guard = crossbeam_epoch::pin();
+        // SAFETY: `ring.into_shared` is `Detached`'s one way out but `Drop`, which this
+        // skips (`ring` is consumed); the shared ring lives until a `swap` unlinks it and
+        // defers its destruction past `guard` and every other pin.
+        let ring = unsafe { ring.into_shared(&guard) };
+        self.swap(ring, &guard);
     }
 
-    fn swap(&self, new: Option<Detached>) {
-        let guard = crossbeam_epoch::pin();
-        let new = match new {
-            Some(ring) => ring.into_shared(&guard),
-            None => crossbeam_epoch::Shared::null(),
-        };
+    fn swap<'g>(
+        &self,
+        new: crossbeam_epoch::Shared<'g, [MaybeUninit<AtomicU32>]>,
+        guard: &'g crossbeam_epoch::Guard,
+    ) {
         // AcqRel: release publishes the new ring to `with`; acquire takes the old one's
         // contents before it is freed.
-        let old = self.0.swap(new, Ordering::AcqRel, &guard);
+        let old = self.0.swap(new, Ordering::AcqRel, guard);
         if !old.is_null() {
             // SAFETY: `old` is unlinked by the swap, so no reader can load it from now on; the
             // ones that loaded it before are pinned, and the destruction waits for them.
@@ -125,32 +134,45 @@ impl Drop for ReclaimedSlots {
     }
 }
 
-/// A ring taken out of a [`ReclaimedSlots`] that readers may still be reading: owned, but freed
-/// only once no reader can hold it.
-pub(crate) struct Detached(Option<crossbeam_epoch::Owned<[MaybeUninit<AtomicU32>]>>);
+/// A ring taken out of a [`ReclaimedSlots`] that readers may still be reading: held, never
+/// read through, and freed only once no reader can hold it (`defer_destroy`, never at once).
+///
+/// It keeps the ring's pointer (crossbeam-epoch's `Shared::into_usize`), not an `Owned`: an
+/// `Owned` asserts that nothing else refers to the ring, while pinned readers of the cell it
+/// came from may still be reading it.
+pub(crate) struct Detached(usize);
 
+#[allow(unsafe_code)]
 impl Detached {
-    fn into_shared<'g>(
-        mut self,
-        guard: &'g crossbeam_epoch::Guard,
+    /// The ring as a `Shared` under `guard`, leaving `Detached` without running its `Drop`.
+    ///
+    /// # Safety
+    /// The caller publishes or destroys the ring, through `defer_destroy` only.
+    unsafe fn into_shared<'g>(
+        self,
+        _guard: &'g crossbeam_epoch::Guard,
     ) -> crossbeam_epoch::Shared<'g, [MaybeUninit<AtomicU32>]> {
-        self.0
-            .take()
-            .map_or(crossbeam_epoch::Shared::null(), |ring| {
-                ring.into_shared(guard)
-            })
+        let data = std::mem::ManuallyDrop::new(self).0;
+        // SAFETY: `data` came from `Shared::into_usize` of a ring that is still allocated (it
+        // is freed only by a `defer_destroy` of it, which `Detached` has not run), and it is
+        // turned back once: `self` is consumed without its `Drop`.
+        unsafe { crossbeam_epoch::Shared::from_usize(data) }
     }
 }
 
 #[allow(unsafe_code)]
 impl Drop for Detached {
     fn drop(&mut self) {
-        if let Some(ring) = self.0.take() {
-            let guard = crossbeam_epoch::pin();
-            // SAFETY: readers that loaded the ring before it was detached are pinned, and the
-            // destruction waits for them; no one else holds it.
-            unsafe { guard.defer_destroy(ring.into_shared(&guard)) };
-        }
+        let guard = crossbeam_epoch::pin();
+        // SAFETY: `self.0` came from `Shared::into_usize` of a ring still allocated, and this
+        // is its one conversion back (the other, `into_shared`, skips this `Drop`). Readers
+        // that loaded the ring before it was detached are pinned, and the destruction waits
+        // for them; no one else holds it.
+        unsafe {
+            guard.defer_destroy(
+                crossbeam_epoch::Shared::<[MaybeUninit<AtomicU32>]>::from_usize(self.0),
+            )
+        };
     }
 }
 

@@ -23,44 +23,66 @@ pub(crate) fn model_yield() {
     loom::thread::yield_now();
 }
 
-/// `src/sync.rs`'s 128-bit atomic, modelled by a loom mutex: every access is one step of the
-/// model, ordered as strongly as a lock orders it (at least what the library asks of it).
-#[derive(Default)]
-pub(crate) struct AtomicU128(loom::sync::Mutex<u128>);
+/// `src/sync.rs`'s 128-bit atomic, modelled by a loom atomic with the very orderings the library
+/// asks for, so that loom may show a load an older header where the hardware may (a lock in
+/// its place would order every access, and hide a missing fence).
+///
+/// loom has no 128-bit atomic: the word holds the index of its value in a table of the values
+/// the atomic has held or been compared with, one index per value, so that comparing indices
+/// is comparing values. The table is plain data behind a `std` mutex, which loom does not see
+/// and which is never held across a loom operation: it adds no ordering of its own.
+pub(crate) struct AtomicU128 {
+    index: loom::sync::atomic::AtomicUsize,
+    values: std::sync::Mutex<Vec<u128>>,
+}
+
+impl Default for AtomicU128 {
+    fn default() -> Self {
+        AtomicU128::new(0)
+    }
+}
 
 impl AtomicU128 {
     pub(crate) fn new(value: u128) -> Self {
-        AtomicU128(loom::sync::Mutex::new(value))
+        AtomicU128 {
+            index: loom::sync::atomic::AtomicUsize::new(0),
+            values: std::sync::Mutex::new(vec![value]),
+        }
     }
 
-    fn locked(&self) -> loom::sync::MutexGuard<'_, u128> {
-        self.0
-            .lock()
-            .expect("a loom model panicked while holding the lock")
+    /// `value`'s index, given it on first sight.
+    fn index_of(&self, value: u128) -> usize {
+        let mut values = self.values.lock().expect("never held across a panic");
+        values.iter().position(|&v| v == value).unwrap_or_else(|| {
+            values.push(value);
+            values.len() - 1
+        })
     }
 
-    pub(crate) fn load(&self, _: Ordering) -> u128 {
-        *self.locked()
+    fn value_at(&self, index: usize) -> u128 {
+        self.values.lock().expect("never held across a panic")[index]
     }
 
-    pub(crate) fn store(&self, value: u128, _: Ordering) {
-        *self.locked() = value;
+    pub(crate) fn load(&self, order: Ordering) -> u128 {
+        self.value_at(self.index.load(order))
+    }
+
+    pub(crate) fn store(&self, value: u128, order: Ordering) {
+        self.index.store(self.index_of(value), order);
     }
 
     pub(crate) fn compare_exchange(
         &self,
         current: u128,
         new: u128,
-        _: Ordering,
-        _: Ordering,
+        success: Ordering,
+        failure: Ordering,
     ) -> Result<u128, u128> {
-        let mut word = self.locked();
-        if *word == current {
-            *word = new;
-            Ok(current)
-        } else {
-            Err(*word)
-        }
+        let (current, new) = (self.index_of(current), self.index_of(new));
+        self.index
+            .compare_exchange(current, new, success, failure)
+            .map(|index| self.value_at(index))
+            .map_err(|index| self.value_at(index))
     }
 }
 

@@ -30,7 +30,8 @@
 //! - **Storage**: up to [`INLINE`] entries live in the cell; a longer log has a heap ring,
 //!   replaced when it grows and freed once no reader holds it (epoch reclamation,
 //!   `ReclaimedSlots`); a log back in the cell keeps a small ring idle for its next growth. A
-//!   CAS by a call that read an old ring fails: the generation changed.
+//!   CAS by a call that read an old ring fails: the header's time and generation together
+//!   never repeat (`Header::versioned`).
 //!
 //! In a keyed limiter the cell lives in the lock-free table, which evicts it (a tombstone, by
 //! CAS, when its log is empty) or moves it (frozen, then marked moved), and a decision that
@@ -40,7 +41,7 @@ use crate::algorithm::sliding_log::{Entries, SlidingLog};
 use crate::clock::Nanos;
 use crate::decision::Decision;
 use crate::sync::{
-    spin_loop, yield_now, AtomicU128, AtomicU32, Detached, Ordering, ReclaimedSlots, Slots,
+    fence, spin_loop, yield_now, AtomicU128, AtomicU32, Detached, Ordering, ReclaimedSlots, Slots,
 };
 
 /// Entries kept in the cell itself: 24 bytes, beside the 16-byte header and the heap pointer, so
@@ -91,7 +92,8 @@ struct Header {
     /// The entries' tick ([`SlidingLog::tick_code`]); 0 until the first entry.
     tick: u8,
     flags: u8,
-    /// Bumped by every exclusive change, so that a CAS from before it fails.
+    /// Bumped by every exclusive change, modulo 2^14; with `at` above it, a version that no
+    /// header repeats ([`Header::versioned`]), so that a CAS from before the change fails.
     gen: u16,
 }
 
@@ -118,6 +120,31 @@ impl Header {
 
     fn retired(self) -> bool {
         self.flags & (TOMBSTONE | MOVED) != 0
+    }
+
+    /// The time an exclusive change of this (frozen) header decides at, given the time `t` it
+    /// was asked to, and the generation it publishes.
+    ///
+    /// The pair (`at`, `gen`), compared in that order, never goes down: an admission, a
+    /// tombstone and a revival move `at` forward or leave it and keep `gen`, and a moved cell is
+    /// never live again. Every exclusive change makes it larger: `gen` goes up by one, and when
+    /// it wraps to 0 `at` moves on, by the clock or else by 1 ns. So a live header equal to one
+    /// a call read earlier is one that no exclusive change has published since (one under way
+    /// shows `FROZEN`), and the storage the call read, the ring and every slot, is still the
+    /// log's: its CAS from that header is sound. A 14-bit generation alone comes back after
+    /// 16,384 changes within one clock reading (a coarse tick, a manual clock), and a check
+    /// preempted that long could commit into a ring the log no longer has. The carry moves a key's
+    /// time ahead of its clock only when the clock stood still over 16,384 exclusive changes of
+    /// the key: by 1 ns each time. (At `u64::MAX` ns, where only a manual clock pushed there
+    /// gets, there is no later time to move to.)
+    fn versioned(self, t: Nanos) -> (Nanos, u16) {
+        let gen = self.gen.wrapping_add(1) & GEN_MASK;
+        let t = self.at.max(t);
+        if gen == 0 && t == self.at {
+            (t.saturating_add(1), gen)
+        } else {
+            (t, gen)
+        }
     }
 }
 
@@ -216,8 +243,10 @@ impl Entries for View<'_> {
     #[inline(always)]
     fn ticks(&self, i: u32) -> Option<u64> {
         let position = self.positions.advance(self.head, i);
-        // Acquire: keeps the reads after it (a denial's re-check of the header) after it, so
-        // that a decision that writes nothing stands only on slots read under that header.
+        // Acquire: keeps the reads after it (a denial's re-check of the header) after it, and
+        // makes a slot an exclusive change rewrote after its fence carry the freeze to that
+        // re-check, so that a decision that writes nothing stands only on slots read under
+        // that header (the seqlock reader's fence(Acquire), one load at a time).
         let slot = self.slots[self.positions.index(position)].load(Ordering::Acquire);
         if slot & 1 != self.positions.lap(position) {
             return None;
@@ -702,6 +731,13 @@ impl LogCell {
         if !self.cas(header, frozen) {
             return false;
         }
+        // Release, as a seqlock's writer after its odd store: a call whose Acquire load of a
+        // slot reads one of the relaxed stores below then sees the freeze (or later) when it
+        // reads the header again, so that no denial or peek stands on half-rewritten slots
+        // beside the header they were rewritten from (the CAS's release orders only what came
+        // before it).
+        fence(Ordering::Release);
+        let (t, gen) = frozen.versioned(t);
         let tick = rule.tick_code();
         let heap = frozen.flags & HEAP != 0;
         let rebuilt = self.with_slots(frozen, |slots| {
@@ -782,12 +818,12 @@ impl LogCell {
             self.heap.replace(None);
         }
         let next = Header {
-            at: frozen.at.max(t),
+            at: t,
             head,
             tail,
             tick: if head == tail { frozen.tick } else { tick },
             flags: (frozen.flags & !(FROZEN | HEAP)) | flags,
-            gen: frozen.gen.wrapping_add(1) & GEN_MASK,
+            gen,
         };
         // Release: publishes the slots written above (and a new ring's pointer before it).
         self.header.store(next.pack(), Ordering::Release);
@@ -1097,6 +1133,47 @@ mod examples {
         // Nothing was written: the log still holds its 10 entries.
         assert_eq!(cell.load(), current);
         assert_eq!(cell.entries(), 10);
+        Ok(())
+    }
+
+    /// A check preempted between reading its header and its CAS, while the log changes
+    /// exclusively 16,384 times at one instant (8,192 growths into a new ring and refunds into
+    /// another: every generation once), must fail its CAS: positions, time, tick and flags are
+    /// back to the ones it read, and its ring is no longer the log's. Committed, it would claim
+    /// a slot of the new ring and write the old one: an entry no refund could wait out.
+    #[test]
+    // 16,384 ring replacements while the test's pin keeps every one allocated: more than Miri
+    // finishes (the rings' reclamation is run under Miri by the tests above).
+    #[cfg_attr(miri, ignore)]
+    fn a_check_stale_across_every_generation_fails_its_cas(
+    ) -> Result<(), Box<dyn std::error::Error>> {
+        use super::{Step, HEAP};
+        let rule = SlidingLog::new(Quota::per_second(40)?)?;
+        let cell = LogCell::default();
+        admit_at_zero(&cell, &rule, 7);
+        let stale = cell.load();
+        assert!(stale.flags & HEAP != 0);
+        let step = cell
+            .with_slots(stale, |slots| {
+                assert_eq!(slots.len(), 16);
+                for _ in 0..8_192 {
+                    assert!(cell.decide(&rule, || 0, 10, true).unwrap().allowed());
+                    cell.refund(&rule, || 0, 10).unwrap();
+                }
+                cell.attempt(stale, slots, &rule, rule.tick_code(), 0, 1, true)
+            })
+            .unwrap();
+        assert!(
+            matches!(step, Step::Retry),
+            "a check stale across 16,384 exclusive changes committed"
+        );
+        // The generation wrapped at one instant: the log's time moved on by 1 ns.
+        assert_eq!((cell.load().at, cell.load().gen), (1, stale.gen));
+        // The log holds its 7 entries, every one written: a refund of them all returns, and
+        // the log is empty after it (a peek of one unit leaves 39 of 40).
+        assert_eq!(cell.entries(), 7);
+        cell.refund(&rule, || 0, 7).unwrap();
+        assert_eq!(cell.decide(&rule, || 0, 1, false).unwrap().remaining(), 39);
         Ok(())
     }
 
