@@ -72,6 +72,40 @@
 //! # }
 //! ```
 //!
+//! # Where the layer sits (axum)
+//! Policies name the paths clients send ([`client_path`]), wherever the layer is put: axum's
+//! `Router::nest("/api", api)` strips `/api` from the URI that `api`'s routes and layers see,
+//! and with feature `axum` the layer reads the path from axum's `OriginalUri` instead. A
+//! policy on `/api/login` covers `POST /api/login` in each of these placements:
+//! ```
+//! use axum::{routing::post, Router};
+//! use tollgate::tower::{Key, Policy, RateLimitLayer};
+//! use tollgate::{Gcra, KeyedLimiter, Quota};
+//!
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let login = KeyedLimiter::<Key, _>::new(Gcra::new(Quota::per_minute(2)?)?);
+//! let layer = RateLimitLayer::builder()
+//!     .policy(Policy::new("login", login).path_prefix("/api/login"))
+//!     .build()?;
+//! let api = || Router::new().route("/login", post(|| async { "welcome" }));
+//! // On the outer router: every route, and the fallback.
+//! let outer: Router = Router::new().nest("/api", api()).layer(layer.clone());
+//! // On the nested router only.
+//! let nested: Router = Router::new().nest("/api", api().layer(layer.clone()));
+//! // On the nested router's routes only: a path without a route gets its 404 unchecked.
+//! let routes: Router = Router::new().nest("/api", api().route_layer(layer.clone()));
+//! // In a stack of layers.
+//! let stack = tower::ServiceBuilder::new().layer(layer);
+//! let stacked: Router = Router::new().nest("/api", api().layer(stack));
+//! # let _ = (outer, nested, routes, stacked);
+//! # Ok(())
+//! # }
+//! ```
+//! A router's `.layer(…)` wraps the routes added before it, not those added after (a
+//! `/metrics` route added after the layer is never limited). Without feature `axum` the layer
+//! matches the request's URI: put it outside any router that strips a prefix, or name the
+//! paths as the routes see them.
+//!
 //! # Metrics
 //! With feature `metrics`, the layer counts through the `metrics` crate's
 //! facade (install any recorder: Prometheus, StatsD, …):
@@ -140,7 +174,7 @@ pub use self::future::ResponseFuture;
 pub use self::key::{Key, KeySource, LongKey};
 pub use self::layer::{Evaluation, RateLimitLayer};
 pub use self::outcome::Outcome;
-pub use self::path::normalized_path;
+pub use self::path::{client_path, normalized_path};
 pub use self::policy::{InFlightScope, Mode, Policy};
 #[cfg(feature = "redis")]
 pub use self::redis_backend::{redis_key, RedisBackend};

@@ -183,15 +183,19 @@ impl RateLimitLayerBuilder {
 
     /// Requests for which `predicate` holds bypass every policy (e.g. `/health`).
     ///
+    /// The predicate sees the request as the layer does: under axum's `Router::nest`, its
+    /// `uri` lacks the nest's prefix; [`client_path`](super::client_path) is the path the
+    /// client sent, normalised, as the policies match it.
+    ///
     /// # Examples
     /// ```
-    /// use tollgate::tower::{normalized_path, Key, Policy, RateLimitLayer};
+    /// use tollgate::tower::{client_path, Key, Policy, RateLimitLayer};
     /// use tollgate::{Gcra, KeyedLimiter, Quota};
     /// let per_ip = KeyedLimiter::<Key, _>::new(Gcra::new(Quota::per_second(10)?)?);
     /// let layer = RateLimitLayer::builder()
     ///     .policy(Policy::new("api", per_ip))
-    ///     // Probes must never see a 429; compare normalised paths, as the policies do.
-    ///     .allow_if(|req| normalized_path(req.uri.path()) == "/health")
+    ///     // Probes must never see a 429; compare the path the policies match.
+    ///     .allow_if(|req| client_path(req) == "/health")
     ///     .build()?;
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```

@@ -62,6 +62,10 @@
 //! quota = "100/1m"
 //! ```
 //!
+//! Every path (`path`, `path_pattern`, `allow_paths`, `cost_by_path`) is a path as clients send
+//! it, normalised ([`client_path`](super::client_path)): the same under axum's `Router::nest`
+//! wherever the layer sits, and the same paths `tollgate replay --config` reads from a trace.
+//!
 //! Durations are written `250ms`, `1s`, `1m`, `1h` (also `ns`, `us`, `d`). A compact quota is
 //! `LIMIT/WINDOW`, optionally followed by `burst B` (`10/s` means `10/1s`).
 //!
@@ -206,10 +210,11 @@ fn default_ipv6_prefix() -> u8 {
 pub struct PolicyConfig {
     /// The name (shown in headers, the 429 body and metrics).
     pub name: String,
-    /// A path prefix of whole segments (`/api/` covers `/api/x`).
+    /// A path prefix of whole segments (`/api/` covers `/api/x`), of the path the client
+    /// sent wherever the layer sits (see [`Policy::path_prefix`]).
     #[serde(default)]
     pub path: Option<String>,
-    /// A path pattern (`*` one segment, a final `**` any rest).
+    /// A path pattern (`*` one segment, a final `**` any rest), of the path the client sent.
     #[serde(default)]
     pub path_pattern: Option<String>,
     /// The methods matched (default every method); HEAD matches where GET does, unless

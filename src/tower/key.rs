@@ -332,8 +332,10 @@ impl KeySource {
         }
     }
 
-    /// The request's path (without the query), normalised as policies match it (see
-    /// [`normalized_path`](super::normalized_path)): `//a/./b` and `/a/%62` are the key `/a/b`.
+    /// The request's path (without the query) as the client sent it, normalised as policies
+    /// match it (see [`client_path`](super::client_path)): `//a/./b` and `/a/%62` are the key
+    /// `/a/b`, and a route nested under axum's `Router::nest("/api", …)` is keyed `/api/…`
+    /// wherever the layer sits.
     ///
     /// # Examples
     /// ```

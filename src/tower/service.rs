@@ -19,7 +19,7 @@ use super::future::{Admitted, ResponseFuture, Stage};
 use super::key::{Key, LongKey};
 use super::layer::{Evaluation, RateLimitLayer, Shared};
 use super::outcome::Outcome;
-use super::path::normalized_path;
+use super::path::client_path;
 use super::policy::{Mode, Policy};
 use super::response::{
     add_headers, grpc_code, grpc_response, is_grpc, problem, problem_response, retry_after_secs,
@@ -77,7 +77,7 @@ pub(super) enum Plan {
 impl Shared {
     pub(super) fn plan(&self, parts: &Parts) -> Plan {
         let last = self.policies.len();
-        let path = normalized_path(parts.uri.path());
+        let path = client_path(parts);
         let index = match (self.policies.iter()).position(|p| p.matches(&parts.method, &path)) {
             Some(i) if !(self.has_default && i + 1 == last) => i,
             _ if self.has_default => last - 1,

@@ -120,7 +120,7 @@ impl LayerConfig {
                 .map(PathMatch::Prefix)
                 .collect();
             builder = builder.allow_if(move |parts| {
-                let path = crate::tower::normalized_path(parts.uri.path());
+                let path = crate::tower::client_path(parts);
                 paths.iter().any(|p| p.matches(&path))
             });
         }
@@ -247,7 +247,7 @@ impl PolicyConfig {
                 return Err(self.problem(&format!("cost_by_path {path:?} must start with `/`")));
             }
             policy = policy.cost_fn(move |parts| {
-                let path = crate::tower::normalized_path(parts.uri.path());
+                let path = crate::tower::client_path(parts);
                 costs
                     .iter()
                     .find(|(prefix, _, _)| prefix.matches(&path))
