@@ -20,10 +20,12 @@
 //!   queue in process) waiters are served first come, first served, each charged once, and one
 //!   that hangs up gives its slot back; on others (the windows, the log, Redis) a waiter checks
 //!   again after each refusal's `retry_after`.
-//! - **No key** (no peer address, a missing header, a closure's `None`):
-//!   [`RateLimitLayerBuilder::on_missing_key`] says: reject it with a status (default 500: a
-//!   missing peer address is a server set-up error; choose 400 for a missing API key), or let it
-//!   through uncounted ([`Fallback::Allow`]).
+//! - **No key** (a missing header, a closure's `None`, no peer address):
+//!   [`Policy::on_missing_key`] or [`RateLimitLayerBuilder::on_missing_key`] says: reject it
+//!   with a status, or let it through uncounted ([`Fallback::Allow`]). Unset, a key the client
+//!   did not send is its mistake, `400 Bad Request`; a missing peer address is the server's
+//!   set-up error, `500 Internal Server Error`, whose body says to serve with
+//!   `into_make_service_with_connect_info::<SocketAddr>()` (axum).
 //! - **Backend error** (a full key table, a failed network backend):
 //!   [`RateLimitLayerBuilder::on_error`], the same choices (default 503). A cost above the
 //!   quota's capacity can never be admitted: a 429 without `Retry-After`.

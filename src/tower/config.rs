@@ -20,7 +20,8 @@
 //! allow_cidrs = ["192.0.2.0/24"]   # these clients bypass every policy
 //! allow_paths = ["/health"]        # these paths (whole segments, normalised) bypass
 //!                                  # every policy
-//! on_missing_key = 400             # a status (4xx/5xx) or "allow"; default 500
+//! on_missing_key = 400             # a status (4xx/5xx) or "allow"; default 400 for a key
+//!                                  # the client did not send, 500 without a peer address
 //! on_error = "allow"               # a status (4xx/5xx) or "allow"; default 503
 //! on_table_full = 503              # a new key a full key table refuses; default 503
 //! max_key_len = 256                # bytes of a key's text part (default 256); longer:
@@ -161,7 +162,8 @@ pub struct LayerConfig {
     /// Requests under these path prefixes (whole segments) bypass every policy.
     #[serde(default)]
     pub allow_paths: Vec<String>,
-    /// What a request without a key gets (default a 500).
+    /// What a request without a key gets (default: 400 for a key the client did not send, 500
+    /// for a missing peer address; see [`RateLimitLayerBuilder::on_missing_key`]).
     #[serde(default)]
     pub on_missing_key: Option<Fallback>,
     /// What a request the backend could not decide gets (default a 503).

@@ -494,9 +494,10 @@ impl Policy {
     }
 
     /// What happens to a request of this policy whose key cannot be extracted, instead of the
-    /// layer's [`on_missing_key`](super::RateLimitLayerBuilder::on_missing_key): a policy keyed
-    /// by an optional header may let requests without it pass, while the layer's IP-keyed
-    /// policies still refuse a request without a peer address.
+    /// layer's [`on_missing_key`](super::RateLimitLayerBuilder::on_missing_key) (whose default
+    /// is 400 for a key the client did not send, 500 for a missing peer address): a policy
+    /// keyed by an optional header may let requests without it pass, while the layer's
+    /// IP-keyed policies still refuse a request without a peer address.
     ///
     /// # Examples
     /// ```
