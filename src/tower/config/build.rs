@@ -352,16 +352,10 @@ impl PolicyConfig {
                 RedisFailure::Local => FailurePolicy::Local,
             };
             let guarded = limiter.guarded_on(FailureHandling::new(policy), &runtime);
-            return Ok(Arc::new(crate::tower::RedisBackend::new(
-                guarded,
-                self.quotas[0],
-            )));
+            return Ok(Arc::new(crate::tower::RedisBackend::new(guarded)));
         }
         if more.is_empty() {
-            return Ok(Arc::new(crate::tower::RedisBackend::new(
-                limiter,
-                self.quotas[0],
-            )));
+            return Ok(Arc::new(crate::tower::RedisBackend::new(limiter)));
         }
         // One algorithm for every rule: `with_rules` cannot refuse them.
         let all = limiter
