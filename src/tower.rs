@@ -20,10 +20,12 @@
 //!   queue in process) waiters are served first come, first served, each charged once, and one
 //!   that hangs up gives its slot back; on others (the windows, the log, Redis) a waiter checks
 //!   again after each refusal's `retry_after`.
-//! - **No key** (no peer address, a missing header, a closure's `None`):
-//!   [`RateLimitLayerBuilder::on_missing_key`] says: reject it with a status (default 500: a
-//!   missing peer address is a server set-up error; choose 400 for a missing API key), or let it
-//!   through uncounted ([`Fallback::Allow`]).
+//! - **No key** (a missing header, a closure's `None`, no peer address):
+//!   [`Policy::on_missing_key`] or [`RateLimitLayerBuilder::on_missing_key`] says: reject it
+//!   with a status, or let it through uncounted ([`Fallback::Allow`]). Unset, a key the client
+//!   did not send is its mistake, `400 Bad Request`; a missing peer address is the server's
+//!   set-up error, `500 Internal Server Error`, whose body says to serve with
+//!   `into_make_service_with_connect_info::<SocketAddr>()` (axum).
 //! - **Backend error** (a full key table, a failed network backend):
 //!   [`RateLimitLayerBuilder::on_error`], the same choices (default 503). A cost above the
 //!   quota's capacity can never be admitted: a 429 without `Retry-After`.
@@ -71,6 +73,40 @@
 //! # Ok(())
 //! # }
 //! ```
+//!
+//! # Where the layer sits (axum)
+//! Policies name the paths clients send ([`client_path`]), wherever the layer is put: axum's
+//! `Router::nest("/api", api)` strips `/api` from the URI that `api`'s routes and layers see,
+//! and with feature `axum` the layer reads the path from axum's `OriginalUri` instead. A
+//! policy on `/api/login` covers `POST /api/login` in each of these placements:
+//! ```
+//! use axum::{routing::post, Router};
+//! use tollgate::tower::{Key, Policy, RateLimitLayer};
+//! use tollgate::{Gcra, KeyedLimiter, Quota};
+//!
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let login = KeyedLimiter::<Key, _>::new(Gcra::new(Quota::per_minute(2)?)?);
+//! let layer = RateLimitLayer::builder()
+//!     .policy(Policy::new("login", login).path_prefix("/api/login"))
+//!     .build()?;
+//! let api = || Router::new().route("/login", post(|| async { "welcome" }));
+//! // On the outer router: every route, and the fallback.
+//! let outer: Router = Router::new().nest("/api", api()).layer(layer.clone());
+//! // On the nested router only.
+//! let nested: Router = Router::new().nest("/api", api().layer(layer.clone()));
+//! // On the nested router's routes only: a path without a route gets its 404 unchecked.
+//! let routes: Router = Router::new().nest("/api", api().route_layer(layer.clone()));
+//! // In a stack of layers.
+//! let stack = tower::ServiceBuilder::new().layer(layer);
+//! let stacked: Router = Router::new().nest("/api", api().layer(stack));
+//! # let _ = (outer, nested, routes, stacked);
+//! # Ok(())
+//! # }
+//! ```
+//! A router's `.layer(…)` wraps the routes added before it, not those added after (a
+//! `/metrics` route added after the layer is never limited). Without feature `axum` the layer
+//! matches the request's URI: put it outside any router that strips a prefix, or name the
+//! paths as the routes see them.
 //!
 //! # Metrics
 //! With feature `metrics`, the layer counts through the `metrics` crate's
@@ -140,7 +176,7 @@ pub use self::future::ResponseFuture;
 pub use self::key::{Key, KeySource, LongKey};
 pub use self::layer::{Evaluation, RateLimitLayer};
 pub use self::outcome::Outcome;
-pub use self::path::normalized_path;
+pub use self::path::{client_path, normalized_path};
 pub use self::policy::{InFlightScope, Mode, Policy};
 #[cfg(feature = "redis")]
 pub use self::redis_backend::{redis_key, RedisBackend};

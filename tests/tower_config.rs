@@ -110,7 +110,7 @@ fn the_example_trusts_127_0_0_1_and_charges_5_for_an_export() {
 fn the_example_partner_policy_keys_by_api_key_and_shadow_never_rejects() {
     let clock = ManualClock::new();
     let mut h = Harness::new(example(), &clock);
-    // No x-api-key: the configured 400.
+    // No x-api-key: a 400, the default for a key the client did not send.
     assert_eq!(h.status("/partner/orders", CLIENT, &[]), 400);
     for _ in 0..100 {
         assert_eq!(

@@ -414,6 +414,69 @@ async fn the_no_key_outcome_is_configured() {
     }
 }
 
+/// A request without the API key its policy is keyed by is the client's mistake: a 400 with
+/// a problem+json body, with nothing configured; a request with it is counted.
+#[tokio::test]
+async fn a_missing_api_key_gets_a_400_by_default() {
+    let clock = ManualClock::new();
+    let api_key = HeaderName::from_static("x-api-key");
+    let policy = Policy::new("keys", gcra(&clock, Quota::per_hour(1).unwrap()))
+        .key(KeySource::header(api_key));
+    let layer = RateLimitLayer::builder()
+        .default_policy(policy)
+        .build()
+        .unwrap();
+    let addr = serve(app(layer)).await;
+    let http = client();
+    for headers in [&[][..], &[("x-api-key", "")]] {
+        let reply = get_with(&http, addr, "/other", headers).await;
+        assert_eq!(reply.status, StatusCode::BAD_REQUEST, "{headers:?}");
+        assert_eq!(
+            reply.header("content-type"),
+            Some("application/problem+json")
+        );
+        assert!(reply.body.contains(r#""status":400"#), "{}", reply.body);
+    }
+    let with_key = get_with(&http, addr, "/other", &[("x-api-key", "a")]).await;
+    assert_eq!(with_key.status, StatusCode::OK);
+}
+
+/// A server that gives the layer no peer address (axum served without
+/// `into_make_service_with_connect_info`) is misconfigured: a 500, whose body names the fix,
+/// on IP-keyed policies; a policy keyed by a header still answers a missing header with 400.
+#[tokio::test]
+async fn a_server_without_peer_addresses_answers_500_naming_the_fix() {
+    let clock = ManualClock::new();
+    let one = || gcra(&clock, Quota::per_hour(1).unwrap());
+    let layer = RateLimitLayer::builder()
+        .policy(
+            Policy::new("keys", one())
+                .path_prefix("/health")
+                .key(KeySource::header(HeaderName::from_static("x-api-key"))),
+        )
+        .default_policy(Policy::new("per-ip", one()))
+        .build()
+        .unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let served = app(layer).into_make_service();
+    tokio::spawn(async move { axum::serve(listener, served).await.unwrap() });
+    let http = client();
+    let reply = get_with(&http, addr, "/other", &[]).await;
+    assert_eq!(reply.status, StatusCode::INTERNAL_SERVER_ERROR);
+    assert_eq!(
+        reply.header("content-type"),
+        Some("application/problem+json")
+    );
+    assert!(
+        reply.body.contains("into_make_service_with_connect_info"),
+        "{}",
+        reply.body
+    );
+    let reply = get_with(&http, addr, "/health", &[]).await;
+    assert_eq!(reply.status, StatusCode::BAD_REQUEST, "{}", reply.body);
+}
+
 #[tokio::test]
 async fn costs_fixed_and_computed() {
     let clock = ManualClock::new();

@@ -216,7 +216,8 @@ proptest! {
         let response = call(&rt, &mut svc, req);
         let keys = keys.lock().unwrap();
         match keys.first() {
-            None => prop_assert_eq!(response.status(), StatusCode::INTERNAL_SERVER_ERROR),
+            // The peer is known: a forwarding header that names no client is the client's.
+            None => prop_assert_eq!(response.status(), StatusCode::BAD_REQUEST),
             Some(key) => {
                 prop_assert_eq!(response.status(), StatusCode::OK);
                 prop_assert_eq!(keys.len(), 1);
@@ -271,6 +272,16 @@ fn a_request_without_a_peer_address_gets_the_configured_outcome() {
         Some("application/problem+json")
     );
     assert_eq!(header(&response, "cache-control"), Some("no-store"));
+    // The body names what the server must do.
+    let body = rt.block_on(async {
+        use http_body_util::BodyExt;
+        let body = response.into_body().collect().await.unwrap().to_bytes();
+        String::from_utf8(body.to_vec()).unwrap()
+    });
+    assert!(
+        body.contains("into_make_service_with_connect_info"),
+        "{body}"
+    );
     // A gRPC call is a POST of `application/grpc`: its refusal is a gRPC status. A GET of
     // that content type is no gRPC call, and gets the plain HTTP refusal.
     let grpc = |method: http::Method| {

@@ -24,7 +24,7 @@ use redis::aio::ConnectionManager;
 use redis_server::RedisServer;
 use tollgate::redis::{FailureHandling, FailurePolicy, LeaseConfig, RedisLimiter, RedisRule};
 use tollgate::tower::{
-    redis_key, CheckBackend, HeaderStyle, Key, Policy, RateLimitLayer, RedisBackend,
+    redis_key, CheckBackend, HeaderStyle, Key, Policy, QuotaInfo, RateLimitLayer, RedisBackend,
 };
 use tollgate::Quota;
 use tower_support::{client, Http};
@@ -112,16 +112,8 @@ fn two_servers_share_one_exact_global_limit() {
         // 5 an hour per client IP: nothing refills during the test.
         let quota = Quota::per_hour(5).unwrap();
         let prefix = prefix();
-        let a = serve(RedisBackend::new(
-            node(&server, quota, &prefix).await,
-            quota,
-        ))
-        .await;
-        let b = serve(RedisBackend::new(
-            node(&server, quota, &prefix).await,
-            quota,
-        ))
-        .await;
+        let a = serve(RedisBackend::new(node(&server, quota, &prefix).await)).await;
+        let b = serve(RedisBackend::new(node(&server, quota, &prefix).await)).await;
         let http = client();
         let mut statuses = Vec::new();
         for i in 0..8 {
@@ -143,6 +135,38 @@ fn two_servers_share_one_exact_global_limit() {
         .map(|(s, r)| (s, Some(r.to_string())))
         .collect();
         assert_eq!(statuses, want);
+    });
+}
+
+/// What the rate-limit headers show is read from the limiter's rules, each in its order: the
+/// backend is given no quota that could disagree with them.
+#[test]
+fn a_backend_shows_its_rules_quotas() {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    runtime().block_on(async {
+        let fast = Quota::per_second(10).unwrap().with_burst(20).unwrap();
+        let exact = node(&server, fast, &prefix()).await;
+        let hourly = RedisRule::sliding_window(Quota::per_hour(1000).unwrap()).unwrap();
+        let info = |limit, secs| QuotaInfo {
+            limit,
+            window: Duration::from_secs(secs),
+        };
+        let one = RedisBackend::new(exact.clone());
+        assert_eq!((one.quota_count(), one.quota(0)), (1, Some(info(10, 1))));
+        assert_eq!(one.quota(1), None);
+        let gcra_hourly = RedisRule::gcra(Quota::per_hour(1000).unwrap()).unwrap();
+        let both = RedisBackend::new(exact.with_rules([gcra_hourly]).unwrap());
+        assert_eq!(both.quota_count(), 2);
+        assert_eq!(both.quota(0), Some(info(10, 1)));
+        assert_eq!(both.quota(1), Some(info(1000, 3600)));
+        assert_eq!(both.quota(2), None);
+        // Another algorithm, its own window.
+        let client = redis::Client::open(server.url()).unwrap();
+        let conn = ConnectionManager::new(client).await.unwrap();
+        let window = RedisBackend::new(RedisLimiter::builder(hourly).build(conn));
+        assert_eq!(window.quota(0), Some(info(1000, 3600)));
     });
 }
 
@@ -168,10 +192,16 @@ fn guarded_and_leased_nodes_hold_the_limit_too() {
         // The client's key as the layer sends it: 127.0.0.1 (the servers see the loopback).
         let key = redis_key(&Key::Ip("127.0.0.1".parse().unwrap()));
         leased.prefetch(&key).await.expect("a first grant");
-        let (guarded, leased) = (
-            RedisBackend::new(guarded, quota),
-            RedisBackend::new(leased, quota),
-        );
+        let (guarded, leased) = (RedisBackend::new(guarded), RedisBackend::new(leased));
+        // The headers' quota is the rule's, read through the guard and the lease.
+        let info = QuotaInfo {
+            limit: 6,
+            window: Duration::from_secs(3600),
+        };
+        for backend in [&guarded as &dyn CheckBackend, &leased] {
+            assert_eq!((backend.quota_count(), backend.quota(0)), (1, Some(info)));
+            assert_eq!(backend.quota(1), None);
+        }
         // Redis answers: neither is degraded (the layer's `tollgate_backend_degraded` gauge).
         assert_eq!(
             (guarded.degraded(), leased.degraded()),

@@ -209,8 +209,9 @@ pub fn client_ip(data: &[u8]) {
         IpAddr::V6(_) => Cidr::new(ip, ipv6_prefix).expect("a valid prefix").addr(),
     };
     let Some(key) = keys.first() else {
-        // No key: the default missing-key answer, and only behind a trusted peer.
-        assert_eq!(response.status(), http::StatusCode::INTERNAL_SERVER_ERROR);
+        // No key: the default answer to a forwarding header that names no client (the
+        // peer is known: what is missing is the client's), and only behind a trusted peer.
+        assert_eq!(response.status(), http::StatusCode::BAD_REQUEST);
         assert!(trusted_ip(peer), "an untrusted peer is always its own key");
         assert!(
             appended.is_none_or(trusted_ip),

@@ -312,6 +312,21 @@ impl RedisRule {
         self.limit
     }
 
+    /// `W`: the window of the quota the rule was built from (for GCRA and the leaky buckets,
+    /// the time `L` units take to refill), as the tower layer's `RateLimit-Policy` shows it.
+    ///
+    /// # Examples
+    /// ```
+    /// use std::time::Duration;
+    /// use tollgate::{Quota, redis::RedisRule};
+    /// let rule = RedisRule::gcra(Quota::per_minute(100)?.with_burst(10)?)?;
+    /// assert_eq!((rule.limit(), rule.window()), (100, Duration::from_secs(60)));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn window(&self) -> std::time::Duration {
+        std::time::Duration::from_nanos(self.window_nanos())
+    }
+
     /// The largest cost that can ever be admitted: `B` / `C` for GCRA and the leaky buckets,
     /// `L` otherwise. A larger cost is an error, not a denial.
     ///

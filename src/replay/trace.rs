@@ -54,7 +54,8 @@ pub struct Request<'a> {
     pub cost: Option<TraceCost>,
     /// The HTTP method, if the line gives a route (always with a path).
     pub method: Option<&'a str>,
-    /// The path and query, if the line gives a route (always with a method).
+    /// The path and query, if the line gives a route (always with a method): as the client
+    /// sent it, which is what a `--config` policy matches.
     pub path: Option<&'a str>,
 }
 

@@ -9,9 +9,9 @@ use http::StatusCode;
 /// ```
 /// use http::StatusCode;
 /// use tollgate::tower::{Fallback, RateLimitLayer};
-/// // No client key (no peer address, no API key header): a 400 says "your request is wrong".
+/// // No client key (no peer address, no API key header): a 401 asks for credentials.
 /// let layer = RateLimitLayer::builder()
-///     .on_missing_key(Fallback::Reject(StatusCode::BAD_REQUEST))
+///     .on_missing_key(Fallback::Reject(StatusCode::UNAUTHORIZED))
 ///     .on_error(Fallback::Allow) // fail open while a backend cannot decide
 ///     .build()?;
 /// # Ok::<(), Box<dyn std::error::Error>>(())

@@ -46,7 +46,7 @@ pub struct RateLimitLayerBuilder {
     pub(super) allow_cidrs: Vec<Cidr>,
     pub(super) allow_if: Option<Arc<Predicate>>,
     pub(super) headers: HeaderStyle,
-    pub(super) on_missing_key: Fallback,
+    pub(super) on_missing_key: Option<Fallback>,
     pub(super) on_error: Fallback,
     pub(super) on_table_full: Fallback,
     pub(super) max_key_len: usize,
@@ -183,15 +183,19 @@ impl RateLimitLayerBuilder {
 
     /// Requests for which `predicate` holds bypass every policy (e.g. `/health`).
     ///
+    /// The predicate sees the request as the layer does: under axum's `Router::nest`, its
+    /// `uri` lacks the nest's prefix; [`client_path`](super::client_path) is the path the
+    /// client sent, normalised, as the policies match it.
+    ///
     /// # Examples
     /// ```
-    /// use tollgate::tower::{normalized_path, Key, Policy, RateLimitLayer};
+    /// use tollgate::tower::{client_path, Key, Policy, RateLimitLayer};
     /// use tollgate::{Gcra, KeyedLimiter, Quota};
     /// let per_ip = KeyedLimiter::<Key, _>::new(Gcra::new(Quota::per_second(10)?)?);
     /// let layer = RateLimitLayer::builder()
     ///     .policy(Policy::new("api", per_ip))
-    ///     // Probes must never see a 429; compare normalised paths, as the policies do.
-    ///     .allow_if(|req| normalized_path(req.uri.path()) == "/health")
+    ///     // Probes must never see a 429; compare the path the policies match.
+    ///     .allow_if(|req| client_path(req) == "/health")
     ///     .build()?;
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
@@ -278,19 +282,31 @@ impl RateLimitLayerBuilder {
         self
     }
 
-    /// What happens to a request whose key cannot be extracted (default
-    /// `Reject(500 Internal Server Error)`), under a policy that does not set its own
-    /// ([`Policy::on_missing_key`]).
+    /// What happens to a request whose key cannot be extracted, under a policy that does not
+    /// set its own ([`Policy::on_missing_key`]), whatever the key is missing for.
+    ///
+    /// Unset (the default), the answer depends on why it is missing: a key the client sends
+    /// (a header, what a [`KeySource::from_fn`](super::KeySource::from_fn) closure reads, a
+    /// forwarding hop that is not an address) is the client's mistake, `Reject(400 Bad
+    /// Request)`; a missing peer address is the server's, `Reject(500 Internal Server Error)`,
+    /// with a problem detail that names the fix (with axum, serve with
+    /// `into_make_service_with_connect_info::<SocketAddr>()`). Setting it answers both alike:
+    /// prefer [`Policy::on_missing_key`] on the policies whose key is optional, so that a
+    /// server that lost its peer addresses still says so on the others.
     ///
     /// # Examples
     /// ```
+    /// use http::StatusCode;
     /// use tollgate::tower::{Fallback, RateLimitLayer};
-    /// // A public page keyed by an optional header: requests without it pass, uncounted.
-    /// let layer = RateLimitLayer::builder().on_missing_key(Fallback::Allow).build()?;
+    /// // Every request without a key is refused with a 401, peer address or not.
+    /// let layer = RateLimitLayer::builder()
+    ///     .on_missing_key(Fallback::Reject(StatusCode::UNAUTHORIZED))
+    ///     .build()?;
+    /// # let _ = layer;
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn on_missing_key(mut self, fallback: Fallback) -> Self {
-        self.on_missing_key = fallback;
+        self.on_missing_key = Some(fallback);
         self
     }
 
@@ -394,13 +410,9 @@ impl RateLimitLayerBuilder {
         };
         let policy_fallbacks = self.policies.iter().chain(&self.default);
         let policy_fallbacks = policy_fallbacks.filter_map(|p| p.on_missing_key);
-        let fallbacks = [
-            self.on_missing_key,
-            self.on_error,
-            self.on_table_full,
-            long_key,
-        ];
-        for fallback in fallbacks.into_iter().chain(policy_fallbacks) {
+        let fallbacks = [self.on_error, self.on_table_full, long_key];
+        let fallbacks = fallbacks.into_iter().chain(self.on_missing_key);
+        for fallback in fallbacks.chain(policy_fallbacks) {
             if let Fallback::Reject(status) = fallback {
                 if !(status.is_client_error() || status.is_server_error()) {
                     return Err(ConfigError::FallbackStatus(status));
@@ -477,7 +489,7 @@ impl RateLimitLayer {
             allow_cidrs: Vec::new(),
             allow_if: None,
             headers: HeaderStyle::default(),
-            on_missing_key: Fallback::Reject(StatusCode::INTERNAL_SERVER_ERROR),
+            on_missing_key: None,
             on_error: Fallback::Reject(StatusCode::SERVICE_UNAVAILABLE),
             on_table_full: Fallback::Reject(StatusCode::SERVICE_UNAVAILABLE),
             max_key_len: DEFAULT_MAX_KEY_LEN,

@@ -20,7 +20,8 @@
 //! allow_cidrs = ["192.0.2.0/24"]   # these clients bypass every policy
 //! allow_paths = ["/health"]        # these paths (whole segments, normalised) bypass
 //!                                  # every policy
-//! on_missing_key = 400             # a status (4xx/5xx) or "allow"; default 500
+//! on_missing_key = 400             # a status (4xx/5xx) or "allow"; default 400 for a key
+//!                                  # the client did not send, 500 without a peer address
 //! on_error = "allow"               # a status (4xx/5xx) or "allow"; default 503
 //! on_table_full = 503              # a new key a full key table refuses; default 503
 //! max_key_len = 256                # bytes of a key's text part (default 256); longer:
@@ -61,6 +62,10 @@
 //! name = "other"
 //! quota = "100/1m"
 //! ```
+//!
+//! Every path (`path`, `path_pattern`, `allow_paths`, `cost_by_path`) is a path as clients send
+//! it, normalised ([`client_path`](super::client_path)): the same under axum's `Router::nest`
+//! wherever the layer sits, and the same paths `tollgate replay --config` reads from a trace.
 //!
 //! Durations are written `250ms`, `1s`, `1m`, `1h` (also `ns`, `us`, `d`). A compact quota is
 //! `LIMIT/WINDOW`, optionally followed by `burst B` (`10/s` means `10/1s`).
@@ -157,7 +162,8 @@ pub struct LayerConfig {
     /// Requests under these path prefixes (whole segments) bypass every policy.
     #[serde(default)]
     pub allow_paths: Vec<String>,
-    /// What a request without a key gets (default a 500).
+    /// What a request without a key gets (default: 400 for a key the client did not send, 500
+    /// for a missing peer address; see [`RateLimitLayerBuilder::on_missing_key`]).
     #[serde(default)]
     pub on_missing_key: Option<Fallback>,
     /// What a request the backend could not decide gets (default a 503).
@@ -206,10 +212,11 @@ fn default_ipv6_prefix() -> u8 {
 pub struct PolicyConfig {
     /// The name (shown in headers, the 429 body and metrics).
     pub name: String,
-    /// A path prefix of whole segments (`/api/` covers `/api/x`).
+    /// A path prefix of whole segments (`/api/` covers `/api/x`), of the path the client
+    /// sent wherever the layer sits (see [`Policy::path_prefix`]).
     #[serde(default)]
     pub path: Option<String>,
-    /// A path pattern (`*` one segment, a final `**` any rest).
+    /// A path pattern (`*` one segment, a final `**` any rest), of the path the client sent.
     #[serde(default)]
     pub path_pattern: Option<String>,
     /// The methods matched (default every method); HEAD matches where GET does, unless

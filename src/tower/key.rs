@@ -8,6 +8,7 @@ use http::header::HeaderName;
 use http::request::Parts;
 
 use super::addr::Addrs;
+use super::answers::Fallback;
 
 /// The key a request is counted under: what a [`CheckBackend`](super::CheckBackend) receives.
 ///
@@ -174,20 +175,61 @@ impl fmt::Display for Key {
     }
 }
 
+/// Why a request has no key: what decides its answer when no `on_missing_key` is set.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Missing {
+    /// Something the client sends is absent or unusable: a header, what a closure reads, a
+    /// forwarding hop that is not an address. The request is at fault: 400.
+    FromClient,
+    /// The peer address: the server does not put it where the layer reads it. The server is
+    /// at fault, whatever the client sends: 500.
+    PeerAddr,
+}
+
+impl Missing {
+    /// The answer when neither the policy nor the layer sets one.
+    pub(crate) fn default_fallback(self) -> Fallback {
+        Fallback::Reject(match self {
+            Missing::FromClient => http::StatusCode::BAD_REQUEST,
+            Missing::PeerAddr => http::StatusCode::INTERNAL_SERVER_ERROR,
+        })
+    }
+
+    /// The problem detail of a refusal.
+    pub(crate) fn detail(self) -> &'static str {
+        match self {
+            Missing::FromClient => "The request carries no client key for rate limiting.",
+            Missing::PeerAddr => {
+                "The server cannot read the client's address, which this rate limit keys \
+                 requests by: it is misconfigured (with axum, serve the application with \
+                 `into_make_service_with_connect_info::<SocketAddr>()`)."
+            }
+        }
+    }
+}
+
 /// A custom key function.
 type KeyFn = dyn Fn(&Parts) -> Option<Key> + Send + Sync;
 
 /// Where a policy takes its client key from.
 ///
-/// | source | key | missing when |
-/// |---|---|---|
-/// | [`KeySource::peer_ip`] | the connection's address (grouped) | no peer address extension |
-/// | [`KeySource::client_ip`] | the client behind trusted proxies (grouped) | as `peer_ip` |
-/// | [`KeySource::header`] | the header's value | the header is absent or empty |
-/// | [`KeySource::path`] | the request path | never |
-/// | [`KeySource::constant`] | one shared key (a global limit) | never |
-/// | [`KeySource::from_fn`] | what the closure returns | the closure returns `None` |
-/// | [`KeySource::composite`] | all of its parts | any part is missing |
+/// | source | key | missing when | default answer |
+/// |---|---|---|---|
+/// | [`KeySource::peer_ip`] | the connection's address (grouped) | no peer address extension | 500 |
+/// | [`KeySource::client_ip`] | the client behind trusted proxies (grouped) | as `peer_ip`; a forwarding hop that is not an address | 500; 400 |
+/// | [`KeySource::header`] | the header's value | the header is absent or empty | 400 |
+/// | [`KeySource::path`] | the request path | never | |
+/// | [`KeySource::constant`] | one shared key (a global limit) | never | |
+/// | [`KeySource::from_fn`] | what the closure returns | the closure returns `None` | 400 |
+/// | [`KeySource::composite`] | all of its parts | any part is missing | 500 if a peer address is missing, else 400 |
+///
+/// A request without a key is answered by the policy's
+/// [`on_missing_key`](super::Policy::on_missing_key), else the layer's
+/// [`on_missing_key`](super::RateLimitLayerBuilder::on_missing_key), else by why it is missing:
+/// `400 Bad Request` when the client did not send what the key is made of (its mistake), `500
+/// Internal Server Error` when the server gave the layer no peer address (a misconfiguration,
+/// which the problem body names: with axum, serve with
+/// `into_make_service_with_connect_info::<SocketAddr>()`).
 ///
 /// The peer address is read from axum's `ConnectInfo<SocketAddr>` extension (feature `axum`)
 /// or a plain [`SocketAddr`](std::net::SocketAddr) request extension (insert it yourself with hyper-util). IP keys
@@ -196,11 +238,12 @@ type KeyFn = dyn Fn(&Parts) -> Option<Key> + Send + Sync;
 ///
 /// # Examples
 /// One request an hour per API key, run through the layer: each key has its own budget, and
-/// a request without the header is refused with a 400 ("no key" is the client's mistake).
+/// a request without the header is refused with a 400 by default ("no key" is the client's
+/// mistake).
 /// ```
 /// use axum::{body::Body, routing::get, Router};
 /// use http::{HeaderName, Request, StatusCode};
-/// use tollgate::tower::{Fallback, Key, KeySource, Policy, RateLimitLayer};
+/// use tollgate::tower::{Key, KeySource, Policy, RateLimitLayer};
 /// use tollgate::{Gcra, KeyedLimiter, Quota};
 /// use tower_layer::Layer;
 /// use tower_service::Service;
@@ -209,7 +252,6 @@ type KeyFn = dyn Fn(&Parts) -> Option<Key> + Send + Sync;
 /// let per_key = KeyedLimiter::<Key, _>::new(Gcra::new(Quota::per_hour(1)?)?);
 /// let layer = RateLimitLayer::builder()
 ///     .policy(Policy::new("api", per_key).key(KeySource::header(HeaderName::from_static("x-api-key"))))
-///     .on_missing_key(Fallback::Reject(StatusCode::BAD_REQUEST))
 ///     .build()?;
 /// let mut app = layer.layer(Router::new().route("/", get(|| async { "ok" })));
 /// let mut statuses = Vec::new();
@@ -294,8 +336,8 @@ impl KeySource {
         KeySource(Source::ClientIp)
     }
 
-    /// The value of header `name` (e.g. `x-api-key`); missing when absent or empty. Of
-    /// several lines of the header, the first counts.
+    /// The value of header `name` (e.g. `x-api-key`); missing when absent or empty (a 400 by
+    /// default). Of several lines of the header, the first counts.
     ///
     /// # Examples
     /// ```
@@ -332,8 +374,10 @@ impl KeySource {
         }
     }
 
-    /// The request's path (without the query), normalised as policies match it (see
-    /// [`normalized_path`](super::normalized_path)): `//a/./b` and `/a/%62` are the key `/a/b`.
+    /// The request's path (without the query) as the client sent it, normalised as policies
+    /// match it (see [`client_path`](super::client_path)): `//a/./b` and `/a/%62` are the key
+    /// `/a/b`, and a route nested under axum's `Router::nest("/api", …)` is keyed `/api/…`
+    /// wherever the layer sits.
     ///
     /// # Examples
     /// ```
@@ -367,7 +411,8 @@ impl KeySource {
         KeySource(Source::Constant(key.into()))
     }
 
-    /// A key computed by `f` from the request's head; `None` means no key.
+    /// A key computed by `f` from the request's head; `None` means no key, which is the
+    /// client's to send (a 400 by default).
     ///
     /// # Examples
     /// ```
@@ -408,29 +453,52 @@ impl KeySource {
         KeySource(Source::Composite(parts.into_iter().collect()))
     }
 
-    /// The key of a request, or `None`; `path` is its normalised path.
-    pub(crate) fn extract(&self, parts: &Parts, path: &str, addrs: &mut Addrs<'_>) -> Option<Key> {
+    /// The key of a request, or why it has none; `path` is its normalised path.
+    pub(crate) fn extract(
+        &self,
+        parts: &Parts,
+        path: &str,
+        addrs: &mut Addrs<'_>,
+    ) -> Result<Key, Missing> {
         match &self.0 {
-            Source::PeerIp => addrs.peer().map(|ip| Key::Ip(addrs.group(ip))),
-            Source::ClientIp => addrs.client(parts).map(|ip| Key::Ip(addrs.group(ip))),
+            Source::PeerIp => addrs
+                .peer()
+                .map(|ip| Key::Ip(addrs.group(ip)))
+                .ok_or(Missing::PeerAddr),
+            Source::ClientIp => match addrs.client(parts) {
+                Some(ip) => Ok(Key::Ip(addrs.group(ip))),
+                None if addrs.peer().is_none() => Err(Missing::PeerAddr),
+                // A peer, but its forwarding header names no client.
+                None => Err(Missing::FromClient),
+            },
             Source::Header(name) => {
-                let value = parts.headers.get(name)?.as_bytes();
-                if value.is_empty() {
-                    return None;
-                }
-                Some(match std::str::from_utf8(value) {
+                let value = parts.headers.get(name).map(|v| v.as_bytes());
+                let value = value.filter(|v| !v.is_empty()).ok_or(Missing::FromClient)?;
+                Ok(match std::str::from_utf8(value) {
                     Ok(text) => Key::Text(text.into()),
                     Err(_) => Key::Bytes(value.into()),
                 })
             }
-            Source::Path => Some(Key::Text(path.into())),
-            Source::Constant(key) => Some(key.clone()),
-            Source::Fn(f) => f(parts),
-            Source::Composite(sources) => sources
-                .iter()
-                .map(|source| source.extract(parts, path, addrs))
-                .collect::<Option<Box<[Key]>>>()
-                .map(Key::Composite),
+            Source::Path => Ok(Key::Text(path.into())),
+            Source::Constant(key) => Ok(key.clone()),
+            Source::Fn(f) => f(parts).ok_or(Missing::FromClient),
+            Source::Composite(sources) => {
+                let mut keys = Vec::with_capacity(sources.len());
+                let mut missing = None;
+                for source in sources.iter() {
+                    match source.extract(parts, path, addrs) {
+                        Ok(key) => keys.push(key),
+                        // The server's fault outweighs the client's: its answer must say so
+                        // even when a header is missing too.
+                        Err(Missing::PeerAddr) => return Err(Missing::PeerAddr),
+                        Err(Missing::FromClient) => missing = Some(Missing::FromClient),
+                    }
+                }
+                match missing {
+                    Some(missing) => Err(missing),
+                    None => Ok(Key::Composite(keys.into())),
+                }
+            }
         }
     }
 }
@@ -481,11 +549,13 @@ mod tests {
             .into_parts();
         let mut addrs = Addrs::new(&config).with_peer(Some(ip("2001:db8:1:2ff::1")));
         let key = |source: KeySource, addrs: &mut Addrs<'_>| {
-            source.extract(
-                &parts,
-                &crate::tower::normalized_path(parts.uri.path()),
-                addrs,
-            )
+            source
+                .extract(
+                    &parts,
+                    &crate::tower::normalized_path(parts.uri.path()),
+                    addrs,
+                )
+                .ok()
         };
         assert_eq!(
             key(KeySource::client_ip(), &mut addrs),
@@ -537,5 +607,47 @@ mod tests {
             ),
             Some(Key::from("GET"))
         );
+    }
+
+    #[test]
+    fn a_missing_key_says_whose_mistake_it_is() {
+        let api_key = || KeySource::header(HeaderName::from_static("x-api-key"));
+        let proxied = config(&["10.0.0.0/8"], ProxyHeader::XForwardedFor);
+        let (parts, ()) = Request::builder()
+            .uri("/a")
+            .header("x-forwarded-for", "unknown")
+            .body(())
+            .unwrap()
+            .into_parts();
+        let missing = |source: KeySource, peer: Option<&str>| {
+            let mut addrs = Addrs::new(&proxied).with_peer(peer.map(ip));
+            source.extract(&parts, "/a", &mut addrs).err()
+        };
+        let (from_client, from_server) = (Some(Missing::FromClient), Some(Missing::PeerAddr));
+        assert_eq!(missing(api_key(), Some("192.0.2.1")), from_client);
+        assert_eq!(missing(KeySource::from_fn(|_| None), None), from_client);
+        assert_eq!(missing(KeySource::peer_ip(), None), from_server);
+        assert_eq!(missing(KeySource::client_ip(), None), from_server);
+        // A trusted proxy's forwarding header names no client: what the client wrote.
+        assert_eq!(
+            missing(KeySource::client_ip(), Some("10.0.0.1")),
+            from_client
+        );
+        assert_eq!(missing(KeySource::client_ip(), Some("192.0.2.1")), None);
+        // Whichever part comes first, a missing peer address is the answer.
+        let both = KeySource::composite([api_key(), KeySource::peer_ip()]);
+        assert_eq!(missing(both.clone(), None), from_server);
+        assert_eq!(missing(both, Some("192.0.2.1")), from_client);
+        assert_eq!(
+            Missing::PeerAddr.default_fallback(),
+            Fallback::Reject(http::StatusCode::INTERNAL_SERVER_ERROR)
+        );
+        assert_eq!(
+            Missing::FromClient.default_fallback(),
+            Fallback::Reject(http::StatusCode::BAD_REQUEST)
+        );
+        assert!(Missing::PeerAddr
+            .detail()
+            .contains("into_make_service_with_connect_info"));
     }
 }

@@ -33,7 +33,9 @@ pub(super) struct Shared {
     pub(super) allow_cidrs: Vec<Cidr>,
     pub(super) allow_if: Option<Arc<Predicate>>,
     pub(super) headers: HeaderStyle,
-    pub(super) on_missing_key: Fallback,
+    /// What a request without a key gets, if not its policy's setting; unset, it depends on
+    /// why the key is missing (`Missing::default_fallback`).
+    pub(super) on_missing_key: Option<Fallback>,
     pub(super) on_error: Fallback,
     pub(super) on_table_full: Fallback,
     pub(super) max_key_len: usize,

@@ -1,7 +1,57 @@
-//! The path policies match and key on: the request's path as a server that decodes and
-//! normalises it would route it, so that spelling a path another way never skips a limit.
+//! The path policies match and key on: the path the client sent (not what a router left of
+//! it), as a server that decodes and normalises it would route it, so that neither where the
+//! layer sits nor spelling a path another way changes which limit applies.
 
 use std::borrow::Cow;
+
+use http::request::Parts;
+
+/// The path the client sent, normalised ([`normalized_path`]): what policies, path keys
+/// ([`KeySource::path`](super::KeySource::path)) and a configuration's `allow_paths` and
+/// `cost_by_path` match, wherever the layer sits.
+///
+/// A router that mounts routes under a prefix may strip it from the URI its routes see: axum's
+/// `Router::nest("/api", …)` hands `/login` to the routes, and to any layer on them, for a
+/// request of `/api/login`. With feature `axum`, the path is read from axum's
+/// `OriginalUri` request extension (which axum's routers set before routing), else from the
+/// request's URI: a policy on `/api/login` then covers that request whether the layer wraps the
+/// whole application, the nested router, or its routes (`route_layer`). Without `axum`, the
+/// URI is the path the server received. Use it in an
+/// [`allow_if`](super::RateLimitLayerBuilder::allow_if) predicate or a key or cost function
+/// so that they see the path the policies see.
+///
+/// # Examples
+/// ```
+/// use tollgate::tower::client_path;
+/// let (parts, ()) = http::Request::get("//api/./health").body(())?.into_parts();
+/// assert_eq!(client_path(&parts), "/api/health");
+/// # Ok::<(), http::Error>(())
+/// ```
+/// axum keeps the path a nested router's routes no longer see:
+/// ```
+/// # #[cfg(feature = "axum")] {
+/// use axum::extract::OriginalUri;
+/// use tollgate::tower::client_path;
+/// // What a layer inside `Router::nest("/api", …)` gets for `/api/login`.
+/// let mut request = http::Request::post("/login").body(()).unwrap();
+/// request.extensions_mut().insert(OriginalUri("/api/login".parse().unwrap()));
+/// let (parts, ()) = request.into_parts();
+/// assert_eq!(client_path(&parts), "/api/login");
+/// # }
+/// ```
+pub fn client_path(parts: &Parts) -> Cow<'_, str> {
+    normalized_path(sent_path(parts))
+}
+
+/// The path of the URI the client sent, as it is: axum's `OriginalUri` when a router set one
+/// (feature `axum`), else the request's own.
+fn sent_path(parts: &Parts) -> &str {
+    #[cfg(feature = "axum")]
+    if let Some(original) = parts.extensions.get::<axum::extract::OriginalUri>() {
+        return original.0.path();
+    }
+    parts.uri.path()
+}
 
 /// `path` normalised, as policies match it and [`KeySource::path`](super::KeySource::path)
 /// keys it: percent-escapes decoded once (`%2F` is a `/`, `%61` an `a`), then empty

@@ -87,7 +87,8 @@ type RefundFn = dyn Fn(StatusCode) -> bool + Send + Sync;
 
 /// One limit and the requests it applies to.
 ///
-/// A policy matches a request by path (a prefix of whole segments, or a pattern) and method;
+/// A policy matches a request by path (a prefix of whole segments, or a pattern, of the path
+/// the client sent: [`client_path`](super::client_path)) and method;
 /// the layer applies the first policy that matches, else its default policy, else no limit.
 /// It counts each request under its [`KeySource`]'s key (default: the client IP), at its
 /// [`Cost`] (default 1), in its [`Mode`] (default enforce).
@@ -333,6 +334,14 @@ impl Policy {
     /// Matches paths starting with `prefix` in whole segments: `/api` covers `/api`, `/api/`
     /// and `/api/users`, not `/apis`; `/api/` covers `/api/` and below, not `/api`.
     ///
+    /// The path is the one the client sent, normalised ([`client_path`](super::client_path)),
+    /// wherever the layer sits: under axum's `Router::nest("/api", api)`, a policy on
+    /// `/api/login` covers `POST /api/login` whether the layer is on the outer router, on
+    /// `api` (`.layer`, `.route_layer`, or inside a `tower::ServiceBuilder`), although the
+    /// nested routes see `/login` (feature `axum`: the layer reads axum's `OriginalUri`). So a
+    /// policy never names a path relative to a nest, and a configuration shared with
+    /// `tollgate replay --config` means the paths of the trace.
+    ///
     /// # Examples
     /// ```
     /// use tollgate::tower::{Key, Policy};
@@ -342,13 +351,30 @@ impl Policy {
     /// # let _ = policy;
     /// # Ok::<(), tollgate::QuotaError>(())
     /// ```
+    /// The same policy on a nested router still names the full path:
+    /// ```
+    /// # #[cfg(feature = "axum")] {
+    /// use axum::{routing::post, Router};
+    /// use tollgate::tower::{Key, Policy, RateLimitLayer};
+    /// use tollgate::{Gcra, KeyedLimiter, Quota};
+    /// let login = KeyedLimiter::<Key, _>::new(Gcra::new(Quota::per_minute(2).unwrap()).unwrap());
+    /// let layer = RateLimitLayer::builder()
+    ///     .policy(Policy::new("login", login).path_prefix("/api/login")) // not "/login"
+    ///     .build()
+    ///     .unwrap();
+    /// let api: Router = Router::new().route("/login", post(|| async { "welcome" }));
+    /// let app: Router = Router::new().nest("/api", api.route_layer(layer));
+    /// # let _ = app;
+    /// # }
+    /// ```
     pub fn path_prefix(mut self, prefix: impl Into<String>) -> Self {
         self.path = PathMatch::Prefix(prefix.into());
         self
     }
 
     /// Matches paths segment by segment: `*` stands for any one segment and a final `**` for
-    /// any rest, e.g. `/users/*/posts` or `/static/**`.
+    /// any rest, e.g. `/users/*/posts` or `/static/**`. The path is the one the client sent,
+    /// wherever the layer sits, as for [`path_prefix`](Self::path_prefix).
     ///
     /// # Examples
     /// ```
@@ -468,9 +494,10 @@ impl Policy {
     }
 
     /// What happens to a request of this policy whose key cannot be extracted, instead of the
-    /// layer's [`on_missing_key`](super::RateLimitLayerBuilder::on_missing_key): a policy keyed
-    /// by an optional header may let requests without it pass, while the layer's IP-keyed
-    /// policies still refuse a request without a peer address.
+    /// layer's [`on_missing_key`](super::RateLimitLayerBuilder::on_missing_key) (whose default
+    /// is 400 for a key the client did not send, 500 for a missing peer address): a policy
+    /// keyed by an optional header may let requests without it pass, while the layer's
+    /// IP-keyed policies still refuse a request without a peer address.
     ///
     /// # Examples
     /// ```

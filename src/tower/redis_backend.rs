@@ -2,9 +2,10 @@
 //! globally, across every server of a fleet.
 
 use crate::redis::{
-    GuardedLimiter, LeasedLimiter, RedisConnection, RedisLimiter, RedisMultiLimiter, TierError,
+    GuardedLimiter, LeasedLimiter, RedisConnection, RedisLimiter, RedisMultiLimiter, RedisRule,
+    TierError,
 };
-use crate::{Decision, Quota};
+use crate::Decision;
 
 use super::backend::{CheckBackend, CheckError, CheckFuture, QuotaInfo, Verdict};
 use super::key::Key;
@@ -15,9 +16,9 @@ use super::key::Key;
 /// path).
 ///
 /// Moving a policy from one node to the whole fleet changes only its backend:
-/// `Policy::new("api", per_node)` becomes `Policy::new("api", RedisBackend::new(global, quota))`.
-/// The quota is the one the limiter's [`RedisRule`](crate::redis::RedisRule) was built from:
-/// the rule does not tell its window, which the `RateLimit-Policy` header shows.
+/// `Policy::new("api", per_node)` becomes `Policy::new("api", RedisBackend::new(global))`.
+/// The limit and window the rate-limit headers show are read from the limiter's
+/// [`RedisRule`] (every rule of a [`RedisMultiLimiter`]), so they are always those it decides by.
 ///
 /// Keys are sent to Redis in an injective text form (see [`redis_key`]): an IP key is its
 /// address, so all nodes count one client under one Redis key. Two policies on the same keys
@@ -43,7 +44,7 @@ use super::key::Key;
 ///     .guarded(FailureHandling::new(FailurePolicy::Local))
 ///     .await;
 /// let layer = RateLimitLayer::builder()
-///     .policy(Policy::new("api", RedisBackend::new(global, quota)).path_prefix("/api/"))
+///     .policy(Policy::new("api", RedisBackend::new(global)).path_prefix("/api/"))
 ///     .build()?;
 /// # let _ = layer;
 /// # Ok(()) }
@@ -51,33 +52,29 @@ use super::key::Key;
 #[derive(Debug)]
 pub struct RedisBackend<L> {
     limiter: L,
-    /// One per limit, in the limiter's order.
-    quotas: Box<[QuotaInfo]>,
 }
 
 impl<L> RedisBackend<L> {
-    /// `limiter` as a layer backend; `quota` is the quota its rule was built from.
+    /// `limiter` as a layer backend: a [`RedisLimiter`], [`RedisMultiLimiter`],
+    /// [`GuardedLimiter`] or [`LeasedLimiter`] (each is a [`CheckBackend`] inside
+    /// `RedisBackend`). The quotas the headers show are its rules'.
     ///
     /// # Examples
     /// ```no_run
     /// use tollgate::redis::{RedisLimiter, RedisRule};
-    /// use tollgate::tower::RedisBackend;
+    /// use tollgate::tower::{CheckBackend, QuotaInfo, RedisBackend};
     /// use tollgate::Quota;
     /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
-    /// let quota = Quota::per_minute(100)?;
-    /// let exact = RedisLimiter::connect("redis://127.0.0.1:6379", RedisRule::gcra(quota)?).await?;
-    /// let backend = RedisBackend::new(exact, quota);
-    /// # let _ = backend;
+    /// let rule = RedisRule::gcra(Quota::per_minute(100)?)?;
+    /// let exact = RedisLimiter::connect("redis://127.0.0.1:6379", rule).await?;
+    /// let backend = RedisBackend::new(exact);
+    /// // What `RateLimit-Policy` shows: the rule's limit and window.
+    /// let window = std::time::Duration::from_secs(60);
+    /// assert_eq!(backend.quota(0), Some(QuotaInfo { limit: 100, window }));
     /// # Ok(()) }
     /// ```
-    pub fn new(limiter: L, quota: Quota) -> Self {
-        RedisBackend {
-            limiter,
-            quotas: Box::new([QuotaInfo {
-                limit: quota.limit(),
-                window: quota.window(),
-            }]),
-        }
+    pub fn new(limiter: L) -> Self {
+        RedisBackend { limiter }
     }
 
     /// The limiter (to read its mode, its statistics, or to close it).
@@ -139,7 +136,7 @@ fn encode(key: &Key, out: &mut Vec<u8>) {
 
 impl<C> RedisBackend<RedisMultiLimiter<C>> {
     /// A limiter of several limits (all or nothing) as a layer backend; the quotas the headers
-    /// show are its rules'.
+    /// show are its rules'. The same as [`RedisBackend::new`], named for what it decides.
     ///
     /// # Examples
     /// ```no_run
@@ -155,16 +152,21 @@ impl<C> RedisBackend<RedisMultiLimiter<C>> {
     /// # Ok(()) }
     /// ```
     pub fn all_of(limiter: RedisMultiLimiter<C>) -> Self {
-        let quotas = limiter
-            .rules()
-            .iter()
-            .map(|rule| QuotaInfo {
-                limit: rule.limit(),
-                window: std::time::Duration::from_nanos(rule.window_nanos()),
-            })
-            .collect();
-        RedisBackend { limiter, quotas }
+        Self::new(limiter)
     }
+}
+
+/// What the headers show of `rule`: its limit and window, read where it decides by them.
+fn quota_of(rule: &RedisRule) -> QuotaInfo {
+    QuotaInfo {
+        limit: rule.limit(),
+        window: rule.window(),
+    }
+}
+
+/// `rule`'s quota at `index` for a backend of that one rule.
+fn one_quota(rule: RedisRule, index: usize) -> Option<QuotaInfo> {
+    (index == 0).then(|| quota_of(&rule))
 }
 
 fn verdict(result: Result<Decision, TierError>) -> Result<Verdict, CheckError> {
@@ -181,25 +183,19 @@ fn indexed(result: Result<(Decision, usize), TierError>) -> Result<Verdict, Chec
     }
 }
 
-macro_rules! quota_methods {
-    () => {
-        fn quota_count(&self) -> usize {
-            self.quotas.len()
-        }
-
-        fn quota(&self, index: usize) -> Option<QuotaInfo> {
-            self.quotas.get(index).copied()
-        }
-    };
-}
-
 /// Exact: one atomic script call on Redis a request.
 impl<C: RedisConnection> CheckBackend for RedisBackend<RedisLimiter<C>> {
     fn check<'a>(&'a self, key: &'a Key, cost: u64) -> CheckFuture<'a> {
         CheckFuture::boxed(async move { verdict(self.limiter.check_n(redis_key(key), cost).await) })
     }
 
-    quota_methods!();
+    fn quota_count(&self) -> usize {
+        1
+    }
+
+    fn quota(&self, index: usize) -> Option<QuotaInfo> {
+        one_quota(self.limiter.rule(), index)
+    }
 }
 
 /// Exact, several limits all or nothing: one script call a request decides every limit.
@@ -214,7 +210,13 @@ impl<C: RedisConnection> CheckBackend for RedisBackend<RedisMultiLimiter<C>> {
         })
     }
 
-    quota_methods!();
+    fn quota_count(&self) -> usize {
+        self.limiter.rules().len()
+    }
+
+    fn quota(&self, index: usize) -> Option<QuotaInfo> {
+        self.limiter.rules().get(index).map(quota_of)
+    }
 }
 
 /// Exact behind a circuit breaker: while Redis fails, the limiter's failure policy decides.
@@ -223,7 +225,13 @@ impl<C: RedisConnection> CheckBackend for RedisBackend<GuardedLimiter<C>> {
         CheckFuture::boxed(async move { verdict(self.limiter.check_n(redis_key(key), cost).await) })
     }
 
-    quota_methods!();
+    fn quota_count(&self) -> usize {
+        1
+    }
+
+    fn quota(&self, index: usize) -> Option<QuotaInfo> {
+        one_quota(self.limiter.exact().rule(), index)
+    }
 
     fn degraded(&self) -> Option<bool> {
         Some(self.limiter.mode() != crate::redis::GuardMode::Global)
@@ -237,7 +245,13 @@ impl<C: RedisConnection> CheckBackend for RedisBackend<LeasedLimiter<C>> {
         CheckFuture::ready(verdict(self.limiter.check_n(redis_key(key), cost)))
     }
 
-    quota_methods!();
+    fn quota_count(&self) -> usize {
+        1
+    }
+
+    fn quota(&self, index: usize) -> Option<QuotaInfo> {
+        one_quota(self.limiter.rule(), index)
+    }
 
     fn degraded(&self) -> Option<bool> {
         Some(self.limiter.mode() != crate::redis::GuardMode::Global)

@@ -19,7 +19,7 @@ use super::future::{Admitted, ResponseFuture, Stage};
 use super::key::{Key, LongKey};
 use super::layer::{Evaluation, RateLimitLayer, Shared};
 use super::outcome::Outcome;
-use super::path::normalized_path;
+use super::path::client_path;
 use super::policy::{Mode, Policy};
 use super::response::{
     add_headers, grpc_code, grpc_response, is_grpc, problem, problem_response, retry_after_secs,
@@ -69,6 +69,8 @@ pub(super) enum Plan {
         policy: usize,
         outcome: Outcome,
         fallback: Fallback,
+        /// The problem detail of a rejection.
+        detail: &'static str,
     },
     /// Check `cost` for `key` against policy `policy`.
     Check { policy: usize, key: Key, cost: u64 },
@@ -77,7 +79,7 @@ pub(super) enum Plan {
 impl Shared {
     pub(super) fn plan(&self, parts: &Parts) -> Plan {
         let last = self.policies.len();
-        let path = normalized_path(parts.uri.path());
+        let path = client_path(parts);
         let index = match (self.policies.iter()).position(|p| p.matches(&parts.method, &path)) {
             Some(i) if !(self.has_default && i + 1 == last) => i,
             _ if self.has_default => last - 1,
@@ -99,14 +101,20 @@ impl Shared {
         if self.allow_if.as_ref().is_some_and(|allow| allow(parts)) {
             return Plan::Pass;
         }
-        let Some(mut key) = policy.key.extract(parts, &path, &mut addrs) else {
-            stats::record(policy, Outcome::NoKey);
-            stats::trace_no_key(policy);
-            return Plan::Unchecked {
-                policy: index,
-                outcome: Outcome::NoKey,
-                fallback: policy.on_missing_key.unwrap_or(self.on_missing_key),
-            };
+        let mut key = match policy.key.extract(parts, &path, &mut addrs) {
+            Ok(key) => key,
+            Err(missing) => {
+                stats::record(policy, Outcome::NoKey);
+                stats::trace_no_key(policy, missing);
+                let fallback = (policy.on_missing_key.or(self.on_missing_key))
+                    .unwrap_or_else(|| missing.default_fallback());
+                return Plan::Unchecked {
+                    policy: index,
+                    outcome: Outcome::NoKey,
+                    fallback,
+                    detail: missing.detail(),
+                };
+            }
         };
         if key.longest_part() > self.max_key_len {
             match self.on_long_key {
@@ -117,6 +125,7 @@ impl Shared {
                         policy: index,
                         outcome: Outcome::KeyTooLong,
                         fallback: Fallback::Reject(status),
+                        detail: LONG_KEY_DETAIL,
                     };
                 }
             }
@@ -175,8 +184,7 @@ impl Shared {
     }
 }
 
-/// The detail of the answer to a request without a client key.
-const NO_KEY_DETAIL: &str = "The request carries no client key for rate limiting.";
+/// The detail of the answer to a request whose key is too long.
 const LONG_KEY_DETAIL: &str = "The request's client key for rate limiting is too long.";
 
 /// What `decided` means for a request of `policy`.
@@ -307,7 +315,7 @@ where
                 })
             }
             Plan::Unchecked {
-                outcome, fallback, ..
+                fallback, detail, ..
             } => {
                 return ResponseFuture::stage(match fallback {
                     Fallback::Allow => Stage::Inner {
@@ -318,11 +326,7 @@ where
                     Fallback::Reject(status) => Stage::Ready {
                         response: Some(self.shared.reject(
                             status,
-                            if outcome == Outcome::KeyTooLong {
-                                LONG_KEY_DETAIL
-                            } else {
-                                NO_KEY_DETAIL
-                            },
+                            detail,
                             is_grpc(request.method(), request.headers()),
                         )),
                     },
@@ -485,6 +489,7 @@ impl RateLimitLayer {
                 policy,
                 outcome,
                 fallback,
+                ..
             } => {
                 let passes = fallback == Fallback::Allow;
                 return (unchecked(Some(policy), outcome, passes), None);

@@ -20,7 +20,7 @@
 use std::time::Duration;
 
 use super::backend::{CheckError, Verdict};
-use super::key::Key;
+use super::key::{Key, Missing};
 use super::outcome::Outcome;
 use super::policy::Policy;
 
@@ -69,13 +69,26 @@ pub(crate) fn trace(policy: &Policy, key: &Key, decided: &Result<(Verdict, Durat
     let _ = (policy, key, decided);
 }
 
-/// Emits a debug event for a request of `policy` without a key (feature `metrics`).
+/// Emits a debug event for a request of `policy` without a key, `missing` saying why (feature
+/// `metrics`).
 #[inline]
-pub(crate) fn trace_no_key(policy: &Policy) {
+pub(crate) fn trace_no_key(policy: &Policy, missing: Missing) {
     #[cfg(feature = "metrics")]
-    tracing::debug!(target: "tollgate::tower", policy = %policy.name, "request without a client key");
+    match missing {
+        Missing::FromClient => {
+            tracing::debug!(target: "tollgate::tower", policy = %policy.name, "request without a client key");
+        }
+        Missing::PeerAddr => {
+            tracing::debug!(
+                target: "tollgate::tower",
+                policy = %policy.name,
+                "request without a client key: no peer address (with axum, serve with \
+                 `into_make_service_with_connect_info::<SocketAddr>()`)"
+            );
+        }
+    }
     #[cfg(not(feature = "metrics"))]
-    let _ = policy;
+    let _ = (policy, missing);
 }
 
 /// What the `metrics` macros would pass as the metadata of this module's metrics.

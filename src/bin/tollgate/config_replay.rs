@@ -3,6 +3,9 @@
 //! ([`RateLimitLayer::evaluate`]): the policy a line's method and path match, the key that
 //! policy reads, tiers, costs, the allow-list, shadow and delay modes.
 //!
+//! - A line's path is the path the client sent, as the layer matches it wherever a server puts
+//!   it (`tower::client_path`: under axum's `nest`, the full path, prefix included): a request
+//!   here carries no `OriginalUri`, so its URI is that path.
 //! - The trace's key is the client: its address when it is an IP address (the peer's, as a
 //!   server sees it without a proxy), and the value of every header a policy keys by.
 //! - A line's cost replaces the policy's; without one (or with an empty one) the policy's

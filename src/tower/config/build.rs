@@ -120,7 +120,7 @@ impl LayerConfig {
                 .map(PathMatch::Prefix)
                 .collect();
             builder = builder.allow_if(move |parts| {
-                let path = crate::tower::normalized_path(parts.uri.path());
+                let path = crate::tower::client_path(parts);
                 paths.iter().any(|p| p.matches(&path))
             });
         }
@@ -247,7 +247,7 @@ impl PolicyConfig {
                 return Err(self.problem(&format!("cost_by_path {path:?} must start with `/`")));
             }
             policy = policy.cost_fn(move |parts| {
-                let path = crate::tower::normalized_path(parts.uri.path());
+                let path = crate::tower::client_path(parts);
                 costs
                     .iter()
                     .find(|(prefix, _, _)| prefix.matches(&path))
@@ -352,16 +352,10 @@ impl PolicyConfig {
                 RedisFailure::Local => FailurePolicy::Local,
             };
             let guarded = limiter.guarded_on(FailureHandling::new(policy), &runtime);
-            return Ok(Arc::new(crate::tower::RedisBackend::new(
-                guarded,
-                self.quotas[0],
-            )));
+            return Ok(Arc::new(crate::tower::RedisBackend::new(guarded)));
         }
         if more.is_empty() {
-            return Ok(Arc::new(crate::tower::RedisBackend::new(
-                limiter,
-                self.quotas[0],
-            )));
+            return Ok(Arc::new(crate::tower::RedisBackend::new(limiter)));
         }
         // One algorithm for every rule: `with_rules` cannot refuse them.
         let all = limiter
