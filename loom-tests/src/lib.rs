@@ -123,6 +123,12 @@ pub mod store {
     pub fn spares_reused<K: Send + Sync, H>(store: &WordTable<K, H>) -> usize {
         store.spares_reused()
     }
+
+    /// Tables the store's shards began building ahead and freed unused (a table that filled
+    /// before its next one was built: the build is abandoned and its slots freed).
+    pub fn builds_abandoned<K: Send + Sync, H>(store: &WordTable<K, H>) -> usize {
+        store.built_unused()
+    }
 }
 
 pub use algorithm::{FixedWindow, Gcra, LeakyQueue, Rule, SlidingLog, SlidingWindow};

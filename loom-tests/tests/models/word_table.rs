@@ -13,8 +13,8 @@ use loom::thread;
 use tollgate_loom_tests::clock::Nanos;
 use tollgate_loom_tests::state::{AtomicWord, Retired};
 use tollgate_loom_tests::store::{
-    chain, spares_reused, with_drain_step, yielding_after_fetch, Check, Evictor, Inserted,
-    KeyTable, KeyedStore, WordTable,
+    builds_abandoned, chain, spares_reused, with_drain_step, yielding_after_fetch, Check, Evictor,
+    Inserted, KeyTable, KeyedStore, WordTable,
 };
 use tollgate_loom_tests::{Gcra, Quota, Stored};
 
@@ -434,7 +434,8 @@ fn same_shard_texts(prefix: &str, n: usize) -> Vec<String> {
     names.filter(|name| shard(name) == 0).take(n).collect()
 }
 
-/// (h) Keys with drop glue: 4 named keys fill a shard's table; a 5th and 6th replace it and
+/// (h) Keys with drop glue: 4 named keys fill a shard's table (while the next one is built
+/// ahead, three slots an insert); a 5th and 6th replace it, free that build part-built, and
 /// drain it (each move clones a key, and the drained table drops its copies as it is
 /// released, here when the store is), while another thread admits on the first key lock-free, reading its
 /// name in a slot. loom checks each read of a key against its write and its drop (the slots'
@@ -531,6 +532,13 @@ where
         assert_eq!(held(key), Some(1), "{key:?}");
     }
     assert_eq!(table.len(), 6);
+    // The 8-slot table filled before the 16-slot one built ahead for it (three slots a step
+    // in the models) was complete: that build was freed part-built, through its tags.
+    assert_eq!(
+        builds_abandoned(table.store()),
+        1,
+        "a part-built table freed"
+    );
     seen.saw(if attempts > 1 {
         "moved first"
     } else {

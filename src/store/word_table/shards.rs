@@ -51,7 +51,11 @@ pub(super) const HELP_EVERY: u32 = if MODEL_CHECKED { 1 } else { 4 };
 /// few microseconds on the VM the benches ran on), and a heap table 4 KiB initialised.
 pub(super) const fn build_step<K, C: TableCell>() -> usize {
     let slot = std::mem::size_of::<Slot<K, C>>();
-    if slot == 0 || slot >= PAGE {
+    if MODEL_CHECKED {
+        // A model's tables are a few dozen slots: three a step builds them over several
+        // inserts, in steps that end inside a word of tags, as a page of most slot sizes does.
+        MODEL_BUILD_STEP
+    } else if slot == 0 || slot >= PAGE {
         1
     } else {
         PAGE / slot
@@ -73,9 +77,17 @@ pub(super) const fn build_from<K, C: TableCell>(next: usize) -> usize {
 pub(super) const PAGE: usize = 4096;
 
 /// Tables up to this many slots are allocated when needed (64 KiB of `u64` slots: a few µs).
-/// (Lower under Miri, so that its tests of the slot keys reach tables built a step at a time
-/// with a few hundred keys; the same paths at this size are tested natively.)
-pub(super) const BUILD_ABOVE: usize = if cfg!(miri) { 256 } else { 4096 };
+/// (Lower under Miri and in the loom models, so that their tests reach tables built a step at a
+/// time with a few hundred keys, or a few: the same paths at this size are tested natively.)
+pub(super) const BUILD_ABOVE: usize = if MODEL_CHECKED {
+    8
+} else if cfg!(miri) {
+    256
+} else {
+    4096
+};
+/// The loom models' [`build_step`].
+const MODEL_BUILD_STEP: usize = 3;
 /// Keys a store holds before it evicts fresh ones, by default (see
 /// [`KeyedLimiterBuilder::evict_above`](crate::KeyedLimiterBuilder::evict_above)): with `u64`
 /// keys, 32 MiB of 16-byte slots at full load, more with the tables' headroom.
