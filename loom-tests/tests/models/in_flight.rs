@@ -158,7 +158,7 @@ where
     /// Asserts that `ticket`'s waiter was served its unit.
     fn assert_served(&self, ticket: &Ticket<u64, (), ()>, message: &str) {
         let mut cx = Context::from_waker(Waker::noop());
-        let served = self.waiters.poll(ticket, &mut cx);
+        let served = self.waiters.poll(self, ticket, &mut cx);
         assert!(matches!(served, Poll::Ready(Ok(()))), "{message}");
     }
 

@@ -173,7 +173,7 @@ impl<K: Clone + Hash + Eq + Send + Sync> Future for Waiting<'_, K> {
         let Some(ticket) = &self.ticket else {
             return Poll::Ready(Err(None));
         };
-        let served = self.owner.waiters.poll(ticket, cx);
+        let served = self.owner.waiters.poll(self.owner, ticket, cx);
         if served.is_ready() {
             self.ticket = None;
         }
