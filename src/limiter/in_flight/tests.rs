@@ -16,16 +16,20 @@ thread_local! {
     /// The key whose next drop panics (once), if any. Thread-local: each test runs on its own
     /// thread, and every call it makes into its table runs on that thread.
     static DOOMED: Cell<Option<u64>> = const { Cell::new(None) };
+    /// Whether that drop panics even while a panic unwinds (which aborts the process).
+    static EVEN_UNWINDING: Cell<bool> = const { Cell::new(false) };
 }
 
 /// A key with drop glue (so that a retired table's keys are dropped a step at a time) whose
-/// `Drop` panics once for the key [`DOOMED`] names.
+/// `Drop` panics once for the key [`DOOMED`] names (not while a panic unwinds, unless
+/// [`EVEN_UNWINDING`]).
 #[derive(Clone, PartialEq, Eq, Hash, Debug)]
 struct Key(u64);
 
 impl Drop for Key {
     fn drop(&mut self) {
-        if !std::thread::panicking() && DOOMED.with(Cell::get) == Some(self.0) {
+        let unwinding = std::thread::panicking() && !EVEN_UNWINDING.with(Cell::get);
+        if !unwinding && DOOMED.with(Cell::get) == Some(self.0) {
             DOOMED.with(|d| d.set(None));
             panic!("planted panic in the drop of key {}", self.0);
         }
@@ -171,4 +175,39 @@ fn a_waiter_is_served_by_a_release_that_meets_another_keys_panicking_drop() {
     assert_eq!(limit.in_flight(&Key(0)), 1, "the waiter's unit");
     drop(served);
     assert_eq!(limit.in_flight(&Key(0)), 0);
+}
+
+/// A permit dropped while a panic unwinds (the request's own panic) releases its units: its
+/// release ran a panicking drop of another key, and a second panic while unwinding aborts the
+/// process. Run in a child process (this test binary again), whose exit the test reads.
+#[test]
+fn a_permit_dropped_as_a_panic_unwinds_releases_without_aborting() {
+    const CHILD: &str = "TOLLGATE_TEST_UNWINDING_RELEASE";
+    if std::env::var_os(CHILD).is_none() {
+        let name = "limiter::in_flight::tests::a_permit_dropped_as_a_panic_unwinds_releases_without_aborting";
+        let status = std::process::Command::new(std::env::current_exe().unwrap())
+            .args(["--exact", name, "--test-threads=1"])
+            .env(CHILD, "1")
+            .stdout(std::process::Stdio::null())
+            .status()
+            .unwrap();
+        assert!(status.success(), "the child process ended with {status}");
+        return;
+    }
+    let limit = InFlight::<Key>::new(1).unwrap();
+    let mut permit = None;
+    let doomed = arrange(
+        limit.table.store(),
+        || permit = limit.try_acquire(&Key(0)).unwrap(),
+        |key| drop(limit.try_acquire(key).unwrap()),
+    );
+    DOOMED.with(|d| d.set(Some(doomed)));
+    EVEN_UNWINDING.with(|e| e.set(true));
+    let request = catch_unwind(AssertUnwindSafe(|| {
+        let _permit = permit.take();
+        panic!("the request failed");
+    }));
+    DOOMED.with(|d| d.set(None));
+    assert!(request.is_err());
+    assert_eq!(limit.in_flight(&Key(0)), 0, "released on the way out");
 }
