@@ -470,3 +470,143 @@ fn waiters_giving_up_under_contention_lose_no_unit() {
         gave_up.load(Ordering::Relaxed)
     );
 }
+
+/// A key whose `Clone`, `Hash` or `Eq` panics once its family's count of that call reaches a
+/// mark set at any time (a family: a key and its copies; `Eq` counts for both sides).
+#[derive(Debug)]
+struct Armed {
+    id: u64,
+    calls: Arc<[AtomicU64; 3]>,
+    panic_at: Arc<[AtomicU64; 3]>,
+}
+
+const EQ: usize = 2;
+
+impl Armed {
+    fn family(id: u64) -> Armed {
+        Armed {
+            id,
+            calls: Arc::new([AtomicU64::new(0), AtomicU64::new(0), AtomicU64::new(0)]),
+            panic_at: Arc::new([
+                AtomicU64::new(u64::MAX),
+                AtomicU64::new(u64::MAX),
+                AtomicU64::new(u64::MAX),
+            ]),
+        }
+    }
+
+    /// Makes the family's `nth` next call of `call` panic.
+    fn arm(&self, call: usize, nth: u64) {
+        let at = self.calls[call].load(Ordering::SeqCst) + nth;
+        self.panic_at[call].store(at, Ordering::SeqCst);
+    }
+
+    /// No more panics in the family.
+    fn disarm(&self) {
+        for at in self.panic_at.iter() {
+            at.store(u64::MAX, Ordering::SeqCst);
+        }
+    }
+
+    fn count(&self, call: usize) {
+        if std::thread::panicking() {
+            return; // a panic while unwinding aborts, whatever the library does
+        }
+        let n = self.calls[call].fetch_add(1, Ordering::SeqCst) + 1;
+        assert!(
+            n != self.panic_at[call].load(Ordering::SeqCst),
+            "a planted panic"
+        );
+    }
+}
+
+impl Clone for Armed {
+    fn clone(&self) -> Self {
+        self.count(CLONE);
+        Armed {
+            id: self.id,
+            calls: Arc::clone(&self.calls),
+            panic_at: Arc::clone(&self.panic_at),
+        }
+    }
+}
+
+impl PartialEq for Armed {
+    fn eq(&self, other: &Self) -> bool {
+        self.count(EQ);
+        other.count(EQ);
+        self.id == other.id
+    }
+}
+
+impl Eq for Armed {}
+
+impl Hash for Armed {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        self.count(HASH);
+        self.id.hash(state);
+    }
+}
+
+/// Whichever clone, hash or comparison of a waiter's key panics as a release serves the
+/// waiter (reserving its units, among others), the waiter is woken and ends with the units:
+/// served by that release, or by its own next poll, which serves the queue a panic left
+/// unserved (the release may have freed the last units: no other release comes). Its own poll
+/// may panic too (a later call of its key): then it is gone, and nothing is lost.
+#[test]
+fn a_waiter_whose_key_panics_as_a_release_serves_it_is_still_woken_and_served() {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .start_paused(true)
+        .build()
+        .unwrap();
+    let _runtime = runtime.enter();
+    let mut served_after_a_panic = [0; 3];
+    for call in [CLONE, HASH, EQ] {
+        for nth in 1..=8 {
+            let case = format!("call {call}, panic at {nth}");
+            // The permit's key and the waiter's are equal, of two families: only the waiter's
+            // panics, so the release's own refund always runs.
+            let (held_key, waiting_key) = (Armed::family(7), Armed::family(7));
+            let limit = InFlight::<Armed>::new(1).unwrap();
+            let held = limit.try_acquire(&held_key).unwrap().unwrap();
+            let (wakes, waker) = counting();
+            let mut waiter = Box::pin(limit.acquire(&waiting_key, LONG));
+            assert!(poll_once(waiter.as_mut(), &waker).is_pending(), "{case}");
+            waiting_key.arm(call, nth);
+            let released = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| drop(held)));
+            if released.is_err() {
+                assert!(
+                    wakes.count() >= 1,
+                    "{case}: the waiter woken after the panic"
+                );
+            }
+            let polled = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                poll_once(waiter.as_mut(), &waker)
+            }));
+            // (The sweep is about the release and the waiter's poll: a later call of the key,
+            // such as the release of the waiter's permit, is not.)
+            waiting_key.disarm();
+            match polled {
+                Ok(Poll::Ready(Ok(Some(permit)))) => {
+                    assert_eq!(limit.in_flight(&held_key), 1, "{case}: the waiter's unit");
+                    drop(permit);
+                    served_after_a_panic[call] += usize::from(released.is_err());
+                }
+                Ok(Poll::Pending) => panic!("{case}: left waiting with every unit free"),
+                Ok(Poll::Ready(other)) => panic!("{case}: {:?}", other.map(|p| p.is_some())),
+                Err(_) => drop(waiter), // its own poll panicked: it leaves the queue
+            }
+            assert_eq!(limit.in_flight(&held_key), 0, "{case}: nothing held");
+            assert!(
+                limit.try_acquire(&held_key).unwrap().is_some(),
+                "{case}: admits again"
+            );
+        }
+    }
+    // The sweep reaches what it is about: a release's service interrupted by each call.
+    assert!(
+        served_after_a_panic.iter().all(|&n| n >= 1),
+        "served after a panic in the release, by call: {served_after_a_panic:?}"
+    );
+}

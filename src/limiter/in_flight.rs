@@ -19,6 +19,10 @@ mod wait;
 #[cfg(feature = "tokio")]
 mod waiters;
 
+#[cfg(test)]
+#[path = "in_flight/tests.rs"]
+mod tests;
+
 /// The rule reads no time: every call runs at instant 0.
 const NOW: Nanos = 0;
 
@@ -329,7 +333,9 @@ impl<K: Clone + Hash + Eq + Send + Sync> InFlight<K> {
             return;
         }
         // The key holds these units, so it is not fresh and was not evicted: the release
-        // finds it (moved to a new table, if one replaced its table meanwhile).
+        // finds it (moved to a new table, if one replaced its table meanwhile). The refund and
+        // the waiters' service run no other key's code (`KeyTable::refund`,
+        // `Places::reserve`): another key's panic cannot lose these units.
         self.table.refund(&held.key, &self.rule, || NOW, held.cost);
         #[cfg(feature = "tokio")]
         self.waiters.released(self, &held.key);

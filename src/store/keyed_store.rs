@@ -51,6 +51,26 @@ pub trait KeyedStore<K, V>: Send + Sync {
         K: Borrow<Q>,
         Q: Hash + Eq + ?Sized;
 
+    /// [`KeyedStore::with_existing`] for a change that must not be lost (a refund, which its
+    /// caller cannot try again): besides the lookup's own calls (the key's `Hash`, and `Eq`
+    /// against the keys it probes past) the call runs no key's code, so that no other key's
+    /// panic can interrupt it. A store whose lookups also do upkeep that runs keys' code (the
+    /// word table: dropping the keys of a table it frees, hashing and cloning the keys a drain
+    /// moves) leaves that to other calls here. The default is `with_existing`, for a store
+    /// whose lookups do no such upkeep.
+    fn with_existing_alone<Q, R>(
+        &self,
+        key: &Q,
+        era: u64,
+        f: impl FnMut(&V) -> Option<R>,
+    ) -> Option<R>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        self.with_existing(key, era, f)
+    }
+
     /// [`KeyedStore::with_existing`] on the fast path only: `None` may also mean that the key
     /// is being moved, so a caller that gets `None` must go on to
     /// [`KeyedStore::with_inserted`], which finds it.

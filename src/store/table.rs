@@ -268,8 +268,33 @@ where
         K: Borrow<Q>,
         Q: Hash + Eq + ?Sized,
     {
+        // Alone: units given back must not be lost to another key's panic in the store's
+        // upkeep (a permit's would be lost for good, and a rate's refund cannot be tried
+        // again: the caller does not know whether it ran).
         self.store
-            .with_existing(key, rule.era(), |cell| rule.refund_live(cell, &now, cost));
+            .with_existing_alone(key, rule.era(), |cell| rule.refund_live(cell, &now, cost));
+    }
+
+    /// Decides a request of `cost` for `key` as `charge` says, if the table holds the key,
+    /// running no other key's code ([`KeyedStore::with_existing_alone`]); `None` if the key
+    /// is not held (nothing changed).
+    #[cfg_attr(not(feature = "tokio"), allow(dead_code))] // the waiter queue's reservations
+    pub fn check_held<Q, A>(
+        &self,
+        key: &Q,
+        rule: &A,
+        now: impl Fn() -> Nanos,
+        cost: u64,
+        charge: impl Charge,
+    ) -> Option<Decision>
+    where
+        A: Stored<Cell = V>,
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        self.store.with_existing_alone(key, rule.era(), |cell| {
+            charge.on_live(rule, cell, &now, cost)
+        })
     }
 
     /// Evicts every key whose cell is indistinguishable from a fresh one at `now`; returns how

@@ -77,8 +77,9 @@
 //!
 //! Nor does a call drop a whole table: a table the shard no longer needs (a growing shard's
 //! drained one) is released [`CLEAR_STEP`] slots per insert once no thread caches it, and per
-//! lookup too (one in [`HELP_EVERY`] of a thread's, if the shard's lock is free), so that
-//! memory comes back when the key set stops growing and no insert comes. Dropping a table of
+//! lookup too (one in [`HELP_EVERY`] of a thread's, if the shard's lock is free; not a
+//! refund's: [`KeyedStore::with_existing_alone`]), so that memory comes back when the key set
+//! stops growing and no insert comes. Dropping a table of
 //! keys with drop glue loops over its slots (a free per `String` key), and a call that did it
 //! at once was the flood's worst tail; keys without it (`u64`, `IpAddr`) need no loop since the
 //! slots keep no `OnceLock` (its drop looped: 76 µs for 40k `u64` slots here).
@@ -127,6 +128,7 @@ mod slots;
 #[path = "word_table/text.rs"]
 mod text;
 
+use self::lookup::{ALONE, UPKEEP};
 pub(crate) use self::region::ZeroedIsFresh;
 #[cfg(test)]
 pub(super) use self::region::HEAP_ONLY;
@@ -163,11 +165,31 @@ where
         Q: Hash + Eq + ?Sized,
     {
         let (hash, shard) = self.hash(key);
-        if let Some(result) = self.existing_fast(hash, shard, key, era, &mut f) {
+        if let Some(result) = self.existing_fast::<UPKEEP, _, _>(hash, shard, key, era, &mut f) {
             return Some(result);
         }
         // Absent from this thread's table, or tombstoned there: perhaps still in a drain.
-        self.existing_locked(shard, hash, key, era, f)
+        self.existing_locked(shard, hash, key, era, UPKEEP, f)
+    }
+
+    /// No drain step and no release of retired tables: those run other keys' code (`Hash`
+    /// and `Clone` as keys move, `Drop` as a table is freed), and a panic there would lose the
+    /// refund. The key's own move out of a drain still runs (its own `Hash`, `Eq`, `Clone`).
+    fn with_existing_alone<Q, R>(
+        &self,
+        key: &Q,
+        era: u64,
+        mut f: impl FnMut(&C) -> Option<R>,
+    ) -> Option<R>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        let (hash, shard) = self.hash(key);
+        if let Some(result) = self.existing_fast::<ALONE, _, _>(hash, shard, key, era, &mut f) {
+            return Some(result);
+        }
+        self.existing_locked(shard, hash, key, era, ALONE, f)
     }
 
     #[inline]
@@ -177,7 +199,7 @@ where
         Q: Hash + Eq + ?Sized,
     {
         let (hash, shard) = self.hash(key);
-        self.existing_fast(hash, shard, key, era, f)
+        self.existing_fast::<UPKEEP, _, _>(hash, shard, key, era, f)
     }
 
     fn with_inserted<Q, R>(

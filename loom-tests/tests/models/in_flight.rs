@@ -100,10 +100,15 @@ where
             rule: self.rule,
             at: 0,
         };
+        // As `InFlight`'s: a held key without the table's upkeep, else the full check.
         let decision = self
             .table
-            .check_key(key, &self.rule, || 0, cost, &evictor, Reserve)
-            .unwrap();
+            .check_held(key, &self.rule, || 0, cost, Reserve)
+            .unwrap_or_else(|| {
+                self.table
+                    .check_key(key, &self.rule, || 0, cost, &evictor, Reserve)
+                    .unwrap()
+            });
         if decision.allowed() {
             Reserved::Taken(())
         } else {
@@ -153,7 +158,7 @@ where
     /// Asserts that `ticket`'s waiter was served its unit.
     fn assert_served(&self, ticket: &Ticket<u64, (), ()>, message: &str) {
         let mut cx = Context::from_waker(Waker::noop());
-        let served = self.waiters.poll(ticket, &mut cx);
+        let served = self.waiters.poll(self, ticket, &mut cx);
         assert!(matches!(served, Poll::Ready(Ok(()))), "{message}");
     }
 

@@ -173,7 +173,7 @@ impl<K: Clone + Hash + Eq + Send + Sync> Future for Waiting<'_, K> {
         let Some(ticket) = &self.ticket else {
             return Poll::Ready(Err(None));
         };
-        let served = self.owner.waiters.poll(ticket, cx);
+        let served = self.owner.waiters.poll(self.owner, ticket, cx);
         if served.is_ready() {
             self.ticket = None;
         }
@@ -200,10 +200,20 @@ impl<K: Clone + Hash + Eq + Send + Sync> Places<K> for InFlight<K> {
         // The key copied first: once the units are taken, no user code runs before they are
         // the waiter's.
         let owned = key.clone();
-        match self
+        // A key that waiters queue for is held (its mark keeps it from being fresh), so a
+        // release serving them finds it without the table's upkeep, which runs other keys'
+        // code: their panic would interrupt the service of the units the release gave back.
+        // A first reservation of a key evicted since its check inserts it again.
+        let decision = match self
             .table
-            .check_key(key, &self.rule, || NOW, cost, &Idle(self), Reserve)
+            .check_held(key, &self.rule, || NOW, cost, Reserve)
         {
+            Some(decision) => Ok(decision),
+            None => self
+                .table
+                .check_key(key, &self.rule, || NOW, cost, &Idle(self), Reserve),
+        };
+        match decision {
             Err(e) => Reserved::Refused(Some(e)),
             Ok(decision) if decision.allowed() => Reserved::Taken(Held {
                 key: owned,

@@ -21,6 +21,11 @@
 //! - A waiter that gives up (its future dropped, or its time out) leaves the queue, and if it
 //!   was the head the next one tries at once; a waiter granted its units just before giving up
 //!   hands them back to the limit ([`Waiters::cancel`] returns them), which serves the next.
+//! - A service that a panic interrupts (the key's `Clone`, `Hash` or `Eq`, as the queue is
+//!   looked up or the head's units reserved) may have freed the very units the head waits
+//!   for, with no release left to come: the head keeps its waker, is marked owed a service
+//!   ([`Owed::Interrupted`]) and woken, and its next poll serves the queue itself. (A lookup
+//!   that panicked does not tell which queue it was for: the first waiter of each is marked.)
 
 use std::borrow::Borrow;
 use std::collections::hash_map::Entry;
@@ -71,6 +76,9 @@ struct Slot<H, E> {
 enum Owed<H, E> {
     /// Still queued; the waker to wake once served.
     Waiting(Option<Waker>),
+    /// Still queued, and owed a service: one reached it and was interrupted by a panic in its
+    /// reservation (module docs). Woken then; its next poll serves its key's queue.
+    Interrupted(Option<Waker>),
     /// Served: the units, for the waiter to take.
     Taken(H),
     /// Served with a refusal.
@@ -194,8 +202,15 @@ impl<K: Hash + Eq + Clone, H, E> Waiters<K, H, E> {
         K: Borrow<Q>,
         Q: Hash + Eq + ?Sized,
     {
+        // Declared before the lock: a lookup that unwinds lets the lock go first.
+        let mut owed = HeadsOwed {
+            waiters: self,
+            found: false,
+        };
         let mut queues = self.queues.lock();
-        if let Some(queue) = queues.by_key.get_mut(key) {
+        let queue = queues.by_key.get_mut(key);
+        owed.found = true;
+        if let Some(queue) = queue {
             if self.serve_queue(places, queue) {
                 queues.by_key.remove(key);
             }
@@ -220,25 +235,39 @@ impl<K: Hash + Eq + Clone, H, E> Waiters<K, H, E> {
         none
     }
 
-    /// Whether `ticket`'s waiter was served; registers `cx`'s waker if not.
-    pub fn poll(
+    /// Whether `ticket`'s waiter was served; registers `cx`'s waker if not. A waiter owed a
+    /// service ([`Owed::Interrupted`]) serves its key's queue first, through `places`.
+    pub fn poll<P>(
         &self,
+        places: &P,
         ticket: &Ticket<K, H, E>,
         cx: &mut Context<'_>,
-    ) -> Poll<Result<H, Option<E>>> {
-        let mut owed = ticket.slot.state.lock();
-        match std::mem::replace(&mut *owed, Owed::Done) {
-            Owed::Waiting(waker) => {
-                let waker = match waker {
-                    Some(w) if w.will_wake(cx.waker()) => w,
-                    _ => cx.waker().clone(),
-                };
-                *owed = Owed::Waiting(Some(waker));
-                Poll::Pending
+    ) -> Poll<Result<H, Option<E>>>
+    where
+        P: Places<K, Held = H, Error = E>,
+    {
+        loop {
+            let mut owed = ticket.slot.state.lock();
+            match std::mem::replace(&mut *owed, Owed::Done) {
+                Owed::Waiting(waker) => {
+                    let waker = match waker {
+                        Some(w) if w.will_wake(cx.waker()) => w,
+                        _ => cx.waker().clone(),
+                    };
+                    *owed = Owed::Waiting(Some(waker));
+                    return Poll::Pending;
+                }
+                Owed::Interrupted(_) => {
+                    // Queued again before the service, so that a service that is interrupted
+                    // once more marks it again; the slot's lock let go, as a service takes it.
+                    *owed = Owed::Waiting(Some(cx.waker().clone()));
+                    drop(owed);
+                    self.serve(places, &ticket.key);
+                }
+                Owed::Taken(held) => return Poll::Ready(Ok(held)),
+                Owed::Refused(why) => return Poll::Ready(Err(why)),
+                Owed::Done => return Poll::Ready(Err(None)),
             }
-            Owed::Taken(held) => Poll::Ready(Ok(held)),
-            Owed::Refused(why) => Poll::Ready(Err(why)),
-            Owed::Done => Poll::Ready(Err(None)),
         }
     }
 
@@ -253,12 +282,19 @@ impl<K: Hash + Eq + Clone, H, E> Waiters<K, H, E> {
         P: Places<K, Held = H, Error = E>,
     {
         match std::mem::replace(&mut *ticket.slot.state.lock(), Owed::Done) {
-            Owed::Waiting(_) => {}
+            Owed::Waiting(_) | Owed::Interrupted(_) => {}
             Owed::Taken(held) => return Some(held),
             Owed::Refused(_) | Owed::Done => return None,
         }
+        // As in `serve`: the next waiter may be owed the units if this one was the head.
+        let mut owed = HeadsOwed {
+            waiters: self,
+            found: false,
+        };
         let mut queues = self.queues.lock();
-        let queue = queues.by_key.get_mut(&ticket.key)?;
+        let queue = queues.by_key.get_mut(&ticket.key);
+        owed.found = true;
+        let queue = queue?;
         let was_head = queue.waiters.keys().next() == Some(&ticket.seq);
         // Not there: dropped by a serving release already.
         queue.waiters.remove(&ticket.seq)?;
@@ -288,19 +324,33 @@ impl<K: Hash + Eq + Clone, H, E> Waiters<K, H, E> {
             // Held across the reservation: the waiter gives up before it (and is dropped here,
             // with nothing reserved) or after it (and is handed the units).
             let mut owed = slot.state.lock();
-            let waker = match &mut *owed {
-                Owed::Waiting(waker) => waker.take(),
-                _ => None,
-            };
-            if matches!(*owed, Owed::Waiting(_)) {
-                *owed = match places.reserve(&queue.key, slot.cost) {
+            let mut waker = None;
+            if let Owed::Waiting(_) | Owed::Interrupted(_) = &*owed {
+                // The waker stays in the slot until the answer: a reservation that panics
+                // leaves the waiter to be woken.
+                let mut reserving = Reserving {
+                    owed: &mut owed,
+                    answered: false,
+                };
+                let answer = places.reserve(&queue.key, slot.cost);
+                reserving.answered = true;
+                let served = match answer {
                     Reserved::Queued => {
-                        *owed = Owed::Waiting(waker);
+                        // Refused, the key marked: a later release serves it, so an
+                        // interrupted waiter is owed nothing more.
+                        if let Owed::Interrupted(w) = reserving.owed {
+                            *reserving.owed = Owed::Waiting(w.take());
+                        }
                         return false;
                     }
                     Reserved::Taken(held) => Owed::Taken(held),
                     Reserved::Refused(why) => Owed::Refused(why),
                 };
+                if let Owed::Waiting(w) | Owed::Interrupted(w) =
+                    std::mem::replace(reserving.owed, served)
+                {
+                    waker = w;
+                }
             }
             drop(owed);
             entry.remove();
@@ -317,6 +367,65 @@ impl<K: Hash + Eq + Clone, H, E> Waiters<K, H, E> {
         // Relaxed: a waiter leaves under the lock; what a release needs ordered is the count
         // going up (see `enqueue`).
         self.queued.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// The head waiter's slot while its units are reserved: a reservation that unwinds (a panic in
+/// its key's `Clone`, `Hash` or `Eq`) leaves it [`Owed::Interrupted`], and wakes it (under the
+/// slot's lock, as unwinding holds it: a waker must not poll in `wake`), so that its next poll
+/// serves the queue the panic left unserved.
+struct Reserving<'a, H, E> {
+    owed: &'a mut Owed<H, E>,
+    answered: bool,
+}
+
+impl<H, E> Drop for Reserving<'_, H, E> {
+    fn drop(&mut self) {
+        if self.answered {
+            return;
+        }
+        self.owed.interrupt();
+    }
+}
+
+/// A lookup of a key's queue for a service (a release's, or a head's leaving): if it unwinds
+/// (a panic in the key's `Hash` or `Eq`), which queue it was for is not known, so the first
+/// waiter still queued in each queue is owed a service ([`Owed::Interrupted`]), and woken.
+struct HeadsOwed<'a, K, H, E> {
+    waiters: &'a Waiters<K, H, E>,
+    found: bool,
+}
+
+impl<K, H, E> Drop for HeadsOwed<'_, K, H, E> {
+    fn drop(&mut self) {
+        if self.found {
+            return;
+        }
+        let queues = self.waiters.queues.lock();
+        for queue in queues.by_key.values() {
+            for slot in queue.waiters.values() {
+                let mut owed = slot.state.lock();
+                if owed.interrupt() {
+                    break;
+                }
+            }
+        }
+    }
+}
+
+impl<H, E> Owed<H, E> {
+    /// Marks a queued waiter owed a service, and wakes it (with the slot's lock held, as an
+    /// unwinding call holds it: a waker must not poll in `wake`); whether it was queued.
+    fn interrupt(&mut self) -> bool {
+        let (Owed::Waiting(waker) | Owed::Interrupted(waker)) = self else {
+            return false;
+        };
+        let waker = waker.take();
+        if let Some(waker) = &waker {
+            waker.wake_by_ref();
+        }
+        *self = Owed::Interrupted(waker);
+        true
     }
 }
 

@@ -48,6 +48,18 @@ impl<K: Clone + Hash + Eq + Send + Sync, H: BuildHasher, C: TableCell> WordTable
         }
         shard.drains.len()
     }
+
+    /// The shard `key` belongs to (for tests that arrange keys in one shard).
+    #[allow(dead_code)] // read by the unit tests
+    pub(crate) fn shard_of(&self, key: &K) -> usize {
+        self.hash(key).1
+    }
+
+    /// Tables shard `index` is draining (for tests).
+    #[allow(dead_code)] // read by the unit tests
+    pub(crate) fn drains_in(&self, index: usize) -> usize {
+        self.shards[index].lock().drains.len()
+    }
 }
 
 impl<K: Send + Sync, H, C: TableCell> WordTable<K, H, C> {

@@ -9,9 +9,17 @@ use super::shards::*;
 use super::slots::*;
 use crate::sync::{Ordering, MODEL_CHECKED};
 
+/// A lookup that does the shard's upkeep on the way (a drain step, a release step of its
+/// retired tables), which runs other keys' code: a check's, before it decides anything, so a
+/// panic there interrupts a call that changed nothing.
+pub(super) const UPKEEP: bool = true;
+/// A lookup that does none (`KeyedStore::with_existing_alone`): a refund's, which must not be
+/// interrupted by another key's panic (a permit's units would be lost for good).
+pub(super) const ALONE: bool = false;
+
 impl<K: Clone + Hash + Eq + Send + Sync, H: BuildHasher, C: TableCell> WordTable<K, H, C> {
     /// The authoritative lookup after a miss on the lock-free path: under the shard lock, in
-    /// the drain as well as the table.
+    /// the drain as well as the table. `upkeep`: [`UPKEEP`] or [`ALONE`].
     #[cold]
     #[inline(never)]
     pub(super) fn existing_locked<Q, R>(
@@ -20,6 +28,7 @@ impl<K: Clone + Hash + Eq + Send + Sync, H: BuildHasher, C: TableCell> WordTable
         hash: u64,
         key: &Q,
         era: u64,
+        upkeep: bool,
         f: impl FnMut(&C) -> Option<R>,
     ) -> Option<R>
     where
@@ -27,13 +36,19 @@ impl<K: Clone + Hash + Eq + Send + Sync, H: BuildHasher, C: TableCell> WordTable
         Q: Eq + ?Sized,
     {
         let mut shard = self.shards[index].lock();
+        // (No key's code here: a table that moves to a new era joins the drains untouched.)
         self.enter_era(&mut shard, era);
-        // Lookups drain too (moving keys only: no judge here), so that a drain ends, and its
-        // table is freed, even when no insert comes. Before the key is taken from the drains:
-        // a step may chain the table, and the key must be in the table that is looked in.
-        self.drain(&mut shard, self.drain_step, None);
+        if upkeep {
+            // Lookups drain too (moving keys only: no judge here), so that a drain ends, and
+            // its table is freed, even when no insert comes. Before the key is taken from the
+            // drains: a step may chain the table, and the key must be in the table looked in.
+            self.drain(&mut shard, self.drain_step, None);
+        }
+        // The key's own code only (its hash, compare and clone as it moves).
         self.take_from_drain(&mut shard, hash, key);
-        Self::release(&mut shard);
+        if upkeep {
+            Self::release(&mut shard);
+        }
         self.note_retired(index, &shard);
         let at = find(&shard.table, hash, key).ok()?;
         // Under the lock the cell is neither moved nor evicted: `f` sees a live state or a
@@ -42,10 +57,11 @@ impl<K: Clone + Hash + Eq + Send + Sync, H: BuildHasher, C: TableCell> WordTable
         f(&shard.table[at].state)
     }
 
-    /// The lock-free lookup. `Err` when the key is not in this thread's cached table of the
-    /// shard, or is tombstoned there.
+    /// The lock-free lookup. `None` when the key is not in this thread's cached table of the
+    /// shard, or is tombstoned there. `UPKEEP_`: [`UPKEEP`] or [`ALONE`] (a constant, so
+    /// that the hot path is the same code as before).
     #[inline]
-    pub(super) fn existing_fast<Q, R>(
+    pub(super) fn existing_fast<const UPKEEP_: bool, Q, R>(
         &self,
         hash: u64,
         shard: usize,
@@ -60,8 +76,11 @@ impl<K: Clone + Hash + Eq + Send + Sync, H: BuildHasher, C: TableCell> WordTable
         let retired = self.retired;
         self.cache.with(|cache| {
             // Relaxed: a hint (see `note_retired`). Before the decision: a key's `Drop` that
-            // panics as a table is released then interrupts a call that decided nothing.
-            if self.releasing.0[shard].load(Ordering::Relaxed) {
+            // panics as a table is released then interrupts a call that decided nothing. Not
+            // at all for a refund: before it, the panic would lose it; after it, the panic
+            // would still come out of a permit's drop, and abort the process if that drop runs
+            // as another panic unwinds.
+            if UPKEEP_ && self.releasing.0[shard].load(Ordering::Relaxed) {
                 self.help_release(shard, &cache.help);
             }
             let cached = &cache.tables[shard];
