@@ -41,6 +41,8 @@ cargo test --all-features
 
 step "hostile flood: 10M unique keys against max_keys = 100000 (release)"
 cargo test --release --test flood
+step "keys with drop glue grown to 40k-400k, evicted and dropped: nothing held after (release)"
+cargo test --release --test key_drop
 
 if [ "${FAST:-0}" != 1 ]; then
   step "public API: unchanged from tests/public-api.txt (bash scripts/public-api.sh --bless after a deliberate change)"
@@ -48,7 +50,8 @@ if [ "${FAST:-0}" != 1 ]; then
   step "Miri: the word table's unsafe slot keys (written, read, moved, dropped once, also when a key's code panics; String keys inline) and its mapped tables"
   cargo +nightly miri test --lib -- keys_are_written_read_moved_and_dropped_once \
     keys_that_panic_are_never_dropped_twice_nor_lost a_large_region_is_mapped_zeroed \
-    a_mapped_table_is_written_moved_and_freed string_keys word_table::text
+    a_mapped_table_is_written_moved_and_freed string_keys word_table::text \
+    keys_of_every_size_and_cell_are_dropped_once_on_every_path
   step "Miri, Tree Borrows, leaks not checked (crossbeam-epoch is not Stacked Borrows clean, its maintainers run Miri under Tree Borrows; its global collector may still hold deferred frees and exited threads' records when the process ends): the sliding log's cell, its heap rings replaced and freed by epoch"
   MIRIFLAGS="-Zmiri-tree-borrows -Zmiri-ignore-leaks" cargo +nightly miri test --lib -- state::log
   if [ -d loom-tests ]; then
