@@ -154,22 +154,12 @@ where
     const EVICTS_ON_INSERT: bool = true;
     const RE_ANCHORS: bool = true;
 
-    fn with_existing<Q, R>(
-        &self,
-        key: &Q,
-        era: u64,
-        mut f: impl FnMut(&C) -> Option<R>,
-    ) -> Option<R>
+    fn with_existing<Q, R>(&self, key: &Q, era: u64, f: impl FnMut(&C) -> Option<R>) -> Option<R>
     where
         K: Borrow<Q>,
         Q: Hash + Eq + ?Sized,
     {
-        let (hash, shard) = self.hash(key);
-        if let Some(result) = self.existing_fast::<UPKEEP, _, _>(hash, shard, key, era, &mut f) {
-            return Some(result);
-        }
-        // Absent from this thread's table, or tombstoned there: perhaps still in a drain.
-        self.existing_locked(shard, hash, key, era, UPKEEP, f)
+        self.existing::<UPKEEP, _, _>(key, era, f)
     }
 
     /// No drain step and no release of retired tables: those run other keys' code (`Hash`
@@ -179,17 +169,13 @@ where
         &self,
         key: &Q,
         era: u64,
-        mut f: impl FnMut(&C) -> Option<R>,
+        f: impl FnMut(&C) -> Option<R>,
     ) -> Option<R>
     where
         K: Borrow<Q>,
         Q: Hash + Eq + ?Sized,
     {
-        let (hash, shard) = self.hash(key);
-        if let Some(result) = self.existing_fast::<ALONE, _, _>(hash, shard, key, era, &mut f) {
-            return Some(result);
-        }
-        self.existing_locked(shard, hash, key, era, ALONE, f)
+        self.existing::<ALONE, _, _>(key, era, f)
     }
 
     #[inline]

@@ -990,8 +990,9 @@ fn evictions_taken_by_an_interrupted_hand_are_reported_later() {
     assert_eq!(reported as u64, keys - keys / 2, "evictions reported");
 }
 
-/// A limiter of sliding logs that lets its store evict every empty ring (at time 0).
-struct EmptyLogs(crate::SlidingLog);
+/// A limiter of sliding logs that lets its store evict every empty ring, judged at a time of
+/// its own (logs whose entries have expired by then are empty).
+struct EmptyLogs(crate::SlidingLog, Nanos);
 
 impl Evictor<crate::state::LogCell> for EmptyLogs {
     fn sweep(&self) -> usize {
@@ -1002,7 +1003,8 @@ impl Evictor<crate::state::LogCell> for EmptyLogs {
         &self,
         f: impl FnOnce(Nanos, &dyn Fn(&crate::state::LogCell, Nanos) -> bool) -> R,
     ) -> Option<R> {
-        Some(f(0, &|cell, _since| cell.evict_if_empty(&self.0, 0)))
+        let Self(rule, at) = *self;
+        Some(f(at, &|cell, _since| cell.evict_if_empty(&rule, at)))
     }
 }
 
@@ -1030,7 +1032,7 @@ fn log_cells_evicted_in_a_full_table_are_neither_found_nor_counted() {
                     cell.decide(&rule, || 0, 1, true);
                 }
             },
-            &EmptyLogs(rule),
+            &EmptyLogs(rule, 0),
             &mut done,
         );
         if key % 1_024 == 0 {
@@ -1068,7 +1070,7 @@ fn a_heap_table_at_the_bound_reuses_its_drained_tables() {
     store.set_evict_above(64 * 1_000);
     for key in 0..300_000u64 {
         let mut done = Inserted::default();
-        store.with_inserted(&key, 0, |_: &LogCell| (), &EmptyLogs(rule), &mut done);
+        store.with_inserted(&key, 0, |_: &LogCell| (), &EmptyLogs(rule, 0), &mut done);
     }
     assert!(
         store.spares_reused() > 64,
@@ -1580,7 +1582,7 @@ fn a_heap_table_of_logs_is_built_ahead_slot_by_slot() {
             &key(i),
             0,
             |cell: &LogCell| cell.decide(&rule, || 0, 1, true),
-            &EmptyLogs(rule),
+            &EmptyLogs(rule, 0),
             &mut done,
         );
     }
@@ -1955,25 +1957,6 @@ fn keys_of_every_path<const P: usize, C: TableCell>(
     );
 }
 
-/// Log cells whose entries have all expired by the time this judges (10 s on).
-struct ExpiredLogs(crate::SlidingLog);
-
-impl Evictor<crate::state::LogCell> for ExpiredLogs {
-    fn sweep(&self) -> usize {
-        unreachable!("the word table evicts on its own")
-    }
-
-    fn judging<R>(
-        &self,
-        f: impl FnOnce(Nanos, &dyn Fn(&crate::state::LogCell, Nanos) -> bool) -> R,
-    ) -> Option<R> {
-        const LATER: Nanos = 10_000_000_000;
-        Some(f(LATER, &|cell, _since| {
-            cell.evict_if_empty(&self.0, LATER)
-        }))
-    }
-}
-
 /// Keys with drop glue of 8, 24, 40, 72, 100 and 192 bytes (build steps of a page of slots:
 /// 256, 128, 85, 51, 36 and 20 word slots; 64, 32, 32, 32, 21 and 16 log slots, a cache line
 /// each or more: not all a multiple of the eight tags a word holds),
@@ -2002,7 +1985,7 @@ fn keys_of_every_size_and_cell_are_dropped_once_on_every_path() {
         let entry = |cell: &crate::state::LogCell| {
             cell.decide(&rule, || 0, 1, true);
         };
-        keys_of_every_path::<P, _>("log cells", logs, entry, &ExpiredLogs(rule));
+        keys_of_every_path::<P, _>("log cells", logs, entry, &EmptyLogs(rule, 10_000_000_000));
     }
     // (Miri takes the first: build steps of 36 word slots and 21 log slots.)
     sizes::<92>();

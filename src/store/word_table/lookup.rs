@@ -18,6 +18,27 @@ pub(super) const UPKEEP: bool = true;
 pub(super) const ALONE: bool = false;
 
 impl<K: Clone + Hash + Eq + Send + Sync, H: BuildHasher, C: TableCell> WordTable<K, H, C> {
+    /// The key's cell, lock-free in this thread's cached table, else under the shard lock
+    /// (absent from the cached table, or tombstoned there: perhaps still in a drain).
+    /// `UPKEEP_`: [`UPKEEP`] or [`ALONE`].
+    #[inline]
+    pub(super) fn existing<const UPKEEP_: bool, Q, R>(
+        &self,
+        key: &Q,
+        era: u64,
+        mut f: impl FnMut(&C) -> Option<R>,
+    ) -> Option<R>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        let (hash, shard) = self.hash(key);
+        if let Some(result) = self.existing_fast::<UPKEEP_, _, _>(hash, shard, key, era, &mut f) {
+            return Some(result);
+        }
+        self.existing_locked(shard, hash, key, era, UPKEEP_, f)
+    }
+
     /// The authoritative lookup after a miss on the lock-free path: under the shard lock, in
     /// the drain as well as the table. `upkeep`: [`UPKEEP`] or [`ALONE`].
     #[cold]
