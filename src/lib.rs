@@ -259,6 +259,9 @@
 
 #![deny(unsafe_code)]
 #![deny(missing_docs)]
+// docs.rs (`[package.metadata.docs.rs]` passes `--cfg docsrs`) builds on nightly, where
+// `doc_cfg` marks every item behind a feature with its feature, read from its `#[cfg]`.
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 pub mod algorithm;
 pub mod clock;
@@ -300,10 +303,14 @@ pub mod tower;
 #[cfg(feature = "tokio")]
 pub mod wait;
 
+// Inlined: the crate root's page lists the types most programs start from, not only their
+// `pub use` lines.
+#[doc(inline)]
 pub use algorithm::{
     FixedWindow, Gcra, LeakyBucket, LeakyQueue, SlidingLog, SlidingWindow, TokenBucket,
 };
 pub use decision::{Decision, LimitError};
+#[doc(inline)]
 pub use limiter::{
     Algorithm, InFlight, InFlightPermit, KeyedLimiter, KeyedLimiterBuilder, Limiter,
     OverflowPolicy, OwnedInFlightPermit,
