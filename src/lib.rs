@@ -237,10 +237,13 @@
 //!
 //! - [`docs::decision_rules`]: exactly how each algorithm decides; the boundary cases.
 //! - [`KeyedLimiter`]: the store, eviction and its caveats; [`Decision`]: every figure.
-//! - `tollgate replay` (feature `cli`, and README): what a limit would do to a recorded trace,
-//!   with a summary, a JSON object or an SVG plot; `--compare` runs every algorithm.
-//! - README's sections on the tower layer, async waiting, configuration files and the Redis
-//!   tier; `examples/server.rs`, a whole axum server limited from `examples/policies.toml`.
+//! - `tollgate replay` (feature `cli`; `docs/cli.md` in the repository and the package): what a
+//!   limit would do to a recorded trace, with a summary, a JSON object or an SVG plot;
+//!   `--compare` runs every algorithm.
+//! - README starts with a whole axum server (`examples/quickstart.rs`); `docs/tower.md` is the
+//!   tower layer's guide (async waiting and configuration files included), `docs/security.md`
+//!   what a client can and cannot choose, `docs/redis.md` the Redis tier;
+//!   `examples/server.rs` is a whole axum server limited from `examples/policies.toml`.
 //! - CONTRIBUTING.md, for anyone changing tollgate: commands, layout, rules and pitfalls.
 //!
 //! ## Design
