@@ -1,4 +1,4 @@
-use tollgate::{Gcra, KeyedLimiter, Quota};
+use tollgate::prelude::*;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     // 10 requests per second per client, bursts of up to 20.
@@ -10,10 +10,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let decision = limiter.check("203.0.113.7")?;
         if !decision.allowed() {
             // A server answers 429, with `Retry-After: decision.retry_after()`.
-            println!(
-                "request {n} denied: retry after {:?}",
-                decision.retry_after()
-            );
+            let wait = decision.retry_after();
+            println!("request {n} denied: retry after {wait:?}");
         }
     }
     Ok(())

@@ -1,18 +1,17 @@
 use std::net::SocketAddr;
 
 use axum::{routing::get, Router};
-use tollgate::tower::{HeaderStyle, Key, Policy, RateLimitLayer};
-use tollgate::{Gcra, KeyedLimiter, Quota};
+use tollgate::prelude::*;
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     // Per client IP: 10 requests a second, bursts of 20, on /api/ (429 beyond).
-    let per_ip = KeyedLimiter::<Key, _>::new(Gcra::new(Quota::per_second(10)?.with_burst(20)?)?);
-    let api = Policy::new("api", per_ip).path_prefix("/api/");
+    let api = Policy::gcra("api", Quota::per_second(10)?.with_burst(20)?).path_prefix("/api/");
     let layer = RateLimitLayer::builder()
         .policy(api)
         .headers(HeaderStyle::Both)
         .build()?;
+
     let app = Router::new()
         .route("/api/hello", get(|| async { "hello\n" }))
         .route("/health", get(|| async { "ok\n" })) // no policy matches: never limited

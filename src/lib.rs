@@ -235,6 +235,9 @@
 //!
 //! ## Where to go next
 //!
+//! - [`prelude`]: `use tollgate::prelude::*;` imports the limiters, algorithms, quotas,
+//!   decisions and errors, and with feature `tower` the layer, [`Policy`](tower::Policy) and
+//!   what a server sets on it (`Policy::gcra(name, quota)` is a per-client policy in one call).
 //! - [`docs::decision_rules`]: exactly how each algorithm decides; the boundary cases.
 //! - [`KeyedLimiter`]: the store, eviction and its caveats; [`Decision`]: every figure.
 //! - `tollgate replay` (feature `cli`; `docs/cli.md` in the repository and the package): what a
@@ -293,6 +296,7 @@ pub mod docs {
 mod decision;
 pub mod limiter;
 mod multi;
+pub mod prelude;
 mod quota;
 #[cfg(feature = "redis")]
 pub mod redis;

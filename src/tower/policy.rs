@@ -6,12 +6,13 @@ use std::sync::Arc;
 use http::request::Parts;
 use http::{Method, StatusCode};
 
-use super::backend::{CheckBackend, QuotaInfo};
+use super::backend::{CheckBackend, CheckError, CheckFuture, QuotaInfo};
 use super::cost::Cost;
 use super::key::{Key, KeySource};
 use super::path::PathMatch;
 use super::tiers::Tiers;
-use crate::limiter::{InFlight, OwnedInFlightPermit};
+use crate::limiter::{Algorithm, InFlight, OwnedInFlightPermit};
+use crate::{Gcra, KeyedLimiter, Quota, QuotaError};
 
 /// What a policy does with a request its limit refuses.
 ///
@@ -145,6 +146,28 @@ pub struct Policy {
     /// This policy's metric keys, built once (feature `metrics`).
     #[cfg(feature = "metrics")]
     pub(crate) metric_keys: Arc<super::outcome::MetricKeys>,
+    /// What the rule of a shortcut ([`Policy::gcra`]) refused: the layer's builder reports it,
+    /// so that building a policy needs no `?` of its own.
+    pub(crate) quota_error: Option<QuotaError>,
+}
+
+/// The backend of a policy that has no rate to check (its rule was refused): it never decides.
+struct NoRate;
+
+impl CheckBackend for NoRate {
+    fn check<'a>(&'a self, _key: &'a Key, _cost: u64) -> CheckFuture<'a> {
+        CheckFuture::ready(Err(CheckError::Backend(
+            "this policy has no rate limit to check".into(),
+        )))
+    }
+
+    fn quota_count(&self) -> usize {
+        0
+    }
+
+    fn quota(&self, _index: usize) -> Option<QuotaInfo> {
+        None
+    }
 }
 
 /// The `RateLimit-Policy` field of a policy: the same on every response while its quotas stay
@@ -217,6 +240,60 @@ impl Policy {
             in_flight: None,
             in_flight_status: StatusCode::TOO_MANY_REQUESTS,
             in_flight_key: None,
+            quota_error: None,
+        }
+    }
+
+    /// A policy named `name` limiting each client key by GCRA (the token bucket) to `quota`:
+    /// `L` a window with bursts of up to the quota's burst (`L` unless
+    /// [`Quota::with_burst`] says otherwise), on an in-process [`KeyedLimiter`] of [`Key`]s.
+    /// The same policy as `Policy::new(name, KeyedLimiter::<Key, _>::new(Gcra::new(quota)?))`,
+    /// whatever [`KeySource`] it is then given: the key type is the layer's. A quota GCRA
+    /// refuses is reported by
+    /// [`RateLimitLayerBuilder::build`](super::RateLimitLayerBuilder::build) as
+    /// [`ConfigError::Quota`](super::ConfigError::Quota), naming the policy.
+    ///
+    /// # Examples
+    /// ```
+    /// use tollgate::prelude::*;
+    /// // Five login attempts a minute per client IP.
+    /// let login = Policy::gcra("login", Quota::per_minute(5)?).path_prefix("/login");
+    /// // 100 a minute, bursts of 20, per API key.
+    /// let partners = Policy::gcra("partners", Quota::per_minute(100)?.with_burst(20)?)
+    ///     .key(KeySource::header(http::HeaderName::from_static("x-api-key")));
+    /// let layer = RateLimitLayer::builder().policy(login).policy(partners).build()?;
+    /// # let _ = layer;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn gcra(name: impl Into<String>, quota: Quota) -> Self {
+        Policy::keyed(name, Gcra::new(quota))
+    }
+
+    /// A policy named `name` limiting each client key by `rule` (any algorithm: a
+    /// [`FixedWindow`](crate::FixedWindow), a [`SlidingLog`](crate::SlidingLog), …) on an
+    /// in-process [`KeyedLimiter`] of [`Key`]s: `Policy::new(name, KeyedLimiter::<Key,
+    /// _>::new(rule))` without naming the key type. It takes the rule's constructor's result
+    /// as it is: a refused rule is reported by the layer's builder, as for [`Policy::gcra`].
+    ///
+    /// # Examples
+    /// ```
+    /// use tollgate::prelude::*;
+    /// // At most 1000 an hour per client, in windows that reset on the hour.
+    /// let hourly = Policy::keyed("hourly", FixedWindow::new(Quota::per_hour(1000)?));
+    /// assert!(RateLimitLayer::builder().policy(hourly).build().is_ok());
+    /// // Two a nanosecond cannot be spaced: refused when the layer is built, naming the policy.
+    /// let absurd = Quota::new(2, std::time::Duration::from_nanos(1))?;
+    /// let refused = RateLimitLayer::builder().policy(Policy::gcra("absurd", absurd)).build();
+    /// assert!(matches!(refused, Err(ConfigError::Quota { policy, .. }) if policy == "absurd"));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn keyed<A: Algorithm>(name: impl Into<String>, rule: Result<A, QuotaError>) -> Self {
+        match rule {
+            Ok(rule) => Policy::new(name, KeyedLimiter::<Key, A>::new(rule)),
+            Err(error) => Policy {
+                quota_error: Some(error),
+                ..Policy::new(name, NoRate)
+            },
         }
     }
 
