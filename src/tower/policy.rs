@@ -149,9 +149,14 @@ pub struct Policy {
     /// What the rule of a shortcut ([`Policy::gcra`]) refused: the layer's builder reports it,
     /// so that building a policy needs no `?` of its own.
     pub(crate) quota_error: Option<QuotaError>,
+    /// Whether the policy checks a rate: `false` for an in-flight bound alone
+    /// ([`Policy::in_flight`]), whose requests the layer never takes to the backend, and so
+    /// answers without rate-limit fields.
+    pub(crate) rate: bool,
 }
 
-/// The backend of a policy that has no rate to check (its rule was refused): it never decides.
+/// The backend of a policy that has no rate to check (an in-flight bound alone, or a rule that
+/// was refused): the layer never asks it, and it has no quota to show.
 struct NoRate;
 
 impl CheckBackend for NoRate {
@@ -241,7 +246,38 @@ impl Policy {
             in_flight_status: StatusCode::TOO_MANY_REQUESTS,
             in_flight_key: None,
             quota_error: None,
+            rate: true,
         }
+    }
+
+    /// A policy named `name` with no rate at all: at most `max` of its requests in flight at
+    /// once per client key ([`Policy::max_in_flight`]; [`Policy::in_flight_scope`] makes it
+    /// one bound for all of them), and nothing else. A request over it is refused at once
+    /// (429, or [`Policy::in_flight_status`]); the others pass, each holding its place until
+    /// its response body ends or is dropped. With no rate there is no quota to show: its
+    /// responses carry no `RateLimit-Policy`, `RateLimit` or `X-RateLimit-*` field, whatever
+    /// the layer's [`HeaderStyle`](super::HeaderStyle), and no `Retry-After` (no wait is
+    /// known to free a place). [`Mode::Shadow`] counts a request over the bound and lets it
+    /// through; delay mode and [`Policy::refund_when`], which work on a rate, are refused by
+    /// the layer's builder.
+    ///
+    /// # Examples
+    /// ```
+    /// use tollgate::prelude::*;
+    /// // Each client runs at most 2 exports at once, as often as it likes.
+    /// let exports = Policy::in_flight("exports", 2).path_prefix("/export");
+    /// assert_eq!(exports.backend().quota_count(), 0); // no rate: no quota in any header
+    /// assert!(RateLimitLayer::builder().policy(exports).headers(HeaderStyle::Both).build().is_ok());
+    /// // A bound of 0 is refused when the layer is built.
+    /// assert!(RateLimitLayer::builder().policy(Policy::in_flight("none", 0)).build().is_err());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn in_flight(name: impl Into<String>, max: u64) -> Self {
+        Policy {
+            rate: false,
+            ..Policy::new(name, NoRate)
+        }
+        .max_in_flight(max)
     }
 
     /// A policy named `name` limiting each client key by GCRA (the token bucket) to `quota`:
@@ -305,7 +341,7 @@ impl Policy {
     /// the rate refuses takes no place; a [`Mode::Shadow`] policy counts a request over the
     /// bound and lets it through. [`RateLimitLayer::evaluate_held`](super::RateLimitLayer::evaluate_held)
     /// hands the place to its caller (`tollgate replay --config` holds it for the line's
-    /// duration, `t_ms+duration_ms`).
+    /// duration, `t_ms+duration_ms`). For a bound with no rate, [`Policy::in_flight`].
     ///
     /// # Examples
     /// ```
@@ -402,6 +438,21 @@ impl Policy {
     pub(crate) fn in_flight_problem(&self) -> Option<String> {
         if let Some((max, None)) = self.in_flight {
             return Some(format!("max_in_flight {max} must be at least 1"));
+        }
+        if !self.rate {
+            #[cfg(feature = "tokio")]
+            if matches!(self.mode, Mode::Delay { .. }) {
+                return Some(
+                    "delay mode waits for a rate's slot; an in-flight bound alone has none"
+                        .to_owned(),
+                );
+            }
+            if self.refund.is_some() {
+                return Some(
+                    "refunds by status give a rate's units back; an in-flight bound alone has none"
+                        .to_owned(),
+                );
+            }
         }
         let status = self.in_flight_status;
         (!(status.is_client_error() || status.is_server_error()))
