@@ -42,9 +42,12 @@ async fn a_server_built_from_the_prelude_limits_its_policies() {
     let layer = RateLimitLayer::builder()
         .policy(Policy::gcra("login", Quota::per_minute(2).unwrap()).path_prefix("/login"))
         .policy(
-            Policy::keyed("reports", FixedWindow::new(Quota::per_hour(1).unwrap()))
-                .path_prefix("/reports")
-                .key(api_key),
+            Policy::keyed(
+                "reports",
+                FixedWindow::new(Quota::per_hour(1).unwrap()).unwrap(),
+            )
+            .path_prefix("/reports")
+            .key(api_key),
         )
         .headers(HeaderStyle::Draft)
         .build()

@@ -47,7 +47,7 @@ pub enum ConfigError {
     #[error("fallback status {0} is not a 4xx or 5xx status")]
     FallbackStatus(StatusCode),
     /// A policy's algorithm refused one of its quotas, or its clock (a configured policy, or
-    /// one built by [`Policy::gcra`](super::Policy::gcra) or [`Policy::keyed`](super::Policy::keyed)).
+    /// one built by [`Policy::gcra`](super::Policy::gcra)).
     #[error("policy {policy:?}: {error}")]
     Quota {
         /// The policy's name.

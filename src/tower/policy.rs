@@ -302,35 +302,34 @@ impl Policy {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn gcra(name: impl Into<String>, quota: Quota) -> Self {
-        Policy::keyed(name, Gcra::new(quota))
-    }
-
-    /// A policy named `name` limiting each client key by `rule` (any algorithm: a
-    /// [`FixedWindow`](crate::FixedWindow), a [`SlidingLog`](crate::SlidingLog), …) on an
-    /// in-process [`KeyedLimiter`] of [`Key`]s: `Policy::new(name, KeyedLimiter::<Key,
-    /// _>::new(rule))` without naming the key type. It takes the rule's constructor's result
-    /// as it is: a refused rule is reported by the layer's builder, as for [`Policy::gcra`].
-    ///
-    /// # Examples
-    /// ```
-    /// use tollgate::prelude::*;
-    /// // At most 1000 an hour per client, in windows that reset on the hour.
-    /// let hourly = Policy::keyed("hourly", FixedWindow::new(Quota::per_hour(1000)?));
-    /// assert!(RateLimitLayer::builder().policy(hourly).build().is_ok());
-    /// // Two a nanosecond cannot be spaced: refused when the layer is built, naming the policy.
-    /// let absurd = Quota::new(2, std::time::Duration::from_nanos(1))?;
-    /// let refused = RateLimitLayer::builder().policy(Policy::gcra("absurd", absurd)).build();
-    /// assert!(matches!(refused, Err(ConfigError::Quota { policy, .. }) if policy == "absurd"));
-    /// # Ok::<(), Box<dyn std::error::Error>>(())
-    /// ```
-    pub fn keyed<A: Algorithm>(name: impl Into<String>, rule: Result<A, QuotaError>) -> Self {
-        match rule {
-            Ok(rule) => Policy::new(name, KeyedLimiter::<Key, A>::new(rule)),
+        match Gcra::new(quota) {
+            Ok(rule) => Policy::keyed(name, rule),
             Err(error) => Policy {
                 quota_error: Some(error),
                 ..Policy::new(name, NoRate)
             },
         }
+    }
+
+    /// A policy named `name` limiting each client key by `rule` (any algorithm: a
+    /// [`FixedWindow`](crate::FixedWindow), a [`SlidingLog`](crate::SlidingLog), …) on an
+    /// in-process [`KeyedLimiter`] of [`Key`]s: `Policy::new(name, KeyedLimiter::<Key,
+    /// _>::new(rule))` without naming the key type.
+    ///
+    /// # Examples
+    /// ```
+    /// use tollgate::prelude::*;
+    /// // At most 1000 an hour per client, in windows that reset on the hour.
+    /// let hourly = Policy::keyed("hourly", FixedWindow::new(Quota::per_hour(1000)?)?);
+    /// assert!(RateLimitLayer::builder().policy(hourly).build().is_ok());
+    /// // `Policy::gcra` leaves a refused quota to the builder, which names the policy.
+    /// let absurd = Quota::new(2, std::time::Duration::from_nanos(1))?; // two a nanosecond
+    /// let refused = RateLimitLayer::builder().policy(Policy::gcra("absurd", absurd)).build();
+    /// assert!(matches!(refused, Err(ConfigError::Quota { policy, .. }) if policy == "absurd"));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn keyed<A: Algorithm>(name: impl Into<String>, rule: A) -> Self {
+        Policy::new(name, KeyedLimiter::<Key, A>::new(rule))
     }
 
     /// At most `max` requests of this policy in flight at once per client key (as nginx's
