@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # What `cargo publish` would upload, checked before anyone publishes:
 #   - the files the crate's own docs need are in the package (rustdoc includes
-#     docs/decision-rules.md; README shows docs/api.svg and links docs/*.md);
+#     docs/decision-rules.md; README shows docs/api.svg, links docs/*.md and quotes two
+#     examples, which tests/readme.rs compares with README);
 #   - no published text points outside the repository: no path into the private sibling folder `shared` and no
 #     markdown or rustdoc link to a web page (the docs must read the same offline, on docs.rs
 #     and in a downloaded crate);
@@ -17,7 +18,9 @@ list=$(cargo package --list --allow-dirty 2>/dev/null)
 
 missing=0
 for f in Cargo.toml README.md CHANGELOG.md CONTRIBUTING.md src/lib.rs \
-         docs/decision-rules.md docs/design.md docs/choosing.md docs/api.svg docs/boundary.svg; do
+         docs/decision-rules.md docs/design.md docs/choosing.md docs/api.svg docs/boundary.svg \
+         docs/tower.md docs/security.md docs/cli.md docs/redis.md \
+         examples/quickstart.rs examples/in_process.rs tests/readme.rs; do
   if ! grep -qx "$f" <<<"$list"; then
     echo "package-check: $f is not in the package" >&2
     missing=1

@@ -235,12 +235,18 @@
 //!
 //! ## Where to go next
 //!
+//! - [`prelude`]: `use tollgate::prelude::*;` imports the limiters, algorithms, quotas,
+//!   decisions and errors, and with feature `tower` the layer, [`Policy`](tower::Policy) and
+//!   what a server sets on it (`Policy::gcra(name, quota)` is a per-client policy in one call).
 //! - [`docs::decision_rules`]: exactly how each algorithm decides; the boundary cases.
 //! - [`KeyedLimiter`]: the store, eviction and its caveats; [`Decision`]: every figure.
-//! - `tollgate replay` (feature `cli`, and README): what a limit would do to a recorded trace,
-//!   with a summary, a JSON object or an SVG plot; `--compare` runs every algorithm.
-//! - README's sections on the tower layer, async waiting, configuration files and the Redis
-//!   tier; `examples/server.rs`, a whole axum server limited from `examples/policies.toml`.
+//! - `tollgate replay` (feature `cli`; `docs/cli.md` in the repository and the package): what a
+//!   limit would do to a recorded trace, with a summary, a JSON object or an SVG plot;
+//!   `--compare` runs every algorithm.
+//! - README starts with a whole axum server (`examples/quickstart.rs`); `docs/tower.md` is the
+//!   tower layer's guide (async waiting and configuration files included), `docs/security.md`
+//!   what a client can and cannot choose, `docs/redis.md` the Redis tier;
+//!   `examples/server.rs` is a whole axum server limited from `examples/policies.toml`.
 //! - CONTRIBUTING.md, for anyone changing tollgate: commands, layout, rules and pitfalls.
 //!
 //! ## Design
@@ -259,6 +265,9 @@
 
 #![deny(unsafe_code)]
 #![deny(missing_docs)]
+// docs.rs (`[package.metadata.docs.rs]` passes `--cfg docsrs`) builds on nightly, where
+// `doc_cfg` marks every item behind a feature with its feature, read from its `#[cfg]`.
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 pub mod algorithm;
 pub mod clock;
@@ -287,6 +296,7 @@ pub mod docs {
 mod decision;
 pub mod limiter;
 mod multi;
+pub mod prelude;
 mod quota;
 #[cfg(feature = "redis")]
 pub mod redis;
@@ -300,10 +310,14 @@ pub mod tower;
 #[cfg(feature = "tokio")]
 pub mod wait;
 
+// Inlined: the crate root's page lists the types most programs start from, not only their
+// `pub use` lines.
+#[doc(inline)]
 pub use algorithm::{
     FixedWindow, Gcra, LeakyBucket, LeakyQueue, SlidingLog, SlidingWindow, TokenBucket,
 };
 pub use decision::{Decision, LimitError};
+#[doc(inline)]
 pub use limiter::{
     Algorithm, InFlight, InFlightPermit, KeyedLimiter, KeyedLimiterBuilder, Limiter,
     OverflowPolicy, OwnedInFlightPermit,

@@ -51,15 +51,14 @@
 //! ```no_run
 //! use std::net::SocketAddr;
 //! use axum::{routing::get, Router};
-//! use tollgate::tower::{HeaderStyle, Key, Policy, RateLimitLayer};
-//! use tollgate::{Gcra, KeyedLimiter, Quota};
+//! use tollgate::prelude::*;
 //!
 //! # #[tokio::main(flavor = "current_thread")]
 //! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! // Per client IP: 10 requests a second, bursts of 20, on /api/.
-//! let per_ip = KeyedLimiter::<Key, _>::new(Gcra::new(Quota::per_second(10)?.with_burst(20)?)?);
+//! let api = Policy::gcra("api", Quota::per_second(10)?.with_burst(20)?).path_prefix("/api/");
 //! let layer = RateLimitLayer::builder()
-//!     .policy(Policy::new("api", per_ip).path_prefix("/api/"))
+//!     .policy(api)
 //!     .trusted_proxies(["127.0.0.1".parse()?]) // a reverse proxy on this host
 //!     .headers(HeaderStyle::Both)
 //!     .build()?;
@@ -135,7 +134,9 @@
 //! `examples/policies.toml` and `examples/server.rs`.
 //!
 //! # Backends
-//! A policy checks one [`CheckBackend`]: an in-process [`KeyedLimiter`](crate::KeyedLimiter)
+//! [`Policy::gcra`] and [`Policy::keyed`] build a policy's in-process limiter from a quota or
+//! a rule. Otherwise a policy checks the [`CheckBackend`] [`Policy::new`] is given: an
+//! in-process [`KeyedLimiter`](crate::KeyedLimiter)
 //! or [`MultiLimiter`](crate::MultiLimiter) keyed by [`Key`], or (feature `redis`) the Redis
 //! tier through `RedisBackend` (exact, guarded or leased): a limit held across a fleet. Moving
 //! a policy from one node to the fleet changes only the backend argument of [`Policy::new`].

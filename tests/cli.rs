@@ -907,15 +907,20 @@ fn a_progress_bar_only_on_a_terminal() {
     assert!(err.contains("MiB"), "a bar counting bytes: {err:?}");
 }
 
-/// README's sample of the main job's summary is what the command prints today (run from the
-/// repository's root, as README says).
-/// The README's text from the end of `after` (the first place it appears) to the end of its
-/// code block.
+/// The text of `file` (a path from the repository's root) from the end of `after` (the first
+/// place it appears) to the end of its code block.
+fn quote(file: &str, after: &str) -> String {
+    let text = std::fs::read_to_string(format!("{}/{file}", env!("CARGO_MANIFEST_DIR"))).unwrap();
+    let start = text
+        .find(after)
+        .unwrap_or_else(|| panic!("{file} has {after:?}"))
+        + after.len();
+    text[start..start + text[start..].find("```").unwrap()].to_owned()
+}
+
+/// The README's text from the end of `after` to the end of its code block.
 fn readme_quote(after: &str) -> String {
-    let readme =
-        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
-    let start = readme.find(after).expect("the README has it") + after.len();
-    readme[start..start + readme[start..].find("```").unwrap()].to_owned()
+    quote("README.md", after)
 }
 
 /// The binary run from the repository's root (the README's commands name files from there).
@@ -927,6 +932,8 @@ fn tollgate_at_root(args: &[&str]) -> Output {
         .unwrap()
 }
 
+/// README's sample of the main job's summary is what the command prints today (run from the
+/// repository's root, as README says).
 #[test]
 fn the_readme_shows_what_the_main_job_prints() {
     // The quote starts with the summary's first line, inside its ```text block.
@@ -1167,8 +1174,8 @@ fn config_replay_reads_json_and_reports_bad_configurations_and_lines() {
 }
 
 #[test]
-fn the_readmes_config_replay_is_what_the_command_prints() {
-    let shown = readme_quote("$ cargo run --release --features cli -- replay --config examples/policies.toml --format summary examples/traces/server.csv\n");
+fn the_cli_guides_config_replay_is_what_the_command_prints() {
+    let shown = quote("docs/cli.md", "$ cargo run --release --features cli -- replay --config examples/policies.toml --format summary examples/traces/server.csv\n");
     let o = tollgate_at_root(&[
         "replay",
         "--config",

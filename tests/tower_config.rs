@@ -233,10 +233,6 @@ fn bad_values_are_errors_that_name_them() {
             "[[policy]]\nname = \"p\"\nquota = []".to_owned(),
             "an empty list of quotas",
         ),
-        (
-            "[[policy]]\nname = \"p\"".to_owned(),
-            "missing field `quota`",
-        ),
         (policy("algorithm = \"leaky\""), "unknown algorithm 'leaky'"),
         (
             "trusted_proxies = [\"10.0.0.0/33\"]".to_owned(),

@@ -1,7 +1,9 @@
 //! The tower layer's `max_in_flight`: a client's requests beyond the bound are refused while
 //! the admitted ones' response bodies are open, with the configured status and a problem+json
 //! body; a place comes back when its body ends or is dropped; a request the rate refuses takes
-//! none; under cancellation by many clients, no place is lost or given back twice.
+//! none; under cancellation by many clients, no place is lost or given back twice. A policy of
+//! an in-flight bound alone (`Policy::in_flight`) bounds a real axum server's running requests
+//! and sends no rate-limit field.
 
 #![cfg(feature = "tower")]
 
@@ -196,6 +198,40 @@ async fn the_bound_is_read_from_the_configuration() {
         let config: LayerConfig = toml::from_str(&text).unwrap();
         let built = config.builder().and_then(|builder| builder.build());
         assert!(built.is_err(), "{bad}: accepted");
+    }
+}
+
+/// `in_flight` without a quota is a bound with no rate: no rate-limit field, any number of
+/// requests one after another; with neither, or with tiers, the policy is refused.
+#[tokio::test]
+async fn a_configured_bound_without_a_quota_has_no_rate() {
+    use tollgate::tower::config::LayerConfig;
+    let text = "headers = \"both\"\n[[policy]]\nname = \"exports\"\nin_flight = 1\n";
+    let config: LayerConfig = toml::from_str(text).unwrap();
+    let layer = config.builder().unwrap().build().unwrap();
+    let mut svc = layer.layer(Streams::default());
+    let held = respond(&mut svc, request("/x", ALICE, &[])).await;
+    let over = respond(&mut svc, request("/x", ALICE, &[])).await;
+    assert_eq!(
+        (held.status(), over.status()),
+        (StatusCode::OK, StatusCode::TOO_MANY_REQUESTS)
+    );
+    assert!(held.headers().get("ratelimit-policy").is_none());
+    assert!(held.headers().get("x-ratelimit-limit").is_none());
+    drop(held); // its body ends: the place comes back
+    for _ in 0..100 {
+        let next = respond(&mut svc, request("/x", ALICE, &[])).await;
+        assert_eq!(next.status(), StatusCode::OK);
+    }
+    for (bad, why) in [
+        ("", "no quota"),
+        ("in_flight = 1\ntiers.pro = { quota = \"1/1s\" }", "tiers"),
+    ] {
+        let text = format!("[[policy]]\nname = \"p\"\n{bad}\n");
+        let config: LayerConfig = toml::from_str(&text).unwrap();
+        let built = config.builder().and_then(|builder| builder.build());
+        let message = built.err().map(|e| e.to_string()).unwrap_or_default();
+        assert!(message.contains(why), "{bad:?}: {message:?}");
     }
 }
 
@@ -433,4 +469,159 @@ fn places_survive_cancellation_by_many_clients() {
             assert_eq!(over.status(), StatusCode::TOO_MANY_REQUESTS, "{client}");
         }
     });
+}
+
+/// What an axum server answered: status, headers, body.
+#[cfg(feature = "axum")]
+struct Reply {
+    status: StatusCode,
+    headers: http::HeaderMap,
+    body: String,
+}
+
+/// A GET of `path` on the server at `addr`.
+#[cfg(feature = "axum")]
+async fn fetch(http: tower_support::Http, addr: std::net::SocketAddr, path: &str) -> Reply {
+    let request = Request::get(format!("http://{addr}{path}"))
+        .body(http_body_util::Full::new(Bytes::new()))
+        .unwrap();
+    let response = http.request(request).await.expect("the server answers");
+    let (parts, body) = response.into_parts();
+    let body = body.collect().await.expect("a body").to_bytes();
+    Reply {
+        status: parts.status,
+        headers: parts.headers,
+        body: String::from_utf8(body.to_vec()).unwrap(),
+    }
+}
+
+/// The rate-limit fields of every style, and `Retry-After`: what a policy without a rate must
+/// never send (it has no quota to show, nor a wait to promise).
+#[cfg(feature = "axum")]
+const RATE_FIELDS: [&str; 6] = [
+    "ratelimit-policy",
+    "ratelimit",
+    "x-ratelimit-limit",
+    "x-ratelimit-remaining",
+    "x-ratelimit-reset",
+    "retry-after",
+];
+
+#[cfg(feature = "axum")]
+#[tokio::test]
+async fn an_in_flight_bound_alone_limits_an_axum_server_without_rate_fields() {
+    use axum::{routing::get, Router};
+    use tollgate::tower::HeaderStyle;
+
+    // Each export tells the test it started, then runs until the test lets it finish.
+    let (started, mut starts) = mpsc::unbounded_channel::<()>();
+    let gate = Arc::new(tokio::sync::Semaphore::new(0));
+    let export = {
+        let gate = Arc::clone(&gate);
+        move || {
+            let (gate, started) = (Arc::clone(&gate), started.clone());
+            async move {
+                started.send(()).unwrap();
+                gate.acquire().await.unwrap().forget();
+                "exported"
+            }
+        }
+    };
+    let layer = RateLimitLayer::builder()
+        .policy(Policy::in_flight("exports", 2).path_prefix("/export"))
+        .headers(HeaderStyle::Both)
+        .build()
+        .unwrap();
+    let app = Router::new().route("/export", get(export)).layer(layer);
+    let addr = tower_support::serve(app).await;
+    let http = tower_support::client();
+
+    // Two exports run at once (from one client, 127.0.0.1); a third is refused at once.
+    let running: Vec<_> = (0..2)
+        .map(|_| tokio::spawn(fetch(http.clone(), addr, "/export")))
+        .collect();
+    starts.recv().await.unwrap();
+    starts.recv().await.unwrap();
+    let over = fetch(http.clone(), addr, "/export").await;
+    assert_eq!(over.status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(
+        over.headers.get("content-type").unwrap(),
+        "application/problem+json"
+    );
+    assert!(over.body.contains("in flight"), "{}", over.body);
+    for field in RATE_FIELDS {
+        assert!(
+            over.headers.get(field).is_none(),
+            "the refusal sent {field}"
+        );
+    }
+    assert!(starts.try_recv().is_err(), "the refused export never ran");
+
+    // The two finish: admitted, without a rate field although the layer sends both styles.
+    gate.add_permits(2);
+    for reply in running {
+        let reply = reply.await.unwrap();
+        assert_eq!(
+            (reply.status, reply.body.as_str()),
+            (StatusCode::OK, "exported")
+        );
+        for field in RATE_FIELDS {
+            assert!(
+                reply.headers.get(field).is_none(),
+                "an admitted export sent {field}"
+            );
+        }
+    }
+
+    // Their places came back when their bodies ended (the server drops a body a moment after
+    // the client has read it: retried within a bound). No rate: any number, one after another.
+    gate.add_permits(1_000);
+    for n in 0..20 {
+        let mut tries = 0;
+        loop {
+            let reply = fetch(http.clone(), addr, "/export").await;
+            if reply.status == StatusCode::OK {
+                break;
+            }
+            tries += 1;
+            assert!(tries < 200, "export {n}: still refused: {}", reply.status);
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
+    }
+}
+
+#[tokio::test]
+async fn an_in_flight_bound_alone_is_evaluated_unchecked_and_refuses_rate_settings() {
+    use tollgate::tower::{ConfigError, Outcome};
+    let layer = RateLimitLayer::builder()
+        .policy(Policy::in_flight("exports", 1))
+        .build()
+        .unwrap();
+    let peer = Some(IpAddr::V4(Ipv4Addr::new(192, 0, 2, 1)));
+    let (parts, _) = request("/export", peer, &[]).into_parts();
+    let (first, place) = layer.evaluate_held(&parts, None).await;
+    assert_eq!((first.outcome, first.passes), (Outcome::Allowed, true));
+    assert_eq!(first.decision, None, "no rate: no decision");
+    assert!(place.is_some());
+    let (second, _) = layer.evaluate_held(&parts, None).await;
+    assert_eq!((second.outcome, second.passes), (Outcome::InFlight, false));
+    drop(place);
+    assert!(layer.evaluate_held(&parts, None).await.0.passes);
+
+    // Refunds give a rate's units back, and delay mode waits for a rate's slot: neither has
+    // anything to work on here.
+    let refunds = Policy::in_flight("r", 1).refund_when(|s| s.is_server_error());
+    let refused = RateLimitLayer::builder().policy(refunds).build();
+    assert!(
+        matches!(&refused, Err(ConfigError::Policy { problem, .. }) if problem.contains("in-flight bound alone")),
+        "{refused:?}"
+    );
+    #[cfg(feature = "tokio")]
+    {
+        let delay = tollgate::tower::Mode::Delay {
+            max_wait: std::time::Duration::from_secs(1),
+        };
+        let delayed = Policy::in_flight("d", 1).mode(delay);
+        assert!(RateLimitLayer::builder().policy(delayed).build().is_err());
+    }
 }

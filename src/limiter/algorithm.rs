@@ -1,7 +1,9 @@
 //! [`Algorithm`]: what a limiter takes, a rule whose states the crate knows how to store.
 
+use std::hash::Hash;
+
 use crate::algorithm::Rule;
-use crate::store::Stored;
+use crate::store::{CellOf, KeyedStore, Stored};
 
 /// A rule a limiter can run: [`Gcra`](crate::Gcra) (alias
 /// [`TokenBucket`](crate::algorithm::TokenBucket), [`LeakyBucket`](crate::algorithm::LeakyBucket)),
@@ -24,6 +26,36 @@ use crate::store::Stored;
 /// assert!(limiter.check(&7)?.allowed());
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
-pub trait Algorithm: Rule + Stored {}
+pub trait Algorithm: Rule + Stored {
+    /// The store a [`KeyedLimiter`](crate::KeyedLimiter) of this rule keeps its keys in unless
+    /// given another ([`KeyedLimiterBuilder::build_with_store`](crate::KeyedLimiterBuilder::build_with_store)):
+    /// the lock-free word table. It is `KeyedLimiter`'s default fourth parameter, so that a
+    /// field or a function generic over the rule names it as `KeyedLimiter<K, A>`; its
+    /// concrete type is the crate's own business.
+    ///
+    /// # Examples
+    /// ```
+    /// use tollgate::{Algorithm, Gcra, KeyedLimiter, Quota, clock::QuantaClock};
+    /// // The same type as `KeyedLimiter<u64, Gcra>`, written out.
+    /// type PerUser = KeyedLimiter<u64, Gcra, QuantaClock, <Gcra as Algorithm>::DefaultStore<u64>>;
+    /// let limiter: PerUser = KeyedLimiter::new(Gcra::new(Quota::per_second(1)?)?);
+    /// assert!(limiter.check(&7)?.allowed());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    type DefaultStore<K: Clone + Hash + Eq + Send + Sync>: KeyedStore<K, CellOf<Self>>;
 
-impl<A: Rule + Stored> Algorithm for A {}
+    /// An empty default store (what `KeyedLimiterBuilder::build` fills).
+    #[doc(hidden)]
+    fn default_store<K: Clone + Hash + Eq + Send + Sync>() -> Self::DefaultStore<K>;
+}
+
+// Hidden: the rule's page would otherwise show the crate-private trait this is read from.
+impl<A: Rule + Stored> Algorithm for A {
+    #[doc(hidden)]
+    type DefaultStore<K: Clone + Hash + Eq + Send + Sync> = <A as Stored>::Store<K>;
+
+    #[doc(hidden)]
+    fn default_store<K: Clone + Hash + Eq + Send + Sync>() -> Self::DefaultStore<K> {
+        A::new_store()
+    }
+}

@@ -76,7 +76,12 @@ pub(super) mod builder;
 ///   never low, so the bound holds). A check that panics so has decided nothing (a [`Clock`]
 ///   that panics inside the decision is the one exception). A key whose code panics every time stops the drain that meets it in its
 ///   shard: later inserts there panic too.
-pub struct KeyedLimiter<K, A: Algorithm, C: Clock = QuantaClock, S = <A as Stored>::Store<K>> {
+pub struct KeyedLimiter<
+    K,
+    A: Algorithm,
+    C: Clock = QuantaClock,
+    S = <A as Algorithm>::DefaultStore<K>,
+> {
     core: Core<A, C>,
     /// The store, the key count, `max_keys` and eviction (`store/table.rs`, model-checked).
     table: KeyTable<K, A::Cell, S>,

@@ -46,7 +46,8 @@ pub enum ConfigError {
     /// A [`Fallback::Reject`] status must be a client or server error (4xx or 5xx).
     #[error("fallback status {0} is not a 4xx or 5xx status")]
     FallbackStatus(StatusCode),
-    /// A policy's algorithm refused one of its quotas, or its clock (a configured policy).
+    /// A policy's algorithm refused one of its quotas, or its clock (a configured policy, or
+    /// one built by [`Policy::gcra`](super::Policy::gcra)).
     #[error("policy {policy:?}: {error}")]
     Quota {
         /// The policy's name.

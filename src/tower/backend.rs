@@ -246,6 +246,13 @@ impl std::fmt::Debug for CheckFuture<'_> {
 ///     }
 /// }
 /// ```
+// A policy over a quick start's `KeyedLimiter<String, _>` failed with a bare E0277: say what
+// a policy's limiter is keyed by, and the shortcut that needs no key type.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` is not a backend a tower `Policy` can check",
+    note = "a policy's in-process limiter is keyed by the layer's client key: `KeyedLimiter<tollgate::tower::Key, _>` or `MultiLimiter<tollgate::tower::Key, _>`",
+    note = "`Policy::gcra(name, quota)` or `Policy::keyed(name, rule)` builds that limiter for you"
+)]
 pub trait CheckBackend: Send + Sync + 'static {
     /// Decides a request of `cost` units for `key`, and counts it if allowed.
     ///

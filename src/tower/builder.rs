@@ -430,6 +430,12 @@ impl RateLimitLayerBuilder {
             {
                 return Err(ConfigError::PolicyName(name.to_string()));
             }
+            if let Some(error) = policy.quota_error {
+                return Err(ConfigError::Quota {
+                    policy: name.to_string(),
+                    error,
+                });
+            }
             let problem = (policy.path_problem())
                 .or_else(|| policy.delay_problem())
                 .or_else(|| policy.in_flight_problem());

@@ -52,7 +52,8 @@
 //!                                  # "5xx": a timeout layer's 503/504 under overload)
 //! tier = "free"                    # with tiers: the name of this quota's tier (default "default")
 //! tiers.pro = { quota = "1000/1m", keys = ["k-1"] }  # more tiers, keys placed at start
-//! in_flight = 4                    # at most 4 requests running at once per key
+//! in_flight = 4                    # at most 4 requests running at once per key (alone,
+//!                                  # without `quota`: a bound with no rate)
 //! in_flight_status = 503           # the answer over it (default 429)
 //! in_flight_scope = "key"          # key (default) | policy: one bound for all its requests
 //! max_keys = 100000                # optional bound on the keys held
@@ -245,8 +246,9 @@ pub struct PolicyConfig {
     /// The algorithm, by its canonical name (default `gcra`).
     #[serde(default = "default_algorithm")]
     pub algorithm: AlgorithmName,
-    /// The quotas, all or nothing (at least one).
-    #[serde(rename = "quota", deserialize_with = "read::one_or_many")]
+    /// The quotas, all or nothing (at least one, unless `in_flight` is the policy's only
+    /// bound: [`Policy::in_flight`], no rate and no rate-limit fields).
+    #[serde(rename = "quota", default, deserialize_with = "read::one_or_many")]
     pub quotas: Vec<Quota>,
     /// Units per request (default 1).
     #[serde(default = "default_cost")]

@@ -6,12 +6,13 @@ use std::sync::Arc;
 use http::request::Parts;
 use http::{Method, StatusCode};
 
-use super::backend::{CheckBackend, QuotaInfo};
+use super::backend::{CheckBackend, CheckError, CheckFuture, QuotaInfo};
 use super::cost::Cost;
 use super::key::{Key, KeySource};
 use super::path::PathMatch;
 use super::tiers::Tiers;
-use crate::limiter::{InFlight, OwnedInFlightPermit};
+use crate::limiter::{Algorithm, InFlight, OwnedInFlightPermit};
+use crate::{Gcra, KeyedLimiter, Quota, QuotaError};
 
 /// What a policy does with a request its limit refuses.
 ///
@@ -145,6 +146,33 @@ pub struct Policy {
     /// This policy's metric keys, built once (feature `metrics`).
     #[cfg(feature = "metrics")]
     pub(crate) metric_keys: Arc<super::outcome::MetricKeys>,
+    /// What the rule of a shortcut ([`Policy::gcra`]) refused: the layer's builder reports it,
+    /// so that building a policy needs no `?` of its own.
+    pub(crate) quota_error: Option<QuotaError>,
+    /// Whether the policy checks a rate: `false` for an in-flight bound alone
+    /// ([`Policy::in_flight`]), whose requests the layer never takes to the backend, and so
+    /// answers without rate-limit fields.
+    pub(crate) rate: bool,
+}
+
+/// The backend of a policy that has no rate to check (an in-flight bound alone, or a rule that
+/// was refused): the layer never asks it, and it has no quota to show.
+struct NoRate;
+
+impl CheckBackend for NoRate {
+    fn check<'a>(&'a self, _key: &'a Key, _cost: u64) -> CheckFuture<'a> {
+        CheckFuture::ready(Err(CheckError::Backend(
+            "this policy has no rate limit to check".into(),
+        )))
+    }
+
+    fn quota_count(&self) -> usize {
+        0
+    }
+
+    fn quota(&self, _index: usize) -> Option<QuotaInfo> {
+        None
+    }
 }
 
 /// The `RateLimit-Policy` field of a policy: the same on every response while its quotas stay
@@ -217,7 +245,91 @@ impl Policy {
             in_flight: None,
             in_flight_status: StatusCode::TOO_MANY_REQUESTS,
             in_flight_key: None,
+            quota_error: None,
+            rate: true,
         }
+    }
+
+    /// A policy named `name` with no rate at all: at most `max` of its requests in flight at
+    /// once per client key ([`Policy::max_in_flight`]; [`Policy::in_flight_scope`] makes it
+    /// one bound for all of them), and nothing else. A request over it is refused at once
+    /// (429, or [`Policy::in_flight_status`]); the others pass, each holding its place until
+    /// its response body ends or is dropped. With no rate there is no quota to show: its
+    /// responses carry no `RateLimit-Policy`, `RateLimit` or `X-RateLimit-*` field, whatever
+    /// the layer's [`HeaderStyle`](super::HeaderStyle), and no `Retry-After` (no wait is
+    /// known to free a place). [`Mode::Shadow`] counts a request over the bound and lets it
+    /// through; delay mode and [`Policy::refund_when`], which work on a rate, are refused by
+    /// the layer's builder.
+    ///
+    /// # Examples
+    /// ```
+    /// use tollgate::prelude::*;
+    /// // Each client runs at most 2 exports at once, as often as it likes.
+    /// let exports = Policy::in_flight("exports", 2).path_prefix("/export");
+    /// assert_eq!(exports.backend().quota_count(), 0); // no rate: no quota in any header
+    /// assert!(RateLimitLayer::builder().policy(exports).headers(HeaderStyle::Both).build().is_ok());
+    /// // A bound of 0 is refused when the layer is built.
+    /// assert!(RateLimitLayer::builder().policy(Policy::in_flight("none", 0)).build().is_err());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn in_flight(name: impl Into<String>, max: u64) -> Self {
+        Policy {
+            rate: false,
+            ..Policy::new(name, NoRate)
+        }
+        .max_in_flight(max)
+    }
+
+    /// A policy named `name` limiting each client key by GCRA (the token bucket) to `quota`:
+    /// `L` a window with bursts of up to the quota's burst (`L` unless
+    /// [`Quota::with_burst`] says otherwise), on an in-process [`KeyedLimiter`] of [`Key`]s.
+    /// The same policy as `Policy::new(name, KeyedLimiter::<Key, _>::new(Gcra::new(quota)?))`,
+    /// whatever [`KeySource`] it is then given: the key type is the layer's. A quota GCRA
+    /// refuses is reported by
+    /// [`RateLimitLayerBuilder::build`](super::RateLimitLayerBuilder::build) as
+    /// [`ConfigError::Quota`](super::ConfigError::Quota), naming the policy.
+    ///
+    /// # Examples
+    /// ```
+    /// use tollgate::prelude::*;
+    /// // Five login attempts a minute per client IP.
+    /// let login = Policy::gcra("login", Quota::per_minute(5)?).path_prefix("/login");
+    /// // 100 a minute, bursts of 20, per API key.
+    /// let partners = Policy::gcra("partners", Quota::per_minute(100)?.with_burst(20)?)
+    ///     .key(KeySource::header(http::HeaderName::from_static("x-api-key")));
+    /// let layer = RateLimitLayer::builder().policy(login).policy(partners).build()?;
+    /// # let _ = layer;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn gcra(name: impl Into<String>, quota: Quota) -> Self {
+        match Gcra::new(quota) {
+            Ok(rule) => Policy::keyed(name, rule),
+            Err(error) => Policy {
+                quota_error: Some(error),
+                ..Policy::new(name, NoRate)
+            },
+        }
+    }
+
+    /// A policy named `name` limiting each client key by `rule` (any algorithm: a
+    /// [`FixedWindow`](crate::FixedWindow), a [`SlidingLog`](crate::SlidingLog), …) on an
+    /// in-process [`KeyedLimiter`] of [`Key`]s: `Policy::new(name, KeyedLimiter::<Key,
+    /// _>::new(rule))` without naming the key type.
+    ///
+    /// # Examples
+    /// ```
+    /// use tollgate::prelude::*;
+    /// // At most 1000 an hour per client, in windows that reset on the hour.
+    /// let hourly = Policy::keyed("hourly", FixedWindow::new(Quota::per_hour(1000)?)?);
+    /// assert!(RateLimitLayer::builder().policy(hourly).build().is_ok());
+    /// // `Policy::gcra` leaves a refused quota to the builder, which names the policy.
+    /// let absurd = Quota::new(2, std::time::Duration::from_nanos(1))?; // two a nanosecond
+    /// let refused = RateLimitLayer::builder().policy(Policy::gcra("absurd", absurd)).build();
+    /// assert!(matches!(refused, Err(ConfigError::Quota { policy, .. }) if policy == "absurd"));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn keyed<A: Algorithm>(name: impl Into<String>, rule: A) -> Self {
+        Policy::new(name, KeyedLimiter::<Key, A>::new(rule))
     }
 
     /// At most `max` requests of this policy in flight at once per client key (as nginx's
@@ -228,7 +340,7 @@ impl Policy {
     /// the rate refuses takes no place; a [`Mode::Shadow`] policy counts a request over the
     /// bound and lets it through. [`RateLimitLayer::evaluate_held`](super::RateLimitLayer::evaluate_held)
     /// hands the place to its caller (`tollgate replay --config` holds it for the line's
-    /// duration, `t_ms+duration_ms`).
+    /// duration, `t_ms+duration_ms`). For a bound with no rate, [`Policy::in_flight`].
     ///
     /// # Examples
     /// ```
@@ -325,6 +437,21 @@ impl Policy {
     pub(crate) fn in_flight_problem(&self) -> Option<String> {
         if let Some((max, None)) = self.in_flight {
             return Some(format!("max_in_flight {max} must be at least 1"));
+        }
+        if !self.rate {
+            #[cfg(feature = "tokio")]
+            if matches!(self.mode, Mode::Delay { .. }) {
+                return Some(
+                    "delay mode waits for a rate's slot; an in-flight bound alone has none"
+                        .to_owned(),
+                );
+            }
+            if self.refund.is_some() {
+                return Some(
+                    "refunds by status give a rate's units back; an in-flight bound alone has none"
+                        .to_owned(),
+                );
+            }
         }
         let status = self.in_flight_status;
         (!(status.is_client_error() || status.is_server_error()))

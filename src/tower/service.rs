@@ -348,6 +348,15 @@ where
                 response: Some(response),
             });
         };
+        if !policy.rate {
+            // An in-flight bound alone: no rate to check, and no figure to show.
+            stats::record(policy, Outcome::Allowed);
+            return ResponseFuture::stage(Stage::Inner {
+                future: self.inner.call(request),
+                admitted: None,
+                place,
+            });
+        }
         // Delay mode may sleep: it always takes the boxed path.
         let decided = match policy.mode {
             #[cfg(feature = "tokio")]
@@ -504,6 +513,14 @@ impl RateLimitLayer {
             refused.cost = cost;
             return (refused, None);
         };
+        if !policy.rate {
+            // An in-flight bound alone: the request passes with its place, unchecked.
+            stats::record(policy, Outcome::Allowed);
+            let mut passed = unchecked(Some(index), Outcome::Allowed, true);
+            passed.key = Some(key);
+            passed.cost = cost;
+            return (passed, place);
+        }
         let decided = policy_verdict(policy, &key, cost).await;
         let outcome = outcome(policy, &decided);
         let (decision, waited) = match &decided {

@@ -140,7 +140,7 @@ impl<K, A: Algorithm, C: Clock> KeyedLimiterBuilder<K, A, C> {
     where
         K: Clone + Hash + Eq + Send + Sync,
     {
-        self.build_with_store(A::new_store())
+        self.build_with_store(A::default_store())
     }
 
     /// The limiter, on `store` (which must be empty): for example a

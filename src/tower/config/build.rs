@@ -163,8 +163,16 @@ impl PolicyConfig {
         &self,
         backend: &mut impl FnMut(&PolicyConfig) -> Result<Arc<dyn CheckBackend>, ConfigError>,
     ) -> Result<Policy, ConfigError> {
+        if self.quotas.is_empty() {
+            // No rate: an in-flight bound alone, or a policy that limits nothing (refused).
+            return match (self.in_flight, self.tiers.is_empty()) {
+                (Some(max), true) => self.policy(Policy::in_flight(self.name.clone(), max)),
+                (Some(_), false) => Err(self.problem("tiers need a quota of the policy's own")),
+                (None, _) => Err(self.problem("no quota, and no `in_flight` bound")),
+            };
+        }
         if self.tiers.is_empty() {
-            return self.policy(backend(self)?);
+            return self.policy(Policy::new(self.name.clone(), backend(self)?));
         }
         let mut builder = Tiers::builder(self.tier.clone(), backend(self)?);
         for (name, tier) in &self.tiers {
@@ -186,15 +194,13 @@ impl PolicyConfig {
                     .map_err(|e| self.problem(&e.to_string()))?;
             }
         }
-        self.policy(tiers)
+        self.policy(Policy::new(self.name.clone(), tiers))
     }
 
-    /// The policy (matching, key, cost, mode) over `backend`.
-    fn policy(&self, backend: impl CheckBackend) -> Result<Policy, ConfigError> {
-        let mut policy = Policy::new(self.name.clone(), backend)
-            .key(self.key.clone())
-            .cost(self.cost)
-            .mode(self.mode);
+    /// `base` (the policy over its backend) with this configuration's matching, key, cost and
+    /// mode.
+    fn policy(&self, base: Policy) -> Result<Policy, ConfigError> {
+        let mut policy = base.key(self.key.clone()).cost(self.cost).mode(self.mode);
         match (&self.path, &self.path_pattern) {
             (Some(_), Some(_)) => {
                 return Err(self.problem("set `path` or `path_pattern`, not both"))
