@@ -114,12 +114,21 @@
 //! # Ok(()) }
 //! ```
 //!
-//! A key's first check on a node is denied until its first grant arrives (or
-//! [`LeasedLimiter::prefetch`] ran): the hot path never waits on the network, and the bound
-//! above holds unconditionally. [`LeaseConfig::first_touch`] (or `first_touch_share`) lets
-//! first touches spend a provisional allowance instead, at the price of a bounded overdraft
-//! when the key's budget was already spent (documented on [`LeasedLimiter`]). Refills and
-//! returns of many keys go to Redis in one script call per Cluster slot.
+//! **On a deploy** (a new node, or a key a node has not seen for
+//! [`LeaseConfig::idle_timeout`], 1 s by default, whose lease it gave back): the node holds
+//! no lease of the key. `check` never waits on the network, so it denies such a key
+//! (`retry_after` 1 ms) until the first grant arrives, and the bound above holds
+//! unconditionally; [`LeasedLimiter::check_waiting`] (what the tower layer's
+//! `RedisBackend` calls) waits for that grant instead, at most twice the call timeout
+//! (50 ms by default), so a client under its limit is not refused however rarely each node
+//! sees it, nor after a breaker flap emptied the leases. A key whose budget is spent is
+//! refused at once by both, also on a node that gave its lease back since (what a spent key
+//! owes outlives its lease). [`LeasedLimiter::prefetch`] fetches a lease ahead.
+//! [`LeaseConfig::first_touch`] (or `first_touch_share`) lets `check` spend a provisional
+//! allowance on a first touch instead, at the price of a bounded overdraft when the key's
+//! budget was already spent: once per node until the key's state is full again, not once
+//! per idle period (documented on [`LeasedLimiter`]). Refills and returns of many keys go to
+//! Redis in one script call per Cluster slot.
 //!
 //! ## Reconciliation
 //! With [`FailureHandling::reconcile`], the units a node admitted by its `Local` or `FailOpen`
