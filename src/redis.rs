@@ -38,6 +38,9 @@
 //! - **Connections**: checks share one multiplexed connection ([`RedisConnection`]); the
 //!   default [`ConnectionManager`](redis::aio::ConnectionManager) reconnects by itself.
 //!   [`RedisLimiterBuilder::connect_cluster`] runs the same API on a Redis Cluster.
+//!   [`RedisLimiterBuilder::connect`] waits for Redis (the connect timeout, 1 s by default)
+//!   and fails if it does not answer; [`RedisLimiterBuilder::connect_lazy`] returns at once
+//!   and connects on first use (see "When Redis is down at boot" below).
 //! - **Batches**: [`RedisLimiter::check_batch`] decides many checks in one script call (per
 //!   Cluster slot on a Cluster; the calls are pipelined).
 //! - **Several limits** on a key (10 a second and 1,000 an hour): [`RedisLimiter::with_rules`]
@@ -129,6 +132,22 @@
 //! budget was already spent: once per node until the key's state is full again, not once
 //! per idle period (documented on [`LeasedLimiter`]). Refills and returns of many keys go to
 //! Redis in one script call per Cluster slot.
+//!
+//! ## When Redis is down at boot
+//! A node built with [`RedisLimiterBuilder::connect_lazy`] starts whether or not Redis
+//! answers. [`RedisLimiter::guarded`] and [`RedisLimiter::leased`] on it probe Redis first
+//! (one `SET` within the call timeout, 50 ms by default): if it does not answer, the breaker
+//! starts open and the [`FailurePolicy`] decides from the first check. With `Local`, each key
+//! gets the share of the fleet size the node was told
+//! ([`FailureHandling::assumed_nodes`]: `⌊L ÷ n⌋` per `W`, `⌊B ÷ n⌋` burst); a node told no
+//! fleet size denies until a heartbeat counts the fleet, since alone it would take the whole
+//! quota. The breaker's probe (every 200 ms by default) finds Redis once it answers (the
+//! connection retries at most 100 ms apart meanwhile), closes the breaker and sends the first
+//! heartbeat, and checks are global again: measured about 0.3 s after `redis-server` started
+//! (`a_node_started_while_redis_is_down_serves_its_share_then_goes_global` in
+//! `tests/redis_faults.rs`, which asserts within a second). A lazy start on a Cluster is not
+//! offered: the Cluster client of the `redis` crate connects when it is built
+//! ([`RedisLimiterBuilder::connect_cluster`] fails while no node answers).
 //!
 //! ## Reconciliation
 //! With [`FailureHandling::reconcile`], the units a node admitted by its `Local` or `FailOpen`

@@ -143,6 +143,9 @@ pub struct RedisLimiter<C = ConnectionManager> {
     injected_min_ttl_ms: u64,
     /// Concurrent counting checks of one slot share a call (`None`: one call per check).
     lanes: Option<Arc<Lanes>>,
+    /// Built without a first connection ([`RedisLimiterBuilder::connect_lazy`]): a guarded
+    /// limiter on it probes Redis before it trusts it.
+    lazy: bool,
 }
 
 impl<C> std::fmt::Debug for RedisLimiter<C> {
@@ -299,6 +302,12 @@ impl<C: RedisConnection> RedisLimiter<C> {
             .map(|(key, cost)| self.item(key.as_ref(), cost, None))
             .collect();
         self.call_items(&items, true, true).await
+    }
+
+    /// Whether this limiter was built without a first connection (see
+    /// [`RedisLimiterBuilder::connect_lazy`]).
+    pub(crate) fn is_lazy(&self) -> bool {
+        self.lazy
     }
 
     /// Loads the rule's script into the server's script cache (done by
