@@ -39,8 +39,9 @@
 //!   default [`ConnectionManager`](redis::aio::ConnectionManager) reconnects by itself.
 //!   [`RedisLimiterBuilder::connect_cluster`] runs the same API on a Redis Cluster.
 //!   [`RedisLimiterBuilder::connect`] waits for Redis (the connect timeout, 1 s by default)
-//!   and fails if it does not answer; [`RedisLimiterBuilder::connect_lazy`] returns at once
-//!   and connects on first use (see "When Redis is down at boot" below).
+//!   and fails if it does not answer; [`RedisLimiterBuilder::connect_lazy`] (and
+//!   `connect_cluster_lazy`) return at once and connect on first use (see "When Redis is down
+//!   at boot" below).
 //! - **Batches**: [`RedisLimiter::check_batch`] decides many checks in one script call (per
 //!   Cluster slot on a Cluster; the calls are pipelined).
 //! - **Several limits** on a key (10 a second and 1,000 an hour): [`RedisLimiter::with_rules`]
@@ -145,9 +146,12 @@
 //! connection retries at most 100 ms apart meanwhile), closes the breaker and sends the first
 //! heartbeat, and checks are global again: measured about 0.3 s after `redis-server` started
 //! (`a_node_started_while_redis_is_down_serves_its_share_then_goes_global` in
-//! `tests/redis_faults.rs`, which asserts within a second). A lazy start on a Cluster is not
-//! offered: the Cluster client of the `redis` crate connects when it is built
-//! ([`RedisLimiterBuilder::connect_cluster`] fails while no node answers).
+//! `tests/redis_faults.rs`, which asserts within a second). On a Cluster,
+//! [`RedisLimiterBuilder::connect_cluster_lazy`] does the same over a
+//! [`LazyClusterConnection`] (the Cluster client connects when it is built, so
+//! [`RedisLimiterBuilder::connect_cluster`] fails while no node answers): global about 0.2 s
+//! after stopped nodes resumed, in
+//! `a_node_started_while_the_cluster_is_down_serves_its_share_then_goes_global`.
 //!
 //! ## Reconciliation
 //! With [`FailureHandling::reconcile`], the units a node admitted by its `Local` or `FailOpen`
@@ -165,8 +169,8 @@ mod scripts;
 
 pub use self::error::{ErrorClass, TierError};
 pub use self::exact::{
-    RedisConnection, RedisLimiter, RedisLimiterBuilder, RedisMultiLimiter, DEFAULT_CONNECT_TIMEOUT,
-    DEFAULT_INJECTED_MIN_TTL, DEFAULT_MAX_BATCH, DEFAULT_TIMEOUT,
+    LazyClusterConnection, RedisConnection, RedisLimiter, RedisLimiterBuilder, RedisMultiLimiter,
+    DEFAULT_CONNECT_TIMEOUT, DEFAULT_INJECTED_MIN_TTL, DEFAULT_MAX_BATCH, DEFAULT_TIMEOUT,
 };
 pub use self::guard::{FailureHandling, FailurePolicy, GuardMode, GuardedLimiter};
 pub use self::lease::{LeaseConfig, LeaseError, LeaseStats, LeasedLimiter, MAX_LEASE};

@@ -1944,3 +1944,61 @@ fn a_node_started_while_redis_is_down_serves_its_share_then_goes_global() {
         assert!(up.check("k").await.unwrap().allowed());
     });
 }
+
+/// The same on a Redis Cluster whose nodes are all stopped (SIGSTOP) when the node starts
+/// (`connect_cluster_lazy`): the policy serves the told share, and the limiter is global once
+/// the nodes resume. The deadline only bounds the wait.
+#[test]
+fn a_node_started_while_the_cluster_is_down_serves_its_share_then_goes_global() {
+    let _serial = serial();
+    let Some(cluster) = redis_server::RedisCluster::start(3) else {
+        return;
+    };
+    let rt = runtime();
+    let urls = cluster.urls();
+    let urls: Vec<&str> = urls.iter().map(String::as_str).collect();
+    let rule = RedisRule::gcra(Quota::new(100, Duration::from_secs(86_400)).unwrap()).unwrap();
+    let handling = FailureHandling::new(FailurePolicy::Local)
+        .heartbeat_interval(Duration::from_millis(250))
+        .assumed_nodes(3);
+    for node in cluster.nodes() {
+        node.signal("STOP");
+    }
+    let limiter = rt.block_on(async {
+        RedisLimiter::builder(rule)
+            .timeout(Duration::from_millis(100))
+            .connect_cluster_lazy(&urls)
+            .expect("built while the Cluster is down")
+            .guarded(handling)
+            .await
+    });
+    assert_eq!(limiter.mode(), GuardMode::Degraded(FailurePolicy::Local));
+    let admitted: u64 = rt.block_on(async {
+        let mut admitted = 0;
+        for _ in 0..40 {
+            admitted += limiter.check("k").await.unwrap().allowed() as u64;
+        }
+        admitted
+    });
+    assert_eq!(admitted, 33, "a third of the bucket");
+    for node in cluster.nodes() {
+        node.signal("CONT");
+    }
+    let started = Instant::now();
+    while limiter.mode() != GuardMode::Global {
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "not global after the Cluster resumed"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    println!(
+        "Cluster down at start: {admitted} of 40 admitted; global {:?} after it resumed",
+        started.elapsed()
+    );
+    rt.block_on(async {
+        assert!(limiter.check("k").await.unwrap().allowed());
+        let global = limiter.exact().peek("k", 0).await.unwrap().remaining();
+        assert_eq!(global, 99, "decided on the Cluster");
+    });
+}

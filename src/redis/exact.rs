@@ -21,6 +21,7 @@ use crate::decision::Decision;
 mod builder;
 mod call;
 mod coalesce;
+mod lazy;
 mod multi;
 pub(crate) mod units;
 
@@ -29,6 +30,7 @@ use self::coalesce::Lanes;
 pub use self::builder::RedisLimiterBuilder;
 use self::call::{clock_unit, ours, rows};
 pub(crate) use self::call::{join_all, scatter};
+pub use self::lazy::LazyClusterConnection;
 pub use self::multi::RedisMultiLimiter;
 
 pub(crate) use self::units::{new_token, Algo, LogCharge, Reply, UnitOp, Units};
@@ -82,7 +84,8 @@ pub const DEFAULT_INJECTED_MIN_TTL: Duration = Duration::from_secs(3600);
 ///
 /// Implemented for the client library's connections that reconnect on their own:
 /// [`ConnectionManager`] (the default) and the Cluster client's
-/// [`ClusterConnection`](redis::cluster_async::ClusterConnection). Clones share one
+/// [`ClusterConnection`](redis::cluster_async::ClusterConnection), and
+/// [`LazyClusterConnection`] (a Cluster connection made on first use). Clones share one
 /// connection: concurrent checks are pipelined on it, none waits for another's reply. (A
 /// plain `MultiplexedConnection` is not offered: once dropped by the server, it fails every
 /// call for good, and a guarded limiter would stay degraded.)

@@ -291,6 +291,41 @@ impl RedisLimiterBuilder {
         Ok(limiter)
     }
 
+    /// A limiter on a Redis Cluster that does not wait for it, as
+    /// [`RedisLimiterBuilder::connect_lazy`] is for a single server: it returns at once, even
+    /// while no node answers, and connects on first use ([`LazyClusterConnection`]: one
+    /// attempt at a time, each call failing with a transient error until one succeeds; from
+    /// then on the Cluster client's own connection). Guarded and leased limiters on it start
+    /// by their failure policy if the Cluster does not answer their first probe, and are
+    /// global once a probe finds it.
+    ///
+    /// # Errors
+    /// [`TierError::Server`] for malformed URLs. Never for an unreachable Cluster.
+    ///
+    /// # Examples
+    /// ```no_run
+    /// use tollgate::{Quota, redis::{FailureHandling, FailurePolicy, RedisLimiter, RedisRule}};
+    /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+    /// let limiter = RedisLimiter::builder(RedisRule::gcra(Quota::per_second(100)?)?)
+    ///     .connect_cluster_lazy(&["redis://10.0.0.1:7000", "redis://10.0.0.2:7000"])?
+    ///     .guarded(FailureHandling::new(FailurePolicy::Local).assumed_nodes(4))
+    ///     .await;
+    /// # let _ = limiter;
+    /// # Ok(()) }
+    /// ```
+    pub fn connect_cluster_lazy(
+        self,
+        nodes: &[&str],
+    ) -> Result<RedisLimiter<LazyClusterConnection>, TierError> {
+        let client = ClusterClientBuilder::new(nodes.iter().copied())
+            .connection_timeout(self.connect_timeout)
+            .response_timeout(self.timeout)
+            .build()?;
+        let mut limiter = self.build(LazyClusterConnection::new(client));
+        limiter.lazy = true;
+        Ok(limiter)
+    }
+
     /// A limiter on a connection of your own (for example a
     /// [`ClusterConnection`](redis::cluster_async::ClusterConnection)). Scripts are loaded on
     /// first use.
