@@ -118,9 +118,10 @@
 //! # Ok(()) }
 //! ```
 //!
-//! **On a deploy** (a new node, or a key a node has not seen for
-//! [`LeaseConfig::idle_timeout`], 1 s by default, whose lease it gave back): the node holds
-//! no lease of the key. `check` never waits on the network, so it denies such a key
+//! **On a deploy** the exact and guarded tiers keep no per-node state: a new node decides
+//! exactly from its first check. The leased tier keeps leases: a new node, or one that has not
+//! seen a key for [`LeaseConfig::idle_timeout`] (1 s by default) and gave its lease back,
+//! holds no lease of the key. `check` never waits on the network, so it denies such a key
 //! (`retry_after` 1 ms) until the first grant arrives, and the bound above holds
 //! unconditionally; [`LeasedLimiter::check_waiting`] (what the tower layer's
 //! `RedisBackend` calls) waits for that grant instead, at most twice the call timeout
