@@ -38,6 +38,10 @@
 //! - **Connections**: checks share one multiplexed connection ([`RedisConnection`]); the
 //!   default [`ConnectionManager`](redis::aio::ConnectionManager) reconnects by itself.
 //!   [`RedisLimiterBuilder::connect_cluster`] runs the same API on a Redis Cluster.
+//!   [`RedisLimiterBuilder::connect`] waits for Redis (the connect timeout, 1 s by default)
+//!   and fails if it does not answer; [`RedisLimiterBuilder::connect_lazy`] (and
+//!   `connect_cluster_lazy`) return at once and connect on first use (see "When Redis is down
+//!   at boot" below).
 //! - **Batches**: [`RedisLimiter::check_batch`] decides many checks in one script call (per
 //!   Cluster slot on a Cluster; the calls are pipelined).
 //! - **Several limits** on a key (10 a second and 1,000 an hour): [`RedisLimiter::with_rules`]
@@ -114,12 +118,41 @@
 //! # Ok(()) }
 //! ```
 //!
-//! A key's first check on a node is denied until its first grant arrives (or
-//! [`LeasedLimiter::prefetch`] ran): the hot path never waits on the network, and the bound
-//! above holds unconditionally. [`LeaseConfig::first_touch`] (or `first_touch_share`) lets
-//! first touches spend a provisional allowance instead, at the price of a bounded overdraft
-//! when the key's budget was already spent (documented on [`LeasedLimiter`]). Refills and
-//! returns of many keys go to Redis in one script call per Cluster slot.
+//! **On a deploy** the exact and guarded tiers keep no per-node state: a new node decides
+//! exactly from its first check. The leased tier keeps leases: a new node, or one that has not
+//! seen a key for [`LeaseConfig::idle_timeout`] (1 s by default) and gave its lease back,
+//! holds no lease of the key. `check` never waits on the network, so it denies such a key
+//! (`retry_after` 1 ms) until the first grant arrives, and the bound above holds
+//! unconditionally; [`LeasedLimiter::check_waiting`] (what the tower layer's
+//! `RedisBackend` calls) waits for that grant instead, at most twice the call timeout
+//! (50 ms by default), so a client under its limit is not refused however rarely each node
+//! sees it, nor after a breaker flap emptied the leases. A key whose budget is spent is
+//! refused at once by both, also on a node that gave its lease back since (what a spent key
+//! owes outlives its lease). [`LeasedLimiter::prefetch`] fetches a lease ahead.
+//! [`LeaseConfig::first_touch`] (or `first_touch_share`) lets `check` spend a provisional
+//! allowance on a first touch instead, at the price of a bounded overdraft when the key's
+//! budget was already spent: once per node until the key's state is full again, not once
+//! per idle period (documented on [`LeasedLimiter`]). Refills and returns of many keys go to
+//! Redis in one script call per Cluster slot.
+//!
+//! ## When Redis is down at boot
+//! A node built with [`RedisLimiterBuilder::connect_lazy`] starts whether or not Redis
+//! answers. [`RedisLimiter::guarded`] and [`RedisLimiter::leased`] on it probe Redis first
+//! (one `SET` within the call timeout, 50 ms by default): if it does not answer, the breaker
+//! starts open and the [`FailurePolicy`] decides from the first check. With `Local`, each key
+//! gets the share of the fleet size the node was told
+//! ([`FailureHandling::assumed_nodes`]: `⌊L ÷ n⌋` per `W`, `⌊B ÷ n⌋` burst); a node told no
+//! fleet size denies until a heartbeat counts the fleet, since alone it would take the whole
+//! quota. The breaker's probe (every 200 ms by default) finds Redis once it answers (the
+//! connection retries at most 100 ms apart meanwhile), closes the breaker and sends the first
+//! heartbeat, and checks are global again: measured about 0.3 s after `redis-server` started
+//! (`a_node_started_while_redis_is_down_serves_its_share_then_goes_global` in
+//! `tests/redis_faults.rs`, which asserts within a second). On a Cluster,
+//! [`RedisLimiterBuilder::connect_cluster_lazy`] does the same over a
+//! [`LazyClusterConnection`] (the Cluster client connects when it is built, so
+//! [`RedisLimiterBuilder::connect_cluster`] fails while no node answers): global about 0.2 s
+//! after stopped nodes resumed, in
+//! `a_node_started_while_the_cluster_is_down_serves_its_share_then_goes_global`.
 //!
 //! ## Reconciliation
 //! With [`FailureHandling::reconcile`], the units a node admitted by its `Local` or `FailOpen`
@@ -137,8 +170,8 @@ mod scripts;
 
 pub use self::error::{ErrorClass, TierError};
 pub use self::exact::{
-    RedisConnection, RedisLimiter, RedisLimiterBuilder, RedisMultiLimiter, DEFAULT_CONNECT_TIMEOUT,
-    DEFAULT_INJECTED_MIN_TTL, DEFAULT_MAX_BATCH, DEFAULT_TIMEOUT,
+    LazyClusterConnection, RedisConnection, RedisLimiter, RedisLimiterBuilder, RedisMultiLimiter,
+    DEFAULT_CONNECT_TIMEOUT, DEFAULT_INJECTED_MIN_TTL, DEFAULT_MAX_BATCH, DEFAULT_TIMEOUT,
 };
 pub use self::guard::{FailureHandling, FailurePolicy, GuardMode, GuardedLimiter};
 pub use self::lease::{LeaseConfig, LeaseError, LeaseStats, LeasedLimiter, MAX_LEASE};

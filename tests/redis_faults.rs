@@ -1856,3 +1856,149 @@ fn every_outage_hands_the_leases_over_again() {
         let _ = node.check("k");
     }
 }
+
+/// A node started while `redis-server` is stopped: the limiter is built at once
+/// (`connect_lazy`), serves by `Local` with the share of the fleet size it was told (a third
+/// of a GCRA bucket of 100 here: 33 per key), and is global again within a second of Redis
+/// starting; a node told no fleet size denies until a heartbeat counts the fleet, rather than
+/// take the whole quota. Both tiers (guarded and leased).
+#[test]
+fn a_node_started_while_redis_is_down_serves_its_share_then_goes_global() {
+    let _serial = serial();
+    let Some(mut server) = RedisServer::start() else {
+        return;
+    };
+    server.signal("KILL");
+    let rt = runtime();
+    let url = server.url();
+    let rule = RedisRule::gcra(Quota::new(100, Duration::from_secs(86_400)).unwrap()).unwrap();
+    let handling = FailureHandling::new(FailurePolicy::Local)
+        .heartbeat_interval(Duration::from_millis(250))
+        .assumed_nodes(3);
+    let lazy = || async {
+        RedisLimiter::builder(rule)
+            .timeout(Duration::from_millis(100))
+            .connect_lazy(&url)
+            .await
+            .expect("built while Redis is down")
+    };
+    let (guarded, leased, uncounted) = rt.block_on(async {
+        let guarded = lazy().await.guarded(handling).await;
+        let leased = lazy()
+            .await
+            .leased(LeaseConfig::new(), handling)
+            .await
+            .expect("a leasable rule");
+        let uncounted = lazy()
+            .await
+            .guarded(FailureHandling::new(FailurePolicy::Local))
+            .await;
+        (guarded, leased, uncounted)
+    });
+    let degraded = GuardMode::Degraded(FailurePolicy::Local);
+    assert_eq!(guarded.mode(), degraded);
+    assert_eq!(leased.mode(), degraded);
+    assert_eq!(uncounted.mode(), degraded);
+    rt.block_on(async {
+        let (mut by_guarded, mut by_leased, mut by_uncounted) = (0, 0, 0);
+        for _ in 0..40 {
+            by_guarded += guarded.check("k").await.unwrap().allowed() as u64;
+            by_leased += leased.check_waiting("k").await.unwrap().allowed() as u64;
+            by_uncounted += uncounted.check("k").await.unwrap().allowed() as u64;
+        }
+        println!(
+            "Redis down at start: guarded {by_guarded}, leased {by_leased}, told no fleet size \
+             {by_uncounted} of 40 admitted"
+        );
+        assert_eq!(by_guarded, 33, "a third of the bucket");
+        assert_eq!(by_leased, 33, "a third of the bucket");
+        assert_eq!(by_uncounted, 0, "never the whole quota as if alone");
+    });
+    server.restart();
+    let started = Instant::now();
+    let before = [guarded.mode(), leased.mode(), uncounted.mode()];
+    while [guarded.mode(), leased.mode(), uncounted.mode()]
+        .iter()
+        .any(|mode| *mode != GuardMode::Global)
+    {
+        assert!(
+            started.elapsed() < Duration::from_secs(1),
+            "not global within a second of Redis starting: {:?}",
+            [guarded.mode(), leased.mode(), uncounted.mode()]
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    println!(
+        "global {:?} after Redis started (modes before: {before:?})",
+        started.elapsed()
+    );
+    rt.block_on(async {
+        // The restarted server's bucket is full: decided globally now.
+        assert!(guarded.check("k").await.unwrap().allowed());
+        assert!(leased.check_waiting("k").await.unwrap().allowed());
+        let global = guarded.exact().peek("k", 0).await.unwrap().remaining();
+        assert!(global < 100, "the checks reached Redis: {global} left");
+        // A lazy limiter whose Redis is up is global from the start.
+        let up = lazy().await.guarded(handling).await;
+        assert_eq!(up.mode(), GuardMode::Global);
+        assert!(up.check("k").await.unwrap().allowed());
+    });
+}
+
+/// The same on a Redis Cluster whose nodes are all stopped (SIGSTOP) when the node starts
+/// (`connect_cluster_lazy`): the policy serves the told share, and the limiter is global once
+/// the nodes resume. The deadline only bounds the wait.
+#[test]
+fn a_node_started_while_the_cluster_is_down_serves_its_share_then_goes_global() {
+    let _serial = serial();
+    let Some(cluster) = redis_server::RedisCluster::start(3) else {
+        return;
+    };
+    let rt = runtime();
+    let urls = cluster.urls();
+    let urls: Vec<&str> = urls.iter().map(String::as_str).collect();
+    let rule = RedisRule::gcra(Quota::new(100, Duration::from_secs(86_400)).unwrap()).unwrap();
+    let handling = FailureHandling::new(FailurePolicy::Local)
+        .heartbeat_interval(Duration::from_millis(250))
+        .assumed_nodes(3);
+    for node in cluster.nodes() {
+        node.signal("STOP");
+    }
+    let limiter = rt.block_on(async {
+        RedisLimiter::builder(rule)
+            .timeout(Duration::from_millis(100))
+            .connect_cluster_lazy(&urls)
+            .expect("built while the Cluster is down")
+            .guarded(handling)
+            .await
+    });
+    assert_eq!(limiter.mode(), GuardMode::Degraded(FailurePolicy::Local));
+    let admitted: u64 = rt.block_on(async {
+        let mut admitted = 0;
+        for _ in 0..40 {
+            admitted += limiter.check("k").await.unwrap().allowed() as u64;
+        }
+        admitted
+    });
+    assert_eq!(admitted, 33, "a third of the bucket");
+    for node in cluster.nodes() {
+        node.signal("CONT");
+    }
+    let started = Instant::now();
+    while limiter.mode() != GuardMode::Global {
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "not global after the Cluster resumed"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    println!(
+        "Cluster down at start: {admitted} of 40 admitted; global {:?} after it resumed",
+        started.elapsed()
+    );
+    rt.block_on(async {
+        assert!(limiter.check("k").await.unwrap().allowed());
+        let global = limiter.exact().peek("k", 0).await.unwrap().remaining();
+        assert_eq!(global, 99, "decided on the Cluster");
+    });
+}

@@ -1495,3 +1495,214 @@ fn refills_and_returns_of_many_keys_on_a_cluster_go_per_slot() {
         released.round_trips - stats.round_trips
     );
 }
+
+/// The fleet of the slow-client tests: three leased nodes on their own connections, with the
+/// defaults of a deployment (`LeaseConfig::new()`, `Local` told the fleet's size), a 250 ms
+/// call timeout (generous: the machine is loaded, and a check waits at most that long).
+async fn fleet(server: &RedisServer, prefix: &str, rule: RedisRule) -> Vec<LeasedLimiter> {
+    let mut nodes = Vec::new();
+    for _ in 0..3 {
+        let handling = FailureHandling::new(FailurePolicy::Local).assumed_nodes(3);
+        let node = RedisLimiter::builder(rule)
+            .prefix(prefix)
+            .timeout(Duration::from_millis(250))
+            .connect(&server.url())
+            .await
+            .expect("connects")
+            .leased(LeaseConfig::new(), handling)
+            .await
+            .expect("a leasable rule");
+        nodes.push(node);
+    }
+    nodes
+}
+
+/// One client's check, as a server on a leased node makes it.
+async fn ask(node: &LeasedLimiter, key: &str) -> bool {
+    node.check_waiting(key).await.expect("no error").allowed()
+}
+
+/// The scaled rule of the slow-client tests: GCRA, 100 per 24 s (burst 100), so `T` = 240 ms.
+/// It stands for 100 a minute with requests 1.5 s apart, scaled by 2.5 in time: a client at
+/// 40 % of it sends every 600 ms, and to the three nodes in turn each node sees it every 1.8 s,
+/// past the default idle timeout (1 s, unscaled) and the sweep that follows it (at most
+/// 250 ms later): every visit meets a lease the node has retired, as every visit does at
+/// 1.5 s apart (4.5 s a node). The rule's decisions depend only on the ratios, which the
+/// scaling keeps.
+const SLOW_T: Duration = Duration::from_millis(240);
+
+fn slow_rule() -> RedisRule {
+    RedisRule::gcra(Quota::new(100, SLOW_T * 100).unwrap()).unwrap()
+}
+
+/// A client at 40 % of its limit, `requests` requests 600 ms apart to the nodes in turn:
+/// how many were refused. With `flap`, that server is stopped (SIGSTOP) in the middle, long
+/// enough for the breakers to open (600 ms against a 250 ms timeout), then resumed; the
+/// second figure says whether a node's breaker was seen open then.
+async fn slow_client(
+    nodes: &[LeasedLimiter],
+    key: &str,
+    requests: usize,
+    flap: Option<&RedisServer>,
+) -> (usize, bool) {
+    let (mut refused, mut opened) = (0, false);
+    for i in 0..requests {
+        match flap {
+            Some(server) if i == requests / 2 => server.signal("STOP"),
+            Some(server) if i == requests / 2 + 1 => {
+                opened = nodes.iter().any(|node| node.mode() != GuardMode::Global);
+                server.signal("CONT");
+            }
+            _ => {}
+        }
+        let node = &nodes[i % nodes.len()];
+        if !ask(node, key).await {
+            println!("request {i} refused, node {:?}", node.mode());
+            refused += 1;
+        }
+        tokio::time::sleep(SLOW_T * 100 / 40).await;
+    }
+    (refused, opened)
+}
+
+/// A client at 100 % of its limit: `requests` requests one `T` apart to the nodes in turn
+/// (none may be refused: the bucket never runs low), then a burst of 150 at once. Each
+/// refusal must come past the limit: when the token bucket of what the fleet admitted holds
+/// fewer units than the nodes' leases may (3 × the largest lease, the under-admission bound
+/// on `LeasedLimiter`). Returns the refusals at the rate, and checks the burst's.
+async fn full_client(nodes: &[LeasedLimiter], key: &str, requests: usize) -> usize {
+    let t = SLOW_T.as_nanos() as u64;
+    let (capacity, slack) = (100, 3 * nodes[0].max_lease() + 1);
+    let start = Instant::now();
+    // The token bucket of the admissions: its theoretical arrival time, ns since `start`.
+    let mut tat = 0u64;
+    let admit = |tat: &mut u64, at: u64| *tat = (*tat).max(at) + t;
+    let mut refused = 0;
+    for i in 0..requests {
+        if ask(&nodes[i % nodes.len()], key).await {
+            admit(&mut tat, start.elapsed().as_nanos() as u64);
+        } else {
+            refused += 1;
+        }
+        tokio::time::sleep(SLOW_T).await;
+    }
+    let mut admitted_in_burst = 0;
+    for i in 0..150 {
+        let now = start.elapsed().as_nanos() as u64;
+        if ask(&nodes[i % nodes.len()], key).await {
+            admit(&mut tat, now);
+            admitted_in_burst += 1;
+        } else {
+            let left = (now + capacity * t).saturating_sub(tat.max(now)) / t;
+            assert!(
+                left < slack,
+                "refused at burst request {i} with {left} units left in the bucket"
+            );
+        }
+    }
+    let elapsed = start.elapsed().as_nanos() as u64;
+    let horizon = 50_000_000;
+    // The fleet bound over the client's whole run.
+    let bound = capacity + 1 + (elapsed + horizon) / t;
+    let admitted = (requests - refused) as u64 + admitted_in_burst;
+    assert!(admitted <= bound, "{admitted} admitted, bound {bound}");
+    println!(
+        "full client: {refused} of {requests} refused at the rate, {admitted_in_burst} of 150 \
+         admitted in the burst, {admitted} in all (bound {bound})"
+    );
+    refused
+}
+
+/// Three leased nodes with the defaults: a client at 40 % of its limit whose requests reach
+/// each node less often than the idle timeout is never refused (each of its checks meets a
+/// retired lease); one at 100 % is refused only past the limit.
+#[test]
+fn a_client_under_its_limit_is_never_refused_by_three_leased_nodes() {
+    let Some((_serial, server, rt)) = start(2) else {
+        return;
+    };
+    rt.block_on(async {
+        let nodes = fleet(&server, "slow", slow_rule()).await;
+        let ((refused_slow, _), refused_full) = tokio::join!(
+            slow_client(&nodes, "slow", 16, None),
+            full_client(&nodes, "full", 24),
+        );
+        println!("slow client: {refused_slow} of 16 refused");
+        assert_eq!(refused_slow, 0, "a client at 40 % was refused");
+        assert_eq!(refused_full, 0, "a client at 100 % was refused at the rate");
+    });
+}
+
+/// The same with a breaker flap in the middle: Redis stopped (SIGSTOP) long enough for the
+/// breakers to open, then resumed, while both clients send; the nodes serve by their `Local`
+/// shares meanwhile (told the fleet's size) and go back to their leases after, the hot key's
+/// emptied by the handover. The burst comes after the recovery.
+#[test]
+fn a_client_under_its_limit_is_never_refused_across_a_breaker_flap() {
+    let Some((_serial, server, rt)) = start(2) else {
+        return;
+    };
+    rt.block_on(async {
+        let nodes = fleet(&server, "flap", slow_rule()).await;
+        let ((refused_slow, opened), refused_full) = tokio::join!(
+            slow_client(&nodes, "slow", 16, Some(&server)),
+            full_client(&nodes, "full", 48),
+        );
+        println!("slow client across a flap: {refused_slow} of 16 refused");
+        assert!(opened, "no breaker opened: no flap");
+        assert_eq!(refused_slow, 0, "a client at 40 % was refused");
+        assert_eq!(refused_full, 0, "a client at 100 % was refused at the rate");
+        for node in &nodes {
+            assert_eq!(node.mode(), GuardMode::Global, "back to global");
+        }
+    });
+}
+
+/// A first-touch allowance comes once per key and node while the key's budget is spent, not
+/// once per idle period: a client on a spent key who lets the node's lease go idle (and be
+/// given back) before each request gets no allowance again. The waits only give the sweeper
+/// time to retire the lease; a lease still held would pass the test as well.
+#[test]
+fn a_spent_key_farms_no_first_touch_allowance_across_idle_periods() {
+    let Some((_serial, server, rt)) = start(2) else {
+        return;
+    };
+    let day = Duration::from_secs(86_400);
+    for rule in [
+        RedisRule::fixed_window(Quota::new(1_000, day).unwrap()).unwrap(),
+        RedisRule::gcra(Quota::new(1_000, day).unwrap()).unwrap(),
+    ] {
+        let name = rule.name();
+        let config = LeaseConfig::new()
+            .first_touch_share()
+            .idle_timeout(Duration::from_millis(50));
+        let node = rt.block_on(node(&server, name, rule, config));
+        // One node: min(1000 / 1, 62 / 4) = 15 units a first touch.
+        let allowance = config.first_touch_for(1_000, 1);
+        assert_eq!(allowance, 15);
+        // Another node (here the exact tier) spends the whole budget first.
+        assert!(rt
+            .block_on(node.exact().check_n("k", 1_000))
+            .unwrap()
+            .allowed());
+        let mut admitted = Vec::new();
+        for _ in 0..5 {
+            let mut now = 0;
+            for _ in 0..2 * allowance {
+                now += node.check("k").unwrap().allowed() as u64;
+            }
+            admitted.push(now);
+            quiescent(&node, "k");
+            // Past the idle timeout and the sweep after it (period 12.5 ms, floored at 5).
+            std::thread::sleep(Duration::from_millis(300));
+        }
+        let stats = node.stats();
+        println!("{name}: admitted per idle period {admitted:?}, stats {stats:?}");
+        let total: u64 = admitted.iter().sum();
+        assert!(
+            total <= allowance,
+            "{name}: {admitted:?} farmed across idle periods"
+        );
+        assert_eq!(stats.overdrawn, total, "{name}");
+    }
+}

@@ -228,6 +228,38 @@ fn guarded_and_leased_nodes_hold_the_limit_too() {
     });
 }
 
+/// A leased node behind the layer answers a key's first request (no prefetch: a deploy) with
+/// the grant it waits for, not a 429; the layer's own `Key` prefetches the lease the layer
+/// spends (`redis_key`).
+#[test]
+fn a_leased_node_serves_a_keys_first_request_and_prefetches_by_the_layers_key() {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    runtime().block_on(async {
+        let quota = Quota::per_hour(100).unwrap();
+        let handling = FailureHandling::new(FailurePolicy::Local).assumed_nodes(2);
+        let leased = node(&server, quota, &prefix())
+            .await
+            .leased(LeaseConfig::new(), handling)
+            .await
+            .expect("GCRA can be leased");
+        let backend = RedisBackend::new(leased.clone());
+        let tenant = Key::from("tenant-7");
+        backend.prefetch(&tenant).await.expect("a first grant");
+        assert!(
+            leased.held(redis_key(&tenant)) > 0,
+            "the layer's key is leased"
+        );
+        let addr = serve(backend).await;
+        // The client's key as the layer sends it, never seen by this node.
+        let client_key = redis_key(&Key::Ip("127.0.0.1".parse().unwrap()));
+        assert_eq!(leased.held(&client_key), 0);
+        let reply = get_api(&client(), addr).await;
+        assert_eq!(reply.status, StatusCode::OK, "a key's first request");
+    });
+}
+
 /// Two servers (each its own connection, as two nodes) of the layer that `text` configures,
 /// every policy on Redis.
 #[cfg(feature = "serde")]

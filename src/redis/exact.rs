@@ -21,6 +21,7 @@ use crate::decision::Decision;
 mod builder;
 mod call;
 mod coalesce;
+mod lazy;
 mod multi;
 pub(crate) mod units;
 
@@ -29,6 +30,7 @@ use self::coalesce::Lanes;
 pub use self::builder::RedisLimiterBuilder;
 use self::call::{clock_unit, ours, rows};
 pub(crate) use self::call::{join_all, scatter};
+pub use self::lazy::LazyClusterConnection;
 pub use self::multi::RedisMultiLimiter;
 
 pub(crate) use self::units::{new_token, Algo, LogCharge, Reply, UnitOp, Units};
@@ -82,7 +84,8 @@ pub const DEFAULT_INJECTED_MIN_TTL: Duration = Duration::from_secs(3600);
 ///
 /// Implemented for the client library's connections that reconnect on their own:
 /// [`ConnectionManager`] (the default) and the Cluster client's
-/// [`ClusterConnection`](redis::cluster_async::ClusterConnection). Clones share one
+/// [`ClusterConnection`](redis::cluster_async::ClusterConnection), and
+/// [`LazyClusterConnection`] (a Cluster connection made on first use). Clones share one
 /// connection: concurrent checks are pipelined on it, none waits for another's reply. (A
 /// plain `MultiplexedConnection` is not offered: once dropped by the server, it fails every
 /// call for good, and a guarded limiter would stay degraded.)
@@ -143,6 +146,9 @@ pub struct RedisLimiter<C = ConnectionManager> {
     injected_min_ttl_ms: u64,
     /// Concurrent counting checks of one slot share a call (`None`: one call per check).
     lanes: Option<Arc<Lanes>>,
+    /// Built without a first connection ([`RedisLimiterBuilder::connect_lazy`]): a guarded
+    /// limiter on it probes Redis before it trusts it.
+    lazy: bool,
 }
 
 impl<C> std::fmt::Debug for RedisLimiter<C> {
@@ -299,6 +305,12 @@ impl<C: RedisConnection> RedisLimiter<C> {
             .map(|(key, cost)| self.item(key.as_ref(), cost, None))
             .collect();
         self.call_items(&items, true, true).await
+    }
+
+    /// Whether this limiter was built without a first connection (see
+    /// [`RedisLimiterBuilder::connect_lazy`]).
+    pub(crate) fn is_lazy(&self) -> bool {
+        self.lazy
     }
 
     /// Loads the rule's script into the server's script cache (done by

@@ -8,7 +8,7 @@
 //! by itself. Fatal errors (a foreign value in
 //! a key, a bad reply) are returned as they are: no policy can fix them.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -83,6 +83,10 @@ struct Shared<C> {
     /// on its Cluster slot, so the breaker closes when that slot answers again (not some
     /// other master's).
     probe_at: parking_lot::Mutex<Option<Box<[u8]>>>,
+    /// Started while Redis was down with the `Local` policy and no fleet size told: the node
+    /// cannot count the fleet, so it denies (rather than take the whole quota as if alone)
+    /// until a heartbeat answers.
+    uncounted: AtomicBool,
 }
 
 /// Aborts the background task when the last clone of the limiter is dropped.
@@ -98,6 +102,9 @@ impl<C: RedisConnection> RedisLimiter<C> {
     /// This limiter behind a circuit breaker with `handling` (see [`GuardedLimiter`]).
     /// For the `Local` policy, sends the first heartbeat before returning (within the
     /// limiter's timeout), so the node's share is known from the start when Redis answers.
+    /// A limiter built by [`RedisLimiterBuilder::connect_lazy`](super::RedisLimiterBuilder::connect_lazy)
+    /// is probed first (within the timeout): if Redis does not answer, the breaker starts open
+    /// and the policy decides until the probe finds Redis.
     ///
     /// # Examples
     /// ```no_run
@@ -108,7 +115,10 @@ impl<C: RedisConnection> RedisLimiter<C> {
     /// ```
     pub async fn guarded(self, handling: FailureHandling) -> GuardedLimiter<C> {
         let shared = self.guard_state(handling);
-        if shared.local.is_some() {
+        // A limiter that never connected is trusted only once Redis answers a probe.
+        if shared.exact.is_lazy() && shared.exact.probe(None).await.is_err() {
+            shared.start_degraded();
+        } else if shared.local.is_some() {
             shared.beat().await;
         }
         let task = tokio::spawn(watch(Arc::downgrade(&shared)));
@@ -135,6 +145,10 @@ impl<C: RedisConnection> RedisLimiter<C> {
         runtime: &tokio::runtime::Handle,
     ) -> GuardedLimiter<C> {
         let shared = self.guard_state(handling);
+        if shared.exact.is_lazy() {
+            // Not known to answer: the task's first probe closes the breaker if it does.
+            shared.start_degraded();
+        }
         let task = runtime.spawn(watch(Arc::downgrade(&shared)));
         GuardedLimiter {
             shared,
@@ -170,6 +184,7 @@ impl<C: RedisConnection> RedisLimiter<C> {
             heartbeat_key,
             node_id: format!("{}-{nanos:x}", std::process::id()),
             probe_at: parking_lot::Mutex::new(None),
+            uncounted: AtomicBool::new(false),
         })
     }
 }
@@ -428,6 +443,28 @@ impl<C: RedisConnection> Shared<C> {
         }
     }
 
+    /// Opens the breaker of a limiter that starts while Redis does not answer: the policy
+    /// decides from the first check, and the probe closes the breaker once Redis answers. With
+    /// the `Local` policy and no fleet size told, its checks are denied until a heartbeat
+    /// counts the fleet.
+    fn start_degraded(&self) {
+        if self.local.is_some() && !self.handling.nodes_told {
+            // Relaxed: a mode flag that publishes no data (as the breaker's).
+            self.uncounted.store(true, Ordering::Relaxed);
+        }
+        // The breaker opens on `threshold` failures in a row, its only way to open.
+        for _ in 0..self.handling.failure_threshold {
+            if self.breaker.failed() {
+                break;
+            }
+        }
+        tracing::warn!(
+            policy = ?self.handling.policy,
+            uncounted = self.uncounted.load(Ordering::Relaxed),
+            "Redis unreachable at start: rate limits decided by the failure policy until it answers"
+        );
+    }
+
     fn recovered(&self) {
         if self.breaker.recovered() {
             tracing::info!("Redis answers again: rate limits are global again");
@@ -436,6 +473,10 @@ impl<C: RedisConnection> Shared<C> {
 
     #[inline]
     fn fallback(&self, key: &[u8], cost: u64) -> Result<Decision, TierError> {
+        // Relaxed: a mode flag (see `start_degraded`).
+        if self.uncounted.load(Ordering::Relaxed) {
+            return self.deny_uncounted(cost);
+        }
         if let (Some(local), None) = (&self.local, &self.ledger) {
             // The `Local` policy without reconciliation: the share's decision is the answer
             // (a cost it refuses goes the long way, for the global capacity's error).
@@ -444,6 +485,25 @@ impl<C: RedisConnection> Shared<C> {
             }
         }
         self.decide_by_policy(key, cost)
+    }
+
+    /// A check of a node that cannot count its fleet yet (see `start_degraded`): denied, to
+    /// retry after a probe interval, as `FailClosed` would.
+    #[cold]
+    fn deny_uncounted(&self, cost: u64) -> Result<Decision, TierError> {
+        let rule = self.exact.rule();
+        let capacity = rule.capacity();
+        if cost > capacity {
+            return Err(TierError::Capacity { cost, capacity });
+        }
+        Ok(Decision {
+            allowed: false.into(),
+            limit: rule.limit(),
+            retry_after: u64::try_from(self.handling.probe_interval.as_nanos()).unwrap_or(u64::MAX),
+            reset_after: 0,
+            delay: 0,
+            remaining: Remaining::Exact(0),
+        })
     }
 
     fn decide_by_policy(&self, key: &[u8], cost: u64) -> Result<Decision, TierError> {
@@ -509,6 +569,8 @@ impl<C: RedisConnection> Shared<C> {
     async fn beat(&self) {
         match self.heartbeat(true).await {
             Ok(nodes) => {
+                // Relaxed: a mode flag (see `start_degraded`); the fleet is counted now.
+                self.uncounted.store(false, Ordering::Relaxed);
                 let nodes = nodes.max(1);
                 if self.live_nodes.swap(nodes, Ordering::Relaxed) != nodes {
                     tracing::debug!(nodes, "live nodes changed");

@@ -17,11 +17,14 @@
 //! key goes idle ([`LeaseConfig::idle_timeout`]), when a sliding window's lease expires, and on
 //! [`LeasedLimiter::release_all`] (for GCRA, while nothing was admitted behind them).
 //!
-//! A key a node holds no lease of is denied until its first grant arrives, by default. With a
-//! first-touch allowance ([`LeaseConfig::first_touch`]), its lease starts with that many
-//! provisional units while the grant is in flight, so that its first checks are not denied
-//! for want of a lease; the grant covers them, or the units it did not cover are charged to
-//! Redis at once.
+//! A key a node holds no lease of is denied by `check` until its first grant arrives, by
+//! default; [`LeasedLimiter::check_waiting`] waits for that grant instead (within twice the
+//! call timeout). With a first-touch allowance ([`LeaseConfig::first_touch`]), its lease
+//! starts with that many provisional units while the grant is in flight, so that its first
+//! checks are not denied for want of a lease; the grant covers them, or the units it did not
+//! cover are charged to Redis at once. A lease retired while its key's state was not full
+//! leaves what it knew of the key to the key's next lease (no allowance, the same backoff)
+//! until the state is expected full again.
 //!
 //! The guarantee, the under-admission bound and what first touches add to them are
 //! documented on [`LeasedLimiter`].
@@ -65,7 +68,6 @@ pub use self::word::MAX_LEASE;
 
 use self::cell::Lease;
 use self::config::Terms;
-use self::first_touch::first_lease;
 use self::grant::accrued;
 use self::route::Way;
 use self::scheduler::{Node, Tasks};
@@ -207,6 +209,7 @@ impl<C: RedisConnection> LeasedLimiter<C> {
     ///   while its first grant is requested at once: with an allowance, the first checks are
     ///   not denied for want of a lease.
     ///   See "First touch" on [`LeasedLimiter`] for what that does to the global bound.
+    ///   [`LeasedLimiter::check_n_waiting`] waits for the grant instead of denying.
     ///
     /// The figures are the best this node knows without asking Redis, from the global state
     /// as its last grant of the key saw it (the server's answer, the decision rules' formulas):
@@ -293,7 +296,7 @@ impl<C: RedisConnection> LeasedLimiter<C> {
                 } else {
                     0
                 };
-                Arc::new(first_lease(&node.terms, key, allowance, now))
+                Arc::new(node.new_lease(key, allowance, now))
             })
             .clone();
         if created {
@@ -305,11 +308,104 @@ impl<C: RedisConnection> LeasedLimiter<C> {
         }
     }
 
+    /// Decides a request of cost 1 for `key`, waiting for a grant where the lease alone would
+    /// refuse it for want of units it was never given (see [`LeasedLimiter::check_n_waiting`]).
+    ///
+    /// # Errors
+    /// As for [`LeasedLimiter::check_n`].
+    ///
+    /// # Examples
+    /// ```no_run
+    /// # async fn demo(limiter: tollgate::redis::LeasedLimiter) -> Result<(), tollgate::redis::TierError> {
+    /// // The first request of a key on this node: admitted if the key has budget globally.
+    /// let allowed = limiter.check_waiting("alice").await?.allowed();
+    /// # Ok(()) }
+    /// ```
+    pub async fn check_waiting(&self, key: impl AsRef<[u8]>) -> Result<Decision, TierError> {
+        self.check_n_waiting(key, 1).await
+    }
+
+    /// Decides a request of cost `cost` for `key` as [`LeasedLimiter::check_n`] does, except
+    /// that a request the lease cannot serve for how leases are kept, not for the key's
+    /// budget, waits for the grant instead of being refused: a key this node holds no lease
+    /// of (its first touch, after a deploy or once its lease went idle and was given back), a
+    /// lease emptied when the breaker opened and closed again, or one a burst drained before
+    /// its refill landed. It waits for that refill, at most twice the limiter's call timeout
+    /// ([`RedisLimiterBuilder::timeout`](super::RedisLimiterBuilder::timeout), 50 ms by
+    /// default: the refill may be queued behind a batch in flight), then decides again from
+    /// the lease, or by the failure policy if the refill failed and opened the breaker.
+    ///
+    /// A key whose last grant was short (its global budget spent: the denial's `retry_after`
+    /// is in the future) is decided at once, as by `check_n`, also on a node that gave its
+    /// lease back since ([`LeaseConfig::idle_timeout`]): what the key owes outlives the
+    /// lease. Admissions are no more than `check_n` allows (the bound on [`LeasedLimiter`]);
+    /// only the refusals for want of a lease are gone. Most checks never wait: a lease with
+    /// units decides as `check_n` does, with no network call.
+    ///
+    /// This is the check the tower layer's [`RedisBackend`](crate::tower::RedisBackend)
+    /// makes.
+    ///
+    /// # Errors
+    /// As for [`LeasedLimiter::check_n`].
+    ///
+    /// # Examples
+    /// ```no_run
+    /// # async fn demo(limiter: tollgate::redis::LeasedLimiter) -> Result<(), tollgate::redis::TierError> {
+    /// let d = limiter.check_n_waiting("tenant-7", 5).await?;
+    /// if !d.allowed() {
+    ///     // The key's budget is spent (or Redis is down and the failure policy refused).
+    ///     println!("retry after {:?}", d.retry_after());
+    /// }
+    /// # Ok(()) }
+    /// ```
+    pub async fn check_n_waiting(
+        &self,
+        key: impl AsRef<[u8]>,
+        cost: u64,
+    ) -> Result<Decision, TierError> {
+        let key = key.as_ref();
+        let decision = self.check_n(key, cost)?;
+        if decision.allowed() {
+            return Ok(decision);
+        }
+        let node = &self.node;
+        let timeout = node.exact.timeout();
+        if node.route.way() == Way::Handing {
+            // The breaker opened and another check is handing the leases over: the policy
+            // decides once it holds this key's state (a pass over the leases, in memory).
+            let until = tokio::time::Instant::now() + timeout;
+            while node.route.way() == Way::Handing && tokio::time::Instant::now() < until {
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+            return self.check_n(key, cost);
+        }
+        let Some(lease) = node.leases.get(key).map(|lease| Arc::clone(&lease)) else {
+            return Ok(decision);
+        };
+        if !waits_for(node, &lease) {
+            return Ok(decision);
+        }
+        let notified = lease.refilled.notified();
+        tokio::pin!(notified);
+        notified.as_mut().enable();
+        // Read after `enable`: a refill that finished before it is seen here (and its grant
+        // is in the word), one that finishes after it wakes the wait.
+        if lease.refill.in_flight() {
+            // Timed out: the failure policy's business (the refill's failure opens the
+            // breaker), decided by the check below.
+            // Twice the timeout: the refill may be queued behind a batch already in flight,
+            // each call bounded by the timeout.
+            let _ = tokio::time::timeout(timeout * 2, notified).await;
+        }
+        self.check_n(key, cost)
+    }
+
     /// Makes sure this node holds a lease of `key`: requests one and waits for the grant
-    /// (within twice the timeout, plus the key's backoff if the global budget was spent). Checks
-    /// of a key this node has not seen yet are denied until its first grant arrives; call this
-    /// where a first request must not be denied. Returns `Ok` also when the grant was empty (the
-    /// global budget is spent).
+    /// (within twice the timeout, plus the key's backoff if the global budget was spent).
+    /// [`LeasedLimiter::check_n`] denies a key this node has not seen yet until its first grant
+    /// arrives; call this ahead where such a check must find units (or check with
+    /// [`LeasedLimiter::check_n_waiting`], which waits for the grant). Returns `Ok` also when the
+    /// grant was empty (the global budget is spent).
     ///
     /// # Errors
     /// [`TierError::Timeout`] if no grant arrived in time; a fatal error as for
@@ -327,7 +423,7 @@ impl<C: RedisConnection> LeasedLimiter<C> {
         let lease = node
             .leases
             .entry(key.into())
-            .or_insert_with(|| Arc::new(Lease::new(key)))
+            .or_insert_with(|| Arc::new(node.new_lease(key, 0, node.clock.now())))
             .clone();
         for _ in 0..2 {
             // A refill may first wait out a backoff (the budget was spent, or Redis failed).
@@ -605,6 +701,20 @@ fn short<C: RedisConnection>(
         delay: 0,
         remaining: Remaining::Exact(0),
     })
+}
+
+/// Whether a check that `lease` could not serve waits for its refill: Redis answers, the
+/// checks go to the leases, and nothing says the key's budget is spent (no short grant whose
+/// retry time is still ahead, no backoff after a failed refill, no fatal error).
+fn waits_for<C: RedisConnection>(node: &Node<C>, lease: &Lease) -> bool {
+    let now = node.clock.now();
+    // Relaxed: a self-contained hint (see `short`).
+    let spent = lease.retry_at.load(Ordering::Relaxed) > now;
+    !node.guard.is_open()
+        && node.route.way() == Way::Leases
+        && !spent
+        && lease.fatal().is_none()
+        && lease.bg.lock().not_before <= now
 }
 
 /// A check that found the route and the breaker disagreeing: the breaker opened (hand the

@@ -21,7 +21,9 @@ use super::key::Key;
 /// [`RedisRule`] (every rule of a [`RedisMultiLimiter`]), so they are always those it decides by.
 ///
 /// Keys are sent to Redis in an injective text form (see [`redis_key`]): an IP key is its
-/// address, so all nodes count one client under one Redis key. Two policies on the same keys
+/// address, so all nodes count one client under one Redis key. A [`LeasedLimiter`] keeps its
+/// leases under the same bytes: `limiter.held(redis_key(&key))` reads the lease the layer
+/// spends for `key`, and [`RedisBackend::prefetch`] fetches one. Two policies on the same keys
 /// must not share state: give each its own limiter prefix
 /// ([`RedisLimiterBuilder::prefix`](crate::redis::RedisLimiterBuilder::prefix)), as
 /// `PolicyConfig::redis` does (`tollgate:NAME`).
@@ -92,7 +94,8 @@ impl<L> RedisBackend<L> {
     }
 }
 
-/// The bytes a [`Key`] is stored under in Redis: an injective, readable encoding, each part
+/// The bytes a [`Key`] is stored under in Redis, and the key a [`LeasedLimiter`] behind the
+/// layer keeps its lease under: an injective, readable encoding, each part
 /// written `TAG LEN:VALUE` (`i` an IP key as its address, `t` text, `b` bytes; `c` a composite,
 /// `LEN` its number of parts, then the parts). For example `Key::Ip(203.0.113.7)` is
 /// `i11:203.0.113.7`, and `[path, ip]` is `c2:t4:/api i9:192.0.2.1` without the space.
@@ -131,6 +134,37 @@ fn encode(key: &Key, out: &mut Vec<u8>) {
                 encode(p, out);
             }
         }
+    }
+}
+
+impl<C: RedisConnection> RedisBackend<LeasedLimiter<C>> {
+    /// Makes sure this node holds a lease of the layer's key `key` (stored in Redis as
+    /// [`redis_key`]`(key)`, the key the layer checks): [`LeasedLimiter::prefetch`] under the
+    /// layer's encoding. For keys known before their first request (a tenant's, at start).
+    ///
+    /// # Errors
+    /// As for [`LeasedLimiter::prefetch`].
+    ///
+    /// # Examples
+    /// ```no_run
+    /// use tollgate::redis::{FailureHandling, FailurePolicy, LeaseConfig, RedisLimiter, RedisRule};
+    /// use tollgate::tower::{Key, RedisBackend};
+    /// use tollgate::Quota;
+    /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+    /// let rule = RedisRule::gcra(Quota::per_minute(100)?)?;
+    /// let leased = RedisLimiter::connect("redis://127.0.0.1:6379", rule)
+    ///     .await?
+    ///     .leased(LeaseConfig::new(), FailureHandling::new(FailurePolicy::Local).assumed_nodes(3))
+    ///     .await?;
+    /// let backend = RedisBackend::new(leased);
+    /// backend.prefetch(&Key::from("tenant-7")).await?;
+    /// // The same lease as the limiter's own, under the layer's encoding of the key.
+    /// let bytes = tollgate::tower::redis_key(&Key::from("tenant-7"));
+    /// assert!(backend.limiter().held(bytes) > 0);
+    /// # Ok(()) }
+    /// ```
+    pub async fn prefetch(&self, key: &Key) -> Result<(), TierError> {
+        self.limiter.prefetch(redis_key(key)).await
     }
 }
 
@@ -238,11 +272,23 @@ impl<C: RedisConnection> CheckBackend for RedisBackend<GuardedLimiter<C>> {
     }
 }
 
-/// Leased: decided at once from this node's lease (a key's first request on a node is denied
-/// until its first grant arrives, unless the lease configuration allows a first touch).
+/// Leased: decided at once from this node's lease, with no network call, while it holds
+/// units; a request it cannot serve only for how leases are kept (the key's first request on
+/// this node, after a deploy or once its lease went idle, or a lease emptied by a breaker
+/// flap) waits for the grant, at most twice the limiter's call timeout
+/// ([`LeasedLimiter::check_n_waiting`]). A key whose budget is spent is refused at once.
 impl<C: RedisConnection> CheckBackend for RedisBackend<LeasedLimiter<C>> {
     fn check<'a>(&'a self, key: &'a Key, cost: u64) -> CheckFuture<'a> {
-        CheckFuture::ready(verdict(self.limiter.check_n(redis_key(key), cost)))
+        let bytes = redis_key(key);
+        match self.limiter.check_n(&bytes, cost) {
+            // The common case, without a boxed future.
+            Ok(decision) if decision.allowed() => CheckFuture::ready(verdict(Ok(decision))),
+            Err(error) => CheckFuture::ready(verdict(Err(error))),
+            // Decided again by the waiting check: it asks the lease again before it waits.
+            Ok(_) => CheckFuture::boxed(async move {
+                verdict(self.limiter.check_n_waiting(&bytes, cost).await)
+            }),
+        }
     }
 
     fn quota_count(&self) -> usize {

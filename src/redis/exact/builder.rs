@@ -195,6 +195,68 @@ impl RedisLimiterBuilder {
         Ok(limiter)
     }
 
+    /// A limiter on a [`ConnectionManager`] to `url` that does not wait for Redis: it returns
+    /// at once, even while Redis is down (a node starting during an outage), and connects on
+    /// first use, then reconnects by itself (attempts at most 100 ms apart while Redis is
+    /// down, so that the limiter is global again soon after Redis answers). Scripts are
+    /// loaded by the first check that needs them.
+    ///
+    /// On its own the limiter's checks fail with transient errors until Redis answers. Behind
+    /// a failure policy ([`RedisLimiter::guarded`], [`RedisLimiter::leased`]) it first probes
+    /// Redis (within the timeout): if Redis does not answer, the breaker starts open, the
+    /// policy decides every check from the first, and the breaker's probe closes it once
+    /// Redis answers (within a probe interval, 200 ms by default). With
+    /// [`FailurePolicy::Local`](crate::redis::FailurePolicy::Local) the node serves its share
+    /// for the fleet size it was told ([`FailureHandling::assumed_nodes`](crate::redis::FailureHandling::assumed_nodes));
+    /// told none, it denies until a heartbeat counts the fleet, never taking the whole quota.
+    ///
+    /// # Errors
+    /// [`TierError::Server`] for a malformed URL, or if called outside a tokio runtime (the
+    /// connection's tasks need one). Never for an unreachable server.
+    ///
+    /// # Examples
+    /// ```no_run
+    /// use tollgate::{Quota, redis::{FailureHandling, FailurePolicy, GuardMode, LeaseConfig, RedisLimiter, RedisRule}};
+    /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+    /// let rule = RedisRule::gcra(Quota::per_minute(100)?)?;
+    /// // Starts whether or not Redis is up; a fleet of 3 nodes.
+    /// let limiter = RedisLimiter::builder(rule)
+    ///     .connect_lazy("redis://127.0.0.1:6379")
+    ///     .await?
+    ///     .leased(LeaseConfig::new(), FailureHandling::new(FailurePolicy::Local).assumed_nodes(3))
+    ///     .await?;
+    /// if limiter.mode() != GuardMode::Global {
+    ///     // Redis is down: a third of the quota per key on this node until it answers.
+    /// }
+    /// # Ok(()) }
+    /// ```
+    pub async fn connect_lazy(
+        self,
+        url: &str,
+    ) -> Result<RedisLimiter<ConnectionManager>, TierError> {
+        let client = redis::Client::open(url)?;
+        if tokio::runtime::Handle::try_current().is_err() {
+            return Err(redis::RedisError::from((
+                ErrorKind::Client,
+                "connect_lazy needs a tokio runtime",
+            ))
+            .into());
+        }
+        let config = ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(self.connect_timeout))
+            .set_response_timeout(Some(self.timeout))
+            // While Redis is down, each probe's call drives the next attempt: short delays
+            // between attempts put the limiter back to global within a probe or two of Redis
+            // answering (a refused attempt costs a loopback round trip, a dead host the
+            // connect timeout).
+            .set_min_delay(Duration::from_millis(20))
+            .set_max_delay(Duration::from_millis(100));
+        let conn = ConnectionManager::new_lazy_with_config(client, config)?;
+        let mut limiter = self.build(conn);
+        limiter.lazy = true;
+        Ok(limiter)
+    }
+
     /// A limiter on a Redis Cluster, through the cluster client: `nodes` are the URLs of some
     /// of its nodes (the client discovers the others and follows slot migrations). Batches
     /// are split per slot. Loads the rule's script on every node.
@@ -229,6 +291,41 @@ impl RedisLimiterBuilder {
         Ok(limiter)
     }
 
+    /// A limiter on a Redis Cluster that does not wait for it, as
+    /// [`RedisLimiterBuilder::connect_lazy`] is for a single server: it returns at once, even
+    /// while no node answers, and connects on first use ([`LazyClusterConnection`]: one
+    /// attempt at a time, each call failing with a transient error until one succeeds; from
+    /// then on the Cluster client's own connection). Guarded and leased limiters on it start
+    /// by their failure policy if the Cluster does not answer their first probe, and are
+    /// global once a probe finds it.
+    ///
+    /// # Errors
+    /// [`TierError::Server`] for malformed URLs. Never for an unreachable Cluster.
+    ///
+    /// # Examples
+    /// ```no_run
+    /// use tollgate::{Quota, redis::{FailureHandling, FailurePolicy, RedisLimiter, RedisRule}};
+    /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+    /// let limiter = RedisLimiter::builder(RedisRule::gcra(Quota::per_second(100)?)?)
+    ///     .connect_cluster_lazy(&["redis://10.0.0.1:7000", "redis://10.0.0.2:7000"])?
+    ///     .guarded(FailureHandling::new(FailurePolicy::Local).assumed_nodes(4))
+    ///     .await;
+    /// # let _ = limiter;
+    /// # Ok(()) }
+    /// ```
+    pub fn connect_cluster_lazy(
+        self,
+        nodes: &[&str],
+    ) -> Result<RedisLimiter<LazyClusterConnection>, TierError> {
+        let client = ClusterClientBuilder::new(nodes.iter().copied())
+            .connection_timeout(self.connect_timeout)
+            .response_timeout(self.timeout)
+            .build()?;
+        let mut limiter = self.build(LazyClusterConnection::new(client));
+        limiter.lazy = true;
+        Ok(limiter)
+    }
+
     /// A limiter on a connection of your own (for example a
     /// [`ClusterConnection`](redis::cluster_async::ClusterConnection)). Scripts are loaded on
     /// first use.
@@ -257,6 +354,7 @@ impl RedisLimiterBuilder {
             // The script adds it to nothing, but keep it a plain integer below 2^53.
             injected_min_ttl_ms: ms.min(1 << 52),
             lanes: None,
+            lazy: false,
         };
         if self.coalesce {
             // A Cluster routes each call on its own: one call in flight a lane keeps order.

@@ -90,6 +90,10 @@ pub struct FailureHandling {
     pub(super) probe_interval: Duration,
     pub(super) heartbeat_interval: Duration,
     pub(super) assumed_nodes: u64,
+    /// Whether `assumed_nodes` was set: a node started while Redis is down with the `Local`
+    /// policy and no fleet size denies (it cannot count the fleet, and alone it would take the
+    /// whole quota) until a heartbeat answers.
+    pub(super) nodes_told: bool,
     pub(super) reconcile: bool,
 }
 
@@ -109,9 +113,11 @@ impl FailureHandling {
     ///         .failure_threshold(1)
     ///         .probe_interval(Duration::from_millis(200))
     ///         .heartbeat_interval(Duration::from_secs(1))
-    ///         .assumed_nodes(1)
     ///         .reconcile(false)
     /// );
+    /// // One node is assumed, but not told: a node started while Redis is down with the
+    /// // `Local` policy denies until it can count the fleet (see `assumed_nodes`).
+    /// assert_ne!(handling, handling.assumed_nodes(1));
     /// ```
     pub fn new(policy: FailurePolicy) -> Self {
         FailureHandling {
@@ -120,6 +126,7 @@ impl FailureHandling {
             probe_interval: Duration::from_millis(200),
             heartbeat_interval: Duration::from_secs(1),
             assumed_nodes: 1,
+            nodes_told: false,
             reconcile: false,
         }
     }
@@ -193,8 +200,11 @@ impl FailureHandling {
         self
     }
 
-    /// The number of nodes assumed before the first heartbeat answers (default 1: a node that
-    /// never reached Redis takes the whole quota; set the expected fleet size to be safe).
+    /// The number of nodes assumed before the first heartbeat answers. Unset, one is assumed
+    /// (the whole quota) by a node that connected, and a node that starts while Redis is down
+    /// ([`RedisLimiterBuilder::connect_lazy`](crate::redis::RedisLimiterBuilder::connect_lazy))
+    /// with the `Local` policy denies until a heartbeat counts the fleet: it never assumes it
+    /// is alone. Set the expected fleet size to serve each node's share from the start.
     ///
     /// # Examples
     /// ```
@@ -210,6 +220,7 @@ impl FailureHandling {
     /// ```
     pub fn assumed_nodes(mut self, nodes: u64) -> Self {
         self.assumed_nodes = nodes.max(1);
+        self.nodes_told = true;
         self
     }
 

@@ -511,14 +511,14 @@ mod tests {
 
         // The first grant of a first-touch lease covers its units: the word's units are the
         // grant's, so the rest of the grant extends the word rather than waiting parked.
-        let lease = first_lease(&terms, b"k", 5, 0);
+        let lease = first_lease(&terms, b"k", 5, None, 0);
         let first = Reply { units: 8, ..reply };
         install(&terms, &lease, &first, (0, 2 * MS), (13, 15), &stats);
         assert_eq!(units_of(lease.hot.word.load()), 8);
         assert_eq!(lease.bg.lock().parked, None);
 
         // All 5 spent and 2 granted: 3 are charged, and the figures count them.
-        let lease = first_lease(&terms, b"k", 5, 0);
+        let lease = first_lease(&terms, b"k", 5, None, 0);
         lease.hot.word.take(5, 0, interval);
         let first = Reply { units: 2, ..reply };
         let charge = install(&terms, &lease, &first, (0, 2 * MS), (7, 15), &stats);

@@ -11,7 +11,7 @@ use parking_lot::Mutex;
 
 use super::cell::Lease;
 use super::config::{Counters, Terms};
-use super::first_touch::void_provisional;
+use super::first_touch::{first_lease, void_provisional, Owed};
 use super::grant::{install, prepare};
 use super::route::Route;
 use super::sweep::{period, visit, Swept};
@@ -27,6 +27,9 @@ pub(super) struct Node<C: RedisConnection> {
     pub guard: GuardedLimiter<C>,
     pub terms: Terms,
     pub leases: DashMap<Box<[u8]>, Arc<Lease>, foldhash::fast::RandomState>,
+    /// What retired leases left behind, by key, until their keys' states are expected full
+    /// again (see [`Owed`]): a key's next lease starts from it.
+    owed: DashMap<Box<[u8]>, Owed, foldhash::fast::RandomState>,
     pub clock: QuantaClock,
     runtime: tokio::runtime::Handle,
     pub stats: Counters,
@@ -71,6 +74,7 @@ impl<C: RedisConnection> Node<C> {
             guard,
             terms,
             leases: DashMap::with_hasher(foldhash::fast::RandomState::default()),
+            owed: DashMap::with_hasher(foldhash::fast::RandomState::default()),
             clock: QuantaClock::new(),
             runtime,
             stats: Counters::default(),
@@ -247,14 +251,27 @@ impl<C: RedisConnection> Node<C> {
         }
     }
 
-    /// Takes back every unit of `lease` and forgets it: what to give back to Redis.
+    /// Takes back every unit of `lease` and forgets it: what to give back to Redis. What
+    /// its key owes (its state not full again yet) is kept for the key's next lease.
     pub fn retire(&self, lease: Arc<Lease>) -> Return {
         // A check that still holds the lease finds it empty, and never refilled.
         lease.refill.retire();
         let (units, since) = take_all(&self.terms, &lease, &self.clock);
+        // Kept before the lease is forgotten: a first touch that finds no lease finds this.
+        if let Some(owed) = Owed::of(&lease, self.clock.now()) {
+            self.owed.insert(lease.key.clone(), owed);
+        }
         self.leases
             .remove_if(&lease.key, |_, v| Arc::ptr_eq(v, &lease));
         (lease, units, since)
+    }
+
+    /// A new lease of `key`, a key this node holds no lease of: with `allowance`
+    /// provisional units, or none and the hints a retired lease of the key left, while they
+    /// hold (see [`Owed`]).
+    pub fn new_lease(&self, key: &[u8], allowance: u64, now: Nanos) -> Lease {
+        let owed = self.owed.remove(key).map(|(_, owed)| owed);
+        first_lease(&self.terms, key, allowance, owed, now)
     }
 
     /// Returns `(lease, units, since)`: `units` of `lease`, granted in the window of server
@@ -335,6 +352,8 @@ async fn sweep<C: RedisConnection>(node: Weak<Node<C>>) {
                 returns.push(node.retire(lease));
             }
         }
+        // A key whose state is expected full again owes nothing: forgotten.
+        node.owed.retain(|_, owed| owed.live(now));
         node.give_back(&returns).await;
     }
 }
