@@ -258,13 +258,105 @@ fn is_transient(e: &redis::RedisError) -> bool {
         // A script running past `busy-reply-threshold` (the server answers again once it
         // ends); `maxmemory` reached with no key to evict (writes pass again once memory is
         // freed); writes stopped after a failed snapshot (until one succeeds).
-        _ => matches!(e.code(), Some("BUSY" | "OOM" | "MISCONF")),
+        _ => match e.code() {
+            Some("BUSY" | "OOM" | "MISCONF") => true,
+            Some("ERR") => e
+                .detail()
+                .and_then(script_call_code)
+                .is_some_and(transient_code),
+            _ => false,
+        },
     }
+}
+
+/// A server error code that passes once the server recovers (or a replica is promoted):
+/// what a `redis.call` inside a script may raise.
+fn transient_code(code: &str) -> bool {
+    matches!(
+        code,
+        "BUSY"
+            | "OOM"
+            | "MISCONF"
+            | "READONLY"
+            | "LOADING"
+            | "MASTERDOWN"
+            | "TRYAGAIN"
+            | "CLUSTERDOWN"
+            | "NOREPLICAS"
+    )
+}
+
+/// The error code of a `redis.call` that failed inside a script, as Redis 6.2 and older
+/// report it: under `ERR`, `Error running script (call to f_…): @user_script:12:
+/// @user_script: 12: -OOM command not allowed …` (Redis 7 replies with the call's own code,
+/// `-OOM … script: …`, which the match above reads).
+fn script_call_code(detail: &str) -> Option<&str> {
+    let rest = detail.strip_prefix("Error running script")?;
+    let (_, code) = rest.split_once(": -")?;
+    let code = code.split(' ').next()?;
+    (!code.is_empty() && code.bytes().all(|b| b.is_ascii_uppercase())).then_some(code)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// An error reply as the server sends it, as the client library reads it.
+    fn reply(bytes: &[u8]) -> TierError {
+        let value = redis::parse_redis_value(bytes).expect("a reply");
+        TierError::from(value.extract_error().expect_err("an error reply"))
+    }
+
+    /// A `redis.call` that fails inside a script (out of memory, a demoted master, a
+    /// snapshot failure, a server still loading) is transient on Redis 6.2 and older, whose
+    /// reply wraps the call's code in `ERR Error running script`, as on Redis 7, whose reply
+    /// is the call's own code; a script's own error (a bad argument) stays fatal on both.
+    /// The 7.0 replies are as redis-server 7.0.15 wrote them (an `OOM` under `maxmemory 1`, a
+    /// `WRONGTYPE`, a script's own `error()`); the 6.2 ones as 6.2's scripting writes them
+    /// (`Error running script (call to f_<sha>): <where>: <where>: -<reply>`), no 6.2 server
+    /// being packaged here.
+    #[test]
+    fn script_call_errors_are_classed_alike_on_redis_6_and_7() {
+        let sha = "d223ed8c7345b684e8ed044ed472601f536fa58b";
+        for (code, message) in [
+            ("OOM", "command not allowed when used memory > 'maxmemory'."),
+            ("READONLY", "You can't write against a read only replica."),
+            (
+                "MISCONF",
+                "Redis is configured to save RDB snapshots, but it's currently unable to \
+                 persist to disk.",
+            ),
+            ("LOADING", "Redis is loading the dataset in memory"),
+        ] {
+            let six = format!(
+                "-ERR Error running script (call to f_{sha}): @user_script:12: @user_script: 12: \
+                 -{code} {message} \r\n"
+            );
+            let seven = format!("-{code} {message} script: {sha}, on @user_script:12.\r\n");
+            for (version, bytes) in [("6.2", six), ("7.0", seven)] {
+                let e = reply(bytes.as_bytes());
+                assert!(e.is_transient(), "{code} on Redis {version}: {e:?}");
+            }
+        }
+        let own = reply(
+            format!("-ERR Error running script (call to f_{sha}): @user_script:3: bad cost\r\n")
+                .as_bytes(),
+        );
+        assert!(own.is_fatal(), "{own:?}");
+        let own = reply(
+            format!("-ERR user_script:3: bad cost script: {sha}, on @user_script:3.\r\n")
+                .as_bytes(),
+        );
+        assert!(own.is_fatal(), "{own:?}");
+        let wrong = reply(
+            format!(
+                "-ERR Error running script (call to f_{sha}): @user_script:9: @user_script: 9: \
+                 -WRONGTYPE Operation against a key holding the wrong kind of value\r\n"
+            )
+            .as_bytes(),
+        );
+        assert!(!wrong.is_transient(), "{wrong:?}");
+    }
 
     #[test]
     fn classification() {
