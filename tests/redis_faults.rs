@@ -757,7 +757,7 @@ fn takeover_under_load(signal: &str, heal: &str, (rule, limit, window): Limit) {
     stop.store(true, Ordering::Relaxed);
     let seen: Vec<_> = threads.into_iter().map(|t| t.join().unwrap()).collect();
     // Reconciliation: what the shares admitted beyond the handed-over leases is charged once
-    // (never more than the outage admitted), soon after the recovery.
+    // (never more than was admitted from the outage on), soon after the recovery.
     for node in &nodes {
         while node.unreconciled() > 0 {
             assert!(healed.elapsed() < Duration::from_secs(4), "not reconciled");
@@ -772,14 +772,17 @@ fn takeover_under_load(signal: &str, heal: &str, (rule, limit, window): Limit) {
         .iter()
         .filter_map(|(_, degraded)| *degraded)
         .fold(fault, Instant::min);
+    // Counted to the end, not to the recovery: after it, a first touch spends its provisional
+    // allowance before its first grant, and a grant that fails (the restarted server slow to
+    // answer on a loaded machine) leaves those units to be charged too (CI saw one unit so).
     let in_outage = seen
         .iter()
         .flat_map(|(admitted, _)| admitted)
-        .filter(|(_, at)| *at >= began && *at < healed + back)
+        .filter(|(_, at)| *at >= began)
         .count() as u64;
     assert!(
         charged <= in_outage,
-        "charged {charged} > {in_outage} admitted in the outage"
+        "charged {charged} > {in_outage} admitted from the outage on"
     );
 
     let first = Duration::from_millis(250);
@@ -809,8 +812,8 @@ fn takeover_under_load(signal: &str, heal: &str, (rule, limit, window): Limit) {
     println!(
         "leased {} {signal}: per key in the outage's first {first:?}: max {} (bound {bound}; a fresh \
          bucket per node would allow {fresh_buckets}); nodes degraded within {noticed:?}; \
-         global again {back:?} after {heal}; {charged} of {in_outage} units admitted in the \
-         outage charged after it",
+         global again {back:?} after {heal}; {charged} of {in_outage} units admitted from \
+         the outage on charged after it",
         rule.name(),
         per_key.iter().max().unwrap()
     );
