@@ -16,6 +16,7 @@
 pub mod clock;
 
 pub(crate) mod sync;
+pub use sync::keep_per_thread_values;
 
 #[path = "../../src/algorithm.rs"]
 pub mod algorithm;
@@ -122,6 +123,12 @@ pub mod store {
     /// Spares the store's shards reused as their next table.
     pub fn spares_reused<K: Send + Sync, H>(store: &WordTable<K, H>) -> usize {
         store.spares_reused()
+    }
+
+    /// Slots of the store's retired tables not released yet (a table a thread still caches is
+    /// never released).
+    pub fn retired_slots<K: Send + Sync, H>(store: &WordTable<K, H>) -> usize {
+        store.retired_slots()
     }
 
     /// Tables the store's shards began building ahead and freed unused (a table that filled

@@ -154,20 +154,67 @@ impl std::fmt::Debug for Detached {
 /// This build is the loom model (see `src/sync.rs`).
 pub(crate) const MODEL_CHECKED: bool = true;
 
-/// `src/sync.rs`'s per-thread value, without the caching: every call starts from a default
-/// value. For the word table this means a reader loads its shard's table under the lock at each
-/// lookup; what the cache adds in the library, a table that went stale between two lookups, is
-/// the same race as a table replaced during one lookup, which the models do explore (loom
-/// cannot hold a per-object, per-thread value of a generic type without `unsafe`).
-pub(crate) struct PerThread<T>(std::marker::PhantomData<fn() -> T>);
+/// `src/sync.rs`'s per-thread value. By default without the caching: every call starts from
+/// a default value, so the word table's reader loads its shard's table under the lock at each
+/// lookup, and a stale table is modelled as a table replaced *during* a lookup. A model that
+/// calls [`keep_per_thread_values`] first gets one value per loom thread, kept across calls as
+/// the library's `thread_local::ThreadLocal` keeps it: a thread's cache then holds a table
+/// from one lookup to the next while other threads replace, drain and free it. The kept
+/// values are boxed behind a `std` mutex (plain data, which loom does not see and which is
+/// never held across a loom operation or the caller's closure) and dropped with the
+/// `PerThread`, as the library's are.
+pub(crate) struct PerThread<T> {
+    /// `None`: a fresh value each call.
+    kept: Option<std::sync::Mutex<Kept<T>>>,
+}
+
+/// Each loom thread's value, by its id.
+type Kept<T> = Vec<(loom::thread::ThreadId, Box<T>)>;
+
+std::thread_local! {
+    static KEEP_PER_THREAD_VALUES: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Makes the `PerThread` values created after it on this (test) thread keep one value per
+/// loom thread across calls (`false`: back to a fresh value each call).
+pub fn keep_per_thread_values(keep: bool) {
+    KEEP_PER_THREAD_VALUES.with(|flag| flag.set(keep));
+}
+
+// SAFETY: as `thread_local::ThreadLocal<T: Send>` is `Sync`: each kept value is reached only
+// by the loom thread whose id it is stored under (`with`), so no two threads share a `&T`;
+// `T: Send` lets whichever thread drops the `PerThread` drop every value.
+#[allow(unsafe_code)]
+unsafe impl<T: Send> Sync for PerThread<T> {}
 
 impl<T: Send + Default> PerThread<T> {
     pub(crate) fn new() -> Self {
-        PerThread(std::marker::PhantomData)
+        let keep = KEEP_PER_THREAD_VALUES.with(std::cell::Cell::get);
+        PerThread {
+            kept: keep.then(|| std::sync::Mutex::new(Vec::new())),
+        }
     }
 
+    #[allow(unsafe_code)]
     pub(crate) fn with<R>(&self, f: impl FnOnce(&T) -> R) -> R {
-        f(&T::default())
+        let Some(kept) = &self.kept else {
+            return f(&T::default());
+        };
+        let me = loom::thread::current().id();
+        let value: *const T = {
+            let mut values = kept.lock().expect("never held across a panic");
+            match values.iter().position(|(id, _)| *id == me) {
+                Some(i) => &*values[i].1,
+                None => {
+                    values.push((me, Box::default()));
+                    &*values[values.len() - 1].1
+                }
+            }
+        };
+        // SAFETY: the value is boxed, and no box is removed or replaced while `self` lives
+        // (entries are only pushed), so the pointer stays valid although the `Vec` may move
+        // its entries; only this thread ever reaches this value (see the `Sync` impl).
+        f(unsafe { &*value })
     }
 }
 

@@ -13,8 +13,8 @@ use loom::thread;
 use tollgate_loom_tests::clock::Nanos;
 use tollgate_loom_tests::state::{AtomicWord, Retired};
 use tollgate_loom_tests::store::{
-    builds_abandoned, chain, spares_reused, with_drain_step, yielding_after_fetch, Check, Evictor,
-    Inserted, KeyTable, KeyedStore, WordTable,
+    builds_abandoned, chain, retired_slots, spares_reused, with_drain_step, yielding_after_fetch,
+    Check, Evictor, Inserted, KeyTable, KeyedStore, WordTable,
 };
 use tollgate_loom_tests::{Gcra, Quota, Stored};
 
@@ -648,6 +648,85 @@ fn a_spare_is_cleared_and_reused_while_a_lookup_may_hold_it() {
             if spares_reused(table.store()) > 0 {
                 seen.saw("spare reused");
             }
+        },
+    );
+}
+
+/// (i) A table cached across calls (the only model whose threads keep their per-thread values,
+/// as the library's do): the main thread's lookups leave the shard's first table `T0` (4 keys)
+/// in its cache; another thread then inserts 4 more keys, which replace `T0` and drain it
+/// two slots a call to its end, so `T0` is retired while the main thread still caches it.
+/// Meanwhile the main thread admits on the first key through its cached `T0`: in `T0` (before
+/// the drain moved the key; the move then carries the admission) or, finding the key moved,
+/// in the current table it fetches. The key ends holding exactly its two
+/// admissions, every other key its one; `T0` is not released while cached, and once the main
+/// thread's next lookup has let go of it, a few lookups release it.
+#[test]
+fn a_table_cached_across_calls_is_replaced_drained_and_freed() {
+    let keys = same_shard_keys(8);
+    explore_reaching(
+        "word table: a cached table replaced and freed",
+        &[
+            "in the cached T0",
+            "moved: in the current table",
+            "T0 kept while cached",
+        ],
+        move |seen| {
+            tollgate_loom_tests::keep_per_thread_values(true);
+            let store = with_drain_step(WordTable::new(MARKS, Hasher::default()), 2);
+            tollgate_loom_tests::keep_per_thread_values(false);
+            let table = Arc::new(KeyTable::new(store, None));
+            for &key in &keys[..4] {
+                assert!(admit_at(&table, key, NOW));
+            }
+            assert_eq!(held(&table, keys[0]), 1, "T0 cached by this thread");
+            let inserter = {
+                let (table, keys) = (Arc::clone(&table), keys.clone());
+                thread::spawn(move || {
+                    for &key in &keys[4..] {
+                        assert!(admit_at(&table, key, NOW));
+                    }
+                })
+            };
+            let rule = rule();
+            // Cells the lookup decided on or found moved: one in the cached `T0`, then the
+            // current table's if the key had moved.
+            let visited = std::cell::Cell::new(0);
+            let live = |cell: &AtomicWord| {
+                visited.set(visited.get() + 1);
+                rule.acquire_live(cell, || NOW, 1, true)
+            };
+            let first = keys[0];
+            let (allowed, path) = match table.store().try_existing(&first, 0, live) {
+                Some(decision) if visited.get() == 1 => (decision.allowed(), "in the cached T0"),
+                Some(decision) => (decision.allowed(), "moved: in the current table"),
+                None => {
+                    let decision = table.store().with_existing(&first, 0, live);
+                    (decision.is_some_and(|d| d.allowed()), "under the lock")
+                }
+            };
+            inserter.join().unwrap();
+            if retired_slots(table.store()) > 0 {
+                // Drained to its end, and still cached here.
+                seen.saw("T0 kept while cached");
+            }
+            assert!(allowed, "the second unit of a bucket of 2");
+            assert_eq!(held(&table, first), 2, "no admission lost or decided twice");
+            for &key in &keys[1..] {
+                assert_eq!(held(&table, key), 1, "key {key}");
+            }
+            assert_eq!((table.len(), table.store().len()), (8, 8));
+            // This thread's lookups now cache the current table: `T0` goes within a few.
+            let mut lookups = 0;
+            while retired_slots(table.store()) > 0 {
+                lookups += 1;
+                assert!(
+                    lookups <= 8,
+                    "a retired table no thread caches is never released"
+                );
+                held(&table, keys[lookups % 8]);
+            }
+            seen.saw(path);
         },
     );
 }

@@ -43,8 +43,7 @@ pub(crate) const MOST_VISITED: usize = DRAIN_STEP + 1 + SAMPLE;
 pub(crate) const HAND_RUNS: usize = 4;
 /// A thread's lookups into a shard holding retired tables: one in `HELP_EVERY` drops
 /// [`CLEAR_STEP`] of their slots (if the shard's lock is free), so that the tables go even
-/// when no insert comes. (Every lookup under loom, whose models cache no table across calls
-/// and so never count to more than one.)
+/// when no insert comes. (Every lookup under loom, whose models are a few calls long.)
 pub(super) const HELP_EVERY: u32 = if MODEL_CHECKED { 1 } else { 4 };
 /// Slots of its next table that each insert into a growing shard builds: a page of them, so
 /// that a table in mapped pages has one page touched per insert (a first touch is a fault, a
