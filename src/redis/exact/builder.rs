@@ -32,6 +32,11 @@ impl RedisLimiterBuilder {
     /// The first segment of every Redis key (default `tollgate`). Limiters that must not share
     /// state, such as two quotas on the same user keys, need different prefixes.
     ///
+    /// In it, `{` is written `%7B`, `}` is written `%7D` and `%` is written `%25`, as in the
+    /// user key ([`RedisLimiter::redis_key`]): a brace in the prefix would make it the Cluster
+    /// hash tag (every key of the limiter in one slot) or, as `{}`, hash a key's state apart
+    /// from its charge tokens (`CROSSSLOT`). The user key stays each key's tag.
+    ///
     /// # Examples
     /// ```no_run
     /// use std::time::Duration;
@@ -47,7 +52,7 @@ impl RedisLimiterBuilder {
     /// # Ok(()) }
     /// ```
     pub fn prefix(mut self, prefix: impl AsRef<[u8]>) -> Self {
-        self.prefix = prefix.as_ref().to_vec();
+        self.prefix = escape_tag(prefix.as_ref());
         self
     }
 
@@ -369,5 +374,46 @@ impl RedisLimiterBuilder {
             limiter.lanes = Some(lanes);
         }
         limiter
+    }
+}
+
+/// `text` with the bytes that delimit a Cluster hash tag (`{`, `}`) and the escape itself
+/// (`%`) written as `%7B`, `%7D`, `%25`.
+fn escape_tag(text: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(text.len());
+    for &b in text {
+        match b {
+            b'{' => out.extend_from_slice(b"%7B"),
+            b'}' => out.extend_from_slice(b"%7D"),
+            b'%' => out.extend_from_slice(b"%25"),
+            _ => out.push(b),
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::redis::RedisRule;
+    use crate::Quota;
+
+    /// A prefix's braces never become a hash tag: the user key stays each key's only tag.
+    #[test]
+    fn a_prefix_cannot_choose_the_hash_tag() {
+        let rule = RedisRule::gcra(Quota::per_second(10).unwrap()).unwrap();
+        for (prefix, escaped) in [
+            ("api", "api"),
+            ("tollgate:{login}", "tollgate:%7Blogin%7D"),
+            ("{}", "%7B%7D"),
+            ("100%", "100%25"),
+        ] {
+            let builder = RedisLimiter::builder(rule.clone()).prefix(prefix);
+            assert_eq!(builder.prefix, escaped.as_bytes(), "{prefix}");
+        }
+        // Distinct prefixes stay distinct.
+        let a = RedisLimiter::builder(rule.clone()).prefix("{").prefix;
+        let b = RedisLimiter::builder(rule).prefix("%7B").prefix;
+        assert_ne!(a, b);
     }
 }
