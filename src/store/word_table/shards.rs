@@ -482,4 +482,31 @@ mod tests {
         assert_eq!(build_from::<u64, AtomicWord>(2_048), 9);
         assert_eq!(build_from::<u64, AtomicWord>(2_049), 10);
     }
+
+    /// The work constants as `docs/design.md` (published as the rustdoc's design page) and
+    /// CONTRIBUTING quote them: changing one without its prose fails here.
+    #[test]
+    fn the_docs_quote_the_work_constants() {
+        use super::{BUILD_ABOVE, CLEAR_STEP, DRAIN_STEP, HELP_EVERY};
+        // Line breaks and indentation as spaces, so that a rewrap changes nothing.
+        let words = |text: &str| text.split_whitespace().collect::<Vec<_>>().join(" ");
+        let design = words(include_str!("../../../docs/design.md"));
+        let contributing = words(include_str!("../../../CONTRIBUTING.md"));
+        let in_one_of_four = match HELP_EVERY {
+            4 => "one in four",
+            _ => panic!("docs/design.md says \"one in four\" lookups help: HELP_EVERY changed"),
+        };
+        for (text, quoted) in [
+            (&design, format!("emptied {DRAIN_STEP} slots per call")),
+            (&design, format!("dropped {CLEAR_STEP} slots per insert")),
+            (&design, format!("{in_one_of_four} of a thread's")),
+            (&design, format!("tables of up to {BUILD_ABOVE} slots")),
+            (
+                &contributing,
+                format!("*drained* {DRAIN_STEP} slots per insert"),
+            ),
+        ] {
+            assert!(text.contains(&quoted), "the docs no longer say {quoted:?}");
+        }
+    }
 }
