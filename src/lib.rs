@@ -119,11 +119,16 @@
 //!   limit, a window under 1 ms for window algorithms, a limit above what the packed state
 //!   holds, a burst on a window algorithm, a clock too coarse for the quota). It is a
 //!   configuration mistake; report it at start-up.
+//! - [`InFlightBoundError`], when building an [`InFlight`]: a concurrency bound of 0, or one
+//!   above what its count holds (a concurrency limit has no quota, hence its own error).
 //! - [`LimitError`], when checking: [`LimitError::CapacityExceeded`] (see Costs above) or
 //!   [`LimitError::KeyTableFull`] (a keyed limiter at its `max_keys` bound with
 //!   [`OverflowPolicy::Deny`] refuses a key it does not hold yet; known keys are unaffected).
+//! - `wait::WaitError` (feature `tokio`), when a bounded wait (`acquire`, `acquire_n`, on
+//!   every limiter) gives up: `TooLong`, or the check's [`LimitError`].
 //!
-//! No call panics on any input: constructors return [`QuotaError`], checks return [`LimitError`].
+//! No call panics on any input: constructors return [`QuotaError`] (or
+//! [`InFlightBoundError`]), checks return [`LimitError`].
 //! The Redis tier and the tower layer have error types of their own, which say whether a failure
 //! is transient.
 //!
@@ -224,7 +229,7 @@
 //! | (none) | the in-process limiters, clocks, algorithms and the [`replay`] trace format |
 //! | `tower` | `tollgate::tower`: a tower layer for HTTP services (policies, client keys behind trusted proxies, 429 and gRPC denials, rate-limit headers, tiers) |
 //! | `axum` | `tower`, and the layer reads axum's `ConnectInfo` for the peer address |
-//! | `tokio` | `tollgate::wait`: `until_ready` / `acquire` that wait on tokio's timer; with `tower`, the layer's delay mode |
+//! | `tokio` | `tollgate::wait`: `until_ready` / `until_ready_n` and `acquire` / `acquire_n` (bounded) on every limiter, waiting on tokio's timer; with `tower`, the layer's delay mode |
 //! | `metrics` | `tower`, and per-policy counters through the `metrics` facade, plus `tracing` debug events |
 //! | `serde` | `tower`, and `tollgate::tower::config`: the whole layer from TOML, JSON or YAML |
 //! | `redis` | `tollgate::redis`: exact, leased and guarded global limits on Redis or Redis Cluster |
@@ -319,8 +324,8 @@ pub use algorithm::{
 pub use decision::{Decision, LimitError};
 #[doc(inline)]
 pub use limiter::{
-    Algorithm, InFlight, InFlightPermit, KeyedLimiter, KeyedLimiterBuilder, Limiter,
-    OverflowPolicy, OwnedInFlightPermit,
+    Algorithm, InFlight, InFlightBoundError, InFlightPermit, KeyedLimiter, KeyedLimiterBuilder,
+    Limiter, OverflowPolicy, OwnedInFlightPermit,
 };
 pub use multi::MultiLimiter;
 pub use quota::{Quota, QuotaError};

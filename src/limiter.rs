@@ -6,6 +6,11 @@
 //! - [`InFlight`]: at most `N` requests in flight at once per key (a concurrency limit, not a
 //!   rate), each admission a permit released when dropped.
 //!
+//! With feature `tokio` they wait with one vocabulary (the `wait` module's table): `check` /
+//! `check_n` (`try_acquire` / `try_acquire_n` for `InFlight`) decide now, `until_ready` /
+//! `until_ready_n` wait as long as it takes, `acquire` / `acquire_n` wait at most `max_wait`
+//! and give up with `wait::WaitError`.
+//!
 //! ```
 //! use tollgate::{limiter::{KeyedLimiter, Limiter}, FixedWindow, Quota};
 //! let global = Limiter::new(FixedWindow::new(Quota::per_second(100)?)?);
@@ -21,11 +26,13 @@ mod algorithm;
 #[path = "limiter/core.rs"]
 pub(crate) mod core;
 mod direct;
+pub(crate) mod error;
 mod in_flight;
 mod keyed;
 
 pub use self::algorithm::Algorithm;
 pub use self::direct::Limiter;
+pub use self::error::InFlightBoundError;
 pub use self::in_flight::{InFlight, InFlightPermit, OwnedInFlightPermit};
 pub use self::keyed::builder::KeyedLimiterBuilder;
 pub use self::keyed::{KeyedLimiter, OverflowPolicy};

@@ -43,7 +43,8 @@ pub use crate::algorithm::{
 pub use crate::decision::{Decision, LimitError};
 #[doc(no_inline)]
 pub use crate::limiter::{
-    Algorithm, InFlight, InFlightPermit, KeyedLimiter, Limiter, OverflowPolicy, OwnedInFlightPermit,
+    Algorithm, InFlight, InFlightBoundError, InFlightPermit, KeyedLimiter, Limiter, OverflowPolicy,
+    OwnedInFlightPermit,
 };
 #[doc(no_inline)]
 pub use crate::multi::MultiLimiter;

@@ -1,10 +1,31 @@
-//! Async waiting (feature `tokio`): `until_ready` and `acquire` on [`Limiter`],
-//! [`KeyedLimiter`] and [`MultiLimiter`] (the keyed ones take the key first), and a
-//! [`TokioClock`] that follows tokio's time.
+//! Async waiting (feature `tokio`): one vocabulary on every limiter, and a [`TokioClock`]
+//! that follows tokio's time.
 //!
-//! - `until_ready(cost)` waits as long as it takes, then returns the admitting decision.
-//! - `acquire(cost, max_wait)` waits at most `max_wait`: if the wait it would take is longer,
-//!   it returns [`WaitError::TooLong`] at once, without charging anything.
+//! | | decides now | waits as long as it takes | waits at most `max_wait` |
+//! |---|---|---|---|
+//! | [`Limiter`] | `check()`, `check_n(cost)` | `until_ready()`, `until_ready_n(cost)` | `acquire(max_wait)`, `acquire_n(cost, max_wait)` |
+//! | [`KeyedLimiter`], [`MultiLimiter`] | `check(key)`, `check_n(key, cost)` | `until_ready(key)`, `until_ready_n(key, cost)` | `acquire(key, max_wait)`, `acquire_n(key, cost, max_wait)` |
+//! | [`InFlight`](crate::InFlight) | `try_acquire(key)`, `try_acquire_n(key, cost)` | — | `acquire(key, max_wait)`, `acquire_n(key, cost, max_wait)` |
+//!
+//! The same arguments in the same order everywhere: the key (keyed limiters), then the cost,
+//! only in the `_n` forms (a form without `_n` costs 1), then the bound. What a call returns
+//! follows its limiter's check: a [`Decision`] for the rate limiters (`until_ready()` on a
+//! [`Limiter`] cannot fail, as `check()` cannot), a permit for
+//! [`InFlight`](crate::InFlight) (and `acquire_owned` / `acquire_n_owned` for a permit that
+//! owns the limit).
+//!
+//! - `until_ready` / `until_ready_n` wait as long as it takes, then return the admitting
+//!   decision; their errors are the check's ([`LimitError`]), at once.
+//! - `acquire` / `acquire_n` wait at most `max_wait`, and every limiter gives up with the same
+//!   [`WaitError`]: [`WaitError::TooLong`] when admission would take longer (the rate
+//!   limiters know it in advance and answer at once, charging nothing;
+//!   [`InFlight`](crate::InFlight) answers once it waited `max_wait` in vain), or
+//!   [`WaitError::Limit`], the check's error.
+//!
+//! An [`InFlight`](crate::InFlight) has no unbounded wait: its permits come back only when
+//! their holders drop them, which a stuck request may never do. The Redis leased tier's
+//! `LeasedLimiter::check_waiting` / `check_n_waiting` (feature `redis`) are checks, not these
+//! waits: they wait for a lease's grant, never for the key's budget, and may be denied.
 //!
 //! How a call waits depends on the algorithm:
 //! - **GCRA** ([`Gcra`](crate::Gcra), the token and leaky buckets) and the **leaky queue**
@@ -39,12 +60,12 @@
 //!     Gcra::new(Quota::per_second(2)?)?,
 //!     TokioClock::new(),
 //! )?;
-//! limiter.until_ready("alice", 2).await?; // the burst: at once
+//! limiter.until_ready_n("alice", 2).await?; // the burst: at once
 //! let start = tokio::time::Instant::now();
-//! limiter.until_ready("alice", 1).await?; // 500 ms later
+//! limiter.until_ready("alice").await?; // 500 ms later
 //! assert_eq!(start.elapsed(), Duration::from_millis(500));
 //! // Two more units would take a second: more than we are willing to wait.
-//! let e = limiter.acquire("alice", 2, Duration::from_millis(100)).await.unwrap_err();
+//! let e = limiter.acquire_n("alice", 2, Duration::from_millis(100)).await.unwrap_err();
 //! assert!(matches!(e, WaitError::TooLong { .. }));
 //! # Ok(())
 //! # }
@@ -62,38 +83,7 @@ use crate::limiter::Algorithm;
 use crate::store::KeyedStore;
 use crate::{Decision, KeyedLimiter, LimitError, Limiter, MultiLimiter};
 
-/// Why `acquire` gave up.
-///
-/// # Examples
-/// ```
-/// use std::time::Duration;
-/// use tollgate::wait::{TokioClock, WaitError};
-/// use tollgate::{Gcra, KeyedLimiter, Quota};
-/// # #[tokio::main(flavor = "current_thread", start_paused = true)]
-/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-/// let limiter = KeyedLimiter::<String, _, _>::with_clock(Gcra::new(Quota::per_second(1)?)?, TokioClock::new())?;
-/// match limiter.acquire("k", 2, Duration::from_secs(1)).await {
-///     Err(WaitError::Limit(e)) => println!("never admissible: {e}"), // 2 > the burst of 1
-///     Err(WaitError::TooLong { wait, .. }) => println!("would wait {wait:?}"),
-///     Ok(_) => unreachable!(),
-/// }
-/// # Ok(())
-/// # }
-/// ```
-#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
-pub enum WaitError {
-    /// The limiter refused to decide (a cost above the capacity, a full key table).
-    #[error(transparent)]
-    Limit(#[from] LimitError),
-    /// Admission would take longer than `max_wait`; nothing was charged.
-    #[error("admission would take {wait:?}, longer than the {max_wait:?} allowed")]
-    TooLong {
-        /// How long this call would still have had to wait, as the limiter saw it.
-        wait: Duration,
-        /// The bound given.
-        max_wait: Duration,
-    },
-}
+pub use crate::limiter::error::WaitError;
 
 /// A [`Clock`] that reads tokio's time (`tokio::time::Instant`), so that a limiter and tokio's
 /// timer agree, also under tokio's paused time (`#[tokio::test(start_paused = true)]`, where
@@ -260,11 +250,9 @@ fn wait_of<A: Algorithm>(decision: Decision) -> Duration {
 
 /// # Waiting (feature `tokio`)
 impl<A: Algorithm, C: Clock> Limiter<A, C> {
-    /// Waits until `cost` units are admitted, and returns the admitting decision (see the
-    /// [`wait`](crate::wait) module for how each algorithm waits).
-    ///
-    /// # Errors
-    /// [`LimitError::CapacityExceeded`] at once if `cost` can never be admitted.
+    /// Waits until a request of cost 1 is admitted, and returns the admitting decision (see
+    /// the [`wait`](crate::wait) module for how each algorithm waits). Like
+    /// [`Limiter::check`], it cannot fail.
     ///
     /// # Examples
     /// ```
@@ -274,13 +262,67 @@ impl<A: Algorithm, C: Clock> Limiter<A, C> {
     /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// let limiter = Limiter::with_clock(Gcra::new(Quota::per_second(10)?)?, TokioClock::new())?;
     /// for _ in 0..20 {
-    ///     limiter.until_ready(1).await?; // 10 at once, then one every 100 ms
+    ///     limiter.until_ready().await; // 10 at once, then one every 100 ms
     /// }
     /// # Ok(())
     /// # }
     /// ```
-    pub async fn until_ready(&self, cost: u64) -> Result<Decision, LimitError> {
+    pub async fn until_ready(&self) -> Decision {
+        match self.wait_inner(1, None).await {
+            Ok(decision) => decision,
+            // Not reached: every rule admits a cost of 1 (its capacity is at least 1), and a
+            // wait without a bound is never too long. Should it be, the caller gets a decision
+            // rather than a panic.
+            Err(_) => self.check(),
+        }
+    }
+
+    /// Waits until `cost` units are admitted, and returns the admitting decision.
+    ///
+    /// # Errors
+    /// [`LimitError::CapacityExceeded`] at once if `cost` can never be admitted.
+    ///
+    /// # Examples
+    /// ```
+    /// use std::time::Duration;
+    /// use tollgate::wait::TokioClock;
+    /// use tollgate::{Gcra, Limiter, Quota};
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let limiter = Limiter::with_clock(Gcra::new(Quota::per_second(10)?)?, TokioClock::new())?;
+    /// limiter.until_ready_n(10).await?; // the burst, at once
+    /// let start = tokio::time::Instant::now();
+    /// limiter.until_ready_n(5).await?; // 5 more: 500 ms later
+    /// assert_eq!(start.elapsed(), Duration::from_millis(500));
+    /// assert!(limiter.until_ready_n(11).await.is_err()); // above the burst: never
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub async fn until_ready_n(&self, cost: u64) -> Result<Decision, LimitError> {
         unbounded(self.wait_inner(cost, None).await)
+    }
+
+    /// Waits at most `max_wait` for a request of cost 1.
+    ///
+    /// # Errors
+    /// [`WaitError::TooLong`] at once, charging nothing, when admission would take longer.
+    ///
+    /// # Examples
+    /// ```
+    /// use std::time::Duration;
+    /// use tollgate::wait::{TokioClock, WaitError};
+    /// use tollgate::{Gcra, Limiter, Quota};
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let limiter = Limiter::with_clock(Gcra::new(Quota::per_second(1)?)?, TokioClock::new())?;
+    /// limiter.acquire(Duration::ZERO).await?;
+    /// let late = limiter.acquire(Duration::from_millis(500)).await;
+    /// assert!(matches!(late, Err(WaitError::TooLong { .. })));
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub async fn acquire(&self, max_wait: Duration) -> Result<Decision, WaitError> {
+        self.wait_inner(1, Some(max_wait)).await
     }
 
     /// Waits at most `max_wait` for `cost` units.
@@ -296,14 +338,16 @@ impl<A: Algorithm, C: Clock> Limiter<A, C> {
     /// use tollgate::{Gcra, Limiter, Quota};
     /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
     /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// let limiter = Limiter::with_clock(Gcra::new(Quota::per_second(1)?)?, TokioClock::new())?;
-    /// limiter.acquire(1, Duration::ZERO).await?;
-    /// let late = limiter.acquire(1, Duration::from_millis(500)).await;
+    /// let limiter = Limiter::with_clock(Gcra::new(Quota::per_second(10)?)?, TokioClock::new())?;
+    /// limiter.acquire_n(10, Duration::ZERO).await?;
+    /// // 5 more units take 500 ms: within a second, not within 100 ms.
+    /// let late = limiter.acquire_n(5, Duration::from_millis(100)).await;
     /// assert!(matches!(late, Err(WaitError::TooLong { .. })));
+    /// limiter.acquire_n(5, Duration::from_secs(1)).await?;
     /// # Ok(())
     /// # }
     /// ```
-    pub async fn acquire(&self, cost: u64, max_wait: Duration) -> Result<Decision, WaitError> {
+    pub async fn acquire_n(&self, cost: u64, max_wait: Duration) -> Result<Decision, WaitError> {
         self.wait_inner(cost, Some(max_wait)).await
     }
 
@@ -330,10 +374,10 @@ where
     C: Clock,
     S: KeyedStore<K, A::Cell>,
 {
-    /// Waits until `cost` units are admitted for `key` (see [`Limiter::until_ready`]).
+    /// Waits until a request of cost 1 is admitted for `key` (see [`Limiter::until_ready`]).
     ///
     /// # Errors
-    /// As for [`KeyedLimiter::check_n`], at once.
+    /// As for [`KeyedLimiter::check`], at once.
     ///
     /// # Examples
     /// ```
@@ -345,23 +389,54 @@ where
     ///     Gcra::new(Quota::per_second(10)?)?,
     ///     TokioClock::new(),
     /// )?;
-    /// let decision = limiter.until_ready("bob", 3).await?;
+    /// let decision = limiter.until_ready("bob").await?;
     /// assert!(decision.allowed());
     /// # Ok(())
     /// # }
     /// ```
-    pub async fn until_ready<Q>(&self, key: &Q, cost: u64) -> Result<Decision, LimitError>
+    pub async fn until_ready<Q>(&self, key: &Q) -> Result<Decision, LimitError>
     where
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
-        unbounded(self.acquire_inner(key, cost, None).await)
+        self.until_ready_n(key, 1).await
     }
 
-    /// Waits at most `max_wait` for `cost` units for `key` (see [`Limiter::acquire`]).
+    /// Waits until `cost` units are admitted for `key` (see [`Limiter::until_ready_n`]).
     ///
     /// # Errors
-    /// As for [`Limiter::acquire`].
+    /// As for [`KeyedLimiter::check_n`], at once.
+    ///
+    /// # Examples
+    /// ```
+    /// use std::time::Duration;
+    /// use tollgate::wait::TokioClock;
+    /// use tollgate::{Gcra, KeyedLimiter, Quota};
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let limiter = KeyedLimiter::<String, _, _>::with_clock(
+    ///     Gcra::new(Quota::per_second(10)?)?,
+    ///     TokioClock::new(),
+    /// )?;
+    /// limiter.until_ready_n("bob", 10).await?;
+    /// let start = tokio::time::Instant::now();
+    /// limiter.until_ready_n("bob", 3).await?;
+    /// assert_eq!(start.elapsed(), Duration::from_millis(300));
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub async fn until_ready_n<Q>(&self, key: &Q, cost: u64) -> Result<Decision, LimitError>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        unbounded(self.wait_inner(key, cost, None).await)
+    }
+
+    /// Waits at most `max_wait` for a request of cost 1 for `key` (see [`Limiter::acquire`]).
+    ///
+    /// # Errors
+    /// As for [`Limiter::acquire_n`].
     ///
     /// # Examples
     /// ```
@@ -377,13 +452,46 @@ where
     /// )?;
     /// let start = tokio::time::Instant::now();
     /// for _ in 0..3 {
-    ///     queue.acquire("carol", 1, Duration::from_secs(1)).await?;
+    ///     queue.acquire("carol", Duration::from_secs(1)).await?;
     /// }
     /// assert_eq!(start.elapsed(), Duration::from_millis(200));
     /// # Ok(())
     /// # }
     /// ```
-    pub async fn acquire<Q>(
+    pub async fn acquire<Q>(&self, key: &Q, max_wait: Duration) -> Result<Decision, WaitError>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        self.acquire_n(key, 1, max_wait).await
+    }
+
+    /// Waits at most `max_wait` for `cost` units for `key` (see [`Limiter::acquire_n`]).
+    ///
+    /// # Errors
+    /// As for [`Limiter::acquire_n`].
+    ///
+    /// # Examples
+    /// ```
+    /// use std::time::Duration;
+    /// use tollgate::wait::{TokioClock, WaitError};
+    /// use tollgate::{Gcra, KeyedLimiter, Quota};
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let limiter = KeyedLimiter::<String, _, _>::with_clock(
+    ///     Gcra::new(Quota::per_second(10)?)?,
+    ///     TokioClock::new(),
+    /// )?;
+    /// limiter.acquire_n("carol", 10, Duration::ZERO).await?;
+    /// let e = limiter.acquire_n("carol", 5, Duration::from_millis(100)).await.unwrap_err();
+    /// assert_eq!(
+    ///     e,
+    ///     WaitError::TooLong { wait: Duration::from_millis(500), max_wait: Duration::from_millis(100) }
+    /// );
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub async fn acquire_n<Q>(
         &self,
         key: &Q,
         cost: u64,
@@ -393,10 +501,10 @@ where
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
-        self.acquire_inner(key, cost, Some(max_wait)).await
+        self.wait_inner(key, cost, Some(max_wait)).await
     }
 
-    async fn acquire_inner<Q>(
+    async fn wait_inner<Q>(
         &self,
         key: &Q,
         cost: u64,
@@ -426,12 +534,11 @@ where
     A: Algorithm,
     C: Clock,
 {
-    /// Waits until every limit admits `cost` units for `key` (all or nothing; see
-    /// [`Limiter::until_ready`]). With a leaky queue among the limits, the call waits the
-    /// delay of the decision [`MultiLimiter::check_n`] returns.
+    /// Waits until every limit admits a request of cost 1 for `key` (all or nothing; see
+    /// [`Limiter::until_ready`]).
     ///
     /// # Errors
-    /// As for [`MultiLimiter::check_n`], at once.
+    /// As for [`MultiLimiter::check`], at once.
     ///
     /// # Examples
     /// ```
@@ -443,23 +550,88 @@ where
     ///     [Gcra::new(Quota::per_second(10)?)?, Gcra::new(Quota::per_minute(100)?)?],
     ///     TokioClock::new(),
     /// )?;
-    /// limiter.until_ready("dave", 1).await?;
+    /// limiter.until_ready("dave").await?;
     /// # Ok(())
     /// # }
     /// ```
-    pub async fn until_ready<Q>(&self, key: &Q, cost: u64) -> Result<Decision, LimitError>
+    pub async fn until_ready<Q>(&self, key: &Q) -> Result<Decision, LimitError>
     where
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
-        unbounded(self.acquire_inner(key, cost, None).await)
+        self.until_ready_n(key, 1).await
     }
 
-    /// Waits at most `max_wait` until every limit admits `cost` units for `key` (see
+    /// Waits until every limit admits `cost` units for `key` (all or nothing; see
+    /// [`Limiter::until_ready_n`]). With a leaky queue among the limits, the call waits the
+    /// delay of the decision [`MultiLimiter::check_n`] returns.
+    ///
+    /// # Errors
+    /// As for [`MultiLimiter::check_n`], at once.
+    ///
+    /// # Examples
+    /// ```
+    /// use std::time::Duration;
+    /// use tollgate::wait::TokioClock;
+    /// use tollgate::{Gcra, MultiLimiter, Quota};
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let limiter = MultiLimiter::<String, _, _>::with_clock(
+    ///     [Gcra::new(Quota::per_second(10)?)?, Gcra::new(Quota::per_minute(100)?)?],
+    ///     TokioClock::new(),
+    /// )?;
+    /// limiter.until_ready_n("dave", 10).await?;
+    /// let start = tokio::time::Instant::now();
+    /// limiter.until_ready_n("dave", 2).await?; // the per-second limit: 200 ms
+    /// assert_eq!(start.elapsed(), Duration::from_millis(200));
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub async fn until_ready_n<Q>(&self, key: &Q, cost: u64) -> Result<Decision, LimitError>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        unbounded(self.wait_inner(key, cost, None).await)
+    }
+
+    /// Waits at most `max_wait` until every limit admits a request of cost 1 for `key` (see
     /// [`Limiter::acquire`]).
     ///
     /// # Errors
-    /// As for [`Limiter::acquire`].
+    /// As for [`Limiter::acquire_n`].
+    ///
+    /// # Examples
+    /// ```
+    /// use std::time::Duration;
+    /// use tollgate::wait::{TokioClock, WaitError};
+    /// use tollgate::{Gcra, MultiLimiter, Quota};
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let limiter = MultiLimiter::<String, _, _>::with_clock(
+    ///     [Gcra::new(Quota::per_second(10)?)?, Gcra::new(Quota::per_minute(1)?)?],
+    ///     TokioClock::new(),
+    /// )?;
+    /// limiter.acquire("erin", Duration::ZERO).await?;
+    /// // The per-minute limit needs a minute for one more unit.
+    /// let e = limiter.acquire("erin", Duration::from_secs(1)).await.unwrap_err();
+    /// assert!(matches!(e, WaitError::TooLong { .. }));
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub async fn acquire<Q>(&self, key: &Q, max_wait: Duration) -> Result<Decision, WaitError>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        self.acquire_n(key, 1, max_wait).await
+    }
+
+    /// Waits at most `max_wait` until every limit admits `cost` units for `key` (see
+    /// [`Limiter::acquire_n`]).
+    ///
+    /// # Errors
+    /// As for [`Limiter::acquire_n`].
     ///
     /// # Examples
     /// ```
@@ -472,14 +644,14 @@ where
     ///     [Gcra::new(Quota::per_second(10)?)?, Gcra::new(Quota::per_minute(10)?)?],
     ///     TokioClock::new(),
     /// )?;
-    /// limiter.acquire("erin", 10, Duration::ZERO).await?;
+    /// limiter.acquire_n("erin", 10, Duration::ZERO).await?;
     /// // The per-minute limit needs 6 s for one more unit.
-    /// let e = limiter.acquire("erin", 1, Duration::from_secs(1)).await.unwrap_err();
+    /// let e = limiter.acquire_n("erin", 1, Duration::from_secs(1)).await.unwrap_err();
     /// assert!(matches!(e, WaitError::TooLong { .. }));
     /// # Ok(())
     /// # }
     /// ```
-    pub async fn acquire<Q>(
+    pub async fn acquire_n<Q>(
         &self,
         key: &Q,
         cost: u64,
@@ -489,10 +661,10 @@ where
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
-        self.acquire_inner(key, cost, Some(max_wait)).await
+        self.wait_inner(key, cost, Some(max_wait)).await
     }
 
-    async fn acquire_inner<Q>(
+    async fn wait_inner<Q>(
         &self,
         key: &Q,
         cost: u64,

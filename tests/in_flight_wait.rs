@@ -14,6 +14,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll, Wake, Waker};
 use std::time::Duration;
 
+use tollgate::wait::WaitError;
 use tollgate::{InFlight, LimitError, OverflowPolicy};
 
 const LONG: Duration = Duration::from_secs(3600);
@@ -61,14 +62,14 @@ async fn waiters_are_served_in_arrival_order_and_woken_only_when_served() {
     assert!(limit.try_acquire("k").unwrap().is_none(), "the unit is a's");
     assert_eq!(limit.in_flight("k"), 1, "held for a, not free");
     assert_eq!((wakes_a.count(), wakes_b.count()), (1, 0));
-    let Poll::Ready(Ok(Some(permit_a))) = poll_once(a.as_mut(), &waker_a) else {
+    let Poll::Ready(Ok(permit_a)) = poll_once(a.as_mut(), &waker_a) else {
         panic!("a was woken with its unit")
     };
     assert!(poll_once(b.as_mut(), &waker_b).is_pending());
 
     drop(permit_a);
     assert_eq!(wakes_b.count(), 1);
-    let Poll::Ready(Ok(Some(permit_b))) = poll_once(b.as_mut(), &waker_b) else {
+    let Poll::Ready(Ok(permit_b)) = poll_once(b.as_mut(), &waker_b) else {
         panic!("b was woken with its unit")
     };
     drop(permit_b);
@@ -99,10 +100,10 @@ async fn a_large_waiter_at_the_head_holds_back_the_small_ones_behind_it() {
     drop(held);
     assert_eq!(wakes_big.count(), 1);
     assert_eq!(wakes_small.count(), 1, "3 + 1 fit in 4 once released");
-    let Poll::Ready(Ok(Some(big_permit))) = poll_once(big.as_mut(), &waker_big) else {
+    let Poll::Ready(Ok(big_permit)) = poll_once(big.as_mut(), &waker_big) else {
         panic!("big served")
     };
-    let Poll::Ready(Ok(Some(small_permit))) = poll_once(small.as_mut(), &waker_small) else {
+    let Poll::Ready(Ok(small_permit)) = poll_once(small.as_mut(), &waker_small) else {
         panic!("small served")
     };
     assert_eq!(
@@ -123,8 +124,15 @@ async fn a_waiter_that_times_out_gives_its_place_to_the_next() {
             drop(held);
         }
     );
-    assert!(gave_up.unwrap().is_none(), "nothing ended within 10 ms");
-    let permit = served.unwrap().expect("served at 50 ms, within its 100 ms");
+    assert_eq!(
+        gave_up.unwrap_err(),
+        WaitError::TooLong {
+            wait: Duration::from_millis(10),
+            max_wait: Duration::from_millis(10)
+        },
+        "nothing ended within 10 ms"
+    );
+    let permit = served.expect("served at 50 ms, within its 100 ms");
     drop(permit);
     assert_eq!(limit.in_flight(&5), 0);
     assert!(limit.try_acquire(&5).unwrap().is_some());
@@ -144,7 +152,7 @@ async fn a_waiter_served_then_dropped_unpolled_hands_its_units_on() {
     assert_eq!(limit.in_flight(&2), 1);
     drop(a); // ... and gives up before it looks: its unit goes to b.
     assert_eq!(wakes_b.count(), 1);
-    let Poll::Ready(Ok(Some(permit))) = poll_once(b.as_mut(), &waker_b) else {
+    let Poll::Ready(Ok(permit)) = poll_once(b.as_mut(), &waker_b) else {
         panic!("b served with a's unit")
     };
     assert_eq!(limit.in_flight(&2), 1);
@@ -165,7 +173,7 @@ async fn a_waiter_served_then_dropped_unpolled_hands_its_units_on() {
     drop(held);
     assert!(matches!(
         poll_once(next.as_mut(), &waker_b),
-        Poll::Ready(Ok(Some(_)))
+        Poll::Ready(Ok(_))
     ));
 }
 
@@ -178,7 +186,7 @@ async fn an_owned_waiter_is_served_and_its_task_gives_the_units_back() {
     let one = tokio::spawn({
         let limit = Arc::clone(&limit);
         async move {
-            let permit = limit.acquire_owned(&4, LONG).await.unwrap().unwrap();
+            let permit = limit.acquire_owned(&4, LONG).await.unwrap();
             assert_eq!(permit.cost(), 1);
         }
     });
@@ -189,10 +197,7 @@ async fn an_owned_waiter_is_served_and_its_task_gives_the_units_back() {
     tokio::task::yield_now().await;
     drop(held);
     one.await.unwrap();
-    let permit = two
-        .await
-        .unwrap()
-        .expect("served when the three units came back");
+    let permit = two.await.unwrap();
     assert_eq!((permit.cost(), limit.in_flight(&4)), (2, 2));
     drop(permit);
     assert_eq!(limit.in_flight(&4), 0);
@@ -215,7 +220,7 @@ async fn the_latest_waker_is_woken_and_a_head_giving_up_serves_the_rest() {
     // The unit free is the head's turn; it gives up: the next takes it.
     drop(head);
     assert_eq!((wakes_old.count(), wakes_new.count()), (0, 1));
-    let Poll::Ready(Ok(Some(permit))) = poll_once(next.as_mut(), &waker_new) else {
+    let Poll::Ready(Ok(permit)) = poll_once(next.as_mut(), &waker_new) else {
         panic!("next served when the head gave up")
     };
     assert_eq!(limit.in_flight(&1), 4);
@@ -228,14 +233,17 @@ async fn errors_and_keys_without_a_place_of_their_own_answer_at_once() {
     let limit = InFlight::<u64>::new(2).unwrap();
     assert!(matches!(
         limit.acquire_n(&1, 3, LONG).await,
-        Err(LimitError::CapacityExceeded {
+        Err(WaitError::Limit(LimitError::CapacityExceeded {
             cost: 3,
             capacity: 2
-        })
+        }))
     ));
     let _held = limit.try_acquire_n(&1, 2).unwrap().unwrap();
     assert!(
-        limit.acquire(&1, Duration::ZERO).await.unwrap().is_none(),
+        matches!(
+            limit.acquire(&1, Duration::ZERO).await,
+            Err(WaitError::TooLong { .. })
+        ),
         "no wait asked"
     );
 
@@ -243,7 +251,7 @@ async fn errors_and_keys_without_a_place_of_their_own_answer_at_once() {
     let _one = deny.try_acquire(&1).unwrap().unwrap();
     assert!(matches!(
         deny.acquire(&2, LONG).await,
-        Err(LimitError::KeyTableFull { .. })
+        Err(WaitError::Limit(LimitError::KeyTableFull { .. }))
     ));
 
     // Keys over `max_keys` share one count, which no release of theirs serves: they do not
@@ -252,7 +260,13 @@ async fn errors_and_keys_without_a_place_of_their_own_answer_at_once() {
     let _own = shared.try_acquire(&1).unwrap().unwrap();
     let overflowed = shared.try_acquire(&2).unwrap().expect("the shared count");
     let start = tokio::time::Instant::now();
-    assert!(shared.acquire(&3, LONG).await.unwrap().is_none());
+    assert_eq!(
+        shared.acquire(&3, LONG).await.unwrap_err(),
+        WaitError::TooLong {
+            wait: LONG,
+            max_wait: LONG
+        }
+    );
     assert_eq!(start.elapsed(), Duration::ZERO);
     drop(overflowed);
     assert!(shared.try_acquire(&3).unwrap().is_some());
@@ -335,7 +349,7 @@ fn a_key_that_panics_in_the_queue_leaves_nothing_behind() {
                 runtime.block_on(async {
                     tokio::time::timeout(Duration::from_millis(1), limit.acquire(&fragile, LONG))
                         .await
-                        .map(|r| r.unwrap().is_some())
+                        .map(|r| r.is_ok())
                 })
             }));
             let case = format!("call {call}, panic at {nth}");
@@ -398,7 +412,7 @@ fn a_queue_a_panic_left_empty_still_marks_the_key_for_its_next_waiter() {
         );
         drop(held);
         assert!(
-            matches!(poll_once(waiter.as_mut(), &waker), Poll::Ready(Ok(Some(_)))),
+            matches!(poll_once(waiter.as_mut(), &waker), Poll::Ready(Ok(_))),
             "nth {nth}: served"
         );
     }
@@ -431,8 +445,8 @@ fn waiters_giving_up_under_contention_lose_no_unit() {
                         round += 1;
                         let wait = Duration::from_micros(50 * ((task + round) % 7));
                         let cost = 1 + (task + round) % 2;
-                        match limit.acquire_n(&1, cost, wait).await.unwrap() {
-                            Some(permit) => {
+                        match limit.acquire_n(&1, cost, wait).await {
+                            Ok(permit) => {
                                 let now = holding.fetch_add(cost, Ordering::SeqCst) + cost;
                                 most.fetch_max(now, Ordering::SeqCst);
                                 served.fetch_add(1, Ordering::Relaxed);
@@ -440,12 +454,13 @@ fn waiters_giving_up_under_contention_lose_no_unit() {
                                 holding.fetch_sub(cost, Ordering::SeqCst);
                                 drop(permit);
                             }
-                            None => {
+                            Err(WaitError::TooLong { .. }) => {
                                 gave_up.fetch_add(1, Ordering::Relaxed);
                                 // Back to the scheduler, as a waiter that gave up does: a
                                 // loop that never yields would keep the timer from firing.
                                 tokio::task::yield_now().await;
                             }
+                            Err(e) => panic!("{e}"),
                         }
                     }
                 })
@@ -588,13 +603,13 @@ fn a_waiter_whose_key_panics_as_a_release_serves_it_is_still_woken_and_served() 
             // such as the release of the waiter's permit, is not.)
             waiting_key.disarm();
             match polled {
-                Ok(Poll::Ready(Ok(Some(permit)))) => {
+                Ok(Poll::Ready(Ok(permit))) => {
                     assert_eq!(limit.in_flight(&held_key), 1, "{case}: the waiter's unit");
                     drop(permit);
                     served_after_a_panic[call] += usize::from(released.is_err());
                 }
                 Ok(Poll::Pending) => panic!("{case}: left waiting with every unit free"),
-                Ok(Poll::Ready(other)) => panic!("{case}: {:?}", other.map(|p| p.is_some())),
+                Ok(Poll::Ready(Err(e))) => panic!("{case}: {e}"),
                 Err(_) => drop(waiter), // its own poll panicked: it leaves the queue
             }
             assert_eq!(limit.in_flight(&held_key), 0, "{case}: nothing held");
@@ -608,5 +623,76 @@ fn a_waiter_whose_key_panics_as_a_release_serves_it_is_still_woken_and_served() 
     assert!(
         served_after_a_panic.iter().all(|&n| n >= 1),
         "served after a panic in the release, by call: {served_after_a_panic:?}"
+    );
+}
+
+/// The bounded wait of an `InFlight` gives up as the rate limiters' does, with
+/// `WaitError::TooLong`: at once for `max_wait = 0`, else once `max_wait` passed in vain (an
+/// in-flight limit cannot know sooner), holding nothing and leaving no mark.
+#[tokio::test(start_paused = true)]
+async fn a_bounded_wait_gives_up_with_too_long_after_max_wait() {
+    let limit = Arc::new(InFlight::<u64>::new(2).unwrap());
+    let held = limit.try_acquire_n(&1, 2).unwrap().unwrap();
+    let start = tokio::time::Instant::now();
+    let at_once = limit.acquire(&1, Duration::ZERO).await.unwrap_err();
+    assert_eq!(
+        at_once,
+        WaitError::TooLong {
+            wait: Duration::ZERO,
+            max_wait: Duration::ZERO
+        }
+    );
+    assert_eq!(start.elapsed(), Duration::ZERO);
+    let bound = Duration::from_millis(30);
+    let too_long = WaitError::TooLong {
+        wait: bound,
+        max_wait: bound,
+    };
+    assert_eq!(limit.acquire(&1, bound).await.unwrap_err(), too_long);
+    assert_eq!(limit.acquire_n(&1, 2, bound).await.unwrap_err(), too_long);
+    assert_eq!(limit.acquire_owned(&1, bound).await.unwrap_err(), too_long);
+    assert_eq!(
+        limit.acquire_n_owned(&1, 2, bound).await.unwrap_err(),
+        too_long
+    );
+    assert_eq!(start.elapsed(), bound * 4, "each waited its bound");
+    assert!(too_long.to_string().contains("30ms"), "{too_long}");
+    assert_eq!(limit.in_flight(&1), 2, "nothing taken by the waits");
+    drop(held);
+    // No mark left: a check admits at once.
+    assert!(limit.try_acquire_n(&1, 2).unwrap().is_some());
+    // A cost above `N` is the check's error, at once, from every form.
+    let never = WaitError::Limit(LimitError::CapacityExceeded {
+        cost: 3,
+        capacity: 2,
+    });
+    assert_eq!(limit.acquire_n(&1, 3, bound).await.unwrap_err(), never);
+    assert_eq!(
+        limit.acquire_n_owned(&1, 3, bound).await.unwrap_err(),
+        never
+    );
+    assert_eq!(start.elapsed(), bound * 4);
+}
+
+/// A bound an `InFlight` cannot hold is its own error, not a quota's.
+#[test]
+fn an_invalid_bound_is_an_in_flight_bound_error() {
+    use tollgate::InFlightBoundError;
+    assert_eq!(
+        InFlight::<u64>::new(0).unwrap_err(),
+        InFlightBoundError::Zero
+    );
+    let largest = (1 << 62) - 3;
+    assert!(InFlight::<u64>::new(largest).is_ok());
+    assert_eq!(
+        InFlight::<u64>::new(largest + 1).unwrap_err(),
+        InFlightBoundError::TooLarge {
+            max: largest + 1,
+            largest
+        }
+    );
+    assert_eq!(
+        InFlight::<u64>::with_max_keys(0, 8, OverflowPolicy::Deny).unwrap_err(),
+        InFlightBoundError::Zero
     );
 }

@@ -690,3 +690,64 @@ fn evaluate_decides_as_the_service_does() {
         assert!(outcomes.contains(&outcome), "never {outcome}: {outcomes:?}");
     }
 }
+
+/// The builder's `allow_paths` is the configuration's: the same paths bypass every policy the
+/// same way (whole segments of the client's path, normalised), beside an `allow_if`, which no
+/// longer replaces a configuration's `allow_paths`.
+#[test]
+fn the_builders_allow_paths_is_the_configurations() {
+    use tollgate::tower::{Policy, RateLimitLayer};
+    use tollgate::Quota;
+    let clock = ManualClock::new();
+    let internal = |parts: &http::request::Parts| parts.headers.contains_key("x-internal");
+    let config: LayerConfig =
+        toml::from_str("allow_paths = [\"/health\"]\n[[policy]]\nname = \"p\"\nquota = \"1/1h\"")
+            .unwrap();
+    let configured = config
+        .builder_with_clock(clock.clone())
+        .unwrap()
+        .allow_if(internal)
+        .build()
+        .unwrap();
+    let per_hour = tower_support::gcra(&clock, Quota::per_hour(1).unwrap());
+    let built = RateLimitLayer::builder()
+        .policy(Policy::new("p", per_hour))
+        .allow_paths(["/health"])
+        .allow_if(internal)
+        .build()
+        .unwrap();
+    let rt = runtime();
+    for (name, layer) in [("configured", configured), ("built", built)] {
+        let mut svc = layer.layer(Ok200);
+        let mut status = |path: &str, headers: &[(&str, &str)]| {
+            let request = request(path, Some(IpAddr::from([192, 0, 2, 1])), headers);
+            call(&rt, &mut svc, request).status().as_u16()
+        };
+        for path in [
+            "/health",
+            "/health/",
+            "/health/live",
+            "//health",
+            "/x/../health",
+            "/%68ealth",
+        ] {
+            for _ in 0..3 {
+                assert_eq!(status(path, &[]), 200, "{name}: {path}");
+            }
+        }
+        for _ in 0..3 {
+            assert_eq!(
+                status("/api", &[("x-internal", "1")]),
+                200,
+                "{name}: allow_if"
+            );
+        }
+        assert_eq!(status("/healthz", &[]), 200, "{name}: the one unit");
+        assert_eq!(status("/health/../api", &[]), 429, "{name}: not /health");
+        assert_eq!(status("/healthz", &[]), 429, "{name}: not /health");
+    }
+    let bad = RateLimitLayer::builder()
+        .allow_paths(["/ok", "health"])
+        .build();
+    assert_eq!(bad.err(), Some(ConfigError::AllowPath("health".to_owned())));
+}

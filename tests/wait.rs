@@ -25,17 +25,17 @@ async fn until_ready_waits_each_units_retry_after() {
     let limiter = keyed(Gcra::new(Quota::per_second(10).unwrap()).unwrap());
     let start = Instant::now();
     for _ in 0..10 {
-        limiter.until_ready("k", 1).await.unwrap();
+        limiter.until_ready("k").await.unwrap();
     }
     assert_eq!(start.elapsed(), Duration::ZERO);
     for i in 1..=5u64 {
-        let decision = limiter.until_ready("k", 1).await.unwrap();
+        let decision = limiter.until_ready("k").await.unwrap();
         assert!(decision.allowed());
         assert_eq!(start.elapsed(), Duration::from_millis(100 * i));
     }
     // A cost that can never be admitted is an error at once.
     assert_eq!(
-        limiter.until_ready("k", 11).await,
+        limiter.until_ready_n("k", 11).await,
         Err(LimitError::CapacityExceeded {
             cost: 11,
             capacity: 10
@@ -51,7 +51,7 @@ async fn waiters_are_charged_once_each() {
     let start = Instant::now();
     let admitted = std::sync::Mutex::new(Vec::new());
     let waiter = || async {
-        limiter.until_ready("k", 1).await.unwrap();
+        limiter.until_ready("k").await.unwrap();
         admitted.lock().unwrap().push(start.elapsed());
     };
     tokio::join!(waiter(), waiter(), waiter(), waiter(), waiter());
@@ -66,12 +66,12 @@ async fn waiters_are_charged_once_each() {
 #[tokio::test(start_paused = true)]
 async fn acquire_refuses_a_long_wait_at_once_and_charges_nothing() {
     let limiter = keyed(Gcra::new(Quota::per_second(2).unwrap()).unwrap());
-    limiter.acquire("k", 2, Duration::ZERO).await.unwrap();
+    limiter.acquire_n("k", 2, Duration::ZERO).await.unwrap();
     let before = limiter.peek("k", 1).unwrap();
     let start = Instant::now();
     // Two units need a second; 400 ms is not enough.
     let e = limiter
-        .acquire("k", 2, Duration::from_millis(400))
+        .acquire_n("k", 2, Duration::from_millis(400))
         .await
         .unwrap_err();
     assert_eq!(
@@ -85,12 +85,12 @@ async fn acquire_refuses_a_long_wait_at_once_and_charges_nothing() {
     assert_eq!(limiter.peek("k", 1).unwrap(), before);
     // Within the bound it waits and passes.
     limiter
-        .acquire("k", 1, Duration::from_millis(500))
+        .acquire("k", Duration::from_millis(500))
         .await
         .unwrap();
     assert_eq!(start.elapsed(), Duration::from_millis(500));
     assert!(matches!(
-        limiter.acquire("k", 3, Duration::from_secs(9)).await,
+        limiter.acquire_n("k", 3, Duration::from_secs(9)).await,
         Err(WaitError::Limit(LimitError::CapacityExceeded { .. }))
     ));
 }
@@ -106,7 +106,7 @@ async fn the_leaky_queue_serves_in_order_and_a_dropped_waiter_gives_its_slot_bac
         let queue = &queue;
         let done = &done;
         async move {
-            queue.until_ready("k", 1).await.unwrap();
+            queue.until_ready("k").await.unwrap();
             done.lock()
                 .unwrap()
                 .push((name, start.elapsed().as_millis()));
@@ -120,12 +120,10 @@ async fn the_leaky_queue_serves_in_order_and_a_dropped_waiter_gives_its_slot_bac
     // Now the queue's next slot is at 300 ms. A waiter reserves it, and leaves after 50 ms:
     // its slot goes back, and the next caller gets it.
     let start = Instant::now();
-    assert!(
-        timeout(Duration::from_millis(50), queue.until_ready("k", 1))
-            .await
-            .is_err()
-    );
-    let decision = queue.until_ready("k", 1).await.unwrap();
+    assert!(timeout(Duration::from_millis(50), queue.until_ready("k"))
+        .await
+        .is_err());
+    let decision = queue.until_ready("k").await.unwrap();
     assert_eq!(decision.delay(), Duration::from_millis(50));
     assert_eq!(start.elapsed(), Duration::from_millis(100));
     // A reservation further away than max_wait is refused at once, and not made: fill the
@@ -134,7 +132,7 @@ async fn the_leaky_queue_serves_in_order_and_a_dropped_waiter_gives_its_slot_bac
     let before = queue.peek("k", 1).unwrap();
     let start = Instant::now();
     let e = queue
-        .acquire("k", 1, Duration::from_millis(450))
+        .acquire("k", Duration::from_millis(450))
         .await
         .unwrap_err();
     assert_eq!(start.elapsed(), Duration::ZERO);
@@ -145,7 +143,7 @@ async fn the_leaky_queue_serves_in_order_and_a_dropped_waiter_gives_its_slot_bac
     assert_eq!(queue.peek("k", 1).unwrap(), before);
     // With 500 ms it waits its turn: 100 ms for room in the queue, then 400 ms for its slot.
     queue
-        .acquire("k", 1, Duration::from_millis(500))
+        .acquire("k", Duration::from_millis(500))
         .await
         .unwrap();
     assert_eq!(start.elapsed(), Duration::from_millis(500));
@@ -162,7 +160,7 @@ async fn gcra_waiters_are_served_in_the_order_they_reserved() {
         let limiter = &limiter;
         let done = &done;
         async move {
-            limiter.until_ready("k", cost).await.unwrap();
+            limiter.until_ready_n("k", cost).await.unwrap();
             done.lock()
                 .unwrap()
                 .push((name, start.elapsed().as_millis()));
@@ -178,18 +176,16 @@ async fn gcra_waiters_are_served_in_the_order_they_reserved() {
     );
     // The next slot is at 500 ms. A waiter reserves it and leaves after 50 ms: its slot goes
     // back, and the next caller gets it.
-    assert!(
-        timeout(Duration::from_millis(50), limiter.until_ready("k", 1))
-            .await
-            .is_err()
-    );
-    let decision = limiter.until_ready("k", 1).await.unwrap();
+    assert!(timeout(Duration::from_millis(50), limiter.until_ready("k"))
+        .await
+        .is_err());
+    let decision = limiter.until_ready("k").await.unwrap();
     assert_eq!(decision.delay(), Duration::from_millis(50));
     assert_eq!(start.elapsed(), Duration::from_millis(500));
     // A reservation further away than max_wait is refused at once, and not made.
     let before = limiter.peek("k", 1).unwrap();
     let e = limiter
-        .acquire("k", 2, Duration::from_millis(150))
+        .acquire_n("k", 2, Duration::from_millis(150))
         .await
         .unwrap_err();
     assert!(
@@ -211,17 +207,17 @@ async fn multi_limits_wait_for_the_slowest_and_direct_limiters_wait_too() {
     )
     .unwrap();
     let start = Instant::now();
-    multi.until_ready("k", 10).await.unwrap();
+    multi.until_ready_n("k", 10).await.unwrap();
     assert_eq!(start.elapsed(), Duration::ZERO);
     // The per-second limit would admit 2 more in 200 ms; the per-minute one has 2 left.
-    multi.until_ready("k", 2).await.unwrap();
+    multi.until_ready_n("k", 2).await.unwrap();
     assert_eq!(start.elapsed(), Duration::from_millis(200));
     // One more unit: the per-minute limit refills one every 5 s.
     assert!(matches!(
-        multi.acquire("k", 1, Duration::from_secs(4)).await,
+        multi.acquire("k", Duration::from_secs(4)).await,
         Err(WaitError::TooLong { .. })
     ));
-    multi.acquire("k", 1, Duration::from_secs(5)).await.unwrap();
+    multi.acquire("k", Duration::from_secs(5)).await.unwrap();
     assert_eq!(start.elapsed(), Duration::from_secs(5));
 
     let direct = Limiter::with_clock(
@@ -230,12 +226,108 @@ async fn multi_limits_wait_for_the_slowest_and_direct_limiters_wait_too() {
     )
     .unwrap();
     let start = Instant::now();
-    direct.until_ready(4).await.unwrap();
-    direct.until_ready(1).await.unwrap();
+    direct.until_ready_n(4).await.unwrap();
+    assert!(direct.until_ready().await.allowed());
     assert_eq!(start.elapsed(), Duration::from_millis(250));
-    assert!(direct.acquire(2, Duration::from_millis(400)).await.is_err());
-    direct.acquire(2, Duration::from_millis(500)).await.unwrap();
+    assert!(direct
+        .acquire_n(2, Duration::from_millis(400))
+        .await
+        .is_err());
+    direct
+        .acquire_n(2, Duration::from_millis(500))
+        .await
+        .unwrap();
     assert_eq!(start.elapsed(), Duration::from_millis(750));
+}
+
+/// Every limiter's form without `_n` is its `_n` form at cost 1: the same waits, the same
+/// charges, the same errors, on a direct, a keyed and a multi limiter alike.
+#[tokio::test(start_paused = true)]
+async fn the_forms_of_cost_one_wait_as_their_n_forms_at_cost_one() {
+    let rule = || Gcra::new(Quota::per_second(4).unwrap()).unwrap();
+    let direct = Limiter::with_clock(rule(), TokioClock::new()).unwrap();
+    let keyed = keyed(rule());
+    let multi = MultiLimiter::<String, _, _>::with_clock([rule()], TokioClock::new()).unwrap();
+    let start = Instant::now();
+    // The burst, then one unit every 250 ms, alternating the two forms.
+    for i in 0..8u64 {
+        let at = Duration::from_millis(250 * i.saturating_sub(3));
+        let (d, k, m) = if i % 2 == 0 {
+            (
+                direct.until_ready().await,
+                keyed.until_ready("k").await.unwrap(),
+                multi.until_ready("k").await.unwrap(),
+            )
+        } else {
+            (
+                direct.until_ready_n(1).await.unwrap(),
+                keyed.until_ready_n("k", 1).await.unwrap(),
+                multi.until_ready_n("k", 1).await.unwrap(),
+            )
+        };
+        assert!(d.allowed() && k.allowed() && m.allowed());
+        assert_eq!(
+            (d.remaining(), k.remaining()),
+            (m.remaining(), m.remaining())
+        );
+        // The three wait in turn, each for its own unit: all three due at the same instant.
+        assert_eq!(start.elapsed(), at, "unit {i}");
+    }
+    let now = start.elapsed();
+    // Bounded: the next unit is 250 ms away, for each of them, by either form.
+    let too_long = WaitError::TooLong {
+        wait: Duration::from_millis(250),
+        max_wait: Duration::from_millis(100),
+    };
+    let bound = Duration::from_millis(100);
+    assert_eq!(direct.acquire(bound).await.unwrap_err(), too_long);
+    assert_eq!(direct.acquire_n(1, bound).await.unwrap_err(), too_long);
+    assert_eq!(keyed.acquire("k", bound).await.unwrap_err(), too_long);
+    assert_eq!(keyed.acquire_n("k", 1, bound).await.unwrap_err(), too_long);
+    assert_eq!(multi.acquire("k", bound).await.unwrap_err(), too_long);
+    assert_eq!(multi.acquire_n("k", 1, bound).await.unwrap_err(), too_long);
+    assert_eq!(start.elapsed(), now, "refused at once");
+    // A cost above the burst: the check's error, from every form that takes a cost.
+    let never = LimitError::CapacityExceeded {
+        cost: 5,
+        capacity: 4,
+    };
+    assert_eq!(direct.until_ready_n(5).await, Err(never));
+    assert_eq!(keyed.until_ready_n("k", 5).await, Err(never));
+    assert_eq!(multi.until_ready_n("k", 5).await, Err(never));
+    assert_eq!(
+        direct.acquire_n(5, bound).await,
+        Err(WaitError::Limit(never))
+    );
+    assert_eq!(
+        keyed.acquire_n("k", 5, bound).await,
+        Err(WaitError::Limit(never))
+    );
+    assert_eq!(
+        multi.acquire_n("k", 5, bound).await,
+        Err(WaitError::Limit(never))
+    );
+    // Within the bound, each waits its 250 ms.
+    let bound = Duration::from_millis(250);
+    direct.acquire(bound).await.unwrap();
+    keyed.acquire("k", bound).await.unwrap();
+    multi.acquire("k", bound).await.unwrap();
+    assert_eq!(start.elapsed(), now + bound);
+}
+
+/// A cost of 0 is always admitted at once, by every waiting form that takes a cost.
+#[tokio::test(start_paused = true)]
+async fn a_cost_of_zero_never_waits() {
+    let limiter = keyed(FixedWindow::new(Quota::per_minute(1).unwrap()).unwrap());
+    limiter.until_ready("k").await.unwrap();
+    let start = Instant::now();
+    assert!(limiter.until_ready_n("k", 0).await.unwrap().allowed());
+    assert!(limiter
+        .acquire_n("k", 0, Duration::ZERO)
+        .await
+        .unwrap()
+        .allowed());
+    assert_eq!(start.elapsed(), Duration::ZERO);
 }
 
 /// A keyed GCRA limiter on a manual clock holding one key, whose overflow keys share one state:
@@ -262,11 +354,9 @@ async fn a_dropped_waiter_charged_to_the_overflow_state_gives_it_back_there() {
     let limiter = one_key_and_a_spent_overflow();
     // "b" does not fit: its reservation takes the overflow state's next unit, due in 1 s.
     // The waiter leaves before, with "b" still not held.
-    assert!(
-        timeout(Duration::from_millis(1), limiter.until_ready("b", 1))
-            .await
-            .is_err()
-    );
+    assert!(timeout(Duration::from_millis(1), limiter.until_ready("b"))
+        .await
+        .is_err());
     assert_eq!(limiter.len(), 1, "\"b\" is not held");
     // The overflow state has its unit back: 1 s later, an overflow key gets it.
     limiter.clock().advance(Duration::from_secs(1));
@@ -278,7 +368,7 @@ async fn a_dropped_waiter_charged_to_the_overflow_state_gives_it_back_there() {
 #[tokio::test(start_paused = true)]
 async fn a_dropped_overflow_waiter_refunds_the_overflow_state_not_its_key_inserted_meanwhile() {
     let limiter = one_key_and_a_spent_overflow();
-    let mut waiter = Box::pin(limiter.until_ready("b", 1));
+    let mut waiter = Box::pin(limiter.until_ready("b"));
     assert!(timeout(Duration::from_millis(1), &mut waiter)
         .await
         .is_err());
@@ -305,7 +395,7 @@ async fn acquire_refused_as_too_long_on_the_overflow_state_leaves_it_as_it_was()
     // "b" is not held, so the look before charging sees a fresh key's wait, none; its
     // reservation on the overflow state is due in 1 s, past the bound: given back, refused.
     let e = limiter
-        .acquire("b", 1, Duration::from_millis(500))
+        .acquire("b", Duration::from_millis(500))
         .await
         .unwrap_err();
     assert_eq!(
@@ -339,7 +429,7 @@ async fn a_held_keys_waiter_at_the_bound_decides_on_its_own_state_for_every_rule
             "{name}"
         );
         // Ten units in all: the waiter's are admitted at once, from "a"'s own state.
-        let decision = limiter.until_ready("a", 9).await;
+        let decision = limiter.until_ready_n("a", 9).await;
         assert!(
             decision.as_ref().is_ok_and(|d| d.allowed()),
             "{name}: {decision:?}"

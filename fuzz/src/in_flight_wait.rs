@@ -11,6 +11,7 @@ use std::task::{Context, Poll, Wake, Waker};
 use std::time::Duration;
 
 use arbitrary::Arbitrary;
+use tollgate::wait::WaitError;
 use tollgate::{InFlight, InFlightPermit, LimitError};
 
 #[derive(Debug, Arbitrary)]
@@ -100,8 +101,7 @@ static KEYS: [u8; 256] = {
     keys
 };
 
-type Waiting<'a> =
-    Pin<Box<dyn Future<Output = Result<Option<InFlightPermit<'a, u8>>, LimitError>> + 'a>>;
+type Waiting<'a> = Pin<Box<dyn Future<Output = Result<InFlightPermit<'a, u8>, WaitError>> + 'a>>;
 
 pub fn in_flight_wait(scenario: &WaitScenario) {
     let runtime = tokio::runtime::Builder::new_current_thread()
@@ -152,14 +152,18 @@ pub fn in_flight_wait(scenario: &WaitScenario) {
                 let k = model.keys.entry(key).or_default();
                 let free = k.queue.is_empty() && k.held + cost <= max;
                 match future.as_mut().poll(&mut cx) {
-                    Poll::Ready(Err(LimitError::CapacityExceeded { .. })) => assert!(cost > max),
+                    Poll::Ready(Err(WaitError::Limit(LimitError::CapacityExceeded { .. }))) => {
+                        assert!(cost > max)
+                    }
+                    Poll::Ready(Err(WaitError::TooLong { .. })) => {
+                        panic!("key {key}: gave up within an hour")
+                    }
                     Poll::Ready(Err(e)) => panic!("unbounded: {e}"),
-                    Poll::Ready(Ok(Some(permit))) => {
+                    Poll::Ready(Ok(permit)) => {
                         assert!(free, "key {key}: a waiter admitted past N or the queue");
                         k.held += cost;
                         permits.push(permit);
                     }
-                    Poll::Ready(Ok(None)) => panic!("key {key}: gave up within an hour"),
                     Poll::Pending => {
                         assert!(!free && cost <= max, "key {key}: waits with {cost} free");
                         k.queue.push_back((next_id, cost));
@@ -176,14 +180,14 @@ pub fn in_flight_wait(scenario: &WaitScenario) {
                 let (id, key, future) = &mut waiting[i];
                 let served = model.served.remove(id);
                 match future.as_mut().poll(&mut cx) {
-                    Poll::Ready(Ok(Some(permit))) => {
+                    Poll::Ready(Ok(permit)) => {
                         let (k, cost) = served.expect("served only when the model serves it");
                         assert_eq!((k, cost), (*key, permit.cost()));
                         permits.push(permit);
                         drop(waiting.swap_remove(i));
                     }
                     Poll::Pending => assert!(served.is_none(), "key {key}: served, not ready"),
-                    Poll::Ready(other) => panic!("key {key}: a waiter ended with {other:?}"),
+                    Poll::Ready(Err(e)) => panic!("key {key}: a waiter ended with {e}"),
                 }
             }
             WaitOp::GiveUp { index } => {

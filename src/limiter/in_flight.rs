@@ -6,10 +6,11 @@ use std::fmt;
 use std::hash::Hash;
 use std::sync::Arc;
 
+use super::error::InFlightBoundError;
+use crate::algorithm::in_flight::MAX_IN_FLIGHT;
 use crate::algorithm::Concurrency;
 use crate::clock::Nanos;
 use crate::decision::{Decision, LimitError};
-use crate::quota::QuotaError;
 use crate::state::AtomicWord;
 use crate::store::table::{Check, KeyTable, OverflowPolicy};
 use crate::store::{Evictor, Stored};
@@ -41,9 +42,13 @@ const NOW: Nanos = 0;
 /// be evicted when the table needs room, as a fresh rate-limit key is, but never while a
 /// permit is out.
 ///
-/// With the `tokio` feature, `acquire(&key, max_wait)` waits for a permit: waiters are served
-/// first come, first served, each woken only once its units are taken for it. Waiting takes a
-/// lock of its own, touched only while someone waits.
+/// With the `tokio` feature, [`acquire(&key, max_wait)`](InFlight::acquire) (and
+/// `acquire_n(&key, cost, max_wait)`) waits at most `max_wait` for a permit, as the rate
+/// limiters' `acquire` waits for admission, and gives up with the same
+/// [`WaitError::TooLong`](crate::wait::WaitError::TooLong): waiters are served first come,
+/// first served, each woken only once its units are taken for it. Waiting takes a lock of its
+/// own, touched only while someone waits. There is no unbounded wait (`until_ready`): a
+/// permit comes back only when its holder drops it, which a stuck request may never do.
 ///
 /// # Examples
 /// ```
@@ -77,22 +82,34 @@ impl<K: Clone + Hash + Eq + Send + Sync> InFlight<K> {
     /// [`KeyedLimiter`](crate::KeyedLimiter)'s fresh keys are).
     ///
     /// # Errors
-    /// [`QuotaError::ZeroLimit`] for `max = 0`; [`QuotaError::TooLarge`] above `2^62 − 3`.
+    /// [`InFlightBoundError::Zero`] for `max = 0`; [`InFlightBoundError::TooLarge`] above
+    /// `2^62 − 3`.
     ///
     /// # Examples
     /// ```
-    /// use tollgate::{InFlight, QuotaError};
+    /// use tollgate::{InFlight, InFlightBoundError};
     /// assert!(InFlight::<u64>::new(4).is_ok());
-    /// assert!(matches!(InFlight::<u64>::new(0), Err(QuotaError::ZeroLimit)));
+    /// assert_eq!(InFlight::<u64>::new(0).unwrap_err(), InFlightBoundError::Zero);
     /// ```
-    pub fn new(max: u64) -> Result<Self, QuotaError> {
+    pub fn new(max: u64) -> Result<Self, InFlightBoundError> {
         Self::on(max, None)
     }
 
-    fn on(max: u64, max_keys: Option<(usize, OverflowPolicy)>) -> Result<Self, QuotaError> {
+    fn on(max: u64, max_keys: Option<(usize, OverflowPolicy)>) -> Result<Self, InFlightBoundError> {
+        // The rule's own checks, named for a bound (the rule speaks of quotas).
+        let rule = Concurrency::new(max).map_err(|_| {
+            if max == 0 {
+                InFlightBoundError::Zero
+            } else {
+                InFlightBoundError::TooLarge {
+                    max,
+                    largest: MAX_IN_FLIGHT,
+                }
+            }
+        })?;
         Ok(InFlight {
             table: KeyTable::new(Concurrency::new_store(), max_keys),
-            rule: Concurrency::new(max)?,
+            rule,
             #[cfg(feature = "tokio")]
             waiters: waiters::Waiters::new(),
         })
@@ -121,7 +138,7 @@ impl<K: Clone + Hash + Eq + Send + Sync> InFlight<K> {
         max: u64,
         max_keys: usize,
         policy: OverflowPolicy,
-    ) -> Result<Self, QuotaError> {
+    ) -> Result<Self, InFlightBoundError> {
         Self::on(max, Some((max_keys.max(1), policy)))
     }
 

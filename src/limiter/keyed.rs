@@ -270,8 +270,9 @@ where
     ///
     /// The units go to the key's own state, as the limiter holds it now: units a key over
     /// `max_keys` was charged on the state such keys share ([`OverflowPolicy::Shared`]) do not
-    /// go back there. (The waiting calls, `until_ready` and `acquire` of feature `tokio`, note
-    /// which state they charged, and a waiter that gives up hands its units back there.)
+    /// go back there. (The waiting calls of feature `tokio`, `until_ready_n` and `acquire_n`
+    /// and their forms of cost 1, note which state they charged, and a waiter that gives up
+    /// hands its units back there.)
     ///
     /// # Examples
     /// ```
@@ -478,7 +479,7 @@ where
     /// [`KeyedLimiter::check_n`]; otherwise taken anyway, and the decision's
     /// [`Decision::delay`] says when they are due (when a check would have admitted them).
     /// Reservations queue behind each other, first come, first served: what
-    /// [`until_ready`](KeyedLimiter::until_ready) does (feature `tokio`). A reservation is kept
+    /// [`until_ready_n`](KeyedLimiter::until_ready_n) does (feature `tokio`). A reservation is kept
     /// even if the caller gives up; call [`KeyedLimiter::refund`] to hand it back.
     ///
     /// # Errors

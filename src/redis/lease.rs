@@ -345,6 +345,11 @@ impl<C: RedisConnection> LeasedLimiter<C> {
     /// This is the check the tower layer's [`RedisBackend`](crate::tower::RedisBackend)
     /// makes.
     ///
+    /// A check, as its name says, not one of the in-process limiters' waits (the
+    /// `until_ready` / `acquire` of feature `tokio`): it waits for a grant, never
+    /// for the key's budget, with no bound of the caller's, and a spent key is denied. Like
+    /// theirs, its form of cost 1 drops the `_n` ([`LeasedLimiter::check_waiting`]).
+    ///
     /// # Errors
     /// As for [`LeasedLimiter::check_n`].
     ///

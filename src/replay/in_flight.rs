@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use super::{Request, TraceCost, TraceOutcome};
-use crate::{InFlight, OwnedInFlightPermit, QuotaError};
+use crate::{InFlight, InFlightBoundError, OwnedInFlightPermit};
 
 /// Decides a trace under "at most `N` requests in flight per key": answers "what would a
 /// bound on concurrent requests have refused?" from a log that records how long each request
@@ -107,7 +107,7 @@ impl InFlightReplayer {
     /// At most `max` requests (units) in flight per key.
     ///
     /// # Errors
-    /// As for [`InFlight::new`]: `max = 0` is [`QuotaError::ZeroLimit`].
+    /// As for [`InFlight::new`]: `max = 0` is [`InFlightBoundError::Zero`].
     ///
     /// # Examples
     /// ```
@@ -115,7 +115,7 @@ impl InFlightReplayer {
     /// assert!(InFlightReplayer::new(4).is_ok());
     /// assert!(InFlightReplayer::new(0).is_err());
     /// ```
-    pub fn new(max: u64) -> Result<InFlightReplayer, QuotaError> {
+    pub fn new(max: u64) -> Result<InFlightReplayer, InFlightBoundError> {
         Ok(InFlightReplayer {
             limit: Arc::new(InFlight::new(max)?),
             held: HeldUntil::new(),

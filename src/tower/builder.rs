@@ -14,6 +14,7 @@ use super::backend::CheckBackend;
 use super::cidr::Cidr;
 use super::key::LongKey;
 use super::layer::{DenyFn, PeerFn, Predicate, RateLimitLayer, Shared};
+use super::path::{client_path, PathMatch};
 use super::policy::Policy;
 use super::response::{Denial, HeaderStyle};
 
@@ -45,6 +46,9 @@ pub struct RateLimitLayerBuilder {
     pub(super) peer: Option<Arc<PeerFn>>,
     pub(super) allow_cidrs: Vec<Cidr>,
     pub(super) allow_if: Option<Arc<Predicate>>,
+    /// Paths that bypass every policy (whole segments, matched on the client's path,
+    /// normalised), checked when the layer is built.
+    pub(super) allow_paths: Vec<String>,
     pub(super) headers: HeaderStyle,
     pub(super) on_missing_key: Option<Fallback>,
     pub(super) on_error: Fallback,
@@ -202,6 +206,54 @@ impl RateLimitLayerBuilder {
     pub fn allow_if(mut self, predicate: impl Fn(&Parts) -> bool + Send + Sync + 'static) -> Self {
         self.allow_if = Some(Arc::new(predicate));
         self
+    }
+
+    /// Requests for these paths bypass every policy: the builder's form of a configuration's
+    /// `allow_paths`, with the same semantics. Each path covers whole segments (`/health`
+    /// covers `/health` and `/health/live`, not `/healthz`) of the path the client sent,
+    /// normalised ([`client_path`](super::client_path)), so `//health` is covered too and
+    /// `/health/../api` is not. Calls add to the list; [`allow_if`](Self::allow_if) and
+    /// [`allow_cidrs`](Self::allow_cidrs) allow requests besides these.
+    ///
+    /// # Errors
+    /// [`build`](Self::build) refuses a path that does not start with `/`
+    /// ([`ConfigError::AllowPath`]): it would match no request.
+    ///
+    /// # Examples
+    /// ```
+    /// use tollgate::tower::{ConfigError, Key, Policy, RateLimitLayer};
+    /// use tollgate::{Gcra, KeyedLimiter, Quota};
+    /// let per_ip = KeyedLimiter::<Key, _>::new(Gcra::new(Quota::per_second(10)?)?);
+    /// let layer = RateLimitLayer::builder()
+    ///     .policy(Policy::new("api", per_ip))
+    ///     // Probes and metrics scrapes must never see a 429.
+    ///     .allow_paths(["/health", "/metrics"])
+    ///     .build()?;
+    /// let bad = RateLimitLayer::builder().allow_paths(["health"]).build();
+    /// assert_eq!(bad.err(), Some(ConfigError::AllowPath("health".into())));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn allow_paths(mut self, paths: impl IntoIterator<Item = impl Into<String>>) -> Self {
+        self.allow_paths.extend(paths.into_iter().map(Into::into));
+        self
+    }
+
+    /// The bypass predicate: the allow-listed paths, then `allow_if`.
+    fn allow(
+        paths: Vec<String>,
+        allow_if: Option<Arc<Predicate>>,
+    ) -> Result<Option<Arc<Predicate>>, ConfigError> {
+        if let Some(path) = paths.iter().find(|p| !p.starts_with('/')) {
+            return Err(ConfigError::AllowPath(path.clone()));
+        }
+        if paths.is_empty() {
+            return Ok(allow_if);
+        }
+        let paths: Vec<PathMatch> = paths.into_iter().map(PathMatch::Prefix).collect();
+        Ok(Some(Arc::new(move |parts: &Parts| {
+            let path = client_path(parts);
+            paths.iter().any(|p| p.matches(&path)) || allow_if.as_ref().is_some_and(|f| f(parts))
+        })))
     }
 
     /// Where the peer's address comes from, for a server that does not put it where the layer
@@ -419,6 +471,7 @@ impl RateLimitLayerBuilder {
                 }
             }
         }
+        let allow_if = Self::allow(self.allow_paths, self.allow_if)?;
         let has_default = self.default.is_some();
         let mut policies = self.policies;
         policies.extend(self.default);
@@ -459,7 +512,7 @@ impl RateLimitLayerBuilder {
                 addrs: self.addrs,
                 peer: self.peer,
                 allow_cidrs: self.allow_cidrs,
-                allow_if: self.allow_if,
+                allow_if,
                 headers: self.headers,
                 on_missing_key: self.on_missing_key,
                 on_error: self.on_error,
@@ -494,6 +547,7 @@ impl RateLimitLayer {
             peer: None,
             allow_cidrs: Vec::new(),
             allow_if: None,
+            allow_paths: Vec::new(),
             headers: HeaderStyle::default(),
             on_missing_key: None,
             on_error: Fallback::Reject(StatusCode::SERVICE_UNAVAILABLE),

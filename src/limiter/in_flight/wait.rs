@@ -12,12 +12,14 @@ use std::time::Duration;
 use super::waiters::{Enqueued, Places, Reserved, Ticket};
 use super::{Held, Idle, InFlight, InFlightPermit, OwnedInFlightPermit, NOW};
 use crate::decision::LimitError;
+use crate::limiter::error::WaitError;
 use crate::store::table::Reserve;
 use crate::store::Stored;
 
 impl<K: Clone + Hash + Eq + Send + Sync> InFlight<K> {
-    /// A permit for one unit of `key`, waiting at most `max_wait` for one to be released;
-    /// `None` if none came in time.
+    /// A permit for one unit of `key`, waiting at most `max_wait` for one to be released: the
+    /// bounded wait of every limiter (see the [`wait`](crate::wait) module), with a permit
+    /// where the rate limiters return a decision.
     ///
     /// Waiters are served first come, first served, and a waiter is woken only once its units
     /// are taken for it: none wakes to find nothing, and while a key has waiters a
@@ -27,27 +29,32 @@ impl<K: Clone + Hash + Eq + Send + Sync> InFlight<K> {
     /// own, and a release looks at it only while some caller is waiting.
     ///
     /// A key that has no place of its own ([`OverflowPolicy::Shared`](crate::OverflowPolicy),
-    /// over `max_keys`) does not wait: the call answers at once, as `try_acquire` does.
+    /// over `max_keys`) does not wait: the call answers at once, as `try_acquire` does
+    /// ([`WaitError::TooLong`] if the shared count is full).
     ///
     /// # Errors
-    /// As for [`InFlight::try_acquire`].
+    /// [`WaitError::TooLong`] when no permit came within `max_wait` (at once for
+    /// `max_wait = 0`), its `wait` being `max_wait`; [`WaitError::Limit`] at once as for
+    /// [`InFlight::try_acquire`].
     ///
     /// # Examples
     /// ```
     /// use std::time::Duration;
+    /// use tollgate::wait::WaitError;
     /// use tollgate::InFlight;
     /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
     /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// let exports = InFlight::<String>::new(1)?;
-    /// let first = exports.acquire("alice", Duration::ZERO).await?.expect("free");
+    /// let first = exports.acquire("alice", Duration::ZERO).await?; // free
     /// // Another export by alice waits for the first to end ...
     /// let (second, ()) = tokio::join!(exports.acquire("alice", Duration::from_secs(5)), async {
     ///     tokio::time::sleep(Duration::from_millis(10)).await;
     ///     drop(first); // ... which it does 10 ms later.
     /// });
-    /// let second = second?.expect("the first ended within 5 s");
+    /// let second = second?; // the first ended within 5 s
     /// // Nothing ends within 100 ms now: the wait gives up.
-    /// assert!(exports.acquire("alice", Duration::from_millis(100)).await?.is_none());
+    /// let late = exports.acquire("alice", Duration::from_millis(100)).await;
+    /// assert!(matches!(late, Err(WaitError::TooLong { .. })));
     /// drop(second);
     /// # Ok(())
     /// # }
@@ -56,7 +63,7 @@ impl<K: Clone + Hash + Eq + Send + Sync> InFlight<K> {
         &self,
         key: &Q,
         max_wait: Duration,
-    ) -> Result<Option<InFlightPermit<'_, K>>, LimitError>
+    ) -> Result<InFlightPermit<'_, K>, WaitError>
     where
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
@@ -69,31 +76,50 @@ impl<K: Clone + Hash + Eq + Send + Sync> InFlight<K> {
     /// served).
     ///
     /// # Errors
-    /// As for [`InFlight::try_acquire_n`]: a cost above `N` is refused at once.
+    /// As for [`InFlight::acquire`]; a cost above `N` is [`WaitError::Limit`]
+    /// ([`LimitError::CapacityExceeded`](crate::LimitError::CapacityExceeded)) at once.
+    ///
+    /// # Examples
+    /// ```
+    /// use std::time::Duration;
+    /// use tollgate::wait::WaitError;
+    /// use tollgate::{InFlight, LimitError};
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let exports = InFlight::<u64>::new(10)?;
+    /// let big = exports.acquire_n(&1, 8, Duration::ZERO).await?;
+    /// assert_eq!(big.remaining(), 2);
+    /// let more = exports.acquire_n(&1, 3, Duration::from_millis(10)).await;
+    /// assert!(matches!(more, Err(WaitError::TooLong { .. })));
+    /// let never = exports.acquire_n(&1, 11, Duration::from_secs(1)).await;
+    /// assert!(matches!(never, Err(WaitError::Limit(LimitError::CapacityExceeded { .. }))));
+    /// # Ok(())
+    /// # }
+    /// ```
     pub async fn acquire_n<Q>(
         &self,
         key: &Q,
         cost: u64,
         max_wait: Duration,
-    ) -> Result<Option<InFlightPermit<'_, K>>, LimitError>
+    ) -> Result<InFlightPermit<'_, K>, WaitError>
     where
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
         let held = self.wait_for(key, cost, max_wait).await?;
-        Ok(held.map(|held| InFlightPermit { owner: self, held }))
+        Ok(InFlightPermit { owner: self, held })
     }
 
     /// [`InFlight::acquire`] for a permit that owns a handle to the limit (`'static`, for a
     /// spawned task or a response body).
     ///
     /// # Errors
-    /// As for [`InFlight::try_acquire`].
+    /// As for [`InFlight::acquire`].
     pub async fn acquire_owned<Q>(
         self: &Arc<Self>,
         key: &Q,
         max_wait: Duration,
-    ) -> Result<Option<OwnedInFlightPermit<K>>, LimitError>
+    ) -> Result<OwnedInFlightPermit<K>, WaitError>
     where
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
@@ -104,22 +130,22 @@ impl<K: Clone + Hash + Eq + Send + Sync> InFlight<K> {
     /// [`InFlight::acquire_n`] for a permit that owns a handle to the limit.
     ///
     /// # Errors
-    /// As for [`InFlight::try_acquire_n`].
+    /// As for [`InFlight::acquire_n`].
     pub async fn acquire_n_owned<Q>(
         self: &Arc<Self>,
         key: &Q,
         cost: u64,
         max_wait: Duration,
-    ) -> Result<Option<OwnedInFlightPermit<K>>, LimitError>
+    ) -> Result<OwnedInFlightPermit<K>, WaitError>
     where
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
         let held = self.wait_for(key, cost, max_wait).await?;
-        Ok(held.map(|held| OwnedInFlightPermit {
+        Ok(OwnedInFlightPermit {
             owner: Arc::clone(self),
             held,
-        }))
+        })
     }
 
     /// Units of `key`: now if free and nobody waits for them, else queued, for at most
@@ -129,29 +155,35 @@ impl<K: Clone + Hash + Eq + Send + Sync> InFlight<K> {
         key: &Q,
         cost: u64,
         max_wait: Duration,
-    ) -> Result<Option<Held<K>>, LimitError>
+    ) -> Result<Held<K>, WaitError>
     where
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
+        // An in-flight limit cannot tell when a permit comes back: what it knows of the wait
+        // is that it lasted `max_wait`.
+        let too_long = WaitError::TooLong {
+            wait: max_wait,
+            max_wait,
+        };
         if let Some(held) = self.take(key, cost)? {
-            return Ok(Some(held));
+            return Ok(held);
         }
         if max_wait.is_zero() {
-            return Ok(None);
+            return Err(too_long);
         }
         let waiting = match self.waiters.enqueue(self, key, cost) {
-            Enqueued::Now(Ok(held)) => return Ok(Some(held)),
-            Enqueued::Now(Err(why)) => return why.map_or(Ok(None), Err),
+            Enqueued::Now(Ok(held)) => return Ok(held),
+            Enqueued::Now(Err(why)) => return Err(why.map_or(too_long, WaitError::Limit)),
             Enqueued::Waiting(ticket) => Waiting {
                 owner: self,
                 ticket: Some(ticket),
             },
         };
         match tokio::time::timeout(max_wait, waiting).await {
-            Ok(served) => served.map(Some).or_else(|why| why.map_or(Ok(None), Err)),
+            Ok(served) => served.map_err(|why| why.map_or(too_long, WaitError::Limit)),
             // The waiting future was dropped: it left the queue, or gave its units back.
-            Err(_elapsed) => Ok(None),
+            Err(_elapsed) => Err(too_long),
         }
     }
 }

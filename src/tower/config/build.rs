@@ -109,21 +109,8 @@ impl LayerConfig {
             .trusted_proxies(self.trusted_proxies)
             .proxy_header(self.proxy_header)
             .ipv6_prefix(self.ipv6_prefix)
-            .allow_cidrs(self.allow_cidrs);
-        if let Some(path) = self.allow_paths.iter().find(|p| !p.starts_with('/')) {
-            return Err(ConfigError::AllowPath(path.clone()));
-        }
-        if !self.allow_paths.is_empty() {
-            let paths: Vec<PathMatch> = self
-                .allow_paths
-                .into_iter()
-                .map(PathMatch::Prefix)
-                .collect();
-            builder = builder.allow_if(move |parts| {
-                let path = crate::tower::client_path(parts);
-                paths.iter().any(|p| p.matches(&path))
-            });
-        }
+            .allow_cidrs(self.allow_cidrs)
+            .allow_paths(self.allow_paths);
         if let Some(fallback) = self.on_missing_key {
             builder = builder.on_missing_key(fallback);
         }
