@@ -55,7 +55,7 @@ pub enum ConfigError {
         /// What the algorithm refused.
         error: crate::QuotaError,
     },
-    /// An allow-listed path (`allow_paths` of a configuration) must start with `/`: any other
+    /// An allow-listed path (`allow_paths` of a configuration or of the builder) must start with `/`: any other
     /// can never match, or (empty) would match every path.
     #[error("allow path {0:?} must start with `/`")]
     AllowPath(String),
