@@ -173,7 +173,9 @@ pub use self::exact::{
     LazyClusterConnection, RedisConnection, RedisLimiter, RedisLimiterBuilder, RedisMultiLimiter,
     DEFAULT_CONNECT_TIMEOUT, DEFAULT_INJECTED_MIN_TTL, DEFAULT_MAX_BATCH, DEFAULT_TIMEOUT,
 };
-pub use self::guard::{FailureHandling, FailurePolicy, GuardMode, GuardedLimiter};
+pub use self::guard::{
+    BreakerState, FailureHandling, FailurePolicy, GuardMode, GuardedLimiter, HandlingError,
+};
 pub use self::lease::{LeaseConfig, LeaseError, LeaseStats, LeasedLimiter, MAX_LEASE};
 pub use self::replay::{replay, replay_trace, ReplayError};
 pub use self::rule::{RedisRule, RuleError, MAX_LIMIT, MAX_NANOS};

@@ -74,7 +74,7 @@ use self::scheduler::{Node, Tasks};
 use self::word::{units_of, MS};
 use super::error::TierError;
 use super::exact::{Algo, RedisConnection, RedisLimiter};
-use super::guard::{FailureHandling, GuardMode};
+use super::guard::{BreakerState, FailureHandling, GuardMode};
 use super::rule::{Kind, RedisRule};
 use crate::clock::{Clock, Nanos};
 use crate::decision::{Decision, Remaining};
@@ -484,6 +484,21 @@ impl<C: RedisConnection> LeasedLimiter<C> {
     /// ```
     pub fn mode(&self) -> GuardMode {
         self.node.guard.mode()
+    }
+
+    /// Where the circuit breaker is (see [`GuardedLimiter::breaker`](super::GuardedLimiter::breaker)).
+    ///
+    /// # Examples
+    /// ```no_run
+    /// # use tollgate::redis::{BreakerState, LeasedLimiter};
+    /// # fn demo(limiter: LeasedLimiter) {
+    /// if limiter.breaker() == BreakerState::HalfOpen {
+    ///     eprintln!("Redis answers probes again; leases come back once it keeps answering");
+    /// }
+    /// # }
+    /// ```
+    pub fn breaker(&self) -> BreakerState {
+        self.node.guard.breaker()
     }
 
     /// The rule.
