@@ -75,15 +75,24 @@
 //! (`2^24 − 2`, `2^20 − 1`); up to those, both decide identically.
 //!
 //! ## Failure handling: [`GuardedLimiter`]
-//! [`RedisLimiter::guarded`] puts the exact tier behind a circuit breaker. A transient failure
-//! opens it; from then on checks are decided at once by the [`FailurePolicy`] — `FailOpen`,
-//! `FailClosed`, or `Local`: an in-process limiter holding this node's share of the quota,
-//! `L ÷ live nodes`, the nodes being counted by heartbeats each keeps in Redis. A background
-//! task probes Redis and closes the breaker when it answers again. The [`GuardMode`] can be read
-//! at any time and every change is logged with `tracing`. Measured in the tests against a
-//! server killed with `kill -9` or frozen with `SIGSTOP`: the p99 check latency during the
-//! outage stays within the timeout + 5 ms, and global mode is back well within 2 s of the
-//! restart.
+//! [`RedisLimiter::guarded`] puts the exact tier behind a circuit breaker, tuned for a slow
+//! Redis as well as a dead one. A check whose call fails in a transient way is decided by the
+//! [`FailurePolicy`] — `FailOpen`, `FailClosed`, or `Local`: an in-process limiter holding this
+//! node's share of the quota, `L ÷ live nodes`, the nodes being counted by heartbeats each
+//! keeps in Redis. The breaker opens (and from then on every check is decided by the policy at
+//! once, without touching the network) when calls have kept failing for 250 ms with no answer
+//! between, or when at least 20 calls failed and they are half of the last second's; so a
+//! stall up to about 300 ms (a fork, an fsync, another tenant's script) costs only the checks
+//! it delayed, each decided by the policy after its 50 ms timeout, and a dead server opens the
+//! breaker about 300 ms after the fault. While open, a background task probes Redis (every
+//! 200 ms, jittered); an answered probe makes the breaker half-open, and three in a row close
+//! it. The defaults and their reasons, what each tier does on a slow Redis and the bound on
+//! timed-out checks counted twice are on [`FailureHandling`]. The [`GuardMode`] and the
+//! [`BreakerState`] can be read at any time and every change is logged with `tracing`.
+//! Measured in the tests against a server killed with `kill -9` or frozen with `SIGSTOP`: the
+//! p99 check latency during the outage stays within the timeout + 5 ms, and global mode is
+//! back well within 2 s of the restart; a server frozen for 60 ms leaves the node global
+//! throughout (`tests/redis_breaker.rs`).
 //!
 //! ## The leased tier: [`LeasedLimiter`]
 //! [`RedisLimiter::leased`] turns a limiter into a synchronous one: `check` is one lookup and
