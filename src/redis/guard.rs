@@ -1,12 +1,13 @@
 //! Failure handling for the exact tier: a circuit breaker and a failure policy.
 //!
 //! While Redis answers, a [`GuardedLimiter`] is its [`RedisLimiter`]: every check is exact and
-//! global. When a call fails in a transient way (timeout, refused or dropped connection,
-//! cluster reconfiguring), the breaker opens and checks are decided by the
-//! [`FailurePolicy`] at once, without touching the network, until a background probe finds
-//! Redis taking writes again (a `SET` of a key of the limiter's own); then the breaker closes
-//! by itself. Fatal errors (a foreign value in
-//! a key, a bad reply) are returned as they are: no policy can fix them.
+//! global. A check whose call fails in a transient way (timeout, refused or dropped
+//! connection, cluster reconfiguring) is decided by the [`FailurePolicy`]; when failures last
+//! or pile up (see "The breaker" on [`FailureHandling`]), the breaker opens and every check is
+//! decided by the policy at once, without touching the network, until background probes find
+//! Redis taking writes again (a `SET` of a key of the limiter's own), a few in a row; then the
+//! breaker closes by itself. Fatal errors (a foreign value in a key, a bad reply) are returned
+//! as they are: no policy can fix them.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
@@ -467,7 +468,7 @@ impl<C: RedisConnection> Shared<C> {
     }
 
     /// Opens the breaker of a limiter that starts while Redis does not answer: the policy
-    /// decides from the first check, and the probe closes the breaker once Redis answers. With
+    /// decides from the first check, and the probes close the breaker once Redis answers. With
     /// the `Local` policy and no fleet size told, its checks are denied until a heartbeat
     /// counts the fleet.
     fn start_degraded(&self) {

@@ -30,8 +30,10 @@
 //! documented on [`LeasedLimiter`].
 //!
 //! # Failures
-//! The leased tier shares the exact tier's circuit breaker and [`FailurePolicy`]: a transient
-//! failure of a refill (or of a heartbeat) opens it.
+//! The leased tier shares the exact tier's circuit breaker and [`FailurePolicy`]: transient
+//! failures of refills (and of heartbeats) count toward opening it (see "The breaker" on
+//! [`FailureHandling`](super::FailureHandling)); until it opens, a lease whose refill failed
+//! backs off a probe interval, and its key is refused beyond what the lease holds.
 //! - `Local` and `FailOpen`: the first check that sees the breaker open hands every lease over
 //!   to the policy, once per outage. With `Local`, each key's in-process share
 //!   (`L ÷ live nodes`) starts from the units its lease held plus this node's part of what the
