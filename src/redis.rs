@@ -153,8 +153,9 @@
 //! ([`FailureHandling::assumed_nodes`]: `⌊L ÷ n⌋` per `W`, `⌊B ÷ n⌋` burst); a node told no
 //! fleet size denies until a heartbeat counts the fleet, since alone it would take the whole
 //! quota. The breaker's probe (every 200 ms by default) finds Redis once it answers (the
-//! connection retries at most 100 ms apart meanwhile), closes the breaker and sends the first
-//! heartbeat, and checks are global again: measured about 0.3 s after `redis-server` started
+//! connection retries at most 100 ms apart meanwhile), closes the breaker after two more
+//! half-open probes 50 ms apart and sends the first heartbeat, and checks are global again:
+//! measured well within a second after `redis-server` started
 //! (`a_node_started_while_redis_is_down_serves_its_share_then_goes_global` in
 //! `tests/redis_faults.rs`, which asserts within a second). On a Cluster,
 //! [`RedisLimiterBuilder::connect_cluster_lazy`] does the same over a
