@@ -5,7 +5,7 @@ use loom::thread;
 use std::sync::Arc;
 use tollgate_loom_tests::breaker::{Breaker, Phase, Settings};
 
-use crate::{explore, MS};
+use crate::{explore_reaching, MS};
 
 /// A run of failures opens it once it has lasted 10 ms; no threshold or rate rule in play.
 fn settings() -> Settings {
@@ -24,40 +24,50 @@ fn settings() -> Settings {
 /// opens only if the answer did not split the run. Then two probes close it, once.
 #[test]
 fn failures_race_each_other_an_answer_and_the_probes() {
-    explore("breaker: fail x fail x answer, then probes", || {
-        let breaker = Arc::new(Breaker::new(settings()));
-        let failing: Vec<_> = [vec![0, 10 * MS], vec![10 * MS]]
-            .into_iter()
-            .map(|times| {
-                let breaker = Arc::clone(&breaker);
-                thread::spawn(move || times.into_iter().filter(|&t| breaker.failed(t)).count())
-            })
-            .collect();
-        breaker.answered(|| 5 * MS);
-        let opened: usize = failing.into_iter().map(|t| t.join().unwrap()).sum();
-        assert!(opened <= 1, "one opening reported {opened} times");
-        assert_eq!(
-            opened == 1,
-            breaker.is_open(),
-            "the flag follows the machine"
-        );
-        assert_eq!(breaker.phase() == Phase::Open, breaker.is_open());
-        if breaker.is_open() {
-            let probes: Vec<_> = [20 * MS, 21 * MS]
+    let reached = ["opened", "split by the answer"];
+    explore_reaching(
+        "breaker: fail x fail x answer, then probes",
+        &reached,
+        |seen| {
+            let breaker = Arc::new(Breaker::new(settings()));
+            let failing: Vec<_> = [vec![0, 10 * MS], vec![10 * MS]]
                 .into_iter()
-                .map(|t| {
+                .map(|times| {
                     let breaker = Arc::clone(&breaker);
-                    thread::spawn(move || breaker.probe_answered(t))
+                    thread::spawn(move || times.into_iter().filter(|&t| breaker.failed(t)).count())
                 })
                 .collect();
-            let closed = probes
-                .into_iter()
-                .map(|t| t.join().unwrap())
-                .filter(|&closed| closed)
-                .count();
-            assert_eq!(closed, 1, "two probes close it once");
-            assert!(!breaker.is_open());
-            assert_eq!(breaker.phase(), Phase::Closed);
-        }
-    });
+            breaker.answered(|| 5 * MS);
+            let opened: usize = failing.into_iter().map(|t| t.join().unwrap()).sum();
+            assert!(opened <= 1, "one opening reported {opened} times");
+            assert_eq!(
+                opened == 1,
+                breaker.is_open(),
+                "the flag follows the machine"
+            );
+            assert_eq!(breaker.phase() == Phase::Open, breaker.is_open());
+            seen.saw(if breaker.is_open() {
+                "opened"
+            } else {
+                "split by the answer"
+            });
+            if breaker.is_open() {
+                let probes: Vec<_> = [20 * MS, 21 * MS]
+                    .into_iter()
+                    .map(|t| {
+                        let breaker = Arc::clone(&breaker);
+                        thread::spawn(move || breaker.probe_answered(t))
+                    })
+                    .collect();
+                let closed = probes
+                    .into_iter()
+                    .map(|t| t.join().unwrap())
+                    .filter(|&closed| closed)
+                    .count();
+                assert_eq!(closed, 1, "two probes close it once");
+                assert!(!breaker.is_open());
+                assert_eq!(breaker.phase(), Phase::Closed);
+            }
+        },
+    );
 }
