@@ -1,6 +1,6 @@
 //! Failure handling against a real `redis-server` this test starts and then kills (`kill -9`),
-//! hangs (`SIGSTOP`) and revives: no panic, the failure policy takes over within the timeout,
-//! checks stay fast during the outage, and global mode is back within 2 s. A leased node's
+//! hangs (`SIGSTOP`) and revives: no panic, each check is decided by the failure policy once
+//! its call times out, the breaker opens ~300 ms into the outage, checks stay fast during it, and global mode is back within 2 s. A leased node's
 //! background calls also meet failures planted one call at a time (a connection that fails
 //! the call of a chosen grant, charge or return).
 //!
@@ -22,6 +22,8 @@ use tollgate::redis::{
 use tollgate::Quota;
 
 const TIMEOUT: Duration = Duration::from_millis(50);
+/// `FailureHandling::open_after`'s default.
+const OPEN_AFTER: Duration = Duration::from_millis(250);
 
 /// The load tests keep both cores busy and the others time their checks: one test at a time.
 fn serial() -> std::sync::MutexGuard<'static, ()> {
@@ -205,10 +207,12 @@ fn check_outage(samples: &[Sample], fault: Instant, healed: Instant, what: &str)
         "{what}: p99 {p99:?}"
     );
     assert!(
-        // By construction a check falls back the moment its call times out; the margin is
-        // for scheduling on a loaded 2-core machine.
-        takeover <= TIMEOUT + Duration::from_millis(50),
-        "{what}: the policy took over after {takeover:?}"
+        // Each check falls back the moment its call times out; the breaker (the mode the
+        // samples record) opens once the run of failures has lasted `open_after` (250 ms by
+        // default), at the next failure after that (one timeout later at most). The margin
+        // is for scheduling on a loaded 2-core machine.
+        takeover <= TIMEOUT + OPEN_AFTER + TIMEOUT + Duration::from_millis(100),
+        "{what}: the breaker opened {takeover:?} after the fault"
     );
     p99
 }
@@ -320,8 +324,9 @@ fn fail_open_allows_and_fatal_errors_pass_through() {
     };
     runtime().block_on(async {
         let rule = RedisRule::sliding_log(Quota::per_minute(2).unwrap()).unwrap();
-        let handling =
-            FailureHandling::new(FailurePolicy::FailOpen).probe_interval(Duration::from_millis(50));
+        let handling = FailureHandling::new(FailurePolicy::FailOpen)
+            .failure_threshold(1)
+            .probe_interval(Duration::from_millis(50));
         let limiter = guarded(&server, rule, handling).await;
         // A fatal error is not an outage: returned as it is, the breaker stays closed.
         let key = limiter.exact().redis_key("list");
@@ -374,6 +379,7 @@ fn local_policy_gives_each_live_node_its_share() {
         // Heartbeats expire after three intervals: long enough here that a beat delayed by a
         // loaded machine does not make a live node look gone.
         let handling = FailureHandling::new(FailurePolicy::Local)
+            .failure_threshold(1)
             .probe_interval(Duration::from_millis(50))
             .heartbeat_interval(Duration::from_millis(250));
         let a = guarded(&server, rule, handling).await;
@@ -527,6 +533,7 @@ fn a_charge_is_never_denied_and_may_pass_the_limit() {
                 away_from_a_window_end(Duration::from_secs(3600), Duration::from_secs(20))
             });
             let handling = FailureHandling::new(FailurePolicy::FailOpen)
+                .failure_threshold(1)
                 .probe_interval(Duration::from_millis(20))
                 .reconcile(true);
             let limiter = guarded(&server, rule, handling).await;
@@ -1231,7 +1238,7 @@ fn a_redis_that_cannot_write_for_now_is_a_transient_failure() {
             .connect(&server.url())
             .await
             .expect("connects");
-        let handling = FailureHandling::new(FailurePolicy::FailClosed);
+        let handling = FailureHandling::new(FailurePolicy::FailClosed).failure_threshold(1);
         let limiter = guarded(&server, rule, handling).await;
         assert!(limiter.check("k").await.unwrap().allowed());
         type Set = (&'static str, &'static str);
@@ -1290,6 +1297,7 @@ fn a_server_that_answers_but_cannot_write_keeps_the_breaker_open() {
             .expect("connects");
         let rule = RedisRule::gcra(Quota::per_second(1_000).unwrap()).unwrap();
         let handling = FailureHandling::new(FailurePolicy::FailClosed)
+            .failure_threshold(1)
             .probe_interval(Duration::from_millis(10));
         let limiter = guarded(&server, rule, handling).await;
         assert!(limiter.check("k").await.unwrap().allowed());
@@ -1378,6 +1386,7 @@ fn charges_that_timed_out_but_ran_are_not_charged_twice() {
             .expect("connects")
             .guarded(
                 FailureHandling::new(FailurePolicy::FailOpen)
+                    .failure_threshold(1)
                     .probe_interval(Duration::from_millis(20))
                     .reconcile(true),
             )

@@ -1,12 +1,13 @@
 //! Failure handling for the exact tier: a circuit breaker and a failure policy.
 //!
 //! While Redis answers, a [`GuardedLimiter`] is its [`RedisLimiter`]: every check is exact and
-//! global. When a call fails in a transient way (timeout, refused or dropped connection,
-//! cluster reconfiguring), the breaker opens and checks are decided by the
-//! [`FailurePolicy`] at once, without touching the network, until a background probe finds
-//! Redis taking writes again (a `SET` of a key of the limiter's own); then the breaker closes
-//! by itself. Fatal errors (a foreign value in
-//! a key, a bad reply) are returned as they are: no policy can fix them.
+//! global. A check whose call fails in a transient way (timeout, refused or dropped
+//! connection, cluster reconfiguring) is decided by the [`FailurePolicy`]; when failures last
+//! or pile up (see "The breaker" on [`FailureHandling`]), the breaker opens and every check is
+//! decided by the policy at once, without touching the network, until background probes find
+//! Redis taking writes again (a `SET` of a key of the limiter's own), a few in a row; then the
+//! breaker closes by itself. Fatal errors (a foreign value in a key, a bad reply) are returned
+//! as they are: no policy can fix them.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
@@ -24,10 +25,10 @@ mod local;
 mod policy;
 mod reconcile;
 
-use breaker::Breaker;
+use breaker::{Breaker, Phase};
 use local::Local;
 
-pub use self::policy::{FailureHandling, FailurePolicy, GuardMode};
+pub use self::policy::{BreakerState, FailureHandling, FailurePolicy, GuardMode, HandlingError};
 
 use self::reconcile::Ledger;
 use super::exact::units::wall_nanos;
@@ -71,8 +72,10 @@ impl<C: RedisConnection> std::fmt::Debug for GuardedLimiter<C> {
 struct Shared<C> {
     exact: RedisLimiter<C>,
     handling: FailureHandling,
-    /// Closed: Redis decides; open: the failure policy does.
+    /// Closed: Redis decides; open or half-open: the failure policy does.
     breaker: Breaker,
+    /// The breaker's time scale: ns since this instant.
+    epoch: Instant,
     live_nodes: AtomicU64,
     local: Option<Local>,
     /// What the policy admitted while the breaker was open, until charged (`reconcile`).
@@ -177,7 +180,8 @@ impl<C: RedisConnection> RedisLimiter<C> {
         Arc::new(Shared {
             exact: self,
             handling,
-            breaker: Breaker::new(handling.failure_threshold),
+            breaker: Breaker::new(handling.breaker_settings()),
+            epoch: Instant::now(),
             live_nodes: AtomicU64::new(handling.assumed_nodes),
             local,
             ledger,
@@ -227,7 +231,7 @@ impl<C: RedisConnection> GuardedLimiter<C> {
         if !shared.breaker.is_open() {
             match shared.exact.check_n(key, cost).await {
                 Ok(decision) => {
-                    shared.breaker.answered();
+                    shared.breaker.answered(|| shared.now());
                     if let Some(local) = &shared.local {
                         // The share follows the global state this reply saw: an outage starts
                         // each key from there, not from a full bucket.
@@ -257,10 +261,30 @@ impl<C: RedisConnection> GuardedLimiter<C> {
     /// # }
     /// ```
     pub fn mode(&self) -> GuardMode {
+        // One Relaxed load (see `Breaker`): open and half-open both mean the policy decides.
         if self.shared.breaker.is_open() {
             GuardMode::Degraded(self.shared.handling.policy)
         } else {
             GuardMode::Global
+        }
+    }
+
+    /// Where the circuit breaker is: [`BreakerState::HalfOpen`] while Redis answers probes
+    /// but not yet enough in a row to close it (the mode is still degraded).
+    ///
+    /// # Examples
+    /// ```no_run
+    /// # use tollgate::redis::{BreakerState, GuardedLimiter, GuardMode};
+    /// # fn demo(limiter: GuardedLimiter) {
+    /// let open = limiter.breaker() != BreakerState::Closed;
+    /// assert_eq!(open, limiter.mode() != GuardMode::Global);
+    /// # }
+    /// ```
+    pub fn breaker(&self) -> BreakerState {
+        match self.shared.breaker.phase() {
+            Phase::Closed => BreakerState::Closed,
+            Phase::Open => BreakerState::Open,
+            Phase::HalfOpen { .. } => BreakerState::HalfOpen,
         }
     }
 
@@ -351,9 +375,9 @@ impl<C: RedisConnection> GuardedLimiter<C> {
         self.shared.failed(error, Some(key));
     }
 
-    /// A call that Redis answered: resets the count of failures in a row.
+    /// A call that Redis answered: ends a run of failures.
     pub(crate) fn answered(&self) {
-        self.shared.breaker.answered();
+        self.shared.breaker.answered(|| self.shared.now());
     }
 
     /// The failure policy's decision, without touching the network.
@@ -434,7 +458,7 @@ impl<C: RedisConnection> Shared<C> {
         if let Some(key) = key {
             *self.probe_at.lock() = Some(key.into());
         }
-        if self.breaker.failed() {
+        if self.breaker.failed(self.now()) {
             tracing::warn!(
                 policy = ?self.handling.policy,
                 %error,
@@ -444,7 +468,7 @@ impl<C: RedisConnection> Shared<C> {
     }
 
     /// Opens the breaker of a limiter that starts while Redis does not answer: the policy
-    /// decides from the first check, and the probe closes the breaker once Redis answers. With
+    /// decides from the first check, and the probes close the breaker once Redis answers. With
     /// the `Local` policy and no fleet size told, its checks are denied until a heartbeat
     /// counts the fleet.
     fn start_degraded(&self) {
@@ -452,12 +476,7 @@ impl<C: RedisConnection> Shared<C> {
             // Relaxed: a mode flag that publishes no data (as the breaker's).
             self.uncounted.store(true, Ordering::Relaxed);
         }
-        // The breaker opens on `threshold` failures in a row, its only way to open.
-        for _ in 0..self.handling.failure_threshold {
-            if self.breaker.failed() {
-                break;
-            }
-        }
+        self.breaker.force_open();
         tracing::warn!(
             policy = ?self.handling.policy,
             uncounted = self.uncounted.load(Ordering::Relaxed),
@@ -465,10 +484,20 @@ impl<C: RedisConnection> Shared<C> {
         );
     }
 
-    fn recovered(&self) {
-        if self.breaker.recovered() {
+    /// Ns on the breaker's time scale.
+    fn now(&self) -> u64 {
+        u64::try_from(self.epoch.elapsed().as_nanos()).unwrap_or(u64::MAX)
+    }
+
+    /// A probe that Redis answered; whether it closed the breaker.
+    fn recovered(&self) -> bool {
+        let closed = self.breaker.probe_answered(self.now());
+        if closed {
             tracing::info!("Redis answers again: rate limits are global again");
+        } else {
+            tracing::debug!("Redis answered a probe: the breaker is half-open");
         }
+        closed
     }
 
     #[inline]
@@ -551,7 +580,7 @@ impl<C: RedisConnection> Shared<C> {
         let before = ledger.charged();
         match ledger.settle(&self.exact).await {
             Ok(()) => {
-                self.breaker.answered();
+                self.breaker.answered(|| self.now());
                 tracing::info!(
                     units = ledger.charged() - before,
                     "charged the units admitted during the outage to Redis"
@@ -606,21 +635,32 @@ impl<C: RedisConnection> Shared<C> {
     }
 }
 
-/// The background task: probes while the breaker is open, heartbeats while it is closed.
+/// The background task: probes while the breaker is open (a jittered probe interval apart,
+/// a quarter of it apart while half-open), heartbeats while it is closed, and places the
+/// answers counted since its last round in the breaker's failure-rate window.
 async fn watch<C: RedisConnection>(shared: Weak<Shared<C>>) {
     let mut next_beat = Instant::now();
+    let mut jitter = Jitter::seeded();
     loop {
         let Some(s) = shared.upgrade() else {
             return;
         };
         let interval = s.handling.probe_interval;
+        s.breaker.tick(s.now());
         if s.breaker.is_open() {
             // The probe is a write, what checks need: a server that answers but cannot take
             // writes (a demoted master, out of memory) keeps the breaker open.
             let at = s.probe_at.lock().clone();
-            if s.exact.probe(at.as_deref()).await.is_ok() {
-                s.recovered();
-                next_beat = Instant::now();
+            match s.exact.probe(at.as_deref()).await {
+                Ok(()) => {
+                    if s.recovered() {
+                        next_beat = Instant::now();
+                    }
+                }
+                Err(error) => {
+                    tracing::debug!(%error, "probe failed");
+                    s.breaker.probe_failed();
+                }
             }
         }
         // A late read of the breaker charges one probe later.
@@ -631,7 +671,63 @@ async fn watch<C: RedisConnection>(shared: Weak<Shared<C>>) {
             s.beat().await;
             next_beat = Instant::now() + s.handling.heartbeat_interval;
         }
+        let wait = match s.breaker.phase() {
+            Phase::Closed => interval,
+            Phase::HalfOpen { .. } => interval / 4,
+            Phase::Open => jitter.spread(interval),
+        };
         drop(s);
-        tokio::time::sleep(interval).await;
+        tokio::time::sleep(wait).await;
+    }
+}
+
+/// The spread of an open breaker's probes (splitmix64): not on any decision path, so a
+/// sequence per task, seeded from the clock and the process.
+struct Jitter(u64);
+
+impl Jitter {
+    fn seeded() -> Jitter {
+        let nanos = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.subsec_nanos());
+        Jitter(u64::from(nanos) ^ (u64::from(std::process::id()) << 32))
+    }
+
+    /// A wait drawn uniformly from `[interval / 2, 3 × interval / 2)`.
+    fn spread(&mut self, interval: Duration) -> Duration {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^= z >> 31;
+        let nanos = u64::try_from(interval.as_nanos()).unwrap_or(u64::MAX);
+        // `z / 2^64` of the interval, in [0, 1): a 128-bit product, no overflow.
+        let part = ((u128::from(nanos) * u128::from(z)) >> 64) as u64;
+        Duration::from_nanos(nanos / 2).saturating_add(Duration::from_nanos(part))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Probe waits stay within `[½, 1½)` of the interval and spread over it.
+    #[test]
+    fn probe_waits_are_spread_around_the_interval() {
+        let mut jitter = Jitter(7);
+        let interval = Duration::from_millis(200);
+        let waits: Vec<Duration> = (0..1_000).map(|_| jitter.spread(interval)).collect();
+        assert!(waits
+            .iter()
+            .all(|w| *w >= interval / 2 && *w < interval * 3 / 2));
+        let early = waits.iter().filter(|w| **w < interval).count();
+        assert!(
+            (400..600).contains(&early),
+            "{early} of 1000 below the interval"
+        );
+        assert_eq!(
+            Jitter(1).spread(Duration::MAX),
+            Jitter(1).spread(Duration::MAX)
+        );
     }
 }

@@ -30,8 +30,10 @@
 //! documented on [`LeasedLimiter`].
 //!
 //! # Failures
-//! The leased tier shares the exact tier's circuit breaker and [`FailurePolicy`]: a transient
-//! failure of a refill (or of a heartbeat) opens it.
+//! The leased tier shares the exact tier's circuit breaker and [`FailurePolicy`]: transient
+//! failures of refills (and of heartbeats) count toward opening it (see "The breaker" on
+//! [`FailureHandling`](super::FailureHandling)); until it opens, a lease whose refill failed
+//! backs off a probe interval, and its key is refused beyond what the lease holds.
 //! - `Local` and `FailOpen`: the first check that sees the breaker open hands every lease over
 //!   to the policy, once per outage. With `Local`, each key's in-process share
 //!   (`L ÷ live nodes`) starts from the units its lease held plus this node's part of what the
@@ -74,7 +76,7 @@ use self::scheduler::{Node, Tasks};
 use self::word::{units_of, MS};
 use super::error::TierError;
 use super::exact::{Algo, RedisConnection, RedisLimiter};
-use super::guard::{FailureHandling, GuardMode};
+use super::guard::{BreakerState, FailureHandling, GuardMode};
 use super::rule::{Kind, RedisRule};
 use crate::clock::{Clock, Nanos};
 use crate::decision::{Decision, Remaining};
@@ -489,6 +491,21 @@ impl<C: RedisConnection> LeasedLimiter<C> {
     /// ```
     pub fn mode(&self) -> GuardMode {
         self.node.guard.mode()
+    }
+
+    /// Where the circuit breaker is (see [`GuardedLimiter::breaker`](super::GuardedLimiter::breaker)).
+    ///
+    /// # Examples
+    /// ```no_run
+    /// # use tollgate::redis::{BreakerState, LeasedLimiter};
+    /// # fn demo(limiter: LeasedLimiter) {
+    /// if limiter.breaker() == BreakerState::HalfOpen {
+    ///     eprintln!("Redis answers probes again; leases come back once it keeps answering");
+    /// }
+    /// # }
+    /// ```
+    pub fn breaker(&self) -> BreakerState {
+        self.node.guard.breaker()
     }
 
     /// The rule.

@@ -210,7 +210,7 @@ impl RedisLimiterBuilder {
     /// a failure policy ([`RedisLimiter::guarded`], [`RedisLimiter::leased`]) it first probes
     /// Redis (within the timeout): if Redis does not answer, the breaker starts open, the
     /// policy decides every check from the first, and the breaker's probe closes it once
-    /// Redis answers (within a probe interval, 200 ms by default). With
+    /// Redis answers (within a probe interval, 200 ms by default, and two half-open probes). With
     /// [`FailurePolicy::Local`](crate::redis::FailurePolicy::Local) the node serves its share
     /// for the fleet size it was told ([`FailureHandling::assumed_nodes`](crate::redis::FailureHandling::assumed_nodes));
     /// told none, it denies until a heartbeat counts the fleet, never taking the whole quota.

@@ -72,6 +72,48 @@ pub enum GuardMode {
     Degraded(FailurePolicy),
 }
 
+/// Where a guarded or leased limiter's circuit breaker is (see "The breaker" on
+/// [`FailureHandling`]).
+///
+/// # Examples
+/// ```no_run
+/// # use tollgate::redis::{BreakerState, GuardedLimiter};
+/// # fn demo(limiter: GuardedLimiter) {
+/// if limiter.breaker() == BreakerState::HalfOpen {
+///     // Redis answered a probe: global again after a few more.
+/// }
+/// # }
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum BreakerState {
+    /// Redis decides (the mode is [`GuardMode::Global`]).
+    Closed,
+    /// The failure policy decides; a probe looks for Redis now and then.
+    Open,
+    /// Redis answered a probe: the failure policy still decides until it has answered
+    /// [`FailureHandling::half_open_successes`] in a row.
+    HalfOpen,
+}
+
+/// A [`FailureHandling`] setting out of its range.
+///
+/// # Examples
+/// ```
+/// use tollgate::redis::{FailureHandling, FailurePolicy, HandlingError};
+/// let error = FailureHandling::new(FailurePolicy::Local).failure_rate(2.0).unwrap_err();
+/// assert_eq!(error, HandlingError::FailureRate { rate: 2.0 });
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, thiserror::Error)]
+#[non_exhaustive]
+pub enum HandlingError {
+    /// A failure rate outside `(0, 1]` (or not a number).
+    #[error("a failure rate must be above 0 and at most 1, not {rate}")]
+    FailureRate {
+        /// The rate given.
+        rate: f64,
+    },
+}
+
 /// How a [`GuardedLimiter`](super::GuardedLimiter) handles failures.
 ///
 /// # Examples
@@ -83,10 +125,80 @@ pub enum GuardMode {
 ///     .assumed_nodes(4);
 /// assert_eq!(handling.policy(), FailurePolicy::Local);
 /// ```
+///
+/// # The breaker
+/// Closed, Redis decides every check. It opens on the first of:
+/// - **a run of failures lasting [`open_after`](Self::open_after)** (250 ms): transient
+///   failures with no call answered between, the first and the latest that far apart. A dead
+///   server or a black-holed network fails every call from the fault on, so the breaker opens
+///   about `timeout + open_after` (~300 ms) after it, whatever the traffic (the heartbeat
+///   fails too, once a second). A stall of `S` (a fork, an fsync, another tenant's slow
+///   script) fails the calls whose timeout `T` ends inside it, a run of about `S − T`: with
+///   the defaults, stalls up to about 300 ms leave it closed. The figure is five timeouts:
+///   long enough for the stalls a healthy server has, short enough that checks stop waiting
+///   on a dead one within a third of a second.
+/// - **a failure rate**: at least [`min_failures`](Self::min_failures) (20) failures making
+///   [`failure_rate`](Self::failure_rate) (half) of the calls over the last
+///   [`failure_window`](Self::failure_window) (1 s, sliding): a server that answers some calls
+///   and loses many. A stall fails every call in flight at once (as many failures as checks
+///   are in flight), but a busy node answered far more in the second before it; a quiet node
+///   seldom meets 20 failures in one stall.
+/// - **[`failure_threshold`](Self::failure_threshold) failures in a row**, if set (not by
+///   default: under concurrency one stall fails every call in flight, so a count says little;
+///   `failure_threshold(1)` is the breaker of earlier versions).
+///
+/// Open, the [`FailurePolicy`] decides every check at once, and a probe (a `SET` of a key of
+/// the limiter's own, next to the last key that failed, on its Cluster slot) is sent after
+/// a wait drawn from `[½, 1½) ×` [`probe_interval`](Self::probe_interval) (200 ms): the
+/// nodes of a fleet that opened together do not probe together. A probe answered makes it
+/// half-open: the policy still decides while [`half_open_successes`](Self::half_open_successes)
+/// (3) probes in a row, a quarter of the probe interval apart, are answered; then it closes,
+/// with a clean slate. A probe that fails in between opens it again. So after an outage a node
+/// is global again about `probe_interval + half_open_successes × probe_interval / 4`
+/// (~0.35 s) after Redis answers, and a server that answers once and stalls again keeps it on
+/// its policy rather than flapping. [`GuardedLimiter::breaker`](super::GuardedLimiter::breaker)
+/// reports the breaker's [`BreakerState`].
+///
+/// # On a slow Redis, with the defaults
+/// - **Exact tier** ([`RedisLimiter`](super::RedisLimiter), no breaker): a check whose call does
+///   not answer within the timeout (50 ms) fails with [`TierError::Timeout`](super::TierError).
+/// - **Guarded tier**: while the breaker stays closed, each check whose call times out is
+///   decided by the policy on its own (it waited the timeout), and the others are global; the
+///   mode stays `Global`, nothing else changes (the `Local` shares, the heartbeats, the leases).
+///   A stall up to about 300 ms therefore costs only the checks it delayed.
+/// - **Leased tier**: `check` never waits; a refill that times out leaves its lease to back off
+///   a probe interval and counts toward the breaker; no lease is emptied unless the breaker
+///   opens. A key whose lease runs out meanwhile is refused beyond what it holds (also by
+///   `check_waiting`) until a refill succeeds or the breaker opens: a refusal, never an
+///   over-admission, for up to `open_after` plus a timeout (~300 ms) when Redis dies. Where a
+///   client under its limit must not be refused then, `failure_threshold(1)` hands the leases
+///   to the policy at the first failed refill, at the price of a node degraded by any stall
+///   longer than the timeout.
+///
+/// # Timed-out checks
+/// A call that timed out may still have run: a stalled server runs what was queued once it
+/// resumes. A guarded check whose call timed out is decided by the policy too, so when that
+/// call ran and the policy admits (`Local`, `FailOpen`; `FailClosed` denies), the check is
+/// counted twice, once in Redis and once by the policy. Only checks sent to Redis can be: at
+/// most the checks whose calls timed out, which are those sent from one timeout before a stall
+/// or an outage began until the breaker opened (with the defaults, the checks of about
+/// `open_after + 2 × timeout` ≈ 350 ms of traffic; none once it is open, when nothing is sent),
+/// each counted at most once more. With the `Local` policy the extra admissions are further
+/// bounded by the node's share. [`reconcile`](Self::reconcile) charges what the policy admitted
+/// again, since it cannot tell whether a timed-out call ran. A leased refill that timed out but
+/// ran is the other way round: its units are counted in Redis and never received, an
+/// under-admission until they expire.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct FailureHandling {
     pub(super) policy: FailurePolicy,
+    /// Failures in a row that open the breaker; `u32::MAX`: not set.
     pub(super) failure_threshold: u32,
+    pub(super) open_after: Duration,
+    pub(super) failure_window: Duration,
+    /// In millionths.
+    pub(super) failure_rate_ppm: u32,
+    pub(super) min_failures: u32,
+    pub(super) half_open_successes: u32,
     pub(super) probe_interval: Duration,
     pub(super) heartbeat_interval: Duration,
     pub(super) assumed_nodes: u64,
@@ -98,8 +210,12 @@ pub struct FailureHandling {
 }
 
 impl FailureHandling {
-    /// `policy`, opening after 1 transient failure, probing every 200 ms, heartbeats every
-    /// second, 1 node assumed until the first heartbeat.
+    /// `policy`, with the breaker tuned for a slow Redis as well as a dead one: it opens when
+    /// calls have kept failing for 250 ms with no answer between, or when at least 20 calls
+    /// failed and they are half of the calls of the last second; it probes every 200 ms
+    /// (jittered) while open and closes after 3 probes in a row were answered. Heartbeats
+    /// every second, 1 node assumed until the first heartbeat. See "The breaker" on
+    /// [`FailureHandling`] for the reasons.
     ///
     /// # Examples
     /// ```
@@ -110,19 +226,31 @@ impl FailureHandling {
     /// assert_eq!(
     ///     handling,
     ///     FailureHandling::new(FailurePolicy::FailOpen)
-    ///         .failure_threshold(1)
+    ///         .open_after(Duration::from_millis(250))
+    ///         .failure_window(Duration::from_secs(1))
+    ///         .failure_rate(0.5)?
+    ///         .min_failures(20)
+    ///         .half_open_successes(3)
     ///         .probe_interval(Duration::from_millis(200))
     ///         .heartbeat_interval(Duration::from_secs(1))
     ///         .reconcile(false)
     /// );
+    /// // No count of failures in a row opens it unless one is set.
+    /// assert_ne!(handling, handling.failure_threshold(1));
     /// // One node is assumed, but not told: a node started while Redis is down with the
     /// // `Local` policy denies until it can count the fleet (see `assumed_nodes`).
     /// assert_ne!(handling, handling.assumed_nodes(1));
+    /// # Ok::<(), tollgate::redis::HandlingError>(())
     /// ```
     pub fn new(policy: FailurePolicy) -> Self {
         FailureHandling {
             policy,
-            failure_threshold: 1,
+            failure_threshold: u32::MAX,
+            open_after: Duration::from_millis(250),
+            failure_window: Duration::from_secs(1),
+            failure_rate_ppm: 500_000,
+            min_failures: 20,
+            half_open_successes: 3,
             probe_interval: Duration::from_millis(200),
             heartbeat_interval: Duration::from_secs(1),
             assumed_nodes: 1,
@@ -142,16 +270,22 @@ impl FailureHandling {
         self.policy
     }
 
-    /// How many transient failures in a row open the breaker (at least 1; default 1, so that
-    /// no later check waits on a dead server).
+    /// Also open the breaker after this many transient failures in a row, with no answer
+    /// between (at least 1; not set by default). Under concurrency a count in a row says
+    /// little: one stall of a few milliseconds fails every call in flight at once, so the
+    /// default rules count time ([`open_after`](Self::open_after)) and a rate
+    /// ([`failure_rate`](Self::failure_rate)) instead. `failure_threshold(1)` is the breaker
+    /// of earlier versions, which opened on the first failure: no check waits on a dead
+    /// server for more than one timeout, but any stall longer than the timeout degrades the
+    /// node for at least a probe interval.
     ///
     /// # Examples
     /// ```
     /// use tollgate::redis::{FailureHandling, FailurePolicy};
-    /// // Tolerate two lost replies on a flaky network before degrading.
-    /// let handling = FailureHandling::new(FailurePolicy::Local).failure_threshold(3);
+    /// // Degrade on the first timeout, as earlier versions did.
+    /// let handling = FailureHandling::new(FailurePolicy::Local).failure_threshold(1);
     /// # let _ = handling;
-    /// // 0 would never open the breaker: it is raised to 1.
+    /// // 0 would open it before any failure: it is raised to 1.
     /// let zero = FailureHandling::new(FailurePolicy::Local).failure_threshold(0);
     /// assert_eq!(zero, FailureHandling::new(FailurePolicy::Local).failure_threshold(1));
     /// ```
@@ -160,7 +294,125 @@ impl FailureHandling {
         self
     }
 
-    /// How often an open breaker probes Redis (default 200 ms; at least 1 ms).
+    /// How long calls must keep failing, with no call answered between, before the breaker
+    /// opens (default 250 ms; at least 1 ms). Measured between the first failure of the run
+    /// and the latest, so a single failure never opens it, and a stall of `S` with the call
+    /// timeout `T` makes a run of about `S − T`: with the defaults, a server that stops for up
+    /// to ~300 ms (a fork, an fsync, another tenant's long script) leaves the breaker closed,
+    /// and one that stops for good opens it about 300 ms after the fault. Until then each
+    /// check waits its timeout and is decided by the policy on its own.
+    ///
+    /// # Examples
+    /// ```
+    /// use std::time::Duration;
+    /// use tollgate::redis::{FailureHandling, FailurePolicy};
+    /// // Ride out stalls of up to a second (a large fork), at the price of checks that wait
+    /// // their timeout for a second when Redis dies.
+    /// let handling = FailureHandling::new(FailurePolicy::Local).open_after(Duration::from_secs(1));
+    /// # let _ = handling;
+    /// assert_eq!(
+    ///     FailureHandling::new(FailurePolicy::Local).open_after(Duration::ZERO),
+    ///     FailureHandling::new(FailurePolicy::Local).open_after(Duration::from_millis(1))
+    /// );
+    /// ```
+    pub fn open_after(mut self, duration: Duration) -> Self {
+        self.open_after = duration.max(Duration::from_millis(1));
+        self
+    }
+
+    /// The span over which the failure rate is measured (default 1 s; at least 10 ms): a
+    /// sliding window over the calls to Redis (checks, refills, charges, heartbeats).
+    ///
+    /// # Examples
+    /// ```
+    /// use std::time::Duration;
+    /// use tollgate::redis::{FailureHandling, FailurePolicy};
+    /// let handling = FailureHandling::new(FailurePolicy::Local).failure_window(Duration::from_secs(5));
+    /// # let _ = handling;
+    /// assert_eq!(
+    ///     FailureHandling::new(FailurePolicy::Local).failure_window(Duration::ZERO),
+    ///     FailureHandling::new(FailurePolicy::Local).failure_window(Duration::from_millis(10))
+    /// );
+    /// ```
+    pub fn failure_window(mut self, window: Duration) -> Self {
+        self.failure_window = window.max(Duration::from_millis(10));
+        self
+    }
+
+    /// The share of calls over the [`failure_window`](Self::failure_window) that must fail
+    /// to open the breaker, once the window holds [`min_failures`](Self::min_failures)
+    /// (default 0.5): a server that answers some calls and loses many (an overloaded one, a
+    /// lossy network) degrades the node even though no run of failures lasts.
+    ///
+    /// # Errors
+    /// [`HandlingError::FailureRate`] unless `0 < rate ≤ 1`.
+    ///
+    /// # Examples
+    /// ```
+    /// use tollgate::redis::{FailureHandling, FailurePolicy, HandlingError};
+    /// let handling = FailureHandling::new(FailurePolicy::Local).failure_rate(0.25)?;
+    /// # let _ = handling;
+    /// assert!(matches!(
+    ///     FailureHandling::new(FailurePolicy::Local).failure_rate(f64::NAN),
+    ///     Err(HandlingError::FailureRate { .. })
+    /// ));
+    /// assert!(FailureHandling::new(FailurePolicy::Local).failure_rate(0.0).is_err());
+    /// assert!(FailureHandling::new(FailurePolicy::Local).failure_rate(1.5).is_err());
+    /// # Ok::<(), HandlingError>(())
+    /// ```
+    pub fn failure_rate(mut self, rate: f64) -> Result<Self, HandlingError> {
+        if !(rate > 0.0 && rate <= 1.0) {
+            return Err(HandlingError::FailureRate { rate });
+        }
+        // In (0, 1]: the product is in (0, 1e6], so the cast neither wraps nor saturates.
+        self.failure_rate_ppm = ((rate * 1e6).round() as u32).max(1);
+        Ok(self)
+    }
+
+    /// The failures the [`failure_window`](Self::failure_window) must hold before its rate
+    /// can open the breaker (default 20; at least 1), so that a few failures among few calls
+    /// (a quiet node meeting one stall) do not.
+    ///
+    /// # Examples
+    /// ```
+    /// use tollgate::redis::{FailureHandling, FailurePolicy};
+    /// let handling = FailureHandling::new(FailurePolicy::Local).min_failures(100);
+    /// # let _ = handling;
+    /// assert_eq!(
+    ///     FailureHandling::new(FailurePolicy::Local).min_failures(0),
+    ///     FailureHandling::new(FailurePolicy::Local).min_failures(1)
+    /// );
+    /// ```
+    pub fn min_failures(mut self, failures: u32) -> Self {
+        self.min_failures = failures.max(1);
+        self
+    }
+
+    /// How many probes in a row Redis must answer before an open breaker closes (default 3;
+    /// at least 1). After the first, the breaker is half-open: the policy still decides, and
+    /// the next probes follow a quarter of the probe interval apart (50 ms by default); a
+    /// probe that fails opens it again. A server that answers once and stalls again (still
+    /// loading, failing over, starved) keeps the node on its policy instead of flapping.
+    ///
+    /// # Examples
+    /// ```
+    /// use tollgate::redis::{FailureHandling, FailurePolicy};
+    /// // Close on the first answered probe, as earlier versions did.
+    /// let handling = FailureHandling::new(FailurePolicy::Local).half_open_successes(1);
+    /// # let _ = handling;
+    /// assert_eq!(
+    ///     FailureHandling::new(FailurePolicy::Local).half_open_successes(0),
+    ///     FailureHandling::new(FailurePolicy::Local).half_open_successes(1)
+    /// );
+    /// ```
+    pub fn half_open_successes(mut self, probes: u32) -> Self {
+        self.half_open_successes = probes.max(1);
+        self
+    }
+
+    /// How often an open breaker probes Redis (default 200 ms; at least 1 ms). Each wait is
+    /// drawn between half and one and a half times the interval, so that the nodes of a fleet
+    /// that opened together do not probe together.
     ///
     /// # Examples
     /// ```
@@ -259,8 +511,8 @@ impl FailureHandling {
     /// Charges use the node's wall clock to place units in windows (and as `now` for GCRA
     /// debts), so they are as accurate as the fleet's clocks agree with the server's. A check
     /// whose call timed out may still have reached Redis (a hung server runs what was queued
-    /// once it resumes); the policy decides it too, and it is then counted twice (the checks
-    /// that met the outage, at most one per check in flight when it began).
+    /// once it resumes); the policy decides it too, and it is then counted twice: see "Timed-out
+    /// checks" on [`FailureHandling`] for the bound.
     ///
     /// # Examples
     /// ```
@@ -285,5 +537,18 @@ impl FailureHandling {
     /// ```
     pub fn reconciles(&self) -> bool {
         self.reconcile
+    }
+
+    /// What moves the breaker, in the breaker's units.
+    pub(super) fn breaker_settings(&self) -> super::breaker::Settings {
+        let nanos = |d: Duration| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
+        super::breaker::Settings {
+            threshold: self.failure_threshold,
+            open_after: nanos(self.open_after),
+            window: nanos(self.failure_window),
+            rate_ppm: self.failure_rate_ppm,
+            min_failures: self.min_failures,
+            half_open_successes: self.half_open_successes,
+        }
     }
 }
