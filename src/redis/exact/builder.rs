@@ -408,11 +408,11 @@ mod tests {
             ("{}", "%7B%7D"),
             ("100%", "100%25"),
         ] {
-            let builder = RedisLimiter::builder(rule.clone()).prefix(prefix);
+            let builder = RedisLimiter::builder(rule).prefix(prefix);
             assert_eq!(builder.prefix, escaped.as_bytes(), "{prefix}");
         }
         // Distinct prefixes stay distinct.
-        let a = RedisLimiter::builder(rule.clone()).prefix("{").prefix;
+        let a = RedisLimiter::builder(rule).prefix("{").prefix;
         let b = RedisLimiter::builder(rule).prefix("%7B").prefix;
         assert_ne!(a, b);
     }
