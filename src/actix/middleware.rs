@@ -254,16 +254,13 @@ where
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         match self.project().stage.project() {
-            StageProj::Ready { response } => match response.take() {
-                Some(response) => Poll::Ready(Ok(response)),
-                // Polled again after completion: a caller bug; stay pending rather than panic.
-                None => Poll::Pending,
-            },
-            StageProj::Inner { future, pass } => {
-                let response = std::task::ready!(future.poll(cx))?;
-                let pass = pass.take().unwrap_or_default();
-                Poll::Ready(Ok(finish(pass, response)))
-            }
+            // (Polled again after completion, a caller bug: pending rather than a panic.)
+            StageProj::Ready { response } => response
+                .take()
+                .map_or(Poll::Pending, |r| Poll::Ready(Ok(r))),
+            StageProj::Inner { future, pass } => future
+                .poll(cx)
+                .map_ok(|response| finish(pass.take().unwrap_or_default(), response)),
             StageProj::Boxed { future } => future.as_mut().poll(cx),
         }
     }
