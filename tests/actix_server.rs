@@ -55,6 +55,9 @@ struct Answer {
     body: String,
 }
 
+/// One request of a sequence: its method, path and header fields.
+type Step<'a> = (Method, &'a str, &'a [(&'a str, &'a str)]);
+
 async fn send(
     http: &Http,
     addr: SocketAddr,
@@ -143,7 +146,7 @@ async fn the_actix_server_answers_as_the_axum_server_from_the_same_file() {
     let unknown = [("x-forwarded-for", "unknown")];
     let pro = [("x-api-key", "pro-key-1")];
     let free = [("x-api-key", "free-key-1")];
-    let mut steps: Vec<(Method, &str, &[(&str, &str)])> = Vec::new();
+    let mut steps: Vec<Step<'_>> = Vec::new();
     // /api/: a burst of 20, then an export (cost 5) refused; a client behind the trusted
     // proxy (127.0.0.1, the test's own address) has a bucket of its own; a hop that is no
     // address leaves the client unknown.
