@@ -1,7 +1,9 @@
 //! An actix-web middleware (feature `actix`) on the tower layer's engine.
 //!
-//! [`RateLimit`] is what `App::wrap` takes; it runs a [`RateLimitLayer`] (built with
-//! [`RateLimitLayer::builder`], or with feature `serde` from a configuration file): the same
+//! [`RateLimit`] is what `App::wrap` takes; it runs a
+//! [`RateLimitLayer`](crate::tower::RateLimitLayer) (built with
+//! [`RateLimitLayer::builder`](crate::tower::RateLimitLayer::builder), or with feature `serde`
+//! from a configuration file): the same
 //! policies, client keys behind trusted proxies, rate-limit headers, `429` problem+json
 //! denials, shadow and delay modes, in-flight bounds, allow-lists, refunds and metrics as the
 //! tower layer, decided by the same code. Everything [`crate::tower`] says of what a request
@@ -48,7 +50,8 @@
 //! [`RateLimitLayerBuilder::trusted_proxies`](crate::tower::RateLimitLayerBuilder::trusted_proxies)
 //! and the forwarding header work as in tower). The layer's answers and fields are copied
 //! back into actix-web's response; the application's body passes through as it is, inside
-//! [`RateLimitBody`], which holds the request's in-flight place until the body ends.
+//! [`RateLimitBody`](crate::tower::RateLimitBody), which holds the request's in-flight place
+//! until the body ends.
 //!
 //! # Caveats
 //! - Closures that read a request (`KeySource::from_fn`, `Policy::cost_fn`, `allow_if`,
@@ -71,5 +74,3 @@ mod convert;
 mod middleware;
 
 pub use self::middleware::{RateLimit, RateLimitService, ResponseFuture};
-#[doc(no_inline)]
-pub use crate::tower::{RateLimitBody, RateLimitLayer};
