@@ -48,7 +48,7 @@ use std::hint::black_box;
 use std::net::{Ipv4Addr, SocketAddr};
 use std::pin::pin;
 use std::sync::Arc;
-use std::task::{Context, Poll, Wake, Waker};
+use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
 use axum::body::Body;
@@ -64,12 +64,12 @@ use tower_governor::GovernorLayer;
 use tower_layer::Layer;
 use tower_service::Service;
 
+#[path = "support/clients.rs"]
+mod clients;
+use clients::{peers, NoopWake, SEQUENCE};
+
 static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 
-/// Distinct client IPs.
-const CLIENTS: usize = 10_000;
-/// Length of the visiting order (a power of two, random draws from the clients).
-const SEQUENCE: usize = 1 << 16;
 /// Requests served after a row's samples to judge its share of allowed requests.
 const GUARD_REQUESTS: usize = 100_000;
 
@@ -123,34 +123,6 @@ impl Service<Request<()>> for Inner {
     fn call(&mut self, _: Request<()>) -> Self::Future {
         std::future::ready(Ok(Response::new(Body::empty())))
     }
-}
-
-struct NoopWake;
-
-impl Wake for NoopWake {
-    fn wake(self: Arc<Self>) {}
-}
-
-/// The visiting order: `SEQUENCE` peer addresses drawn at random from `CLIENTS` distinct ones.
-fn peers() -> Vec<SocketAddr> {
-    // Distinct: multiplying by an odd constant is a bijection of the low 24 bits.
-    let clients: Vec<SocketAddr> = (0..CLIENTS as u32)
-        .map(|i| {
-            let ip = Ipv4Addr::from(0x0A00_0000 | (i.wrapping_mul(0x9E37_79B1) & 0x00FF_FFFF));
-            SocketAddr::from((ip, 40_000 + (i % 20_000) as u16))
-        })
-        .collect();
-    let mut state = 0x5EED_u64;
-    (0..SEQUENCE)
-        .map(|_| {
-            // splitmix64
-            state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
-            let mut z = state;
-            z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-            z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-            clients[((z ^ (z >> 31)) % CLIENTS as u64) as usize]
-        })
-        .collect()
 }
 
 /// Serves requests from the peers in turn: one fresh request each, the future polled once.

@@ -23,9 +23,10 @@ step "format and lint"
 cargo fmt --all -- --check
 cargo clippy --all-targets --all-features -- -D warnings
 # Code gated by a feature must also be clean without its neighbours: the core alone, and
-# the tower layer without metrics, serde or redis.
+# the tower layer without metrics, serde or redis, and the actix middleware on it alone.
 cargo clippy --lib -- -D warnings
 cargo clippy --lib --features tower -- -D warnings
+cargo clippy --lib --features actix -- -D warnings
 # The library's files as the loom models compile them (against loom's atomics).
 cargo clippy -p tollgate-loom-tests --lib --test models -- -D warnings
 

@@ -229,6 +229,7 @@
 //! | (none) | the in-process limiters, clocks, algorithms and the [`replay`] trace format |
 //! | `tower` | `tollgate::tower`: a tower layer for HTTP services (policies, client keys behind trusted proxies, 429 and gRPC denials, rate-limit headers, tiers) |
 //! | `axum` | `tower`, and the layer reads axum's `ConnectInfo` for the peer address |
+//! | `actix` | `tower`, and `tollgate::actix`: the layer's policies as an actix-web middleware |
 //! | `tokio` | `tollgate::wait`: `until_ready` / `until_ready_n` and `acquire` / `acquire_n` (bounded) on every limiter, waiting on tokio's timer; with `tower`, the layer's delay mode |
 //! | `metrics` | `tower`, and per-policy counters through the `metrics` facade, plus `tracing` debug events |
 //! | `serde` | `tower`, and `tollgate::tower::config`: the whole layer from TOML, JSON or YAML |
@@ -274,6 +275,8 @@
 // `doc_cfg` marks every item behind a feature with its feature, read from its `#[cfg]`.
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+#[cfg(feature = "actix")]
+pub mod actix;
 pub mod algorithm;
 pub mod clock;
 /// Documents of the repository's `docs/` folder that travel with the crate.

@@ -160,7 +160,7 @@ mod policy;
 #[cfg(feature = "redis")]
 mod redis_backend;
 mod response;
-mod service;
+pub(crate) mod service;
 mod stats;
 mod tiers;
 #[cfg(feature = "tokio")]

@@ -149,3 +149,38 @@ where
         }
     }
 }
+
+/// The body of the actix-web middleware's responses (feature `actix`): the application's body
+/// or the layer's own, holding the request's in-flight place as [`Body`] does.
+#[cfg(feature = "actix")]
+impl<B> actix_web::body::MessageBody for RateLimitBody<B>
+where
+    B: actix_web::body::MessageBody,
+{
+    type Error = B::Error;
+
+    fn size(&self) -> actix_web::body::BodySize {
+        match &self.kind {
+            Kind::Inner { body } => body.size(),
+            Kind::Full { data } => {
+                actix_web::body::BodySize::Sized(data.as_ref().map_or(0, |d| d.len() as u64))
+            }
+        }
+    }
+
+    fn poll_next(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Bytes, Self::Error>>> {
+        let this = self.project();
+        let chunk = match this.kind.project() {
+            KindProj::Inner { body } => std::task::ready!(body.poll_next(cx)),
+            KindProj::Full { data } => data.take().map(Ok),
+        };
+        if chunk.is_none() {
+            // The body ended: the request is no longer in flight.
+            *this.place = None;
+        }
+        Poll::Ready(chunk)
+    }
+}

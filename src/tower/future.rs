@@ -7,7 +7,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
-use http::Response;
+use http::{HeaderMap, Response, StatusCode};
 
 use super::backend::Verdict;
 use super::body::RateLimitBody;
@@ -23,7 +23,7 @@ pub(super) type BoxedResponse<B, E> =
 
 /// What an admitted request's response still needs once the inner service answered: the
 /// headers, and a refund by status.
-pub(super) struct Admitted {
+pub(crate) struct Admitted {
     pub(super) shared: Arc<Shared>,
     pub(super) policy: usize,
     pub(super) key: Key,
@@ -38,31 +38,29 @@ impl Admitted {
         response: Response<B>,
     ) -> Response<RateLimitBody<B>> {
         let mut response = response.map(RateLimitBody::inner);
-        let Some(this) = admitted else {
-            return response;
-        };
-        let policy = &this.shared.policies[this.policy];
-        let mut verdict = this.verdict;
-        if verdict.decision.allowed()
-            && policy
-                .refund
-                .as_ref()
-                .is_some_and(|refund| refund(response.status()))
+        if let Some(this) = admitted {
+            let status = response.status();
+            this.complete(status, response.headers_mut());
+        }
+        response
+    }
+
+    /// Refunds the request if its policy refunds responses of `status`, and adds the rate-limit
+    /// fields to `headers` (a response's, of any framework: the actix-web middleware copies
+    /// them over).
+    pub(crate) fn complete(self, status: StatusCode, headers: &mut HeaderMap) {
+        let policy = &self.shared.policies[self.policy];
+        let mut verdict = self.verdict;
+        if verdict.decision.allowed() && policy.refund.as_ref().is_some_and(|refund| refund(status))
         {
             // The headers then say what the client has once the units are back.
-            let refunded = (policy.backend).refund_decided(&this.key, this.cost, &verdict.decision);
+            let refunded = (policy.backend).refund_decided(&self.key, self.cost, &verdict.decision);
             if let Some(after) = refunded {
                 verdict = after;
             }
             stats::record(policy, Outcome::Refunded);
         }
-        add_headers(
-            response.headers_mut(),
-            this.shared.headers,
-            policy,
-            &verdict,
-        );
-        response
+        add_headers(headers, self.shared.headers, policy, &verdict);
     }
 }
 

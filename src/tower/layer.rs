@@ -23,7 +23,7 @@ pub(super) type PeerFn = dyn Fn(&Parts) -> Option<std::net::IpAddr> + Send + Syn
 pub(super) type DenyFn = dyn Fn(&Denial<'_>) -> Response<Bytes> + Send + Sync;
 
 /// The layer's configuration, shared by every clone.
-pub(super) struct Shared {
+pub(crate) struct Shared {
     /// The policies in order, then the default policy (if any) last.
     pub(super) policies: Vec<Policy>,
     pub(super) has_default: bool,
@@ -62,7 +62,7 @@ pub(super) struct Shared {
 /// ```
 #[derive(Clone)]
 pub struct RateLimitLayer {
-    pub(super) shared: Arc<Shared>,
+    pub(crate) shared: Arc<Shared>,
 }
 
 impl fmt::Debug for RateLimitLayer {

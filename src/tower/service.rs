@@ -286,6 +286,118 @@ pub(super) fn next<B>(
     }))
 }
 
+/// What the layer does with a request, decided from its head alone (no server framework's
+/// types): the tower service and the actix-web middleware (feature `actix`) both start every
+/// request with [`Shared::gate`], and differ only in how they call the application and carry
+/// the answer.
+pub(crate) enum Gate<B> {
+    /// This answer, without calling the application (a denial, a rejection).
+    Respond(Response<RateLimitBody<B>>),
+    /// Call the application, and finish its response with [`Pass`].
+    Pass(Pass),
+    /// The decision waits (delay mode, a network backend): [`Wait::decide`].
+    Wait(Wait),
+}
+
+/// What an admitted request's response still needs: its headers and refund
+/// ([`Admitted`], none when there is nothing to add), and the request's in-flight place, for
+/// the response body to hold until it ends.
+#[derive(Default)]
+pub(crate) struct Pass {
+    pub(crate) admitted: Option<Admitted>,
+    pub(crate) place: Option<OwnedInFlightPermit<Key>>,
+}
+
+/// A checked request whose decision waits: its policy, key and cost, whether it is gRPC, and
+/// its in-flight place (held while it waits; given back if it is refused).
+pub(crate) struct Wait {
+    shared: Arc<Shared>,
+    index: usize,
+    key: Key,
+    cost: u64,
+    grpc: bool,
+    place: Option<OwnedInFlightPermit<Key>>,
+}
+
+impl Wait {
+    /// Waits for the decision (in delay mode, for the slot): the request passes, or gets the
+    /// answer given.
+    pub(crate) async fn decide<B>(self) -> Result<Pass, Response<RateLimitBody<B>>> {
+        let Wait {
+            shared,
+            index,
+            key,
+            cost,
+            grpc,
+            place,
+        } = self;
+        let decided = policy_verdict(&shared.policies[index], &key, cost).await;
+        match next(&shared, index, key, cost, decided, grpc) {
+            Next::Respond(response) => Err(response),
+            Next::Call(admitted) => Ok(Pass { admitted, place }),
+        }
+    }
+}
+
+impl Shared {
+    /// What becomes of a request with head `parts`: its plan, its place under the policy's
+    /// in-flight bound and, when the backend decides at once, its check and answer.
+    pub(crate) fn gate<B>(self: &Arc<Self>, parts: &Parts) -> Gate<B> {
+        let grpc = || is_grpc(&parts.method, &parts.headers);
+        let (index, key, cost) = match self.plan(parts) {
+            Plan::Pass => return Gate::Pass(Pass::default()),
+            Plan::Unchecked {
+                fallback, detail, ..
+            } => {
+                return match fallback {
+                    Fallback::Allow => Gate::Pass(Pass::default()),
+                    Fallback::Reject(status) => Gate::Respond(self.reject(status, detail, grpc())),
+                }
+            }
+            Plan::Check { policy, key, cost } => (policy, key, cost),
+        };
+        let policy = &self.policies[index];
+        // The request's place under the policy's in-flight bound, taken before the rate is
+        // charged (a request refused here costs nothing) and given back if the rate refuses.
+        let Ok(place) = policy.take_place(&key) else {
+            let detail = format!(
+                "Rate limit \"{}\": this client has as many requests in flight as it may.",
+                policy.name()
+            );
+            return Gate::Respond(self.reject(policy.in_flight_status, &detail, grpc()));
+        };
+        if !policy.rate {
+            // An in-flight bound alone: no rate to check, and no figure to show.
+            stats::record(policy, Outcome::Allowed);
+            return Gate::Pass(Pass {
+                admitted: None,
+                place,
+            });
+        }
+        // Delay mode may sleep: it always waits.
+        let decided = match policy.mode {
+            #[cfg(feature = "tokio")]
+            Mode::Delay { .. } => None,
+            _ => policy.backend.check_now(&key, cost),
+        };
+        let Some(decided) = decided else {
+            return Gate::Wait(Wait {
+                shared: Arc::clone(self),
+                index,
+                key,
+                cost,
+                grpc: grpc(),
+                place,
+            });
+        };
+        let decided = decided.map(|verdict| (verdict, std::time::Duration::ZERO));
+        match next(self, index, key, cost, decided, grpc()) {
+            Next::Respond(response) => Gate::Respond(response),
+            Next::Call(admitted) => Gate::Pass(Pass { admitted, place }),
+        }
+    }
+}
+
 impl<S, ReqBody, ResBody> Service<Request<ReqBody>> for RateLimit<S>
 where
     S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone + Send + 'static,
@@ -304,106 +416,34 @@ where
 
     fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
         let (parts, body) = request.into_parts();
-        let plan = self.shared.plan(&parts);
+        let gate = self.shared.gate(&parts);
         let request = Request::from_parts(parts, body);
-        let (index, key, cost) = match plan {
-            Plan::Pass => {
+        let wait = match gate {
+            Gate::Respond(response) => {
+                return ResponseFuture::stage(Stage::Ready {
+                    response: Some(response),
+                })
+            }
+            Gate::Pass(Pass { admitted, place }) => {
                 return ResponseFuture::stage(Stage::Inner {
                     future: self.inner.call(request),
-                    admitted: None,
-                    place: None,
+                    admitted,
+                    place,
                 })
             }
-            Plan::Unchecked {
-                fallback, detail, ..
-            } => {
-                return ResponseFuture::stage(match fallback {
-                    Fallback::Allow => Stage::Inner {
-                        future: self.inner.call(request),
-                        admitted: None,
-                        place: None,
-                    },
-                    Fallback::Reject(status) => Stage::Ready {
-                        response: Some(self.shared.reject(
-                            status,
-                            detail,
-                            is_grpc(request.method(), request.headers()),
-                        )),
-                    },
-                })
-            }
-            Plan::Check { policy, key, cost } => (policy, key, cost),
+            Gate::Wait(wait) => wait,
         };
-        let policy = &self.shared.policies[index];
-        // The request's place under the policy's in-flight bound, taken before the rate is
-        // charged (a request refused here costs nothing) and given back if the rate refuses.
-        let Ok(place) = policy.take_place(&key) else {
-            let grpc = is_grpc(request.method(), request.headers());
-            let detail = format!(
-                "Rate limit \"{}\": this client has as many requests in flight as it may.",
-                policy.name()
-            );
-            let response = self.shared.reject(policy.in_flight_status, &detail, grpc);
-            return ResponseFuture::stage(Stage::Ready {
-                response: Some(response),
-            });
-        };
-        if !policy.rate {
-            // An in-flight bound alone: no rate to check, and no figure to show.
-            stats::record(policy, Outcome::Allowed);
-            return ResponseFuture::stage(Stage::Inner {
-                future: self.inner.call(request),
-                admitted: None,
-                place,
-            });
-        }
-        // Delay mode may sleep: it always takes the boxed path.
-        let decided = match policy.mode {
-            #[cfg(feature = "tokio")]
-            Mode::Delay { .. } => None,
-            _ => policy.backend.check_now(&key, cost),
-        };
-        if let Some(decided) = decided {
-            let decided = decided.map(|verdict| (verdict, std::time::Duration::ZERO));
-            return ResponseFuture::stage(
-                match next(
-                    &self.shared,
-                    index,
-                    key,
-                    cost,
-                    decided,
-                    is_grpc(request.method(), request.headers()),
-                ) {
-                    Next::Respond(response) => Stage::Ready {
-                        response: Some(response),
-                    },
-                    Next::Call(admitted) => Stage::Inner {
-                        future: self.inner.call(request),
-                        admitted,
-                        place,
-                    },
-                },
-            );
-        }
         // The inner service is called later, from the future: the one polled ready goes with
         // it, and a fresh clone stays behind (called at once above, it needs no clone: an
         // axum route's clone is an allocation).
         let clone = self.inner.clone();
         let mut inner = std::mem::replace(&mut self.inner, clone);
-        let shared = Arc::clone(&self.shared);
         let future = Box::pin(async move {
-            let decided = policy_verdict(&shared.policies[index], &key, cost).await;
-            // (Bound before the await: a `Next` holds a response body, which need not be `Send`.)
-            let admitted = match next(
-                &shared,
-                index,
-                key,
-                cost,
-                decided,
-                is_grpc(request.method(), request.headers()),
-            ) {
-                Next::Respond(response) => return Ok(response),
-                Next::Call(admitted) => admitted,
+            // (Matched before the next await: a denial holds a response body, which need not
+            // be `Send`.)
+            let Pass { admitted, place } = match wait.decide().await {
+                Ok(pass) => pass,
+                Err(response) => return Ok(response),
             };
             let response = inner.call(request).await?;
             let response = Admitted::finish(admitted, response);
