@@ -158,7 +158,13 @@ fn bad_bounds_are_refused_when_the_layer_is_built() {
     let rate = KeyedLimiter::<Key, _>::new(Gcra::new(Quota::per_minute(10).unwrap()).unwrap());
     let zero = Policy::new("zero", rate).max_in_flight(0);
     let error = RateLimitLayer::builder().policy(zero).build().unwrap_err();
-    assert!(error.to_string().contains("max_in_flight"), "{error}");
+    assert!(error.to_string().contains("max_in_flight 0"), "{error}");
+    assert!(error.to_string().contains("at least 1"), "{error}");
+    // Too large for a key's count: said so, not "at least 1".
+    let rate = KeyedLimiter::<Key, _>::new(Gcra::new(Quota::per_minute(10).unwrap()).unwrap());
+    let huge = Policy::new("huge", rate).max_in_flight(u64::MAX);
+    let error = RateLimitLayer::builder().policy(huge).build().unwrap_err();
+    assert!(error.to_string().contains("exceeds the largest"), "{error}");
     let rate = KeyedLimiter::<Key, _>::new(Gcra::new(Quota::per_minute(10).unwrap()).unwrap());
     let ok_status = Policy::new("ok", rate)
         .max_in_flight(1)

@@ -436,7 +436,11 @@ impl Policy {
     /// Why the policy's in-flight settings are refused, if they are.
     pub(crate) fn in_flight_problem(&self) -> Option<String> {
         if let Some((max, None)) = self.in_flight {
-            return Some(format!("max_in_flight {max} must be at least 1"));
+            // The limiter's own reason: zero, or above the largest bound a count holds.
+            return Some(match InFlight::<Key>::new(max) {
+                Err(error) => format!("max_in_flight {max}: {error}"),
+                Ok(_) => format!("max_in_flight {max} refused"),
+            });
         }
         if !self.rate {
             #[cfg(feature = "tokio")]
