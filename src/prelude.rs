@@ -56,6 +56,9 @@ pub use crate::tower::{
     CheckBackend, ConfigError, Fallback, HeaderStyle, InFlightScope, Key, KeySource, Mode, Policy,
     RateLimitLayer,
 };
+#[cfg(all(feature = "tower", feature = "redis"))]
+#[doc(no_inline)]
+pub use crate::tower::RedisBackend;
 #[cfg(feature = "tokio")]
 #[doc(no_inline)]
 pub use crate::wait::WaitError;
