@@ -10,6 +10,8 @@ use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClientBuilder;
 use redis::cluster_async::ClusterConnection;
 use redis::cluster_routing::Slot;
+use redis::io::tcp::socket2::TcpKeepalive;
+use redis::io::tcp::TcpSettings;
 use redis::{ErrorKind, ServerErrorKind, Value};
 
 use super::error::TierError;
@@ -79,6 +81,53 @@ pub const DEFAULT_MAX_BATCH: usize = 256;
 /// assert_eq!(DEFAULT_INJECTED_MIN_TTL, Duration::from_secs(3600));
 /// ```
 pub const DEFAULT_INJECTED_MIN_TTL: Duration = Duration::from_secs(3600);
+
+/// How long a connection made by [`RedisLimiterBuilder`] stays idle before TCP keepalive
+/// probes start (10 s): a peer that vanished without a word (a host gone, a firewall that
+/// dropped the flow) is noticed on an idle connection in seconds, not after the kernel's
+/// default two hours.
+///
+/// # Examples
+/// ```
+/// use std::time::Duration;
+/// use tollgate::redis::{TCP_KEEPALIVE_IDLE, TCP_KEEPALIVE_INTERVAL, TCP_KEEPALIVE_RETRIES};
+/// // An idle connection to a vanished peer is closed after 10 s + 3 × 5 s.
+/// let dead_after = TCP_KEEPALIVE_IDLE + TCP_KEEPALIVE_INTERVAL * TCP_KEEPALIVE_RETRIES;
+/// assert_eq!(dead_after, Duration::from_secs(25));
+/// ```
+pub const TCP_KEEPALIVE_IDLE: Duration = Duration::from_secs(10);
+
+/// The time between two TCP keepalive probes (5 s): short enough that the retries below end
+/// within a minute, long enough not to add traffic worth counting.
+///
+/// # Examples
+/// ```
+/// use std::time::Duration;
+/// assert_eq!(tollgate::redis::TCP_KEEPALIVE_INTERVAL, Duration::from_secs(5));
+/// ```
+pub const TCP_KEEPALIVE_INTERVAL: Duration = Duration::from_secs(5);
+
+/// How many unanswered keepalive probes close the connection (3; set on Linux, Android and
+/// Fuchsia, elsewhere the system's count): one lost probe does not close a healthy connection.
+///
+/// # Examples
+/// ```
+/// assert_eq!(tollgate::redis::TCP_KEEPALIVE_RETRIES, 3);
+/// ```
+pub const TCP_KEEPALIVE_RETRIES: u32 = 3;
+
+/// `TCP_USER_TIMEOUT` of the connections made by [`RedisLimiterBuilder`] (5 s; Linux, Android
+/// and Fuchsia): data written but not acknowledged for this long closes the connection, so a
+/// black-holed connection under traffic fails (and the client reconnects) in seconds rather
+/// than after the kernel's retransmissions (about 15 minutes). Longer than any pause a healthy
+/// network shows, far shorter than an outage worth riding out on one socket.
+///
+/// # Examples
+/// ```
+/// use std::time::Duration;
+/// assert_eq!(tollgate::redis::TCP_USER_TIMEOUT, Duration::from_secs(5));
+/// ```
+pub const TCP_USER_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// A connection the exact tier can send its scripts over.
 ///

@@ -182,7 +182,7 @@ impl RedisLimiterBuilder {
     /// # Ok(()) }
     /// ```
     pub async fn connect(self, url: &str) -> Result<RedisLimiter<ConnectionManager>, TierError> {
-        let client = redis::Client::open(url)?;
+        let client = client(url)?;
         let config = ConnectionManagerConfig::new()
             .set_connection_timeout(Some(self.connect_timeout))
             .set_response_timeout(Some(self.timeout))
@@ -239,7 +239,7 @@ impl RedisLimiterBuilder {
         self,
         url: &str,
     ) -> Result<RedisLimiter<ConnectionManager>, TierError> {
-        let client = redis::Client::open(url)?;
+        let client = client(url)?;
         if tokio::runtime::Handle::try_current().is_err() {
             return Err(redis::RedisError::from((
                 ErrorKind::Client,
@@ -283,6 +283,7 @@ impl RedisLimiterBuilder {
         nodes: &[&str],
     ) -> Result<RedisLimiter<ClusterConnection>, TierError> {
         let client = ClusterClientBuilder::new(nodes.iter().copied())
+            .tcp_settings(tcp_settings())
             .connection_timeout(self.connect_timeout)
             .response_timeout(self.timeout)
             .build()?;
@@ -323,6 +324,7 @@ impl RedisLimiterBuilder {
         nodes: &[&str],
     ) -> Result<RedisLimiter<LazyClusterConnection>, TierError> {
         let client = ClusterClientBuilder::new(nodes.iter().copied())
+            .tcp_settings(tcp_settings())
             .connection_timeout(self.connect_timeout)
             .response_timeout(self.timeout)
             .build()?;
@@ -377,6 +379,30 @@ impl RedisLimiterBuilder {
     }
 }
 
+/// A client for `url` whose connections use [`tcp_settings`].
+fn client(url: &str) -> Result<redis::Client, TierError> {
+    let info = redis::IntoConnectionInfo::into_connection_info(url)?;
+    Ok(redis::Client::open(info.set_tcp_settings(tcp_settings()))?)
+}
+
+/// The TCP settings of every connection the builder makes (see [`TCP_KEEPALIVE_IDLE`] and the
+/// constants next to it for each one's reason).
+pub(crate) fn tcp_settings() -> TcpSettings {
+    let keepalive = TcpKeepalive::new()
+        .with_time(TCP_KEEPALIVE_IDLE)
+        .with_interval(TCP_KEEPALIVE_INTERVAL);
+    #[cfg(any(target_os = "android", target_os = "fuchsia", target_os = "linux"))]
+    let keepalive = keepalive.with_retries(TCP_KEEPALIVE_RETRIES);
+    // Nodelay: a check is one small write awaited for its reply; Nagle's algorithm would hold
+    // it back behind an unacknowledged one (up to a delayed ACK, 40 ms on Linux).
+    let settings = TcpSettings::default()
+        .set_nodelay(true)
+        .set_keepalive(keepalive);
+    #[cfg(any(target_os = "android", target_os = "fuchsia", target_os = "linux"))]
+    let settings = settings.set_user_timeout(TCP_USER_TIMEOUT);
+    settings
+}
+
 /// `text` with the bytes that delimit a Cluster hash tag (`{`, `}`) and the escape itself
 /// (`%`) written as `%7B`, `%7D`, `%25`.
 fn escape_tag(text: &[u8]) -> Vec<u8> {
@@ -397,6 +423,20 @@ mod tests {
     use super::*;
     use crate::redis::RedisRule;
     use crate::Quota;
+
+    /// The clients `connect` and `connect_lazy` open carry the TCP settings. (That the kernel
+    /// gets them is redis-rs's part: it applies a `TcpSettings` to every socket it opens.)
+    #[test]
+    fn clients_carry_the_tcp_settings() {
+        let client = client("redis://127.0.0.1:6379/0").unwrap();
+        let settings = client.get_connection_info().tcp_settings();
+        assert!(settings.nodelay());
+        let keepalive = format!("{:?}", settings.keepalive());
+        assert!(keepalive.contains("10s"), "{keepalive}");
+        assert!(keepalive.contains("5s"), "{keepalive}");
+        #[cfg(target_os = "linux")]
+        assert_eq!(settings.user_timeout(), Some(TCP_USER_TIMEOUT));
+    }
 
     /// A prefix's braces never become a hash tag: the user key stays each key's only tag.
     #[test]
