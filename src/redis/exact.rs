@@ -2,6 +2,7 @@
 
 use std::future::{poll_fn, Future};
 use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::task::Poll;
 use std::time::Duration;
@@ -187,7 +188,7 @@ impl RedisConnection for ClusterConnection {
 /// ```
 #[derive(Clone)]
 pub struct RedisLimiter<C = ConnectionManager> {
-    conn: C,
+    conn: Conn<C>,
     rule: RedisRule,
     prefix: Arc<[u8]>,
     timeout: Duration,
@@ -259,6 +260,59 @@ impl RedisLimiter {
     /// ```
     pub async fn connect(url: &str, rule: RedisRule) -> Result<RedisLimiter, TierError> {
         RedisLimiter::builder(rule).connect(url).await
+    }
+}
+
+/// Makes a fresh connection to the same server (see [`Conn`]); no I/O until first used.
+pub(crate) type MakeConnection<C> = Box<dyn Fn() -> Result<C, redis::RedisError> + Send + Sync>;
+
+/// The connection a limiter sends over: the one it was built with, until the guarded tier's
+/// probes replace it ([`RedisLimiter::replace_connection`]) with one made afresh. Only the
+/// builder's own connections can be replaced; one given to
+/// [`build`](RedisLimiterBuilder::build) has no `heal`.
+///
+/// Reading it costs what it did before replacements existed (a clone of `first`, one
+/// reference count) plus one `Acquire` load of `replaced`, a plain load on x86 and ARMv8;
+/// only after a replacement does a call take the read lock (uncontended but for the rare
+/// replacement itself; it is one more atomic update next to the clone's).
+#[derive(Clone)]
+struct Conn<C> {
+    first: C,
+    heal: Option<Arc<Heal<C>>>,
+}
+
+struct Heal<C> {
+    /// Whether `current` holds a replacement (then it, not `first`, is the connection).
+    replaced: AtomicBool,
+    current: parking_lot::RwLock<Option<C>>,
+    make: MakeConnection<C>,
+}
+
+impl<C: Clone> Conn<C> {
+    #[inline]
+    fn get(&self) -> C {
+        if let Some(heal) = &self.heal {
+            // Acquire: pairs with the Release store in `replace`, so that the read lock
+            // below is taken after the replacement was written.
+            if heal.replaced.load(Ordering::Acquire) {
+                if let Some(conn) = &*heal.current.read() {
+                    return conn.clone();
+                }
+            }
+        }
+        self.first.clone()
+    }
+
+    /// Replaces the connection with a fresh one; whether it could.
+    fn replace(&self) -> Result<bool, redis::RedisError> {
+        let Some(heal) = &self.heal else {
+            return Ok(false);
+        };
+        let fresh = (heal.make)()?;
+        *heal.current.write() = Some(fresh);
+        // Release: see `get`.
+        heal.replaced.store(true, Ordering::Release);
+        Ok(true)
     }
 }
 
@@ -377,7 +431,7 @@ impl<C: RedisConnection> RedisLimiter<C> {
     /// # Ok(()) }
     /// ```
     pub async fn load_scripts(&self) -> Result<(), TierError> {
-        let mut conn = self.conn.clone();
+        let mut conn = self.conn.get();
         let load = self.rule.script().load_async(&mut conn);
         match tokio::time::timeout(self.timeout, load).await {
             Err(_) => Err(self.timed_out()),
@@ -405,13 +459,40 @@ impl<C: RedisConnection> RedisLimiter<C> {
             }
         };
         key.extend_from_slice(b":probe");
-        let mut conn = self.conn.clone();
+        let mut conn = self.conn.get();
         let mut set = redis::cmd("SET");
         set.arg(key).arg(1).arg("PX").arg(10_000);
         let write = set.query_async::<()>(&mut conn);
         match tokio::time::timeout(self.timeout, write).await {
             Err(_) => Err(self.timed_out()),
+            // A single server that refuses writes as a replica was demoted without its clients
+            // being cut: the client library keeps the connection (and so this replica) for
+            // good, while a new one to the same address (a virtual IP, a DNS name, a proxy)
+            // reaches the new master. (A Cluster client follows its slots by itself.)
+            Ok(Err(e))
+                if !C::CLUSTERED && e.kind() == ErrorKind::Server(ServerErrorKind::ReadOnly) =>
+            {
+                self.replace_connection("the server is a replica (READONLY)");
+                Err(self.failure(e))
+            }
             Ok(result) => result.map_err(|e| self.failure(e)),
+        }
+    }
+
+    /// Replaces the connection with a fresh one to the same server, if the builder made it
+    /// (see `Conn`); whether it did. Calls in flight finish (or time out) on the old one.
+    pub(crate) fn replace_connection(&self, why: &str) -> bool {
+        match self.conn.replace() {
+            Ok(replaced) => {
+                if replaced {
+                    tracing::info!(why, "replaced the Redis connection with a new one");
+                }
+                replaced
+            }
+            Err(error) => {
+                tracing::warn!(%error, why, "could not replace the Redis connection");
+                false
+            }
         }
     }
 }
@@ -529,20 +610,25 @@ impl<C> RedisLimiter<C> {
         self.timeout
     }
 
-    /// The connection (a clone shares it).
+    /// The connection in use now, shared (a clone of it). That is the one the limiter was
+    /// built with, unless a guarded or leased limiter on it replaced it after failed probes
+    /// (see [`GuardedLimiter`](crate::redis::GuardedLimiter)).
     ///
     /// # Examples
     /// ```no_run
     /// use tollgate::redis::RedisLimiter;
     /// # async fn demo(limiter: RedisLimiter) -> Result<(), Box<dyn std::error::Error>> {
     /// // Run other commands over the limiter's own connection (the default reconnects by itself).
-    /// let mut conn = limiter.connection().clone();
+    /// let mut conn = limiter.connection();
     /// let pong: String = redis::cmd("PING").query_async(&mut conn).await?;
     /// assert_eq!(pong, "PONG");
     /// # Ok(()) }
     /// ```
-    pub fn connection(&self) -> &C {
-        &self.conn
+    pub fn connection(&self) -> C
+    where
+        C: Clone,
+    {
+        self.conn.get()
     }
 
     /// The Redis key holding `key`'s state: `<prefix>:<algorithm>:{<key>}`. The user key is
