@@ -13,7 +13,7 @@
 #[path = "support/redis_server.rs"]
 mod redis_server;
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -33,6 +33,8 @@ struct Relay {
     port: u16,
     epoch: Arc<AtomicU64>,
     accepted: Arc<AtomicU64>,
+    /// Where new connections are forwarded.
+    target: Arc<AtomicU16>,
 }
 
 impl Relay {
@@ -43,11 +45,13 @@ impl Relay {
         let port = listener.local_addr().expect("its address").port();
         let epoch = Arc::new(AtomicU64::new(0));
         let accepted = Arc::new(AtomicU64::new(0));
-        let (e, a) = (epoch.clone(), accepted.clone());
+        let target = Arc::new(AtomicU16::new(target));
+        let (e, a, t) = (epoch.clone(), accepted.clone(), target.clone());
         tokio::spawn(async move {
             while let Ok((client, _)) = listener.accept().await {
                 a.fetch_add(1, Ordering::Relaxed);
-                let Ok(server) = TcpStream::connect(("127.0.0.1", target)).await else {
+                let to = t.load(Ordering::Relaxed);
+                let Ok(server) = TcpStream::connect(("127.0.0.1", to)).await else {
                     continue;
                 };
                 let born = e.load(Ordering::Relaxed);
@@ -61,7 +65,13 @@ impl Relay {
             port,
             epoch,
             accepted,
+            target,
         }
+    }
+
+    /// New connections go to `port` (the ones open stay where they are).
+    fn point_to(&self, port: u16) {
+        self.target.store(port, Ordering::Relaxed);
     }
 
     fn url(&self) -> String {
@@ -228,5 +238,110 @@ fn a_leased_node_whose_connection_is_black_holed_is_global_again_within_seconds(
         assert!(relay.accepted() > before, "a new connection was made");
         let decision = limiter.check_waiting("after").await.expect("Redis answers");
         assert!(decision.allowed());
+    });
+}
+
+/// A master demoted without its clients being cut (`REPLICAOF` keeps them), while the
+/// address the node uses now leads to the new master: the node's writes meet `READONLY`, the
+/// breaker opens, the probe that meets `READONLY` replaces the connection, and the node is
+/// `Global` again, on the new master.
+#[test]
+fn a_guarded_node_on_a_demoted_master_is_global_again_on_the_new_one() {
+    let Some(old) = RedisServer::start() else {
+        return;
+    };
+    let Some(new) = RedisServer::start() else {
+        return;
+    };
+    runtime().block_on(async {
+        let relay = Relay::start(old.port()).await;
+        let rule = RedisRule::gcra(Quota::per_second(1_000_000).unwrap()).unwrap();
+        let limiter = RedisLimiter::builder(rule)
+            .timeout(TIMEOUT)
+            .connect(&relay.url())
+            .await
+            .expect("connects through the relay")
+            .guarded(FailureHandling::new(FailurePolicy::FailOpen))
+            .await;
+        for n in 0..16 {
+            limiter.check(format!("user-{n}")).await.expect("answers");
+        }
+        assert_eq!(
+            limiter.mode(),
+            GuardMode::Global,
+            "global before the failover"
+        );
+
+        // The failover: the address leads to the new master, the old one becomes its replica.
+        relay.point_to(new.port());
+        let mut admin = redis::Client::open(old.url())
+            .unwrap()
+            .get_multiplexed_async_connection()
+            .await
+            .expect("connects to the old master");
+        let _: () = redis::cmd("REPLICAOF")
+            .arg("127.0.0.1")
+            .arg(new.port())
+            .query_async(&mut admin)
+            .await
+            .expect("REPLICAOF");
+        let demoted = Instant::now();
+        let stop = Arc::new(AtomicBool::new(false));
+        let load = {
+            let (l, stop) = (limiter.clone(), stop.clone());
+            tokio::spawn(async move {
+                let mut n = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    n += 1;
+                    l.check(format!("user-{}", n % 16))
+                        .await
+                        .expect("READONLY is absorbed");
+                    tokio::time::sleep(Duration::from_millis(1)).await;
+                }
+            })
+        };
+        let opened = until(Duration::from_secs(10), "breaker open", || {
+            limiter.breaker() != BreakerState::Closed
+        })
+        .await;
+        let back = until(Duration::from_secs(15), "global again", || {
+            limiter.mode() == GuardMode::Global
+        })
+        .await;
+        eprintln!(
+            "demoted master: breaker open after {opened:?}, global again {back:?} later \
+             ({:?} after REPLICAOF)",
+            demoted.elapsed()
+        );
+        stop.store(true, Ordering::Relaxed);
+        tokio::time::timeout(Duration::from_secs(5), load)
+            .await
+            .expect("the load stops when told")
+            .expect("the load did not panic");
+        // The exact tier underneath, so that a failed call is seen, not absorbed by the policy
+        // (the new master forks for its replica's first sync: a call may meet the pause).
+        let mut answered = false;
+        for _ in 0..50 {
+            if limiter.exact().check("after").await.is_ok() {
+                answered = true;
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert!(answered, "a check after the failover is answered");
+        let mut on_new = redis::Client::open(new.url())
+            .unwrap()
+            .get_multiplexed_async_connection()
+            .await
+            .expect("connects to the new master");
+        let exists: bool = redis::cmd("EXISTS")
+            .arg(limiter.exact().redis_key("after"))
+            .query_async(&mut on_new)
+            .await
+            .expect("EXISTS");
+        assert!(
+            exists,
+            "the check after the failover was decided by the new master"
+        );
     });
 }
