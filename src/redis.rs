@@ -182,6 +182,7 @@ pub use self::error::{ErrorClass, TierError};
 pub use self::exact::{
     LazyClusterConnection, RedisConnection, RedisLimiter, RedisLimiterBuilder, RedisMultiLimiter,
     DEFAULT_CONNECT_TIMEOUT, DEFAULT_INJECTED_MIN_TTL, DEFAULT_MAX_BATCH, DEFAULT_TIMEOUT,
+    TCP_KEEPALIVE_IDLE, TCP_KEEPALIVE_INTERVAL, TCP_KEEPALIVE_RETRIES, TCP_USER_TIMEOUT,
 };
 pub use self::guard::{
     BreakerState, FailureHandling, FailurePolicy, GuardMode, GuardedLimiter, HandlingError,

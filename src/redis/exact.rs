@@ -2,6 +2,7 @@
 
 use std::future::{poll_fn, Future};
 use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::task::Poll;
 use std::time::Duration;
@@ -10,6 +11,8 @@ use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClientBuilder;
 use redis::cluster_async::ClusterConnection;
 use redis::cluster_routing::Slot;
+use redis::io::tcp::socket2::TcpKeepalive;
+use redis::io::tcp::TcpSettings;
 use redis::{ErrorKind, ServerErrorKind, Value};
 
 use super::error::TierError;
@@ -80,6 +83,53 @@ pub const DEFAULT_MAX_BATCH: usize = 256;
 /// ```
 pub const DEFAULT_INJECTED_MIN_TTL: Duration = Duration::from_secs(3600);
 
+/// How long a connection made by [`RedisLimiterBuilder`] stays idle before TCP keepalive
+/// probes start (10 s): a peer that vanished without a word (a host gone, a firewall that
+/// dropped the flow) is noticed on an idle connection in seconds, not after the kernel's
+/// default two hours.
+///
+/// # Examples
+/// ```
+/// use std::time::Duration;
+/// use tollgate::redis::{TCP_KEEPALIVE_IDLE, TCP_KEEPALIVE_INTERVAL, TCP_KEEPALIVE_RETRIES};
+/// // An idle connection to a vanished peer is closed after 10 s + 3 × 5 s.
+/// let dead_after = TCP_KEEPALIVE_IDLE + TCP_KEEPALIVE_INTERVAL * TCP_KEEPALIVE_RETRIES;
+/// assert_eq!(dead_after, Duration::from_secs(25));
+/// ```
+pub const TCP_KEEPALIVE_IDLE: Duration = Duration::from_secs(10);
+
+/// The time between two TCP keepalive probes (5 s): short enough that the retries below end
+/// within a minute, long enough not to add traffic worth counting.
+///
+/// # Examples
+/// ```
+/// use std::time::Duration;
+/// assert_eq!(tollgate::redis::TCP_KEEPALIVE_INTERVAL, Duration::from_secs(5));
+/// ```
+pub const TCP_KEEPALIVE_INTERVAL: Duration = Duration::from_secs(5);
+
+/// How many unanswered keepalive probes close the connection (3; set on Linux, Android and
+/// Fuchsia, elsewhere the system's count): one lost probe does not close a healthy connection.
+///
+/// # Examples
+/// ```
+/// assert_eq!(tollgate::redis::TCP_KEEPALIVE_RETRIES, 3);
+/// ```
+pub const TCP_KEEPALIVE_RETRIES: u32 = 3;
+
+/// `TCP_USER_TIMEOUT` of the connections made by [`RedisLimiterBuilder`] (5 s; Linux, Android
+/// and Fuchsia): data written but not acknowledged for this long closes the connection, so a
+/// black-holed connection under traffic fails (and the client reconnects) in seconds rather
+/// than after the kernel's retransmissions (about 15 minutes). Longer than any pause a healthy
+/// network shows, far shorter than an outage worth riding out on one socket.
+///
+/// # Examples
+/// ```
+/// use std::time::Duration;
+/// assert_eq!(tollgate::redis::TCP_USER_TIMEOUT, Duration::from_secs(5));
+/// ```
+pub const TCP_USER_TIMEOUT: Duration = Duration::from_secs(5);
+
 /// A connection the exact tier can send its scripts over.
 ///
 /// Implemented for the client library's connections that reconnect on their own:
@@ -138,7 +188,7 @@ impl RedisConnection for ClusterConnection {
 /// ```
 #[derive(Clone)]
 pub struct RedisLimiter<C = ConnectionManager> {
-    conn: C,
+    conn: Conn<C>,
     rule: RedisRule,
     prefix: Arc<[u8]>,
     timeout: Duration,
@@ -210,6 +260,59 @@ impl RedisLimiter {
     /// ```
     pub async fn connect(url: &str, rule: RedisRule) -> Result<RedisLimiter, TierError> {
         RedisLimiter::builder(rule).connect(url).await
+    }
+}
+
+/// Makes a fresh connection to the same server (see [`Conn`]); no I/O until first used.
+pub(crate) type MakeConnection<C> = Box<dyn Fn() -> Result<C, redis::RedisError> + Send + Sync>;
+
+/// The connection a limiter sends over: the one it was built with, until the guarded tier's
+/// probes replace it ([`RedisLimiter::replace_connection`]) with one made afresh. Only the
+/// builder's own connections can be replaced; one given to
+/// [`build`](RedisLimiterBuilder::build) has no `heal`.
+///
+/// Reading it costs what it did before replacements existed (a clone of `first`, one
+/// reference count) plus one `Acquire` load of `replaced`, a plain load on x86 and ARMv8;
+/// only after a replacement does a call take the read lock (uncontended but for the rare
+/// replacement itself; it is one more atomic update next to the clone's).
+#[derive(Clone)]
+struct Conn<C> {
+    first: C,
+    heal: Option<Arc<Heal<C>>>,
+}
+
+struct Heal<C> {
+    /// Whether `current` holds a replacement (then it, not `first`, is the connection).
+    replaced: AtomicBool,
+    current: parking_lot::RwLock<Option<C>>,
+    make: MakeConnection<C>,
+}
+
+impl<C: Clone> Conn<C> {
+    #[inline]
+    fn get(&self) -> C {
+        if let Some(heal) = &self.heal {
+            // Acquire: pairs with the Release store in `replace`, so that the read lock
+            // below is taken after the replacement was written.
+            if heal.replaced.load(Ordering::Acquire) {
+                if let Some(conn) = &*heal.current.read() {
+                    return conn.clone();
+                }
+            }
+        }
+        self.first.clone()
+    }
+
+    /// Replaces the connection with a fresh one; whether it could.
+    fn replace(&self) -> Result<bool, redis::RedisError> {
+        let Some(heal) = &self.heal else {
+            return Ok(false);
+        };
+        let fresh = (heal.make)()?;
+        *heal.current.write() = Some(fresh);
+        // Release: see `get`.
+        heal.replaced.store(true, Ordering::Release);
+        Ok(true)
     }
 }
 
@@ -328,7 +431,7 @@ impl<C: RedisConnection> RedisLimiter<C> {
     /// # Ok(()) }
     /// ```
     pub async fn load_scripts(&self) -> Result<(), TierError> {
-        let mut conn = self.conn.clone();
+        let mut conn = self.conn.get();
         let load = self.rule.script().load_async(&mut conn);
         match tokio::time::timeout(self.timeout, load).await {
             Err(_) => Err(self.timed_out()),
@@ -356,13 +459,40 @@ impl<C: RedisConnection> RedisLimiter<C> {
             }
         };
         key.extend_from_slice(b":probe");
-        let mut conn = self.conn.clone();
+        let mut conn = self.conn.get();
         let mut set = redis::cmd("SET");
         set.arg(key).arg(1).arg("PX").arg(10_000);
         let write = set.query_async::<()>(&mut conn);
         match tokio::time::timeout(self.timeout, write).await {
             Err(_) => Err(self.timed_out()),
+            // A single server that refuses writes as a replica was demoted without its clients
+            // being cut: the client library keeps the connection (and so this replica) for
+            // good, while a new one to the same address (a virtual IP, a DNS name, a proxy)
+            // reaches the new master. (A Cluster client follows its slots by itself.)
+            Ok(Err(e))
+                if !C::CLUSTERED && e.kind() == ErrorKind::Server(ServerErrorKind::ReadOnly) =>
+            {
+                self.replace_connection("the server is a replica (READONLY)");
+                Err(self.failure(e))
+            }
             Ok(result) => result.map_err(|e| self.failure(e)),
+        }
+    }
+
+    /// Replaces the connection with a fresh one to the same server, if the builder made it
+    /// (see `Conn`); whether it did. Calls in flight finish (or time out) on the old one.
+    pub(crate) fn replace_connection(&self, why: &str) -> bool {
+        match self.conn.replace() {
+            Ok(replaced) => {
+                if replaced {
+                    tracing::info!(why, "replaced the Redis connection with a new one");
+                }
+                replaced
+            }
+            Err(error) => {
+                tracing::warn!(%error, why, "could not replace the Redis connection");
+                false
+            }
         }
     }
 }
@@ -480,20 +610,25 @@ impl<C> RedisLimiter<C> {
         self.timeout
     }
 
-    /// The connection (a clone shares it).
+    /// The connection in use now, shared (a clone of it). That is the one the limiter was
+    /// built with, unless a guarded or leased limiter on it replaced it after failed probes
+    /// (see [`GuardedLimiter`](crate::redis::GuardedLimiter)).
     ///
     /// # Examples
     /// ```no_run
     /// use tollgate::redis::RedisLimiter;
     /// # async fn demo(limiter: RedisLimiter) -> Result<(), Box<dyn std::error::Error>> {
     /// // Run other commands over the limiter's own connection (the default reconnects by itself).
-    /// let mut conn = limiter.connection().clone();
+    /// let mut conn = limiter.connection();
     /// let pong: String = redis::cmd("PING").query_async(&mut conn).await?;
     /// assert_eq!(pong, "PONG");
     /// # Ok(()) }
     /// ```
-    pub fn connection(&self) -> &C {
-        &self.conn
+    pub fn connection(&self) -> C
+    where
+        C: Clone,
+    {
+        self.conn.get()
     }
 
     /// The Redis key holding `key`'s state: `<prefix>:<algorithm>:{<key>}`. The user key is

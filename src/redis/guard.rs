@@ -40,6 +40,13 @@ use super::exact::units::wall_nanos;
 /// `Local` policy, keeps this node's heartbeat; it stops when the last clone is dropped.
 /// Mode changes are logged with `tracing` (`warn` when degrading, `info` when back).
 ///
+/// The probes also heal the connection: after two failed in a row while the breaker is open
+/// (a black-holed connection only times out, and the client library keeps it), or one that
+/// meets `READONLY` on a single server (a demoted master), the connection is replaced by a
+/// new one to the same address, used by the next probe and every later call. Only a
+/// connection the builder made can be replaced; one given to
+/// [`RedisLimiterBuilder::build`](super::RedisLimiterBuilder::build) is the caller's to heal.
+///
 /// # Examples
 /// ```no_run
 /// use tollgate::{Quota, redis::{FailureHandling, FailurePolicy, GuardMode, RedisLimiter, RedisRule}};
@@ -623,7 +630,7 @@ impl<C: RedisConnection> Shared<C> {
             .arg(&self.node_id)
             .arg(expiry_ms)
             .arg(if beat { "1" } else { "0" });
-        let mut conn = self.exact.connection().clone();
+        let mut conn = self.exact.connection();
         let timeout = self.exact.timeout();
         match tokio::time::timeout(timeout, invocation.invoke_async::<i64>(&mut conn)).await {
             Err(_) => Err(TierError::Timeout { timeout }),
@@ -635,12 +642,23 @@ impl<C: RedisConnection> Shared<C> {
     }
 }
 
+/// Failed probes in a row, the breaker open, after which the connection is replaced by a new
+/// one (if the builder made it; see `RedisLimiter::replace_connection`). The client library
+/// replaces its connection only on errors it deems fatal to it: a connection that stopped
+/// answering (a network black hole, a peer gone without a reset) only times out, and would be
+/// kept until the kernel gives up on it. Two probes (about 400 ms apart from the first
+/// failure) tell a dead connection from one lost reply; a server that is down for longer
+/// costs a new connection every two probes, each connecting only when the next probe uses it.
+const REPLACE_AFTER_FAILED_PROBES: u32 = 2;
+
 /// The background task: probes while the breaker is open (a jittered probe interval apart,
 /// a quarter of it apart while half-open), heartbeats while it is closed, and places the
 /// answers counted since its last round in the breaker's failure-rate window.
 async fn watch<C: RedisConnection>(shared: Weak<Shared<C>>) {
     let mut next_beat = Instant::now();
     let mut jitter = Jitter::seeded();
+    // Probes failed in a row while open (see `REPLACE_AFTER_FAILED_PROBES`).
+    let mut failed_probes = 0u32;
     loop {
         let Some(s) = shared.upgrade() else {
             return;
@@ -653,6 +671,7 @@ async fn watch<C: RedisConnection>(shared: Weak<Shared<C>>) {
             let at = s.probe_at.lock().clone();
             match s.exact.probe(at.as_deref()).await {
                 Ok(()) => {
+                    failed_probes = 0;
                     if s.recovered() {
                         next_beat = Instant::now();
                     }
@@ -660,6 +679,11 @@ async fn watch<C: RedisConnection>(shared: Weak<Shared<C>>) {
                 Err(error) => {
                     tracing::debug!(%error, "probe failed");
                     s.breaker.probe_failed();
+                    failed_probes += 1;
+                    if failed_probes >= REPLACE_AFTER_FAILED_PROBES {
+                        failed_probes = 0;
+                        s.exact.replace_connection("probes failed in a row");
+                    }
                 }
             }
         }

@@ -246,7 +246,7 @@ async fn replay_limiter(url: &str, rule: RedisRule) -> Result<(RedisLimiter, Str
 /// expire within the injected-time TTL floor anyway). The prefix has no glob characters.
 async fn remove_keys(limiter: &RedisLimiter, prefix: &str) {
     let pattern = format!("{prefix}:*");
-    let mut conn: ConnectionManager = limiter.connection().clone();
+    let mut conn: ConnectionManager = limiter.connection();
     let deadline = Instant::now() + Duration::from_secs(10);
     let mut cursor: u64 = 0;
     while Instant::now() < deadline {

@@ -182,20 +182,21 @@ impl RedisLimiterBuilder {
     /// # Ok(()) }
     /// ```
     pub async fn connect(self, url: &str) -> Result<RedisLimiter<ConnectionManager>, TierError> {
-        let client = redis::Client::open(url)?;
+        let client = client(url)?;
         let config = ConnectionManagerConfig::new()
             .set_connection_timeout(Some(self.connect_timeout))
             .set_response_timeout(Some(self.timeout))
             .set_max_delay(Duration::from_secs(1));
         let conn = tokio::time::timeout(
             self.connect_timeout,
-            ConnectionManager::new_with_config(client, config),
+            ConnectionManager::new_with_config(client.clone(), config),
         )
         .await
         .map_err(|_| TierError::Timeout {
             timeout: self.connect_timeout,
         })??;
-        let limiter = self.build(conn);
+        let remake = self.remake(client);
+        let limiter = self.build_healing(conn, Some(remake));
         limiter.load_scripts().await?;
         Ok(limiter)
     }
@@ -239,7 +240,7 @@ impl RedisLimiterBuilder {
         self,
         url: &str,
     ) -> Result<RedisLimiter<ConnectionManager>, TierError> {
-        let client = redis::Client::open(url)?;
+        let client = client(url)?;
         if tokio::runtime::Handle::try_current().is_err() {
             return Err(redis::RedisError::from((
                 ErrorKind::Client,
@@ -247,17 +248,10 @@ impl RedisLimiterBuilder {
             ))
             .into());
         }
-        let config = ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(self.connect_timeout))
-            .set_response_timeout(Some(self.timeout))
-            // While Redis is down, each probe's call drives the next attempt: short delays
-            // between attempts put the limiter back to global within a probe or two of Redis
-            // answering (a refused attempt costs a loopback round trip, a dead host the
-            // connect timeout).
-            .set_min_delay(Duration::from_millis(20))
-            .set_max_delay(Duration::from_millis(100));
-        let conn = ConnectionManager::new_lazy_with_config(client, config)?;
-        let mut limiter = self.build(conn);
+        let config = self.lazy_config();
+        let conn = ConnectionManager::new_lazy_with_config(client.clone(), config)?;
+        let remake = self.remake(client);
+        let mut limiter = self.build_healing(conn, Some(remake));
         limiter.lazy = true;
         Ok(limiter)
     }
@@ -283,6 +277,7 @@ impl RedisLimiterBuilder {
         nodes: &[&str],
     ) -> Result<RedisLimiter<ClusterConnection>, TierError> {
         let client = ClusterClientBuilder::new(nodes.iter().copied())
+            .tcp_settings(tcp_settings())
             .connection_timeout(self.connect_timeout)
             .response_timeout(self.timeout)
             .build()?;
@@ -323,10 +318,15 @@ impl RedisLimiterBuilder {
         nodes: &[&str],
     ) -> Result<RedisLimiter<LazyClusterConnection>, TierError> {
         let client = ClusterClientBuilder::new(nodes.iter().copied())
+            .tcp_settings(tcp_settings())
             .connection_timeout(self.connect_timeout)
             .response_timeout(self.timeout)
             .build()?;
-        let mut limiter = self.build(LazyClusterConnection::new(client));
+        let remake: MakeConnection<LazyClusterConnection> = {
+            let client = client.clone();
+            Box::new(move || Ok(LazyClusterConnection::new(client.clone())))
+        };
+        let mut limiter = self.build_healing(LazyClusterConnection::new(client), Some(remake));
         limiter.lazy = true;
         Ok(limiter)
     }
@@ -334,6 +334,14 @@ impl RedisLimiterBuilder {
     /// A limiter on a connection of your own (for example a
     /// [`ClusterConnection`](redis::cluster_async::ClusterConnection)). Scripts are loaded on
     /// first use.
+    ///
+    /// Such a connection is yours to heal: a guarded or leased limiter on it cannot make a new
+    /// one, so after a black hole or a demoted master it waits for the connection to recover
+    /// by itself (a [`ConnectionManager`] reconnects once the kernel closes the socket; give it
+    /// TCP keepalive and `TCP_USER_TIMEOUT` through its client's
+    /// [`TcpSettings`](redis::io::tcp::TcpSettings), see [`TCP_USER_TIMEOUT`]). The builder's
+    /// own connections ([`connect`](Self::connect), [`connect_lazy`](Self::connect_lazy),
+    /// [`connect_cluster_lazy`](Self::connect_cluster_lazy)) are replaced after failed probes.
     ///
     /// # Examples
     /// ```no_run
@@ -349,9 +357,47 @@ impl RedisLimiterBuilder {
     /// # Ok(()) }
     /// ```
     pub fn build<C: RedisConnection>(self, conn: C) -> RedisLimiter<C> {
+        self.build_healing(conn, None)
+    }
+
+    /// How a limiter on `client` makes a fresh connection to replace a dead or demoted one: a
+    /// lazy [`ConnectionManager`] (it connects on its first call, so a replacement made by
+    /// the probe task costs nothing until the next probe), retrying its attempts as
+    /// [`connect_lazy`](Self::connect_lazy)'s do.
+    fn remake(&self, client: redis::Client) -> MakeConnection<ConnectionManager> {
+        let config = self.lazy_config();
+        Box::new(move || ConnectionManager::new_lazy_with_config(client.clone(), config.clone()))
+    }
+
+    fn lazy_config(&self) -> ConnectionManagerConfig {
+        ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(self.connect_timeout))
+            .set_response_timeout(Some(self.timeout))
+            // While Redis is down, each probe's call drives the next attempt: short delays
+            // between attempts put the limiter back to global within a probe or two of Redis
+            // answering (a refused attempt costs a loopback round trip, a dead host the
+            // connect timeout).
+            .set_min_delay(Duration::from_millis(20))
+            .set_max_delay(Duration::from_millis(100))
+    }
+
+    /// [`build`](Self::build), with a way to replace the connection (`remake`) if the
+    /// builder made it.
+    fn build_healing<C: RedisConnection>(
+        self,
+        conn: C,
+        remake: Option<MakeConnection<C>>,
+    ) -> RedisLimiter<C> {
         let ms = u64::try_from(self.injected_min_ttl.as_millis()).unwrap_or(u64::MAX);
+        let heal = remake.map(|make| {
+            Arc::new(Heal {
+                replaced: AtomicBool::new(false),
+                current: parking_lot::RwLock::new(None),
+                make,
+            })
+        });
         let mut limiter = RedisLimiter {
-            conn,
+            conn: Conn { first: conn, heal },
             rule: self.rule,
             prefix: self.prefix.into(),
             timeout: self.timeout,
@@ -377,6 +423,30 @@ impl RedisLimiterBuilder {
     }
 }
 
+/// A client for `url` whose connections use [`tcp_settings`].
+fn client(url: &str) -> Result<redis::Client, TierError> {
+    let info = redis::IntoConnectionInfo::into_connection_info(url)?;
+    Ok(redis::Client::open(info.set_tcp_settings(tcp_settings()))?)
+}
+
+/// The TCP settings of every connection the builder makes (see [`TCP_KEEPALIVE_IDLE`] and the
+/// constants next to it for each one's reason).
+pub(crate) fn tcp_settings() -> TcpSettings {
+    let keepalive = TcpKeepalive::new()
+        .with_time(TCP_KEEPALIVE_IDLE)
+        .with_interval(TCP_KEEPALIVE_INTERVAL);
+    #[cfg(any(target_os = "android", target_os = "fuchsia", target_os = "linux"))]
+    let keepalive = keepalive.with_retries(TCP_KEEPALIVE_RETRIES);
+    // Nodelay: a check is one small write awaited for its reply; Nagle's algorithm would hold
+    // it back behind an unacknowledged one (up to a delayed ACK, 40 ms on Linux).
+    let settings = TcpSettings::default()
+        .set_nodelay(true)
+        .set_keepalive(keepalive);
+    #[cfg(any(target_os = "android", target_os = "fuchsia", target_os = "linux"))]
+    let settings = settings.set_user_timeout(TCP_USER_TIMEOUT);
+    settings
+}
+
 /// `text` with the bytes that delimit a Cluster hash tag (`{`, `}`) and the escape itself
 /// (`%`) written as `%7B`, `%7D`, `%25`.
 fn escape_tag(text: &[u8]) -> Vec<u8> {
@@ -397,6 +467,20 @@ mod tests {
     use super::*;
     use crate::redis::RedisRule;
     use crate::Quota;
+
+    /// The clients `connect` and `connect_lazy` open carry the TCP settings. (That the kernel
+    /// gets them is redis-rs's part: it applies a `TcpSettings` to every socket it opens.)
+    #[test]
+    fn clients_carry_the_tcp_settings() {
+        let client = client("redis://127.0.0.1:6379/0").unwrap();
+        let settings = client.get_connection_info().tcp_settings();
+        assert!(settings.nodelay());
+        let keepalive = format!("{:?}", settings.keepalive());
+        assert!(keepalive.contains("10s"), "{keepalive}");
+        assert!(keepalive.contains("5s"), "{keepalive}");
+        #[cfg(target_os = "linux")]
+        assert_eq!(settings.user_timeout(), Some(TCP_USER_TIMEOUT));
+    }
 
     /// A prefix's braces never become a hash tag: the user key stays each key's only tag.
     #[test]

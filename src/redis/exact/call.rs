@@ -113,7 +113,7 @@ impl<C: RedisConnection> RedisLimiter<C> {
     /// lost the script (`NOSCRIPT`), `reload` loads it and sends the call again; otherwise the
     /// call fails with that error ([`TierError::is_no_script`]).
     pub(crate) async fn invoke(&self, call: &ScriptCall, reload: bool) -> Result<Value, TierError> {
-        let mut conn = self.conn.clone();
+        let mut conn = self.conn.get();
         let run = async {
             match call.evalsha().query_async(&mut conn).await {
                 Err(e) if reload && e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
