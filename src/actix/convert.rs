@@ -44,12 +44,12 @@ impl Copied {
 /// the peer's address as a `SocketAddr` extension; otherwise nothing reads extensions, and
 /// the peer's address goes to the layer beside the head.
 /// Nothing else of actix-web's request (its extensions, its match info) is carried over.
-pub(super) fn parts(request: &ServiceRequest, copied: &Copied) -> Parts {
+pub(super) fn parts(request: &ServiceRequest, copied: &Copied, scratch: &Scratch) -> Parts {
     let (mut parts, ()) = http::Request::new(()).into_parts();
     // Both crates accept the same method tokens: the fallback is never taken.
     parts.method =
         http::Method::from_bytes(request.method().as_str().as_bytes()).unwrap_or(http::Method::GET);
-    parts.uri = uri(request.uri().path_and_query().map_or("/", |pq| pq.as_str()));
+    parts.uri = scratch.uri(request.uri().path_and_query().map_or("/", |pq| pq.as_str()));
     parts.version = match request.version() {
         Version::HTTP_09 => http::Version::HTTP_09,
         Version::HTTP_10 => http::Version::HTTP_10,
@@ -132,6 +132,8 @@ static NAMES: [HeaderName; 7] = [
 /// reference, not an allocation). Never borrowed across a call out: a borrow that fails
 /// (it cannot) would only cost the conversion without them.
 pub(super) struct Scratch {
+    /// The last request's URI (a request for the same path and query shares it).
+    uri: RefCell<Option<http::Uri>>,
     fields: RefCell<http::HeaderMap>,
     values: RefCell<[Option<(http::HeaderValue, HeaderValue)>; NAMES.len()]>,
 }
@@ -139,6 +141,7 @@ pub(super) struct Scratch {
 impl Default for Scratch {
     fn default() -> Self {
         Scratch {
+            uri: RefCell::new(None),
             fields: RefCell::new(http::HeaderMap::new()),
             values: RefCell::new(std::array::from_fn(|_| None)),
         }
@@ -146,6 +149,21 @@ impl Default for Scratch {
 }
 
 impl Scratch {
+    /// [`uri`] of `path_and_query`: the last one's when it is for the same bytes.
+    fn uri(&self, path_and_query: &str) -> http::Uri {
+        let Ok(mut last) = self.uri.try_borrow_mut() else {
+            return uri(path_and_query);
+        };
+        if let Some(last) = last.as_ref() {
+            if last.path_and_query().map(|pq| pq.as_str()) == Some(path_and_query) {
+                return last.clone();
+            }
+        }
+        let made = uri(path_and_query);
+        *last = Some(made.clone());
+        made
+    }
+
     /// An empty map for the layer's fields (the last response's, its room kept).
     pub(super) fn fields(&self) -> http::HeaderMap {
         self.fields
@@ -239,6 +257,22 @@ mod tests {
         let odd = uri("/api/\u{7f}x");
         assert_eq!(odd.path(), "/api/%7Fx");
         assert_eq!(crate::tower::normalized_path(odd.path()), "/api/\u{7f}x");
+    }
+
+    #[test]
+    fn the_last_uri_is_shared_only_for_the_same_bytes() {
+        let scratch = Scratch::default();
+        for sent in [
+            "/a?x=1",
+            "/a?x=1",
+            "/a",
+            "/a?x=2",
+            "/api/\u{7f}x",
+            "/api/\u{7f}x",
+            "/a",
+        ] {
+            assert_eq!(scratch.uri(sent), uri(sent), "{sent}");
+        }
     }
 
     #[test]

@@ -161,7 +161,7 @@ where
     }
 
     fn call(&self, request: ServiceRequest) -> Self::Future {
-        let head = parts(&request, &self.copied);
+        let head = parts(&request, &self.copied, &self.scratch);
         let peer = request.peer_addr().map(|peer| peer.ip());
         let stage = match self.layer.shared.gate(&head, peer) {
             Gate::Respond(response) => Stage::Ready {
