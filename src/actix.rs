@@ -44,11 +44,14 @@
 //! # How a request reaches the layer
 //! actix-web 4 has `http` 0.2 types; the layer has `http` 1's. The middleware hands the layer
 //! a copy of each request's head, converted by bytes: its method, URI (path and query),
-//! version and header fields, and the peer address from actix-web's
-//! [`ServiceRequest::peer_addr`](actix_web::dev::ServiceRequest::peer_addr) as a
-//! [`SocketAddr`](std::net::SocketAddr) extension, where the layer reads it (so
+//! version and the header fields the layer reads, with the peer address from actix-web's
+//! [`ServiceRequest::peer_addr`](actix_web::dev::ServiceRequest::peer_addr) (so
 //! [`RateLimitLayerBuilder::trusted_proxies`](crate::tower::RateLimitLayerBuilder::trusted_proxies)
-//! and the forwarding header work as in tower). The layer's answers and fields are copied
+//! and the forwarding header work as in tower). Those fields are the policies' key headers,
+//! the forwarding header when proxies are trusted, and `content-type` (gRPC); when a closure
+//! may read the request (`KeySource::from_fn`, `Policy::cost_fn`, `allow_if`, `allow_paths`,
+//! `peer_addr`) every field is copied, and the peer address is also a
+//! [`SocketAddr`](std::net::SocketAddr) extension, as tower servers give it. The layer's answers and fields are copied
 //! back into actix-web's response; the application's body passes through as it is, inside
 //! [`RateLimitBody`](crate::tower::RateLimitBody), which holds the request's in-flight place
 //! until the body ends.
@@ -57,9 +60,9 @@
 //! - Closures that read a request (`KeySource::from_fn`, `Policy::cost_fn`, `allow_if`,
 //!   `peer_addr`) see that converted head: actix-web's request extensions (and anything a
 //!   middleware before this one put there) are not carried over.
-//! - Copying the head costs an allocation or so per header field on every request that
-//!   reaches the middleware; `benches/README.md` has the cost per request next to
-//!   actix-governor's.
+//! - Copying the head costs an allocation for the URI and one per header field copied (every
+//!   field when a closure reads the request); `benches/README.md` has the cost per request
+//!   next to actix-governor's.
 //! - actix-web keeps the whole URI in nested scopes, so a policy names the path the client
 //!   sent wherever `wrap` is put (the `App`, a `web::scope`, a resource).
 //! - actix-web's `peer_addr()` is the TCP peer: behind a reverse proxy, list the proxy in

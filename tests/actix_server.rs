@@ -131,45 +131,53 @@ macro_rules! serve_actix {
     }};
 }
 
-#[tokio::test]
-async fn the_actix_server_answers_as_the_axum_server_from_the_same_file() {
-    let axum = serve(axum_example::app(example_layer(), prometheus())).await;
-    let layer = example_layer();
-    let scrapes = actix_example::scrape_limit();
-    let handle = prometheus();
-    let actix =
-        serve_actix!(move || actix_example::app(layer.clone(), scrapes.clone(), handle.clone()));
-    let http = client();
+const BEHIND: &[(&str, &str)] = &[("x-forwarded-for", "203.0.113.5")];
+const UNKNOWN: &[(&str, &str)] = &[("x-forwarded-for", "unknown")];
+const PRO: &[(&str, &str)] = &[("x-api-key", "pro-key-1")];
+const FREE: &[(&str, &str)] = &[("x-api-key", "free-key-1")];
 
+/// The requests both servers answer (in this order).
+fn example_steps() -> Vec<Step<'static>> {
     let get = Method::GET;
-    let behind = [("x-forwarded-for", "203.0.113.5")];
-    let unknown = [("x-forwarded-for", "unknown")];
-    let pro = [("x-api-key", "pro-key-1")];
-    let free = [("x-api-key", "free-key-1")];
-    let mut steps: Vec<Step<'_>> = Vec::new();
+    let mut steps: Vec<Step<'static>> = Vec::new();
     // /api/: a burst of 20, then an export (cost 5) refused; a client behind the trusted
     // proxy (127.0.0.1, the test's own address) has a bucket of its own; a hop that is no
     // address leaves the client unknown.
     steps.extend((0..20).map(|_| (get.clone(), "/api/hello", &[][..])));
     steps.push((get.clone(), "/api/export", &[]));
-    steps.push((get.clone(), "/api/export", &behind));
-    steps.push((get.clone(), "/api/hello", &unknown));
-    steps.push((get.clone(), "/api/no-such-route", &behind));
+    steps.push((get.clone(), "/api/export", BEHIND));
+    steps.push((get.clone(), "/api/hello", UNKNOWN));
+    steps.push((get.clone(), "/api/no-such-route", BEHIND));
     // Shadow: decided and reported, never refused.
     steps.extend((0..4).map(|_| (get.clone(), "/beta/feature", &[][..])));
     // /partner/: no key, then a pro key and a free key (two quotas).
     steps.push((get.clone(), "/partner/orders", &[]));
-    steps.push((get.clone(), "/partner/orders", &pro));
-    steps.push((get.clone(), "/partner/orders", &free));
-    steps.push((get.clone(), "/partner/orders", &free));
+    steps.push((get.clone(), "/partner/orders", PRO));
+    steps.push((get.clone(), "/partner/orders", FREE));
+    steps.push((get.clone(), "/partner/orders", FREE));
     // Never limited; the delay policy within its burst (the waiting path).
     steps.extend((0..3).map(|_| (get.clone(), "/health", &[][..])));
     steps.push((Method::POST, "/upload", &[]));
     steps.push((Method::POST, "/upload", &[]));
-    steps.push((get.clone(), "/health/../api/hello", &behind));
+    steps.push((get, "/health/../api/hello", BEHIND));
+    steps
+}
 
+/// [`example_steps`] sent to an axum server and an actix-web server of `layer()`'s policies:
+/// the answers (the same from both, or a failed assertion).
+async fn compare(layer: fn() -> RateLimitLayer) -> (Vec<Answer>, SocketAddr, SocketAddr) {
+    let axum = serve(axum_example::app(layer(), prometheus())).await;
+    let actix_layer = layer();
+    let scrapes = actix_example::scrape_limit();
+    let handle = prometheus();
+    let actix = serve_actix!(move || actix_example::app(
+        actix_layer.clone(),
+        scrapes.clone(),
+        handle.clone()
+    ));
+    let http = client();
     let mut answers = Vec::new();
-    for (i, (method, path, headers)) in steps.iter().enumerate() {
+    for (i, (method, path, headers)) in example_steps().iter().enumerate() {
         let from_axum = send(&http, axum, method, path, headers).await;
         let from_actix = send(&http, actix, method, path, headers).await;
         assert_eq!(
@@ -178,6 +186,14 @@ async fn the_actix_server_answers_as_the_axum_server_from_the_same_file() {
         );
         answers.push(from_actix);
     }
+    (answers, axum, actix)
+}
+
+#[tokio::test]
+async fn the_actix_server_answers_as_the_axum_server_from_the_same_file() {
+    let (answers, axum, actix) = compare(example_layer).await;
+    let http = client();
+    let get = Method::GET;
     // The answers compared are the ones the file promises (not two servers failing alike).
     let status = |i: usize| answers[i].status;
     assert!((0..20).all(|i| status(i) == StatusCode::OK));
@@ -327,4 +343,34 @@ async fn in_flight_bounds_answer_alike() {
     );
     assert_eq!(second.status, StatusCode::TOO_MANY_REQUESTS, "{second:?}");
     assert!(second.body.contains("in flight"), "{}", second.body);
+}
+
+/// `examples/policies.toml` without its allow-listed path and its cost by path (closures: with
+/// them the middleware copies every header field): the middleware then copies only the fields
+/// the policies read (the forwarding header, `x-api-key`, `content-type`), and the answers
+/// stay the same.
+#[tokio::test]
+async fn copying_only_the_fields_the_policies_read_keeps_the_answers() {
+    fn layer() -> RateLimitLayer {
+        let text = include_str!("../examples/policies.toml")
+            .replace("allow_paths", "# ")
+            .replace("cost_by_path", "# ");
+        let config: LayerConfig = toml::from_str(&text).expect("the file parses");
+        config
+            .builder_with_clock(ManualClock::new())
+            .expect("valid policies")
+            .build()
+            .expect("a valid layer")
+    }
+    let (answers, _, _) = compare(layer).await;
+    let status = |i: usize| answers[i].status;
+    assert_eq!(status(20), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(
+        status(21),
+        StatusCode::OK,
+        "behind the proxy: a bucket of its own"
+    );
+    assert_eq!(status(22), StatusCode::BAD_REQUEST, "an unknown hop");
+    assert_eq!(status(28), StatusCode::BAD_REQUEST, "no x-api-key");
+    assert!(answers[29].fields[0].1.starts_with("\"partner-3\";r=999;"));
 }

@@ -11,7 +11,7 @@ use actix_web::body::MessageBody;
 use actix_web::dev::{Service, ServiceRequest, ServiceResponse, Transform};
 use actix_web::Error;
 
-use super::convert::{copy_headers, parts, respond};
+use super::convert::{copy_headers, parts, respond, Copied, Scratch};
 use crate::tower::service::{Gate, Pass};
 use crate::tower::{RateLimitBody, RateLimitLayer};
 
@@ -102,6 +102,8 @@ where
     fn new_transform(&self, service: S) -> Self::Future {
         ready(Ok(RateLimitService {
             service: Rc::new(service),
+            copied: Copied::of(&self.layer),
+            scratch: Rc::default(),
             layer: self.layer.clone(),
         }))
     }
@@ -131,6 +133,10 @@ where
 pub struct RateLimitService<S> {
     service: Rc<S>,
     layer: RateLimitLayer,
+    /// The request header fields the layer reads (worked out once per worker).
+    copied: Copied,
+    /// What its responses reuse.
+    scratch: Rc<Scratch>,
 }
 
 impl<S> fmt::Debug for RateLimitService<S> {
@@ -155,22 +161,26 @@ where
     }
 
     fn call(&self, request: ServiceRequest) -> Self::Future {
-        let stage = match self.layer.shared.gate(&parts(&request)) {
+        let head = parts(&request, &self.copied, &self.scratch);
+        let peer = request.peer_addr().map(|peer| peer.ip());
+        let stage = match self.layer.shared.gate(&head, peer) {
             Gate::Respond(response) => Stage::Ready {
-                response: Some(respond(request, response)),
+                response: Some(respond(request, response, &self.scratch)),
             },
             Gate::Pass(pass) => Stage::Inner {
                 future: self.service.call(request),
                 pass: Some(pass),
+                scratch: Rc::clone(&self.scratch),
             },
             Gate::Wait(wait) => {
                 // The application is called once the decision is in.
                 let service = Rc::clone(&self.service);
+                let scratch = Rc::clone(&self.scratch);
                 Stage::Boxed {
                     future: Box::pin(async move {
                         match wait.decide().await {
-                            Err(response) => Ok(respond(request, response)),
-                            Ok(pass) => Ok(finish(pass, service.call(request).await?)),
+                            Err(response) => Ok(respond(request, response, &scratch)),
+                            Ok(pass) => Ok(finish(pass, service.call(request).await?, &scratch)),
                         }
                     }),
                 }
@@ -182,15 +192,19 @@ where
 
 /// The application's `response`, with what `pass` adds: the rate-limit fields (after a refund
 /// by status), and the in-flight place its body holds.
-fn finish<B>(pass: Pass, response: ServiceResponse<B>) -> ServiceResponse<RateLimitBody<B>> {
+fn finish<B>(
+    pass: Pass,
+    response: ServiceResponse<B>,
+    scratch: &Scratch,
+) -> ServiceResponse<RateLimitBody<B>> {
     let Pass { admitted, place } = pass;
     let mut response = response.map_body(|_, body| RateLimitBody::inner(body).holding(place));
     if let Some(admitted) = admitted {
         // Every status actix-web holds (100–999) is one `http` 1 holds.
         if let Ok(status) = http::StatusCode::from_u16(response.status().as_u16()) {
-            let mut fields = http::HeaderMap::new();
+            let mut fields = scratch.fields();
             admitted.complete(status, &mut fields);
-            copy_headers(&fields, response.headers_mut(), true);
+            copy_headers(fields, response.headers_mut(), true, scratch);
         }
     }
     response
@@ -235,7 +249,7 @@ pin_project_lite::pin_project! {
         /// Answered without the application.
         Ready { response: Option<ServiceResponse<RateLimitBody<B>>> },
         /// The application's future, and what its response still needs.
-        Inner { #[pin] future: F, pass: Option<Pass> },
+        Inner { #[pin] future: F, pass: Option<Pass>, scratch: Rc<Scratch> },
         /// A decision that waits, and then the application.
         Boxed { future: Boxed<B> },
     }
@@ -259,9 +273,13 @@ where
             StageProj::Ready { response } => response
                 .take()
                 .map_or(Poll::Pending, |r| Poll::Ready(Ok(r))),
-            StageProj::Inner { future, pass } => future
+            StageProj::Inner {
+                future,
+                pass,
+                scratch,
+            } => future
                 .poll(cx)
-                .map_ok(|response| finish(pass.take().unwrap_or_default(), response)),
+                .map_ok(|response| finish(pass.take().unwrap_or_default(), response, scratch)),
             StageProj::Boxed { future } => future.as_mut().poll(cx),
         }
     }

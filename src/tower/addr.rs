@@ -44,6 +44,16 @@ pub(crate) struct AddrConfig {
     pub(crate) ipv6_prefix: u8,
 }
 
+impl AddrConfig {
+    /// The forwarding header read from a trusted proxy's requests.
+    pub(crate) fn forwarding_header(&self) -> &'static HeaderName {
+        match self.header {
+            ProxyHeader::XForwardedFor => &X_FORWARDED_FOR,
+            ProxyHeader::Forwarded => &FORWARDED,
+        }
+    }
+}
+
 /// The addresses of one request, worked out at most once each.
 pub(crate) struct Addrs<'a> {
     config: &'a AddrConfig,
@@ -127,10 +137,7 @@ pub(crate) fn client_ip(peer: IpAddr, headers: &HeaderMap, config: &AddrConfig) 
     if !trusted(client) {
         return Some(client);
     }
-    let name = match config.header {
-        ProxyHeader::XForwardedFor => &X_FORWARDED_FOR,
-        ProxyHeader::Forwarded => &FORWARDED,
-    };
+    let name = config.forwarding_header();
     // Later header lines were appended later: walk the lines backwards, and each line's hops
     // backwards. Bytes, not `to_str`: bytes a client wrote left of a hop do not spoil the hop.
     for line in headers.get_all(name).iter().rev() {

@@ -453,6 +453,16 @@ impl KeySource {
         KeySource(Source::Composite(parts.into_iter().collect()))
     }
 
+    /// Whether a closure (`from_fn`) takes part: it may read any of the request's head.
+    #[cfg(feature = "actix")]
+    pub(crate) fn has_fn(&self) -> bool {
+        match &self.0 {
+            Source::Fn(_) => true,
+            Source::Composite(parts) => parts.iter().any(KeySource::has_fn),
+            _ => false,
+        }
+    }
+
     /// The key of a request, or why it has none; `path` is its normalised path.
     pub(crate) fn extract(
         &self,

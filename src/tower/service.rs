@@ -2,6 +2,7 @@
 //! which key), its verdict, and the response future that answers it or passes it on.
 
 use std::fmt;
+use std::net::IpAddr;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
@@ -77,7 +78,39 @@ pub(super) enum Plan {
 }
 
 impl Shared {
-    pub(super) fn plan(&self, parts: &Parts) -> Plan {
+    /// The request header fields the layer's decisions can read (policies' key headers, the
+    /// forwarding header when proxies are trusted, `content-type` for gRPC), or `None` when a
+    /// closure (`allow_if`, an allow-listed path, `peer_addr`, `KeySource::from_fn`,
+    /// `Policy::cost_fn`) may read any of the head. For a server that must copy a request's
+    /// head to hand it to [`gate`](Shared::gate) (actix-web): copying only these gives the
+    /// same answers.
+    #[cfg(feature = "actix")]
+    pub(crate) fn read_headers(&self) -> Option<Vec<http::HeaderName>> {
+        if self.peer.is_some() || self.allow_if.is_some() {
+            return None;
+        }
+        let mut names = vec![http::header::CONTENT_TYPE];
+        if !self.addrs.trusted.is_empty() {
+            names.push(self.addrs.forwarding_header().clone());
+        }
+        for policy in &self.policies {
+            if policy.key.has_fn() || matches!(policy.cost, super::Cost::Fn(_)) {
+                return None;
+            }
+            for name in policy.key.headers() {
+                if !names.contains(name) {
+                    names.push(name.clone());
+                }
+            }
+        }
+        Some(names)
+    }
+}
+
+impl Shared {
+    /// `peer`: the peer's address when the server has it outside the request's extensions
+    /// (actix-web); `None` to read it there.
+    pub(super) fn plan(&self, parts: &Parts, peer: Option<IpAddr>) -> Plan {
         let last = self.policies.len();
         let path = client_path(parts);
         let index = match (self.policies.iter()).position(|p| p.matches(&parts.method, &path)) {
@@ -87,8 +120,8 @@ impl Shared {
         };
         let policy = &self.policies[index];
         let peer = match &self.peer {
-            Some(peer) => peer(parts),
-            None => peer_addr(parts),
+            Some(peer_fn) => peer_fn(parts),
+            None => peer.or_else(|| peer_addr(parts)),
         };
         let mut addrs = Addrs::new(&self.addrs).with_peer(peer);
         if !self.allow_cidrs.is_empty() {
@@ -341,10 +374,12 @@ impl Wait {
 
 impl Shared {
     /// What becomes of a request with head `parts`: its plan, its place under the policy's
-    /// in-flight bound and, when the backend decides at once, its check and answer.
-    pub(crate) fn gate<B>(self: &Arc<Self>, parts: &Parts) -> Gate<B> {
+    /// in-flight bound and, when the backend decides at once, its check and answer. `peer`: the
+    /// peer's address when the server has it outside `parts`' extensions (actix-web), which
+    /// are read otherwise.
+    pub(crate) fn gate<B>(self: &Arc<Self>, parts: &Parts, peer: Option<IpAddr>) -> Gate<B> {
         let grpc = || is_grpc(&parts.method, &parts.headers);
-        let (index, key, cost) = match self.plan(parts) {
+        let (index, key, cost) = match self.plan(parts, peer) {
             Plan::Pass => return Gate::Pass(Pass::default()),
             Plan::Unchecked {
                 fallback, detail, ..
@@ -416,7 +451,7 @@ where
 
     fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
         let (parts, body) = request.into_parts();
-        let gate = self.shared.gate(&parts);
+        let gate = self.shared.gate(&parts, None);
         let request = Request::from_parts(parts, body);
         let wait = match gate {
             Gate::Respond(response) => {
@@ -532,7 +567,7 @@ impl RateLimitLayer {
             waited: std::time::Duration::ZERO,
             passes,
         };
-        let (index, key, policy_cost) = match shared.plan(parts) {
+        let (index, key, policy_cost) = match shared.plan(parts, None) {
             Plan::Pass => return (unchecked(None, Outcome::Passed, true), None),
             Plan::Unchecked {
                 policy,
