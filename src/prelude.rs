@@ -50,15 +50,15 @@ pub use crate::limiter::{
 pub use crate::multi::MultiLimiter;
 #[doc(no_inline)]
 pub use crate::quota::{Quota, QuotaError};
+#[cfg(all(feature = "tower", feature = "redis"))]
+#[doc(no_inline)]
+pub use crate::tower::RedisBackend;
 #[cfg(feature = "tower")]
 #[doc(no_inline)]
 pub use crate::tower::{
     CheckBackend, ConfigError, Fallback, HeaderStyle, InFlightScope, Key, KeySource, Mode, Policy,
     RateLimitLayer,
 };
-#[cfg(all(feature = "tower", feature = "redis"))]
-#[doc(no_inline)]
-pub use crate::tower::RedisBackend;
 #[cfg(feature = "tokio")]
 #[doc(no_inline)]
 pub use crate::wait::WaitError;
