@@ -319,10 +319,12 @@ fn a_guarded_node_on_a_demoted_master_is_global_again_on_the_new_one() {
             .expect("the load stops when told")
             .expect("the load did not panic");
         // The exact tier underneath, so that a failed call is seen, not absorbed by the policy
-        // (the new master forks for its replica's first sync: a call may meet the pause).
+        // (the new master forks for its replica's first sync: a call may meet the pause). The
+        // whole burst, so that the key's state lives a second (a unit of this quota is 1 µs:
+        // its state would expire before the EXISTS below).
         let mut answered = false;
         for _ in 0..50 {
-            if limiter.exact().check("after").await.is_ok() {
+            if limiter.exact().check_n("after", 1_000_000).await.is_ok() {
                 answered = true;
                 break;
             }
