@@ -33,7 +33,8 @@
 //! The leased tier shares the exact tier's circuit breaker and [`FailurePolicy`]: transient
 //! failures of refills (and of heartbeats) count toward opening it (see "The breaker" on
 //! [`FailureHandling`](super::FailureHandling)); until it opens, a lease whose refill failed
-//! backs off a probe interval, and its key is refused beyond what the lease holds.
+//! backs off a probe interval, and what it cannot serve of its key is decided by the policy
+//! (as a guarded check whose call failed), until one of its refills succeeds.
 //! - `Local` and `FailOpen`: the first check that sees the breaker open hands every lease over
 //!   to the policy, once per outage. With `Local`, each key's in-process share
 //!   (`L ÷ live nodes`) starts from the units its lease held plus this node's part of what the
@@ -712,6 +713,11 @@ fn short<C: RedisConnection>(
         });
     }
     node.request_refill(lease);
+    if lease.unreachable() {
+        // Its last refill failed, the breaker not open (yet): decided as a guarded check whose
+        // call failed, by the policy, until a refill succeeds.
+        return node.guard.fallback(key, cost);
+    }
     // Relaxed: self-contained hints; no other memory is published through them.
     let retry_at = lease.retry_at.load(Ordering::Relaxed);
     let full_at = lease.hot.view_full_at.load(Ordering::Relaxed);

@@ -168,12 +168,10 @@ pub enum HandlingError {
 ///   A stall up to about 300 ms therefore costs only the checks it delayed.
 /// - **Leased tier**: `check` never waits; a refill that times out leaves its lease to back off
 ///   a probe interval and counts toward the breaker; no lease is emptied unless the breaker
-///   opens. A key whose lease runs out meanwhile is refused beyond what it holds (also by
-///   `check_waiting`) until a refill succeeds or the breaker opens: a refusal, never an
-///   over-admission, for up to `open_after` plus a timeout (~300 ms) when Redis dies. Where a
-///   client under its limit must not be refused then, `failure_threshold(1)` hands the leases
-///   to the policy at the first failed refill, at the price of a node degraded by any stall
-///   longer than the timeout.
+///   opens. Until one of its refills succeeds, that key's checks the lease cannot serve are
+///   decided by the policy, as a guarded check whose call failed is (`Local` starts the key
+///   from what the node last knew of it, its share at most): a client under its limit is not
+///   refused for the lease's sake while the breaker is still closed.
 ///
 /// # Timed-out checks
 /// A call that timed out may still have run: a stalled server runs what was queued once it

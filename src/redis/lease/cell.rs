@@ -26,6 +26,10 @@ pub(super) struct Lease {
     /// A fatal error from the last refill, returned by checks the lease cannot serve.
     error: Mutex<Option<TierError>>,
     failed: AtomicBool,
+    /// Whether the last refill failed in a transient way while the breaker may still be
+    /// closed: checks the lease cannot serve are decided by the failure policy, as a guarded
+    /// check whose call failed is, until a refill succeeds (see `Node::finish`).
+    unreachable: AtomicBool,
     /// The refill and sweeper's bookkeeping (never touched by a check).
     pub bg: Mutex<Bg>,
     pub refilled: tokio::sync::Notify,
@@ -126,6 +130,7 @@ impl Lease {
             retry_at: AtomicU64::new(0),
             error: Mutex::new(None),
             failed: AtomicBool::new(false),
+            unreachable: AtomicBool::new(false),
             bg: Mutex::new(Bg::default()),
             refilled: tokio::sync::Notify::new(),
             key: key.into(),
@@ -161,6 +166,20 @@ impl Lease {
         } else {
             None
         }
+    }
+
+    /// Whether checks the lease cannot serve go to the failure policy (its last refill failed
+    /// in a transient way).
+    pub fn unreachable(&self) -> bool {
+        // Acquire: pairs with the Release in `set_unreachable`, so a check that sees the flag
+        // also sees the policy's state of the key that was started before it.
+        self.unreachable.load(Ordering::Acquire)
+    }
+
+    /// Sets whether the last refill failed in a transient way.
+    pub fn set_unreachable(&self, unreachable: bool) {
+        // Release: publishes the policy's state of the key started before (see above).
+        self.unreachable.store(unreachable, Ordering::Release);
     }
 
     /// Records the outcome of a refill: `Some` fatal error, or `None` (it succeeded).

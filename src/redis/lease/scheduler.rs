@@ -15,6 +15,7 @@ use super::first_touch::{first_lease, void_provisional, Owed};
 use super::grant::{install, prepare};
 use super::route::Route;
 use super::sweep::{period, visit, Swept};
+use super::takeover::seen_left;
 use super::word::{now_ms, units_of, usable};
 use crate::clock::{Clock, Nanos, QuantaClock};
 use crate::redis::error::TierError;
@@ -231,6 +232,7 @@ impl<C: RedisConnection> Node<C> {
             Ok(reply) => {
                 self.guard.answered();
                 lease.set_fatal(None);
+                lease.set_unreachable(false);
                 let now = self.clock.now();
                 install(&self.terms, lease, &reply, (t0, now), ask, &self.stats)
             }
@@ -241,6 +243,17 @@ impl<C: RedisConnection> Node<C> {
                 if error.is_transient() {
                     // Admitted without a grant, as during an outage.
                     self.guard.record_admitted(&lease.key, spent);
+                    if !lease.unreachable() {
+                        // Until a refill succeeds, the policy decides what the lease cannot
+                        // serve (the breaker opens only after a run of failures, and a client
+                        // under its limit must not be refused meanwhile): `Local` starts the
+                        // key from what this node last knew of it, as a handover would. The
+                        // units the lease still holds stay its own (fewer than a check's cost).
+                        let window_over = lease.bg.lock().window_over;
+                        let seen = seen_left(&self.terms, lease, self.clock.now(), window_over);
+                        self.guard.take_over(&lease.key, 0, seen);
+                        lease.set_unreachable(true);
+                    }
                     self.guard.transient_failure(&error, &lease.key);
                 } else {
                     tracing::warn!(%error, "lease refill failed");
