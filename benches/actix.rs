@@ -26,12 +26,10 @@
 //! headers, its default); `actix_governor_headers` (its `use_headers()`: `x-ratelimit-*`).
 //! Figures: `benches/README.md`, "actix-web middleware".
 
-use std::future::Future;
 use std::hint::black_box;
 use std::net::SocketAddr;
-use std::pin::pin;
 use std::sync::Arc;
-use std::task::{Context, Poll, Waker};
+use std::task::{Context, Waker};
 use std::time::Duration;
 
 use actix_governor::{Governor, GovernorConfigBuilder};
@@ -41,12 +39,11 @@ use actix_web::{test, web, App, HttpResponse};
 use criterion::measurement::WallTime;
 use criterion::{criterion_group, criterion_main, BenchmarkGroup, Criterion, Throughput};
 use tollgate::actix::RateLimit;
-use tollgate::tower::{HeaderStyle, Key, KeySource, Policy, RateLimitLayer};
-use tollgate::{Gcra, KeyedLimiter, Quota};
+use tollgate::tower::HeaderStyle;
 
 #[path = "support/clients.rs"]
 mod clients;
-use clients::{peers, NoopWake, SEQUENCE};
+use clients::{peers, poll_once, tollgate_layer, NoopWake, SEQUENCE};
 
 /// Requests served after a row's samples to judge its share of allowed requests.
 const GUARD_REQUESTS: usize = 100_000;
@@ -96,25 +93,11 @@ impl Driver<'_> {
             .uri("/api/hello")
             .peer_addr(peer)
             .to_request();
-        let future = pin!(service.call(request));
-        match future.poll(&mut self.cx) {
-            Poll::Ready(response) => response.expect("no row fails").status().as_u16(),
-            Poll::Pending => panic!("every response here is ready at once"),
-        }
+        poll_once(service.call(request), &mut self.cx)
+            .expect("no row fails")
+            .status()
+            .as_u16()
     }
-}
-
-fn tollgate_layer(spec: Group, headers: HeaderStyle) -> RateLimitLayer {
-    let per_second = u64::from(spec.per_second);
-    let quota = Quota::per_second(per_second)
-        .and_then(|q| q.with_burst(per_second))
-        .expect("a valid quota");
-    let limiter = KeyedLimiter::<Key, _>::new(Gcra::new(quota).expect("a valid rule"));
-    RateLimitLayer::builder()
-        .policy(Policy::new("api", limiter).key(KeySource::peer_ip()))
-        .headers(headers)
-        .build()
-        .expect("a valid layer")
 }
 
 /// actix-governor's config for the same GCRA quota: one cell every `1/per_second` s, bursts
@@ -203,9 +186,13 @@ fn bench_all(c: &mut Criterion) {
             };
             let per_second = spec.per_second;
             row(&mut group, spec, "no_middleware", &mut driver, app!());
-            let limit = RateLimit::new(tollgate_layer(spec, HeaderStyle::default()));
+            let limit = RateLimit::new(tollgate_layer(
+                spec.per_second,
+                false,
+                HeaderStyle::default(),
+            ));
             row(&mut group, spec, "tollgate", &mut driver, app!(limit));
-            let limit = RateLimit::new(tollgate_layer(spec, HeaderStyle::None));
+            let limit = RateLimit::new(tollgate_layer(spec.per_second, false, HeaderStyle::None));
             row(
                 &mut group,
                 spec,

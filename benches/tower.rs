@@ -43,10 +43,8 @@
 //! Figures and the goals (≤ 1 µs per request, faster than tower-governor, with and without
 //! metrics): `benches/README.md`, "tower layer".
 
-use std::future::Future;
 use std::hint::black_box;
 use std::net::{Ipv4Addr, SocketAddr};
-use std::pin::pin;
 use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
@@ -56,8 +54,7 @@ use axum::extract::ConnectInfo;
 use criterion::measurement::WallTime;
 use criterion::{criterion_group, criterion_main, BenchmarkGroup, Criterion, Throughput};
 use http::{HeaderName, HeaderValue, Request, Response, StatusCode, Uri};
-use tollgate::tower::{HeaderStyle, Key, KeySource, Policy, RateLimitLayer};
-use tollgate::{Gcra, KeyedLimiter, Quota};
+use tollgate::tower::HeaderStyle;
 use tower_governor::governor::GovernorConfigBuilder;
 use tower_governor::key_extractor::SmartIpKeyExtractor;
 use tower_governor::GovernorLayer;
@@ -66,7 +63,7 @@ use tower_service::Service;
 
 #[path = "support/clients.rs"]
 mod clients;
-use clients::{peers, NoopWake, SEQUENCE};
+use clients::{peers, poll_once, tollgate_layer, NoopWake, SEQUENCE};
 
 static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 
@@ -174,34 +171,10 @@ impl<'a> Driver<'a> {
         request.extensions_mut().insert(ConnectInfo(peer));
         let ready = service.poll_ready(&mut self.cx);
         debug_assert!(ready.is_ready());
-        let future = pin!(service.call(request));
-        match future.poll(&mut self.cx) {
-            Poll::Ready(response) => response.expect("the inner service never fails").status(),
-            Poll::Pending => panic!("every response here is ready at once"),
-        }
+        poll_once(service.call(request), &mut self.cx)
+            .expect("the inner service never fails")
+            .status()
     }
-}
-
-fn tollgate_layer(spec: Group, headers: HeaderStyle) -> RateLimitLayer {
-    let per_second = u64::from(spec.per_second);
-    let quota = Quota::per_second(per_second)
-        .and_then(|q| q.with_burst(per_second))
-        .expect("a valid quota");
-    let limiter = KeyedLimiter::<Key, _>::new(Gcra::new(quota).expect("a valid rule"));
-    let (key, trusted) = if spec.proxied {
-        (
-            KeySource::client_ip(),
-            vec!["127.0.0.1".parse().expect("a CIDR")],
-        )
-    } else {
-        (KeySource::peer_ip(), Vec::new())
-    };
-    RateLimitLayer::builder()
-        .policy(Policy::new("api", limiter).key(key))
-        .trusted_proxies(trusted)
-        .headers(headers)
-        .build()
-        .expect("a valid layer")
 }
 
 /// tower-governor's config for the same GCRA quota: one cell every `1/per_second` s, bursts of
@@ -278,14 +251,14 @@ fn bench_all(c: &mut Criterion) {
             spec,
             "tollgate",
             &mut driver,
-            tollgate_layer(spec, HeaderStyle::default()).layer(Inner),
+            tollgate_layer(spec.per_second, spec.proxied, HeaderStyle::default()).layer(Inner),
         );
         row(
             &mut group,
             spec,
             "tollgate_no_headers",
             &mut driver,
-            tollgate_layer(spec, HeaderStyle::None).layer(Inner),
+            tollgate_layer(spec.per_second, spec.proxied, HeaderStyle::None).layer(Inner),
         );
         if spec.proxied {
             row(
@@ -293,7 +266,7 @@ fn bench_all(c: &mut Criterion) {
                 spec,
                 "tollgate_both_headers",
                 &mut driver,
-                tollgate_layer(spec, HeaderStyle::Both).layer(Inner),
+                tollgate_layer(spec.per_second, spec.proxied, HeaderStyle::Both).layer(Inner),
             );
             row(
                 &mut group,
@@ -319,7 +292,8 @@ fn bench_all(c: &mut Criterion) {
                     spec,
                     "tollgate_metrics",
                     &mut driver,
-                    tollgate_layer(spec, HeaderStyle::default()).layer(Inner),
+                    tollgate_layer(spec.per_second, spec.proxied, HeaderStyle::default())
+                        .layer(Inner),
                 )
             });
             let counted: u64 = snapshotter

@@ -27,13 +27,11 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use actix_web::{web, App, HttpServer};
-use bytes::Bytes;
-use http::{Method, Request, StatusCode};
-use http_body_util::{BodyExt, Full};
+use http::{Method, StatusCode};
 use tollgate::clock::ManualClock;
 use tollgate::tower::config::LayerConfig;
 use tollgate::tower::{Policy, RateLimitLayer};
-use tower_support::{client, serve, Http};
+use tower_support::{client, fetch, serve, Http};
 
 /// The fields compared (besides the status and the body).
 const FIELDS: [&str; 8] = [
@@ -65,29 +63,15 @@ async fn send(
     path: &str,
     headers: &[(&str, &str)],
 ) -> Answer {
-    let mut request = Request::builder()
-        .method(method.clone())
-        .uri(format!("http://{addr}{path}"));
-    for (name, value) in headers {
-        request = request.header(*name, *value);
-    }
-    let response = http
-        .request(request.body(Full::new(Bytes::new())).expect("a request"))
-        .await
-        .expect("the server answers");
-    let (parts, body) = response.into_parts();
-    let body = body.collect().await.expect("a body").to_bytes();
+    let reply = fetch(http, addr, method.clone(), path, headers).await;
     let fields = FIELDS
         .iter()
-        .filter_map(|name| {
-            let value = parts.headers.get(*name)?;
-            Some((*name, value.to_str().expect("visible ASCII").to_owned()))
-        })
+        .filter_map(|name| Some((*name, reply.header(name)?.to_owned())))
         .collect();
     Answer {
-        status: parts.status,
+        status: reply.status,
         fields,
-        body: String::from_utf8(body.to_vec()).expect("UTF-8"),
+        body: reply.body,
     }
 }
 

@@ -17,40 +17,10 @@ mod server;
 #[path = "support/tower.rs"]
 mod tower_support;
 
-use std::net::SocketAddr;
-
-use bytes::Bytes;
-use http::{Method, Request, StatusCode};
-use http_body_util::{BodyExt, Full};
+use http::{Method, StatusCode};
 use tollgate::clock::ManualClock;
 use tollgate::tower::config::LayerConfig;
-use tower_support::{client, serve, Http};
-
-async fn send(
-    http: &Http,
-    addr: SocketAddr,
-    method: Method,
-    path: &str,
-    headers: &[(&str, &str)],
-) -> (StatusCode, http::HeaderMap, String) {
-    let mut request = Request::builder()
-        .method(method)
-        .uri(format!("http://{addr}{path}"));
-    for (name, value) in headers {
-        request = request.header(*name, *value);
-    }
-    let response = http
-        .request(request.body(Full::new(Bytes::new())).expect("a request"))
-        .await
-        .expect("the server answers");
-    let (parts, body) = response.into_parts();
-    let body = body.collect().await.expect("a body").to_bytes();
-    (
-        parts.status,
-        parts.headers,
-        String::from_utf8(body.to_vec()).expect("UTF-8"),
-    )
-}
+use tower_support::{client, fetch, serve, Reply};
 
 #[tokio::test]
 async fn the_example_router_limits_as_its_file_says() {
@@ -71,7 +41,11 @@ async fn the_example_router_limits_as_its_file_says() {
 
     // /api/: 10/s, bursts of 20, per client IP (the test's 127.0.0.1).
     for i in 0..20 {
-        let (status, headers, body) = send(&http, addr, Method::GET, "/api/hello", &[]).await;
+        let Reply {
+            status,
+            headers,
+            body,
+        } = fetch(&http, addr, Method::GET, "/api/hello", &[]).await;
         assert_eq!(
             (status, body.as_str()),
             (StatusCode::OK, "hello\n"),
@@ -82,7 +56,11 @@ async fn the_example_router_limits_as_its_file_says() {
             (19 - i).to_string().as_str()
         );
     }
-    let (status, headers, body) = send(&http, addr, Method::GET, "/api/export", &[]).await;
+    let Reply {
+        status,
+        headers,
+        body,
+    } = fetch(&http, addr, Method::GET, "/api/export", &[]).await;
     assert_eq!(status, StatusCode::TOO_MANY_REQUESTS);
     assert_eq!(headers["content-type"], "application/problem+json");
     assert_eq!(headers["retry-after"], "1");
@@ -90,30 +68,42 @@ async fn the_example_router_limits_as_its_file_says() {
     assert!(body.contains("\"status\":429"), "{body}");
     // 127.0.0.1 is the trusted proxy: the client behind it has its own bucket.
     let behind = [("x-forwarded-for", "203.0.113.5")];
-    let (status, ..) = send(&http, addr, Method::GET, "/api/export", &behind).await;
+    let status = fetch(&http, addr, Method::GET, "/api/export", &behind)
+        .await
+        .status;
     assert_eq!(status, StatusCode::OK);
     // Shadow never refuses; /partner/ needs its key; /health is never limited, /metrics has a
     // limit of its own (a burst of 10 a client).
     for _ in 0..5 {
-        let (status, ..) = send(&http, addr, Method::GET, "/beta/feature", &[]).await;
+        let status = fetch(&http, addr, Method::GET, "/beta/feature", &[])
+            .await
+            .status;
         assert_eq!(status, StatusCode::OK);
     }
-    let (status, ..) = send(&http, addr, Method::GET, "/partner/orders", &[]).await;
+    let status = fetch(&http, addr, Method::GET, "/partner/orders", &[])
+        .await
+        .status;
     assert_eq!(status, StatusCode::BAD_REQUEST);
     let key = [("x-api-key", "pro-key-1")];
-    let (status, headers, _) = send(&http, addr, Method::GET, "/partner/orders", &key).await;
+    let Reply {
+        status, headers, ..
+    } = fetch(&http, addr, Method::GET, "/partner/orders", &key).await;
     assert_eq!(status, StatusCode::OK);
     assert!(headers["ratelimit"]
         .to_str()
         .unwrap()
         .starts_with("\"partner-3\";r=999;"));
     for _ in 0..30 {
-        let (status, ..) = send(&http, addr, Method::GET, "/health", &[]).await;
+        let status = fetch(&http, addr, Method::GET, "/health", &[]).await.status;
         assert_eq!(status, StatusCode::OK);
     }
     let mut scrapes = Vec::new();
     for _ in 0..12 {
-        scrapes.push(send(&http, addr, Method::GET, "/metrics", &[]).await.0);
+        scrapes.push(
+            fetch(&http, addr, Method::GET, "/metrics", &[])
+                .await
+                .status,
+        );
     }
     assert!(
         scrapes[..10].iter().all(|s| *s == StatusCode::OK),
@@ -121,6 +111,6 @@ async fn the_example_router_limits_as_its_file_says() {
     );
     assert_eq!(scrapes[11], StatusCode::TOO_MANY_REQUESTS);
     // Uploads within their burst pass at once.
-    let (status, _, body) = send(&http, addr, Method::POST, "/upload", &[]).await;
+    let Reply { status, body, .. } = fetch(&http, addr, Method::POST, "/upload", &[]).await;
     assert_eq!((status, body.as_str()), (StatusCode::OK, "stored\n"));
 }

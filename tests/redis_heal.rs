@@ -117,6 +117,33 @@ async fn until(within: Duration, what: &str, done: impl Fn() -> bool) -> Duratio
     started.elapsed()
 }
 
+/// Black-holes the relay's open connections under a node whose breaker and mode `state`
+/// reads: the breaker opens within `open_within`, and the node is `Global` again within
+/// 15 s, over a new connection.
+async fn black_hole_and_heal(
+    relay: &Relay,
+    tier: &str,
+    open_within: Duration,
+    state: impl Fn() -> (BreakerState, GuardMode),
+) {
+    let before = relay.accepted();
+    relay.black_hole();
+    let opened = until(open_within, "breaker open", || {
+        state().0 != BreakerState::Closed
+    })
+    .await;
+    let back = until(Duration::from_secs(15), "global again", || {
+        state().1 == GuardMode::Global
+    })
+    .await;
+    eprintln!(
+        "black hole ({tier}): breaker open after {opened:?}, global again {back:?} later, \
+         {} new connection(s)",
+        relay.accepted() - before
+    );
+    assert!(relay.accepted() > before, "a new connection was made");
+}
+
 fn runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -161,23 +188,10 @@ fn a_guarded_node_whose_connection_is_black_holed_is_global_again_within_seconds
             .collect();
         tokio::time::sleep(Duration::from_millis(300)).await;
         assert_eq!(limiter.mode(), GuardMode::Global, "global before the hole");
-        let before = relay.accepted();
-
-        relay.black_hole();
-        let opened = until(Duration::from_secs(5), "breaker open", || {
-            limiter.breaker() != BreakerState::Closed
+        black_hole_and_heal(&relay, "guarded", Duration::from_secs(5), || {
+            (limiter.breaker(), limiter.mode())
         })
         .await;
-        let back = until(Duration::from_secs(15), "global again", || {
-            limiter.mode() == GuardMode::Global
-        })
-        .await;
-        eprintln!(
-            "black hole: breaker open after {opened:?}, global again {back:?} later, \
-             {} new connection(s)",
-            relay.accepted() - before
-        );
-        assert!(relay.accepted() > before, "a new connection was made");
         // The checks use the new connection too.
         let decision = limiter.exact().check("after").await.expect("Redis answers");
         assert!(decision.allowed());
@@ -218,24 +232,11 @@ fn a_leased_node_whose_connection_is_black_holed_is_global_again_within_seconds(
                 .expect("answers");
         }
         assert_eq!(limiter.mode(), GuardMode::Global, "global before the hole");
-        let before = relay.accepted();
-
-        relay.black_hole();
         // The heartbeat (every second by default with `Local`) or a refill meets the hole.
-        let opened = until(Duration::from_secs(10), "breaker open", || {
-            limiter.breaker() != BreakerState::Closed
+        black_hole_and_heal(&relay, "leased", Duration::from_secs(10), || {
+            (limiter.breaker(), limiter.mode())
         })
         .await;
-        let back = until(Duration::from_secs(15), "global again", || {
-            limiter.mode() == GuardMode::Global
-        })
-        .await;
-        eprintln!(
-            "black hole (leased): breaker open after {opened:?}, global again {back:?} later, \
-             {} new connection(s)",
-            relay.accepted() - before
-        );
-        assert!(relay.accepted() > before, "a new connection was made");
         let decision = limiter.check_waiting("after").await.expect("Redis answers");
         assert!(decision.allowed());
     });

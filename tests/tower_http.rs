@@ -17,15 +17,15 @@ use std::time::Duration;
 use axum::routing::{get, post};
 use axum::Router;
 use bytes::Bytes;
-use http::{HeaderMap, HeaderName, Method, Request, StatusCode};
-use http_body_util::{BodyExt, Full};
+use http::{HeaderName, Method, Request, StatusCode};
+use http_body_util::Full;
 use tollgate::clock::ManualClock;
 use tollgate::tower::{
     Cidr, Fallback, HeaderStyle, Key, KeySource, Mode, Policy, ProxyHeader, RateLimitLayer,
     RateLimitLayerBuilder,
 };
 use tollgate::{Decision, Gcra, MultiLimiter, Quota};
-use tower_support::{ceil_secs, client, gcra, serve, Http};
+use tower_support::{ceil_secs, client, fetch, gcra, serve, Http, Reply};
 
 fn app(layer: RateLimitLayer) -> Router {
     peer_extension(
@@ -62,46 +62,8 @@ fn peer_extension(router: Router) -> Router {
     ))
 }
 
-struct Reply {
-    status: StatusCode,
-    headers: HeaderMap,
-    body: String,
-}
-
-impl Reply {
-    fn header(&self, name: &str) -> Option<&str> {
-        self.headers.get(name).map(|v| v.to_str().expect("ASCII"))
-    }
-}
-
-async fn send(
-    http: &Http,
-    addr: SocketAddr,
-    method: Method,
-    path: &str,
-    headers: &[(&str, &str)],
-) -> Reply {
-    let mut request = Request::builder()
-        .method(method)
-        .uri(format!("http://{addr}{path}"));
-    for (name, value) in headers {
-        request = request.header(*name, *value);
-    }
-    let response = http
-        .request(request.body(Full::new(Bytes::new())).expect("a request"))
-        .await
-        .expect("the server answers");
-    let (parts, body) = response.into_parts();
-    let body = body.collect().await.expect("a body").to_bytes();
-    Reply {
-        status: parts.status,
-        headers: parts.headers,
-        body: String::from_utf8(body.to_vec()).expect("UTF-8"),
-    }
-}
-
 async fn get_with(http: &Http, addr: SocketAddr, path: &str, headers: &[(&str, &str)]) -> Reply {
-    send(http, addr, Method::GET, path, headers).await
+    fetch(http, addr, Method::GET, path, headers).await
 }
 
 /// Asserts that `reply` carries exactly `decision`'s figures in both header styles, for a
@@ -658,7 +620,7 @@ async fn matching_cannot_be_dodged_by_method_or_spelling() {
     let http = client();
     let status = |method: Method, path: &'static str| {
         let http = http.clone();
-        async move { send(&http, addr, method, path, &[]).await.status }
+        async move { fetch(&http, addr, method, path, &[]).await.status }
     };
     assert_eq!(status(Method::GET, "/api/a").await, StatusCode::OK);
     for path in [
@@ -729,10 +691,10 @@ async fn grpc_requests_get_resource_exhausted() {
     let addr = serve(app(one_per_client(&clock).build().unwrap())).await;
     let http = client();
     let grpc = [("content-type", "application/grpc+proto")];
-    let ok = send(&http, addr, Method::POST, "/grpc.Svc/Call", &grpc).await;
+    let ok = fetch(&http, addr, Method::POST, "/grpc.Svc/Call", &grpc).await;
     assert_eq!(ok.status, StatusCode::OK);
     assert_eq!(ok.header("grpc-status"), None);
-    let denied = send(&http, addr, Method::POST, "/grpc.Svc/Call", &grpc).await;
+    let denied = fetch(&http, addr, Method::POST, "/grpc.Svc/Call", &grpc).await;
     assert_eq!(denied.status, StatusCode::OK);
     assert_eq!(denied.header("grpc-status"), Some("8"));
     assert_eq!(denied.header("content-type"), Some("application/grpc"));
@@ -742,7 +704,7 @@ async fn grpc_requests_get_resource_exhausted() {
     assert_eq!(denied.header("cache-control"), Some("no-store"));
     assert!(denied.body.is_empty());
     // A GET of that content type is no gRPC call: a plain 429, which caches and monitors see.
-    let get = send(&http, addr, Method::GET, "/other", &grpc).await;
+    let get = fetch(&http, addr, Method::GET, "/other", &grpc).await;
     assert_eq!(get.status, StatusCode::TOO_MANY_REQUESTS);
     assert_eq!(get.header("grpc-status"), None);
     assert_eq!(get.header("cache-control"), Some("no-store"));
@@ -771,14 +733,14 @@ async fn policies_match_in_order_by_path_and_method_with_several_quotas() {
         .unwrap();
     let addr = serve(app(layer)).await;
     let http = client();
-    let post = send(&http, addr, Method::POST, "/api/a", &[]).await;
+    let post = fetch(&http, addr, Method::POST, "/api/a", &[]).await;
     assert_eq!(post.status, StatusCode::OK);
     assert_eq!(
         post.header("ratelimit-policy"),
         Some(r#""writes";q=1;w=3600"#)
     );
     assert_eq!(
-        send(&http, addr, Method::POST, "/api/a", &[]).await.status,
+        fetch(&http, addr, Method::POST, "/api/a", &[]).await.status,
         StatusCode::TOO_MANY_REQUESTS
     );
     // GETs fall to the two-quota policy: both listed, the hourly one binds.

@@ -1,9 +1,15 @@
-//! The clients the HTTP benches (`tower.rs`, `actix.rs`) draw their requests from, and the
-//! no-op waker they poll with. Included with `#[path = "support/clients.rs"] mod clients;`.
+//! What the HTTP benches (`tower.rs`, `actix.rs`) share: the clients they draw their requests
+//! from, the no-op waker they poll with, and tollgate's layer. Included with
+//! `#[path = "support/clients.rs"] mod clients;`.
 
+use std::future::Future;
 use std::net::{Ipv4Addr, SocketAddr};
+use std::pin::pin;
 use std::sync::Arc;
-use std::task::Wake;
+use std::task::{Context, Poll, Wake};
+
+use tollgate::tower::{HeaderStyle, Key, KeySource, Policy, RateLimitLayer};
+use tollgate::{Gcra, KeyedLimiter, Quota};
 
 /// Distinct client IPs.
 pub const CLIENTS: usize = 10_000;
@@ -37,4 +43,37 @@ pub fn peers() -> Vec<SocketAddr> {
             clients[((z ^ (z >> 31)) % CLIENTS as u64) as usize]
         })
         .collect()
+}
+
+/// The output of `future`, which these benches' services make ready at its first poll.
+pub fn poll_once<F: Future>(future: F, cx: &mut Context<'_>) -> F::Output {
+    match pin!(future).poll(cx) {
+        Poll::Ready(output) => output,
+        Poll::Pending => panic!("every response here is ready at once"),
+    }
+}
+
+/// tollgate's layer for the benches: GCRA, `per_second` a second in bursts of `per_second`,
+/// keyed by the peer's IP, or with `proxied` by the client IP behind a trusted proxy on
+/// 127.0.0.1.
+pub fn tollgate_layer(per_second: u32, proxied: bool, headers: HeaderStyle) -> RateLimitLayer {
+    let per_second = u64::from(per_second);
+    let quota = Quota::per_second(per_second)
+        .and_then(|q| q.with_burst(per_second))
+        .expect("a valid quota");
+    let limiter = KeyedLimiter::<Key, _>::new(Gcra::new(quota).expect("a valid rule"));
+    let (key, trusted) = if proxied {
+        (
+            KeySource::client_ip(),
+            vec!["127.0.0.1".parse().expect("a CIDR")],
+        )
+    } else {
+        (KeySource::peer_ip(), Vec::new())
+    };
+    RateLimitLayer::builder()
+        .policy(Policy::new("api", limiter).key(key))
+        .trusted_proxies(trusted)
+        .headers(headers)
+        .build()
+        .expect("a valid layer")
 }

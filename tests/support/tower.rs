@@ -14,7 +14,8 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::{Request, Response};
+use http::{HeaderMap, Method, Request, Response, StatusCode};
+use http_body_util::BodyExt;
 use http_body_util::Full;
 use hyper_util::client::legacy::{connect::HttpConnector, Client};
 use hyper_util::rt::TokioExecutor;
@@ -145,4 +146,45 @@ pub async fn serve(app: axum::Router) -> SocketAddr {
         .expect("serves");
     });
     addr
+}
+
+/// A response read whole by [`fetch`].
+pub struct Reply {
+    pub status: StatusCode,
+    pub headers: HeaderMap,
+    pub body: String,
+}
+
+impl Reply {
+    /// The header field `name`, if present (visible ASCII).
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers.get(name).map(|v| v.to_str().expect("ASCII"))
+    }
+}
+
+/// Sends `method path` with `headers` to the server at `addr` and reads the reply whole.
+pub async fn fetch(
+    http: &Http,
+    addr: SocketAddr,
+    method: Method,
+    path: &str,
+    headers: &[(&str, &str)],
+) -> Reply {
+    let mut request = Request::builder()
+        .method(method)
+        .uri(format!("http://{addr}{path}"));
+    for (name, value) in headers {
+        request = request.header(*name, *value);
+    }
+    let response = http
+        .request(request.body(Full::new(Bytes::new())).expect("a request"))
+        .await
+        .expect("the server answers");
+    let (parts, body) = response.into_parts();
+    let body = body.collect().await.expect("a body").to_bytes();
+    Reply {
+        status: parts.status,
+        headers: parts.headers,
+        body: String::from_utf8(body.to_vec()).expect("UTF-8"),
+    }
 }
