@@ -29,6 +29,8 @@ mod grid;
 pub(crate) mod in_flight;
 #[path = "algorithm/leaky_queue.rs"]
 pub mod leaky_queue;
+#[path = "algorithm/name.rs"]
+mod name;
 #[path = "algorithm/rule.rs"]
 pub(crate) mod rule;
 #[path = "algorithm/sliding_log.rs"]
@@ -42,6 +44,7 @@ pub use self::fixed_window::FixedWindow;
 pub use self::gcra::Gcra;
 pub(crate) use self::in_flight::Concurrency;
 pub use self::leaky_queue::LeakyQueue;
+pub use self::name::AlgorithmName;
 pub use self::rule::{Rule, WordRule};
 pub(crate) use self::rule::{Words, WORDS};
 pub use self::sliding_log::SlidingLog;

@@ -322,7 +322,8 @@ pub mod wait;
 // `pub use` lines.
 #[doc(inline)]
 pub use algorithm::{
-    FixedWindow, Gcra, LeakyBucket, LeakyQueue, SlidingLog, SlidingWindow, TokenBucket,
+    AlgorithmName, FixedWindow, Gcra, LeakyBucket, LeakyQueue, SlidingLog, SlidingWindow,
+    TokenBucket,
 };
 pub use decision::{Decision, LimitError};
 #[doc(inline)]

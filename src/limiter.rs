@@ -23,6 +23,7 @@
 
 // Explicit path: `loom-tests` includes `core.rs` on its own (see `algorithm.rs`).
 mod algorithm;
+pub(crate) mod any;
 #[path = "limiter/core.rs"]
 pub(crate) mod core;
 mod direct;

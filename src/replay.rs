@@ -15,7 +15,8 @@
 //! # Examples
 //! ```
 //! use std::time::Duration;
-//! use tollgate::replay::{AlgorithmName, Replayer, TraceReader};
+//! use tollgate::AlgorithmName;
+//! use tollgate::replay::{Replayer, TraceReader};
 //! let trace = "0,alice\n0,alice\n# a comment\n1000,alice,1\n";
 //! let mut replayer = Replayer::new(AlgorithmName::FixedWindow, 1, Duration::from_secs(1), None)?;
 //! let mut reader = TraceReader::new(trace.as_bytes());
@@ -29,7 +30,6 @@
 //! ```
 
 use std::fmt;
-use std::str::FromStr;
 use std::time::Duration;
 
 mod in_flight;
@@ -39,122 +39,8 @@ pub use self::in_flight::{HeldUntil, InFlightReplayer};
 pub use self::trace::{parse_line, Request, TraceCost, TraceError, TraceReader};
 
 use crate::clock::ManualClock;
-use crate::limiter::Algorithm;
-use crate::limiter::KeyedLimiter;
-use crate::{FixedWindow, Gcra, LeakyQueue, Quota, QuotaError, SlidingLog, SlidingWindow};
-
-/// The algorithms by the names of [`docs::decision_rules`](crate::docs::decision_rules).
-///
-/// # Examples
-/// ```
-/// use tollgate::replay::AlgorithmName;
-/// // The names `tollgate replay --algorithm` and configuration files accept.
-/// let name: AlgorithmName = "sliding-window".parse()?;
-/// assert_eq!(name, AlgorithmName::SlidingWindow);
-/// assert!("round-robin".parse::<AlgorithmName>().is_err());
-/// # Ok::<(), Box<dyn std::error::Error>>(())
-/// ```
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum AlgorithmName {
-    /// `gcra`
-    Gcra,
-    /// `token-bucket` (decides as `gcra`)
-    TokenBucket,
-    /// `leaky-bucket` (decides as `gcra` with `B = C`)
-    LeakyBucket,
-    /// `leaky-queue`
-    LeakyQueue,
-    /// `fixed-window`
-    FixedWindow,
-    /// `sliding-window`
-    SlidingWindow,
-    /// `sliding-log`
-    SlidingLog,
-}
-
-impl AlgorithmName {
-    /// Every algorithm, in the order of the decision rules.
-    ///
-    /// # Examples
-    /// ```
-    /// use tollgate::replay::AlgorithmName;
-    /// // What `--compare` runs.
-    /// let names: Vec<&str> = AlgorithmName::ALL.iter().map(|a| a.as_str()).collect();
-    /// assert_eq!(names[0], "gcra");
-    /// assert_eq!(names.len(), 7);
-    /// ```
-    pub const ALL: [AlgorithmName; 7] = [
-        AlgorithmName::Gcra,
-        AlgorithmName::TokenBucket,
-        AlgorithmName::LeakyBucket,
-        AlgorithmName::LeakyQueue,
-        AlgorithmName::FixedWindow,
-        AlgorithmName::SlidingWindow,
-        AlgorithmName::SlidingLog,
-    ];
-
-    /// The name, as `tollgate replay --algorithm` takes it.
-    ///
-    /// # Examples
-    /// ```
-    /// use tollgate::replay::AlgorithmName;
-    /// assert_eq!(AlgorithmName::LeakyQueue.as_str(), "leaky-queue");
-    /// assert_eq!(AlgorithmName::LeakyQueue.as_str().parse(), Ok(AlgorithmName::LeakyQueue));
-    /// ```
-    pub fn as_str(self) -> &'static str {
-        match self {
-            AlgorithmName::Gcra => "gcra",
-            AlgorithmName::TokenBucket => "token-bucket",
-            AlgorithmName::LeakyBucket => "leaky-bucket",
-            AlgorithmName::LeakyQueue => "leaky-queue",
-            AlgorithmName::FixedWindow => "fixed-window",
-            AlgorithmName::SlidingWindow => "sliding-window",
-            AlgorithmName::SlidingLog => "sliding-log",
-        }
-    }
-
-    /// Whether the algorithm takes a burst / capacity.
-    ///
-    /// # Examples
-    /// ```
-    /// use tollgate::replay::AlgorithmName;
-    /// // Whether `--burst` means anything: window algorithms refuse one.
-    /// assert!(AlgorithmName::Gcra.has_burst());
-    /// assert!(!AlgorithmName::FixedWindow.has_burst());
-    /// ```
-    pub fn has_burst(self) -> bool {
-        matches!(
-            self,
-            AlgorithmName::Gcra
-                | AlgorithmName::TokenBucket
-                | AlgorithmName::LeakyBucket
-                | AlgorithmName::LeakyQueue
-        )
-    }
-}
-
-impl fmt::Display for AlgorithmName {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-impl FromStr for AlgorithmName {
-    type Err = String;
-
-    fn from_str(s: &str) -> Result<Self, String> {
-        AlgorithmName::ALL
-            .into_iter()
-            .find(|a| a.as_str() == s)
-            .ok_or_else(|| {
-                let names: Vec<_> = AlgorithmName::ALL.iter().map(|a| a.as_str()).collect();
-                format!(
-                    "unknown algorithm '{s}' (expected one of: {})",
-                    names.join(", ")
-                )
-            })
-    }
-}
+use crate::limiter::any::AnyKeyed;
+use crate::{AlgorithmName, Quota, QuotaError};
 
 /// Parses a duration such as `250ms`, `1s`, `60s`, `1m`, `1h` (also `ns`, `us`, `d`).
 ///
@@ -221,7 +107,8 @@ impl fmt::Display for Millis {
 /// # Examples
 /// ```
 /// use std::time::Duration;
-/// use tollgate::replay::{AlgorithmName, TraceOutcome, Replayer, TraceReader};
+/// use tollgate::AlgorithmName;
+/// use tollgate::replay::{TraceOutcome, Replayer, TraceReader};
 /// let mut queue = Replayer::new(AlgorithmName::LeakyQueue, 10, Duration::from_secs(1), None)?;
 /// let mut reader = TraceReader::new("0,a\n0,a\n".as_bytes());
 /// let first = queue.decide(&reader.next_request().unwrap()?);
@@ -271,49 +158,13 @@ impl fmt::Display for TraceOutcome {
     }
 }
 
-/// One algorithm's keyed limiter on a clock the trace drives.
-#[derive(Debug)]
-struct Engine<A: Algorithm> {
-    limiter: KeyedLimiter<String, A, ManualClock>,
-    clock: ManualClock,
-}
-
-impl<A: Algorithm> Engine<A> {
-    fn new(rule: A) -> Result<Self, QuotaError> {
-        let clock = ManualClock::new();
-        Ok(Engine {
-            limiter: KeyedLimiter::with_clock(rule, clock.clone())?,
-            clock,
-        })
-    }
-
-    fn outcome_at(&self, t_nanos: u64, key: &str, cost: u64, shaper: bool) -> TraceOutcome {
-        self.clock.set(t_nanos);
-        match self.limiter.check_n(key, cost) {
-            Ok(d) if d.allowed() => TraceOutcome::Allow {
-                delay_nanos: shaper.then(|| d.delay_nanos()),
-            },
-            Ok(_) => TraceOutcome::Deny,
-            Err(_) => TraceOutcome::Error,
-        }
-    }
-}
-
-#[derive(Debug)]
-enum AnyEngine {
-    Gcra(Engine<Gcra>),
-    LeakyQueue(Engine<LeakyQueue>),
-    FixedWindow(Engine<FixedWindow>),
-    SlidingWindow(Engine<SlidingWindow>),
-    SlidingLog(Engine<SlidingLog>),
-}
-
 /// Decides requests for one algorithm and quota, in the trace's time.
 ///
 /// # Examples
 /// ```
 /// use std::time::Duration;
-/// use tollgate::replay::{AlgorithmName, TraceOutcome, Replayer, TraceReader};
+/// use tollgate::AlgorithmName;
+/// use tollgate::replay::{TraceOutcome, Replayer, TraceReader};
 /// // "What would 2 per second per key have done to this traffic?"
 /// let mut replayer = Replayer::new(AlgorithmName::FixedWindow, 2, Duration::from_secs(1), None)?;
 /// let mut reader = TraceReader::new("0,a\n1,a\n2,a\n3,b\n".as_bytes());
@@ -327,7 +178,9 @@ enum AnyEngine {
 #[derive(Debug)]
 pub struct Replayer {
     algorithm: AlgorithmName,
-    engine: AnyEngine,
+    limiter: AnyKeyed<String, ManualClock>,
+    /// The trace's time: set to each request's before it is decided.
+    clock: ManualClock,
 }
 
 impl Replayer {
@@ -340,7 +193,8 @@ impl Replayer {
     /// # Examples
     /// ```
     /// use std::time::Duration;
-    /// use tollgate::replay::{AlgorithmName, Replayer};
+    /// use tollgate::AlgorithmName;
+    /// use tollgate::replay::Replayer;
     /// use tollgate::QuotaError;
     /// assert!(Replayer::new(AlgorithmName::Gcra, 10, Duration::from_secs(1), Some(20)).is_ok());
     /// // The same refusals as the limiters: a window algorithm has no burst.
@@ -357,24 +211,13 @@ impl Replayer {
         if let Some(burst) = burst {
             quota = quota.with_burst(burst)?;
         }
-        let engine = match algorithm {
-            AlgorithmName::Gcra | AlgorithmName::TokenBucket | AlgorithmName::LeakyBucket => {
-                AnyEngine::Gcra(Engine::new(Gcra::new(quota)?)?)
-            }
-            AlgorithmName::LeakyQueue => {
-                AnyEngine::LeakyQueue(Engine::new(LeakyQueue::new(quota)?)?)
-            }
-            AlgorithmName::FixedWindow => {
-                AnyEngine::FixedWindow(Engine::new(FixedWindow::new(quota)?)?)
-            }
-            AlgorithmName::SlidingWindow => {
-                AnyEngine::SlidingWindow(Engine::new(SlidingWindow::new(quota)?)?)
-            }
-            AlgorithmName::SlidingLog => {
-                AnyEngine::SlidingLog(Engine::new(SlidingLog::new(quota)?)?)
-            }
-        };
-        Ok(Replayer { algorithm, engine })
+        let clock = ManualClock::new();
+        let limiter = AnyKeyed::new(algorithm, quota, clock.clone())?;
+        Ok(Replayer {
+            algorithm,
+            limiter,
+            clock,
+        })
     }
 
     /// The algorithm this replayer runs.
@@ -382,7 +225,8 @@ impl Replayer {
     /// # Examples
     /// ```
     /// use std::time::Duration;
-    /// use tollgate::replay::{AlgorithmName, Replayer};
+    /// use tollgate::AlgorithmName;
+    /// use tollgate::replay::Replayer;
     /// let replayer = Replayer::new(AlgorithmName::TokenBucket, 5, Duration::from_secs(1), None)?;
     /// assert_eq!(replayer.algorithm().as_str(), "token-bucket"); // the name asked for, for reports
     /// # Ok::<(), tollgate::QuotaError>(())
@@ -396,7 +240,8 @@ impl Replayer {
     /// # Examples
     /// ```
     /// use std::time::Duration;
-    /// use tollgate::replay::{parse_line, AlgorithmName, TraceOutcome, Replayer};
+    /// use tollgate::AlgorithmName;
+    /// use tollgate::replay::{parse_line, TraceOutcome, Replayer};
     /// let mut replayer = Replayer::new(AlgorithmName::Gcra, 1, Duration::from_secs(1), None)?;
     /// let first = parse_line("0,k", 1)?.unwrap();
     /// assert_eq!(replayer.decide(&first), TraceOutcome::Allow { delay_nanos: None });
@@ -412,13 +257,13 @@ impl Replayer {
         // A time past 2^64 ns (584 years) cannot be represented: such a request is judged at
         // the end of time, where nothing more can be admitted.
         let t = request.t_ms.saturating_mul(1_000_000);
-        let key = request.key;
-        match &self.engine {
-            AnyEngine::Gcra(e) => e.outcome_at(t, key, cost, false),
-            AnyEngine::LeakyQueue(e) => e.outcome_at(t, key, cost, true),
-            AnyEngine::FixedWindow(e) => e.outcome_at(t, key, cost, false),
-            AnyEngine::SlidingWindow(e) => e.outcome_at(t, key, cost, false),
-            AnyEngine::SlidingLog(e) => e.outcome_at(t, key, cost, false),
+        self.clock.set(t);
+        match self.limiter.check_n(request.key, cost) {
+            Ok(d) if d.allowed() => TraceOutcome::Allow {
+                delay_nanos: self.limiter.shapes().then(|| d.delay_nanos()),
+            },
+            Ok(_) => TraceOutcome::Deny,
+            Err(_) => TraceOutcome::Error,
         }
     }
 }

@@ -25,7 +25,8 @@ use tollgate::clock::ManualClock;
 use tollgate::redis::{
     replay, replay_trace, RedisConnection, RedisLimiter, RedisRule, ReplayError, TierError,
 };
-use tollgate::replay::{AlgorithmName, Replayer, TraceReader};
+use tollgate::replay::{Replayer, TraceReader};
+use tollgate::AlgorithmName;
 use tollgate::{
     Decision, FixedWindow, Gcra, KeyedLimiter, LeakyQueue, MultiLimiter, Quota, SlidingLog,
     SlidingWindow,

@@ -520,7 +520,8 @@ fn exercise<A: Algorithm>(rule: Result<A, tollgate::QuotaError>, c: &Constructio
 }
 
 fn replay_parser(data: &[u8]) {
-    use tollgate::replay::{AlgorithmName, Replayer, TraceReader};
+    use tollgate::replay::{Replayer, TraceReader};
+    use tollgate::AlgorithmName;
     let (head, trace) = data.split_at(data.len().min(2));
     let algorithm = AlgorithmName::ALL[usize::from(head.first().copied().unwrap_or(0)) % 7];
     let limit = u64::from(head.get(1).copied().unwrap_or(1)) + 1;

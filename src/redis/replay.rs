@@ -73,7 +73,7 @@ pub enum ReplayError {
 /// # Examples
 /// ```no_run
 /// use std::time::Duration;
-/// use tollgate::{Quota, redis::{replay_trace, RedisRule}, replay::{AlgorithmName, TraceReader}};
+/// use tollgate::{AlgorithmName, Quota, redis::{replay_trace, RedisRule}, replay::TraceReader};
 /// # fn demo() -> Result<(), Box<dyn std::error::Error>> {
 /// let quota = Quota::new(1, Duration::from_secs(1))?;
 /// let rule = RedisRule::for_algorithm(AlgorithmName::FixedWindow, quota)?;
@@ -97,7 +97,7 @@ pub fn replay_trace<R: BufRead>(
         })?;
     runtime.block_on(async {
         let (limiter, prefix) = replay_limiter(url, rule).await?;
-        let shaper = rule.name() == "leaky-queue";
+        let shaper = rule.algorithm() == crate::AlgorithmName::LeakyQueue;
         let mut decided = 0u64;
         let result = loop {
             // The next batch: owned copies, since the reader lends each line.

@@ -10,7 +10,7 @@
 use crate::algorithm::rule::{no_burst, window_at_least_1ms};
 use crate::algorithm::{Gcra, LeakyQueue};
 use crate::quota::{Quota, QuotaError};
-use crate::replay::AlgorithmName;
+use crate::AlgorithmName;
 use crate::{FixedWindow, SlidingLog, SlidingWindow};
 
 /// The largest limit `L` the Redis tier accepts for the window algorithms and the log: 2^51.
@@ -264,7 +264,7 @@ impl RedisRule {
     /// # Examples
     /// ```
     /// use std::time::Duration;
-    /// use tollgate::{Quota, redis::RedisRule, replay::AlgorithmName};
+    /// use tollgate::{AlgorithmName, Quota, redis::RedisRule};
     /// let quota = Quota::new(100, Duration::from_secs(60))?.with_burst(10)?;
     /// let rule = RedisRule::for_algorithm(AlgorithmName::LeakyBucket, quota)?;
     /// assert_eq!((rule.name(), rule.capacity()), ("gcra", 10));
@@ -297,12 +297,25 @@ impl RedisRule {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn name(&self) -> &'static str {
+        self.algorithm().as_str()
+    }
+
+    /// The algorithm, by its canonical name (see [`RedisRule::name`]).
+    ///
+    /// # Examples
+    /// ```
+    /// use tollgate::{AlgorithmName, Quota, redis::RedisRule};
+    /// let rule = RedisRule::for_algorithm(AlgorithmName::TokenBucket, Quota::per_second(5)?)?;
+    /// assert_eq!(rule.algorithm(), AlgorithmName::Gcra);
+    /// # Ok::<(), tollgate::QuotaError>(())
+    /// ```
+    pub fn algorithm(&self) -> AlgorithmName {
         match self.kind {
-            Kind::Gcra { queue: false, .. } => "gcra",
-            Kind::Gcra { queue: true, .. } => "leaky-queue",
-            Kind::FixedWindow { .. } => "fixed-window",
-            Kind::SlidingWindow { .. } => "sliding-window",
-            Kind::SlidingLog { .. } => "sliding-log",
+            Kind::Gcra { queue: false, .. } => AlgorithmName::Gcra,
+            Kind::Gcra { queue: true, .. } => AlgorithmName::LeakyQueue,
+            Kind::FixedWindow { .. } => AlgorithmName::FixedWindow,
+            Kind::SlidingWindow { .. } => AlgorithmName::SlidingWindow,
+            Kind::SlidingLog { .. } => AlgorithmName::SlidingLog,
         }
     }
 

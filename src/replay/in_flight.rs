@@ -141,7 +141,8 @@ impl InFlightReplayer {
     /// # Examples
     /// ```
     /// use std::time::Duration;
-    /// use tollgate::replay::{parse_line, AlgorithmName, InFlightReplayer, Replayer};
+    /// use tollgate::AlgorithmName;
+    /// use tollgate::replay::{parse_line, InFlightReplayer, Replayer};
     /// let mut rate = Replayer::new(AlgorithmName::FixedWindow, 1, Duration::from_secs(1), None)?;
     /// let mut in_flight = InFlightReplayer::new(1)?;
     /// let first = parse_line("0+5000,k", 1)?.unwrap();

@@ -210,7 +210,8 @@ fn parse_count(text: &str) -> Option<Option<u64>> {
 /// # Examples
 /// ```
 /// use std::time::Duration;
-/// use tollgate::replay::{AlgorithmName, TraceOutcome, Replayer, TraceReader};
+/// use tollgate::AlgorithmName;
+/// use tollgate::replay::{TraceOutcome, Replayer, TraceReader};
 /// let trace = "# t_ms,key[,cost]\n0,alice\n10,alice\n20,bob,2\n";
 /// let mut replayer = Replayer::new(AlgorithmName::Gcra, 1, Duration::from_secs(1), None)?;
 /// let mut reader = TraceReader::new(trace.as_bytes());

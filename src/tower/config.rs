@@ -117,7 +117,8 @@ use super::response::HeaderStyle;
 use super::tiers::Tiers;
 use crate::clock::{Clock, QuantaClock};
 use crate::limiter::Algorithm;
-use crate::replay::{parse_duration, AlgorithmName};
+use crate::replay::parse_duration;
+use crate::AlgorithmName;
 use crate::{
     FixedWindow, Gcra, KeyedLimiter, LeakyQueue, MultiLimiter, OverflowPolicy, Quota, QuotaError,
     SlidingLog, SlidingWindow,

@@ -17,8 +17,9 @@ use std::time::{Duration, Instant};
 
 use clap::{Args, ValueEnum};
 use tollgate::clock::{Clock, CoarseClock, ManualClock, QuantaClock};
-use tollgate::replay::{parse_duration, AlgorithmName};
+use tollgate::replay::parse_duration;
 use tollgate::Algorithm;
+use tollgate::AlgorithmName;
 use tollgate::{FixedWindow, Gcra, KeyedLimiter, LeakyQueue, Quota, SlidingLog, SlidingWindow};
 
 use crate::common::{Fatal, ALLOCATOR};

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use tollgate::redis::{FailureHandling, FailurePolicy, LeaseConfig, RedisLimiter, RedisRule};
-use tollgate::replay::AlgorithmName;
+use tollgate::AlgorithmName;
 use tollgate::Quota;
 
 use crate::bench::{BenchArgs, Mode};

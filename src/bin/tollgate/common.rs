@@ -4,7 +4,7 @@
 use std::io::{self, IsTerminal};
 
 use clap::ValueEnum;
-use tollgate::replay::AlgorithmName;
+use tollgate::AlgorithmName;
 
 /// Counts allocations, for `tollgate bench`'s bytes per key.
 #[global_allocator]

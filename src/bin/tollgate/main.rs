@@ -38,8 +38,9 @@ use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use plot::{Chart, Timeline};
 use report::{Report, Setting};
 use tollgate::replay::{
-    parse_duration, AlgorithmName, InFlightReplayer, Replayer, Request, TraceOutcome, TraceReader,
+    parse_duration, InFlightReplayer, Replayer, Request, TraceOutcome, TraceReader,
 };
+use tollgate::AlgorithmName;
 
 #[derive(Parser)]
 #[command(

@@ -9,7 +9,8 @@ use std::collections::{HashMap, VecDeque};
 use std::io::{self, Write};
 use std::time::Duration;
 
-use tollgate::replay::{AlgorithmName, Request, TraceCost, TraceOutcome};
+use tollgate::replay::{Request, TraceCost, TraceOutcome};
+use tollgate::AlgorithmName;
 
 /// What the report says about the run itself.
 pub(crate) struct Setting {
