@@ -13,6 +13,11 @@ pub(crate) use std::sync::atomic::{
 };
 pub(crate) use std::sync::Arc;
 
+/// The hasher of the word tables the rules build (`Stored::new_store`): foldhash's, seeded at
+/// random for each table. (The loom build's is foldhash's fixed one: a model's keys must take
+/// the same slots in every execution loom replays.)
+pub(crate) type StoreHasher = foldhash::fast::RandomState;
+
 /// A sliding log's header: one 128-bit word (portable-atomic's; `cmpxchg16b` on x86_64).
 pub(crate) use portable_atomic::AtomicU128;
 

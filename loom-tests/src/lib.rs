@@ -2,11 +2,12 @@
 //! loom's atomics, for the models in `tests/models/`.
 //!
 //! Every `#[path]` module below is the very file the library compiles; only [`sync`] (loom's
-//! atomics and mutex instead of std's and parking_lot's) is this crate's own; [`clock`] is the
-//! library's time type and `Clock` trait without the clocks, [`limiter`] the limiters' `Core`
-//! without the limiters, [`store`] the library's stores minus dashmap. The clocks (quanta),
-//! the dashmap store and the limiter types around `Core` are left out: loom cannot see their
-//! locks or time sources.
+//! atomics and mutex instead of std's and parking_lot's, and a fixed hasher for the rules'
+//! stores) is this crate's own; [`clock`] is the library's time type and `Clock` trait without
+//! the clocks, [`limiter`] the limiters' `Core` without the rate limiters, [`in_flight`] the
+//! library's `InFlight` whole (with its waiter queue), [`store`] the library's stores minus
+//! dashmap. The clocks (quanta), the dashmap store and the rate limiter types around `Core`
+//! are left out: loom cannot see their locks or time sources.
 
 #![deny(unsafe_code)]
 
@@ -26,12 +27,6 @@ pub mod algorithm;
 pub mod breaker;
 #[path = "../../src/decision.rs"]
 pub mod decision;
-/// `InFlight`'s waiter queue (`src/limiter/in_flight/waiters.rs`): waiters served first come,
-/// first served, none lost between a release and a waiter queueing.
-// Public here only (the library's module is private, built once by its limiter).
-#[allow(clippy::new_without_default)]
-#[path = "../../src/limiter/in_flight/waiters.rs"]
-pub mod in_flight_waiters;
 /// A lease's refill state (`src/redis/lease/refill.rs`): one refill in flight per key, and
 /// none once the lease is retired.
 #[path = "../../src/redis/lease/refill.rs"]
@@ -44,10 +39,100 @@ pub mod lease_route;
 /// it exactly once (`take`, `take_up_to`, `empty`, `expire`).
 #[path = "../../src/redis/lease/word.rs"]
 pub mod lease_word;
-/// `Core`: the rule in force, the clock, and the sweep-then-rebase protocol of the window
-/// counters.
+// The limiter files, included one by one and re-exported as `limiter`, the path they use for
+// each other. `in_flight.rs` names its errors `super::error`: both sit at the root here.
 #[path = "../../src/limiter/core.rs"]
-pub mod limiter;
+mod core_limiter;
+#[path = "../../src/limiter/error.rs"]
+mod error;
+#[path = "../../src/limiter/in_flight.rs"]
+mod in_flight_limit;
+
+pub mod limiter {
+    //! `Core` (`src/limiter/core.rs`): the rule in force, the clock, and the sweep-then-rebase
+    //! protocol of the window counters; the limiters' errors (`src/limiter/error.rs`).
+
+    pub use crate::core_limiter::*;
+    pub(crate) use crate::error;
+    pub use crate::error::{InFlightBoundError, WaitError};
+}
+
+pub mod in_flight {
+    //! `InFlight` (`src/limiter/in_flight.rs`, with its waiter queue and `acquire`'s glue from
+    //! `src/limiter/in_flight/{waiters,wait}.rs`): the library's own code, driven by the models
+    //! through its public calls, and through [`acquire_n`] where `InFlight::acquire_n` would
+    //! wait on tokio's timer (not modelled).
+
+    use std::future::Future;
+    use std::hash::Hash;
+    use std::pin::Pin;
+    use std::task::{Context, Poll};
+    use std::time::Duration;
+
+    use crate::in_flight_limit::wait::Waiting;
+    use crate::in_flight_limit::waiters::{Places, Reserved};
+    pub use crate::in_flight_limit::{InFlight, InFlightPermit, OwnedInFlightPermit};
+    use crate::{LimitError, WaitError};
+
+    /// What [`acquire_n`] got.
+    pub enum Acquired<'a, K: Clone + Hash + Eq + Send + Sync> {
+        /// A permit at once: the units were free and nobody waited for them.
+        Now(InFlightPermit<'a, K>),
+        /// Queued: a permit once a release serves the waiter.
+        Queued(Waiter<'a, K>),
+    }
+
+    /// `limit.acquire_n(key, cost, max_wait)` up to its timer (`InFlight::take_or_queue`,
+    /// which `acquire_n` awaits under `tokio::time::timeout`): a permit now, or the queued
+    /// waiter, which the model polls or drops (giving up) itself.
+    ///
+    /// # Errors
+    /// As `InFlight::acquire_n` at once: `WaitError::TooLong` for a key over `max_keys` whose
+    /// shared count is full, `WaitError::Limit` for a cost above `N` or a full table.
+    pub fn acquire_n<'a, K: Clone + Hash + Eq + Send + Sync>(
+        limit: &'a InFlight<K>,
+        key: &K,
+        cost: u64,
+    ) -> Result<Acquired<'a, K>, WaitError> {
+        // Any wait but zero (which answers at once): it is never timed here.
+        let max_wait = Duration::from_secs(3600);
+        Ok(match limit.take_or_queue(key, cost, max_wait)? {
+            Ok(held) => Acquired::Now(InFlightPermit { owner: limit, held }),
+            Err(waiting) => Acquired::Queued(Waiter {
+                owner: limit,
+                waiting,
+            }),
+        })
+    }
+
+    /// `InFlight::acquire_n`'s queued waiter (the library's `Waiting` future): ready with a
+    /// permit once served; dropped, it gives up its place, or the units it was served.
+    pub struct Waiter<'a, K: Clone + Hash + Eq + Send + Sync> {
+        owner: &'a InFlight<K>,
+        waiting: Waiting<'a, K>,
+    }
+
+    impl<'a, K: Clone + Hash + Eq + Send + Sync> Future for Waiter<'a, K> {
+        type Output = Result<InFlightPermit<'a, K>, Option<LimitError>>;
+
+        fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+            let owner = self.owner;
+            Pin::new(&mut self.waiting)
+                .poll(cx)
+                .map(|served| served.map(|held| InFlightPermit { owner, held }))
+        }
+    }
+
+    /// Leaves `key` marked queued with no waiter behind the mark: what a reservation that
+    /// marked it leaves when its waiter's key panics before it is queued (loom cannot run
+    /// that panic: its mutex poisons).
+    pub fn leave_mark<K: Clone + Hash + Eq + Send + Sync>(limit: &InFlight<K>, key: &K) {
+        assert!(
+            matches!(limit.reserve(key, 1), Reserved::Queued),
+            "a held key's reservation is refused and marks it"
+        );
+    }
+}
 #[path = "../../src/multi/all_or_nothing.rs"]
 pub mod multi;
 #[path = "../../src/quota.rs"]
@@ -83,6 +168,7 @@ pub mod store {
     pub use crate::dashmap_store::DashMapStore;
     pub use crate::keyed_store::{Carry, Evictor, Inserted, KeyedStore};
     pub use crate::stored::Stored;
+    pub(crate) use crate::table;
     pub use crate::table::{Check, KeyTable, OverflowPolicy, Reserve};
     pub use crate::word_table::WordTable;
 
@@ -140,19 +226,6 @@ pub mod store {
 
 pub use algorithm::{FixedWindow, Gcra, LeakyQueue, Rule, SlidingLog, SlidingWindow};
 pub use decision::{Decision, LimitError};
+pub use error::WaitError;
 pub use quota::{Quota, QuotaError};
 pub use store::Stored;
-
-/// The in-flight rule (crate-private in tollgate: a rule whose units come back only by a
-/// release), for the model of its acquire/release/evict protocol.
-pub fn in_flight_rule(max: u64) -> impl Stored<Cell = state::AtomicWord> + Copy {
-    algorithm::Concurrency::new(max).expect("a valid bound")
-}
-
-/// The in-flight rule whose refund also clears the waiters' mark (what a waiter queue that
-/// has emptied gives back with).
-pub fn in_flight_unqueuing(max: u64) -> impl Stored<Cell = state::AtomicWord> + Copy {
-    algorithm::Concurrency::new(max)
-        .expect("a valid bound")
-        .unqueuing()
-}

@@ -12,6 +12,10 @@ pub(crate) use loom::sync::atomic::{
 /// happens-before edges loom checks are all there; only the reference count is not modelled.
 pub(crate) use std::sync::Arc;
 
+/// `src/sync.rs`'s hasher of the word tables the rules build, with foldhash's fixed seed instead
+/// of a random one: loom replays executions, so a key must take the same slot in every one.
+pub(crate) type StoreHasher = foldhash::fast::FixedState;
+
 /// Lets the model's other threads run here. loom's DPOR keeps only the last access to each
 /// atomic: when a thread loads a word and then stores it (an insert's probe, then its tag's
 /// publication), its own load hides another thread's earlier load of that word, and loom never

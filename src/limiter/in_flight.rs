@@ -15,10 +15,15 @@ use crate::state::AtomicWord;
 use crate::store::table::{Check, KeyTable, OverflowPolicy};
 use crate::store::{Evictor, Stored};
 
+// Explicit paths: `loom-tests` includes this file on its own (see `src/algorithm.rs`).
+// `pub(crate)` for the loom model, which polls the waiter future (`wait::Waiting`) itself and
+// leaves a mark through `waiters::Places`.
 #[cfg(feature = "tokio")]
-mod wait;
+#[path = "in_flight/wait.rs"]
+pub(crate) mod wait;
 #[cfg(feature = "tokio")]
-mod waiters;
+#[path = "in_flight/waiters.rs"]
+pub(crate) mod waiters;
 
 #[cfg(test)]
 #[path = "in_flight/tests.rs"]
@@ -409,8 +414,10 @@ pub struct Held<K> {
 /// ```
 #[must_use = "dropping the permit releases its units at once"]
 pub struct InFlightPermit<'a, K: Clone + Hash + Eq + Send + Sync> {
-    owner: &'a InFlight<K>,
-    held: Held<K>,
+    /// The limit the units go back to; `pub(crate)` for the loom model's waiter.
+    pub(crate) owner: &'a InFlight<K>,
+    /// The units; `pub(crate)` for the loom model's waiter, which makes a permit of them.
+    pub(crate) held: Held<K>,
 }
 
 /// Units held for a key of an [`InFlight`] limit behind an `Arc`, given back when dropped:

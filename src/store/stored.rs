@@ -15,6 +15,7 @@ use crate::algorithm::{
 use crate::clock::Nanos;
 use crate::decision::Decision;
 use crate::state::{AtomicWord, LogCell, Retired};
+use crate::sync::StoreHasher;
 
 /// GCRA and leaky-bucket TATs stay below `u64::MAX − 1` (`Gcra::decide_with_delay`).
 pub(crate) const TAT_MARKS: Retired = Retired {
@@ -148,10 +149,10 @@ macro_rules! word_cells {
         impl Stored for $ty {
             type Cell = AtomicWord;
             type Store<K: Clone + Hash + Eq + Send + Sync> =
-                WordTable<K, foldhash::fast::RandomState>;
+                WordTable<K, StoreHasher>;
 
             fn new_store<K: Clone + Hash + Eq + Send + Sync>() -> Self::Store<K> {
-                WordTable::new($marks, foldhash::fast::RandomState::default())
+                WordTable::new($marks, StoreHasher::default())
             }
 
             #[inline]
@@ -314,10 +315,9 @@ impl Stored for SlidingLog {
     fn refund<F: Fn() -> Nanos>(&self, cell: &LogCell, now: F, cost: u64) {
         cell.refund(self, now, cost);
     }
-    type Store<K: Clone + Hash + Eq + Send + Sync> =
-        WordTable<K, foldhash::fast::RandomState, LogCell>;
+    type Store<K: Clone + Hash + Eq + Send + Sync> = WordTable<K, StoreHasher, LogCell>;
     fn new_store<K: Clone + Hash + Eq + Send + Sync>() -> Self::Store<K> {
-        WordTable::new((), foldhash::fast::RandomState::default())
+        WordTable::new((), StoreHasher::default())
     }
     #[inline]
     fn acquire_live<F: Fn() -> Nanos>(

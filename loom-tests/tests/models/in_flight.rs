@@ -1,308 +1,395 @@
-//! `InFlight`'s protocol: a concurrency count per key in the lock-free word table, acquired by
-//! a check, released by a refund, evicted only while nothing is held.
+//! `InFlight`, the library's own: `try_acquire`, a permit's drop (the release, which serves the
+//! key's waiters), `acquire_n`'s queueing and its waiter future (polled, or dropped to give up),
+//! the heal of a mark no waiter is behind, idle eviction, and the count keys over `max_keys`
+//! share (`OverflowPolicy::Shared`).
 //!
-//! Two threads acquire a unit of one key (`N = 1`) and release it; a third evicts idle keys
-//! meanwhile. In every execution at most one thread holds the unit at a time, no release is
-//! lost (the count ends at 0, and a later acquire is admitted), and a key is never evicted
-//! while its unit is held (the holder's release finds it: otherwise the count it later gives
-//! back would be lost with the key, or land in a new cell as a negative).
+//! Its keys are [`Key`]s, whose copies are counted: the limit clones a key for each permit, each
+//! waiter and the table, and every copy is dropped once the limit is. In every execution at most
+//! `N` units are held at once, no release is lost (`in_flight` returns to 0, and a later
+//! `try_acquire` is admitted), and a waiter is served once a release frees its unit (the model
+//! blocks on the waiter: loom fails an execution where nothing wakes it).
+//!
+//! A key whose `Hash`, `Clone` or `Drop` panics is not modelled: the waiter queue runs them
+//! under its lock, which loom's mutex poisons (see the README's "What the models do not cover").
+
+use std::future::Future;
+use std::hash::{Hash, Hasher};
+use std::pin::Pin;
+use std::sync::atomic::AtomicIsize;
+use std::task::{Context, Poll, Waker};
 
 use loom::sync::atomic::{AtomicUsize, Ordering};
 use loom::sync::Arc;
 use loom::thread;
-use std::task::{Context, Poll, Waker};
 
-use tollgate_loom_tests::in_flight_waiters::{Enqueued, Places, Reserved, Ticket, Waiters};
-use tollgate_loom_tests::state::{AtomicWord, Retired};
-use tollgate_loom_tests::store::{Check, KeyTable, Reserve, Stored, WordTable};
+use tollgate_loom_tests::in_flight::{acquire_n, leave_mark, Acquired, InFlight};
+use tollgate_loom_tests::store::OverflowPolicy;
+use tollgate_loom_tests::WaitError;
 
-use crate::{explore, explore_reaching, At, Hasher};
+use crate::{explore, explore_reaching};
 
-type Table = KeyTable<u64, AtomicWord, WordTable<u64, Hasher>>;
-
-fn table() -> Table {
-    let marks = Retired {
-        tombstone: u64::MAX,
-        moved: u64::MAX - 1,
-    };
-    KeyTable::new(WordTable::new(marks, Hasher::default()), None)
+/// A key with drop glue whose copies are counted (`live`: made by the model or cloned by the
+/// limit, less those dropped).
+struct Key {
+    id: u64,
+    live: std::sync::Arc<AtomicIsize>,
 }
 
-/// Acquires a unit of `key`; if admitted, counts itself a holder, checks it is alone, and
-/// releases. Returns whether it was admitted.
-fn hold_once<A>(table: &Table, rule: A, key: u64, holders: &AtomicUsize) -> bool
-where
-    A: Stored<Cell = AtomicWord> + Copy,
-{
-    let evictor = At { table, rule, at: 0 };
-    let decision = table
-        .check_key(&key, &rule, || 0, 1, &evictor, Check)
-        .unwrap();
-    if !decision.allowed() {
-        return false;
+impl Key {
+    fn new(id: u64, live: &std::sync::Arc<AtomicIsize>) -> Key {
+        // SeqCst: the models' own bookkeeping (a std atomic: loom does not see it).
+        live.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        Key {
+            id,
+            live: std::sync::Arc::clone(live),
+        }
     }
-    // SeqCst: the models' own bookkeeping, ordered with everything else.
-    let before = holders.fetch_add(1, Ordering::SeqCst);
-    assert_eq!(before, 0, "two holders of a unit when N = 1");
-    holders.fetch_sub(1, Ordering::SeqCst);
-    table.refund(&key, &rule, || 0, 1);
-    true
 }
 
+impl Clone for Key {
+    fn clone(&self) -> Key {
+        Key::new(self.id, &self.live)
+    }
+}
+
+impl Drop for Key {
+    fn drop(&mut self) {
+        // SeqCst: as in `Key::new`.
+        self.live.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+impl PartialEq for Key {
+    fn eq(&self, other: &Key) -> bool {
+        self.id == other.id
+    }
+}
+
+impl Eq for Key {}
+
+impl Hash for Key {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        self.id.hash(state);
+    }
+}
+
+/// The key copies a model made and counts.
+struct Keys(std::sync::Arc<AtomicIsize>);
+
+impl Keys {
+    fn new() -> Keys {
+        Keys(std::sync::Arc::new(AtomicIsize::new(0)))
+    }
+
+    fn key(&self, id: u64) -> Key {
+        Key::new(id, &self.0)
+    }
+
+    /// Asserts that every copy of a key was dropped (call once the limit and the model's keys
+    /// are gone).
+    fn assert_all_dropped(&self) {
+        let live = self.0.load(std::sync::atomic::Ordering::SeqCst);
+        assert_eq!(live, 0, "key copies made and not dropped");
+    }
+}
+
+/// Holders of one count, asserting it never has more than `N = 1`.
+#[derive(Clone)]
+struct Holders(Arc<AtomicUsize>);
+
+impl Holders {
+    fn new(now: usize) -> Holders {
+        Holders(Arc::new(AtomicUsize::new(now)))
+    }
+
+    fn hold(&self) {
+        // SeqCst: the models' own bookkeeping, ordered with everything else.
+        let before = self.0.fetch_add(1, Ordering::SeqCst);
+        assert_eq!(before, 0, "two holders of a unit when N = 1");
+    }
+
+    fn leave(&self) {
+        // SeqCst: as in `hold`.
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// Polls `future` until it is ready, parking the loom thread while it is pending and woken by
+/// the waker it registered: loom fails an execution in which nothing wakes it (a deadlock).
+fn block_on<F: Future + Unpin>(mut future: F) -> F::Output {
+    struct Unpark(thread::Thread);
+    impl std::task::Wake for Unpark {
+        fn wake(self: std::sync::Arc<Self>) {
+            self.0.unpark();
+        }
+    }
+    let waker = Waker::from(std::sync::Arc::new(Unpark(thread::current())));
+    let mut cx = Context::from_waker(&waker);
+    loop {
+        if let Poll::Ready(output) = Pin::new(&mut future).poll(&mut cx) {
+            return output;
+        }
+        thread::park();
+    }
+}
+
+/// The unit is free again and nothing is left of the model: a `try_acquire` admits (no unit
+/// lost, no mark left), and once the limit is dropped, every key copy is.
+fn assert_free_then_drop(limit: std::sync::Arc<InFlight<Key>>, key: Key, keys: &Keys) {
+    assert_eq!(limit.in_flight(&key), 0, "a release lost");
+    let permit = limit.try_acquire(&key).unwrap();
+    assert!(permit.is_some(), "nothing held and no mark left");
+    drop(permit);
+    assert_eq!(limit.in_flight(&key), 0);
+    drop((limit, key));
+    keys.assert_all_dropped();
+}
+
+/// Two threads `try_acquire` a unit of one key (`N = 1`) and drop the permit; a third evicts
+/// idle keys meanwhile. At most one holder at a time (a key evicted while held would let a
+/// second in), the first to come is admitted, and no release is lost.
 #[test]
 fn in_flight_acquire_release_and_evict_race() {
     explore("in_flight_acquire_release_and_evict_race", || {
-        let rule = tollgate_loom_tests::in_flight_rule(1);
-        let table = Arc::new(table());
-        let holders = Arc::new(AtomicUsize::new(0));
+        let keys = Keys::new();
+        let limit = std::sync::Arc::new(InFlight::new(1).unwrap());
+        let holders = Holders::new(0);
         let threads: Vec<_> = (0..2)
             .map(|_| {
-                let (table, holders) = (table.clone(), holders.clone());
-                thread::spawn(move || hold_once(&table, rule, 1, &holders))
+                let (limit, holders, key) = (limit.clone(), holders.clone(), keys.key(1));
+                thread::spawn(move || {
+                    let Some(permit) = limit.try_acquire(&key).unwrap() else {
+                        return false;
+                    };
+                    holders.hold();
+                    holders.leave();
+                    drop(permit);
+                    true
+                })
             })
             .collect();
         let sweeper = {
-            let table = table.clone();
-            thread::spawn(move || table.evict_fresh(&rule, 0))
+            let limit = limit.clone();
+            thread::spawn(move || limit.evict_idle())
         };
         let admitted: Vec<bool> = threads.into_iter().map(|t| t.join().unwrap()).collect();
         sweeper.join().unwrap();
         assert!(admitted.contains(&true), "the first to come is admitted");
-        // Every unit given back: the key reads as holding nothing (or is gone), and a new
-        // acquire is admitted.
-        let held = 1 - table.peek(&1, &rule, || 0, 0).remaining();
-        assert_eq!(held, 0, "a release lost");
-        assert!(hold_once(&table, rule, 1, &holders));
+        assert_free_then_drop(limit, keys.key(1), &keys);
     });
 }
 
-/// A limit of one key's count with `InFlight`'s waiter queue over it: the library's queue
-/// (`src/limiter/in_flight/waiters.rs`) and the word table, with `InFlight`'s reservation and
-/// release glue (`src/limiter/in_flight/wait.rs`, `InFlight::release`) in a few lines.
-struct Waited<A, U> {
-    table: Table,
-    rule: A,
-    unqueuing: U,
-    waiters: Waiters<u64, (), ()>,
-}
-
-impl<A, U> Places<u64> for Waited<A, U>
-where
-    A: Stored<Cell = AtomicWord> + Copy,
-    U: Stored<Cell = AtomicWord> + Copy,
-{
-    type Held = ();
-    type Error = ();
-
-    fn reserve(&self, key: &u64, cost: u64) -> Reserved<(), ()> {
-        let evictor = At {
-            table: &self.table,
-            rule: self.rule,
-            at: 0,
-        };
-        // As `InFlight`'s: a held key without the table's upkeep, else the full check.
-        let decision = self
-            .table
-            .check_held(key, &self.rule, || 0, cost, Reserve)
-            .unwrap_or_else(|| {
-                self.table
-                    .check_key(key, &self.rule, || 0, cost, &evictor, Reserve)
-                    .unwrap()
-            });
-        if decision.allowed() {
-            Reserved::Taken(())
-        } else {
-            Reserved::Queued
-        }
-    }
-
-    fn unqueue(&self, key: &u64) {
-        self.table.refund(key, &self.unqueuing, || 0, 0);
-    }
-}
-
-impl<A, U> Waited<A, U>
-where
-    A: Stored<Cell = AtomicWord> + Copy,
-    U: Stored<Cell = AtomicWord> + Copy,
-{
-    /// `try_acquire`: a check, refused while waiters are queued; refused by a mark with no
-    /// waiter behind it (one a panic left), it clears the mark and checks again.
-    fn check(&self, key: u64) -> bool {
-        let evictor = At {
-            table: &self.table,
-            rule: self.rule,
-            at: 0,
-        };
-        let check = || {
-            self.table
-                .check_key(&key, &self.rule, || 0, 1, &evictor, Check)
-        };
-        let decision = check().unwrap();
-        if !decision.allowed() && decision.remaining() >= 1 && self.waiters.heal(self, &key) {
-            return check().unwrap().allowed();
-        }
-        decision.allowed()
-    }
-
-    /// A waiter for a unit of `key`, after a refused check: how it ends up holding it (or is
-    /// yet to), and its ticket if it waits.
-    fn queue(&self, key: u64) -> (&'static str, Option<Ticket<u64, (), ()>>) {
-        match self.waiters.enqueue(self, &key, 1) {
-            Enqueued::Now(Ok(())) => ("reserved on queueing", None),
-            Enqueued::Now(Err(_)) => panic!("refused for ever"),
-            Enqueued::Waiting(ticket) => ("served by a release", Some(ticket)),
-        }
-    }
-
-    /// Asserts that `ticket`'s waiter was served its unit.
-    fn assert_served(&self, ticket: &Ticket<u64, (), ()>, message: &str) {
-        let mut cx = Context::from_waker(Waker::noop());
-        let served = self.waiters.poll(self, ticket, &mut cx);
-        assert!(matches!(served, Poll::Ready(Ok(()))), "{message}");
-    }
-
-    /// A permit's drop: the unit back to the key's word, then the key's waiters served.
-    fn release(&self, key: u64) {
-        self.table.refund(&key, &self.rule, || 0, 1);
-        self.waiters.released(self, &key);
-    }
-}
-
-/// One key's limit of `N = 1` over the word table, with no waiter yet.
-fn waited_one(
-) -> Waited<impl Stored<Cell = AtomicWord> + Copy, impl Stored<Cell = AtomicWord> + Copy> {
-    Waited {
-        table: table(),
-        rule: tollgate_loom_tests::in_flight_rule(1),
-        unqueuing: tollgate_loom_tests::in_flight_unqueuing(1),
-        waiters: Waiters::new(),
-    }
-}
-
-/// A release races a waiter queueing for the unit it frees (`N = 1`), and a newcomer checks
-/// meanwhile. Whatever the interleaving, the waiter ends with the unit (served by the release,
-/// or reserving it itself): the release's write of the word and the waiter's count are never
-/// both missed. At most one holder at a time; afterwards the key holds exactly the waiter's
-/// unit, then nothing and no mark (a check admits).
+/// A release of the one unit (`N = 1`) races a waiter that tries, then queues through
+/// `acquire_n`, and a newcomer that tries meanwhile. Whatever the interleaving, the waiter ends
+/// with the unit (taken after the release, reserved on queueing, or served by the release: the
+/// release's write of the word and the waiter's count are never both missed). At most one
+/// holder at a time; afterwards the key holds exactly the waiter's unit, then nothing and no
+/// mark.
 #[test]
 fn a_release_and_a_waiter_never_miss_each_other() {
     explore_reaching(
         "in_flight: release vs waiter vs newcomer",
         &[
-            "checked after the release",
+            "taken after the release",
             "reserved on queueing",
             "served by a release",
         ],
         |seen| {
-            let limit = Arc::new(waited_one());
-            assert!(limit.check(1), "the unit the release gives back");
-            let holders = Arc::new(AtomicUsize::new(1));
+            let keys = Keys::new();
+            let limit = std::sync::Arc::new(InFlight::new(1).unwrap());
+            let held = limit.try_acquire_owned(&keys.key(1)).unwrap();
+            let held = held.expect("the unit the release gives back");
+            let holders = Holders::new(1);
             let releaser = {
-                let (limit, holders) = (limit.clone(), holders.clone());
+                let holders = holders.clone();
                 thread::spawn(move || {
-                    holders.fetch_sub(1, Ordering::SeqCst);
-                    limit.release(1);
+                    holders.leave();
+                    drop(held);
                 })
             };
             let newcomer = {
-                let (limit, holders) = (limit.clone(), holders.clone());
+                let (limit, holders, key) = (limit.clone(), holders.clone(), keys.key(1));
                 thread::spawn(move || {
-                    if limit.check(1) {
-                        // SeqCst: the models' own bookkeeping.
-                        let before = holders.fetch_add(1, Ordering::SeqCst);
-                        assert_eq!(before, 0, "two holders of a unit when N = 1");
-                        holders.fetch_sub(1, Ordering::SeqCst);
-                        limit.release(1);
+                    if let Some(permit) = limit.try_acquire(&key).unwrap() {
+                        holders.hold();
+                        holders.leave();
+                        drop(permit);
                     }
                 })
             };
-            let (how, ticket) = if limit.check(1) {
-                ("checked after the release", None)
-            } else {
-                limit.queue(1)
+            let key = keys.key(1);
+            let (how, permit) = match limit.try_acquire(&key).unwrap() {
+                Some(permit) => ("taken after the release", permit),
+                None => match acquire_n(&limit, &key, 1).unwrap() {
+                    Acquired::Now(permit) => ("reserved on queueing", permit),
+                    Acquired::Queued(waiter) => (
+                        "served by a release",
+                        block_on(waiter).expect("served with the unit"),
+                    ),
+                },
             };
+            holders.hold();
             releaser.join().unwrap();
             newcomer.join().unwrap();
-            if let Some(ticket) = ticket {
-                limit.assert_served(&ticket, "a waiter left waiting once every unit is free");
-            }
             seen.saw(how);
-            let held = 1 - limit.table.peek(&1, &limit.rule, || 0, 0).remaining();
-            assert_eq!(held, 1, "the waiter's unit, and only it");
-            limit.release(1);
-            assert!(limit.check(1), "nothing held and no mark left");
+            assert_eq!(limit.in_flight(&key), 1, "the waiter's unit, and only it");
+            holders.leave();
+            drop(permit);
+            assert_free_then_drop(limit, key, &keys);
         },
     );
 }
 
 /// The same race on a key whose mark a panic left behind (a reservation marked the key, then
-/// its waiter's key panicked before it was queued): the waiter's refused reservation finds the
-/// mark already set, and must still write the word (the rule flips a bit) for the release to
-/// see its count.
+/// its waiter's key panicked before it was queued): the waiter's `acquire_n` is refused by the
+/// mark, heals it (no waiter behind it) or finds the unit still held and queues (its refused
+/// reservation finds the mark already set, and must still write the word for the release to
+/// see its count). It ends with the unit either way, and no mark is left.
 #[test]
 fn a_release_and_a_waiter_on_a_left_mark_never_miss_each_other() {
     explore_reaching(
         "in_flight: release vs waiter, mark left",
-        &["reserved on queueing", "served by a release"],
+        &["taken at once", "served by a release"],
         |seen| {
-            let limit = Arc::new(waited_one());
-            assert!(limit.check(1));
-            assert!(
-                matches!(limit.reserve(&1, 1), Reserved::Queued),
-                "the mark left"
-            );
-            let releaser = {
-                let limit = limit.clone();
-                thread::spawn(move || limit.release(1))
+            let keys = Keys::new();
+            let limit = std::sync::Arc::new(InFlight::new(1).unwrap());
+            let key = keys.key(1);
+            let held = limit.try_acquire_owned(&key).unwrap().expect("free");
+            leave_mark(&limit, &key);
+            let releaser = thread::spawn(move || drop(held));
+            let (how, permit) = match acquire_n(&limit, &key, 1).unwrap() {
+                Acquired::Now(permit) => ("taken at once", permit),
+                Acquired::Queued(waiter) => (
+                    "served by a release",
+                    block_on(waiter).expect("served with the unit"),
+                ),
             };
-            let (how, ticket) = limit.queue(1);
             releaser.join().unwrap();
-            if let Some(ticket) = ticket {
-                limit.assert_served(&ticket, "a waiter left waiting once every unit is free");
-            }
             seen.saw(how);
-            limit.release(1);
-            assert!(limit.check(1), "nothing held and no mark left");
+            assert_eq!(limit.in_flight(&key), 1, "the waiter's unit, and only it");
+            drop(permit);
+            assert_free_then_drop(limit, key, &keys);
         },
     );
 }
 
-/// A queued waiter gives up while a release serves it: the unit is either never reserved for it
-/// or handed back by the waiter, and goes to the waiter behind it; none is lost or doubled.
+/// Two waiters queued on a held unit; a release races the first giving up (its waiter future
+/// dropped: it leaves the queue, or hands back the unit it was served). The unit goes to the
+/// waiter behind it; none is lost or doubled.
 #[test]
 fn a_waiter_giving_up_races_the_release_that_serves_it() {
     explore_reaching(
         "in_flight: cancel vs serve",
-        &["left unserved", "served, handed back"],
+        &["gave up while pending", "served before giving up"],
         |seen| {
-            let limit = Arc::new(waited_one());
-            assert!(limit.check(1));
-            let Enqueued::Waiting(first) = limit.waiters.enqueue(&*limit, &1, 1) else {
+            let keys = Keys::new();
+            let limit = std::sync::Arc::new(InFlight::new(1).unwrap());
+            let key = keys.key(1);
+            let held = limit.try_acquire_owned(&key).unwrap().expect("free");
+            let Acquired::Queued(mut first) = acquire_n(&limit, &key, 1).unwrap() else {
                 panic!("the unit is held")
             };
-            let Enqueued::Waiting(second) = limit.waiters.enqueue(&*limit, &1, 1) else {
+            let Acquired::Queued(second) = acquire_n(&limit, &key, 1).unwrap() else {
                 panic!("behind the first")
             };
-            let releaser = {
-                let limit = limit.clone();
-                thread::spawn(move || limit.release(1))
+            let releaser = thread::spawn(move || drop(held));
+            // One look, then the first gives up: a release may serve it before the look,
+            // between the look and the drop (the drop hands the unit back), or not at all.
+            let mut cx = Context::from_waker(Waker::noop());
+            let how = match Pin::new(&mut first).poll(&mut cx) {
+                Poll::Ready(permit) => {
+                    drop(permit.expect("served with the unit"));
+                    "served before giving up"
+                }
+                Poll::Pending => "gave up while pending",
             };
-            let handed_back = limit.waiters.cancel(&*limit, &first);
-            if handed_back.is_some() {
-                limit.release(1);
-            }
+            drop(first);
+            let permit = block_on(second).expect("the waiter behind is served");
             releaser.join().unwrap();
-            seen.saw(if handed_back.is_some() {
-                "served, handed back"
-            } else {
-                "left unserved"
-            });
-            limit.assert_served(&second, "the waiter behind is served with the unit");
-            let held = 1 - limit.table.peek(&1, &limit.rule, || 0, 0).remaining();
-            assert_eq!(held, 1, "the second waiter's unit, and only it");
-            limit.release(1);
-            assert!(limit.check(1), "nothing held and no mark left");
+            seen.saw(how);
+            assert_eq!(
+                limit.in_flight(&key),
+                1,
+                "the second waiter's unit, and only it"
+            );
+            drop(permit);
+            assert_free_then_drop(limit, key, &keys);
+        },
+    );
+}
+
+/// Keys over `max_keys` share one count (`OverflowPolicy::Shared`, `max_keys = 1`, `N = 1`):
+/// with key 1 holding the table's place, key 2's `try_acquire` races key 3's `acquire_n`,
+/// which answers at once (nobody waits on the shared count). At most one of them holds the
+/// shared unit; both give it back to the shared count. Afterwards the shared count is free,
+/// and a permit taken on it goes back to it even once its key has a place of its own.
+#[test]
+fn keys_over_max_keys_share_one_count_and_never_wait() {
+    explore_reaching(
+        "in_flight: keys over max_keys",
+        &["key 2 held the shared unit", "key 3 held the shared unit"],
+        |seen| {
+            let keys = Keys::new();
+            let limit =
+                std::sync::Arc::new(InFlight::with_max_keys(1, 1, OverflowPolicy::Shared).unwrap());
+            let first = limit.try_acquire(&keys.key(1)).unwrap().expect("a place");
+            let shared = Holders::new(0);
+            let two = {
+                let (limit, shared, key) = (limit.clone(), shared.clone(), keys.key(2));
+                thread::spawn(move || {
+                    let Some(permit) = limit.try_acquire(&key).unwrap() else {
+                        return false;
+                    };
+                    shared.hold();
+                    shared.leave();
+                    drop(permit);
+                    true
+                })
+            };
+            let key = keys.key(3);
+            let three = match acquire_n(&limit, &key, 1) {
+                Ok(Acquired::Now(permit)) => {
+                    shared.hold();
+                    shared.leave();
+                    drop(permit);
+                    true
+                }
+                Ok(Acquired::Queued(_)) => panic!("a key over max_keys never waits"),
+                Err(WaitError::TooLong { .. }) => false,
+                Err(e) => panic!("{e}"),
+            };
+            let two = two.join().unwrap();
+            assert!(two || three, "the first to come is admitted");
+            if two {
+                seen.saw("key 2 held the shared unit");
+            }
+            if three {
+                seen.saw("key 3 held the shared unit");
+            }
+            // The shared unit is free: key 3 takes it; then key 1's place is freed and key 2
+            // takes it. Key 3's permit goes back to the shared count, not to key 2's place.
+            let on_shared = limit.try_acquire(&key).unwrap().expect("the shared unit");
+            assert_eq!(limit.in_flight(&key), 0, "key 3 has no place of its own");
+            drop(first);
+            let two = keys.key(2);
+            let own = limit
+                .try_acquire(&two)
+                .unwrap()
+                .expect("key 1's place, freed");
+            assert_eq!(limit.in_flight(&two), 1);
+            drop(on_shared);
+            assert_eq!(
+                limit.in_flight(&two),
+                1,
+                "key 3's release went to key 2's place"
+            );
+            assert!(
+                limit.try_acquire(&key).unwrap().is_some(),
+                "the shared unit"
+            );
+            drop(own);
+            drop(key);
+            assert_free_then_drop(limit, two, &keys);
         },
     );
 }

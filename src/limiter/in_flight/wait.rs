@@ -160,36 +160,59 @@ impl<K: Clone + Hash + Eq + Send + Sync> InFlight<K> {
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
-        // An in-flight limit cannot tell when a permit comes back: what it knows of the wait
-        // is that it lasted `max_wait`.
-        let too_long = WaitError::TooLong {
-            wait: max_wait,
-            max_wait,
-        };
-        if let Some(held) = self.take(key, cost)? {
-            return Ok(held);
-        }
-        if max_wait.is_zero() {
-            return Err(too_long);
-        }
-        let waiting = match self.waiters.enqueue(self, key, cost) {
-            Enqueued::Now(Ok(held)) => return Ok(held),
-            Enqueued::Now(Err(why)) => return Err(why.map_or(too_long, WaitError::Limit)),
-            Enqueued::Waiting(ticket) => Waiting {
-                owner: self,
-                ticket: Some(ticket),
-            },
+        let waiting = match self.take_or_queue(key, cost, max_wait)? {
+            Ok(held) => return Ok(held),
+            Err(waiting) => waiting,
         };
         match tokio::time::timeout(max_wait, waiting).await {
-            Ok(served) => served.map_err(|why| why.map_or(too_long, WaitError::Limit)),
+            Ok(served) => served.map_err(|why| why.map_or(too_long(max_wait), WaitError::Limit)),
             // The waiting future was dropped: it left the queue, or gave its units back.
-            Err(_elapsed) => Err(too_long),
+            Err(_elapsed) => Err(too_long(max_wait)),
+        }
+    }
+
+    /// `wait_for` up to its timer: the units now if free and nobody waits for them
+    /// (`Ok`), else the waiter queued for them (`Err`). `pub(crate)` for the loom model, which
+    /// polls the waiter itself (tokio's timer is not modelled).
+    pub(crate) fn take_or_queue<Q>(
+        &self,
+        key: &Q,
+        cost: u64,
+        max_wait: Duration,
+    ) -> Result<Result<Held<K>, Waiting<'_, K>>, WaitError>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        if let Some(held) = self.take(key, cost)? {
+            return Ok(Ok(held));
+        }
+        if max_wait.is_zero() {
+            return Err(too_long(max_wait));
+        }
+        match self.waiters.enqueue(self, key, cost) {
+            Enqueued::Now(Ok(held)) => Ok(Ok(held)),
+            Enqueued::Now(Err(why)) => Err(why.map_or(too_long(max_wait), WaitError::Limit)),
+            Enqueued::Waiting(ticket) => Ok(Err(Waiting {
+                owner: self,
+                ticket: Some(ticket),
+            })),
         }
     }
 }
 
-/// A queued waiter: ready once served; dropped unserved, it leaves the queue.
-struct Waiting<'a, K: Clone + Hash + Eq + Send + Sync> {
+/// Why a wait of at most `max_wait` gave up. An in-flight limit cannot tell when a permit comes
+/// back: what it knows of the wait is that it lasted `max_wait`.
+fn too_long(max_wait: Duration) -> WaitError {
+    WaitError::TooLong {
+        wait: max_wait,
+        max_wait,
+    }
+}
+
+/// A queued waiter: ready once served; dropped unserved, it leaves the queue. `pub(crate)` for
+/// the loom model, which polls and drops it.
+pub(crate) struct Waiting<'a, K: Clone + Hash + Eq + Send + Sync> {
     owner: &'a InFlight<K>,
     /// `None` once served.
     ticket: Option<Ticket<K, Held<K>, LimitError>>,
