@@ -168,7 +168,13 @@
 //! With [`FailureHandling::reconcile`], the units a node admitted by its `Local` or `FailOpen`
 //! policy during an outage are charged to Redis once it answers again (never denied; the
 //! state may pass the limit), so that no usage is lost. [`GuardedLimiter::unreconciled`] and
-//! `reconciled` report what is owed and what was charged.
+//! `reconciled` report what is owed and what was charged. Each charge is applied once: it
+//! leaves a token key (`<state key>:charge:<token>`) that lives only as long as the same
+//! charge, sent again after a lost reply, could still count (the window of its units' time
+//! and, for the sliding window counter, the next; a sliding log's window from its units'
+//! time; for GCRA the debt it charged), and a charge that counted nothing (its window over,
+//! its debt refilled) leaves none. A GCRA charge sent again leaves out what the bucket
+//! refilled since it was formed.
 
 mod error;
 mod exact;

@@ -587,6 +587,100 @@ fn a_charge_is_never_denied_and_may_pass_the_limit() {
     });
 }
 
+/// Every charge token on `server` (`…:charge:…` keys) with its PTTL in ms, read with a plain
+/// connection of the test's own.
+async fn charge_tokens(server: &RedisServer) -> Vec<(String, i64)> {
+    let client = redis::Client::open(server.url()).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg("*:charge:*")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let mut tokens = Vec::new();
+    for key in keys {
+        let pttl: i64 = redis::cmd("PTTL")
+            .arg(&key)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        tokens.push((key, pttl));
+    }
+    tokens
+}
+
+/// A charge's token lives only as long as the same charge, sent again, could still count: to
+/// the end of its units' window (the next one for the sliding window counter), a sliding
+/// log's window from its units' time, a GCRA charge's debt. A charge that counted nothing
+/// (its units' window over by the recovery) leaves no token.
+#[test]
+fn charge_tokens_live_no_longer_than_the_charge_could_count() {
+    let _serial = serial();
+    let Some(mut server) = RedisServer::start() else {
+        return;
+    };
+    runtime().block_on(async {
+        let hour = Quota::per_hour(100).unwrap();
+        let second = Quota::per_second(5).unwrap();
+        let h = Duration::from_secs(3_600);
+        // The rule, and the longest its tokens may live (`None`: the units are over a window
+        // old at the recovery, so no token may be left).
+        let cases = [
+            (RedisRule::fixed_window(hour).unwrap(), Some(h)),
+            (RedisRule::sliding_window(hour).unwrap(), Some(2 * h)),
+            // 10 units of 36 s each.
+            (RedisRule::gcra(hour).unwrap(), Some(Duration::from_secs(360))),
+            (RedisRule::sliding_log(hour).unwrap(), Some(h)),
+            (RedisRule::fixed_window(second).unwrap(), None),
+            (RedisRule::sliding_window(second).unwrap(), None),
+            (RedisRule::sliding_log(second).unwrap(), None),
+        ];
+        for (rule, horizon) in cases {
+            let name = rule.name();
+            tokio::task::block_in_place(|| {
+                away_from_a_window_end(Duration::from_secs(3_600), Duration::from_secs(20))
+            });
+            let handling = FailureHandling::new(FailurePolicy::Local)
+                .probe_interval(Duration::from_millis(20))
+                .reconcile(true);
+            let limiter = guarded(&server, rule, handling).await;
+            server.signal("KILL");
+            let mut local = 0;
+            for _ in 0..10 {
+                local += limiter.check("k").await.unwrap().allowed() as u64;
+            }
+            assert!(local > 0, "{name}: the local share admits");
+            if horizon.is_none() {
+                // Two windows of a second and more: the units' windows are over.
+                tokio::time::sleep(Duration::from_millis(2_500)).await;
+            }
+            tokio::task::block_in_place(|| server.restart());
+            wait_reconciled(&limiter, Duration::from_secs(5)).await;
+            let tokens = charge_tokens(&server).await;
+            eprintln!(
+                "{name}: {} units charged, tokens (key, PTTL ms): {tokens:?}",
+                limiter.reconciled()
+            );
+            match horizon {
+                None => {
+                    assert_eq!(limiter.reconciled(), 0, "{name}: nothing left to count");
+                    assert!(tokens.is_empty(), "{name}: a charge of no units left {tokens:?}");
+                }
+                Some(horizon) => {
+                    assert_eq!(limiter.reconciled(), local, "{name}");
+                    assert!(!tokens.is_empty(), "{name}: the charge keeps its token");
+                    for (key, pttl) in &tokens {
+                        assert!(
+                            *pttl > 0 && *pttl as u128 <= horizon.as_millis(),
+                            "{name}: {key} lives {pttl} ms, past the {horizon:?} a resend could count in"
+                        );
+                    }
+                }
+            }
+        }
+    });
+}
+
 // ---------------------------------------------------------------------------------------------
 // The leased tier's takeover: degraded checks go straight to the local share, which
 // starts each key from what the node last knew; reconciliation charges each unit once.
@@ -1378,7 +1472,10 @@ fn charges_that_timed_out_but_ran_are_not_charged_twice() {
     };
     runtime().block_on(async {
         const KEYS: u64 = 20_000;
-        let rule = RedisRule::gcra(Quota::per_hour(1_000).unwrap()).unwrap();
+        // Per day: a charge sent again seconds later still owes its whole unit (what the
+        // bucket refilled since it was formed is not charged).
+        let rule =
+            RedisRule::gcra(Quota::new(1_000, Duration::from_secs(86_400)).unwrap()).unwrap();
         let limiter = RedisLimiter::builder(rule)
             .timeout(Duration::from_millis(5))
             .connect(&server.url())

@@ -500,9 +500,13 @@ impl FailureHandling {
     ///   charged at the next). One script call per Cluster slot for up to 1,024 charges at a
     ///   time (the next ones once those were answered). Units this node admitted by the policy
     ///   and not yet charged: [`GuardedLimiter::unreconciled`](super::GuardedLimiter::unreconciled).
-    /// - **Exactly once**: each charge carries a token that the script keeps for a day next
-    ///   to the key's state (`<state key>:charge:<token>`). A charge whose call fails in a
-    ///   transient way (a timeout after the server ran it, a dropped connection, the task
+    /// - **Exactly once**: each charge carries a token that the script keeps next to the
+    ///   key's state (`<state key>:charge:<token>`) for as long as the same charge, sent
+    ///   again, could still count: to the end of its units' window (of the next one for the
+    ///   sliding window counter), a window from its units' time (sliding log), or the debt it
+    ///   charged (GCRA, whose charge sent again leaves out what the bucket refilled since it
+    ///   was formed). A charge that counted nothing keeps none. A charge whose call fails in
+    ///   a transient way (a timeout after the server ran it, a dropped connection, the task
     ///   stopped) stays owed and is sent again with the same token until Redis answers it,
     ///   and the script applies a token once.
     ///

@@ -38,7 +38,8 @@ use crate::redis::rule::RedisRule;
 /// A charge formed and not yet answered by Redis: sent (again) with its token until it is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Charge {
-    /// When the units were admitted (wall ns; `None` = now, GCRA's debt).
+    /// When the units were admitted (wall ns); GCRA: when its debt was measured (`None` =
+    /// when the script runs, for a charge of the leased tier's).
     pub at: Option<u64>,
     pub units: u64,
     pub token: u64,
@@ -213,8 +214,10 @@ impl Ledger {
         let mut parts = [(None, 0); 2];
         match self.target {
             Target::Units(Algo::Gcra { interval, .. }) => {
+                // Measured now: sent again later, the charge leaves out what the bucket
+                // refilled since (and so its token need outlive it only by its debt).
                 let debt = std::mem::take(&mut owed.tat).saturating_sub(now);
-                parts[0] = (None, debt.div_ceil(interval.max(1)));
+                parts[0] = (Some(now), debt.div_ceil(interval.max(1)));
             }
             Target::Units(Algo::Fixed { .. } | Algo::Sliding { .. }) | Target::Log { .. } => {
                 parts = [

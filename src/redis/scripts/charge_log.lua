@@ -7,8 +7,9 @@
 -- ARGV[2 + 3i], ARGV[3 + 3i], ARGV[4 + 3i]: units of item i (≥ 1, < 2^51), the time they were
 --          admitted (ns since the epoch, by the node's clock), and 'c' or 'c<k>' (with the
 --          token KEYS[k])
--- An entry of units admitted W or more ago has expired: nothing to charge. Otherwise the units
--- are appended at the later of their time and the newest entry's (entries stay in time
+-- An entry of units admitted W or more ago has expired: nothing to charge (so the same charge
+-- sent again from its time + W on changes nothing: its token lives that long). Otherwise the
+-- units are appended at the later of their time and the newest entry's (entries stay in time
 -- order; a later time only keeps them a little longer).
 -- reply[i] {code, units charged}
 
@@ -32,11 +33,12 @@ for i = 1, (#ARGV - 4) / 3 do
   end
   if code == 1 then
     local ats, atp = ARGV[3 + 3 * i], parse_time(ARGV[3 + 3 * i])
+    local horizon = window - diff(t, atp)
     if diff(t, atp) < 0 then ats, atp = ts, t end
     if nts and diff(atp, npair) < 0 then ats, atp = nts, npair end
     local age = diff(t, atp)
     if age < 0 then age = 0 end
-    if age < window then
+    if horizon > 0 and age < window then
       n = units
       if cum_newest + n > RENUMBER_AT then
         local first = redis.call('ZRANGE', key, 0, 0)[1]
@@ -53,7 +55,7 @@ for i = 1, (#ARGV - 4) / 3 do
         redis.call('PEXPIRE', key, ttl_ms(window - age, t))
       end
     end
-    mark_charged(token, n)
+    mark_charged(token, n, horizon, t)
   end
   if before then code = 1 end
   reply[i] = {code, n}
