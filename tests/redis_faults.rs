@@ -681,6 +681,101 @@ fn charge_tokens_live_no_longer_than_the_charge_could_count() {
     });
 }
 
+/// The times of a sliding log's entries on `server` (ns since the epoch), oldest first by
+/// score, and the units it holds (the newest entry's score).
+async fn log_entries(server: &RedisServer, key: &[u8]) -> (Vec<u64>, u64) {
+    let client = redis::Client::open(server.url()).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let members: Vec<String> = redis::cmd("ZRANGE")
+        .arg(key)
+        .arg(0)
+        .arg(-1)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let field = |m: &String, i: usize| -> u64 { m.split(':').nth(i).unwrap().parse().unwrap() };
+    let units = members.last().map_or(0, |m| field(m, 0));
+    (members.iter().map(|m| field(m, 2)).collect(), units)
+}
+
+/// A sliding-log key admitted locally during an outage is admitted again by Redis once a
+/// window has passed since those admissions, not a window after the recovery nor after the
+/// outage's last admission: each part of the outage's units is charged at its own time (at
+/// most a sixteenth of a window late), inserted before what Redis admitted meanwhile.
+#[test]
+fn a_sliding_log_charge_lands_where_its_units_were_admitted() {
+    let _serial = serial();
+    let Some(mut server) = RedisServer::start() else {
+        return;
+    };
+    runtime().block_on(async {
+        let window = Duration::from_secs(4);
+        let rule = RedisRule::sliding_log(Quota::new(4, window).unwrap()).unwrap();
+        // All the outage's admissions in one window of the node's (which the old ledger
+        // lumped at the newest).
+        tokio::task::block_in_place(|| away_from_a_window_end(window, Duration::from_secs(2)));
+        let handling = FailureHandling::new(FailurePolicy::Local)
+            .probe_interval(Duration::from_millis(400))
+            .reconcile(true);
+        let limiter = guarded(&server, rule, handling).await;
+        let other = RedisLimiter::builder(rule)
+            .timeout(Duration::from_secs(1))
+            .connect(&server.url())
+            .await
+            .expect("connects");
+        server.signal("KILL");
+        for _ in 0..2 {
+            assert!(limiter.check("k").await.unwrap().allowed(), "local");
+        }
+        let first = Instant::now();
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        for _ in 0..2 {
+            assert!(limiter.check("k").await.unwrap().allowed(), "local");
+        }
+        assert_eq!(limiter.unreconciled(), 4);
+        tokio::task::block_in_place(|| server.restart());
+        // Another node admits the key through the restarted Redis before this one's probe
+        // finds it: its entry is newer than the charges to come.
+        let started = Instant::now();
+        loop {
+            match other.check("k").await {
+                Ok(d) => {
+                    assert!(d.allowed(), "{d:?}");
+                    break;
+                }
+                Err(e) => assert!(started.elapsed() < Duration::from_secs(2), "{e}"),
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let charges_pending = limiter.unreconciled() > 0;
+        wait_reconciled(&limiter, Duration::from_secs(3)).await;
+        let (times, units) = log_entries(&server, &limiter.exact().redis_key("k")).await;
+        eprintln!(
+            "log after the charges ({} ms after the first local admissions): {times:?}, {units} \
+             units; charged after the other node's admission: {charges_pending}",
+            first.elapsed().as_millis()
+        );
+        assert!(times.windows(2).all(|w| w[0] <= w[1]), "in time order");
+        assert_eq!(units, 5, "4 charged, 1 admitted by the other node");
+        // The other node's admission is the newest entry: the charges went in before it, at
+        // their own times.
+        assert!(times[0] < times[times.len() - 1], "{times:?}");
+        // A window after the first local admissions (and a little: the charge is at most
+        // W/16 late), they have expired: 3 units live of 4.
+        let due = first + window + window / 16 + Duration::from_millis(100);
+        tokio::time::sleep_until(due.into()).await;
+        let d = limiter.check("k").await.unwrap();
+        eprintln!(
+            "checked {} ms after the first local admissions: {d:?}",
+            first.elapsed().as_millis()
+        );
+        assert!(
+            d.allowed(),
+            "refused a window after the local admissions (charged too late): {d:?}"
+        );
+    });
+}
+
 // ---------------------------------------------------------------------------------------------
 // The leased tier's takeover: degraded checks go straight to the local share, which
 // starts each key from what the node last knew; reconciliation charges each unit once.

@@ -489,9 +489,12 @@ impl FailureHandling {
     ///   dropped. GCRA: the node runs its outage admissions through GCRA at the global `T`
     ///   from an empty bucket and adds the debt they still carry (rounded up to whole units)
     ///   to the global state's; units the bucket would have refilled since are not charged.
-    ///   Sliding log: the units of each of the last two windows are appended as one entry at
-    ///   the time of the newest of them (or of the log's newest entry, if later); those that
-    ///   would already have expired are dropped.
+    ///   Sliding log: the units of the last window, in parts of a sixteenth of a window,
+    ///   each inserted in the log at the time of its newest unit (before the entries Redis
+    ///   admitted since, whose counts move up: a write each), so a unit expires at most
+    ///   `W/16` later than it would have, never earlier, and a key is admitted again about a
+    ///   window after its local admissions; parts that would already have expired are
+    ///   dropped.
     /// - **Never denied**: a charge may push a state past the limit (up to the largest value
     ///   a state holds, `2^52 − 1` units or ns); the key is then denied until the excess has
     ///   drained (GCRA) or slid out of the window (windows).

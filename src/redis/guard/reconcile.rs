@@ -10,9 +10,11 @@
 //!   global emission interval `T`, from an empty bucket. The charge adds the debt it still
 //!   carries (`TAT − now`, rounded up to whole units) to the global state's: units that the
 //!   bucket would have refilled since are not charged.
-//! - **Sliding log**: as the window counters, the units of the last two windows with the time
-//!   of the newest; each window's units are appended to the log as one entry at that time (or
-//!   at the log's newest entry's, if later), unless they have expired already.
+//! - **Sliding log**: the units of the last window, in parts of at most a sixteenth of a
+//!   window each ([`LOG_PARTS`]) with the time of the newest of them; each part is inserted
+//!   in the log at that time (among the entries Redis admitted meanwhile), unless it has
+//!   expired already. So each unit expires less than `W/16` after a window from its
+//!   admission (late, never early: the key is refused that much longer at most).
 //!
 //! Charges are never denied: a state may pass the limit (up to `2^52 − 1`), and the key is
 //! then denied until the excess has drained.
@@ -50,6 +52,19 @@ pub(crate) struct Charge {
 /// Charges sent in one go (then the next slice, unless one failed).
 const SLICE: usize = 1024;
 
+/// The parts a sliding log's window of admissions is kept in: units within `W/16` of a part's
+/// first are charged with it, at its newest (a unit lands at most that late), so a key keeps
+/// at most 17 parts however much the policy admitted.
+const LOG_PARTS: u64 = 16;
+
+/// Sliding log: units admitted from `first` to `at` (wall ns), charged at `at`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct LogPart {
+    first: u64,
+    at: u64,
+    units: u64,
+}
+
 /// What one key owes.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 struct Owed {
@@ -62,6 +77,8 @@ struct Owed {
     cur_at: u64,
     prev: u64,
     prev_at: u64,
+    /// Sliding log: the last window's admissions, oldest first.
+    log: Vec<LogPart>,
     /// Every unit recorded (what settling this entry takes off `Ledger::owed`).
     units: u64,
     /// Units the node may still admit without owing them: a leased node's lease, granted
@@ -93,6 +110,26 @@ impl Owed {
             };
             (self.k, self.cur, self.cur_at) = (k, units, at);
         }
+    }
+}
+
+impl Owed {
+    /// Adds `units` admitted at `at` to a sliding log's parts of window `window`; parts a
+    /// window old are forgotten, as the log forgets them.
+    fn add_log(&mut self, window: u64, units: u64, at: u64) {
+        let width = (window / LOG_PARTS).max(1);
+        match self.log.last_mut() {
+            Some(last) if at >= last.first && at - last.first < width => {
+                last.units = last.units.saturating_add(units);
+                last.at = last.at.max(at);
+            }
+            _ => self.log.push(LogPart {
+                first: at,
+                at,
+                units,
+            }),
+        }
+        self.log.retain(|part| at.saturating_sub(part.at) < window);
     }
 }
 
@@ -156,10 +193,10 @@ impl Ledger {
                     .max(now)
                     .saturating_add(cost.saturating_mul(interval));
             }
-            Target::Units(Algo::Fixed { window } | Algo::Sliding { window })
-            | Target::Log { window } => {
+            Target::Units(Algo::Fixed { window } | Algo::Sliding { window }) => {
                 owed.add_window(now / window, cost, now);
             }
+            Target::Log { window } => owed.add_log(window, cost, now),
         }
         owed.units = owed.units.saturating_add(cost);
     }
@@ -211,22 +248,26 @@ impl Ledger {
         if counted == 0 {
             return;
         }
-        let mut parts = [(None, 0); 2];
-        match self.target {
+        let parts: Vec<(Option<u64>, u64)> = match self.target {
             Target::Units(Algo::Gcra { interval, .. }) => {
                 // Measured now: sent again later, the charge leaves out what the bucket
                 // refilled since (and so its token need outlive it only by its debt).
                 let debt = std::mem::take(&mut owed.tat).saturating_sub(now);
-                parts[0] = (Some(now), debt.div_ceil(interval.max(1)));
+                vec![(Some(now), debt.div_ceil(interval.max(1)))]
             }
-            Target::Units(Algo::Fixed { .. } | Algo::Sliding { .. }) | Target::Log { .. } => {
-                parts = [
+            Target::Units(Algo::Fixed { .. } | Algo::Sliding { .. }) => {
+                let parts = vec![
                     (Some(owed.prev_at), owed.prev),
                     (Some(owed.cur_at), owed.cur),
                 ];
                 (owed.k, owed.cur, owed.cur_at, owed.prev, owed.prev_at) = (0, 0, 0, 0, 0);
+                parts
             }
-        }
+            Target::Log { .. } => std::mem::take(&mut owed.log)
+                .into_iter()
+                .map(|part| (Some(part.at), part.units))
+                .collect(),
+        };
         let mut counted = Some(counted);
         for (at, units) in parts {
             if units > 0 {
@@ -366,6 +407,24 @@ mod tests {
         assert_eq!((o.k, o.cur, o.prev), (14, 4, 0));
         o.add_window(u64::MAX, 1, u64::MAX);
         assert_eq!((o.k, o.cur, o.prev), (u64::MAX, 1, 0));
+    }
+
+    #[test]
+    fn a_log_keeps_its_window_in_parts_of_a_sixteenth() {
+        let mut o = Owed::default();
+        // W = 1600: parts of 100.
+        o.add_log(1_600, 2, 1_000);
+        o.add_log(1_600, 1, 1_099);
+        o.add_log(1_600, 3, 1_100);
+        let part = |first, at, units| LogPart { first, at, units };
+        assert_eq!(o.log, [part(1_000, 1_099, 3), part(1_100, 1_100, 3)]);
+        // A clock stepped back starts a part of its own; a window later the first parts go.
+        o.add_log(1_600, 1, 900);
+        assert_eq!(o.log[2], part(900, 900, 1));
+        o.add_log(1_600, 4, 2_699);
+        assert_eq!(o.log, [part(1_100, 1_100, 3), part(2_699, 2_699, 4)]);
+        o.add_log(1_600, 1, u64::MAX);
+        assert_eq!(o.log, [part(u64::MAX, u64::MAX, 1)]);
     }
 
     #[test]
