@@ -51,7 +51,8 @@
 //!   `tollgate replay --redis URL` with the very [`TraceOutcome`](crate::replay::TraceOutcome)s the
 //!   in-process replay prints, and [`replay`] returns full decisions.
 //! - **Errors** ([`TierError`]) are classified as transient (timeout, refused or dropped connection,
-//!   cluster redirect or reconfiguration) or fatal (a key of the wrong type, a value our
+//!   cluster redirect or reconfiguration; a redirect on a connection that is not a Cluster
+//!   connection is fatal, a configuration to fix) or fatal (a key of the wrong type, a value our
 //!   scripts did not write, a reply outside the scripts' contract). Every call has a timeout
 //!   (50 ms by default). No reply, however wrong, can cause a panic: replies are parsed into
 //!   typed errors and every figure is checked before it is used.

@@ -2197,3 +2197,39 @@ fn a_lost_script_is_reloaded_on_its_node_while_another_node_is_stopped() {
         assert_eq!(slot_owner(&raw, &started_key).await, flushed);
     });
 }
+
+/// A plain connection (`connect`, not `connect_cluster`) to a Cluster node, asked for a key of
+/// another node's slots, is redirected (`MOVED`) on every call: a fatal configuration error
+/// that says what to do, not a transient one that a failure policy would wait out for ever.
+#[test]
+fn a_plain_connection_to_a_cluster_node_is_a_configuration_error() {
+    let Some(cluster) = RedisCluster::start(3) else {
+        return;
+    };
+    let urls = cluster.urls();
+    runtime().block_on(async {
+        let raw = redis::cluster::ClusterClient::new(urls.clone())
+            .unwrap()
+            .get_async_connection()
+            .await
+            .unwrap();
+        let rule = RedisRule::gcra(Quota::per_second(1_000).unwrap()).unwrap();
+        let node = &cluster.nodes()[0];
+        let plain = RedisLimiter::builder(rule)
+            .timeout(Duration::from_millis(500))
+            .connect(&node.url())
+            .await
+            .expect("connects to the node");
+        let mut i = 0;
+        let key = loop {
+            let key = format!("user:{i}");
+            if slot_owner(&raw, &plain.redis_key(&key)).await != node.port() {
+                break key;
+            }
+            i += 1;
+        };
+        let e = plain.check(&key).await.unwrap_err();
+        assert!(e.is_fatal(), "{e:?}");
+        assert!(e.to_string().contains("connect_cluster"), "{e}");
+    });
+}

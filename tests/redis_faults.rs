@@ -776,6 +776,43 @@ fn a_sliding_log_charge_lands_where_its_units_were_admitted() {
     });
 }
 
+/// `FailOpen` admits without bound during an outage; the GCRA charge after it owes at most the
+/// burst (`B·T` of debt), so the key is denied for at most about `B·T + T`, not until every
+/// unit admitted has drained (here 1,000 units of 6 s: 100 minutes).
+#[test]
+fn a_fail_open_gcra_charge_owes_at_most_the_burst() {
+    let _serial = serial();
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    runtime().block_on(async {
+        // 10 a minute: T = 6 s, B·T = 60 s.
+        let rule = RedisRule::gcra(Quota::per_minute(10).unwrap()).unwrap();
+        let handling = FailureHandling::new(FailurePolicy::FailOpen)
+            .failure_threshold(1)
+            .probe_interval(Duration::from_millis(20))
+            .reconcile(true);
+        let limiter = guarded(&server, rule, handling).await;
+        server.signal("STOP");
+        for _ in 0..1_000 {
+            assert!(limiter.check("k").await.unwrap().allowed(), "fail open");
+        }
+        server.signal("CONT");
+        wait_reconciled(&limiter, Duration::from_secs(5)).await;
+        let d = limiter.check("k").await.unwrap();
+        eprintln!("{} units charged; then {d:?}", limiter.reconciled());
+        assert!(
+            limiter.reconciled() <= 10,
+            "{} units charged",
+            limiter.reconciled()
+        );
+        assert!(!d.allowed(), "{d:?}");
+        // The charge's B·T on top of what Redis counted itself (the check that met the
+        // outage, run once the server resumed): denied B·T + T at most.
+        assert!(d.retry_after() <= Duration::from_secs(66), "{d:?}");
+    });
+}
+
 // ---------------------------------------------------------------------------------------------
 // The leased tier's takeover: degraded checks go straight to the local share, which
 // starts each key from what the node last knew; reconciliation charges each unit once.

@@ -17,6 +17,25 @@ impl<C: RedisConnection> RedisLimiter<C> {
         if error.is_timeout() {
             return self.timed_out();
         }
+        // A redirect reaches a plain connection only from a Cluster node, and the node will
+        // redirect every call for that slot: a configuration to fix, not an outage to wait
+        // out. (A Cluster client follows redirects itself.)
+        if !C::CLUSTERED
+            && matches!(
+                error.kind(),
+                ErrorKind::Server(ServerErrorKind::Moved | ServerErrorKind::Ask)
+            )
+        {
+            tracing::warn!(%error, "a Redis Cluster node answered a plain connection");
+            return TierError::Server {
+                source: redis::RedisError::from((
+                    ErrorKind::InvalidClientConfig,
+                    "a Redis Cluster node redirected the call (MOVED/ASK): connect with \
+                     connect_cluster or connect_cluster_lazy, not connect",
+                    error.to_string(),
+                )),
+            };
+        }
         let error = TierError::from(error);
         tracing::debug!(%error, "redis call failed");
         error

@@ -479,16 +479,18 @@ impl FailureHandling {
     ///
     /// - **Policies**: `Local` (what this node's share admitted) and `FailOpen` (everything
     ///   it admitted: after a long outage under heavy traffic this can hold a busy key denied
-    ///   for a window, or for GCRA until the excess has drained at one unit per `T`; opt in
-    ///   knowingly). `FailClosed` admits nothing, so there is nothing to charge.
+    ///   for a window or two; for GCRA a charge owes at most the burst `B`, so the key is
+    ///   denied at most about `B·T + T` after it; opt in knowingly). `FailClosed` admits
+    ///   nothing, so there is nothing to charge.
     /// - **Algorithms**: all of them (GCRA / token bucket / leaky bucket as a meter and as a
     ///   queue, fixed window, sliding window counter, sliding log).
     /// - **What is charged, per key**: what the global state would still remember. Window
     ///   counters: the units admitted in the current window (and, sliding, the one before),
     ///   added to that window's count; usage in windows already over changes nothing and is
     ///   dropped. GCRA: the node runs its outage admissions through GCRA at the global `T`
-    ///   from an empty bucket and adds the debt they still carry (rounded up to whole units)
-    ///   to the global state's; units the bucket would have refilled since are not charged.
+    ///   from an empty bucket and adds the debt they still carry (rounded up to whole units,
+    ///   at most `B` of them) to the global state's; units the bucket would have refilled
+    ///   since are not charged.
     ///   Sliding log: the units of the last window, in parts of a sixteenth of a window,
     ///   each inserted in the log at the time of its newest unit (before the entries Redis
     ///   admitted since, whose counts move up: a write each), so a unit expires at most

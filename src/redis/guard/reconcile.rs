@@ -8,8 +8,8 @@
 //!   that window (the script decides by the server's clock); older usage changes nothing.
 //! - **GCRA / leaky buckets**: the theoretical arrival time of those admissions alone, at the
 //!   global emission interval `T`, from an empty bucket. The charge adds the debt it still
-//!   carries (`TAT − now`, rounded up to whole units) to the global state's: units that the
-//!   bucket would have refilled since are not charged.
+//!   carries (`TAT − now`, rounded up to whole units, at most the burst `B`) to the global
+//!   state's: units that the bucket would have refilled since are not charged.
 //! - **Sliding log**: the units of the last window, in parts of at most a sixteenth of a
 //!   window each ([`LOG_PARTS`]) with the time of the newest of them; each part is inserted
 //!   in the log at that time (among the entries Redis admitted meanwhile), unless it has
@@ -249,11 +249,15 @@ impl Ledger {
             return;
         }
         let parts: Vec<(Option<u64>, u64)> = match self.target {
-            Target::Units(Algo::Gcra { interval, .. }) => {
+            Target::Units(Algo::Gcra { interval, span }) => {
                 // Measured now: sent again later, the charge leaves out what the bucket
                 // refilled since (and so its token need outlive it only by its debt).
                 let debt = std::mem::take(&mut owed.tat).saturating_sub(now);
-                vec![(Some(now), debt.div_ceil(interval.max(1)))]
+                let interval = interval.max(1);
+                // At most the burst, what the rule can owe: `FailOpen` admits without bound,
+                // and charged in full a busy key would be denied for days (up to 52).
+                let units = debt.div_ceil(interval).min(span / interval);
+                vec![(Some(now), units)]
             }
             Target::Units(Algo::Fixed { .. } | Algo::Sliding { .. }) => {
                 let parts = vec![
