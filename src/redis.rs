@@ -51,7 +51,8 @@
 //!   `tollgate replay --redis URL` with the very [`TraceOutcome`](crate::replay::TraceOutcome)s the
 //!   in-process replay prints, and [`replay`] returns full decisions.
 //! - **Errors** ([`TierError`]) are classified as transient (timeout, refused or dropped connection,
-//!   cluster redirect or reconfiguration) or fatal (a key of the wrong type, a value our
+//!   cluster redirect or reconfiguration; a redirect on a connection that is not a Cluster
+//!   connection is fatal, a configuration to fix) or fatal (a key of the wrong type, a value our
 //!   scripts did not write, a reply outside the scripts' contract). Every call has a timeout
 //!   (50 ms by default). No reply, however wrong, can cause a panic: replies are parsed into
 //!   typed errors and every figure is checked before it is used.
@@ -168,7 +169,13 @@
 //! With [`FailureHandling::reconcile`], the units a node admitted by its `Local` or `FailOpen`
 //! policy during an outage are charged to Redis once it answers again (never denied; the
 //! state may pass the limit), so that no usage is lost. [`GuardedLimiter::unreconciled`] and
-//! `reconciled` report what is owed and what was charged.
+//! `reconciled` report what is owed and what was charged. Each charge is applied once: it
+//! leaves a token key (`<state key>:charge:<token>`) that lives only as long as the same
+//! charge, sent again after a lost reply, could still count (the window of its units' time
+//! and, for the sliding window counter, the next; a sliding log's window from its units'
+//! time; for GCRA the debt it charged), and a charge that counted nothing (its window over,
+//! its debt refilled) leaves none. A GCRA charge sent again leaves out what the bucket
+//! refilled since it was formed.
 
 mod error;
 mod exact;

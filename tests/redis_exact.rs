@@ -2108,3 +2108,129 @@ fn the_probe_tests_the_slot_that_failed() {
         assert!(guarded.check(&key).await.unwrap().allowed());
     });
 }
+
+/// The port of the Cluster master that serves `key`'s slot.
+async fn slot_owner(raw: &redis::cluster_async::ClusterConnection, key: &[u8]) -> u16 {
+    let mut raw = raw.clone();
+    let slot: u16 = redis::cmd("CLUSTER")
+        .arg("KEYSLOT")
+        .arg(key)
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    let ranges: Vec<Vec<redis::Value>> = redis::cmd("CLUSTER")
+        .arg("SLOTS")
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    // Each range: first slot, last slot, then the master as [host, port, id, …].
+    ranges
+        .into_iter()
+        .find_map(|range| {
+            let lo: u16 = redis::from_redis_value(range[0].clone()).unwrap();
+            let hi: u16 = redis::from_redis_value(range[1].clone()).unwrap();
+            let master: Vec<redis::Value> = redis::from_redis_value(range[2].clone()).unwrap();
+            let port: u16 = redis::from_redis_value(master[1].clone()).unwrap();
+            (lo..=hi).contains(&slot).then_some(port)
+        })
+        .expect("a master serves every slot")
+}
+
+/// A Cluster node that lost its scripts (`SCRIPT FLUSH` there, as a restart or a promoted
+/// replica would) gets the script again from the first check of a key of its slots, on that
+/// node alone: another node stopped (`SIGSTOP`) does not keep the check from being decided,
+/// nor `connect_cluster` from starting.
+#[test]
+fn a_lost_script_is_reloaded_on_its_node_while_another_node_is_stopped() {
+    let Some(cluster) = RedisCluster::start(3) else {
+        return;
+    };
+    let urls = cluster.urls();
+    let url_refs: Vec<&str> = urls.iter().map(String::as_str).collect();
+    runtime().block_on(async {
+        let raw = redis::cluster::ClusterClient::new(urls.clone())
+            .unwrap()
+            .get_async_connection()
+            .await
+            .unwrap();
+        let rule = RedisRule::gcra(Quota::per_second(1_000).unwrap()).unwrap();
+        let limiter = RedisLimiter::builder(rule)
+            .timeout(Duration::from_millis(500))
+            .connect_cluster(&url_refs)
+            .await
+            .expect("connects");
+        let key = "user:1";
+        assert!(limiter.check(key).await.unwrap().allowed());
+        let flushed = slot_owner(&raw, &limiter.redis_key(key)).await;
+        let nodes = cluster.nodes();
+        let node = |port: u16| nodes.iter().find(|n| n.port() == port).unwrap();
+        let stopped = nodes.iter().find(|n| n.port() != flushed).unwrap();
+        let mut plain = redis::Client::open(node(flushed).url())
+            .unwrap()
+            .get_multiplexed_async_connection()
+            .await
+            .unwrap();
+        let () = redis::cmd("SCRIPT")
+            .arg("FLUSH")
+            .query_async(&mut plain)
+            .await
+            .unwrap();
+        stopped.signal("STOP");
+        let outcome = limiter.check(key).await;
+        // A limiter started while the node is stopped (given only the flushed node's address:
+        // the client finds the others).
+        let started = RedisLimiter::builder(rule)
+            .timeout(Duration::from_millis(500))
+            .prefix("started")
+            .connect_cluster(&[node(flushed).url().as_str()])
+            .await;
+        let started_check = match &started {
+            Ok(limiter) => Some(limiter.check(key).await),
+            Err(_) => None,
+        };
+        stopped.signal("CONT");
+        let decision = outcome.expect("decided with the script reloaded on its node alone");
+        assert!(decision.allowed(), "{decision:?}");
+        let started = started.expect("connect_cluster starts while a node is stopped");
+        let decision = started_check.unwrap().expect("its check loads the script");
+        assert!(decision.allowed(), "{decision:?}");
+        let started_key = started.redis_key(key);
+        assert_eq!(slot_owner(&raw, &started_key).await, flushed);
+    });
+}
+
+/// A plain connection (`connect`, not `connect_cluster`) to a Cluster node, asked for a key of
+/// another node's slots, is redirected (`MOVED`) on every call: a fatal configuration error
+/// that says what to do, not a transient one that a failure policy would wait out for ever.
+#[test]
+fn a_plain_connection_to_a_cluster_node_is_a_configuration_error() {
+    let Some(cluster) = RedisCluster::start(3) else {
+        return;
+    };
+    let urls = cluster.urls();
+    runtime().block_on(async {
+        let raw = redis::cluster::ClusterClient::new(urls.clone())
+            .unwrap()
+            .get_async_connection()
+            .await
+            .unwrap();
+        let rule = RedisRule::gcra(Quota::per_second(1_000).unwrap()).unwrap();
+        let node = &cluster.nodes()[0];
+        let plain = RedisLimiter::builder(rule)
+            .timeout(Duration::from_millis(500))
+            .connect(&node.url())
+            .await
+            .expect("connects to the node");
+        let mut i = 0;
+        let key = loop {
+            let key = format!("user:{i}");
+            if slot_owner(&raw, &plain.redis_key(&key)).await != node.port() {
+                break key;
+            }
+            i += 1;
+        };
+        let e = plain.check(&key).await.unwrap_err();
+        assert!(e.is_fatal(), "{e:?}");
+        assert!(e.to_string().contains("connect_cluster"), "{e}");
+    });
+}

@@ -587,6 +587,232 @@ fn a_charge_is_never_denied_and_may_pass_the_limit() {
     });
 }
 
+/// Every charge token on `server` (`…:charge:…` keys) with its PTTL in ms, read with a plain
+/// connection of the test's own.
+async fn charge_tokens(server: &RedisServer) -> Vec<(String, i64)> {
+    let client = redis::Client::open(server.url()).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg("*:charge:*")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let mut tokens = Vec::new();
+    for key in keys {
+        let pttl: i64 = redis::cmd("PTTL")
+            .arg(&key)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        tokens.push((key, pttl));
+    }
+    tokens
+}
+
+/// A charge's token lives only as long as the same charge, sent again, could still count: to
+/// the end of its units' window (the next one for the sliding window counter), a sliding
+/// log's window from its units' time, a GCRA charge's debt. A charge that counted nothing
+/// (its units' window over by the recovery) leaves no token.
+#[test]
+fn charge_tokens_live_no_longer_than_the_charge_could_count() {
+    let _serial = serial();
+    let Some(mut server) = RedisServer::start() else {
+        return;
+    };
+    runtime().block_on(async {
+        let hour = Quota::per_hour(100).unwrap();
+        let second = Quota::per_second(5).unwrap();
+        let h = Duration::from_secs(3_600);
+        // The rule, and the longest its tokens may live (`None`: the units are over a window
+        // old at the recovery, so no token may be left).
+        let cases = [
+            (RedisRule::fixed_window(hour).unwrap(), Some(h)),
+            (RedisRule::sliding_window(hour).unwrap(), Some(2 * h)),
+            // 10 units of 36 s each.
+            (RedisRule::gcra(hour).unwrap(), Some(Duration::from_secs(360))),
+            (RedisRule::sliding_log(hour).unwrap(), Some(h)),
+            (RedisRule::fixed_window(second).unwrap(), None),
+            (RedisRule::sliding_window(second).unwrap(), None),
+            (RedisRule::sliding_log(second).unwrap(), None),
+        ];
+        for (rule, horizon) in cases {
+            let name = rule.name();
+            tokio::task::block_in_place(|| {
+                away_from_a_window_end(Duration::from_secs(3_600), Duration::from_secs(20))
+            });
+            let handling = FailureHandling::new(FailurePolicy::Local)
+                .probe_interval(Duration::from_millis(20))
+                .reconcile(true);
+            let limiter = guarded(&server, rule, handling).await;
+            server.signal("KILL");
+            let mut local = 0;
+            for _ in 0..10 {
+                local += limiter.check("k").await.unwrap().allowed() as u64;
+            }
+            assert!(local > 0, "{name}: the local share admits");
+            if horizon.is_none() {
+                // Two windows of a second and more: the units' windows are over.
+                tokio::time::sleep(Duration::from_millis(2_500)).await;
+            }
+            tokio::task::block_in_place(|| server.restart());
+            wait_reconciled(&limiter, Duration::from_secs(5)).await;
+            let tokens = charge_tokens(&server).await;
+            eprintln!(
+                "{name}: {} units charged, tokens (key, PTTL ms): {tokens:?}",
+                limiter.reconciled()
+            );
+            match horizon {
+                None => {
+                    assert_eq!(limiter.reconciled(), 0, "{name}: nothing left to count");
+                    assert!(tokens.is_empty(), "{name}: a charge of no units left {tokens:?}");
+                }
+                Some(horizon) => {
+                    assert_eq!(limiter.reconciled(), local, "{name}");
+                    assert!(!tokens.is_empty(), "{name}: the charge keeps its token");
+                    for (key, pttl) in &tokens {
+                        assert!(
+                            *pttl > 0 && *pttl as u128 <= horizon.as_millis(),
+                            "{name}: {key} lives {pttl} ms, past the {horizon:?} a resend could count in"
+                        );
+                    }
+                }
+            }
+        }
+    });
+}
+
+/// The times of a sliding log's entries on `server` (ns since the epoch), oldest first by
+/// score, and the units it holds (the newest entry's score).
+async fn log_entries(server: &RedisServer, key: &[u8]) -> (Vec<u64>, u64) {
+    let client = redis::Client::open(server.url()).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let members: Vec<String> = redis::cmd("ZRANGE")
+        .arg(key)
+        .arg(0)
+        .arg(-1)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let field = |m: &String, i: usize| -> u64 { m.split(':').nth(i).unwrap().parse().unwrap() };
+    let units = members.last().map_or(0, |m| field(m, 0));
+    (members.iter().map(|m| field(m, 2)).collect(), units)
+}
+
+/// A sliding-log key admitted locally during an outage is admitted again by Redis once a
+/// window has passed since those admissions, not a window after the recovery nor after the
+/// outage's last admission: each part of the outage's units is charged at its own time (at
+/// most a sixteenth of a window late), inserted before what Redis admitted meanwhile.
+#[test]
+fn a_sliding_log_charge_lands_where_its_units_were_admitted() {
+    let _serial = serial();
+    let Some(mut server) = RedisServer::start() else {
+        return;
+    };
+    runtime().block_on(async {
+        let window = Duration::from_secs(4);
+        let rule = RedisRule::sliding_log(Quota::new(4, window).unwrap()).unwrap();
+        // All the outage's admissions in one window of the node's (which the old ledger
+        // lumped at the newest).
+        tokio::task::block_in_place(|| away_from_a_window_end(window, Duration::from_secs(2)));
+        let handling = FailureHandling::new(FailurePolicy::Local)
+            .probe_interval(Duration::from_millis(400))
+            .reconcile(true);
+        let limiter = guarded(&server, rule, handling).await;
+        let other = RedisLimiter::builder(rule)
+            .timeout(Duration::from_secs(1))
+            .connect(&server.url())
+            .await
+            .expect("connects");
+        server.signal("KILL");
+        for _ in 0..2 {
+            assert!(limiter.check("k").await.unwrap().allowed(), "local");
+        }
+        let first = Instant::now();
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        for _ in 0..2 {
+            assert!(limiter.check("k").await.unwrap().allowed(), "local");
+        }
+        assert_eq!(limiter.unreconciled(), 4);
+        tokio::task::block_in_place(|| server.restart());
+        // Another node admits the key through the restarted Redis before this one's probe
+        // finds it: its entry is newer than the charges to come.
+        let started = Instant::now();
+        loop {
+            match other.check("k").await {
+                Ok(d) => {
+                    assert!(d.allowed(), "{d:?}");
+                    break;
+                }
+                Err(e) => assert!(started.elapsed() < Duration::from_secs(2), "{e}"),
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let charges_pending = limiter.unreconciled() > 0;
+        wait_reconciled(&limiter, Duration::from_secs(3)).await;
+        let (times, units) = log_entries(&server, &limiter.exact().redis_key("k")).await;
+        eprintln!(
+            "log after the charges ({} ms after the first local admissions): {times:?}, {units} \
+             units; charged after the other node's admission: {charges_pending}",
+            first.elapsed().as_millis()
+        );
+        assert!(times.windows(2).all(|w| w[0] <= w[1]), "in time order");
+        assert_eq!(units, 5, "4 charged, 1 admitted by the other node");
+        // The other node's admission is the newest entry: the charges went in before it, at
+        // their own times.
+        assert!(times[0] < times[times.len() - 1], "{times:?}");
+        // A window after the first local admissions (and a little: the charge is at most
+        // W/16 late), they have expired: 3 units live of 4.
+        let due = first + window + window / 16 + Duration::from_millis(100);
+        tokio::time::sleep_until(due.into()).await;
+        let d = limiter.check("k").await.unwrap();
+        eprintln!(
+            "checked {} ms after the first local admissions: {d:?}",
+            first.elapsed().as_millis()
+        );
+        assert!(
+            d.allowed(),
+            "refused a window after the local admissions (charged too late): {d:?}"
+        );
+    });
+}
+
+/// `FailOpen` admits without bound during an outage; the GCRA charge after it owes at most the
+/// burst (`B·T` of debt), so the key is denied for at most about `B·T + T`, not until every
+/// unit admitted has drained (here 1,000 units of 6 s: 100 minutes).
+#[test]
+fn a_fail_open_gcra_charge_owes_at_most_the_burst() {
+    let _serial = serial();
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    runtime().block_on(async {
+        // 10 a minute: T = 6 s, B·T = 60 s.
+        let rule = RedisRule::gcra(Quota::per_minute(10).unwrap()).unwrap();
+        let handling = FailureHandling::new(FailurePolicy::FailOpen)
+            .failure_threshold(1)
+            .probe_interval(Duration::from_millis(20))
+            .reconcile(true);
+        let limiter = guarded(&server, rule, handling).await;
+        server.signal("STOP");
+        for _ in 0..1_000 {
+            assert!(limiter.check("k").await.unwrap().allowed(), "fail open");
+        }
+        server.signal("CONT");
+        wait_reconciled(&limiter, Duration::from_secs(5)).await;
+        let d = limiter.check("k").await.unwrap();
+        eprintln!("{} units charged; then {d:?}", limiter.reconciled());
+        assert!(
+            limiter.reconciled() <= 10,
+            "{} units charged",
+            limiter.reconciled()
+        );
+        assert!(!d.allowed(), "{d:?}");
+        // The charge's B·T on top of what Redis counted itself (the check that met the
+        // outage, run once the server resumed): denied B·T + T at most.
+        assert!(d.retry_after() <= Duration::from_secs(66), "{d:?}");
+    });
+}
+
 // ---------------------------------------------------------------------------------------------
 // The leased tier's takeover: degraded checks go straight to the local share, which
 // starts each key from what the node last knew; reconciliation charges each unit once.
@@ -1378,7 +1604,10 @@ fn charges_that_timed_out_but_ran_are_not_charged_twice() {
     };
     runtime().block_on(async {
         const KEYS: u64 = 20_000;
-        let rule = RedisRule::gcra(Quota::per_hour(1_000).unwrap()).unwrap();
+        // Per day: a charge sent again seconds later still owes its whole unit (what the
+        // bucket refilled since it was formed is not charged).
+        let rule =
+            RedisRule::gcra(Quota::new(1_000, Duration::from_secs(86_400)).unwrap()).unwrap();
         let limiter = RedisLimiter::builder(rule)
             .timeout(Duration::from_millis(5))
             .connect(&server.url())

@@ -13,7 +13,9 @@ use redis::{ErrorKind, ServerErrorKind};
 /// - [`ErrorClass::Transient`]: Redis did not answer in time, the connection was refused or
 ///   dropped, or the server or cluster is (re)configuring (`LOADING`, `BUSY`, `MOVED`, `ASK`,
 ///   `TRYAGAIN`, `CLUSTERDOWN`, `MASTERDOWN`, `READONLY`). The same call may succeed later; a
-///   failure policy (fail open, fail closed, local) decides meanwhile.
+///   failure policy (fail open, fail closed, local) decides meanwhile. (`MOVED` and `ASK` on a
+///   limiter that is not on a Cluster connection are fatal: a [`TierError::Server`] saying to
+///   connect with `connect_cluster`.)
 /// - [`ErrorClass::Fatal`]: retrying will not help: a key holds data these scripts did not
 ///   write ([`TierError::WrongType`], [`TierError::CorruptState`]), a reply breaks the scripts'
 ///   contract, or the server refuses the call for good (permissions, out of memory, a

@@ -417,7 +417,8 @@ impl<C: RedisConnection> RedisLimiter<C> {
     }
 
     /// Loads the rule's script into the server's script cache (done by
-    /// [`RedisLimiterBuilder::connect`]; otherwise the first check loads it).
+    /// [`RedisLimiterBuilder::connect`]; otherwise the first check loads it on its node). On a
+    /// Cluster this is `SCRIPT LOAD` on every node, and fails while one does not answer.
     ///
     /// # Errors
     /// A transient or fatal [`TierError`].

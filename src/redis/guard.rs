@@ -17,7 +17,7 @@ use redis::aio::ConnectionManager;
 
 use super::error::TierError;
 use super::exact::{RedisConnection, RedisLimiter, UnitOp, Units};
-use super::scripts::scripts;
+use super::scripts::{scripts, ScriptCall};
 use crate::decision::{Decision, Remaining};
 
 mod breaker;
@@ -624,20 +624,18 @@ impl<C: RedisConnection> Shared<C> {
         let expiry_ms = u64::try_from(self.handling.heartbeat_interval.as_millis() * 3)
             .unwrap_or(u64::MAX)
             .min(1 << 52);
-        let mut invocation = scripts().heartbeat.prepare_invoke();
-        invocation
-            .key(&self.heartbeat_key[..])
+        let mut call = ScriptCall::new(&scripts().heartbeat);
+        call.key(&self.heartbeat_key[..])
             .arg(&self.node_id)
             .arg(expiry_ms)
             .arg(if beat { "1" } else { "0" });
-        let mut conn = self.exact.connection();
-        let timeout = self.exact.timeout();
-        match tokio::time::timeout(timeout, invocation.invoke_async::<i64>(&mut conn)).await {
-            Err(_) => Err(TierError::Timeout { timeout }),
-            Ok(Err(error)) if error.is_timeout() => Err(TierError::Timeout { timeout }),
-            Ok(Err(error)) => Err(TierError::from(error)),
-            Ok(Ok(nodes)) => u64::try_from(nodes)
+        // Reloaded on its slot's node alone, as every script call is.
+        match self.exact.invoke(&call, true).await? {
+            redis::Value::Int(nodes) => u64::try_from(nodes)
                 .map_err(|_| TierError::bad_reply(format!("{nodes} live nodes"))),
+            other => Err(TierError::bad_reply(format!(
+                "expected live nodes, got {other:?}"
+            ))),
         }
     }
 }

@@ -56,7 +56,8 @@ use std::sync::OnceLock;
 
 use redis::Script;
 
-/// The compiled scripts (each hashed once; `EVALSHA` by hash, reloaded on `NOSCRIPT`).
+/// The compiled scripts (each hashed once; `EVALSHA` by hash, sent again as `EVAL` on
+/// `NOSCRIPT`).
 pub(crate) struct Scripts {
     pub gcra: Script,
     pub fixed_window: Script,
@@ -98,6 +99,19 @@ impl ScriptCall {
         self
     }
 
+    /// The `EVAL` command, which also caches the script: routed by its keys as any call, so on
+    /// a Cluster it reloads a lost script on the one node that lost it (`SCRIPT LOAD` goes to
+    /// every node, and fails while one does not answer). `None` for a script not of
+    /// [`scripts`].
+    pub fn eval(&self) -> Option<redis::Cmd> {
+        let mut cmd = redis::cmd("EVAL");
+        cmd.arg(scripts().source(self.script)?)
+            .arg(self.keys.len())
+            .arg(&self.keys)
+            .arg(&self.args);
+        Some(cmd)
+    }
+
     /// The `EVALSHA` command.
     pub fn evalsha(&self) -> redis::Cmd {
         let mut cmd = redis::cmd("EVALSHA");
@@ -106,6 +120,24 @@ impl ScriptCall {
             .arg(&self.keys)
             .arg(&self.args);
         cmd
+    }
+}
+
+impl Scripts {
+    /// The Lua source of `script`, one of these.
+    fn source(&self, script: &Script) -> Option<&'static str> {
+        [
+            (&self.gcra, GCRA),
+            (&self.fixed_window, FIXED_WINDOW),
+            (&self.sliding_window, SLIDING_WINDOW),
+            (&self.sliding_log, SLIDING_LOG),
+            (&self.heartbeat, HEARTBEAT),
+            (&self.lease_gcra, LEASE_GCRA),
+            (&self.lease_window, LEASE_WINDOW),
+            (&self.charge_log, CHARGE_LOG),
+        ]
+        .into_iter()
+        .find_map(|(s, source)| std::ptr::eq(s, script).then_some(source))
     }
 }
 

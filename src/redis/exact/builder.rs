@@ -258,7 +258,9 @@ impl RedisLimiterBuilder {
 
     /// A limiter on a Redis Cluster, through the cluster client: `nodes` are the URLs of some
     /// of its nodes (the client discovers the others and follows slot migrations). Batches
-    /// are split per slot. Loads the rule's script on every node.
+    /// are split per slot. Scripts are not loaded here: the first call that finds its node
+    /// without one loads it there (an `EVAL` on the key's slot), so a node that does not
+    /// answer keeps no other from being used, at start or after a failover.
     ///
     /// # Errors
     /// As for [`RedisLimiterBuilder::connect`].
@@ -278,7 +280,9 @@ impl RedisLimiterBuilder {
     ) -> Result<RedisLimiter<ClusterConnection>, TierError> {
         let client = ClusterClientBuilder::new(nodes.iter().copied())
             .tcp_settings(tcp_settings())
-            .connection_timeout(self.connect_timeout)
+            // Half the wait: a node that does not answer fails its own connection in time for
+            // the client to go on without it (it reconnects to that node later).
+            .connection_timeout(self.connect_timeout / 2)
             .response_timeout(self.timeout)
             .build()?;
         let conn = tokio::time::timeout(self.connect_timeout, client.get_async_connection())
@@ -286,9 +290,10 @@ impl RedisLimiterBuilder {
             .map_err(|_| TierError::Timeout {
                 timeout: self.connect_timeout,
             })??;
-        let limiter = self.build(conn);
-        limiter.load_scripts().await?;
-        Ok(limiter)
+        // No `load_scripts`: `SCRIPT LOAD` goes to every node, so one node that does not
+        // answer would keep the limiter from starting; a check loads a script where it is
+        // missing, on its slot's node alone.
+        Ok(self.build(conn))
     }
 
     /// A limiter on a Redis Cluster that does not wait for it, as

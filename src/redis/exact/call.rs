@@ -17,6 +17,25 @@ impl<C: RedisConnection> RedisLimiter<C> {
         if error.is_timeout() {
             return self.timed_out();
         }
+        // A redirect reaches a plain connection only from a Cluster node, and the node will
+        // redirect every call for that slot: a configuration to fix, not an outage to wait
+        // out. (A Cluster client follows redirects itself.)
+        if !C::CLUSTERED
+            && matches!(
+                error.kind(),
+                ErrorKind::Server(ServerErrorKind::Moved | ServerErrorKind::Ask)
+            )
+        {
+            tracing::warn!(%error, "a Redis Cluster node answered a plain connection");
+            return TierError::Server {
+                source: redis::RedisError::from((
+                    ErrorKind::InvalidClientConfig,
+                    "a Redis Cluster node redirected the call (MOVED/ASK): connect with \
+                     connect_cluster or connect_cluster_lazy, not connect",
+                    error.to_string(),
+                )),
+            };
+        }
         let error = TierError::from(error);
         tracing::debug!(%error, "redis call failed");
         error
@@ -110,15 +129,18 @@ impl<C: RedisConnection> RedisLimiter<C> {
     }
 
     /// Sends one script call on the shared connection, within the timeout. When the server
-    /// lost the script (`NOSCRIPT`), `reload` loads it and sends the call again; otherwise the
-    /// call fails with that error ([`TierError::is_no_script`]).
+    /// lost the script (`NOSCRIPT`), `reload` sends the call again as `EVAL`, which loads it
+    /// on the node of the call's slot alone (a Cluster node that does not answer does not
+    /// matter to it); otherwise the call fails with that error ([`TierError::is_no_script`]).
     pub(crate) async fn invoke(&self, call: &ScriptCall, reload: bool) -> Result<Value, TierError> {
         let mut conn = self.conn.get();
         let run = async {
             match call.evalsha().query_async(&mut conn).await {
                 Err(e) if reload && e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
-                    call.script.load_async(&mut conn).await?;
-                    call.evalsha().query_async(&mut conn).await
+                    match call.eval() {
+                        Some(eval) => eval.query_async(&mut conn).await,
+                        None => Err(e),
+                    }
                 }
                 reply => reply,
             }

@@ -373,7 +373,7 @@ mod tests {
 
     /// A call whose task is polled only after an earlier call came back `NOSCRIPT` is not put
     /// on the connection before that call's reload returned: sent earlier, it would run
-    /// between the reload's `SCRIPT LOAD` and its call, ahead of the earlier checks.
+    /// before the reload (the earlier call sent again as `EVAL`), ahead of the earlier checks.
     #[test]
     fn a_call_not_yet_sent_waits_for_an_earlier_calls_reload() {
         let lanes = Arc::new(Lanes::new(PIPELINE, Duration::from_secs(1)));

@@ -91,7 +91,8 @@ pub(crate) fn new_token() -> u64 {
         .max(1)
 }
 
-/// The key a charge's token is kept in: next to the state (same Cluster slot), for a day.
+/// The key a charge's token is kept in: next to the state (same Cluster slot), for as long
+/// as the charge, sent again, could still count (the scripts' `mark_charged`).
 fn token_key(state: &[u8], token: u64) -> Vec<u8> {
     let mut key = state.to_vec();
     key.extend_from_slice(format!(":charge:{token:016x}").as_bytes());

@@ -479,19 +479,24 @@ impl FailureHandling {
     ///
     /// - **Policies**: `Local` (what this node's share admitted) and `FailOpen` (everything
     ///   it admitted: after a long outage under heavy traffic this can hold a busy key denied
-    ///   for a window, or for GCRA until the excess has drained at one unit per `T`; opt in
-    ///   knowingly). `FailClosed` admits nothing, so there is nothing to charge.
+    ///   for a window or two; for GCRA a charge owes at most the burst `B`, so the key is
+    ///   denied at most about `B·T + T` after it; opt in knowingly). `FailClosed` admits
+    ///   nothing, so there is nothing to charge.
     /// - **Algorithms**: all of them (GCRA / token bucket / leaky bucket as a meter and as a
     ///   queue, fixed window, sliding window counter, sliding log).
     /// - **What is charged, per key**: what the global state would still remember. Window
     ///   counters: the units admitted in the current window (and, sliding, the one before),
     ///   added to that window's count; usage in windows already over changes nothing and is
     ///   dropped. GCRA: the node runs its outage admissions through GCRA at the global `T`
-    ///   from an empty bucket and adds the debt they still carry (rounded up to whole units)
-    ///   to the global state's; units the bucket would have refilled since are not charged.
-    ///   Sliding log: the units of each of the last two windows are appended as one entry at
-    ///   the time of the newest of them (or of the log's newest entry, if later); those that
-    ///   would already have expired are dropped.
+    ///   from an empty bucket and adds the debt they still carry (rounded up to whole units,
+    ///   at most `B` of them) to the global state's; units the bucket would have refilled
+    ///   since are not charged.
+    ///   Sliding log: the units of the last window, in parts of a sixteenth of a window,
+    ///   each inserted in the log at the time of its newest unit (before the entries Redis
+    ///   admitted since, whose counts move up: a write each), so a unit expires at most
+    ///   `W/16` later than it would have, never earlier, and a key is admitted again about a
+    ///   window after its local admissions; parts that would already have expired are
+    ///   dropped.
     /// - **Never denied**: a charge may push a state past the limit (up to the largest value
     ///   a state holds, `2^52 − 1` units or ns); the key is then denied until the excess has
     ///   drained (GCRA) or slid out of the window (windows).
@@ -500,9 +505,13 @@ impl FailureHandling {
     ///   charged at the next). One script call per Cluster slot for up to 1,024 charges at a
     ///   time (the next ones once those were answered). Units this node admitted by the policy
     ///   and not yet charged: [`GuardedLimiter::unreconciled`](super::GuardedLimiter::unreconciled).
-    /// - **Exactly once**: each charge carries a token that the script keeps for a day next
-    ///   to the key's state (`<state key>:charge:<token>`). A charge whose call fails in a
-    ///   transient way (a timeout after the server ran it, a dropped connection, the task
+    /// - **Exactly once**: each charge carries a token that the script keeps next to the
+    ///   key's state (`<state key>:charge:<token>`) for as long as the same charge, sent
+    ///   again, could still count: to the end of its units' window (of the next one for the
+    ///   sliding window counter), a window from its units' time (sliding log), or the debt it
+    ///   charged (GCRA, whose charge sent again leaves out what the bucket refilled since it
+    ///   was formed). A charge that counted nothing keeps none. A charge whose call fails in
+    ///   a transient way (a timeout after the server ran it, a dropped connection, the task
     ///   stopped) stays owed and is sent again with the same token until Redis answers it,
     ///   and the script applies a token once.
     ///

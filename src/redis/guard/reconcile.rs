@@ -8,11 +8,13 @@
 //!   that window (the script decides by the server's clock); older usage changes nothing.
 //! - **GCRA / leaky buckets**: the theoretical arrival time of those admissions alone, at the
 //!   global emission interval `T`, from an empty bucket. The charge adds the debt it still
-//!   carries (`TAT − now`, rounded up to whole units) to the global state's: units that the
-//!   bucket would have refilled since are not charged.
-//! - **Sliding log**: as the window counters, the units of the last two windows with the time
-//!   of the newest; each window's units are appended to the log as one entry at that time (or
-//!   at the log's newest entry's, if later), unless they have expired already.
+//!   carries (`TAT − now`, rounded up to whole units, at most the burst `B`) to the global
+//!   state's: units that the bucket would have refilled since are not charged.
+//! - **Sliding log**: the units of the last window, in parts of at most a sixteenth of a
+//!   window each ([`LOG_PARTS`]) with the time of the newest of them; each part is inserted
+//!   in the log at that time (among the entries Redis admitted meanwhile), unless it has
+//!   expired already. So each unit expires less than `W/16` after a window from its
+//!   admission (late, never early: the key is refused that much longer at most).
 //!
 //! Charges are never denied: a state may pass the limit (up to `2^52 − 1`), and the key is
 //! then denied until the excess has drained.
@@ -38,7 +40,8 @@ use crate::redis::rule::RedisRule;
 /// A charge formed and not yet answered by Redis: sent (again) with its token until it is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Charge {
-    /// When the units were admitted (wall ns; `None` = now, GCRA's debt).
+    /// When the units were admitted (wall ns); GCRA: when its debt was measured (`None` =
+    /// when the script runs, for a charge of the leased tier's).
     pub at: Option<u64>,
     pub units: u64,
     pub token: u64,
@@ -48,6 +51,19 @@ pub(crate) struct Charge {
 
 /// Charges sent in one go (then the next slice, unless one failed).
 const SLICE: usize = 1024;
+
+/// The parts a sliding log's window of admissions is kept in: units within `W/16` of a part's
+/// first are charged with it, at its newest (a unit lands at most that late), so a key keeps
+/// at most 17 parts however much the policy admitted.
+const LOG_PARTS: u64 = 16;
+
+/// Sliding log: units admitted from `first` to `at` (wall ns), charged at `at`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct LogPart {
+    first: u64,
+    at: u64,
+    units: u64,
+}
 
 /// What one key owes.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -61,6 +77,8 @@ struct Owed {
     cur_at: u64,
     prev: u64,
     prev_at: u64,
+    /// Sliding log: the last window's admissions, oldest first.
+    log: Vec<LogPart>,
     /// Every unit recorded (what settling this entry takes off `Ledger::owed`).
     units: u64,
     /// Units the node may still admit without owing them: a leased node's lease, granted
@@ -92,6 +110,26 @@ impl Owed {
             };
             (self.k, self.cur, self.cur_at) = (k, units, at);
         }
+    }
+}
+
+impl Owed {
+    /// Adds `units` admitted at `at` to a sliding log's parts of window `window`; parts a
+    /// window old are forgotten, as the log forgets them.
+    fn add_log(&mut self, window: u64, units: u64, at: u64) {
+        let width = (window / LOG_PARTS).max(1);
+        match self.log.last_mut() {
+            Some(last) if at >= last.first && at - last.first < width => {
+                last.units = last.units.saturating_add(units);
+                last.at = last.at.max(at);
+            }
+            _ => self.log.push(LogPart {
+                first: at,
+                at,
+                units,
+            }),
+        }
+        self.log.retain(|part| at.saturating_sub(part.at) < window);
     }
 }
 
@@ -155,10 +193,10 @@ impl Ledger {
                     .max(now)
                     .saturating_add(cost.saturating_mul(interval));
             }
-            Target::Units(Algo::Fixed { window } | Algo::Sliding { window })
-            | Target::Log { window } => {
+            Target::Units(Algo::Fixed { window } | Algo::Sliding { window }) => {
                 owed.add_window(now / window, cost, now);
             }
+            Target::Log { window } => owed.add_log(window, cost, now),
         }
         owed.units = owed.units.saturating_add(cost);
     }
@@ -210,20 +248,30 @@ impl Ledger {
         if counted == 0 {
             return;
         }
-        let mut parts = [(None, 0); 2];
-        match self.target {
-            Target::Units(Algo::Gcra { interval, .. }) => {
+        let parts: Vec<(Option<u64>, u64)> = match self.target {
+            Target::Units(Algo::Gcra { interval, span }) => {
+                // Measured now: sent again later, the charge leaves out what the bucket
+                // refilled since (and so its token need outlive it only by its debt).
                 let debt = std::mem::take(&mut owed.tat).saturating_sub(now);
-                parts[0] = (None, debt.div_ceil(interval.max(1)));
+                let interval = interval.max(1);
+                // At most the burst, what the rule can owe: `FailOpen` admits without bound,
+                // and charged in full a busy key would be denied for days (up to 52).
+                let units = debt.div_ceil(interval).min(span / interval);
+                vec![(Some(now), units)]
             }
-            Target::Units(Algo::Fixed { .. } | Algo::Sliding { .. }) | Target::Log { .. } => {
-                parts = [
+            Target::Units(Algo::Fixed { .. } | Algo::Sliding { .. }) => {
+                let parts = vec![
                     (Some(owed.prev_at), owed.prev),
                     (Some(owed.cur_at), owed.cur),
                 ];
                 (owed.k, owed.cur, owed.cur_at, owed.prev, owed.prev_at) = (0, 0, 0, 0, 0);
+                parts
             }
-        }
+            Target::Log { .. } => std::mem::take(&mut owed.log)
+                .into_iter()
+                .map(|part| (Some(part.at), part.units))
+                .collect(),
+        };
         let mut counted = Some(counted);
         for (at, units) in parts {
             if units > 0 {
@@ -363,6 +411,24 @@ mod tests {
         assert_eq!((o.k, o.cur, o.prev), (14, 4, 0));
         o.add_window(u64::MAX, 1, u64::MAX);
         assert_eq!((o.k, o.cur, o.prev), (u64::MAX, 1, 0));
+    }
+
+    #[test]
+    fn a_log_keeps_its_window_in_parts_of_a_sixteenth() {
+        let mut o = Owed::default();
+        // W = 1600: parts of 100.
+        o.add_log(1_600, 2, 1_000);
+        o.add_log(1_600, 1, 1_099);
+        o.add_log(1_600, 3, 1_100);
+        let part = |first, at, units| LogPart { first, at, units };
+        assert_eq!(o.log, [part(1_000, 1_099, 3), part(1_100, 1_100, 3)]);
+        // A clock stepped back starts a part of its own; a window later the first parts go.
+        o.add_log(1_600, 1, 900);
+        assert_eq!(o.log[2], part(900, 900, 1));
+        o.add_log(1_600, 4, 2_699);
+        assert_eq!(o.log, [part(1_100, 1_100, 3), part(2_699, 2_699, 4)]);
+        o.add_log(1_600, 1, u64::MAX);
+        assert_eq!(o.log, [part(u64::MAX, u64::MAX, 1)]);
     }
 
     #[test]

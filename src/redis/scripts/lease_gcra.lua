@@ -9,15 +9,19 @@
 -- ARGV[1 + 4i] 'g' grant, 'r' return or 'c' charge ('c<k>': with the token KEYS[k])
 -- ARGV[2 + 4i] units (≤ B for a grant or a return; < 2^52 for a charge)
 -- ARGV[3 + 4i] return: the TAT (t + debt, ns since the epoch) right after the grant whose units
---              go back; '' otherwise                ARGV[4 + 4i] time in ns ('' = server TIME)
+--              go back; charge: the time its units' debt was measured at ('' = now); ''
+--              otherwise                            ARGV[4 + 4i] time in ns ('' = server TIME)
 -- grant:  g = min(units, ⌊(B·T − debt)/T⌋), then debt += g·T
 -- return: only while the TAT is still the one right after the grant (nothing admitted behind
 --         its units since): debt := max(0, debt − units·T), the units go back to the bucket,
 --         never beyond B. Units that others' admissions sit behind are not taken back: that
 --         would move those admissions earlier, past the lives their leases were given.
--- charge: debt += c·T with c = min(units, ⌊(2^52 − 1 − debt)/T⌋): units a node admitted
+-- charge: debt += c·T with c = min(u, ⌊(2^52 − 1 − debt)/T⌋), u = units − ⌊(t − at)/T⌋ (the
+--         units the bucket has refilled since `at` are not charged): units a node admitted
 --         without a grant (during an outage, or before its first grant arrived) are counted,
---         never denied; the debt may pass B·T, and the key is denied until it drains
+--         never denied; the debt may pass B·T, and the key is denied until it drains. Sent
+--         again from at + units·T on, the same charge charges nothing: its token lives that
+--         long
 -- reply[i] {code, g or units or c, s, ns, debt after, 0, 0}: (s, ns) = the time judged at
 
 local span, interval = tonumber(ARGV[3]), tonumber(ARGV[4])
@@ -37,15 +41,26 @@ for i = 1, (#ARGV - 4) / 4 do
   elseif code == 1 then
     if op == 'g' or op == 'c' then
       -- A grant stops at the bucket's span, a charge at the largest debt a state holds.
-      local top = span
-      if op == 'c' then top = MAX_DEBT end
+      local top, horizon = span, 0
+      if op == 'c' then
+        top = MAX_DEBT
+        local age = 0
+        if tat ~= '' then age = diff(t, parse_time(tat)) end
+        horizon = units * interval - age
+        if horizon > MAX_DEBT then horizon = MAX_DEBT end
+        if age >= MAX_DEBT then
+          units = 0
+        elseif age > 0 then
+          units = units - math.min(units, idiv(age, interval))
+        end
+      end
       if debt < top then n = idiv(top - debt, interval) end
       if n > units then n = units end
       if n > 0 then
         debt = debt + n * interval
         redis.call('SET', key, ts .. ' ' .. string.format('%d', debt), 'PX', ttl_ms(debt, t))
       end
-      if op == 'c' then mark_charged(token, n) end
+      if op == 'c' then mark_charged(token, n, horizon, t) end
     elseif present and debt > 0 and tat ~= '' and diff(t, parse_time(tat)) + debt == 0 then
       n = units
       debt = debt - units * interval

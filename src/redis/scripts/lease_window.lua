@@ -64,7 +64,13 @@ for i = 1, (#ARGV - 4) / 4 do
       prev = prev + n
     end
     if n > 0 then put(key, ts, prev, cur, fresh_ttl(e, t)) end
-    mark_charged(token, n)
+    -- Sent again, the charge counts until the state forgets the window of its time: the end
+    -- of that window (sliding: of the next one), by the server's windows.
+    local atp = t
+    if since ~= '' then atp = parse_time(since) end
+    local horizon = diff(atp, t) + window - tmod(atp, window)
+    if sliding then horizon = horizon + window end
+    mark_charged(token, n, horizon, t)
   elseif code == 1 and op == 'g' then
     n = limit - cur
     if n > units then n = units end

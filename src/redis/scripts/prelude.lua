@@ -157,7 +157,10 @@ end
 -- Charges are applied once. A charge may carry a token: a key of its own next to the state
 -- (same slot), declared in KEYS after the items' keys, whose index follows its op ('c7'). A
 -- token already set means the charge ran before (its reply was lost): it answers the units
--- it charged then and changes nothing. A charge sets its token for a day.
+-- it charged then and changes nothing. A charge that charged units sets its token for `ns`
+-- nanoseconds, its horizon: until the server's clock passes the last time the same charge,
+-- sent again, could still change the state (its script computes it from the charge's own
+-- time). A charge of no units sets none: sent again, it charges what it would have.
 local function token_of(op)
   if #op > 1 then return KEYS[tonumber(string.sub(op, 2))] end
 end
@@ -175,8 +178,11 @@ local function charged_before(token)
   local v = redis.call('GET', token)
   if v then return tonumber(v) end
 end
-local function mark_charged(token, n)
-  if token then redis.call('SET', token, string.format('%d', n), 'PX', '86400000') end
+local function mark_charged(token, n, ns, t)
+  if token and n > 0 then
+    if ns > 4503599627370495 then ns = 4503599627370495 end -- 2^52 − 1 ns: 52 days at most
+    redis.call('SET', token, string.format('%d', n), 'PX', ttl_ms(ns, t))
+  end
 end
 
 -- Reads a string state with pcall: (value or false) or nil, code on a type error.
