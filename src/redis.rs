@@ -4,6 +4,16 @@
 //! state in Redis (a single server or a Cluster) and decides by the same decision rules as the
 //! in-process limiters.
 //!
+//! ## On a deploy, a failover and a slow Redis
+//! What each tier does on the days operators judge it by, with the defaults (each is detailed
+//! in its section below, and on [`FailureHandling`]):
+//!
+//! | tier | on a deploy | on a failover | on a slow Redis |
+//! |---|---|---|---|
+//! | exact ([`RedisLimiter`]) | exact from the first check; [`connect`](RedisLimiterBuilder::connect) fails if Redis is down at boot, [`connect_lazy`](RedisLimiterBuilder::connect_lazy) starts and returns transient errors until it answers | each call fails after its 50 ms timeout (a transient [`TierError`]: your policy); a demoted master answering `READONLY` gets a new connection at once (a Cluster client follows its slots) | a call slower than 50 ms is a transient error, the others are exact |
+//! | guarded ([`GuardedLimiter`]) | exact from the first check; down at boot (`connect_lazy`), the [`FailurePolicy`] decides from the first check (`Local`: the share of [`assumed_nodes`](FailureHandling::assumed_nodes), denied if none told) and it is global within a second of Redis answering | the breaker opens about 300 ms after the fault, then the policy decides at once; probes every 200 ms (jittered) replace a dead connection after two failures (then after 4, 8, … up to 32 while Redis stays down); three answered probes close it | a check that times out is decided by the policy alone; a stall under about 300 ms never opens the breaker |
+//! | leased ([`LeasedLimiter`]) | a key this node holds no lease of: `check` denies until its grant lands (1 ms `retry_after`), [`check_waiting`](LeasedLimiter::check_waiting) and the tower layer wait for it (at most twice the timeout) | as guarded once the breaker opens; `Local` starts each key from what the node knew of it (its lease, its last grant), `FailClosed` spends the leases first | `check` never waits; a key whose refill timed out is decided by the policy until a refill succeeds |
+//!
 //! ## The exact tier: [`RedisLimiter`]
 //! Every check is one atomic Lua script on the server (one round trip, `EVALSHA`, reloaded on
 //! `NOSCRIPT`), judged by the server's clock (`TIME`), so all nodes share one clock and one

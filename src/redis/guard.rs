@@ -403,14 +403,15 @@ impl<C: RedisConnection> GuardedLimiter<C> {
 
     /// A charge of units admitted for `key` without Redis whose call failed in a transient
     /// way (it may have run): sent again with its token after the outage, if reconciliation
-    /// is on, so that it is applied once.
-    pub(crate) fn resend_charge(&self, key: &[u8], charge: &Units) {
+    /// is on, so that it is applied once. `formed`: the wall time it was formed at, which a
+    /// charge of "now" (`at: None`) keeps when sent again.
+    pub(crate) fn resend_charge(&self, key: &[u8], charge: &Units, formed: u64) {
         if let (Some(ledger), UnitOp::Charge { at }) = (&self.shared.ledger, charge.op) {
             ledger.resend(
                 key,
                 reconcile::Charge {
                     // A window's units count in the window they were admitted in.
-                    at: at.or(Some(wall_nanos())),
+                    at: at.or(Some(formed)),
                     units: charge.units,
                     token: charge.token,
                     counted: charge.units,
@@ -640,14 +641,50 @@ impl<C: RedisConnection> Shared<C> {
     }
 }
 
-/// Failed probes in a row, the breaker open, after which the connection is replaced by a new
-/// one (if the builder made it; see `RedisLimiter::replace_connection`). The client library
-/// replaces its connection only on errors it deems fatal to it: a connection that stopped
-/// answering (a network black hole, a peer gone without a reset) only times out, and would be
-/// kept until the kernel gives up on it. Two probes (about 400 ms apart from the first
-/// failure) tell a dead connection from one lost reply; a server that is down for longer
-/// costs a new connection every two probes, each connecting only when the next probe uses it.
-const REPLACE_AFTER_FAILED_PROBES: u32 = 2;
+/// When an open breaker's failed probes replace the connection with a new one (if the builder
+/// made it; see `RedisLimiter::replace_connection`). The client library replaces its
+/// connection only on errors it deems fatal to it: a connection that stopped answering (a
+/// network black hole, a peer gone without a reset) only times out, and would be kept until
+/// the kernel gives up on it. Two failed probes in a row (about 400 ms apart from the first
+/// failure) tell a dead connection from one lost reply. While the server stays down, each
+/// replacement waits for twice as many failed probes as the one before, up to 32 (about 6 s
+/// at the default probe interval): a fleet whose Redis is down for long does not open a
+/// connection per node every 400 ms, nor all at once when it comes back.
+#[derive(Debug)]
+struct Replacements {
+    /// Probes failed in a row since the last replacement (or answer).
+    failed: u32,
+    /// Failed probes that make the next replacement.
+    after: u32,
+}
+
+impl Replacements {
+    const FIRST_AFTER: u32 = 2;
+    const MOST_AFTER: u32 = 32;
+
+    fn new() -> Replacements {
+        Replacements {
+            failed: 0,
+            after: Self::FIRST_AFTER,
+        }
+    }
+
+    /// A probe was answered: the connection works, the next failure starts afresh.
+    fn answered(&mut self) {
+        *self = Replacements::new();
+    }
+
+    /// A probe failed; whether to replace the connection now.
+    fn failed(&mut self) -> bool {
+        self.failed += 1;
+        if self.failed < self.after {
+            return false;
+        }
+        self.failed = 0;
+        self.after = (self.after * 2).min(Self::MOST_AFTER);
+        true
+    }
+}
 
 /// The background task: probes while the breaker is open (a jittered probe interval apart,
 /// a quarter of it apart while half-open), heartbeats while it is closed, and places the
@@ -655,8 +692,7 @@ const REPLACE_AFTER_FAILED_PROBES: u32 = 2;
 async fn watch<C: RedisConnection>(shared: Weak<Shared<C>>) {
     let mut next_beat = Instant::now();
     let mut jitter = Jitter::seeded();
-    // Probes failed in a row while open (see `REPLACE_AFTER_FAILED_PROBES`).
-    let mut failed_probes = 0u32;
+    let mut replacements = Replacements::new();
     loop {
         let Some(s) = shared.upgrade() else {
             return;
@@ -669,7 +705,7 @@ async fn watch<C: RedisConnection>(shared: Weak<Shared<C>>) {
             let at = s.probe_at.lock().clone();
             match s.exact.probe(at.as_deref()).await {
                 Ok(()) => {
-                    failed_probes = 0;
+                    replacements.answered();
                     if s.recovered() {
                         next_beat = Instant::now();
                     }
@@ -677,9 +713,7 @@ async fn watch<C: RedisConnection>(shared: Weak<Shared<C>>) {
                 Err(error) => {
                     tracing::debug!(%error, "probe failed");
                     s.breaker.probe_failed();
-                    failed_probes += 1;
-                    if failed_probes >= REPLACE_AFTER_FAILED_PROBES {
-                        failed_probes = 0;
+                    if replacements.failed() {
                         s.exact.replace_connection("probes failed in a row");
                     }
                 }
@@ -732,6 +766,27 @@ impl Jitter {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The first replacement comes after two failed probes, each next one after twice as
+    /// many, up to 32; an answer starts the count afresh.
+    #[test]
+    fn replacements_back_off_while_probes_keep_failing() {
+        let mut r = Replacements::new();
+        let mut gaps = Vec::new();
+        let mut since = 0;
+        for _ in 0..200 {
+            since += 1;
+            if r.failed() {
+                gaps.push(since);
+                since = 0;
+            }
+        }
+        assert_eq!(gaps[..6], [2, 4, 8, 16, 32, 32]);
+        assert!(gaps[6..].iter().all(|&g| g == 32), "{gaps:?}");
+        r.answered();
+        assert!(!r.failed());
+        assert!(r.failed(), "two failures after an answer replace again");
+    }
 
     /// Probe waits stay within `[½, 1½)` of the interval and spread over it.
     #[test]

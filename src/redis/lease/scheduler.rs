@@ -19,6 +19,7 @@ use super::takeover::seen_left;
 use super::word::{now_ms, units_of, usable};
 use crate::clock::{Clock, Nanos, QuantaClock};
 use crate::redis::error::TierError;
+use crate::redis::exact::units::wall_nanos;
 use crate::redis::exact::{new_token, RedisConnection, RedisLimiter, Reply, UnitOp, Units};
 use crate::redis::guard::{GuardMode, GuardedLimiter};
 
@@ -160,7 +161,10 @@ impl<C: RedisConnection> Node<C> {
                 done.push(lease);
             }
             if !charges.is_empty() {
-                // First-touch units the grants did not cover: the state must count them.
+                // First-touch units the grants did not cover: the state must count them. A
+                // charge resent after a failure keeps the time it was formed at (a GCRA
+                // charge's debt runs from there, not from when the failure was seen).
+                let formed = wall_nanos();
                 let (results, calls) = self.exact.move_units(self.terms.algo, &charges).await;
                 Counters::add(&self.stats.round_trips, calls);
                 for ((charge, lease), result) in charges.iter().zip(&charged).zip(results) {
@@ -169,7 +173,7 @@ impl<C: RedisConnection> Node<C> {
                         Err(error) if error.is_transient() => {
                             // Sent again (the same charge, the same token) after the outage,
                             // if reconciliation is on: it may have run.
-                            self.guard.resend_charge(&lease.key, charge);
+                            self.guard.resend_charge(&lease.key, charge, formed);
                             self.guard.transient_failure(&error, &lease.key);
                         }
                         Err(error) => tracing::warn!(%error, "charging an overdraft failed"),
