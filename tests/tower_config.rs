@@ -531,7 +531,10 @@ mod never_panics {
     proptest! {
         #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
 
-        /// Whatever a file holds, parsing and building answer with a value or an error.
+        /// Whatever a file holds, parsing and building answer with a value or an error; a
+        /// layer built from it answers a request with a status of its own or one the file
+        /// configured, and a refusal says why. (Each setting is written once, and a policy
+        /// has a valid quota unless one is drawn: about one file in ten builds.)
         #[test]
         fn any_configuration_parses_and_builds_without_panicking(
             globals in prop::collection::vec((top(), value()), 0..3),
@@ -542,11 +545,31 @@ mod never_panics {
                 text.push_str(&format!("{name} = {v}\n"));
             }
             text.push_str("[[policy]]\nname = \"p\"\n");
+            let mut written = Vec::new();
             for (name, v) in &fields {
-                text.push_str(&format!("{name} = {v}\n"));
+                if !written.contains(name) {
+                    written.push(*name);
+                    text.push_str(&format!("{name} = {v}\n"));
+                }
+            }
+            if !written.contains(&"quota") {
+                text.push_str("quota = \"10/1s burst 20\"\n");
             }
             if let Ok(config) = toml::from_str::<LayerConfig>(&text) {
-                let _ = config.builder_with_clock(ManualClock::new()).and_then(|b| b.build());
+                match config.builder_with_clock(ManualClock::new()).and_then(|b| b.build()) {
+                    Ok(layer) => {
+                        let mut h = Harness { svc: layer.layer(Ok200), rt: runtime() };
+                        for _ in 0..2 {
+                            let status = h.status("/", CLIENT, &[]);
+                            prop_assert!(
+                                [200, 400, 429, 431, 503].contains(&status)
+                                    || text.contains(&status.to_string()),
+                                "{text}: answered {status}"
+                            );
+                        }
+                    }
+                    Err(error) => prop_assert!(!error.to_string().is_empty(), "{text}"),
+                }
             }
         }
     }
