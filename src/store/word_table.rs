@@ -64,16 +64,14 @@
 //!   others (rule 2). The new table is sized for the keys the drain will keep (estimated by
 //!   judging [`SAMPLE`] slots), and never below the share: a smaller table would fill again
 //!   sooner, and its shorter cycles would evict clients that come back (tables sized for the
-//!   kept keys alone collapsed so, to a few slots, with 1,500 keys a shard cycling through
-//!   them). Under a
-//!   flood of unique keys the store so holds about `evict_above` keys plus those holding state
-//!   (measured: 1.15 to 1.4 × that, with the drains' keys not visited yet and their room).
+//!   kept keys alone collapse so, to a few slots). Under a flood of unique keys the store so
+//!   holds about `evict_above` keys plus those holding state, and the drains' keys not visited
+//!   yet (`tests/flood.rs` holds it to 1.25 × `evict_above` at the defaults).
 //!   There a shard replaces its table every few thousand inserts by one of the same size,
 //!   built ahead as a growing shard's is; the drained table is released (a table in mapped
 //!   pages) or, on the heap, kept as a spare, cleared a few slots per insert once no thread
 //!   caches it, to serve as the next table, so the replacing call fills no table. A mapped
-//!   spare would keep two tables a shard resident at the bound (4M `u64` keys: 39 bytes a key
-//!   against 22 without).
+//!   spare would keep two tables a shard resident at the bound.
 //!
 //! Nor does a call drop a whole table: a table the shard no longer needs (a growing shard's
 //! drained one) is released [`CLEAR_STEP`] slots per insert once no thread caches it, and per
@@ -81,8 +79,8 @@
 //! refund's: [`KeyedStore::with_existing_alone`]), so that memory comes back when the key set
 //! stops growing and no insert comes. Dropping a table of
 //! keys with drop glue loops over its slots (a free per `String` key), and a call that did it
-//! at once was the flood's worst tail; keys without it (`u64`, `IpAddr`) need no loop since the
-//! slots keep no `OnceLock` (its drop looped: 76 µs for 40k `u64` slots here).
+//! at once was the flood's worst tail; keys without it (`u64`, `IpAddr`) need no loop (the
+//! slots keep no `OnceLock`, whose drop would loop).
 //!
 //! Evicting judges a state against the rule in force: the limiter lends the judge through
 //! [`Evictor`], and withholds it while a quota change or a window re-anchoring runs (the drain

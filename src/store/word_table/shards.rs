@@ -18,21 +18,17 @@ use crate::sync::{Arc, AtomicBool, AtomicU64, AtomicUsize, Mutex, PerThread, MOD
 ///
 /// Not smaller: the work of a drain is fixed (every slot visited once), and each call that
 /// does a step also pays the lock and its own lookups, so a smaller step spreads the same work
-/// over more calls and keeps the old table resident for longer. With 16 slots, a quarter of
-/// the shards were still draining right after 1.5M inserts (29 resident bytes a `u64` key
-/// against 24 settled), and 0.1 % of the checks that followed paid a step under the lock, the
-/// 1M-key rows' p99.9 (benches/README.md, "Tails"). Not larger than [`CLEAR_STEP`], the
-/// slots of retired tables a call drops: a drain of 128 slots against 64 let retired `String`
-/// tables pile up at 4M keys, 470 bytes a key (measured with the room at the share then tied
-/// to the drain step, [`SHARE_ROOM`]).
+/// over more calls and keeps the old table resident, and checks paying a step, for longer.
+/// Not larger than [`CLEAR_STEP`], the slots of retired tables a call drops: drains that
+/// retire tables faster than calls drop them pile the retired tables up. (The figures behind
+/// both: benches/README.md, "The word table's constants".)
 pub(crate) const DRAIN_STEP: usize = 64;
 const _: () = assert!(DRAIN_STEP <= CLEAR_STEP);
 /// At the `evict_above` share, the inserts a replaced table makes room for, twice (until its
 /// drain ends, and after): one per this many slots of the old table, more than the drain's
 /// own inserts. It sets how often a shard at the share replaces its table, and so moves every
-/// key it keeps: room for the drain's inserts alone (one per [`DRAIN_STEP`] slots) replaced
-/// it four times as often, and at 4M keys, all live, held 66 resident bytes an `IpAddr` key
-/// against 61 (the old and the next table resident for more of the time).
+/// key it keeps: less room replaces it more often, with the old and the next table resident
+/// for more of the time (benches/README.md, "The word table's constants").
 pub(crate) const SHARE_ROOM: usize = 16;
 /// The most slots a check, peek, refund or insert visits (without `max_keys`): a drain step,
 /// the key taken out of a drain, and the sample a table replaced at the `evict_above` share
@@ -47,7 +43,7 @@ pub(crate) const HAND_RUNS: usize = 4;
 pub(super) const HELP_EVERY: u32 = if MODEL_CHECKED { 1 } else { 4 };
 /// Slots of its next table that each insert into a growing shard builds: a page of them, so
 /// that a table in mapped pages has one page touched per insert (a first touch is a fault, a
-/// few microseconds on the VM the benches ran on), and a heap table 4 KiB initialised.
+/// few microseconds), and a heap table 4 KiB initialised.
 pub(super) const fn build_step<K, C: TableCell>() -> usize {
     let slot = std::mem::size_of::<Slot<K, C>>();
     if MODEL_CHECKED {
@@ -63,11 +59,9 @@ pub(super) const fn build_step<K, C: TableCell>() -> usize {
 
 /// Inserts left before its table is full when a shard starts building the next one, of
 /// `next` slots: the steps it takes, and an eighth more, so that it is built before it is
-/// needed. Late, because a table built ahead is resident until the shard moves to it: started
-/// at 27/28 of the capacity with 64 slots an insert, a sixth of the shards held one at any
-/// time, 14 % of the store's slots (1.5M `u64` keys: 25.3 bytes a key settled, where the tables
-/// hold 22); started at the steps of twice the current table (about 1.6 times the next one's),
-/// 1.5M `IpAddr` keys held 48-49 resident bytes a key right after the inserts, against 46-47.
+/// needed. Late, because a table built ahead is resident until the shard moves to it: the
+/// earlier the build starts, the more shards hold a next table at any time (benches/README.md,
+/// "The word table's constants").
 pub(super) const fn build_from<K, C: TableCell>(next: usize) -> usize {
     (next + next / 8).div_ceil(build_step::<K, C>())
 }

@@ -24,9 +24,9 @@ pub(super) const FULL: (usize, usize) = (7, 8);
 pub(super) const REFILL: (usize, usize) = (11, 14);
 /// ... and a small table before they exceed half of it (refilled to 2/3 of that): its slots stay
 /// in cache whatever their number, and a lookup's probe then nearly always ends at the home
-/// slot, so the probe loop's exit is predicted (1k keys: 217 → 206 instructions, about 33 → 28 ns
-/// a check). A large table's lookups are bound by the miss on the slot, and a fuller table holds
-/// more keys per byte (1M keys: 32.6 bytes each). Between the two, see [`capacity`].
+/// slot, so the probe loop's exit is predicted. A large table's lookups are bound by the miss
+/// on the slot, and a fuller table holds more keys per byte. Between the two, see
+/// [`capacity`]. (Figures: benches/README.md, "The word table's constants".)
 pub(super) const SMALL_FULL: (usize, usize) = (1, 2);
 pub(super) const SMALL_REFILL: (usize, usize) = (2, 3);
 /// The largest small table, in slots (64 shards of it: 1 MiB of 16-byte `u64` slots).
@@ -37,11 +37,9 @@ const RAMP: usize = 2;
 
 /// The used slots a table of `len` slots holds before it is rebuilt: half a small table; past
 /// [`SMALL_SLOTS`], [`RAMP`] more for each slot more, up to [`FULL`]. So the capacity grows
-/// with the length without a step. (With a step, a table just larger than the small ones held
-/// 896 keys where 520 were needed; at the `evict_above` bound a flooded shard's kept keys then
-/// kept it there, and the store held 2.3 × its bound. With one more slot of capacity a slot,
-/// the ramp ran to 4,096 slots, and at 100k `u64` keys each shard held 2,128 slots, 73 % full:
-/// 30 resident bytes a key, against 26-27 now.)
+/// with the length without a step: with a step, a table just larger than the small ones holds
+/// far more keys than it was grown for, and at the `evict_above` bound a flooded shard's kept
+/// keys keep it there, well above its share. A steeper ramp leaves mid-sized tables sparser.
 pub(super) fn capacity(len: usize) -> usize {
     let small = len * SMALL_FULL.0 / SMALL_FULL.1;
     let ramp = (SMALL_CAPACITY + RAMP * len).saturating_sub(RAMP * SMALL_SLOTS);
@@ -79,11 +77,11 @@ pub(super) fn sized_for(keys: usize) -> usize {
 /// A large table's length in shard `stagger` (of [`SHARDS`]): `len` rounded up to the shard's
 /// ladder of lengths, [`STAGGER_FROM`]` × (14/11)^(k + stagger / SHARDS)`, the ratio a growing
 /// large table's length is multiplied by ([`REFILL`] over [`FULL`]). Keys spread evenly over
-/// the shards, so with one ladder for all they grew at the same key counts, each holding its
-/// old table beside the new one until its drain ended: at 600k, 1.5M and 2M `u64` keys the
-/// store held 40-44 bytes a key right after the inserts, 24-26 once the drains ended. Offset
-/// ladders spread the shards' growth evenly over a growth's span of key counts. A length
-/// within 2 % above a rung takes that rung (the sizes' rounding would otherwise skip one).
+/// the shards, so with one ladder for all they would grow at the same key counts, each holding
+/// its old table beside the new one until its drain ended, and the store right after a growth
+/// would hold nearly twice what it holds settled. Offset ladders spread the shards' growth
+/// evenly over a growth's span of key counts. A length within 2 % above a rung takes that rung
+/// (the sizes' rounding would otherwise skip one).
 pub(crate) fn staggered(len: usize, stagger: usize) -> usize {
     if len <= STAGGER_FROM {
         return len;
@@ -95,9 +93,8 @@ pub(crate) fn staggered(len: usize, stagger: usize) -> usize {
     staggered.max(STAGGER_FROM + 1)
 }
 
-/// Tables up to this length are not staggered: the rounding up to a rung leaves a table
-/// sparser (from 1,536 slots, 100k `u64` keys took 31 resident bytes a key settled, against 27
-/// unstaggered).
+/// Tables up to this length are not staggered: the rounding up to a rung leaves a short table
+/// sparser, and short tables grow over few keys anyway.
 const STAGGER_FROM: usize = 4096;
 
 pub(crate) struct Slot<K, C: TableCell> {
