@@ -541,7 +541,7 @@ fn exact_rounds<T: OneKey>(
             });
         }
         let _release = Release(&rounds);
-        let outcome = (|| {
+        (|| {
             for r in 0..ROUNDS {
                 clock.advance_nanos(step(r, period, steps));
                 let t = now(&clock);
@@ -561,8 +561,7 @@ fn exact_rounds<T: OneKey>(
                 }
             }
             Ok(())
-        })();
-        outcome
+        })()
     });
     rounds.check(outcome);
 }
@@ -796,7 +795,7 @@ fn hot_keys_beside_a_flood<A: Algorithm>(case: Case<A>, bound: Bound) {
             });
         }
         let _release = Release(&rounds);
-        let outcome = (|| {
+        (|| {
             for r in 0..bound.rounds() {
                 clock.advance_nanos(advance(r));
                 let t = now(&clock);
@@ -835,8 +834,7 @@ fn hot_keys_beside_a_flood<A: Algorithm>(case: Case<A>, bound: Bound) {
                 }
             }
             Ok(())
-        })();
-        outcome
+        })()
     });
     rounds.check(outcome);
 

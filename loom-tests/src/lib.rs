@@ -154,7 +154,7 @@ mod stored;
 #[path = "../../src/store/table.rs"]
 mod table;
 // Under loom every lookup helps release a retired table (`HELP_EVERY` is 1): `n % 1`; and
-// `is_multiple_of` is newer than the library's MSRV (1.82).
+// `is_multiple_of` is newer than the library's MSRV (1.85).
 #[allow(clippy::modulo_one, clippy::manual_is_multiple_of)]
 #[path = "../../src/store/word_table.rs"]
 mod word_table;

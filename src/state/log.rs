@@ -94,7 +94,7 @@ struct Header {
     flags: u8,
     /// Bumped by every exclusive change, modulo 2^14; with `at` above it, a version that no
     /// header repeats ([`Header::versioned`]), so that a CAS from before the change fails.
-    gen: u16,
+    generation: u16,
 }
 
 impl Header {
@@ -104,7 +104,7 @@ impl Header {
             | u128::from(self.tail) << 85
             | u128::from(self.tick) << 106
             | u128::from(self.flags) << 110
-            | u128::from(self.gen) << 114
+            | u128::from(self.generation) << 114
     }
 
     fn unpack(word: u128) -> Header {
@@ -114,7 +114,7 @@ impl Header {
             tail: (word >> 85) as u32 & POSITION_MASK,
             tick: (word >> 106) as u8 & 0xf,
             flags: (word >> 110) as u8 & 0xf,
-            gen: (word >> 114) as u16 & GEN_MASK,
+            generation: (word >> 114) as u16 & GEN_MASK,
         }
     }
 
@@ -125,9 +125,9 @@ impl Header {
     /// The time an exclusive change of this (frozen) header decides at, given the time `t` it
     /// was asked to, and the generation it publishes.
     ///
-    /// The pair (`at`, `gen`), compared in that order, never goes down: an admission, a
-    /// tombstone and a revival move `at` forward or leave it and keep `gen`, and a moved cell is
-    /// never live again. Every exclusive change makes it larger: `gen` goes up by one, and when
+    /// The pair (`at`, `generation`), compared in that order, never goes down: an admission, a
+    /// tombstone and a revival move `at` forward or leave it and keep `generation`, and a moved cell is
+    /// never live again. Every exclusive change makes it larger: `generation` goes up by one, and when
     /// it wraps to 0 `at` moves on, by the clock or else by 1 ns. So a live header equal to one
     /// a call read earlier is one that no exclusive change has published since (one under way
     /// shows `FROZEN`), and the storage the call read, the ring and every slot, is still the
@@ -138,12 +138,12 @@ impl Header {
     /// the key: by 1 ns each time. (At `u64::MAX` ns, where only a manual clock pushed there
     /// gets, there is no later time to move to.)
     fn versioned(self, t: Nanos) -> (Nanos, u16) {
-        let gen = self.gen.wrapping_add(1) & GEN_MASK;
+        let generation = self.generation.wrapping_add(1) & GEN_MASK;
         let t = self.at.max(t);
-        if gen == 0 && t == self.at {
-            (t.saturating_add(1), gen)
+        if generation == 0 && t == self.at {
+            (t.saturating_add(1), generation)
         } else {
-            (t, gen)
+            (t, generation)
         }
     }
 }
@@ -695,7 +695,7 @@ impl LogCell {
 
     /// Stores a moved log in a cell no decision has reached yet.
     pub(crate) fn put(&self, state: LogState) {
-        let gen = self.load().gen.wrapping_add(1) & GEN_MASK;
+        let generation = self.load().generation.wrapping_add(1) & GEN_MASK;
         let flags = match state.slots {
             MovedSlots::Inline(slots) => {
                 for (slot, value) in self.inline.iter().zip(slots) {
@@ -711,7 +711,7 @@ impl LogCell {
         };
         let next = Header {
             flags,
-            gen,
+            generation,
             ..state.header
         };
         // Release: publishes the slots (the table publishes the cell after this anyway).
@@ -737,7 +737,7 @@ impl LogCell {
         // beside the header they were rewritten from (the CAS's release orders only what came
         // before it).
         fence(Ordering::Release);
-        let (t, gen) = frozen.versioned(t);
+        let (t, generation) = frozen.versioned(t);
         let tick = rule.tick_code();
         let heap = frozen.flags & HEAP != 0;
         let rebuilt = self.with_slots(frozen, |slots| {
@@ -823,7 +823,7 @@ impl LogCell {
             tail,
             tick: if head == tail { frozen.tick } else { tick },
             flags: (frozen.flags & !(FROZEN | HEAP)) | flags,
-            gen,
+            generation,
         };
         // Release: publishes the slots written above (and a new ring's pointer before it).
         self.header.store(next.pack(), Ordering::Release);
@@ -1168,7 +1168,10 @@ mod examples {
             "a check stale across 16,384 exclusive changes committed"
         );
         // The generation wrapped at one instant: the log's time moved on by 1 ns.
-        assert_eq!((cell.load().at, cell.load().gen), (1, stale.gen));
+        assert_eq!(
+            (cell.load().at, cell.load().generation),
+            (1, stale.generation)
+        );
         // The log holds its 7 entries, every one written: a refund of them all returns, and
         // the log is empty after it (a peek of one unit leaves 39 of 40).
         assert_eq!(cell.entries(), 7);
