@@ -12,7 +12,7 @@
 //! `rss` measures what users pay for: resident memory (Linux: `VmRSS` and `VmHWM` of
 //! `/proc/self/status`), for tollgate's GCRA and governor side by side, with `u64`, `IpAddr` (half
 //! v4, half v6) and `String` keys (IP-like text, about 17 bytes, looked up by `&str`), at 100k
-//! to 4M keys (or the counts given after `rss`). Each measurement runs in a fresh process (a
+//! to 8M keys (or the counts given after `rss`). Each measurement runs in a fresh process (a
 //! freed table may stay resident, so processes are never shared): the keys are made first, then
 //! each is checked once under a quota that keeps every state live; the growth in RSS over the
 //! keys held is shown right after the inserts, settled (after two more checks of every key,
@@ -427,7 +427,9 @@ fn main() {
     }
     if arg.as_deref() == Some("rss") {
         let sizes: Vec<usize> = args.map(|n| n.parse().expect("key counts")).collect();
-        let default = [100_000, 600_000, 1_000_000, 1_500_000, 2_000_000, 4_000_000];
+        let default = [
+            100_000, 600_000, 1_000_000, 1_500_000, 2_000_000, 4_000_000, 8_000_000,
+        ];
         return rss(if sizes.is_empty() { &default } else { &sizes });
     }
     let hour = Duration::from_secs(3600);

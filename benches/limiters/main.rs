@@ -4,7 +4,7 @@
 //! ```text
 //! cargo bench --bench limiters                        # everything (about 15 minutes)
 //! cargo bench --bench limiters -- keyed_gcra/         # one group
-//! cargo bench --bench limiters -- traffic/            # the traffic matrix (about 7 minutes)
+//! cargo bench --bench limiters -- traffic/            # the traffic matrix (about 7 minutes without the 2M-8M rows)
 //! cargo bench --bench limiters -- in_flight/          # concurrency limits, per key and global
 //! cargo bench --bench limiters -- 'keyed_gcra/tollgate/100k'
 //! ```

@@ -324,8 +324,9 @@ impl Row {
 }
 
 /// The rows of the `traffic` matrix (and of the latency bench), without the direct row: one
-/// axis at a time around [`BASE`], then the rows of the benchmark tables, then two more that
-/// a second machine reported (warm `String`, Zipf with two threads).
+/// axis at a time around [`BASE`], then the rows of the benchmark tables, two more that a
+/// second machine reported (warm `String`, Zipf with two threads), the text-key rows, and
+/// the millions of keys (2M, 4M, 8M).
 pub fn matrix() -> Vec<Row> {
     use Regime::*;
     let k1 = 1_000;
@@ -362,7 +363,16 @@ pub fn matrix() -> Vec<Row> {
         BASE.with(|r| (r.regime, r.key_type) = (Api, KeyType::Text)),
         BASE.with(|r| (r.regime, r.key_type) = (Warm, KeyType::Text)),
     ];
-    rows.to_vec()
+    // Millions of clients, past the default `evict_above` (2^21 keys) and past L3: returning,
+    // API-quota and warm traffic at 2M, 4M and 8M keys, one and two threads.
+    let millions = [2, 4, 8].into_iter().flat_map(|m| {
+        [Returning, Api, Warm].into_iter().flat_map(move |regime| {
+            [1, 2].map(|threads| {
+                BASE.with(|r| (r.regime, r.keys, r.threads) = (regime, m * m1, threads))
+            })
+        })
+    });
+    rows.into_iter().chain(millions).collect()
 }
 
 /// The ID of the direct (one key, unkeyed limiter) row.
