@@ -17,7 +17,7 @@
 pub mod clock;
 
 pub(crate) mod sync;
-pub use sync::keep_per_thread_values;
+pub use sync::{keep_per_thread_values, locks_survive_panics};
 
 #[path = "../../src/algorithm.rs"]
 pub mod algorithm;
@@ -215,6 +215,12 @@ pub mod store {
     /// never released).
     pub fn retired_slots<K: Send + Sync, H>(store: &WordTable<K, H>) -> usize {
         store.retired_slots()
+    }
+
+    /// Checks each shard's counts against its tables (`WordTable::audit`: `used`, each drain's
+    /// `left`, `live`), with no call running; panics on a mismatch.
+    pub fn audit<K: Send + Sync, H>(store: &WordTable<K, H>) {
+        store.audit();
     }
 
     /// Tables the store's shards began building ahead and freed unused (a table that filled

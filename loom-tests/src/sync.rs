@@ -222,23 +222,168 @@ impl<T: Send + Default> PerThread<T> {
     }
 }
 
-/// A mutex whose `lock` never fails, as `src/sync.rs` has it (there: parking_lot's).
-pub(crate) struct Mutex<T>(loom::sync::Mutex<T>);
+std::thread_local! {
+    static LOCKS_SURVIVE_PANICS: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Makes the [`Mutex`]es created after it on this (test) thread locks that a panic does not
+/// poison, as parking_lot's (the library's) are not (`false`: back to loom's mutex). loom's own
+/// `Mutex` wraps a `std` one: a thread that panics holding it poisons it, and every later
+/// `lock` panics, so a model in which a key's code panics under a shard's lock (its `Hash` in a
+/// drain, its `Drop` as a table is released) could not go on past the panic. Opt-in: the spin
+/// lock below has more interleavings than loom's mutex, and the other models' counts are
+/// measured on loom's.
+pub fn locks_survive_panics(survive: bool) {
+    LOCKS_SURVIVE_PANICS.with(|flag| flag.set(survive));
+}
+
+/// A mutex whose `lock` never fails, as `src/sync.rs` has it (there: parking_lot's, which has
+/// no poisoning). loom's by default; a [`SpinLock`] in a store made after
+/// [`locks_survive_panics`].
+pub(crate) struct Mutex<T>(Lock<T>);
+
+enum Lock<T> {
+    Loom(loom::sync::Mutex<T>),
+    Spin(SpinLock<T>),
+}
+
+/// A held [`Mutex`].
+pub(crate) enum MutexGuard<'a, T> {
+    Loom(loom::sync::MutexGuard<'a, T>),
+    Spin(SpinGuard<'a, T>),
+}
 
 impl<T> Mutex<T> {
     pub(crate) fn new(value: T) -> Self {
-        Mutex(loom::sync::Mutex::new(value))
+        Mutex(if LOCKS_SURVIVE_PANICS.with(std::cell::Cell::get) {
+            Lock::Spin(SpinLock::new(value))
+        } else {
+            Lock::Loom(loom::sync::Mutex::new(value))
+        })
     }
 
-    pub(crate) fn lock(&self) -> loom::sync::MutexGuard<'_, T> {
-        // A model whose thread panicked under the lock has already failed; propagate it.
-        self.0
-            .lock()
-            .expect("a loom model panicked while holding the lock")
+    pub(crate) fn lock(&self) -> MutexGuard<'_, T> {
+        match &self.0 {
+            // Never an `Err` in loom 0.7: a lock a panic poisoned panics inside loom's `lock`
+            // (it unwraps the `std` lock it wraps), hence `locks_survive_panics`.
+            Lock::Loom(lock) => MutexGuard::Loom(
+                lock.lock()
+                    .expect("a loom model panicked while holding the lock"),
+            ),
+            Lock::Spin(lock) => MutexGuard::Spin(lock.lock()),
+        }
     }
 
-    pub(crate) fn try_lock(&self) -> Option<loom::sync::MutexGuard<'_, T>> {
-        self.0.try_lock().ok()
+    pub(crate) fn try_lock(&self) -> Option<MutexGuard<'_, T>> {
+        match &self.0 {
+            Lock::Loom(lock) => lock.try_lock().ok().map(MutexGuard::Loom),
+            Lock::Spin(lock) => lock.try_lock().map(MutexGuard::Spin),
+        }
+    }
+}
+
+impl<T> std::ops::Deref for MutexGuard<'_, T> {
+    type Target = T;
+
+    fn deref(&self) -> &T {
+        match self {
+            MutexGuard::Loom(guard) => guard,
+            MutexGuard::Spin(guard) => guard,
+        }
+    }
+}
+
+impl<T> std::ops::DerefMut for MutexGuard<'_, T> {
+    fn deref_mut(&mut self) -> &mut T {
+        match self {
+            MutexGuard::Loom(guard) => &mut *guard,
+            MutexGuard::Spin(guard) => &mut *guard,
+        }
+    }
+}
+
+/// A lock that stands in for parking_lot's `Mutex` where a model lets user code panic under
+/// it: a loom `AtomicBool` taken by a CAS (spinning with a yield, which loom's scheduler reads
+/// as "let the others run") and released by a store, whatever way the guard is dropped, so a
+/// panic neither poisons it nor leaves it held. The value is in a loom `UnsafeCell`, borrowed
+/// mutably for as long as a guard lives: loom checks that no two guards ever overlap, which a
+/// broken lock would let happen.
+pub(crate) struct SpinLock<T> {
+    held: AtomicBool,
+    value: loom::cell::UnsafeCell<T>,
+}
+
+// SAFETY: as `std::sync::Mutex<T: Send>`: the value is reached only through a guard, and the
+// CAS on `held` lets one guard live at a time (loom's cell checks it), so no two threads
+// share a `&T` or `&mut T` at once; `T: Send` lets whichever thread takes the lock use it.
+#[allow(unsafe_code)]
+unsafe impl<T: Send> Sync for SpinLock<T> {}
+
+/// A held [`SpinLock`]: the lock's value borrowed mutably (loom tracks the borrow) until it
+/// is dropped, then the lock released.
+pub(crate) struct SpinGuard<'a, T> {
+    lock: &'a SpinLock<T>,
+    /// `None` only in `drop`, which ends the borrow before it releases the lock.
+    value: Option<loom::cell::MutPtr<T>>,
+}
+
+impl<T> SpinLock<T> {
+    fn new(value: T) -> Self {
+        SpinLock {
+            held: AtomicBool::new(false),
+            value: loom::cell::UnsafeCell::new(value),
+        }
+    }
+
+    fn lock(&self) -> SpinGuard<'_, T> {
+        loop {
+            if let Some(guard) = self.try_lock() {
+                return guard;
+            }
+            loom::thread::yield_now();
+        }
+    }
+
+    fn try_lock(&self) -> Option<SpinGuard<'_, T>> {
+        // Acquire: takes what the last holder wrote before its Release store below.
+        // Relaxed on failure: nothing is read then.
+        self.held
+            .compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed)
+            .ok()?;
+        Some(SpinGuard {
+            lock: self,
+            value: Some(self.value.get_mut()),
+        })
+    }
+}
+
+impl<T> std::ops::Deref for SpinGuard<'_, T> {
+    type Target = T;
+
+    #[allow(unsafe_code)]
+    fn deref(&self) -> &T {
+        let value = self.value.as_ref().expect("borrowed until the guard drops");
+        // SAFETY: this guard is the lock's only one (the CAS in `try_lock`), and its `MutPtr`
+        // points into the lock, which outlives it.
+        unsafe { value.deref() }
+    }
+}
+
+impl<T> std::ops::DerefMut for SpinGuard<'_, T> {
+    #[allow(unsafe_code)]
+    fn deref_mut(&mut self) -> &mut T {
+        let value = self.value.as_ref().expect("borrowed until the guard drops");
+        // SAFETY: as in `deref`, and `&mut self` makes this the only borrow through the guard.
+        unsafe { value.deref() }
+    }
+}
+
+impl<T> Drop for SpinGuard<'_, T> {
+    fn drop(&mut self) {
+        // The borrow ends first: the next holder's begins after the store below.
+        drop(self.value.take());
+        // Release: publishes what the holder wrote to the next one's Acquire CAS.
+        self.lock.held.store(false, Ordering::Release);
     }
 }
 

@@ -16,6 +16,7 @@ mod params;
 mod table;
 mod word;
 mod word_table;
+mod word_table_panics;
 
 use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicUsize, Ordering};

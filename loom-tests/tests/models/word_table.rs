@@ -20,17 +20,17 @@ use tollgate_loom_tests::{Gcra, Quota, Stored};
 
 use crate::{explore_reaching, same_shard_keys, At, Hasher, MS};
 
-const NOW: Nanos = 5 * MS;
+pub(crate) const NOW: Nanos = 5 * MS;
 
 /// GCRA's marks (`TAT_MARKS` in `src/store/stored.rs`): a mismatch would show as lost admissions.
-const MARKS: Retired = Retired {
+pub(crate) const MARKS: Retired = Retired {
     tombstone: u64::MAX,
     moved: u64::MAX - 1,
 };
 
 type Table = KeyTable<u64, AtomicWord, WordTable<u64, Hasher>>;
 
-fn rule() -> Gcra {
+pub(crate) fn rule() -> Gcra {
     Gcra::new(Quota::new(2, Duration::from_millis(2)).unwrap()).unwrap()
 }
 
@@ -405,7 +405,7 @@ impl std::hash::Hash for Named {
 }
 
 /// Lends no judge: drains move every key.
-struct KeepAll;
+pub(crate) struct KeepAll;
 
 impl Evictor<AtomicWord> for KeepAll {
     fn sweep(&self) -> usize {
