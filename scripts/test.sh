@@ -22,6 +22,8 @@ bash scripts/install-deps.sh
 step "format and lint"
 cargo fmt --all -- --check
 cargo clippy --all-targets --all-features -- -D warnings
+# The `tollgate` command, a workspace crate of its own (`cli/`), `replay --redis` included.
+cargo clippy -p tollgate-cli --all-targets --all-features -- -D warnings
 # Code gated by a feature must also be clean without its neighbours: the core alone, and
 # the tower layer without metrics, serde or redis, and the actix middleware on it alone.
 cargo clippy --lib -- -D warnings
@@ -39,6 +41,8 @@ bash scripts/package-check.sh
 
 step "unit, integration and doc tests (all features)"
 cargo test --all-features
+step "the tollgate command (cli/): replay, --config, --plot, --redis"
+cargo test -p tollgate-cli --all-features
 
 step "hostile flood: 10M unique keys against max_keys = 100000 (release)"
 cargo test --release --test flood

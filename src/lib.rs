@@ -234,7 +234,6 @@
 //! | `metrics` | `tower`, and per-policy counters through the `metrics` facade, plus `tracing` debug events |
 //! | `serde` | `tower`, and `tollgate::tower::config`: the whole layer from TOML, JSON or YAML |
 //! | `redis` | `tollgate::redis`: exact, leased and guarded global limits on Redis or Redis Cluster |
-//! | `cli` | the `tollgate` binary: `replay`, `replay --compare`, `--plot`, `bench` |
 //!
 //! (The modules named above appear in these docs when their feature is on; docs.rs builds
 //! with every feature.)
@@ -246,9 +245,9 @@
 //!   what a server sets on it (`Policy::gcra(name, quota)` is a per-client policy in one call).
 //! - [`docs::decision_rules`]: exactly how each algorithm decides; the boundary cases.
 //! - [`KeyedLimiter`]: the store, eviction and its caveats; [`Decision`]: every figure.
-//! - `tollgate replay` (feature `cli`; `docs/cli.md` in the repository and the package): what a
-//!   limit would do to a recorded trace, with a summary, a JSON object or an SVG plot;
-//!   `--compare` runs every algorithm.
+//! - `tollgate replay` (the repository's `tollgate-cli` crate, on this crate's public API;
+//!   `docs/cli.md` in the repository and the package): what a limit would do to a recorded
+//!   trace, with a summary, a JSON object or an SVG plot; `--compare` runs every algorithm.
 //! - README starts with a whole axum server (`examples/quickstart.rs`); `docs/tower.md` is the
 //!   tower layer's guide (async waiting and configuration files included), `docs/security.md`
 //!   what a client can and cannot choose, `docs/redis.md` the Redis tier;

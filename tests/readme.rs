@@ -96,7 +96,7 @@ fn the_readmes_dependencies_turn_on_what_the_server_needs() {
 fn the_newcomer_commands_stay_in_readme() {
     let readme = read("README.md");
     let sh = blocks(&readme, "sh").concat();
-    let main_job = "cargo run --release --features cli -- replay --algorithm gcra --limit 10 \
+    let main_job = "cargo run --release -p tollgate-cli -- replay --algorithm gcra --limit 10 \
                     --window 1s --burst 20 examples/traces/api.csv\n";
     assert!(
         sh.contains(main_job),

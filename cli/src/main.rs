@@ -1,5 +1,6 @@
-//! The `tollgate` command: replay a trace of requests through any algorithm, or measure the
-//! algorithms on this machine.
+//! The `tollgate` command: replay a trace of requests through any algorithm, or through the
+//! tower layer a configuration builds. (The algorithms' speed on this machine is the benches'
+//! and the `traffic` example's job: `benches/README.md`.)
 //!
 //! ```text
 //! tollgate replay --algorithm ALGO --limit L --window DUR [--burst B]
@@ -7,8 +8,6 @@
 //! tollgate replay --compare --limit L --window DUR [--burst B] [FILE]
 //! tollgate replay … --plot OUT.svg [--key K] [--bucket DUR]
 //! tollgate replay --config policies.toml [--format …] [--top N] [FILE]
-//! tollgate bench [--threads N] [--keys N] [--distribution uniform|zipf] [--clock precise|coarse]
-//! tollgate bench --redis URL [--mode exact|leased] [--key K] [--json]
 //! ```
 //! `--format auto` (the default) prints the summary for a person when standard output is a
 //! terminal and the stable one line per request (`allow` / `deny` / `error`) otherwise, so scripts
@@ -24,9 +23,6 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
-mod bench;
-#[cfg(feature = "redis")]
-mod bench_redis;
 mod common;
 mod config_replay;
 mod plot;
@@ -58,9 +54,6 @@ enum Command {
     /// Decide a trace (`t_ms,key[,cost[,method,path]]` per line): a summary on a terminal,
     /// allow / deny / error per request when piped (`--format` chooses).
     Replay(ReplayArgs),
-    /// Measure this crate's algorithms on this machine: ns/op, Mops/s, ratio to the floor
-    /// (one clock read + one CAS), bytes per key.
-    Bench(bench::BenchArgs),
 }
 
 #[derive(Args)]
@@ -107,7 +100,7 @@ struct ReplayArgs {
     compare: bool,
     /// Decide through the Redis server at this URL (exact tier, the trace's own time injected)
     /// instead of in-process; prints exactly what the in-process replay prints. Needs a build
-    /// with `--features cli,redis`.
+    /// with `-p tollgate-cli --features redis`.
     #[arg(long, value_name = "URL", conflicts_with_all = ["compare", "summary"])]
     redis: Option<String>,
     /// Also draw requests admitted and denied per time bucket, against the limit, as an SVG
@@ -129,10 +122,6 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Replay(args) => replay(args),
-        Command::Bench(args) => match args.redis.clone() {
-            Some(url) => bench_redis(&args, &url),
-            None => bench::bench(args),
-        },
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -141,19 +130,6 @@ fn main() -> ExitCode {
             ExitCode::from(2)
         }
     }
-}
-
-#[cfg(feature = "redis")]
-fn bench_redis(args: &bench::BenchArgs, url: &str) -> Result<(), Fatal> {
-    bench_redis::bench(args, url)
-}
-
-#[cfg(not(feature = "redis"))]
-fn bench_redis(_: &bench::BenchArgs, _: &str) -> Result<(), Fatal> {
-    Err(Fatal(
-        "--redis needs a build with the redis feature: cargo build --release --features cli,redis"
-            .into(),
-    ))
 }
 
 fn open(file: &Option<PathBuf>) -> Result<Box<dyn BufRead>, Fatal> {
@@ -415,7 +391,7 @@ fn replay_redis(args: &ReplayArgs, algorithm: AlgorithmName, url: &str) -> Resul
 #[cfg(not(feature = "redis"))]
 fn replay_redis(_: &ReplayArgs, _: AlgorithmName, _: &str) -> Result<(), Fatal> {
     Err(Fatal(
-        "--redis needs a build with the redis feature: cargo build --release --features cli,redis"
+        "--redis needs a build with the redis feature: cargo build --release -p tollgate-cli --features redis"
             .into(),
     ))
 }

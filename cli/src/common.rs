@@ -1,15 +1,10 @@
-//! What every subcommand shares: the failure that ends a run, the output format, the
-//! allocation counter, and small helpers for the reports.
+//! What the replays share: the failure that ends a run, the output format, and small helpers
+//! for the reports.
 
 use std::io::{self, IsTerminal};
 
 use clap::ValueEnum;
 use tollgate::AlgorithmName;
-
-/// Counts allocations, for `tollgate bench`'s bytes per key.
-#[global_allocator]
-pub(crate) static ALLOCATOR: &stats_alloc::StatsAlloc<std::alloc::System> =
-    &stats_alloc::INSTRUMENTED_SYSTEM;
 
 #[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub(crate) enum Format {
