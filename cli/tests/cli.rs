@@ -11,7 +11,14 @@ mod redis_server;
 use std::io::Write;
 use std::process::{Command, Output, Stdio};
 
-/// The repository's root, this crate's parent.
+/// A path from the repository's root, this crate's parent.
+macro_rules! root {
+    ($path:literal) => {
+        concat!(env!("CARGO_MANIFEST_DIR"), "/../", $path)
+    };
+}
+
+/// The repository's root.
 const ROOT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/..");
 
 fn tollgate(args: &[&str], stdin: &str) -> Output {
@@ -225,7 +232,7 @@ fn summary_counts_per_key_and_in_total() {
     );
 }
 
-const API_TRACE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../examples/traces/api.csv");
+const API_TRACE: &str = root!("examples/traces/api.csv");
 
 /// The README's main job, up to its options and trace.
 const MAIN_JOB: [&str; 9] = [
@@ -472,11 +479,7 @@ fn replay_through_redis_prints_what_in_process_prints() {
     let Some(server) = redis_server::RedisServer::start() else {
         return;
     };
-    let trace = std::fs::read_to_string(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../examples/traces/api.csv"
-    ))
-    .unwrap();
+    let trace = std::fs::read_to_string(API_TRACE).unwrap();
     for algorithm in [
         "gcra",
         "leaky-queue",
@@ -559,10 +562,7 @@ fn read_svg(file: &TempFile) -> (usize, Vec<String>) {
 #[test]
 fn compare_plots_one_admitted_series_per_algorithm_with_the_tables_counts() {
     let path = svg_path("compare");
-    let trace = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../examples/traces/boundary.csv"
-    );
+    let trace = root!("examples/traces/boundary.csv");
     let o = tollgate(
         &[
             "replay",
@@ -869,7 +869,7 @@ fn replay_config(config: &str, extra: &[&str], trace: &str) -> Output {
     tollgate(&args, trace)
 }
 
-const POLICIES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../examples/policies.toml");
+const POLICIES: &str = root!("examples/policies.toml");
 
 #[test]
 fn config_replay_decides_as_the_example_server_would() {

@@ -1,7 +1,8 @@
 //! A keyed limiter of any algorithm, chosen by name at run time: what replay and the Redis
-//! tier's `Local` policy build from an [`AlgorithmName`], so that the choice over algorithms is
-//! written once. (Code that knows its algorithm at compile time uses `KeyedLimiter<K, A>`
-//! itself: one match per call is the price of choosing late.)
+//! tier's `Local` policy build from an [`AlgorithmName`], so that the two share one dispatch.
+//! (Code that knows its algorithm at compile time uses `KeyedLimiter<K, A>` itself: one match
+//! per call is the price of choosing late. The tower configuration and the Redis rule still
+//! map a name to a rule type of their own.)
 
 use std::borrow::Borrow;
 use std::fmt;

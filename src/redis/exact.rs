@@ -433,7 +433,7 @@ impl<C: RedisConnection> RedisLimiter<C> {
     /// ```
     pub async fn load_scripts(&self) -> Result<(), TierError> {
         let mut conn = self.conn.get();
-        let load = self.rule.script().load_async(&mut conn);
+        let load = self.rule.script().script.load_async(&mut conn);
         match tokio::time::timeout(self.timeout, load).await {
             Err(_) => Err(self.timed_out()),
             Ok(result) => result.map(drop).map_err(|e| self.failure(e)),

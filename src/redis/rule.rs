@@ -371,7 +371,7 @@ impl RedisRule {
         self.name()
     }
 
-    pub(crate) fn script(&self) -> &'static redis::Script {
+    pub(crate) fn script(&self) -> &'static super::scripts::Lua {
         use super::scripts::scripts;
         match self.kind {
             Kind::Gcra { .. } => &scripts().gcra,

@@ -59,27 +59,43 @@ use redis::Script;
 /// The compiled scripts (each hashed once; `EVALSHA` by hash, sent again as `EVAL` on
 /// `NOSCRIPT`).
 pub(crate) struct Scripts {
-    pub gcra: Script,
-    pub fixed_window: Script,
-    pub sliding_window: Script,
-    pub sliding_log: Script,
-    pub heartbeat: Script,
-    pub lease_gcra: Script,
-    pub lease_window: Script,
-    pub charge_log: Script,
+    pub gcra: Lua,
+    pub fixed_window: Lua,
+    pub sliding_window: Lua,
+    pub sliding_log: Lua,
+    pub heartbeat: Lua,
+    pub lease_gcra: Lua,
+    pub lease_window: Lua,
+    pub charge_log: Lua,
+}
+
+/// A script and its source, kept together: `EVALSHA` sends the hash, `EVAL` (reloading a lost
+/// script) the source, so every script that can be called can be reloaded.
+pub(crate) struct Lua {
+    pub script: Script,
+    source: &'static str,
+}
+
+impl Lua {
+    fn new(source: &'static str) -> Lua {
+        Lua {
+            script: Script::new(source),
+            source,
+        }
+    }
 }
 
 /// One script call: `EVALSHA` with the script's keys and arguments. (redis-rs's
 /// `ScriptInvocation` reloads a lost script by itself; the coalescer must see the `NOSCRIPT`
 /// first, to re-send its calls in their order.)
 pub(crate) struct ScriptCall {
-    pub script: &'static Script,
+    pub script: &'static Lua,
     keys: Vec<Vec<u8>>,
     args: Vec<Vec<u8>>,
 }
 
 impl ScriptCall {
-    pub fn new(script: &'static Script) -> ScriptCall {
+    pub fn new(script: &'static Lua) -> ScriptCall {
         ScriptCall {
             script,
             keys: Vec::new(),
@@ -101,21 +117,20 @@ impl ScriptCall {
 
     /// The `EVAL` command, which also caches the script: routed by its keys as any call, so on
     /// a Cluster it reloads a lost script on the one node that lost it (`SCRIPT LOAD` goes to
-    /// every node, and fails while one does not answer). `None` for a script not of
-    /// [`scripts`].
-    pub fn eval(&self) -> Option<redis::Cmd> {
-        let mut cmd = redis::cmd("EVAL");
-        cmd.arg(scripts().source(self.script)?)
-            .arg(self.keys.len())
-            .arg(&self.keys)
-            .arg(&self.args);
-        Some(cmd)
+    /// every node, and fails while one does not answer).
+    pub fn eval(&self) -> redis::Cmd {
+        self.command("EVAL", self.script.source)
     }
 
     /// The `EVALSHA` command.
     pub fn evalsha(&self) -> redis::Cmd {
-        let mut cmd = redis::cmd("EVALSHA");
-        cmd.arg(self.script.get_hash())
+        self.command("EVALSHA", self.script.script.get_hash())
+    }
+
+    /// `name script numkeys key… arg…`.
+    fn command(&self, name: &str, script: &str) -> redis::Cmd {
+        let mut cmd = redis::cmd(name);
+        cmd.arg(script)
             .arg(self.keys.len())
             .arg(&self.keys)
             .arg(&self.args);
@@ -123,35 +138,17 @@ impl ScriptCall {
     }
 }
 
-impl Scripts {
-    /// The Lua source of `script`, one of these.
-    fn source(&self, script: &Script) -> Option<&'static str> {
-        [
-            (&self.gcra, GCRA),
-            (&self.fixed_window, FIXED_WINDOW),
-            (&self.sliding_window, SLIDING_WINDOW),
-            (&self.sliding_log, SLIDING_LOG),
-            (&self.heartbeat, HEARTBEAT),
-            (&self.lease_gcra, LEASE_GCRA),
-            (&self.lease_window, LEASE_WINDOW),
-            (&self.charge_log, CHARGE_LOG),
-        ]
-        .into_iter()
-        .find_map(|(s, source)| std::ptr::eq(s, script).then_some(source))
-    }
-}
-
 pub(crate) fn scripts() -> &'static Scripts {
     static SCRIPTS: OnceLock<Scripts> = OnceLock::new();
     SCRIPTS.get_or_init(|| Scripts {
-        gcra: Script::new(GCRA),
-        fixed_window: Script::new(FIXED_WINDOW),
-        sliding_window: Script::new(SLIDING_WINDOW),
-        sliding_log: Script::new(SLIDING_LOG),
-        heartbeat: Script::new(HEARTBEAT),
-        lease_gcra: Script::new(LEASE_GCRA),
-        lease_window: Script::new(LEASE_WINDOW),
-        charge_log: Script::new(CHARGE_LOG),
+        gcra: Lua::new(GCRA),
+        fixed_window: Lua::new(FIXED_WINDOW),
+        sliding_window: Lua::new(SLIDING_WINDOW),
+        sliding_log: Lua::new(SLIDING_LOG),
+        heartbeat: Lua::new(HEARTBEAT),
+        lease_gcra: Lua::new(LEASE_GCRA),
+        lease_window: Lua::new(LEASE_WINDOW),
+        charge_log: Lua::new(CHARGE_LOG),
     })
 }
 

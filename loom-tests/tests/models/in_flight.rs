@@ -88,6 +88,7 @@ impl Keys {
     /// Asserts that every copy of a key was dropped (call once the limit and the model's keys
     /// are gone).
     fn assert_all_dropped(&self) {
+        // SeqCst: as in `Key::new`.
         let live = self.0.load(std::sync::atomic::Ordering::SeqCst);
         assert_eq!(live, 0, "key copies made and not dropped");
     }

@@ -137,10 +137,7 @@ impl<C: RedisConnection> RedisLimiter<C> {
         let run = async {
             match call.evalsha().query_async(&mut conn).await {
                 Err(e) if reload && e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
-                    match call.eval() {
-                        Some(eval) => eval.query_async(&mut conn).await,
-                        None => Err(e),
-                    }
+                    call.eval().query_async(&mut conn).await
                 }
                 reply => reply,
             }

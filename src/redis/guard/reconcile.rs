@@ -119,7 +119,9 @@ impl Owed {
     fn add_log(&mut self, window: u64, units: u64, at: u64) {
         let width = (window / LOG_PARTS).max(1);
         match self.log.last_mut() {
-            Some(last) if at >= last.first && at - last.first < width => {
+            // A clock stepped back joins the last part too: charged at that part's time, later
+            // than admitted (counted a little longer, never shorter), so the parts stay at 17.
+            Some(last) if at < last.first.saturating_add(width) => {
                 last.units = last.units.saturating_add(units);
                 last.at = last.at.max(at);
             }
@@ -422,11 +424,18 @@ mod tests {
         o.add_log(1_600, 3, 1_100);
         let part = |first, at, units| LogPart { first, at, units };
         assert_eq!(o.log, [part(1_000, 1_099, 3), part(1_100, 1_100, 3)]);
-        // A clock stepped back starts a part of its own; a window later the first parts go.
+        // A clock stepped back joins the last part; a window later the first parts go.
         o.add_log(1_600, 1, 900);
-        assert_eq!(o.log[2], part(900, 900, 1));
+        assert_eq!(o.log, [part(1_000, 1_099, 3), part(1_100, 1_100, 4)]);
         o.add_log(1_600, 4, 2_699);
-        assert_eq!(o.log, [part(1_100, 1_100, 3), part(2_699, 2_699, 4)]);
+        assert_eq!(o.log, [part(1_100, 1_100, 4), part(2_699, 2_699, 4)]);
+        // However often the clock steps back, the parts stay within 17.
+        let mut o = Owed::default();
+        for i in 0..10_000u64 {
+            o.add_log(1_600, 1, 1_000_000 - (i % 7) * 150 + i / 7);
+        }
+        assert!(o.log.len() <= 17, "{} parts", o.log.len());
+        assert_eq!(o.log.iter().map(|p| p.units).sum::<u64>(), 10_000);
         o.add_log(1_600, 1, u64::MAX);
         assert_eq!(o.log, [part(u64::MAX, u64::MAX, 1)]);
     }

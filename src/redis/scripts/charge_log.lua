@@ -34,9 +34,10 @@ for i = 1, (#ARGV - 4) / 3 do
     if ncum then cum_newest = ncum else code = -2 end
   end
   local ats, atp = ARGV[3 + 3 * i], parse_time(ARGV[3 + 3 * i])
+  -- Units from ahead of the server's clock count now, and their token lives a window from now.
+  if diff(t, atp) < 0 then ats, atp = ts, t end
   local horizon = window - diff(t, atp)
   if code == 1 and horizon > 0 then
-    if diff(t, atp) < 0 then ats, atp = ts, t end
     n = units
     if cum_newest + n > RENUMBER_AT then
       local first = redis.call('ZRANGE', key, 0, 0)[1]
