@@ -58,6 +58,15 @@ async fn connect(server: &RedisServer) -> ConnectionManager {
     ConnectionManager::new(client).await.expect("connects")
 }
 
+/// A connection to the Cluster whose nodes are at `urls`.
+async fn connect_cluster(urls: &[String]) -> redis::cluster_async::ClusterConnection {
+    redis::cluster::ClusterClient::new(urls.to_vec())
+        .expect("valid URLs")
+        .get_async_connection()
+        .await
+        .expect("connects")
+}
+
 /// A limiter with a prefix no other limiter of the process uses (fresh state), and a generous
 /// timeout: these tests are about decisions, not latency.
 fn limiter<C: RedisConnection>(conn: &C, rule: RedisRule) -> RedisLimiter<C> {
@@ -1690,8 +1699,7 @@ fn cluster_batches_per_slot_and_holds_the_global_limit() {
     };
     let urls = cluster.urls();
     runtime().block_on(async {
-        let client = redis::cluster::ClusterClient::new(urls.clone()).unwrap();
-        let conn = client.get_async_connection().await.unwrap();
+        let conn = connect_cluster(&urls).await;
         // The keys of the trace live on every node.
         let mut owners = std::collections::HashSet::new();
         let mut raw = conn.clone();
@@ -2016,8 +2024,7 @@ fn the_probe_tests_the_slot_that_failed() {
     };
     let urls = cluster.urls();
     runtime().block_on(async {
-        let client = redis::cluster::ClusterClient::new(urls.clone()).unwrap();
-        let conn = client.get_async_connection().await.unwrap();
+        let conn = connect_cluster(&urls).await;
         let raw = conn.clone();
         let rule = RedisRule::gcra(Quota::per_second(1_000).unwrap()).unwrap();
         let exact = RedisLimiter::builder(rule)
@@ -2148,11 +2155,7 @@ fn a_lost_script_is_reloaded_on_its_node_while_another_node_is_stopped() {
     let urls = cluster.urls();
     let url_refs: Vec<&str> = urls.iter().map(String::as_str).collect();
     runtime().block_on(async {
-        let raw = redis::cluster::ClusterClient::new(urls.clone())
-            .unwrap()
-            .get_async_connection()
-            .await
-            .unwrap();
+        let raw = connect_cluster(&urls).await;
         let rule = RedisRule::gcra(Quota::per_second(1_000).unwrap()).unwrap();
         let limiter = RedisLimiter::builder(rule)
             .timeout(Duration::from_millis(500))
@@ -2209,11 +2212,7 @@ fn a_plain_connection_to_a_cluster_node_is_a_configuration_error() {
     };
     let urls = cluster.urls();
     runtime().block_on(async {
-        let raw = redis::cluster::ClusterClient::new(urls.clone())
-            .unwrap()
-            .get_async_connection()
-            .await
-            .unwrap();
+        let raw = connect_cluster(&urls).await;
         let rule = RedisRule::gcra(Quota::per_second(1_000).unwrap()).unwrap();
         let node = &cluster.nodes()[0];
         let plain = RedisLimiter::builder(rule)
