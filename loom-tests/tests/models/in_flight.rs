@@ -13,9 +13,7 @@
 //! under its lock, which loom's mutex poisons (see the README's "What the models do not cover").
 
 use std::future::Future;
-use std::hash::{Hash, Hasher};
 use std::pin::Pin;
-use std::sync::atomic::AtomicIsize;
 use std::task::{Context, Poll, Waker};
 
 use loom::sync::atomic::{AtomicUsize, Ordering};
@@ -26,73 +24,11 @@ use tollgate_loom_tests::in_flight::{acquire_n, leave_mark, Acquired, InFlight};
 use tollgate_loom_tests::store::OverflowPolicy;
 use tollgate_loom_tests::WaitError;
 
-use crate::{explore, explore_reaching};
+use crate::{explore, explore_reaching, Copies, Counted};
 
-/// A key with drop glue whose copies are counted (`live`: made by the model or cloned by the
-/// limit, less those dropped).
-struct Key {
-    id: u64,
-    live: std::sync::Arc<AtomicIsize>,
-}
-
-impl Key {
-    fn new(id: u64, live: &std::sync::Arc<AtomicIsize>) -> Key {
-        // SeqCst: the models' own bookkeeping (a std atomic: loom does not see it).
-        live.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-        Key {
-            id,
-            live: std::sync::Arc::clone(live),
-        }
-    }
-}
-
-impl Clone for Key {
-    fn clone(&self) -> Key {
-        Key::new(self.id, &self.live)
-    }
-}
-
-impl Drop for Key {
-    fn drop(&mut self) {
-        // SeqCst: as in `Key::new`.
-        self.live.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
-    }
-}
-
-impl PartialEq for Key {
-    fn eq(&self, other: &Key) -> bool {
-        self.id == other.id
-    }
-}
-
-impl Eq for Key {}
-
-impl Hash for Key {
-    fn hash<H: Hasher>(&self, state: &mut H) {
-        self.id.hash(state);
-    }
-}
-
-/// The key copies a model made and counts.
-struct Keys(std::sync::Arc<AtomicIsize>);
-
-impl Keys {
-    fn new() -> Keys {
-        Keys(std::sync::Arc::new(AtomicIsize::new(0)))
-    }
-
-    fn key(&self, id: u64) -> Key {
-        Key::new(id, &self.0)
-    }
-
-    /// Asserts that every copy of a key was dropped (call once the limit and the model's keys
-    /// are gone).
-    fn assert_all_dropped(&self) {
-        // SeqCst: as in `Key::new`.
-        let live = self.0.load(std::sync::atomic::Ordering::SeqCst);
-        assert_eq!(live, 0, "key copies made and not dropped");
-    }
-}
+/// A key with drop glue whose copies are counted (made by the model or cloned by the limit,
+/// less those dropped).
+type Key = Counted<u64>;
 
 /// Holders of one count, asserting it never has more than `N = 1`.
 #[derive(Clone)]
@@ -112,6 +48,18 @@ impl Holders {
     fn leave(&self) {
         // SeqCst: as in `hold`.
         self.0.fetch_sub(1, Ordering::SeqCst);
+    }
+
+    /// Tries for a unit of `key` once: taken, it is held a moment and given back. Whether it
+    /// was taken.
+    fn try_once(&self, limit: &InFlight<Key>, key: &Key) -> bool {
+        let Some(permit) = limit.try_acquire(key).unwrap() else {
+            return false;
+        };
+        self.hold();
+        self.leave();
+        drop(permit);
+        true
     }
 }
 
@@ -136,7 +84,7 @@ fn block_on<F: Future + Unpin>(mut future: F) -> F::Output {
 
 /// The unit is free again and nothing is left of the model: a `try_acquire` admits (no unit
 /// lost, no mark left), and once the limit is dropped, every key copy is.
-fn assert_free_then_drop(limit: std::sync::Arc<InFlight<Key>>, key: Key, keys: &Keys) {
+fn assert_free_then_drop(limit: std::sync::Arc<InFlight<Key>>, key: Key, keys: &Copies) {
     assert_eq!(limit.in_flight(&key), 0, "a release lost");
     let permit = limit.try_acquire(&key).unwrap();
     assert!(permit.is_some(), "nothing held and no mark left");
@@ -152,21 +100,13 @@ fn assert_free_then_drop(limit: std::sync::Arc<InFlight<Key>>, key: Key, keys: &
 #[test]
 fn in_flight_acquire_release_and_evict_race() {
     explore("in_flight_acquire_release_and_evict_race", || {
-        let keys = Keys::new();
+        let keys = Copies::new();
         let limit = std::sync::Arc::new(InFlight::new(1).unwrap());
         let holders = Holders::new(0);
         let threads: Vec<_> = (0..2)
             .map(|_| {
                 let (limit, holders, key) = (limit.clone(), holders.clone(), keys.key(1));
-                thread::spawn(move || {
-                    let Some(permit) = limit.try_acquire(&key).unwrap() else {
-                        return false;
-                    };
-                    holders.hold();
-                    holders.leave();
-                    drop(permit);
-                    true
-                })
+                thread::spawn(move || holders.try_once(&limit, &key))
             })
             .collect();
         let sweeper = {
@@ -196,7 +136,7 @@ fn a_release_and_a_waiter_never_miss_each_other() {
             "served by a release",
         ],
         |seen| {
-            let keys = Keys::new();
+            let keys = Copies::new();
             let limit = std::sync::Arc::new(InFlight::new(1).unwrap());
             let held = limit.try_acquire_owned(&keys.key(1)).unwrap();
             let held = held.expect("the unit the release gives back");
@@ -211,11 +151,7 @@ fn a_release_and_a_waiter_never_miss_each_other() {
             let newcomer = {
                 let (limit, holders, key) = (limit.clone(), holders.clone(), keys.key(1));
                 thread::spawn(move || {
-                    if let Some(permit) = limit.try_acquire(&key).unwrap() {
-                        holders.hold();
-                        holders.leave();
-                        drop(permit);
-                    }
+                    holders.try_once(&limit, &key);
                 })
             };
             let key = keys.key(1);
@@ -252,7 +188,7 @@ fn a_release_and_a_waiter_on_a_left_mark_never_miss_each_other() {
         "in_flight: release vs waiter, mark left",
         &["taken at once", "served by a release"],
         |seen| {
-            let keys = Keys::new();
+            let keys = Copies::new();
             let limit = std::sync::Arc::new(InFlight::new(1).unwrap());
             let key = keys.key(1);
             let held = limit.try_acquire_owned(&key).unwrap().expect("free");
@@ -283,7 +219,7 @@ fn a_waiter_giving_up_races_the_release_that_serves_it() {
         "in_flight: cancel vs serve",
         &["gave up while pending", "served before giving up"],
         |seen| {
-            let keys = Keys::new();
+            let keys = Copies::new();
             let limit = std::sync::Arc::new(InFlight::new(1).unwrap());
             let key = keys.key(1);
             let held = limit.try_acquire_owned(&key).unwrap().expect("free");
@@ -330,22 +266,14 @@ fn keys_over_max_keys_share_one_count_and_never_wait() {
         "in_flight: keys over max_keys",
         &["key 2 held the shared unit", "key 3 held the shared unit"],
         |seen| {
-            let keys = Keys::new();
+            let keys = Copies::new();
             let limit =
                 std::sync::Arc::new(InFlight::with_max_keys(1, 1, OverflowPolicy::Shared).unwrap());
             let first = limit.try_acquire(&keys.key(1)).unwrap().expect("a place");
             let shared = Holders::new(0);
             let two = {
                 let (limit, shared, key) = (limit.clone(), shared.clone(), keys.key(2));
-                thread::spawn(move || {
-                    let Some(permit) = limit.try_acquire(&key).unwrap() else {
-                        return false;
-                    };
-                    shared.hold();
-                    shared.leave();
-                    drop(permit);
-                    true
-                })
+                thread::spawn(move || shared.try_once(&limit, &key))
             };
             let key = keys.key(3);
             let three = match acquire_n(&limit, &key, 1) {

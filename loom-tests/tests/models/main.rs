@@ -19,7 +19,8 @@ mod word_table;
 mod word_table_panics;
 
 use std::collections::BTreeSet;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::hash::Hash;
+use std::sync::atomic::{AtomicIsize, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
@@ -148,4 +149,70 @@ pub fn explore_reaching(
     let in_model = std::sync::Arc::clone(&seen);
     explore(name, move || body(&in_model));
     seen.assert_reached(expected);
+}
+
+/// A key with drop glue whose live copies are counted in the [`Copies`] that made it: every
+/// copy the library makes (a drain's move, a permit's key) must be dropped once.
+#[derive(Debug)]
+pub struct Counted<T> {
+    value: T,
+    live: Arc<AtomicIsize>,
+}
+
+impl<T: Clone> Clone for Counted<T> {
+    fn clone(&self) -> Self {
+        Copies(Arc::clone(&self.live)).key(self.value.clone())
+    }
+}
+
+impl<T> Drop for Counted<T> {
+    fn drop(&mut self) {
+        // SeqCst: the models' own tally (a std atomic: loom does not explore it).
+        self.live.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+impl<T: PartialEq> PartialEq for Counted<T> {
+    fn eq(&self, other: &Self) -> bool {
+        self.value == other.value
+    }
+}
+
+impl<T: Eq> Eq for Counted<T> {}
+
+impl<T: Hash> Hash for Counted<T> {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.value.hash(state);
+    }
+}
+
+/// The live copies of the keys a model made.
+#[derive(Default)]
+pub struct Copies(Arc<AtomicIsize>);
+
+impl Copies {
+    pub fn new() -> Copies {
+        Copies::default()
+    }
+
+    /// A key of `value`, counted.
+    pub fn key<T>(&self, value: T) -> Counted<T> {
+        // SeqCst: as in `Counted::drop`.
+        self.0.fetch_add(1, Ordering::SeqCst);
+        Counted {
+            value,
+            live: Arc::clone(&self.0),
+        }
+    }
+
+    /// Asserts that every copy of a key was dropped, none twice (call once the store and the
+    /// model's keys are gone, and every thread that held one has been joined).
+    pub fn assert_all_dropped(&self) {
+        // SeqCst: as in `Counted::drop`.
+        let left = self.0.load(Ordering::SeqCst);
+        assert_eq!(
+            left, 0,
+            "copies of keys left (or dropped twice, if negative)"
+        );
+    }
 }

@@ -18,7 +18,7 @@ use tollgate_loom_tests::store::{
 };
 use tollgate_loom_tests::{Gcra, Quota, Stored};
 
-use crate::{explore_reaching, same_shard_keys, At, Hasher, MS};
+use crate::{explore_reaching, same_shard_keys, At, Copies, Hasher, MS};
 
 pub(crate) const NOW: Nanos = 5 * MS;
 
@@ -358,52 +358,6 @@ fn an_era_change_races_an_old_attempt() {
     );
 }
 
-/// A key with drop glue (its name on the heap) that counts its live copies: every copy a
-/// drain makes must be dropped once, with its table.
-#[derive(Debug)]
-struct Named {
-    name: String,
-    copies: std::sync::Arc<std::sync::atomic::AtomicIsize>,
-}
-
-impl Named {
-    fn new(name: String, copies: &std::sync::Arc<std::sync::atomic::AtomicIsize>) -> Self {
-        // Relaxed: a tally outside the model (std's atomics: loom does not explore it).
-        copies.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        Named {
-            name,
-            copies: std::sync::Arc::clone(copies),
-        }
-    }
-}
-
-impl Clone for Named {
-    fn clone(&self) -> Self {
-        Named::new(self.name.clone(), &self.copies)
-    }
-}
-
-impl Drop for Named {
-    fn drop(&mut self) {
-        self.copies
-            .fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
-    }
-}
-
-impl PartialEq for Named {
-    fn eq(&self, other: &Self) -> bool {
-        self.name == other.name
-    }
-}
-
-impl Eq for Named {}
-
-impl std::hash::Hash for Named {
-    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
-        self.name.hash(state);
-    }
-}
-
 /// Lends no judge: drains move every key.
 pub(crate) struct KeepAll;
 
@@ -448,18 +402,11 @@ fn keys_with_drop_glue_move_and_drop_once_racing_an_admission() {
         "word table: String-like keys drained vs admission",
         &["moved first", "admitted first"],
         move |seen| {
-            let copies = std::sync::Arc::new(std::sync::atomic::AtomicIsize::new(0));
-            let keys: Vec<Named> = names
-                .iter()
-                .map(|n| Named::new(n.clone(), &copies))
-                .collect();
+            // A key with drop glue: its name on the heap, its live copies counted.
+            let copies = Copies::new();
+            let keys: Vec<_> = names.iter().map(|n| copies.key(n.clone())).collect();
             drain_races_an_admission(keys, seen);
-            // Relaxed: every thread that held a copy has been joined.
-            let left = copies.load(std::sync::atomic::Ordering::Relaxed);
-            assert_eq!(
-                left, 0,
-                "copies of keys left (or dropped twice, if negative)"
-            );
+            copies.assert_all_dropped();
         },
     );
 }
