@@ -165,7 +165,9 @@
 //! - [`evict_above`](KeyedLimiterBuilder::evict_above) (default
 //!   [`DEFAULT_EVICT_ABOVE`](store::DEFAULT_EVICT_ABOVE), 2^21 keys): below it, every key is
 //!   kept, so a client that returns finds its slot; above it, fresh unused keys make room, so
-//!   a flood of one-time keys holds about that many. A soft bound.
+//!   a flood of one-time keys holds about that many. A soft bound; the default one rises (up
+//!   to 2^24 keys) when the keys evicted come back, so that millions of returning clients
+//!   keep their slots.
 //! - [`max_keys`](KeyedLimiterBuilder::max_keys) with an [`OverflowPolicy`]: a hard bound.
 //!   At the bound a new key replaces a fresh one if it finds one; otherwise `Deny` refuses it
 //!   ([`LimitError::KeyTableFull`]) and `Shared` counts every key that did not fit against one

@@ -141,6 +141,43 @@ fn flood_at_defaults(keys: u64) {
     }
 }
 
+/// Returning clients at defaults: a working set of `keys` (past `evict_above`), each key checked
+/// once a round, 1 µs apart, so that each is back to a full bucket when it returns. The first
+/// rounds evict keys as a flood's are; the shards see their evicted keys come back and raise
+/// their shares, and from then on every key is kept: a round inserts no key and evicts none.
+fn returning_at_defaults(keys: u64) {
+    let clock = ManualClock::new();
+    let rule = Gcra::new(Quota::per_second(100).unwrap()).unwrap();
+    let limiter = KeyedLimiter::<u64, Gcra, _>::builder(rule)
+        .clock(clock.clone())
+        .build()
+        .unwrap();
+    let mut held = Vec::new();
+    let mut kept_from = None;
+    for round in 0..4 {
+        for key in 0..keys {
+            clock.advance_nanos(1_000);
+            assert!(
+                limiter.check(&key).unwrap().allowed(),
+                "a full bucket admits"
+            );
+        }
+        held.push(limiter.len());
+        if limiter.len() as u64 == keys && kept_from.is_none() {
+            kept_from = Some(round);
+        }
+    }
+    println!(
+        "returning at defaults: {keys} keys, held after each round {held:?} (evict_above {DEFAULT_EVICT_ABOVE})"
+    );
+    let from = kept_from.unwrap_or_else(|| panic!("never held every key: {held:?}"));
+    assert!(from <= 2, "every key held only from round {from}: {held:?}");
+    assert!(
+        held[from..].iter().all(|&n| n as u64 == keys),
+        "keys evicted after every key was held: {held:?}"
+    );
+}
+
 fn main() {
     // 10M in release (scripts/test.sh runs this binary with --release); a tenth in debug.
     let keys: u64 = if cfg!(debug_assertions) {
@@ -157,6 +194,9 @@ fn main() {
     // In debug, a tenth of the keys would stay under `evict_above`: release only.
     if !cfg!(debug_assertions) {
         flood_at_defaults(keys);
+        // Twice and four times the default bound.
+        returning_at_defaults(2 * DEFAULT_EVICT_ABOVE as u64);
+        returning_at_defaults(4 * DEFAULT_EVICT_ABOVE as u64);
     }
-    println!("flood: 4 passed, 0 failed");
+    println!("flood: 6 passed, 0 failed");
 }

@@ -4,7 +4,8 @@
 //! are the `tollgate-traffic` dev crate's (`benches/traffic/`); this file adds governor, which
 //! only the benches link.
 //!
-//! Subjects: `tollgate` (a `KeyedLimiter` on its default store), `governor` (a keyed
+//! Subjects: `tollgate` (a `KeyedLimiter` on its default store; past the default
+//! `evict_above`, also `tollgate_fixed`: the same with that bound fixed), `governor` (a keyed
 //! `RateLimiter` on its default `DashMap` store, never trimmed) and `governor_retain` (the
 //! same with `retain_recent()` every [`RETAIN_EVERY`] on a background thread, which is how
 //! servers bound governor's memory). Every subject is primed alike (`Regime::prime_cost`).
@@ -43,10 +44,34 @@ pub fn tollgate<K: TrafficKey, C: Clock>(
     clock: C,
     keys: &[K],
 ) -> KeyedLimiter<K, Gcra, C> {
-    let limiter = KeyedLimiter::<K, Gcra>::builder(row.rate().gcra())
-        .clock(clock)
-        .build()
-        .expect("the clock suits the regime's quota");
+    tollgate_bounded(row, clock, keys, None)
+}
+
+/// [`tollgate`] with `evict_above` set to its default value: a fixed bound, which no
+/// working set of returning keys raises (as every bound was before the default one followed
+/// them). The `tollgate_fixed` subject of the traffic matrix's rows past the default bound.
+#[allow(dead_code)] // not a subject of the latency bench, which includes this file
+pub fn tollgate_fixed<K: TrafficKey, C: Clock>(
+    row: &Row,
+    clock: C,
+    keys: &[K],
+) -> KeyedLimiter<K, Gcra, C> {
+    let bound = tollgate::store::DEFAULT_EVICT_ABOVE;
+    tollgate_bounded(row, clock, keys, Some(bound))
+}
+
+fn tollgate_bounded<K: TrafficKey, C: Clock>(
+    row: &Row,
+    clock: C,
+    keys: &[K],
+    evict_above: Option<usize>,
+) -> KeyedLimiter<K, Gcra, C> {
+    let builder = KeyedLimiter::<K, Gcra>::builder(row.rate().gcra()).clock(clock);
+    let builder = match evict_above {
+        Some(keys) => builder.evict_above(keys),
+        None => builder,
+    };
+    let limiter = builder.build().expect("the clock suits the regime's quota");
     regime::prime(keys, row.regime.prime_cost(), |key, cost| {
         let decision = limiter
             .check_n(key.lookup(), u64::from(cost))

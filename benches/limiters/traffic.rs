@@ -8,7 +8,9 @@
 //! e.g. `traffic/returning/u64/100k/uniform/1t/precise/tollgate`; the one-key row is
 //! `traffic/direct/precise/{subject}`.
 //!
-//! Subjects of each row: `tollgate`, `governor`, `governor_retain` (`limiters/subjects.rs`)
+//! Subjects of each row: `tollgate` (and past the default `evict_above`, `tollgate_fixed`: that
+//! bound fixed, as it was before it followed returning keys), `governor`, `governor_retain`
+//! (`limiters/subjects.rs`)
 //! and, for `u64` keys outside the flood, `floor`: the keyed groups' floor (a read-only foldhash
 //! map of every key's `AtomicU64`, prepared as the limiters are primed, one clock read of the
 //! row's kind, GCRA's arithmetic with the row's quota, one CAS). Every subject of a row gets a
@@ -112,6 +114,16 @@ fn subjects_of<K: TrafficKey, S: Source<K>, C: Clock, G: GovernorClock + Send + 
         || subjects::tollgate(row, clock(), keys()),
         subjects::tollgate_check,
     );
+    if row.keys > tollgate::store::DEFAULT_EVICT_ABOVE {
+        case(
+            group,
+            row,
+            "tollgate_fixed",
+            source,
+            || subjects::tollgate_fixed(row, clock(), keys()),
+            subjects::tollgate_check,
+        );
+    }
     case(
         group,
         row,

@@ -21,9 +21,10 @@ pub(super) mod builder;
 /// A key whose state can no longer be told apart from a fresh key's (a full bucket, an empty
 /// window or log) may be evicted, with no background thread: when its memory is needed, and
 /// when the window counters' indices are re-anchored. The lock-free table keeps every key
-/// until it holds about [`evict_above`](crate::KeyedLimiterBuilder::evict_above) keys (default 2^21),
-/// growing as a hash map does, so a client that comes back to a full bucket finds its slot;
-/// above that, fresh keys unused since their shard last filled make room. The dashmap store is
+/// until it holds about [`evict_above`](crate::KeyedLimiterBuilder::evict_above) keys (default 2^21,
+/// raised up to 2^24 while the keys it evicts come back), growing as a hash map does, so a
+/// client that comes back to a full bucket finds its slot; above that, fresh keys unused since
+/// their shard last filled make room. The dashmap store is
 /// swept when it has doubled. An optional `max_keys` bound with an [`OverflowPolicy`] caps
 /// memory outright. No call does more than a fixed amount of eviction, copy, build or release
 /// work, whatever the number of keys: the bounds call by call, and how the tables, drains and

@@ -66,7 +66,10 @@
 //!   sooner, and its shorter cycles would evict clients that come back (tables sized for the
 //!   kept keys alone collapse so, to a few slots). Under a flood of unique keys the store so
 //!   holds about `evict_above` keys plus those holding state, and the drains' keys not visited
-//!   yet (`tests/flood.rs` holds it to 1.25 × `evict_above` at the defaults).
+//!   yet (`tests/flood.rs` holds it to 1.25 × `evict_above` at the defaults). At the default
+//!   bound a shard whose evicted keys come back raises its share instead (`returns.rs`), so
+//!   a working set of returning clients larger than the bound is kept (`tests/flood.rs` again:
+//!   2 and 4 times the bound, every key held from the second round on).
 //!   There a shard replaces its table every few thousand inserts by one of the same size,
 //!   built ahead as a growing shard's is; the drained table is released (a table in mapped
 //!   pages) or, on the heap, kept as a spare, cleared a few slots per insert once no thread
@@ -119,6 +122,8 @@ mod region;
 mod release;
 #[path = "word_table/replace.rs"]
 mod replace;
+#[path = "word_table/returns.rs"]
+mod returns;
 #[path = "word_table/shards.rs"]
 mod shards;
 #[path = "word_table/slots.rs"]
@@ -218,7 +223,13 @@ where
         self.take_from_drain(&mut shard, hash, key);
         let (at, inserted) = match find(&shard.table, hash, key) {
             // A tombstoned key comes back in place, fresh (rule 1: same key).
-            Ok(at) => (at, shard.table[at].state.revive(self.retired)),
+            Ok(at) => {
+                let revived = shard.table[at].state.revive(self.retired);
+                if revived && self.raise && returns::sampled(hash) {
+                    shard.returns.inserted(hash, true);
+                }
+                (at, revived)
+            }
             Err(_) => {
                 // The key's clone first: if it panics, the shard is as it was.
                 let owned = text::NewKey::of(key);
@@ -244,6 +255,9 @@ where
                         unsafe {
                             occupy(&shard.table, empty, hash, owned)
                         };
+                        if self.raise && returns::sampled(hash) {
+                            shard.returns.inserted(hash, false);
+                        }
                         (empty, true)
                     }
                     Ok(at) => (at, false),
@@ -280,9 +294,11 @@ where
     /// share): below that, a full table grows, as a hash map's does; above it, a full table is
     /// replaced by one of the same size and evicts keys that are fresh and were not used since
     /// it last filled. Memory under a flood of unique keys is then bounded by about `keys`
-    /// keys plus those holding state. The default is [`DEFAULT_EVICT_ABOVE`].
+    /// keys plus those holding state. The default is [`DEFAULT_EVICT_ABOVE`], raised by shards
+    /// whose evicted keys come back; a bound set here is never raised.
     fn set_evict_above(&mut self, keys: usize) {
         self.keep = keys.div_ceil(SHARDS).max(1);
+        self.raise = false;
     }
 
     fn set_carry(&mut self, carry: Carry<C>) {

@@ -92,13 +92,23 @@ impl<K, A: Algorithm, C: Clock> KeyedLimiterBuilder<K, A, C> {
         self
     }
 
-    /// Keeps every key, fresh or not, until the limiter holds about `keys` keys (default
-    /// [`DEFAULT_EVICT_ABOVE`](crate::store::DEFAULT_EVICT_ABOVE), 2^21): below that, the
-    /// word table grows as a hash map does, so clients that come back to a full bucket always
-    /// find their slot. Above it, a full shard table evicts keys that are fresh and were not
-    /// used since it last filled, so that a flood of unique keys holds about `keys` keys
-    /// (plus those still holding state). A soft bound, per shard; [`max_keys`] is the hard
-    /// one. The dashmap store ignores it.
+    /// Keeps every key, fresh or not, until the limiter holds about `keys` keys: below that,
+    /// the word table grows as a hash map does, so clients that come back to a full bucket
+    /// always find their slot. Above it, a full shard table evicts keys that are fresh and
+    /// were not used since it last filled, so that a flood of unique keys holds about `keys`
+    /// keys (plus those still holding state). A soft bound, per shard; [`max_keys`] is the
+    /// hard one. The dashmap store ignores it.
+    ///
+    /// Unset, the bound starts at [`DEFAULT_EVICT_ABOVE`](crate::store::DEFAULT_EVICT_ABOVE)
+    /// (2^21) and follows a larger working set of clients that come back: a shard whose
+    /// evicted keys return (at least one sampled insert in eight was a key it evicted)
+    /// doubles its share, up to three times, so up to 2^24 keys (16.8M; with `u64` keys
+    /// about 24 bytes each, some 400 MiB). A flood of keys seen once never raises it. A
+    /// raised share stays raised. Set `evict_above` to fix the bound where you want it: a
+    /// server with millions of returning clients and memory to spare sets it to about the
+    /// number it expects (each check then finds its key); one with a memory budget sets it
+    /// to what the budget holds (clients beyond it are evicted and inserted again as they
+    /// return, decided as new keys: exact, but an insert a visit).
     ///
     /// # Examples
     /// ```

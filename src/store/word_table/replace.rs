@@ -30,10 +30,19 @@ impl<K: Clone + Hash + Eq + Send + Sync, H: BuildHasher, C: TableCell> WordTable
         if !shard.drains.is_empty() {
             return self.chain(shard, since);
         }
+        let mut at_share = shard.live >= self.share(shard);
+        if at_share && judge.is_some() {
+            if self.raises(shard) {
+                // Its evicted keys come back: the shard keeps them, growing as below its share.
+                shard.returns.raises += 1;
+                at_share = false;
+            }
+            shard.returns.judged();
+        }
         let (slots, since) = match judge {
-            Some(fresh) if shard.live >= self.keep => {
+            Some(fresh) if at_share => {
                 let kept = self.estimate_kept(shard, fresh);
-                (self.bound_slots(kept, shard.table.len()), Some(since))
+                (self.bound_slots(shard, kept), Some(since))
             }
             // (No room for the drain's inserts here: the larger table takes a quarter of its
             // keys in inserts before it fills, and the drain ends after one insert per
@@ -65,13 +74,14 @@ impl<K: Clone + Hash + Eq + Send + Sync, H: BuildHasher, C: TableCell> WordTable
         shard.used = 0;
     }
 
-    /// The slots of the table a shard at its `evict_above` share moves to from a table of
-    /// `len` slots when the drain will keep `kept` keys: room for [`SHARE_ROOM`]'s inserts
-    /// (or the drain's, if more: a loom model's short steps) twice, and never less than the
-    /// share (what [`WordTable::build_next`] builds ahead).
-    pub(super) fn bound_slots(&self, kept: usize, len: usize) -> usize {
+    /// The slots of the table a shard at its `evict_above` share moves to from its table when
+    /// the drain will keep `kept` keys: room for [`SHARE_ROOM`]'s inserts (or the drain's, if
+    /// more: a loom model's short steps) twice, and never less than the share (what
+    /// [`WordTable::build_next`] builds ahead).
+    pub(super) fn bound_slots(&self, shard: &Shard<K, C>, kept: usize) -> usize {
+        let len = shard.table.len();
         let room = self.drain_inserts(len).max(len / SHARE_ROOM + 1);
-        holding(kept.saturating_add(2 * room).max(self.keep))
+        holding(kept.saturating_add(2 * room).max(self.share(shard)))
     }
 
     /// The fallback when the shard's table fills while a drain into it runs (the estimate
@@ -195,9 +205,13 @@ impl<K: Clone + Hash + Eq + Send + Sync, H: BuildHasher, C: TableCell> WordTable
                     shard.used += 1;
                     drain.left -= 1;
                 }
-                Visit::Evicted => {
+                Visit::Evicted(sampled) => {
                     drain.left -= 1;
                     shard.evict(1);
+                    if let Some(hash) = sampled {
+                        let share = self.share(shard);
+                        shard.returns.evicted(hash, share);
+                    }
                 }
             }
         }
@@ -278,10 +292,10 @@ impl<K: Clone + Hash + Eq + Send + Sync, H: BuildHasher, C: TableCell> WordTable
                 return;
             }
             let at_full = shard.live + left;
-            let target = if at_full < self.keep {
+            let target = if at_full < self.share(shard) || self.raises(shard) {
                 table_len(shard.grown_for(at_full))
             } else if shard.spare.is_none() {
-                table_len(self.bound_slots(self.keep, len))
+                table_len(self.bound_slots(shard, self.share(shard)))
             } else {
                 return;
             };
@@ -311,10 +325,23 @@ impl<K: Clone + Hash + Eq + Send + Sync, H: BuildHasher, C: TableCell> WordTable
         };
         let slot = &from[at];
         let retired = self.retired;
-        // A judge retires the cell itself (one CAS to the tombstone), so an admission racing
-        // it either lands first, and the key is not fresh any more, or sees the tombstone.
-        if judge.is_some_and(|fresh| fresh(&slot.state)) {
-            return Visit::Evicted;
+        let mut hash = None;
+        if let Some(fresh) = judge {
+            // A sampled key's hash, for the shard's memory of the keys it evicts (`returns.rs`),
+            // is taken before the judge retires it: the key's code runs (and may panic) while
+            // nothing has changed, as below.
+            if self.raise && from.sampled(at) {
+                hash = Some(match key {
+                    Held::Key(key) => self.hash(key).0,
+                    Held::Text(text) => self.hash(text).0,
+                });
+            }
+            // A judge retires the cell itself (one CAS to the tombstone), so an admission
+            // racing it either lands first, and the key is not fresh any more, or sees the
+            // tombstone.
+            if fresh(&slot.state) {
+                return Visit::Evicted(hash);
+            }
         }
         if !slot.state.is_live(retired) {
             return Visit::Empty; // a tombstone (dropped with its table), or moved already
@@ -324,11 +351,11 @@ impl<K: Clone + Hash + Eq + Send + Sync, H: BuildHasher, C: TableCell> WordTable
         // only the lock's holder retires cells.)
         let (hash, place, key) = match key {
             Held::Key(key) => {
-                let (hash, _) = self.hash(key);
+                let hash = hash.unwrap_or_else(|| self.hash(key).0);
                 (hash, find(to, hash, key), NewKey::Key(key.clone()))
             }
             Held::Text(text) => {
-                let (hash, _) = self.hash(text);
+                let hash = hash.unwrap_or_else(|| self.hash(text).0);
                 (hash, find_text(to, hash, text), NewKey::Text(text))
             }
         };

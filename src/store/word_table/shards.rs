@@ -7,6 +7,7 @@ use std::hash::{BuildHasher, Hash};
 use super::super::cell::TableCell;
 use super::super::keyed_store::Carry;
 use super::region::Region;
+use super::returns::Returns;
 use super::slots::*;
 use crate::clock::Nanos;
 use crate::state::AtomicWord;
@@ -82,8 +83,9 @@ pub(super) const BUILD_ABOVE: usize = if MODEL_CHECKED {
 /// The loom models' [`build_step`].
 const MODEL_BUILD_STEP: usize = 3;
 /// Keys a store holds before it evicts fresh ones, by default (see
-/// [`KeyedLimiterBuilder::evict_above`](crate::KeyedLimiterBuilder::evict_above)): with `u64`
-/// keys, 32 MiB of 16-byte slots at full load, more with the tables' headroom.
+/// [`KeyedLimiterBuilder::evict_above`](crate::KeyedLimiterBuilder::evict_above)), until
+/// a working set of returning clients raises it (up to 8 times): with `u64` keys, 32 MiB of
+/// 16-byte slots at full load, more with the tables' headroom.
 ///
 /// # Examples
 /// ```
@@ -134,6 +136,8 @@ pub(super) struct Shard<K, C: TableCell> {
     pub(super) built_unused: usize,
     /// Spares reused as the next table (for the loom models, which must reach it).
     pub(super) spares_reused: usize,
+    /// Whether the keys it evicts come back, and how often its share was raised for it.
+    pub(super) returns: Returns,
     /// The shard's index: which ladder of lengths its large tables take ([`staggered`]).
     pub(super) stagger: usize,
 }
@@ -336,7 +340,8 @@ pub(super) type Judge<'j, C> = dyn FnMut(&C) -> bool + 'j;
 pub(super) enum Visit {
     Empty,
     Moved,
-    Evicted,
+    /// With the key's hash if it is sampled ([`super::returns`]).
+    Evicted(Option<u64>),
 }
 
 /// Each thread's cached table per shard (see the module docs, rule 3). A lookup takes its
@@ -383,8 +388,12 @@ pub struct WordTable<K: Send + Sync, H, C: TableCell = AtomicWord> {
     /// Per shard: whether it holds retired tables to release (a hint for lookups, kept by
     /// [`WordTable::note_retired`]).
     pub(super) releasing: Flags,
-    /// Live keys a shard holds before it evicts fresh ones (its share of `evict_above`).
+    /// Live keys a shard holds before it evicts fresh ones (its share of `evict_above`),
+    /// unless its share was raised ([`WordTable::share`]).
     pub(super) keep: usize,
+    /// Whether a shard whose evicted keys come back raises its share (`returns.rs`): at the
+    /// default bound, not at one the user chose.
+    pub(super) raise: bool,
     /// Slots of a drain each call visits: [`DRAIN_STEP`] (fewer in some loom models).
     pub(super) drain_step: usize,
     /// Whether a lookup lets other threads run between fetching its table and probing it
@@ -427,6 +436,7 @@ impl<K: Send + Sync, H, C: TableCell> WordTable<K, H, C> {
                         allocated_large: 0,
                         spares_reused: 0,
                         built_unused: 0,
+                        returns: Returns::default(),
                         stagger,
                     })
                 })
@@ -437,6 +447,7 @@ impl<K: Send + Sync, H, C: TableCell> WordTable<K, H, C> {
             cache: PerThread::new(),
             releasing: Flags(std::array::from_fn(|_| AtomicBool::new(false))),
             keep: DEFAULT_EVICT_ABOVE / SHARDS,
+            raise: true,
             drain_step: DRAIN_STEP,
             yield_after_fetch: false,
             carry: |_, _, _| {},
@@ -456,6 +467,20 @@ impl<K: Send + Sync, H: BuildHasher, C: TableCell> WordTable<K, H, C> {
     pub(super) fn hash<Q: Hash + ?Sized>(&self, key: &Q) -> (u64, usize) {
         let hash = self.hasher.hash_one(key);
         (hash, (hash >> (64 - SHARD_BITS)) as usize)
+    }
+}
+
+impl<K: Send + Sync, H, C: TableCell> WordTable<K, H, C> {
+    /// The live keys `shard` holds before it evicts fresh ones: the store's share of
+    /// `evict_above`, doubled for each time the shard's evicted keys came back (`returns.rs`).
+    pub(super) fn share(&self, shard: &Shard<K, C>) -> usize {
+        self.keep.saturating_mul(1 << shard.returns.raises)
+    }
+
+    /// Whether `shard`, full at its share, raises it rather than evict: its evicted keys come
+    /// back, and the share is the default one.
+    pub(super) fn raises(&self, shard: &Shard<K, C>) -> bool {
+        self.raise && shard.returns.returning()
     }
 }
 

@@ -383,6 +383,13 @@ impl<K, C: TableCell> std::ops::Deref for Table<K, C> {
 
 impl<K, C: TableCell> Table<K, C> {
     /// Slot `i`'s key, if it has one.
+    /// Whether slot `i` holds a key sampled for the shard's memory of evicted keys
+    /// (`returns.rs`). Under the shard's lock (Relaxed: the lock orders the tag's store).
+    pub(super) fn sampled(&self, i: usize) -> bool {
+        let tag = tag_byte(self.tags[i / 8].load(Ordering::Relaxed), i);
+        tag != 0 && super::returns::sampled_tag(tag)
+    }
+
     pub(super) fn key(&self, i: usize) -> Option<Held<'_, K>> {
         // Acquire: pairs with `occupy`'s Release, so that the key's write is seen.
         let tag = tag_byte(self.tags[i / 8].load(Ordering::Acquire), i);
