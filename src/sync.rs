@@ -196,6 +196,48 @@ pub(crate) fn model_yield() {}
 /// the interleavings loom must explore (see `HAND_TRIES`).
 pub(crate) const MODEL_CHECKED: bool = false;
 
+/// A count only the unit tests and the loom models read (tables a call made, built and not
+/// used, spares reused): kept in the unit tests' build and in `loom-tests`' shim, and nothing
+/// (no field, no add) in the library a user builds.
+#[derive(Default, Debug)]
+pub(crate) struct Tally(#[cfg(test)] usize);
+
+impl Tally {
+    #[inline(always)]
+    pub(crate) fn add(&mut self, n: usize) {
+        #[cfg(test)]
+        {
+            self.0 += n;
+        }
+        let _ = n;
+    }
+
+    #[allow(dead_code)] // read by the unit tests
+    pub(crate) fn get(&self) -> usize {
+        #[cfg(test)]
+        return self.0;
+        #[cfg(not(test))]
+        0
+    }
+}
+
+/// A switch only the loom models turn on (the word table's yield between fetching a table and
+/// probing it): always off, and nothing, here.
+#[derive(Debug)]
+pub(crate) struct ModelSwitch;
+
+impl ModelSwitch {
+    pub(crate) const OFF: ModelSwitch = ModelSwitch;
+
+    #[allow(dead_code)] // turned on by the loom models
+    pub(crate) fn turn_on(&mut self) {}
+
+    #[inline(always)]
+    pub(crate) fn is_on(&self) -> bool {
+        false
+    }
+}
+
 /// One value per thread and per owner (the `thread_local` crate: a lookup by thread id, no
 /// shared write).
 pub(crate) struct PerThread<T: Send>(thread_local::ThreadLocal<T>);

@@ -183,6 +183,15 @@ pub mod store {
         store
     }
 
+    /// An empty word table of cells marked retired by `marks`, hashing with `hasher`
+    /// (`WordTable::new`, crate-private in the library).
+    pub fn word_table<K: Send + Sync, H, C: TableCell>(
+        marks: C::Marks,
+        hasher: H,
+    ) -> WordTable<K, H, C> {
+        WordTable::new(marks, hasher)
+    }
+
     /// A word table whose lookups let the model's other threads run between fetching a table
     /// and probing it (see `model_yield` in `sync.rs`).
     pub fn yielding_after_fetch<K, H, C>(mut store: WordTable<K, H, C>) -> WordTable<K, H, C>

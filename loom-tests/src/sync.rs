@@ -158,6 +158,36 @@ impl std::fmt::Debug for Detached {
 /// This build is the loom model (see `src/sync.rs`).
 pub(crate) const MODEL_CHECKED: bool = true;
 
+/// `src/sync.rs`'s count for tests and models: counted here.
+#[derive(Default, Debug)]
+pub(crate) struct Tally(usize);
+
+impl Tally {
+    pub(crate) fn add(&mut self, n: usize) {
+        self.0 += n;
+    }
+
+    pub(crate) fn get(&self) -> usize {
+        self.0
+    }
+}
+
+/// `src/sync.rs`'s model switch: a flag here.
+#[derive(Debug)]
+pub(crate) struct ModelSwitch(bool);
+
+impl ModelSwitch {
+    pub(crate) const OFF: ModelSwitch = ModelSwitch(false);
+
+    pub(crate) fn turn_on(&mut self) {
+        self.0 = true;
+    }
+
+    pub(crate) fn is_on(&self) -> bool {
+        self.0
+    }
+}
+
 /// `src/sync.rs`'s per-thread value. By default without the caching: every call starts from
 /// a default value, so the word table's reader loads its shard's table under the lock at each
 /// lookup, and a stale table is modelled as a table replaced *during* a lookup. A model that

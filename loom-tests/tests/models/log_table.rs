@@ -13,7 +13,7 @@ use loom::sync::Arc;
 use loom::thread;
 use tollgate_loom_tests::clock::Nanos;
 use tollgate_loom_tests::state::LogCell;
-use tollgate_loom_tests::store::{Check, Inserted, KeyTable, KeyedStore, WordTable};
+use tollgate_loom_tests::store::{word_table, Check, Inserted, KeyTable, KeyedStore, WordTable};
 use tollgate_loom_tests::{Quota, SlidingLog, Stored};
 
 use crate::{explore_reaching, same_shard_keys, At, Hasher, MS};
@@ -27,12 +27,12 @@ fn rule() -> SlidingLog {
 }
 
 fn table() -> Table {
-    KeyTable::new(WordTable::new((), Hasher::default()), None)
+    KeyTable::new(word_table((), Hasher::default()), None)
 }
 
 /// A table whose shards evict as soon as they hold a key (`evict_above` below the shards).
 fn evicting_table() -> Table {
-    let mut store = WordTable::new((), Hasher::default());
+    let mut store = word_table((), Hasher::default());
     store.set_evict_above(1);
     KeyTable::new(store, None)
 }

@@ -19,7 +19,7 @@ use tollgate_loom_tests::algorithm::WordRule;
 use tollgate_loom_tests::clock::Nanos;
 use tollgate_loom_tests::state::{AtomicWord, Retired};
 use tollgate_loom_tests::store::{
-    Check, Evictor, Inserted, KeyTable, KeyedStore, OverflowPolicy, WordTable,
+    word_table, Check, Evictor, Inserted, KeyTable, KeyedStore, OverflowPolicy, WordTable,
 };
 use tollgate_loom_tests::{Decision, Gcra, LimitError, Quota, Stored};
 
@@ -98,7 +98,7 @@ type Keyed<S> = KeyTable<u64, AtomicWord, S>;
 
 /// The lock-free word table, with GCRA's marks and a fixed hasher (loom replays executions).
 fn word_store() -> WordTable<u64, BuildHasherDefault<DefaultHasher>> {
-    WordTable::new(
+    word_table(
         Retired {
             tombstone: u64::MAX,
             moved: u64::MAX - 1,

@@ -13,8 +13,8 @@ use loom::thread;
 use tollgate_loom_tests::clock::Nanos;
 use tollgate_loom_tests::state::{AtomicWord, Retired};
 use tollgate_loom_tests::store::{
-    builds_abandoned, chain, retired_slots, spares_reused, with_drain_step, yielding_after_fetch,
-    Check, Evictor, Inserted, KeyTable, KeyedStore, WordTable,
+    builds_abandoned, chain, retired_slots, spares_reused, with_drain_step, word_table,
+    yielding_after_fetch, Check, Evictor, Inserted, KeyTable, KeyedStore, WordTable,
 };
 use tollgate_loom_tests::{Gcra, Quota, Stored};
 
@@ -35,12 +35,12 @@ pub(crate) fn rule() -> Gcra {
 }
 
 fn table() -> Table {
-    KeyTable::new(WordTable::new(MARKS, Hasher::default()), None)
+    KeyTable::new(word_table(MARKS, Hasher::default()), None)
 }
 
 /// A table whose shards evict as soon as they hold a key (`evict_above` below the shards).
 fn evicting_table() -> Table {
-    let mut store = WordTable::new(MARKS, Hasher::default());
+    let mut store = word_table(MARKS, Hasher::default());
     store.set_evict_above(1);
     KeyTable::new(store, None)
 }
@@ -252,7 +252,7 @@ fn a_chained_drain_races_an_admission() {
         "word table: chained drains vs admission",
         &["lock-free", "under the lock"],
         move |seen| {
-            let store = with_drain_step(WordTable::new(MARKS, Hasher::default()), 2);
+            let store = with_drain_step(word_table(MARKS, Hasher::default()), 2);
             let table = Arc::new(KeyTable::new(store, None));
             for &key in &keys[..5] {
                 assert!(admit_at(&table, key, NOW));
@@ -310,7 +310,7 @@ fn an_era_change_races_an_old_attempt() {
             "old attempt after the carry",
         ],
         move |seen| {
-            let mut store = with_drain_step(WordTable::new(MARKS, Hasher::default()), 1);
+            let mut store = with_drain_step(word_table(MARKS, Hasher::default()), 1);
             store.set_carry(|cell: &AtomicWord, _from, _to| {
                 let _ = cell.try_update(|| 0, |s, _| ((), s + 100), |_| false);
             });
@@ -441,7 +441,7 @@ fn drain_races_an_admission<K>(keys: Vec<K>, seen: &crate::Seen)
 where
     K: Clone + std::hash::Hash + Eq + Send + Sync + std::fmt::Debug + 'static,
 {
-    let store = WordTable::new(MARKS, Hasher::default());
+    let store = word_table(MARKS, Hasher::default());
     let table = Arc::new(KeyTable::new(store, None));
     let rule = rule();
     let admit = |table: &KeyTable<K, AtomicWord, _>, key: &K| {
@@ -512,7 +512,7 @@ fn a_string_key_is_read_only_once_published() {
         move |seen| {
             // Each lookup yields between fetching its table and probing it, so that the
             // inserts run in between (see `yielding_after_fetch`).
-            let store = yielding_after_fetch(WordTable::new(MARKS, Hasher::default()));
+            let store = yielding_after_fetch(word_table(MARKS, Hasher::default()));
             let table = Arc::new(KeyTable::new(store, None));
             let rule = rule();
             // The shard's table exists, holding a first key, and the reader's lookups of the
@@ -620,7 +620,7 @@ fn a_table_cached_across_calls_is_replaced_drained_and_freed() {
         ],
         move |seen| {
             tollgate_loom_tests::keep_per_thread_values(true);
-            let store = with_drain_step(WordTable::new(MARKS, Hasher::default()), 2);
+            let store = with_drain_step(word_table(MARKS, Hasher::default()), 2);
             tollgate_loom_tests::keep_per_thread_values(false);
             let table = Arc::new(KeyTable::new(store, None));
             for &key in &keys[..4] {

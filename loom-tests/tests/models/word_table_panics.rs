@@ -20,7 +20,7 @@ use loom::sync::Arc;
 use loom::thread;
 use tollgate_loom_tests::state::AtomicWord;
 use tollgate_loom_tests::store::{
-    audit, retired_slots, Check, KeyTable, KeyedStore, OverflowPolicy, WordTable,
+    audit, retired_slots, word_table, Check, KeyTable, KeyedStore, OverflowPolicy, WordTable,
 };
 use tollgate_loom_tests::{locks_survive_panics, Stored};
 
@@ -245,7 +245,7 @@ fn a_key_panics_under_the_shard_lock(call: Call, admitted: usize, seen: &Seen) {
     let ledger = Ledger::new();
     let key = |i: usize| Trapped::new(ids[i], ledger);
     locks_survive_panics(true);
-    let store = WordTable::new(MARKS, Hasher::default());
+    let store = word_table(MARKS, Hasher::default());
     locks_survive_panics(false);
     // A bound the model never reaches, so that the key table counts its keys (an unbounded
     // word table's are the store's own count): an insert the panic interrupts gives back

@@ -32,7 +32,7 @@ impl<K: Clone + Hash + Eq + Send + Sync, H: BuildHasher, C: TableCell> WordTable
     /// the yield changes which schedules a bounded search reaches, so models opt in.
     #[allow(dead_code)] // called by the loom models
     pub(crate) fn yield_after_fetch_for_model(&mut self) {
-        self.yield_after_fetch = true;
+        self.yield_after_fetch.turn_on();
     }
 
     /// Chains the table of `key`'s shard if a drain runs there, as an insert does when the
@@ -77,7 +77,7 @@ impl<K: Send + Sync, H, C: TableCell> WordTable<K, H, C> {
     pub(crate) fn allocated_large(&self) -> usize {
         self.shards
             .iter()
-            .map(|shard| shard.lock().allocated_large)
+            .map(|shard| shard.lock().allocated_large.get())
             .sum()
     }
 
@@ -109,7 +109,7 @@ impl<K: Send + Sync, H, C: TableCell> WordTable<K, H, C> {
     pub(crate) fn spares_reused(&self) -> usize {
         self.shards
             .iter()
-            .map(|shard| shard.lock().spares_reused)
+            .map(|shard| shard.lock().spares_reused.get())
             .sum()
     }
 
@@ -118,7 +118,7 @@ impl<K: Send + Sync, H, C: TableCell> WordTable<K, H, C> {
     pub(crate) fn built_unused(&self) -> usize {
         self.shards
             .iter()
-            .map(|shard| shard.lock().built_unused)
+            .map(|shard| shard.lock().built_unused.get())
             .sum()
     }
 

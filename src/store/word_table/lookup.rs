@@ -7,7 +7,7 @@ use std::hash::{BuildHasher, Hash};
 use super::super::cell::TableCell;
 use super::shards::*;
 use super::slots::*;
-use crate::sync::{Ordering, MODEL_CHECKED};
+use crate::sync::Ordering;
 
 /// A lookup that does the shard's upkeep on the way (a drain step, a release step of its
 /// retired tables), which runs other keys' code: a check's, before it decides anything, so a
@@ -137,7 +137,7 @@ impl<K: Clone + Hash + Eq + Send + Sync, H: BuildHasher, C: TableCell> WordTable
                 fetched = true;
                 // In the loom models that ask for it, other threads run between the fetch
                 // and the probe (see `model_yield`); compiled away otherwise.
-                if MODEL_CHECKED && self.yield_after_fetch {
+                if self.yield_after_fetch.is_on() {
                     crate::sync::model_yield();
                 }
             };

@@ -257,7 +257,7 @@ impl<K: Clone + Hash + Eq + Send + Sync, H: BuildHasher, C: TableCell> WordTable
                 );
                 // Relaxed: no thread caches the spare; the lock publishes it.
                 spare.table.era.store(era, Ordering::Relaxed);
-                shard.spares_reused += 1;
+                shard.spares_reused.add(1);
                 return spare.table;
             }
             shard.retiring.push(spare.table);
@@ -266,11 +266,11 @@ impl<K: Clone + Hash + Eq + Send + Sync, H: BuildHasher, C: TableCell> WordTable
             if next.is_built() && fits(next.len) {
                 return Arc::new(next.into_table(era));
             }
-            shard.built_unused += 1;
+            shard.built_unused.add(1);
             shard.freeing.push(next.into_freeing());
         }
         let table = new_table(slots, era);
-        shard.allocated_large += usize::from(len > BUILD_ABOVE);
+        shard.allocated_large.add(usize::from(len > BUILD_ABOVE));
         table
     }
 

@@ -11,7 +11,9 @@ use super::returns::Returns;
 use super::slots::*;
 use crate::clock::Nanos;
 use crate::state::AtomicWord;
-use crate::sync::{Arc, AtomicBool, AtomicU64, AtomicUsize, Mutex, PerThread, MODEL_CHECKED};
+use crate::sync::{
+    Arc, AtomicBool, AtomicU64, AtomicUsize, ModelSwitch, Mutex, PerThread, Tally, MODEL_CHECKED,
+};
 
 /// Slots of a replaced table that each insert into its shard visits (moves or evicts): the
 /// most eviction and copying work any one call does, whatever the table's size. (A loom model
@@ -131,11 +133,11 @@ pub(super) struct Shard<K, C: TableCell> {
     /// Tables of more than [`BUILD_ABOVE`] slots made in one call, allocated or mapped, where
     /// none was built ahead or kept as a spare (for tests: growth builds them ahead and the
     /// bound reuses them, so only chained drains and era moves should).
-    pub(super) allocated_large: usize,
+    pub(super) allocated_large: Tally,
     /// Tables built ahead, or being built, that a replacement could not use (for tests).
-    pub(super) built_unused: usize,
+    pub(super) built_unused: Tally,
     /// Spares reused as the next table (for the loom models, which must reach it).
-    pub(super) spares_reused: usize,
+    pub(super) spares_reused: Tally,
     /// Whether the keys it evicts come back, and how often its share was raised for it.
     pub(super) returns: Returns,
     /// The shard's index: which ladder of lengths its large tables take ([`staggered`]).
@@ -398,7 +400,7 @@ pub struct WordTable<K: Send + Sync, H, C: TableCell = AtomicWord> {
     pub(super) drain_step: usize,
     /// Whether a lookup lets other threads run between fetching its table and probing it
     /// (`crate::sync::model_yield`): set by the loom models that need it; false otherwise.
-    pub(super) yield_after_fetch: bool,
+    pub(super) yield_after_fetch: ModelSwitch,
     /// Carries a state moved out of a table of an older era into the newer one.
     pub(super) carry: Carry<C>,
 }
@@ -415,9 +417,8 @@ impl<K: Send + Sync, H, C: TableCell> WordTable<K, H, C> {
     /// An empty store whose cells use `retired`'s marks, hashing with `hasher`. The marks must
     /// be those of the rule the store will serve (states that rule never produces), so build
     /// one through [`KeyedLimiterBuilder::build`](crate::KeyedLimiterBuilder::build) (or
-    /// `Stored::new_store`); this constructor is public for the loom models.
-    #[doc(hidden)]
-    pub fn new(retired: C::Marks, hasher: H) -> Self {
+    /// `Stored::new_store`). (The loom models reach it through `loom-tests`' `word_table`.)
+    pub(crate) fn new(retired: C::Marks, hasher: H) -> Self {
         WordTable {
             shards: (0..SHARDS)
                 .map(|stagger| {
@@ -433,9 +434,9 @@ impl<K: Send + Sync, H, C: TableCell> WordTable<K, H, C> {
                         next: None,
                         retiring: Vec::new(),
                         freeing: Vec::new(),
-                        allocated_large: 0,
-                        spares_reused: 0,
-                        built_unused: 0,
+                        allocated_large: Tally::default(),
+                        spares_reused: Tally::default(),
+                        built_unused: Tally::default(),
                         returns: Returns::default(),
                         stagger,
                     })
@@ -449,7 +450,7 @@ impl<K: Send + Sync, H, C: TableCell> WordTable<K, H, C> {
             keep: DEFAULT_EVICT_ABOVE / SHARDS,
             raise: true,
             drain_step: DRAIN_STEP,
-            yield_after_fetch: false,
+            yield_after_fetch: ModelSwitch::OFF,
             carry: |_, _, _| {},
         }
     }
