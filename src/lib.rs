@@ -263,8 +263,8 @@
 //!   in one `u64` updated by a compare-and-swap loop; the sliding log keeps a compact ring
 //!   buffer.
 //! - [`store`]: the sharded concurrent map of keyed limiters (the lock-free word table by
-//!   default, [`store::DashMapStore`] to compare), and the [`store::KeyedStore`] trait to plug
-//!   in another.
+//!   default, [`store::DashMapStore`] to compare), and the [`store::KeyedStore`] trait that
+//!   names either.
 //! - [`limiter`]: [`Limiter`] and [`KeyedLimiter`] wire a [`clock`], a rule and a store.
 //! - [`MultiLimiter`]: several quotas on one key, all or nothing.
 //! - [`replay`]: the trace format of `tollgate replay`.

@@ -1,10 +1,10 @@
 //! Keyed stores: where a keyed limiter keeps one state cell per key.
 //!
-//! The limiter talks to a store only through [`KeyedStore`], so a faster table can replace the
-//! dashmap one without touching the algorithms. What a keyed limiter does *around* the store
-//! (counting keys, the `max_keys` bound, the sweeps of a store that does not evict on its own)
-//! is `table.rs`, written
-//! against [`KeyedStore`] and `crate::sync` only, so that `loom-tests` can model-check it.
+//! The limiter talks to a store only through the crate's store protocol (sealed by
+//! [`KeyedStore`]), so a faster table can replace the dashmap one without touching the
+//! algorithms. What a keyed limiter does *around* the store (counting keys, the `max_keys`
+//! bound, the sweeps of a store that does not evict on its own) is `table.rs`, written against
+//! that protocol and `crate::sync` only, so that `loom-tests` can model-check it.
 //!
 //! ```
 //! use tollgate::{store::DashMapStore, Gcra, KeyedLimiter, Quota};
@@ -35,7 +35,10 @@ pub(crate) mod word_table;
 mod word_table_tests;
 
 pub use self::dashmap::DashMapStore;
-pub use self::keyed_store::{Carry, Evictor, Inserted, KeyedStore};
+pub(crate) use self::keyed_store::Evictor;
+pub use self::keyed_store::KeyedStore;
+#[cfg(test)]
+pub(crate) use self::keyed_store::StoreProtocol;
 pub(crate) use self::stored::Stored;
 #[cfg(test)]
 pub(crate) use self::stored::{TAT_MARKS, WINDOW_MARKS};

@@ -160,13 +160,13 @@ mod table;
 mod word_table;
 
 pub mod store {
-    //! The library's `store` module: the `KeyedStore` trait, the key table (`KeyTable`: key
+    //! The library's `store` module: the `StoreProtocol` trait, the key table (`KeyTable`: key
     //! count, `max_keys`, overflow, eviction) written against it, and the lock-free word table
     //! over loom's atomics, mutex, `Arc` and per-thread values.
 
     pub use crate::cell::TableCell;
     pub use crate::dashmap_store::DashMapStore;
-    pub use crate::keyed_store::{Carry, Evictor, Inserted, KeyedStore};
+    pub use crate::keyed_store::{Carry, Evictor, Inserted, KeyedStore, StoreProtocol};
     pub use crate::stored::Stored;
     pub(crate) use crate::table;
     pub use crate::table::{Check, KeyTable, OverflowPolicy, Reserve};

@@ -510,6 +510,7 @@ where
 mod count_tests {
     use super::*;
     use crate::clock::ManualClock;
+    use crate::store::StoreProtocol;
     use crate::{Gcra, Quota};
     use std::time::Duration;
 

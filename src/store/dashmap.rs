@@ -3,7 +3,7 @@ use std::hash::Hash;
 
 use dashmap::DashMap;
 
-use super::keyed_store::{Evictor, Inserted, KeyedStore};
+use super::keyed_store::{Evictor, Inserted, StoreProtocol};
 
 /// A keyed store on a sharded [`DashMap`] (the limiters' default is the lock-free
 /// word table; this one is there to compare with, and to plug in
@@ -61,7 +61,7 @@ impl<K: Hash + Eq, V> Default for DashMapStore<K, V> {
     }
 }
 
-impl<K, V> KeyedStore<K, V> for DashMapStore<K, V>
+impl<K, V> StoreProtocol<K, V> for DashMapStore<K, V>
 where
     K: Hash + Eq + Send + Sync,
     V: Default + Send + Sync,
@@ -119,5 +119,39 @@ where
 
     fn len(&self) -> usize {
         self.map.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::clock::Nanos;
+
+    /// A limiter that never lets its store evict.
+    struct NoEviction;
+
+    impl Evictor<u64> for NoEviction {
+        fn sweep(&self) -> usize {
+            0
+        }
+
+        fn judging<R>(
+            &self,
+            _: impl FnOnce(Nanos, &dyn Fn(&u64, Nanos) -> bool) -> R,
+        ) -> Option<R> {
+            None
+        }
+    }
+
+    #[test]
+    fn it_counts_the_keys_it_holds_and_says_which_it_inserted() {
+        let store = DashMapStore::<u64, u64>::new();
+        assert!(store.is_empty());
+        for (key, new) in [(1, true), (2, true), (3, true), (2, false)] {
+            let mut done = Inserted::default();
+            store.with_inserted(&key, 0, |_| (), &NoEviction, &mut done);
+            assert_eq!(done.inserted, new, "key {key}");
+        }
+        assert_eq!((store.len(), store.is_empty()), (3, false));
     }
 }

@@ -6,12 +6,13 @@ use std::hash::Hash;
 
 use crate::clock::Nanos;
 
-/// A concurrent map from keys to state cells.
+/// A concurrent map from keys to state cells, for a [`KeyedLimiter`](crate::KeyedLimiter):
+/// the lock-free word table (every algorithm's default) or
+/// [`DashMapStore`](crate::store::DashMapStore). Name it to write code generic over the store.
 ///
-/// Contract: an admission is never lost to a concurrent eviction or move. Either a cell handed
-/// to `f` stays in the map while `f` runs (the dashmap store: a shard lock), or the cell is
-/// retired by one CAS that a decision in `f` cannot miss (the word table: `f` sees the mark and
-/// returns `None`).
+/// Sealed: the calls a limiter makes on its store, and the eviction and re-anchoring protocol
+/// behind them, are the crate's own (so that they can change with the table), and no other
+/// type implements it.
 ///
 /// # Examples
 /// A limiter is generic over its store; the two stores of this crate decide alike:
@@ -28,13 +29,24 @@ use crate::clock::Nanos;
 /// assert_eq!(burst_of(&on_word_table), 3);
 /// # Ok::<(), tollgate::QuotaError>(())
 /// ```
-pub trait KeyedStore<K, V>: Send + Sync {
+pub trait KeyedStore<K, V>: StoreProtocol<K, V> {}
+
+impl<K, V, S: StoreProtocol<K, V>> KeyedStore<K, V> for S {}
+
+/// The calls a keyed limiter makes on its store ([`KeyedStore`], which seals it: this trait is
+/// the crate's, out of users' reach).
+///
+/// Contract: an admission is never lost to a concurrent eviction or move. Either a cell handed
+/// to `f` stays in the map while `f` runs (the dashmap store: a shard lock), or the cell is
+/// retired by one CAS that a decision in `f` cannot miss (the word table: `f` sees the mark and
+/// returns `None`).
+pub trait StoreProtocol<K, V>: Send + Sync {
     /// Whether the store evicts fresh keys on its own, when it needs room for a new one (the
     /// word table). A store that does not is swept by its key table, every time it doubles.
     const EVICTS_ON_INSERT: bool = false;
 
     /// Whether the store re-anchors its cells itself as the rule's era moves on (the word
-    /// table: see [`KeyedStore::set_carry`]). A store that does not is swept by its limiter at
+    /// table: see [`StoreProtocol::set_carry`]). A store that does not is swept by its limiter at
     /// each re-anchoring of the window counters, in the call that finds it due.
     const RE_ANCHORS: bool = false;
 
@@ -51,7 +63,7 @@ pub trait KeyedStore<K, V>: Send + Sync {
         K: Borrow<Q>,
         Q: Hash + Eq + ?Sized;
 
-    /// [`KeyedStore::with_existing`] for a change that must not be lost (a refund, which its
+    /// [`StoreProtocol::with_existing`] for a change that must not be lost (a refund, which its
     /// caller cannot try again): besides the lookup's own calls (the key's `Hash`, and `Eq`
     /// against the keys it probes past) the call runs no key's code, so that no other key's
     /// panic can interrupt it. A store whose lookups also do upkeep that runs keys' code (the
@@ -71,9 +83,9 @@ pub trait KeyedStore<K, V>: Send + Sync {
         self.with_existing(key, era, f)
     }
 
-    /// [`KeyedStore::with_existing`] on the fast path only: `None` may also mean that the key
+    /// [`StoreProtocol::with_existing`] on the fast path only: `None` may also mean that the key
     /// is being moved, so a caller that gets `None` must go on to
-    /// [`KeyedStore::with_inserted`], which finds it.
+    /// [`StoreProtocol::with_inserted`], which finds it.
     #[inline]
     fn try_existing<Q, R>(&self, key: &Q, era: u64, f: impl FnMut(&V) -> Option<R>) -> Option<R>
     where
@@ -89,7 +101,7 @@ pub trait KeyedStore<K, V>: Send + Sync {
     /// What the call did besides is written to `done` before `f` runs, so that a caller knows
     /// it even if `f` panics. A call that a key's own code interrupts (a panic in its `Hash`,
     /// `Eq`, `Clone` or `Drop`) leaves `done` as it was and inserts nothing; keys it evicted
-    /// are reported by a later call of the store's. `era` as for [`KeyedStore::with_existing`].
+    /// are reported by a later call of the store's. `era` as for [`StoreProtocol::with_existing`].
     fn with_inserted<Q, R>(
         &self,
         key: &Q,
@@ -115,7 +127,7 @@ pub trait KeyedStore<K, V>: Send + Sync {
     /// Other stores ignore it.
     fn set_evict_above(&mut self, _keys: usize) {}
 
-    /// For a store that re-anchors itself ([`KeyedStore::RE_ANCHORS`]): how to carry a cell
+    /// For a store that re-anchors itself ([`StoreProtocol::RE_ANCHORS`]): how to carry a cell
     /// written in one era into a later one (`Stored::carry`), applied to each cell it
     /// moves out of a table of an older era. Other stores ignore it.
     fn set_carry(&mut self, _carry: Carry<V>) {}
@@ -135,19 +147,12 @@ pub trait KeyedStore<K, V>: Send + Sync {
 }
 
 /// Re-encodes a cell written in era `from` for era `to` (`from < to`), in place, before any
-/// other thread can see it: see [`KeyedStore::set_carry`].
+/// other thread can see it: see [`StoreProtocol::set_carry`].
 pub type Carry<V> = fn(cell: &V, from: u64, to: u64);
 
-/// What [`KeyedStore::with_inserted`] did besides running its closure (and keys evicted
+/// What [`StoreProtocol::with_inserted`] did besides running its closure (and keys evicted
 /// earlier that no call had reported yet).
-///
-/// # Examples
-/// ```
-/// use tollgate::store::Inserted;
-/// // A new key, for which the store made room by evicting two fresh ones.
-/// let what = Inserted { inserted: true, evicted: 2 };
-/// assert_ne!(what, Inserted::default()); // default: an existing key, nothing evicted
-/// ```
+/// (Default: an existing key, nothing evicted.)
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Inserted {
     /// Whether the key was inserted (or revived) by this call.
@@ -157,30 +162,7 @@ pub struct Inserted {
 }
 
 /// What a keyed limiter lends its store to evict with: the rule in force and a clock reading.
-///
-/// # Examples
-/// Stores receive one from the limiter; a test of a store can lend its own. This one judges
-/// a cell fresh when it holds 0, and retires it to a tombstone:
-/// ```
-/// use std::sync::atomic::{AtomicU64, Ordering};
-/// use tollgate::{clock::Nanos, store::Evictor};
-/// struct ZeroIsFresh;
-/// impl Evictor<AtomicU64> for ZeroIsFresh {
-///     fn sweep(&self) -> usize {
-///         0
-///     }
-///     fn judging<R>(&self, f: impl FnOnce(Nanos, &dyn Fn(&AtomicU64, Nanos) -> bool) -> R) -> Option<R> {
-///         let retire = |cell: &AtomicU64, _since| {
-///             cell.compare_exchange(0, u64::MAX, Ordering::AcqRel, Ordering::Acquire).is_ok()
-///         };
-///         Some(f(0, &retire))
-///     }
-/// }
-/// let (fresh, busy) = (AtomicU64::new(0), AtomicU64::new(5));
-/// let evicted = ZeroIsFresh.judging(|now, judge| [&fresh, &busy].iter().filter(|c| judge(c, now)).count());
-/// assert_eq!(evicted, Some(1));
-/// assert_eq!(fresh.load(Ordering::Relaxed), u64::MAX); // the tombstone
-/// ```
+/// Stores receive one from the limiter; a test of a store lends its own (`word_table_tests.rs`).
 pub trait Evictor<V> {
     /// Evicts every fresh key now (the amortised sweep of a store that does not evict on its
     /// own); returns how many.

@@ -125,7 +125,7 @@ pub trait Stored: Rule {
     }
 
     /// The anchor its states are written against: a store that re-anchors itself never hands
-    /// a decision a cell of an older era ([`KeyedStore::with_existing`]). 0 for the rules
+    /// a decision a cell of an older era ([`StoreProtocol::with_existing`]). 0 for the rules
     /// whose states need none.
     #[inline(always)]
     fn era(&self) -> u64 {
@@ -133,7 +133,7 @@ pub trait Stored: Rule {
     }
 
     /// Re-encodes, in place, a cell written in era `from` for the later era `to` (see
-    /// [`KeyedStore::set_carry`]): a state too old to be read in `to` is fresh, and becomes
+    /// [`StoreProtocol::set_carry`]): a state too old to be read in `to` is fresh, and becomes
     /// the fresh state. Nothing, for the rules whose states need no era.
     fn carry(_cell: &Self::Cell, _from: u64, _to: u64) {}
 

@@ -4,7 +4,7 @@
 //! store does not evict on its own or the bound is reached (amortised over the calls that
 //! insert), and decides on an existing key or else inserts it.
 //!
-//! Written against [`KeyedStore`] and `crate::sync` only, with the rule and the clock passed
+//! Written against [`StoreProtocol`] and `crate::sync` only, with the rule and the clock passed
 //! in, so that `loom-tests` compiles this very file against loom's atomics and a store of its
 //! own. Its correctness rests on the store's contract: a cell handed to a closure stays in the
 //! map while the closure runs, and `retain` judges and removes a cell with no closure running
@@ -14,7 +14,7 @@ use std::borrow::Borrow;
 use std::hash::Hash;
 use std::marker::PhantomData;
 
-use super::keyed_store::{Evictor, Inserted, KeyedStore};
+use super::keyed_store::{Evictor, Inserted, StoreProtocol};
 use super::stored::Stored;
 use crate::clock::Nanos;
 use crate::decision::{Decision, LimitError};
@@ -125,7 +125,7 @@ impl<K, V, S> KeyTable<K, V, S> {
     /// in progress).
     pub fn len(&self) -> usize
     where
-        S: KeyedStore<K, V>,
+        S: StoreProtocol<K, V>,
     {
         if !self.counts() {
             return self.store.len();
@@ -139,7 +139,7 @@ impl<K, V, S> KeyTable<K, V, S> {
     #[inline]
     fn counts(&self) -> bool
     where
-        S: KeyedStore<K, V>,
+        S: StoreProtocol<K, V>,
     {
         self.max_keys.is_some() || !S::EVICTS_ON_INSERT
     }
@@ -147,7 +147,7 @@ impl<K, V, S> KeyTable<K, V, S> {
     /// Whether no key holds state.
     pub fn is_empty(&self) -> bool
     where
-        S: KeyedStore<K, V>,
+        S: StoreProtocol<K, V>,
     {
         self.len() == 0
     }
@@ -213,7 +213,7 @@ impl Charge for Reserve {
 impl<K, V, S> KeyTable<K, V, S>
 where
     K: Hash + Eq,
-    S: KeyedStore<K, V>,
+    S: StoreProtocol<K, V>,
 {
     /// Decides a request of `cost` (at most the rule's capacity) for `key`, counted as
     /// `charge` says: on its cell if the key is held, else on a cell inserted for it, else (at
@@ -276,7 +276,7 @@ where
     }
 
     /// Decides a request of `cost` for `key` as `charge` says, if the table holds the key,
-    /// running no other key's code ([`KeyedStore::with_existing_alone`]); `None` if the key
+    /// running no other key's code ([`StoreProtocol::with_existing_alone`]); `None` if the key
     /// is not held (nothing changed).
     #[cfg_attr(not(feature = "tokio"), allow(dead_code))] // the waiter queue's reservations
     pub fn check_held<Q, A>(

@@ -37,7 +37,7 @@
 //! next table a page of slots per insert ([`build_step`]), from [`build_from`] inserts before
 //! its table is full (at the bound too, where a heap table reuses its drained one instead:
 //! below); only a chained table's replacement may be allocated in the call that needs
-//! it, as may a table that moves to a new era (below). (`KeyedStore::retain`, an explicit
+//! it, as may a table that moves to a new era (below). (`StoreProtocol::retain`, an explicit
 //! sweep, visits every slot.)
 //!
 //! # Re-anchoring: eras
@@ -50,12 +50,12 @@
 //! change *forgets* its table, which joins the drains as a full table does
 //! ([`WordTable::chain`]; one with no live key just takes the new era). The drain and the
 //! lookups then carry each key into a table of the new era, one drain step per call, through
-//! the rule's `carry` ([`KeyedStore::set_carry`]): a state too old to read in the new era is
+//! the rule's `carry` ([`StoreProtocol::set_carry`]): a state too old to read in the new era is
 //! fresh, and becomes 0. So moving the anchor costs the limiter one store of its rule, and no
 //! call visits more slots than a drain step. A caller still holding the old rule may decide on
 //! a table of the new era: the states there lie within both eras' ranges.
 //!
-//! - **Below** the store's share of [`KeyedStore::set_evict_above`] (by default
+//! - **Below** the store's share of [`StoreProtocol::set_evict_above`] (by default
 //!   [`DEFAULT_EVICT_ABOVE`] keys), the new table is larger, sized for every live key to fill
 //!   it to 5/8, and the drain moves every key: the store grows as a hash map does, and keeps
 //!   every client, fresh or not.
@@ -79,7 +79,7 @@
 //! Nor does a call drop a whole table: a table the shard no longer needs (a growing shard's
 //! drained one) is released [`CLEAR_STEP`] slots per insert once no thread caches it, and per
 //! lookup too (one in [`HELP_EVERY`] of a thread's, if the shard's lock is free; not a
-//! refund's: [`KeyedStore::with_existing_alone`]), so that memory comes back when the key set
+//! refund's: [`StoreProtocol::with_existing_alone`]), so that memory comes back when the key set
 //! stops growing and no insert comes. Dropping a table of
 //! keys with drop glue loops over its slots (a free per `String` key), and a call that did it
 //! at once was the flood's worst tail; keys without it (`u64`, `IpAddr`) need no loop (the
@@ -92,7 +92,7 @@
 //! or as recent, never as fresh when it is not.
 //!
 //! A tombstoned key is revived in place if it comes back (a tombstone in the current table is
-//! left by an explicit sweep, [`KeyedStore::retain`], which also reclaims tombstones once they
+//! left by an explicit sweep, [`StoreProtocol::retain`], which also reclaims tombstones once they
 //! outnumber the live keys).
 //!
 //! # Caveats
@@ -107,7 +107,7 @@ use std::borrow::Borrow;
 use std::hash::{BuildHasher, Hash};
 
 use super::cell::TableCell;
-use super::keyed_store::{Carry, Evictor, Inserted, KeyedStore};
+use super::keyed_store::{Carry, Evictor, Inserted, StoreProtocol};
 
 // Explicit paths: `loom-tests` includes this file with `#[path]` (see `algorithm.rs`).
 #[path = "word_table/hand.rs"]
@@ -148,7 +148,7 @@ pub(crate) use self::{
     slots::{staggered, work, Slot, CLEAR_STEP},
 };
 
-impl<K, H, C> KeyedStore<K, C> for WordTable<K, H, C>
+impl<K, H, C> StoreProtocol<K, C> for WordTable<K, H, C>
 where
     C: TableCell,
     K: Clone + Hash + Eq + Send + Sync,

@@ -4,7 +4,7 @@
 use std::hash::Hash;
 
 use super::cell::TableCell;
-use super::keyed_store::{Evictor, Inserted, KeyedStore};
+use super::keyed_store::{Evictor, Inserted, StoreProtocol};
 use super::word_table::{staggered, WordTable, DRAIN_STEP, SHARDS, SHARE_ROOM};
 use crate::clock::Nanos;
 use crate::state::{AtomicWord, Retired};
@@ -67,7 +67,7 @@ fn insert(store: &Store, key: u64, n: u64, judge: &Judge) -> bool {
         .inserted
 }
 
-/// [`KeyedStore::with_inserted`], returning what it did.
+/// [`StoreProtocol::with_inserted`], returning what it did.
 fn inserting<K, Q, S, R>(
     store: &S,
     key: &Q,
@@ -77,7 +77,7 @@ fn inserting<K, Q, S, R>(
 where
     K: Hash + Eq + Clone + std::borrow::Borrow<Q>,
     Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
-    S: KeyedStore<K, AtomicWord>,
+    S: StoreProtocol<K, AtomicWord>,
 {
     let mut done = Inserted::default();
     let result = store.with_inserted(key, 0, f, judge, &mut done);

@@ -13,7 +13,7 @@ use loom::sync::Arc;
 use loom::thread;
 use tollgate_loom_tests::clock::Nanos;
 use tollgate_loom_tests::state::LogCell;
-use tollgate_loom_tests::store::{word_table, Check, Inserted, KeyTable, KeyedStore, WordTable};
+use tollgate_loom_tests::store::{word_table, Check, Inserted, KeyTable, StoreProtocol, WordTable};
 use tollgate_loom_tests::{Quota, SlidingLog, Stored};
 
 use crate::{explore_reaching, same_shard_keys, At, Hasher, MS};

@@ -25,7 +25,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use tollgate_loom_tests::clock::Nanos;
-use tollgate_loom_tests::store::{Evictor, KeyTable, KeyedStore};
+use tollgate_loom_tests::store::{Evictor, KeyTable, StoreProtocol};
 use tollgate_loom_tests::{Gcra, Stored};
 
 /// A keyed limiter's evictor at a frozen instant: sweeps `table` and judges its cells under
@@ -37,7 +37,7 @@ pub struct At<'a, S, A: Stored = Gcra> {
     pub at: Nanos,
 }
 
-impl<S: KeyedStore<u64, A::Cell>, A: Stored> Evictor<A::Cell> for At<'_, S, A> {
+impl<S: StoreProtocol<u64, A::Cell>, A: Stored> Evictor<A::Cell> for At<'_, S, A> {
     fn sweep(&self) -> usize {
         self.table.evict_fresh(&self.rule, self.at)
     }

@@ -19,7 +19,7 @@ use tollgate_loom_tests::algorithm::WordRule;
 use tollgate_loom_tests::clock::Nanos;
 use tollgate_loom_tests::state::{AtomicWord, Retired};
 use tollgate_loom_tests::store::{
-    word_table, Check, Evictor, Inserted, KeyTable, KeyedStore, OverflowPolicy, WordTable,
+    word_table, Check, Evictor, Inserted, KeyTable, OverflowPolicy, StoreProtocol, WordTable,
 };
 use tollgate_loom_tests::{Decision, Gcra, LimitError, Quota, Stored};
 
@@ -29,7 +29,7 @@ use crate::{explore, explore_reaching, At, MS};
 const NOW: Nanos = 5 * MS;
 
 /// A store loom can see: one reader-writer lock over a map, a dashmap with a single shard. As
-/// the `KeyedStore` contract asks, every closure runs while the lock is held (read for a lookup,
+/// the `StoreProtocol` contract asks, every closure runs while the lock is held (read for a lookup,
 /// write for an insert or a sweep), so a sweep cannot remove a cell a decision is running on.
 ///
 /// Cells sit behind an `Arc` only so that the contract can be broken in one line (run `f` on a
@@ -43,7 +43,7 @@ impl<V> LockedStore<V> {
     }
 }
 
-impl<V: Default + Send + Sync> KeyedStore<u64, V> for LockedStore<V> {
+impl<V: Default + Send + Sync> StoreProtocol<u64, V> for LockedStore<V> {
     fn with_existing<Q, R>(
         &self,
         key: &Q,
@@ -117,7 +117,7 @@ fn table(max_keys: Option<(usize, OverflowPolicy)>) -> Table {
 }
 
 /// A checked cost-1 request for `key`, judged at `at`.
-fn admit_at<S: KeyedStore<u64, AtomicWord>>(
+fn admit_at<S: StoreProtocol<u64, AtomicWord>>(
     table: &Keyed<S>,
     key: u64,
     at: Nanos,
@@ -127,7 +127,7 @@ fn admit_at<S: KeyedStore<u64, AtomicWord>>(
     table.check_key(&key, &rule, || at, 1, &evictor, Check)
 }
 
-fn admit<S: KeyedStore<u64, AtomicWord>>(
+fn admit<S: StoreProtocol<u64, AtomicWord>>(
     table: &Keyed<S>,
     key: u64,
 ) -> Result<Decision, LimitError> {
@@ -140,7 +140,7 @@ fn held(cell: &AtomicWord) -> u64 {
 }
 
 /// `held` for `key`'s cell, 0 if the key is not in the table.
-fn held_by<S: KeyedStore<u64, AtomicWord>>(table: &Keyed<S>, key: u64) -> u64 {
+fn held_by<S: StoreProtocol<u64, AtomicWord>>(table: &Keyed<S>, key: u64) -> u64 {
     // A retired cell (the word table's tombstone) is absent, as the store's contract asks.
     let live = |cell: &AtomicWord| rule().acquire_live(cell, || NOW, 0, false);
     table
@@ -155,7 +155,7 @@ fn with_fresh_key(max_keys: Option<(usize, OverflowPolicy)>) -> Table {
 }
 
 /// The same over `store`.
-fn with_fresh_key_in<S: KeyedStore<u64, AtomicWord>>(
+fn with_fresh_key_in<S: StoreProtocol<u64, AtomicWord>>(
     store: S,
     max_keys: Option<(usize, OverflowPolicy)>,
 ) -> Keyed<S> {
@@ -177,7 +177,7 @@ fn allowed(results: &[Result<Decision, LimitError>]) -> u64 {
 }
 
 /// Runs `job` on a new thread against `table`.
-fn spawn<S: KeyedStore<u64, AtomicWord> + 'static, R: Send + 'static>(
+fn spawn<S: StoreProtocol<u64, AtomicWord> + 'static, R: Send + 'static>(
     table: &Arc<Keyed<S>>,
     job: impl FnOnce(&Keyed<S>) -> R + Send + 'static,
 ) -> thread::JoinHandle<R> {
@@ -219,7 +219,7 @@ fn evict_races_admissions() {
 
 /// Every allowed decision is recorded exactly once: in the cell of a key the table holds, or in
 /// the overflow cell; and the count is exact.
-fn assert_conserved<S: KeyedStore<u64, AtomicWord>>(
+fn assert_conserved<S: StoreProtocol<u64, AtomicWord>>(
     table: &Keyed<S>,
     keys: &[u64],
     decisions: &[Result<Decision, LimitError>],
@@ -263,7 +263,7 @@ fn eviction_hand_races_admission() {
     race_at_the_bound("eviction_hand_races_admission", word_store);
 }
 
-fn race_at_the_bound<S: KeyedStore<u64, AtomicWord> + 'static>(name: &str, store: fn() -> S) {
+fn race_at_the_bound<S: StoreProtocol<u64, AtomicWord> + 'static>(name: &str, store: fn() -> S) {
     for policy in [OverflowPolicy::Deny, OverflowPolicy::Shared] {
         let expected: &[&str] = match policy {
             OverflowPolicy::Deny => &["key 1 full", "key 2 full", "key 1 in", "key 2 in"],

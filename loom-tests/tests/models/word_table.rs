@@ -14,7 +14,7 @@ use tollgate_loom_tests::clock::Nanos;
 use tollgate_loom_tests::state::{AtomicWord, Retired};
 use tollgate_loom_tests::store::{
     builds_abandoned, chain, retired_slots, spares_reused, with_drain_step, word_table,
-    yielding_after_fetch, Check, Evictor, Inserted, KeyTable, KeyedStore, WordTable,
+    yielding_after_fetch, Check, Evictor, Inserted, KeyTable, StoreProtocol, WordTable,
 };
 use tollgate_loom_tests::{Gcra, Quota, Stored};
 

@@ -20,7 +20,7 @@ use loom::sync::Arc;
 use loom::thread;
 use tollgate_loom_tests::state::AtomicWord;
 use tollgate_loom_tests::store::{
-    audit, retired_slots, word_table, Check, KeyTable, KeyedStore, OverflowPolicy, WordTable,
+    audit, retired_slots, word_table, Check, KeyTable, OverflowPolicy, StoreProtocol, WordTable,
 };
 use tollgate_loom_tests::{locks_survive_panics, Stored};
 

@@ -13,7 +13,7 @@ use crate::sync::Ordering;
 /// retired tables), which runs other keys' code: a check's, before it decides anything, so a
 /// panic there interrupts a call that changed nothing.
 pub(super) const UPKEEP: bool = true;
-/// A lookup that does none (`KeyedStore::with_existing_alone`): a refund's, which must not be
+/// A lookup that does none (`StoreProtocol::with_existing_alone`): a refund's, which must not be
 /// interrupted by another key's panic (a permit's units would be lost for good).
 pub(super) const ALONE: bool = false;
 

@@ -167,7 +167,7 @@ impl<K, C: TableCell> Shard<K, C> {
     }
 }
 
-/// Evictions a call over several shards ([`KeyedStore::evict_some`], [`KeyedStore::retain`])
+/// Evictions a call over several shards ([`StoreProtocol::evict_some`], [`StoreProtocol::retain`])
 /// has taken from their counts but not reported yet. If a key's code interrupts the call (a
 /// panic in its `Hash`, `Eq` or `Clone` as a drain moves it), they are put back as it unwinds,
 /// in shard 0's count, for a later call to report.
