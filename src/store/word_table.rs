@@ -147,6 +147,11 @@ pub(crate) use self::{
     shards::{DRAIN_STEP, HAND_RUNS, MOST_VISITED, SHARE_ROOM},
     slots::{staggered, work, Slot, CLEAR_STEP},
 };
+#[cfg(test)]
+pub(crate) use self::{
+    returns::MOST_RAISES,
+    shards::{BUILD_ABOVE, HELP_EVERY, SAMPLE},
+};
 
 impl<K, H, C> StoreProtocol<K, C> for WordTable<K, H, C>
 where

@@ -2000,3 +2000,44 @@ fn keys_of_every_size_and_cell_are_dropped_once_on_every_path() {
         sizes::<184>();
     }
 }
+
+/// `docs/design.md` (published as rustdoc) and CONTRIBUTING.md quote the table's constants:
+/// a change to one fails here until the docs give the new figure.
+#[test]
+fn the_docs_quote_the_tables_constants() {
+    use super::word_table::{BUILD_ABOVE, HELP_EVERY, MOST_RAISES, MOST_VISITED, SAMPLE};
+    use super::word_table::{CLEAR_STEP, DEFAULT_EVICT_ABOVE};
+    // Line breaks and indentation fall where they do: compare words.
+    let words = |text: &str| text.split_whitespace().collect::<Vec<_>>().join(" ");
+    let design = words(include_str!("../../docs/design.md"));
+    let contributing = words(include_str!("../../CONTRIBUTING.md"));
+    let quotes = [
+        (&design, format!("one drain step ({DRAIN_STEP} slots moved or evicted)")),
+        (&design, format!("a sample of {SAMPLE} slots judged ({MOST_VISITED} slots visited at most)")),
+        (&design, format!("up to {CLEAR_STEP} slots of a spare cleared, {CLEAR_STEP} of retired tables released")),
+        (&design, format!("is dropped {CLEAR_STEP} slots per insert into its shard")),
+        (&design, format!("also drops up to {CLEAR_STEP} of their slots")),
+        (&design, format!("tables of up to {BUILD_ABOVE} slots")),
+        (&contributing, format!("*drained* {DRAIN_STEP} slots per insert or missed lookup")),
+    ];
+    for (doc, quote) in quotes {
+        assert!(doc.contains(&quote), "the docs no longer say {quote:?}");
+    }
+    // Figures written out in words or powers.
+    assert_eq!(
+        HELP_EVERY, 4,
+        "design.md: one in four of a thread's lookups"
+    );
+    assert!(design.contains("one in four of a thread's"));
+    assert_eq!(
+        DEFAULT_EVICT_ABOVE,
+        1 << 21,
+        "design.md, CONTRIBUTING: default 2^21"
+    );
+    assert_eq!(
+        DEFAULT_EVICT_ABOVE << MOST_RAISES,
+        1 << 24,
+        "design.md: 2^24 keys in all"
+    );
+    assert!(design.contains("2^21") && design.contains("2^24 keys in all"));
+}

@@ -22,7 +22,7 @@ pub(super) const SAMPLE_ONE_IN: usize = 16;
 /// survives overwriting), four times about 37 %; a flood, none.
 pub(super) const RAISE_AT: usize = 8;
 /// Doublings of a shard's share at most: by default up to 2^24 keys (16.8M).
-pub(super) const MOST_RAISES: u32 = 3;
+pub(crate) const MOST_RAISES: u32 = 3;
 /// Sampled inserts a shard counts before it judges (fewer say nothing).
 const JUDGED_FROM: usize = 32;
 

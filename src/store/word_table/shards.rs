@@ -43,7 +43,7 @@ pub(crate) const HAND_RUNS: usize = 4;
 /// A thread's lookups into a shard holding retired tables: one in `HELP_EVERY` drops
 /// [`CLEAR_STEP`] of their slots (if the shard's lock is free), so that the tables go even
 /// when no insert comes. (Every lookup under loom, whose models are a few calls long.)
-pub(super) const HELP_EVERY: u32 = if MODEL_CHECKED { 1 } else { 4 };
+pub(crate) const HELP_EVERY: u32 = if MODEL_CHECKED { 1 } else { 4 };
 /// Slots of its next table that each insert into a growing shard builds: a page of them, so
 /// that a table in mapped pages has one page touched per insert (a first touch is a fault, a
 /// few microseconds), and a heap table 4 KiB initialised.
@@ -75,7 +75,7 @@ pub(super) const PAGE: usize = 4096;
 /// Tables up to this many slots are allocated when needed (64 KiB of `u64` slots: a few µs).
 /// (Lower under Miri and in the loom models, so that their tests reach tables built a step at a
 /// time with a few hundred keys, or a few: the same paths at this size are tested natively.)
-pub(super) const BUILD_ABOVE: usize = if MODEL_CHECKED {
+pub(crate) const BUILD_ABOVE: usize = if MODEL_CHECKED {
     8
 } else if cfg!(miri) {
     256
@@ -98,7 +98,7 @@ const MODEL_BUILD_STEP: usize = 3;
 pub const DEFAULT_EVICT_ABOVE: usize = 1 << 21;
 /// Slots judged to estimate how many keys of a full table are fresh, before sizing its
 /// replacement.
-pub(super) const SAMPLE: usize = 32;
+pub(crate) const SAMPLE: usize = 32;
 
 pub(super) struct Shard<K, C: TableCell> {
     /// Where lookups and inserts go.
