@@ -302,7 +302,7 @@ where
     /// keys plus those holding state. The default is [`DEFAULT_EVICT_ABOVE`], raised by shards
     /// whose evicted keys come back; a bound set here is never raised.
     fn set_evict_above(&mut self, keys: usize) {
-        self.keep = keys.div_ceil(SHARDS).max(1);
+        self.base_share = keys.div_ceil(SHARDS).max(1);
         self.raise = false;
     }
 

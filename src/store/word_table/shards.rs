@@ -392,7 +392,7 @@ pub struct WordTable<K: Send + Sync, H, C: TableCell = AtomicWord> {
     pub(super) releasing: Flags,
     /// Live keys a shard holds before it evicts fresh ones (its share of `evict_above`),
     /// unless its share was raised ([`WordTable::share`]).
-    pub(super) keep: usize,
+    pub(super) base_share: usize,
     /// Whether a shard whose evicted keys come back raises its share (`returns.rs`): at the
     /// default bound, not at one the user chose.
     pub(super) raise: bool,
@@ -447,7 +447,7 @@ impl<K: Send + Sync, H, C: TableCell> WordTable<K, H, C> {
             retired,
             cache: PerThread::new(),
             releasing: Flags(std::array::from_fn(|_| AtomicBool::new(false))),
-            keep: DEFAULT_EVICT_ABOVE / SHARDS,
+            base_share: DEFAULT_EVICT_ABOVE / SHARDS,
             raise: true,
             drain_step: DRAIN_STEP,
             yield_after_fetch: ModelSwitch::OFF,
@@ -475,7 +475,7 @@ impl<K: Send + Sync, H, C: TableCell> WordTable<K, H, C> {
     /// The live keys `shard` holds before it evicts fresh ones: the store's share of
     /// `evict_above`, doubled for each time the shard's evicted keys came back (`returns.rs`).
     pub(super) fn share(&self, shard: &Shard<K, C>) -> usize {
-        self.keep.saturating_mul(1 << shard.returns.raises)
+        self.base_share.saturating_mul(1 << shard.returns.raises)
     }
 
     /// Whether `shard`, full at its share, raises it rather than evict: its evicted keys come
