@@ -24,9 +24,9 @@
 // Explicit path: `loom-tests` includes `core.rs` on its own (see `algorithm.rs`).
 mod algorithm;
 pub(crate) mod any;
-#[path = "limiter/core.rs"]
-pub(crate) mod core;
 mod direct;
+#[path = "limiter/engine.rs"]
+pub(crate) mod engine;
 pub(crate) mod error;
 mod in_flight;
 mod keyed;

@@ -4,9 +4,9 @@
 //! Every `#[path]` module below is the very file the library compiles; only [`sync`] (loom's
 //! atomics and mutex instead of std's and parking_lot's, and a fixed hasher for the rules'
 //! stores) is this crate's own; [`clock`] is the library's time type and `Clock` trait without
-//! the clocks, [`limiter`] the limiters' `Core` without the rate limiters, [`in_flight`] the
+//! the clocks, [`limiter`] the limiters' `Engine` without the rate limiters, [`in_flight`] the
 //! library's `InFlight` whole (with its waiter queue), [`store`] the library's stores minus
-//! dashmap. The clocks (quanta), the dashmap store and the rate limiter types around `Core`
+//! dashmap. The clocks (quanta), the dashmap store and the rate limiter types around `Engine`
 //! are left out: loom cannot see their locks or time sources.
 
 #![deny(unsafe_code)]
@@ -41,18 +41,18 @@ pub mod lease_route;
 pub mod lease_word;
 // The limiter files, included one by one and re-exported as `limiter`, the path they use for
 // each other. `in_flight.rs` names its errors `super::error`: both sit at the root here.
-#[path = "../../src/limiter/core.rs"]
-mod core_limiter;
+#[path = "../../src/limiter/engine.rs"]
+mod engine;
 #[path = "../../src/limiter/error.rs"]
 mod error;
 #[path = "../../src/limiter/in_flight.rs"]
 mod in_flight_limit;
 
 pub mod limiter {
-    //! `Core` (`src/limiter/core.rs`): the rule in force, the clock, and the sweep-then-rebase
+    //! `Engine` (`src/limiter/engine.rs`): the rule in force, the clock, and the sweep-then-rebase
     //! protocol of the window counters; the limiters' errors (`src/limiter/error.rs`).
 
-    pub use crate::core_limiter::*;
+    pub use crate::engine::*;
     pub(crate) use crate::error;
     pub use crate::error::{InFlightBoundError, WaitError};
 }

@@ -1,7 +1,7 @@
 use crossbeam_utils::CachePadded;
 
 use super::algorithm::Algorithm;
-use super::core::{Core, Sweep};
+use super::engine::{Engine, Sweep};
 use crate::algorithm::{Gcra, LeakyQueue};
 use crate::clock::{Clock, QuantaClock};
 use crate::decision::{Decision, LimitError};
@@ -24,7 +24,7 @@ use crate::quota::QuotaError;
 pub struct Limiter<A: Algorithm, C: Clock = QuantaClock> {
     /// Padded: the one hot word every thread writes should not share its cache line.
     cell: CachePadded<A::Cell>,
-    core: Core<A, C>,
+    engine: Engine<A, C>,
 }
 
 /// # Construction
@@ -65,7 +65,7 @@ impl<A: Algorithm, C: Clock> Limiter<A, C> {
     pub fn with_clock(rule: A, clock: C) -> Result<Self, QuotaError> {
         Ok(Limiter {
             cell: CachePadded::new(A::Cell::default()),
-            core: Core::new(rule, clock)?,
+            engine: Engine::new(rule, clock)?,
         })
     }
 
@@ -81,7 +81,7 @@ impl<A: Algorithm, C: Clock> Limiter<A, C> {
     /// # Ok::<(), tollgate::QuotaError>(())
     /// ```
     pub fn clock(&self) -> &C {
-        self.core.clock()
+        self.engine.clock()
     }
 
     /// The rule in force.
@@ -95,7 +95,7 @@ impl<A: Algorithm, C: Clock> Limiter<A, C> {
     /// # Ok::<(), tollgate::QuotaError>(())
     /// ```
     pub fn rule(&self) -> A {
-        self.core.rule()
+        self.engine.rule()
     }
 }
 
@@ -118,9 +118,9 @@ impl<A: Algorithm, C: Clock> Limiter<A, C> {
     #[inline]
     pub fn check(&self) -> Decision {
         loop {
-            let at = self.core.attempt();
+            let at = self.engine.attempt();
             let decision = at.rule().acquire(&self.cell, || at.now(), 1, true);
-            if self.core.settle(&at, &self.sweep()) {
+            if self.engine.settle(&at, &self.sweep()) {
                 return decision;
             }
         }
@@ -189,9 +189,9 @@ impl<A: Algorithm, C: Clock> Limiter<A, C> {
     /// ```
     pub fn refund(&self, cost: u64) {
         loop {
-            let at = self.core.attempt();
+            let at = self.engine.attempt();
             at.rule().refund(&self.cell, || at.now(), cost);
-            if self.core.settle(&at, &self.sweep()) {
+            if self.engine.settle(&at, &self.sweep()) {
                 return;
             }
         }
@@ -220,17 +220,17 @@ impl<A: Algorithm, C: Clock> Limiter<A, C> {
     /// # Ok::<(), tollgate::QuotaError>(())
     /// ```
     pub fn set_quota(&self, rule: A) -> Result<(), QuotaError> {
-        self.core.set_quota(rule)
+        self.engine.set_quota(rule)
     }
 
     /// A request of `cost` decided now, counted if `commit` and allowed.
     #[inline]
     fn decide_n(&self, cost: u64, commit: bool) -> Result<Decision, LimitError> {
         loop {
-            let at = self.core.attempt();
-            self.core.check_cost(at.rule(), cost)?;
+            let at = self.engine.attempt();
+            self.engine.check_cost(at.rule(), cost)?;
             let decision = at.rule().acquire(&self.cell, || at.now(), cost, commit);
-            if self.core.settle(&at, &self.sweep()) {
+            if self.engine.settle(&at, &self.sweep()) {
                 return Ok(decision);
             }
         }
@@ -240,10 +240,10 @@ impl<A: Algorithm, C: Clock> Limiter<A, C> {
     /// charge with.
     pub(crate) fn reserve_n(&self, cost: u64) -> Result<Decision, LimitError> {
         loop {
-            let at = self.core.attempt();
-            self.core.check_cost(at.rule(), cost)?;
+            let at = self.engine.attempt();
+            self.engine.check_cost(at.rule(), cost)?;
             let decision = at.rule().reserve(&self.cell, || at.now(), cost);
-            if self.core.settle(&at, &self.sweep()) {
+            if self.engine.settle(&at, &self.sweep()) {
                 return Ok(decision);
             }
         }

@@ -2,7 +2,7 @@ use std::borrow::Borrow;
 use std::hash::Hash;
 
 use super::algorithm::Algorithm;
-use super::core::{Core, Sweep};
+use super::engine::{Engine, Sweep};
 use crate::algorithm::{Gcra, LeakyQueue};
 use crate::clock::{Clock, Nanos, QuantaClock};
 use crate::decision::{Decision, LimitError};
@@ -83,7 +83,7 @@ pub struct KeyedLimiter<
     C: Clock = QuantaClock,
     S = <A as Algorithm>::DefaultStore<K>,
 > {
-    core: Core<A, C>,
+    engine: Engine<A, C>,
     /// The store, the key count, `max_keys` and eviction (`store/table.rs`, model-checked).
     table: KeyTable<K, A::Cell, S>,
 }
@@ -96,8 +96,8 @@ where
 {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("KeyedLimiter")
-            .field("rule", &self.core.rule())
-            .field("clock", self.core.clock())
+            .field("rule", &self.engine.rule())
+            .field("clock", self.engine.clock())
             .field("keys", &self.table.len())
             .field("max_keys", &self.table.max_keys())
             .finish()
@@ -126,7 +126,7 @@ where
     /// # Ok::<(), tollgate::QuotaError>(())
     /// ```
     pub fn clock(&self) -> &C {
-        self.core.clock()
+        self.engine.clock()
     }
 
     /// The rule in force.
@@ -139,7 +139,7 @@ where
     /// # Ok::<(), tollgate::QuotaError>(())
     /// ```
     pub fn rule(&self) -> A {
-        self.core.rule()
+        self.engine.rule()
     }
 
     /// How many keys the limiter holds, fresh ones not yet evicted included. Without
@@ -257,10 +257,10 @@ where
         Q: Hash + Eq + ?Sized,
     {
         loop {
-            let at = self.core.attempt();
-            self.core.check_cost(at.rule(), cost)?;
+            let at = self.engine.attempt();
+            self.engine.check_cost(at.rule(), cost)?;
             let decision = self.table.peek(key, at.rule(), || at.now(), cost);
-            if self.core.settle(&at, &self.re_anchoring()) {
+            if self.engine.settle(&at, &self.re_anchoring()) {
                 return Ok(decision);
             }
         }
@@ -291,12 +291,12 @@ where
         Q: Hash + Eq + ?Sized,
     {
         loop {
-            let at = self.core.attempt();
+            let at = self.engine.attempt();
             // Read the clock even for an unknown key: every call sees time alike.
             let seen = at.now();
             self.table
                 .refund(key, at.rule(), || at.now().max(seen), cost);
-            if self.core.settle(&at, &self.re_anchoring()) {
+            if self.engine.settle(&at, &self.re_anchoring()) {
                 return;
             }
         }
@@ -316,7 +316,7 @@ where
     /// # Ok::<(), tollgate::QuotaError>(())
     /// ```
     pub fn set_quota(&self, rule: A) -> Result<(), QuotaError> {
-        self.core.set_quota(rule)
+        self.engine.set_quota(rule)
     }
 
     /// Evicts every key that is indistinguishable from a fresh one now; returns how many.
@@ -336,7 +336,7 @@ where
     /// # Ok::<(), tollgate::QuotaError>(())
     /// ```
     pub fn evict_fresh(&self) -> usize {
-        self.core.sweep(&self.sweep())
+        self.engine.sweep(&self.sweep())
     }
 
     /// A request of `cost` for `key`, counted as `charge` says, under the rule in force.
@@ -353,16 +353,16 @@ where
     {
         let sweep = self.sweep();
         let evictor = LimiterEvictor {
-            core: &self.core,
+            engine: &self.engine,
             sweep: &sweep,
         };
         loop {
-            let at = self.core.attempt();
-            self.core.check_cost(at.rule(), cost)?;
+            let at = self.engine.attempt();
+            self.engine.check_cost(at.rule(), cost)?;
             let result = self
                 .table
                 .check_key(key, at.rule(), || at.now(), cost, &evictor, charge);
-            if self.core.settle(&at, &self.re_anchoring()) {
+            if self.engine.settle(&at, &self.re_anchoring()) {
                 return result;
             }
         }
@@ -395,9 +395,9 @@ where
             return self.refund(key, cost);
         }
         loop {
-            let at = self.core.attempt();
+            let at = self.engine.attempt();
             at.rule().refund(self.table.overflow(), || at.now(), cost);
-            if self.core.settle(&at, &self.re_anchoring()) {
+            if self.engine.settle(&at, &self.re_anchoring()) {
                 return;
             }
         }
@@ -416,22 +416,22 @@ where
 }
 
 /// What a keyed limiter lends its store to evict with: sweeps and judges run under the rule in
-/// force, with no quota change or rebase meanwhile (`Core::sweep`, `Core::try_judge`).
+/// force, with no quota change or rebase meanwhile (`Engine::sweep`, `Engine::try_judge`).
 struct LimiterEvictor<'a, A, C, W> {
-    core: &'a Core<A, C>,
+    engine: &'a Engine<A, C>,
     sweep: &'a W,
 }
 
 impl<A: Algorithm, C: Clock, W: Sweep<A>> Evictor<A::Cell> for LimiterEvictor<'_, A, C, W> {
     fn sweep(&self) -> usize {
-        self.core.sweep(self.sweep)
+        self.engine.sweep(self.sweep)
     }
 
     fn judging<R>(
         &self,
         f: impl FnOnce(Nanos, &dyn Fn(&A::Cell, Nanos) -> bool) -> R,
     ) -> Option<R> {
-        self.core
+        self.engine
             .try_judge(|rule, now| f(now, &|cell, since| rule.evict_if_idle(cell, since, now)))
     }
 }

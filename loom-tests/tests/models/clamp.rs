@@ -1,5 +1,5 @@
 //! The limiter's clamp for clocks that do not promise monotonic readings (`state::HighWater`,
-//! the very type `Core::now` uses), together with `AtomicWord::update`.
+//! the very type `Engine::now` uses), together with `AtomicWord::update`.
 
 use std::cell::Cell;
 

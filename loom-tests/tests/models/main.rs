@@ -6,7 +6,7 @@
 
 mod breaker;
 mod clamp;
-mod core;
+mod engine;
 mod in_flight;
 mod lease;
 mod log;

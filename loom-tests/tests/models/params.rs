@@ -16,7 +16,7 @@ fn which(words: [u64; 5]) -> Option<u64> {
     (0..3).find(|&k| words == set(k))
 }
 
-/// One writer stores set 1 then set 2 (writers are serialised by the caller, as `Core` does
+/// One writer stores set 1 then set 2 (writers are serialised by the caller, as `Engine` does
 /// with its lock) while a reader loads twice: every snapshot is one whole set, and the reader
 /// never goes back to an older set. (Readers never write, so a second reader adds no race
 /// this one lacks; with a second one, loom had not finished after 15 minutes.)

@@ -7,7 +7,7 @@ use std::marker::PhantomData;
 use super::{KeyedLimiter, OverflowPolicy};
 use crate::clock::{Clock, QuantaClock};
 use crate::limiter::algorithm::Algorithm;
-use crate::limiter::core::Core;
+use crate::limiter::engine::Engine;
 use crate::quota::QuotaError;
 use crate::store::table::KeyTable;
 use crate::store::KeyedStore;
@@ -178,7 +178,7 @@ impl<K, A: Algorithm, C: Clock> KeyedLimiterBuilder<K, A, C> {
         }
         store.set_carry(A::carry);
         Ok(KeyedLimiter {
-            core: Core::new(self.rule, self.clock)?,
+            engine: Engine::new(self.rule, self.clock)?,
             table: KeyTable::new(store, self.max_keys),
         })
     }

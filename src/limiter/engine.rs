@@ -17,7 +17,7 @@ const MIN_TICKS_PER_PERIOD: u64 = 10;
 
 /// What every limiter shares: its rule (replaceable at run time) and its clock.
 #[derive(Debug)]
-pub struct Core<A, C> {
+pub struct Engine<A, C> {
     params: ParamCell<A>,
     clock: C,
     /// The newest reading seen, for clocks that do not promise monotonic readings.
@@ -34,7 +34,7 @@ impl<A, F: Fn(&A, Nanos) -> usize> Sweep<A> for F {}
 
 /// One attempt at a call: the rule it loaded, and the clock as that rule may use it.
 pub struct Attempt<'a, A, C> {
-    core: &'a Core<A, C>,
+    engine: &'a Engine<A, C>,
     rule: A,
     /// Set when a reading passed the rule's sweep instant: the call sweeps once it is done
     /// (not here: the store may hold a lock the sweep needs).
@@ -50,11 +50,11 @@ impl<A: Stored, C: Clock> Attempt<'_, A, C> {
         &self.rule
     }
 
-    /// The current time ([`Core::now`]), noting whether the rule's window indices need
+    /// The current time ([`Engine::now`]), noting whether the rule's window indices need
     /// re-anchoring (a window counter, every 2^22 − 2 or 2^39 − 2 windows).
     #[inline(always)]
     pub fn now(&self) -> Nanos {
-        let now = self.core.now();
+        let now = self.engine.now();
         if now > self.rule.sweep_due() {
             self.past_due(now);
         }
@@ -71,13 +71,13 @@ impl<A: Stored, C: Clock> Attempt<'_, A, C> {
     }
 }
 
-impl<A: Stored, C: Clock> Core<A, C> {
+impl<A: Stored, C: Clock> Engine<A, C> {
     pub fn new(rule: A, clock: C) -> Result<Self, QuotaError> {
         check_resolution(&rule, &clock)?;
         let high_water = (!clock.is_monotonic()).then(HighWater::new);
         // Window indices are anchored at the window of the first reading.
         let rule = rule.rebase(clock.now());
-        Ok(Core {
+        Ok(Engine {
             params: ParamCell::new(rule.to_words()),
             clock,
             high_water,
@@ -124,7 +124,7 @@ impl<A: Stored, C: Clock> Core<A, C> {
     #[inline(always)]
     pub fn attempt(&self) -> Attempt<'_, A, C> {
         Attempt {
-            core: self,
+            engine: self,
             rule: self.rule(),
             sweep_due: Cell::new(false),
             stale: Cell::new(false),
@@ -209,7 +209,7 @@ fn check_resolution<A: Stored, C: Clock>(rule: &A, clock: &C) -> Result<(), Quot
     Ok(())
 }
 
-impl<A: Stored, C: Clock> Core<A, C> {
+impl<A: Stored, C: Clock> Engine<A, C> {
     /// Refuses a cost that can never be admitted (decision rules: an error, not a denial). The clock is
     /// still read, so that every call sees time the same way whatever its outcome.
     #[inline]

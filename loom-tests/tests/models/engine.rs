@@ -1,5 +1,5 @@
-//! `Core`, the part every limiter shares, on a window counter whose stored indices must be
-//! re-anchored: the sweep-then-rebase protocol racing decisions (`src/limiter/core.rs`).
+//! `Engine`, the part every limiter shares, on a window counter whose stored indices must be
+//! re-anchored: the sweep-then-rebase protocol racing decisions (`src/limiter/engine.rs`).
 //!
 //! The fixed window keeps its window index in 40 bits, read within `[base − Q, base + 3Q)`,
 //! `Q = 2^38`. From window `base + 2Q` a call sweeps and rebases after it is done (one caller,
@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use loom::thread;
 use tollgate_loom_tests::clock::{Clock, Nanos};
-use tollgate_loom_tests::limiter::Core;
+use tollgate_loom_tests::limiter::Engine;
 use tollgate_loom_tests::state::AtomicWord;
 use tollgate_loom_tests::{Decision, FixedWindow, Quota, Stored};
 
@@ -51,7 +51,7 @@ impl SetClock {
 
 /// A direct limiter: one cell, swept by resetting it if it is fresh.
 struct Direct {
-    core: Core<FixedWindow, Arc<SetClock>>,
+    engine: Engine<FixedWindow, Arc<SetClock>>,
     cell: AtomicWord,
 }
 
@@ -61,7 +61,7 @@ impl Direct {
         let rule = FixedWindow::new(Quota::new(1, Duration::from_millis(1)).unwrap()).unwrap();
         let clock = Arc::new(SetClock(AtomicU64::new(0)));
         let direct = Direct {
-            core: Core::new(rule, clock).unwrap(),
+            engine: Engine::new(rule, clock).unwrap(),
             cell: AtomicWord::new(0),
         };
         direct.set_clock(at_window(5, 0));
@@ -70,7 +70,7 @@ impl Direct {
     }
 
     fn set_clock(&self, t: Nanos) {
-        self.core.clock().set(t);
+        self.engine.clock().set(t);
     }
 
     fn check(&self) -> Decision {
@@ -79,17 +79,17 @@ impl Direct {
             0
         };
         loop {
-            let at = self.core.attempt();
+            let at = self.engine.attempt();
             let decision = at.rule().acquire(&self.cell, || at.now(), 1, true);
-            if self.core.settle(&at, &sweep) {
+            if self.engine.settle(&at, &sweep) {
                 return decision;
             }
         }
     }
 
     fn peek(&self) -> Decision {
-        let rule = self.core.rule();
-        rule.acquire(&self.cell, || self.core.now(), 1, false)
+        let rule = self.engine.rule();
+        rule.acquire(&self.cell, || self.engine.now(), 1, false)
     }
 }
 
@@ -113,7 +113,7 @@ fn checks_past_the_horizon_wait_for_the_rebase() {
             .count();
         assert_eq!(admitted, 1, "admitted in one fresh window of L = 1");
         assert!(!direct.peek().allowed(), "the admission was stored");
-        assert!(direct.core.rule().sweep_due() > now, "rebased");
+        assert!(direct.engine.rule().sweep_due() > now, "rebased");
     });
 }
 
@@ -153,6 +153,6 @@ fn a_rebase_races_a_check_under_the_old_base() {
             );
         }
         assert!(!direct.peek().allowed(), "the later window is full");
-        assert!(direct.core.rule().sweep_due() > late, "rebased");
+        assert!(direct.engine.rule().sweep_due() > late, "rebased");
     });
 }
