@@ -119,7 +119,9 @@ impl<A: Algorithm, C: Clock> Limiter<A, C> {
     pub fn check(&self) -> Decision {
         loop {
             let at = self.engine.attempt();
-            let decision = at.rule().acquire(&self.cell, || at.now(), 1, true);
+            let decision = at
+                .rule()
+                .acquire(&self.cell, || at.now_noting_due(), 1, true);
             if self.engine.settle(&at, &self.sweep()) {
                 return decision;
             }
@@ -190,7 +192,7 @@ impl<A: Algorithm, C: Clock> Limiter<A, C> {
     pub fn refund(&self, cost: u64) {
         loop {
             let at = self.engine.attempt();
-            at.rule().refund(&self.cell, || at.now(), cost);
+            at.rule().refund(&self.cell, || at.now_noting_due(), cost);
             if self.engine.settle(&at, &self.sweep()) {
                 return;
             }
@@ -229,7 +231,9 @@ impl<A: Algorithm, C: Clock> Limiter<A, C> {
         loop {
             let at = self.engine.attempt();
             self.engine.check_cost(at.rule(), cost)?;
-            let decision = at.rule().acquire(&self.cell, || at.now(), cost, commit);
+            let decision = at
+                .rule()
+                .acquire(&self.cell, || at.now_noting_due(), cost, commit);
             if self.engine.settle(&at, &self.sweep()) {
                 return Ok(decision);
             }
@@ -242,7 +246,7 @@ impl<A: Algorithm, C: Clock> Limiter<A, C> {
         loop {
             let at = self.engine.attempt();
             self.engine.check_cost(at.rule(), cost)?;
-            let decision = at.rule().reserve(&self.cell, || at.now(), cost);
+            let decision = at.rule().reserve(&self.cell, || at.now_noting_due(), cost);
             if self.engine.settle(&at, &self.sweep()) {
                 return Ok(decision);
             }

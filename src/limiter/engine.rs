@@ -51,9 +51,10 @@ impl<A: Stored, C: Clock> Attempt<'_, A, C> {
     }
 
     /// The current time ([`Engine::now`]), noting whether the rule's window indices need
-    /// re-anchoring (a window counter, every 2^22 − 2 or 2^39 − 2 windows).
+    /// re-anchoring (a window counter, every 2^22 − 2 or 2^39 − 2 windows): the attempt then
+    /// sweeps and rebases once its call is done ([`Engine::settle`]).
     #[inline(always)]
-    pub fn now(&self) -> Nanos {
+    pub fn now_noting_due(&self) -> Nanos {
         let now = self.engine.now();
         if now > self.rule.sweep_due() {
             self.past_due(now);

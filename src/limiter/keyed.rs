@@ -259,7 +259,9 @@ where
         loop {
             let at = self.engine.attempt();
             self.engine.check_cost(at.rule(), cost)?;
-            let decision = self.table.peek(key, at.rule(), || at.now(), cost);
+            let decision = self
+                .table
+                .peek(key, at.rule(), || at.now_noting_due(), cost);
             if self.engine.settle(&at, &self.re_anchoring()) {
                 return Ok(decision);
             }
@@ -293,9 +295,9 @@ where
         loop {
             let at = self.engine.attempt();
             // Read the clock even for an unknown key: every call sees time alike.
-            let seen = at.now();
+            let seen = at.now_noting_due();
             self.table
-                .refund(key, at.rule(), || at.now().max(seen), cost);
+                .refund(key, at.rule(), || at.now_noting_due().max(seen), cost);
             if self.engine.settle(&at, &self.re_anchoring()) {
                 return;
             }
@@ -359,9 +361,14 @@ where
         loop {
             let at = self.engine.attempt();
             self.engine.check_cost(at.rule(), cost)?;
-            let result = self
-                .table
-                .check_key(key, at.rule(), || at.now(), cost, &evictor, charge);
+            let result = self.table.check_key(
+                key,
+                at.rule(),
+                || at.now_noting_due(),
+                cost,
+                &evictor,
+                charge,
+            );
             if self.engine.settle(&at, &self.re_anchoring()) {
                 return result;
             }
@@ -396,7 +403,8 @@ where
         }
         loop {
             let at = self.engine.attempt();
-            at.rule().refund(self.table.overflow(), || at.now(), cost);
+            at.rule()
+                .refund(self.table.overflow(), || at.now_noting_due(), cost);
             if self.engine.settle(&at, &self.re_anchoring()) {
                 return;
             }

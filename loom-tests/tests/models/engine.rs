@@ -80,7 +80,9 @@ impl Direct {
         };
         loop {
             let at = self.engine.attempt();
-            let decision = at.rule().acquire(&self.cell, || at.now(), 1, true);
+            let decision = at
+                .rule()
+                .acquire(&self.cell, || at.now_noting_due(), 1, true);
             if self.engine.settle(&at, &sweep) {
                 return decision;
             }
