@@ -103,8 +103,11 @@ impl<K, A: Algorithm, C: Clock> KeyedLimiterBuilder<K, A, C> {
     /// (2^21) and follows a larger working set of clients that come back: a shard whose
     /// evicted keys return (at least one sampled insert in eight was a key it evicted)
     /// doubles its share, up to three times, so up to 2^24 keys (16.8M; with `u64` keys
-    /// about 24 bytes each, some 400 MiB). A flood of keys seen once never raises it. A
-    /// raised share stays raised. Set `evict_above` to fix the bound where you want it: a
+    /// about 24 bytes each, some 400 MiB). A flood of keys seen once never raises it, but a
+    /// client that picks its own keys (IPv6 addresses it owns) and cycles through millions of
+    /// them does, as returning clients would: where clients choose their keys, fix the bound
+    /// or set [`max_keys`]. A raised share stays raised. Set `evict_above` to fix the bound
+    /// where you want it: a
     /// server with millions of returning clients and memory to spare sets it to about the
     /// number it expects (each check then finds its key); one with a memory budget sets it
     /// to what the budget holds (clients beyond it are evicted and inserted again as they
