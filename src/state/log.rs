@@ -1266,4 +1266,75 @@ mod examples {
         assert_eq!(d.retry_after().as_nanos(), 1_000_000_000);
         Ok(())
     }
+
+    /// Makes the CAS of a check at `at` that claims `n` positions at the tail (dropping
+    /// `expired` entries from the head), without writing the claimed slots: the log as a check
+    /// preempted between its CAS and its writes leaves it. The log is in the cell.
+    fn claim_unwritten(cell: &LogCell, rule: &SlidingLog, at: u64, expired: u32, n: u32) {
+        use super::{Header, Positions, HEAP, INLINE};
+        let header = cell.load();
+        assert_eq!(header.flags & HEAP, 0);
+        let positions = Positions(INLINE as u32);
+        let claimed = Header {
+            at,
+            head: positions.advance(header.head, expired),
+            tail: positions.advance(header.tail, n),
+            tick: rule.tick_code(),
+            ..header
+        };
+        assert!(cell.cas(header, claimed));
+    }
+
+    /// Writes the slot at `position` of a log in the cell as the check that claimed it does.
+    fn write_claimed(cell: &LogCell, position: u32, ticks: u64) {
+        use super::{Positions, INLINE};
+        use std::sync::atomic::Ordering::Relaxed;
+        let positions = Positions(INLINE as u32);
+        cell.inline[positions.index(position)].store(positions.written(ticks, position), Relaxed);
+    }
+
+    /// A slot claimed by a check's CAS but not written yet counts as live, whichever lap its
+    /// position is in: a zeroed slot in the first lap, a slot still holding the first lap's
+    /// entry in the second (its lap bit tells them apart). Read as written, either would be an
+    /// expired entry at the head, and a second unit admitted under L = 1. It stays live, however
+    /// late the check, until it is written; then it expires a window after its time.
+    #[test]
+    fn a_claimed_slot_counts_as_live_until_written_in_either_lap(
+    ) -> Result<(), Box<dyn std::error::Error>> {
+        const MS: u64 = 1_000_000;
+        let rule = SlidingLog::new(Quota::new(1, std::time::Duration::from_millis(1))?)?;
+        assert_eq!(rule.tick_nanos(), 1);
+        let peek = |cell: &LogCell, t: u64| cell.decide(&rule, || t, 1, false).unwrap();
+        // The first lap: position 0 of an empty log, its slot zeroed.
+        let first = LogCell::default();
+        claim_unwritten(&first, &rule, 5 * MS, 0, 1);
+        assert_eq!(first.entries(), 1);
+        for t in [5 * MS, 6 * MS, 50 * MS] {
+            assert!(!peek(&first, t).allowed(), "first lap, unwritten, at {t}");
+        }
+        write_claimed(&first, 0, 5 * MS);
+        assert!(!peek(&first, 5 * MS).allowed());
+        assert!(
+            peek(&first, 6 * MS).allowed(),
+            "written at 5 ms: expired at 6 ms"
+        );
+        // The second lap: six entries a window apart went once round the cell's six slots;
+        // position 6 is slot 0 again, which still holds the entry at 0 ms.
+        let second = LogCell::default();
+        for i in 0..6 {
+            assert!(second.decide(&rule, || i * MS, 1, true).unwrap().allowed());
+        }
+        claim_unwritten(&second, &rule, 6 * MS, 1, 1);
+        assert_eq!(second.entries(), 1);
+        for t in [6 * MS, 7 * MS, 50 * MS] {
+            assert!(!peek(&second, t).allowed(), "second lap, unwritten, at {t}");
+        }
+        write_claimed(&second, 6, 6 * MS);
+        assert!(!peek(&second, 6 * MS).allowed());
+        assert!(
+            peek(&second, 7 * MS).allowed(),
+            "written at 6 ms: expired at 7 ms"
+        );
+        Ok(())
+    }
 }
