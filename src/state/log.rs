@@ -1115,8 +1115,8 @@ mod examples {
         assert!(cell.decide(&rule, || 0, 10, true).unwrap().allowed());
         let current = cell.load();
         assert!(current.flags & HEAP != 0);
-        // The ring holds 20 slots: positions are below 40.
-        for (head, tail) in [(70, 75), (70, 5), (5, 70)] {
+        // The ring holds 20 slots: positions are below 40 (40 itself is past the end).
+        for (head, tail) in [(70, 75), (70, 5), (5, 70), (40, 5), (5, 40), (40, 40)] {
             let stale = Header {
                 head,
                 tail,
@@ -1334,6 +1334,118 @@ mod examples {
         assert!(
             peek(&second, 7 * MS).allowed(),
             "written at 6 ms: expired at 7 ms"
+        );
+        Ok(())
+    }
+
+    /// A slot a refund gives back is marked not written in its lap: a check that claims it
+    /// again and has not written it yet counts it as live. Marked as written (its time bits
+    /// zero), it would read as an expired entry at the head, and a second unit be admitted
+    /// under L = 1 (the loom model of a refund racing two checks, made by hand).
+    #[test]
+    fn a_slot_freed_by_a_refund_reads_as_not_written_when_claimed_again(
+    ) -> Result<(), Box<dyn std::error::Error>> {
+        const MS: u64 = 1_000_000;
+        let rule = SlidingLog::new(Quota::new(1, std::time::Duration::from_millis(1))?)?;
+        let cell = LogCell::default();
+        assert!(cell.decide(&rule, || 5 * MS, 1, true).unwrap().allowed());
+        cell.refund(&rule, || 5 * MS, 1).unwrap();
+        assert_eq!(cell.entries(), 0);
+        let freed = cell.load().tail;
+        claim_unwritten(&cell, &rule, 5 * MS, 0, 1);
+        assert_eq!(cell.load().tail, freed + 1, "the freed slot claimed again");
+        assert!(!cell.decide(&rule, || 5 * MS, 1, false).unwrap().allowed());
+        Ok(())
+    }
+
+    /// A refund with nothing to give back (a cost of 0, or an empty log) changes nothing: no
+    /// exclusive change, so no check waits for it (the header, generation included, is as it
+    /// was).
+    #[test]
+    fn a_refund_with_nothing_to_give_back_leaves_the_header(
+    ) -> Result<(), Box<dyn std::error::Error>> {
+        let rule = SlidingLog::new(Quota::per_second(10)?)?;
+        let cell = LogCell::default();
+        let empty = cell.load();
+        cell.refund(&rule, || 7, 3).unwrap();
+        assert_eq!(cell.load(), empty, "a refund on an empty log");
+        assert!(cell.decide(&rule, || 7, 2, true).unwrap().allowed());
+        let two = cell.load();
+        cell.refund(&rule, || 9, 0).unwrap();
+        assert_eq!(cell.load(), two, "a refund of 0");
+        cell.refund(&rule, || 9, 1).unwrap();
+        let one = cell.load();
+        assert_eq!(
+            (one.tail, one.generation),
+            (two.tail - 1, two.generation + 1)
+        );
+        Ok(())
+    }
+
+    /// A log in the cell moves with its slots copied: the new cell decides as the old one
+    /// would, its entries expiring a window after their time, also when the old cell keeps an
+    /// idle heap ring (which stays behind: it is not the log's storage).
+    #[test]
+    fn a_log_in_the_cell_moves_with_its_slots() -> Result<(), Box<dyn std::error::Error>> {
+        const S: u64 = 1_000_000_000;
+        let rule = SlidingLog::new(Quota::per_second(20)?)?;
+        let plain = LogCell::default();
+        assert!(plain.decide(&rule, || 7, 2, true).unwrap().allowed());
+        let idle = LogCell::default();
+        assert!(idle.decide(&rule, || 7, 12, true).unwrap().allowed());
+        idle.refund(&rule, || 7, 10).unwrap();
+        let (false, Some(_)) = idle.storage() else {
+            panic!(
+                "2 entries: in the cell, a ring idle, got {:?}",
+                idle.storage()
+            );
+        };
+        for old in [plain, idle] {
+            let new = LogCell::default();
+            new.put(old.take_to_move().unwrap());
+            assert_eq!(new.storage(), (false, None));
+            assert_eq!(new.entries(), 2);
+            assert_eq!(new.decide(&rule, || 7, 0, false).unwrap().remaining(), 18);
+            assert_eq!(
+                new.decide(&rule, || 7 + S, 0, false).unwrap().remaining(),
+                20
+            );
+        }
+        Ok(())
+    }
+
+    /// A log back in its cell keeps a ring of exactly 64 slots idle (only a larger one is
+    /// freed).
+    #[test]
+    fn a_ring_of_64_slots_is_kept_idle() -> Result<(), Box<dyn std::error::Error>> {
+        let rule = SlidingLog::new(Quota::per_second(200)?)?;
+        let cell = LogCell::default();
+        assert!(cell.decide(&rule, || 0, 100, true).unwrap().allowed());
+        // 32 of 200 is less than a quarter: a ring for them, 64 slots.
+        cell.refund(&rule, || 0, 68).unwrap();
+        assert_eq!(cell.storage().1.map(|(_, len)| len), Some(64));
+        cell.refund(&rule, || 0, 29).unwrap();
+        assert_eq!(cell.entries(), 3);
+        let (false, Some((_, 64))) = cell.storage() else {
+            panic!(
+                "3 entries: in the cell, the ring of 64 idle, got {:?}",
+                cell.storage()
+            );
+        };
+        Ok(())
+    }
+
+    /// A cell's `Debug` shows its header.
+    #[test]
+    fn a_log_cell_debugs_as_its_header() -> Result<(), Box<dyn std::error::Error>> {
+        let rule = SlidingLog::new(Quota::per_second(10)?)?;
+        let cell = LogCell::default();
+        assert!(cell.decide(&rule, || 7, 2, true).unwrap().allowed());
+        let header = cell.load();
+        assert_eq!((header.at, header.tail), (7, 2));
+        assert_eq!(
+            format!("{cell:?}"),
+            format!("LogCell {{ header: {header:?}, .. }}")
         );
         Ok(())
     }
