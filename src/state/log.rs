@@ -1115,8 +1115,8 @@ mod examples {
         assert!(cell.decide(&rule, || 0, 10, true).unwrap().allowed());
         let current = cell.load();
         assert!(current.flags & HEAP != 0);
-        // The ring holds 20 slots: positions are below 40.
-        for (head, tail) in [(70, 75), (70, 5), (5, 70)] {
+        // The ring holds 20 slots: positions are below 40 (40 itself is past the end).
+        for (head, tail) in [(70, 75), (70, 5), (5, 70), (40, 5), (5, 40), (40, 40)] {
             let stale = Header {
                 head,
                 tail,
@@ -1264,6 +1264,189 @@ mod examples {
         let d = new.decide(&rule, || 7, 9, true).unwrap();
         assert!(!d.allowed());
         assert_eq!(d.retry_after().as_nanos(), 1_000_000_000);
+        Ok(())
+    }
+
+    /// Makes the CAS of a check at `at` that claims `n` positions at the tail (dropping
+    /// `expired` entries from the head), without writing the claimed slots: the log as a check
+    /// preempted between its CAS and its writes leaves it. The log is in the cell.
+    fn claim_unwritten(cell: &LogCell, rule: &SlidingLog, at: u64, expired: u32, n: u32) {
+        use super::{Header, Positions, HEAP, INLINE};
+        let header = cell.load();
+        assert_eq!(header.flags & HEAP, 0);
+        let positions = Positions(INLINE as u32);
+        let claimed = Header {
+            at,
+            head: positions.advance(header.head, expired),
+            tail: positions.advance(header.tail, n),
+            tick: rule.tick_code(),
+            ..header
+        };
+        assert!(cell.cas(header, claimed));
+    }
+
+    /// Writes the slot at `position` of a log in the cell as the check that claimed it does.
+    fn write_claimed(cell: &LogCell, position: u32, ticks: u64) {
+        use super::{Positions, INLINE};
+        use std::sync::atomic::Ordering::Relaxed;
+        let positions = Positions(INLINE as u32);
+        cell.inline[positions.index(position)].store(positions.written(ticks, position), Relaxed);
+    }
+
+    /// A slot claimed by a check's CAS but not written yet counts as live, whichever lap its
+    /// position is in: a zeroed slot in the first lap, a slot still holding the first lap's
+    /// entry in the second (its lap bit tells them apart). Read as written, either would be an
+    /// expired entry at the head, and a second unit admitted under L = 1. It stays live, however
+    /// late the check, until it is written; then it expires a window after its time.
+    #[test]
+    fn a_claimed_slot_counts_as_live_until_written_in_either_lap(
+    ) -> Result<(), Box<dyn std::error::Error>> {
+        const MS: u64 = 1_000_000;
+        let rule = SlidingLog::new(Quota::new(1, std::time::Duration::from_millis(1))?)?;
+        assert_eq!(rule.tick_nanos(), 1);
+        let peek = |cell: &LogCell, t: u64| cell.decide(&rule, || t, 1, false).unwrap();
+        // The first lap: position 0 of an empty log, its slot zeroed.
+        let first = LogCell::default();
+        claim_unwritten(&first, &rule, 5 * MS, 0, 1);
+        assert_eq!(first.entries(), 1);
+        for t in [5 * MS, 6 * MS, 50 * MS] {
+            assert!(!peek(&first, t).allowed(), "first lap, unwritten, at {t}");
+        }
+        write_claimed(&first, 0, 5 * MS);
+        assert!(!peek(&first, 5 * MS).allowed());
+        assert!(
+            peek(&first, 6 * MS).allowed(),
+            "written at 5 ms: expired at 6 ms"
+        );
+        // The second lap: six entries a window apart went once round the cell's six slots;
+        // position 6 is slot 0 again, which still holds the entry at 0 ms.
+        let second = LogCell::default();
+        for i in 0..6 {
+            assert!(second.decide(&rule, || i * MS, 1, true).unwrap().allowed());
+        }
+        claim_unwritten(&second, &rule, 6 * MS, 1, 1);
+        assert_eq!(second.entries(), 1);
+        for t in [6 * MS, 7 * MS, 50 * MS] {
+            assert!(!peek(&second, t).allowed(), "second lap, unwritten, at {t}");
+        }
+        write_claimed(&second, 6, 6 * MS);
+        assert!(!peek(&second, 6 * MS).allowed());
+        assert!(
+            peek(&second, 7 * MS).allowed(),
+            "written at 6 ms: expired at 7 ms"
+        );
+        Ok(())
+    }
+
+    /// A slot a refund gives back is marked not written in its lap: a check that claims it
+    /// again and has not written it yet counts it as live. Marked as written (its time bits
+    /// zero), it would read as an expired entry at the head, and a second unit be admitted
+    /// under L = 1 (the loom model of a refund racing two checks, made by hand).
+    #[test]
+    fn a_slot_freed_by_a_refund_reads_as_not_written_when_claimed_again(
+    ) -> Result<(), Box<dyn std::error::Error>> {
+        const MS: u64 = 1_000_000;
+        let rule = SlidingLog::new(Quota::new(1, std::time::Duration::from_millis(1))?)?;
+        let cell = LogCell::default();
+        assert!(cell.decide(&rule, || 5 * MS, 1, true).unwrap().allowed());
+        cell.refund(&rule, || 5 * MS, 1).unwrap();
+        assert_eq!(cell.entries(), 0);
+        let freed = cell.load().tail;
+        claim_unwritten(&cell, &rule, 5 * MS, 0, 1);
+        assert_eq!(cell.load().tail, freed + 1, "the freed slot claimed again");
+        assert!(!cell.decide(&rule, || 5 * MS, 1, false).unwrap().allowed());
+        Ok(())
+    }
+
+    /// A refund with nothing to give back (a cost of 0, or an empty log) changes nothing: no
+    /// exclusive change, so no check waits for it (the header, generation included, is as it
+    /// was).
+    #[test]
+    fn a_refund_with_nothing_to_give_back_leaves_the_header(
+    ) -> Result<(), Box<dyn std::error::Error>> {
+        let rule = SlidingLog::new(Quota::per_second(10)?)?;
+        let cell = LogCell::default();
+        let empty = cell.load();
+        cell.refund(&rule, || 7, 3).unwrap();
+        assert_eq!(cell.load(), empty, "a refund on an empty log");
+        assert!(cell.decide(&rule, || 7, 2, true).unwrap().allowed());
+        let two = cell.load();
+        cell.refund(&rule, || 9, 0).unwrap();
+        assert_eq!(cell.load(), two, "a refund of 0");
+        cell.refund(&rule, || 9, 1).unwrap();
+        let one = cell.load();
+        assert_eq!(
+            (one.tail, one.generation),
+            (two.tail - 1, two.generation + 1)
+        );
+        Ok(())
+    }
+
+    /// A log in the cell moves with its slots copied: the new cell decides as the old one
+    /// would, its entries expiring a window after their time, also when the old cell keeps an
+    /// idle heap ring (which stays behind: it is not the log's storage).
+    #[test]
+    fn a_log_in_the_cell_moves_with_its_slots() -> Result<(), Box<dyn std::error::Error>> {
+        const S: u64 = 1_000_000_000;
+        let rule = SlidingLog::new(Quota::per_second(20)?)?;
+        let plain = LogCell::default();
+        assert!(plain.decide(&rule, || 7, 2, true).unwrap().allowed());
+        let idle = LogCell::default();
+        assert!(idle.decide(&rule, || 7, 12, true).unwrap().allowed());
+        idle.refund(&rule, || 7, 10).unwrap();
+        let (false, Some(_)) = idle.storage() else {
+            panic!(
+                "2 entries: in the cell, a ring idle, got {:?}",
+                idle.storage()
+            );
+        };
+        for old in [plain, idle] {
+            let new = LogCell::default();
+            new.put(old.take_to_move().unwrap());
+            assert_eq!(new.storage(), (false, None));
+            assert_eq!(new.entries(), 2);
+            assert_eq!(new.decide(&rule, || 7, 0, false).unwrap().remaining(), 18);
+            assert_eq!(
+                new.decide(&rule, || 7 + S, 0, false).unwrap().remaining(),
+                20
+            );
+        }
+        Ok(())
+    }
+
+    /// A log back in its cell keeps a ring of exactly 64 slots idle (only a larger one is
+    /// freed).
+    #[test]
+    fn a_ring_of_64_slots_is_kept_idle() -> Result<(), Box<dyn std::error::Error>> {
+        let rule = SlidingLog::new(Quota::per_second(200)?)?;
+        let cell = LogCell::default();
+        assert!(cell.decide(&rule, || 0, 100, true).unwrap().allowed());
+        // 32 of 200 is less than a quarter: a ring for them, 64 slots.
+        cell.refund(&rule, || 0, 68).unwrap();
+        assert_eq!(cell.storage().1.map(|(_, len)| len), Some(64));
+        cell.refund(&rule, || 0, 29).unwrap();
+        assert_eq!(cell.entries(), 3);
+        let (false, Some((_, 64))) = cell.storage() else {
+            panic!(
+                "3 entries: in the cell, the ring of 64 idle, got {:?}",
+                cell.storage()
+            );
+        };
+        Ok(())
+    }
+
+    /// A cell's `Debug` shows its header.
+    #[test]
+    fn a_log_cell_debugs_as_its_header() -> Result<(), Box<dyn std::error::Error>> {
+        let rule = SlidingLog::new(Quota::per_second(10)?)?;
+        let cell = LogCell::default();
+        assert!(cell.decide(&rule, || 7, 2, true).unwrap().allowed());
+        let header = cell.load();
+        assert_eq!((header.at, header.tail), (7, 2));
+        assert_eq!(
+            format!("{cell:?}"),
+            format!("LogCell {{ header: {header:?}, .. }}")
+        );
         Ok(())
     }
 }

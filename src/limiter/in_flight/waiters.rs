@@ -460,3 +460,88 @@ impl Drop for Counted<'_> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    //! The waiter count (`Waiters::queued`) on a limit of one key, by hand.
+
+    use std::cell::Cell;
+    use std::task::{Context, Poll, Waker};
+
+    use super::{Enqueued, Ordering, Places, Reserved, Waiters};
+
+    /// One key's free units: a cost above 10 is refused for good, a cost above the free
+    /// units marks the key queued.
+    struct Free {
+        free: Cell<u64>,
+        marked: Cell<bool>,
+    }
+
+    impl Places<u64> for Free {
+        type Held = u64;
+        type Error = ();
+
+        fn reserve(&self, _: &u64, cost: u64) -> Reserved<u64, ()> {
+            if cost > 10 {
+                Reserved::Refused(None)
+            } else if cost <= self.free.get() {
+                self.free.set(self.free.get() - cost);
+                Reserved::Taken(cost)
+            } else {
+                self.marked.set(true);
+                Reserved::Queued
+            }
+        }
+
+        fn unqueue(&self, _: &u64) {
+            self.marked.set(false);
+        }
+    }
+
+    fn counted(waiters: &Waiters<u64, u64, ()>) -> usize {
+        waiters.queued.load(Ordering::Relaxed)
+    }
+
+    /// A waiter answered at once (units taken, or refused for good) is uncounted as it
+    /// returns, and a queued one once a release serves it: with nobody left waiting, a
+    /// release does not look at the queue.
+    #[test]
+    fn waiters_answered_at_once_leave_the_count_at_zero() {
+        let places = Free {
+            free: Cell::new(2),
+            marked: Cell::new(false),
+        };
+        let waiters = Waiters::new();
+        assert!(matches!(
+            waiters.enqueue(&places, &7, 2),
+            Enqueued::Now(Ok(2))
+        ));
+        assert_eq!(counted(&waiters), 0, "taken at once");
+        assert!(matches!(
+            waiters.enqueue(&places, &7, 11),
+            Enqueued::Now(Err(None))
+        ));
+        assert_eq!(counted(&waiters), 0, "refused at once");
+        // None free: queued, and counted until served.
+        let Enqueued::Waiting(ticket) = waiters.enqueue(&places, &7, 1) else {
+            panic!("no units free: the waiter queues");
+        };
+        assert_eq!(counted(&waiters), 1);
+        assert!(places.marked.get());
+        places.free.set(2);
+        waiters.released(&places, &7);
+        assert_eq!(counted(&waiters), 0, "served");
+        assert!(!places.marked.get());
+        let mut cx = Context::from_waker(Waker::noop());
+        assert!(matches!(
+            waiters.poll(&places, &ticket, &mut cx),
+            Poll::Ready(Ok(1))
+        ));
+        // Taken at once again, with the key's queue gone.
+        assert!(matches!(
+            waiters.enqueue(&places, &7, 1),
+            Enqueued::Now(Ok(1))
+        ));
+        assert_eq!(counted(&waiters), 0);
+    }
+}
