@@ -69,7 +69,7 @@
 //!   yet (`tests/flood.rs` holds it to 1.25 × `evict_above` at the defaults). At the default
 //!   bound a shard whose evicted keys come back raises its share instead (`returns.rs`), so
 //!   a working set of returning clients larger than the bound is kept (`tests/flood.rs` again:
-//!   2 and 4 times the bound, every key held from the second round on).
+//!   2 and 4 times the bound, every key held by the third round, usually from the second).
 //!   There a shard replaces its table every few thousand inserts by one of the same size,
 //!   built ahead as a growing shard's is; the drained table is released (a table in mapped
 //!   pages) or, on the heap, kept as a spare, cleared a few slots per insert once no thread
@@ -226,14 +226,12 @@ where
         Self::release(&mut shard);
         self.build_next(&mut shard);
         self.take_from_drain(&mut shard, hash, key);
-        let (at, inserted) = match find(&shard.table, hash, key) {
+        // `revived`: the key came back to its tombstone (it returns, as `returns.rs` counts).
+        let (at, inserted, revived) = match find(&shard.table, hash, key) {
             // A tombstoned key comes back in place, fresh (rule 1: same key).
             Ok(at) => {
                 let revived = shard.table[at].state.revive(self.retired);
-                if revived && self.raise && returns::sampled(hash) {
-                    shard.returns.inserted(hash, true);
-                }
-                (at, revived)
+                (at, revived, revived)
             }
             Err(_) => {
                 // The key's clone first: if it panics, the shard is as it was.
@@ -260,17 +258,17 @@ where
                         unsafe {
                             occupy(&shard.table, empty, hash, owned)
                         };
-                        if self.raise && returns::sampled(hash) {
-                            shard.returns.inserted(hash, false);
-                        }
-                        (empty, true)
+                        (empty, true, false)
                     }
-                    Ok(at) => (at, false),
+                    Ok(at) => (at, false, false),
                 }
             }
         };
         if inserted {
             shard.live += 1;
+            if self.raise && returns::sampled(hash) {
+                shard.returns.inserted(hash, revived);
+            }
         }
         // Told before the decision runs: a clock that panics in it leaves `done` right.
         *done = Inserted {

@@ -70,16 +70,15 @@ impl Returns {
     /// return without looking).
     pub(super) fn inserted(&mut self, hash: u64, revived: bool) {
         self.inserted += 1;
-        let returned = revived || {
-            let (at, print) = self.place(hash);
-            self.evicted.get(at) == Some(&print)
-        };
+        let (at, print) = self.place(hash);
+        // A key found is forgotten, so that it counts once.
+        let remembered = self.evicted.get_mut(at).filter(|slot| **slot == print);
+        let returned = remembered.is_some() || revived;
+        if let Some(slot) = remembered {
+            *slot = 0;
+        }
         if returned {
             self.returned += 1;
-            let (at, _) = self.place(hash);
-            if let Some(slot) = self.evicted.get_mut(at) {
-                *slot = 0;
-            }
         }
     }
 
