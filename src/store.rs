@@ -38,7 +38,7 @@ pub use self::dashmap::DashMapStore;
 pub(crate) use self::keyed_store::Evictor;
 pub use self::keyed_store::KeyedStore;
 #[cfg(test)]
-pub(crate) use self::keyed_store::StoreProtocol;
+pub(crate) use self::keyed_store::{KeepAll, StoreProtocol};
 pub(crate) use self::stored::Stored;
 #[cfg(test)]
 pub(crate) use self::stored::{TAT_MARKS, WINDOW_MARKS};

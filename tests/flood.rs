@@ -95,18 +95,25 @@ fn flood<A: tollgate::Algorithm>(rule: A, policy: OverflowPolicy, keys: u64) {
     }
 }
 
-/// A flood of one-time keys against a limiter built with nothing but its clock: an API quota
-/// (100 a second), each key checked once, 1 µs apart, so each turns fresh 10 ms (10,000 keys)
-/// after its check. Past `evict_above` (2^21) the shards evict fresh keys as their tables
-/// fill: the table ends at about the soft bound, never the flood's size, and resident memory
-/// is flat once the table has reached it.
-fn flood_at_defaults(keys: u64) {
+/// A limiter built with nothing but its clock, on an API quota (100 a second): the defaults a
+/// user gets.
+fn api_quota_at_defaults() -> (ManualClock, KeyedLimiter<u64, Gcra, ManualClock>) {
     let clock = ManualClock::new();
     let rule = Gcra::new(Quota::per_second(100).unwrap()).unwrap();
     let limiter = KeyedLimiter::<u64, Gcra, _>::builder(rule)
         .clock(clock.clone())
         .build()
         .unwrap();
+    (clock, limiter)
+}
+
+/// A flood of one-time keys against a limiter built with nothing but its clock: an API quota
+/// (100 a second), each key checked once, 1 µs apart, so each turns fresh 10 ms (10,000 keys)
+/// after its check. Past `evict_above` (2^21) the shards evict fresh keys as their tables
+/// fill: the table ends at about the soft bound, never the flood's size, and resident memory
+/// is flat once the table has reached it.
+fn flood_at_defaults(keys: u64) {
+    let (clock, limiter) = api_quota_at_defaults();
     let mut resident = Vec::with_capacity(16);
     let (mut most, mut allowed) = (0, 0u64);
     for key in 0..keys {
@@ -146,12 +153,7 @@ fn flood_at_defaults(keys: u64) {
 /// rounds evict keys as a flood's are; the shards see their evicted keys come back and raise
 /// their shares, and from then on every key is kept: a round inserts no key and evicts none.
 fn returning_at_defaults(keys: u64) {
-    let clock = ManualClock::new();
-    let rule = Gcra::new(Quota::per_second(100).unwrap()).unwrap();
-    let limiter = KeyedLimiter::<u64, Gcra, _>::builder(rule)
-        .clock(clock.clone())
-        .build()
-        .unwrap();
+    let (clock, limiter) = api_quota_at_defaults();
     let mut held = Vec::new();
     let mut kept_from = None;
     for round in 0..4 {

@@ -125,23 +125,7 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::clock::Nanos;
-
-    /// A limiter that never lets its store evict.
-    struct NoEviction;
-
-    impl Evictor<u64> for NoEviction {
-        fn sweep(&self) -> usize {
-            0
-        }
-
-        fn judging<R>(
-            &self,
-            _: impl FnOnce(Nanos, &dyn Fn(&u64, Nanos) -> bool) -> R,
-        ) -> Option<R> {
-            None
-        }
-    }
+    use crate::store::KeepAll;
 
     #[test]
     fn it_counts_the_keys_it_holds_and_says_which_it_inserted() {
@@ -149,7 +133,7 @@ mod tests {
         assert!(store.is_empty());
         for (key, new) in [(1, true), (2, true), (3, true), (2, false)] {
             let mut done = Inserted::default();
-            store.with_inserted(&key, 0, |_| (), &NoEviction, &mut done);
+            store.with_inserted(&key, 0, |_| (), &KeepAll, &mut done);
             assert_eq!(done.inserted, new, "key {key}");
         }
         assert_eq!((store.len(), store.is_empty()), (3, false));

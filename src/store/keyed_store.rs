@@ -175,3 +175,19 @@ pub trait Evictor<V> {
     /// one), in which case the store keeps every key.
     fn judging<R>(&self, f: impl FnOnce(Nanos, &dyn Fn(&V, Nanos) -> bool) -> R) -> Option<R>;
 }
+
+/// For tests of a store or a key table: a limiter that never lets its store evict (it judges
+/// nothing, so a table grows and every key stays).
+#[cfg(test)]
+pub(crate) struct KeepAll;
+
+#[cfg(test)]
+impl<V> Evictor<V> for KeepAll {
+    fn sweep(&self) -> usize {
+        0
+    }
+
+    fn judging<R>(&self, _: impl FnOnce(Nanos, &dyn Fn(&V, Nanos) -> bool) -> R) -> Option<R> {
+        None
+    }
+}

@@ -5,12 +5,10 @@ use std::cell::Cell;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
 use super::InFlight;
-use crate::clock::Nanos;
-use crate::state::AtomicWord;
 use crate::store::cell::TableCell;
 use crate::store::table::{Check, KeyTable};
 use crate::store::word_table::WordTable;
-use crate::store::{Evictor, Stored};
+use crate::store::{KeepAll, Stored};
 
 thread_local! {
     /// The key whose next drop panics (once), if any. Thread-local: each test runs on its own
@@ -84,25 +82,12 @@ fn a_release_is_not_lost_to_another_keys_drop_panicking_as_a_table_is_freed() {
 /// limiter's units given back are not lost either.
 #[test]
 fn a_refund_is_not_lost_to_another_keys_drop_panicking_as_a_table_is_freed() {
-    /// Judges nothing: the table grows.
-    struct Keep;
-    impl Evictor<AtomicWord> for Keep {
-        fn sweep(&self) -> usize {
-            0
-        }
-        fn judging<R>(
-            &self,
-            _: impl FnOnce(Nanos, &dyn Fn(&AtomicWord, Nanos) -> bool) -> R,
-        ) -> Option<R> {
-            None
-        }
-    }
     let rule = crate::Gcra::new(crate::Quota::per_hour(10).unwrap()).unwrap();
     let table = KeyTable::new(crate::Gcra::new_store::<Key>(), None);
     let now = || 1_000_000_000;
     let check = |key: &Key, cost| {
         table
-            .check_key(key, &rule, now, cost, &Keep, Check)
+            .check_key(key, &rule, now, cost, &KeepAll, Check)
             .unwrap()
     };
     let doomed = arrange(
