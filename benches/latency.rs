@@ -8,6 +8,7 @@
 //! cargo bench --bench latency -- --checks 1000000          # fewer checks a row
 //! cargo bench --bench latency -- --retain                  # add governor with retain_recent()
 //! cargo bench --bench latency -- --rounds 10               # subjects alternate, 10 slices each
+//! cargo bench --bench latency -- --warm-up 8400000         # untimed checks first, each subject
 //! cargo bench --bench latency -- --list                    # the row IDs
 //! ```
 //!
@@ -17,6 +18,11 @@
 //! checks in all (an equal share each), each timed with two quanta TSC reads into a per-thread
 //! HDR histogram, merged at the end (`regime::run_timed`). The table prints, per subject, p50,
 //! p99, p99.9, p99.99, max and the checks over 10 µs, then the share of allowed checks.
+//!
+//! `--warm-up N` runs N checks per subject on its own key source after priming, before the
+//! timed slices, and discards their times: priming visits each key once, so without it a row
+//! whose first rounds change the table (the default bound raising its share at millions of
+//! returning keys) times that change rather than the steady state.
 //!
 //! `--rounds R` splits each subject's checks into R slices and runs the subjects' slices in
 //! turn (tollgate, governor, tollgate, …, every limiter built and primed first), then prints
@@ -56,6 +62,7 @@ struct Options {
     filters: Vec<String>,
     checks: u64,
     rounds: u64,
+    warm_up: u64,
     retain: bool,
     list: bool,
 }
@@ -65,6 +72,7 @@ fn options() -> Result<Options, String> {
         filters: Vec::new(),
         checks: DEFAULT_CHECKS,
         rounds: 1,
+        warm_up: 0,
         retain: false,
         list: false,
     };
@@ -95,12 +103,19 @@ fn options() -> Result<Options, String> {
                     return Err("--rounds must be at least 1".into());
                 }
             }
+            "--warm-up" => {
+                let value = args.next().ok_or("--warm-up needs a number")?;
+                options.warm_up = value
+                    .replace('_', "")
+                    .parse()
+                    .map_err(|e| format!("--warm-up {value}: {e}"))?;
+            }
             "--retain" => options.retain = true,
             "--list" => options.list = true,
             "-h" | "--help" => {
                 return Err(
                     "usage: cargo bench --bench latency -- [FILTER…] [--checks N] \
-                            [--rounds R] [--retain] [--list]"
+                            [--rounds R] [--warm-up N] [--retain] [--list]"
                         .into(),
                 )
             }
@@ -171,6 +186,7 @@ fn main() -> ExitCode {
         let rounds = Rounds {
             count: options.rounds,
             checks: (options.checks / options.rounds).max(1),
+            warm_up: options.warm_up,
         };
         let runs = match case {
             Case::Keyed(row) => keyed_row(row, rounds, options.retain),
@@ -194,11 +210,13 @@ fn main() -> ExitCode {
     ExitCode::SUCCESS
 }
 
-/// How each subject's checks are split: `count` slices of `checks`, run in turn.
+/// How each subject's checks are split: `warm_up` untimed checks, then `count` slices of
+/// `checks`, run in turn.
 #[derive(Clone, Copy)]
 struct Rounds {
     count: u64,
     checks: u64,
+    warm_up: u64,
 }
 
 /// One subject's slices, in the order they ran.
@@ -336,6 +354,19 @@ fn timed<K: TrafficKey, S: Source<K>, C: Clock, G: GovernorClock + Send + Sync +
     let slice = |source: &S, check: &(dyn Fn(&K) -> bool + Sync)| {
         regime::run_timed(row.threads, rounds.checks, source, check)
     };
+    if rounds.warm_up > 0 {
+        regime::run_timed(row.threads, rounds.warm_up, &sources[0], |key| {
+            subjects::tollgate_check(&tollgate, key)
+        });
+        regime::run_timed(row.threads, rounds.warm_up, &sources[1], |key| {
+            subjects::governor_check(&governor, key)
+        });
+        if let Some(retained) = &retained {
+            regime::run_timed(row.threads, rounds.warm_up, &sources[2], |key| {
+                subjects::governor_check(&retained.limiter, key)
+            });
+        }
+    }
     for _ in 0..rounds.count {
         runs[0].0.push(slice(&sources[0], &|key| {
             subjects::tollgate_check(&tollgate, key)
