@@ -12,6 +12,8 @@ pub(crate) use std::sync::atomic::{
     fence, AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering,
 };
 pub(crate) use std::sync::Arc;
+/// Made once, read lock-free after: a `String` table's wider tables (`word_table/texts.rs`).
+pub(crate) use std::sync::OnceLock;
 
 /// The hasher of the word tables the rules build (`Stored::new_store`): foldhash's, seeded at
 /// random for each table. (The loom build's is foldhash's fixed one: a model's keys must take

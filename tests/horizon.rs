@@ -146,3 +146,31 @@ fn concurrent_checks_across_re_anchorings_admit_exactly_the_limit() {
     run(fixed(LIMIT));
     run(sliding(LIMIT));
 }
+
+/// `String` keys of every length the table keeps apart (inline in its own slots, in a wider
+/// table, on the heap) decide across re-anchorings as a `u8` key does: each of the tables
+/// carries its states into the new era.
+#[test]
+fn text_keys_of_every_length_keep_their_windows_across_re_anchorings() {
+    // Checks in the windows around each re-anchoring (every 2^22 − 2 windows), twice each.
+    let mut times = vec![];
+    for m in 1..=3u64 {
+        let at = m * ((1 << 22) - 2);
+        times.extend((at - 3..at + 3).flat_map(|t| [t, t]));
+    }
+    let clock = ManualClock::new();
+    let limiter = KeyedLimiter::<String, _, _>::with_clock(sliding(1), clock.clone()).unwrap();
+    let keys = [10, 36, 60, 100].map(|n| "k".repeat(n));
+    let mut got = vec![vec![]; keys.len()];
+    for &t in &times {
+        clock.set(t * MS);
+        for (key, got) in keys.iter().zip(&mut got) {
+            got.push(limiter.check(key.as_str()).unwrap().allowed());
+        }
+    }
+    let want = keyed_trace(sliding(1), &times);
+    assert!(want.contains(&false));
+    for (key, got) in keys.iter().zip(got) {
+        assert_eq!(got, want, "a key of {} bytes", key.len());
+    }
+}

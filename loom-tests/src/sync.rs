@@ -11,6 +11,8 @@ pub(crate) use loom::sync::atomic::{
 /// does not offer. Tables are published and taken under the shard's (loom) mutex, so the
 /// happens-before edges loom checks are all there; only the reference count is not modelled.
 pub(crate) use std::sync::Arc;
+/// std's (loom has none): it makes a `String` table's wider tables, which no model builds.
+pub(crate) use std::sync::OnceLock;
 
 /// `src/sync.rs`'s hasher of the word tables the rules build, with foldhash's fixed seed instead
 /// of a random one: loom replays executions, so a key must take the same slot in every one.

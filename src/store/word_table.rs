@@ -130,6 +130,8 @@ mod shards;
 mod slots;
 #[path = "word_table/text.rs"]
 mod text;
+#[path = "word_table/texts.rs"]
+mod texts;
 
 use self::lookup::{ALONE, UPKEEP};
 pub(crate) use self::region::ZeroedIsFresh;
@@ -140,6 +142,7 @@ pub use self::shards::WordTable;
 pub use self::shards::DEFAULT_EVICT_ABOVE;
 pub(crate) use self::slots::SHARDS;
 use self::slots::*;
+use self::texts::{AnyText, Class, Foreign, Texts};
 // Read by the unit tests (`word_table_tests.rs`) and the loom models.
 #[allow(unused_imports)]
 pub(crate) use self::{
@@ -157,7 +160,7 @@ impl<K, H, C> StoreProtocol<K, C> for WordTable<K, H, C>
 where
     C: TableCell,
     K: Clone + Hash + Eq + Send + Sync,
-    H: BuildHasher + Send + Sync,
+    H: BuildHasher + Clone + Send + Sync,
 {
     const EVICTS_ON_INSERT: bool = true;
     const RE_ANCHORS: bool = true;
@@ -167,6 +170,9 @@ where
         K: Borrow<Q>,
         Q: Hash + Eq + ?Sized,
     {
+        if text::inline_strings::<K>() {
+            return self.existing_in_class::<UPKEEP, _, _>(key, era, f);
+        }
         self.existing::<UPKEEP, _, _>(key, era, f)
     }
 
@@ -183,6 +189,9 @@ where
         K: Borrow<Q>,
         Q: Hash + Eq + ?Sized,
     {
+        if text::inline_strings::<K>() {
+            return self.existing_in_class::<ALONE, _, _>(key, era, f);
+        }
         self.existing::<ALONE, _, _>(key, era, f)
     }
 
@@ -192,11 +201,195 @@ where
         K: Borrow<Q>,
         Q: Hash + Eq + ?Sized,
     {
+        if text::inline_strings::<K>() {
+            return self.try_existing_in_class(key, era, f);
+        }
         let (hash, shard) = self.hash(key);
         self.existing_fast::<UPKEEP, _, _>(hash, shard, key, era, f)
     }
 
     fn with_inserted<Q, R>(
+        &self,
+        key: &Q,
+        era: u64,
+        f: impl FnOnce(&C) -> R,
+        evictor: &impl Evictor<C>,
+        done: &mut Inserted,
+    ) -> R
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        let class = match texts::class::<K, Q>(key) {
+            // A caller's own `Borrow` type: its text, from the `String` it makes.
+            Class::Unknown => texts::class::<K, K>(&key.to_owned()),
+            class => class,
+        };
+        match class {
+            Class::Own | Class::Unknown => self.inserted(key, era, f, evictor, done),
+            Class::Mid(text) => self.texts().mid.with_inserted(&text, era, f, evictor, done),
+            Class::Long(text) => self
+                .texts()
+                .long
+                .with_inserted(&text, era, f, evictor, done),
+        }
+    }
+
+    /// Judges about `budget` keys, shard after shard from where the last call stopped: first
+    /// those of a shard's drain, then `HAND_RUNS` runs spread over its table. At most one
+    /// round of the shards and `32 × budget` slots (tombstones and empty slots cost a visit
+    /// too): a fixed amount of work, about `budget` slots in a dense table. (A table of
+    /// `String` keys then goes on in its wider tables with what is left of `budget`.)
+    fn evict_some(&self, evictor: &impl Evictor<C>, budget: usize) -> usize {
+        let mut evicted = self.hand_step(evictor, budget);
+        if let Some(texts) = self.texts.get() {
+            if evicted < budget {
+                evicted += texts.mid.evict_some(evictor, budget - evicted);
+            }
+            if evicted < budget {
+                evicted += texts.long.evict_some(evictor, budget - evicted);
+            }
+        }
+        evicted
+    }
+
+    /// Keeps every key, fresh or not, until the store holds about `keys` keys (each shard its
+    /// share): below that, a full table grows, as a hash map's does; above it, a full table is
+    /// replaced by one of the same size and evicts keys that are fresh and were not used since
+    /// it last filled. Memory under a flood of unique keys is then bounded by about `keys`
+    /// keys plus those holding state. The default is [`DEFAULT_EVICT_ABOVE`], raised by shards
+    /// whose evicted keys come back; a bound set here is never raised. (A table of `String`
+    /// keys holds it in each of its tables.)
+    fn set_evict_above(&mut self, keys: usize) {
+        self.base_share = keys.div_ceil(SHARDS).max(1);
+        self.raise = false;
+        if let Some(texts) = self.texts.get_mut() {
+            texts.mid.set_evict_above(keys);
+            texts.long.set_evict_above(keys);
+        }
+    }
+
+    fn set_carry(&mut self, carry: Carry<C>) {
+        self.carry = carry;
+        if let Some(texts) = self.texts.get_mut() {
+            texts.mid.set_carry(carry);
+            texts.long.set_carry(carry);
+        }
+    }
+
+    fn retain(&self, mut keep: impl FnMut(&C) -> bool) -> usize {
+        let own = self.sweep_all(&mut keep);
+        own + self.texts.get().map_or(0, |texts| {
+            // Their sweeps, not `retain`: a wider table's `retain` would be another type's.
+            texts.mid.sweep_all(&mut keep) + texts.long.sweep_all(&mut keep)
+        })
+    }
+
+    fn len(&self) -> usize {
+        self.own_len()
+            + (self.texts.get()).map_or(0, |texts| texts.mid.own_len() + texts.long.own_len())
+    }
+}
+
+impl<K, H, C> WordTable<K, H, C>
+where
+    C: TableCell,
+    K: Clone + Hash + Eq + Send + Sync,
+    H: BuildHasher + Clone + Send + Sync,
+{
+    /// [`StoreProtocol::try_existing`] in a table of `String` keys: in the table of the key's
+    /// class. Not inlined, as [`WordTable::existing_in_class`].
+    #[inline(never)]
+    fn try_existing_in_class<Q, R>(
+        &self,
+        key: &Q,
+        era: u64,
+        f: impl FnMut(&C) -> Option<R>,
+    ) -> Option<R>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        match texts::class::<K, Q>(key) {
+            Class::Own => {
+                let (hash, shard) = self.hash(key);
+                self.existing_fast::<UPKEEP, _, _>(hash, shard, key, era, f)
+            }
+            Class::Mid(text) => self.texts.get()?.mid.try_existing(&text, era, f),
+            Class::Long(text) => self.texts.get()?.long.try_existing(&text, era, f),
+            // The slower lookup of every class (`try_existing` may always say less).
+            Class::Unknown => self.with_existing(key, era, f),
+        }
+    }
+
+    /// [`WordTable::existing`] in a table of `String` keys: in the table of the key's class,
+    /// `None` while a wider table is not made; a caller's own `Borrow` type asks this table,
+    /// then each wider one. Not inlined: the decision `f` is inlined where it is called once,
+    /// and in the lookups of every other key type this function is not called.
+    #[inline(never)]
+    fn existing_in_class<const UPKEEP_: bool, Q, R>(
+        &self,
+        key: &Q,
+        era: u64,
+        mut f: impl FnMut(&C) -> Option<R>,
+    ) -> Option<R>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        match texts::class::<K, Q>(key) {
+            Class::Own => self.existing::<UPKEEP_, _, _>(key, era, f),
+            Class::Mid(text) => self
+                .texts
+                .get()?
+                .mid
+                .existing::<UPKEEP_, _, _>(&text, era, f),
+            Class::Long(text) => self
+                .texts
+                .get()?
+                .long
+                .existing::<UPKEEP_, _, _>(&text, era, f),
+            Class::Unknown => {
+                if let Some(found) = self.existing::<UPKEEP_, _, _>(key, era, &mut f) {
+                    return Some(found);
+                }
+                let texts = self.texts.get()?;
+                let foreign = Foreign::<K, Q>::new(key);
+                let any: &dyn AnyText = &foreign;
+                texts
+                    .mid
+                    .existing::<UPKEEP_, dyn AnyText, _>(any, era, &mut f)
+                    .or_else(|| {
+                        texts
+                            .long
+                            .existing::<UPKEEP_, dyn AnyText, _>(any, era, &mut f)
+                    })
+            }
+        }
+    }
+
+    /// The wider tables, made with the first key of their classes.
+    fn texts(&self) -> &Texts<H, C> {
+        self.texts.get_or_init(|| {
+            Box::new(Texts {
+                mid: self.wider(),
+                long: self.wider(),
+            })
+        })
+    }
+
+    /// A wider table, set as this one is.
+    fn wider<T: Send + Sync>(&self) -> WordTable<T, H, C> {
+        let mut table = WordTable::new(self.retired, self.hasher.clone());
+        table.base_share = self.base_share;
+        table.raise = self.raise;
+        table.carry = self.carry;
+        table.drain_step = self.drain_step;
+        table
+    }
+
+    /// [`StoreProtocol::with_inserted`] in this table.
+    fn inserted<Q, R>(
         &self,
         key: &Q,
         era: u64,
@@ -283,37 +476,6 @@ where
         self.cache
             .with(|cache| cache.tables[index].set(Some(table)));
         result
-    }
-
-    /// Judges about `budget` keys, shard after shard from where the last call stopped: first
-    /// those of a shard's drain, then `HAND_RUNS` runs spread over its table. At most one
-    /// round of the shards and `32 × budget` slots (tombstones and empty slots cost a visit
-    /// too): a fixed amount of work, about `budget` slots in a dense table.
-    fn evict_some(&self, evictor: &impl Evictor<C>, budget: usize) -> usize {
-        self.hand_step(evictor, budget)
-    }
-
-    /// Keeps every key, fresh or not, until the store holds about `keys` keys (each shard its
-    /// share): below that, a full table grows, as a hash map's does; above it, a full table is
-    /// replaced by one of the same size and evicts keys that are fresh and were not used since
-    /// it last filled. Memory under a flood of unique keys is then bounded by about `keys`
-    /// keys plus those holding state. The default is [`DEFAULT_EVICT_ABOVE`], raised by shards
-    /// whose evicted keys come back; a bound set here is never raised.
-    fn set_evict_above(&mut self, keys: usize) {
-        self.base_share = keys.div_ceil(SHARDS).max(1);
-        self.raise = false;
-    }
-
-    fn set_carry(&mut self, carry: Carry<C>) {
-        self.carry = carry;
-    }
-
-    fn retain(&self, keep: impl FnMut(&C) -> bool) -> usize {
-        self.sweep_all(keep)
-    }
-
-    fn len(&self) -> usize {
-        self.shards.iter().map(|shard| shard.lock().live).sum()
     }
 }
 

@@ -1602,12 +1602,19 @@ fn a_heap_table_of_logs_is_built_ahead_slot_by_slot() {
     store.audit();
 }
 
-/// A text key for the `String` tests: every 5th one longer than a `String`'s 23 inline bytes.
+/// A text key for the `String` tests, of each class (`texts.rs`): every 5th one longer than
+/// 71 bytes (on the heap), every 5th of 36 bytes (a UUID's length), every 5th of 40 to 71,
+/// the others of up to 23 bytes (inline in the table's own slots).
 fn text(i: u64) -> String {
-    if i % 5 == 0 {
-        format!("a-long-key-held-on-the-heap-{i}")
-    } else {
-        format!("198.51.{i}")
+    match i % 5 {
+        0 => format!("{}-a-long-key-held-on-the-heap-{i}", "k".repeat(50)),
+        1 => format!(
+            "{:08x}-10b1-426f-9247-{:012x}",
+            i >> 32,
+            i & 0xffff_ffff_ffff
+        ),
+        2 => format!("an-api-key-of-forty-to-seventy-one-bytes-{i}"),
+        _ => format!("198.51.{i}"),
     }
 }
 
@@ -1649,16 +1656,19 @@ fn string_keys_short_inline_and_long_on_the_heap_survive_every_rebuild() {
         assert!(calls < 1_000_000, "drained tables not released");
         inserting(&store, "198.51.x", |c| add(c, 0), &KEEP_ALL);
     }
-    assert_eq!(store.inline_texts(), (keys - keys / 5) as usize);
+    let fifth = |class: u64| (0..keys).filter(|i| i % 5 == class).count();
+    assert_eq!(store.inline_texts(), fifth(3) + fifth(4));
+    assert_eq!(store.wider_texts(), (fifth(1), fifth(2)));
 }
 
-/// The inline bound: 23 bytes inline, 24 on the heap, and texts of every length up to 40
-/// (among them the empty one) are told apart from each other.
+/// The classes' bounds: 23 bytes inline in the table's own slots, 24 to 39 and 40 to 71 in
+/// the wider tables, 72 on the heap, and texts of every length up to 90 (among them the empty
+/// one) are told apart from each other.
 #[test]
-fn string_keys_of_every_length_around_the_inline_bound_are_told_apart() {
+fn string_keys_of_every_length_around_the_inline_bounds_are_told_apart() {
     let store: WordTable<String, foldhash::fast::FixedState, AtomicWord> =
         WordTable::new(MARKS, foldhash::fast::FixedState::with_seed(11));
-    let keys: Vec<String> = (0..=40).map(|n| "x".repeat(n)).collect();
+    let keys: Vec<String> = (0..=90).map(|n| "x".repeat(n)).collect();
     for (i, key) in keys.iter().enumerate() {
         inserting(&store, key.as_str(), |c| add(c, i as u64 + 1), &KEEP_ALL);
     }
@@ -1669,6 +1679,9 @@ fn string_keys_of_every_length_around_the_inline_bound_are_told_apart() {
         );
     }
     assert_eq!(store.len(), keys.len());
+    assert_eq!(store.inline_texts(), 24);
+    assert_eq!(store.wider_texts(), (16, 32));
+    store.audit();
 }
 
 /// Every text hashes alike: one home slot and one tag for all, so each probe walks past keys
@@ -1701,9 +1714,58 @@ fn string_keys_of_both_classes_sharing_a_hash_are_told_apart() {
     store.audit();
 }
 
+/// The wider tables evict as the table's own does: a bound set before their first key holds
+/// in each (a flood of fresh keys of every class leaves the ones holding state, and each
+/// table near its share), `evict_some` goes on into them, and `retain` sweeps them.
+#[test]
+fn string_keys_of_every_class_are_evicted_at_the_bound_and_swept() {
+    let keys: u64 = if cfg!(miri) { 300 } else { 40_000 };
+    let mut store: WordTable<String, foldhash::fast::FixedState, AtomicWord> =
+        WordTable::new(MARKS, foldhash::fast::FixedState::with_seed(5));
+    store.set_evict_above(SHARDS);
+    // Every 97th key holds state (of every class: 97 is prime to 5); the others are fresh
+    // (0) and may go.
+    for i in 0..keys {
+        inserting(
+            &store,
+            text(i).as_str(),
+            |c| add(c, u64::from(i % 97 == 0)),
+            &EVICT_ZERO,
+        );
+    }
+    for i in (0..keys).step_by(97) {
+        assert_eq!(
+            store.with_existing(text(i).as_str(), 0, |c| add(c, 0)),
+            Some(1)
+        );
+    }
+    let (mid, long) = store.wider_texts();
+    assert!(store.len() < keys as usize / 4, "{} keys held", store.len());
+    assert!(
+        mid > 0 && long > 0 && mid < keys as usize / 20,
+        "{mid}, {long}"
+    );
+    store.audit();
+    // The hand evicts the fresh keys of every table (a step may find none where it looks).
+    for _ in 0..10_000 {
+        store.evict_some(&EVICT_ZERO, 64);
+    }
+    assert_eq!(store.len(), (0..keys).step_by(97).count());
+    assert!(store.wider_texts().0 > 0, "keys holding state are kept");
+    // A sweep empties them all.
+    let held = store.len();
+    assert_eq!(
+        store.retain(|c| c.retire_if(MARKS.tombstone, |_| true).is_none()),
+        held
+    );
+    assert_eq!((store.len(), store.wider_texts()), (0, (0, 0)));
+    store.audit();
+}
+
 /// A caller's own type that a `String` borrows as: its text is not known to the table, which
-/// looks in both classes (and makes a `String` to compare an inline key with); keys inserted
-/// through it are kept inline when they fit, and found by `&str` after.
+/// looks in every class (and makes a `String` to compare an inline key with); keys inserted
+/// through it are kept inline when they fit, in the table of their class, and found by `&str`
+/// after.
 #[test]
 fn string_keys_looked_up_through_a_callers_own_borrow_type() {
     #[derive(PartialEq, Eq, Hash)]

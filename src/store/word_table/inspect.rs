@@ -167,7 +167,10 @@ impl<K: Send + Sync, H, C: TableCell> WordTable<K, H, C> {
                 let freeing = shard.freeing.iter().map(|f| f.slots.len());
                 retiring + freeing.sum::<usize>()
             })
-            .sum()
+            .sum::<usize>()
+            + self.texts.get().map_or(0, |texts| {
+                texts.mid.retired_slots() + texts.long.retired_slots()
+            })
     }
 
     /// Shard `index` as the eviction hand finds it (for tests, with no call running): where its
@@ -221,6 +224,19 @@ impl<K: Send + Sync, H, C: TableCell> WordTable<K, H, C> {
             }
             assert_eq!(shard.live, live, "shard {index}: live");
         }
+        if let Some(texts) = self.texts.get() {
+            texts.mid.audit();
+            texts.long.audit();
+        }
+    }
+
+    /// Keys in the wider tables of a table of `String` keys, of 24 to 39 bytes and of 40 to
+    /// 71 (`texts.rs`; for tests).
+    #[allow(dead_code)] // read by the unit tests in `word_table_tests.rs`
+    pub(crate) fn wider_texts(&self) -> (usize, usize) {
+        self.texts
+            .get()
+            .map_or((0, 0), |texts| (texts.mid.own_len(), texts.long.own_len()))
     }
 
     /// Slots in all current tables (for tests of the sizing).

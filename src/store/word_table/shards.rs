@@ -9,10 +9,12 @@ use super::super::keyed_store::Carry;
 use super::region::Region;
 use super::returns::Returns;
 use super::slots::*;
+use super::texts::Texts;
 use crate::clock::Nanos;
 use crate::state::AtomicWord;
 use crate::sync::{
-    Arc, AtomicBool, AtomicU64, AtomicUsize, ModelSwitch, Mutex, PerThread, Tally, MODEL_CHECKED,
+    Arc, AtomicBool, AtomicU64, AtomicUsize, ModelSwitch, Mutex, OnceLock, PerThread, Tally,
+    MODEL_CHECKED,
 };
 
 /// Slots of a replaced table that each insert into its shard visits (moves or evicts): the
@@ -403,6 +405,9 @@ pub struct WordTable<K: Send + Sync, H, C: TableCell = AtomicWord> {
     pub(super) yield_after_fetch: ModelSwitch,
     /// Carries a state moved out of a table of an older era into the newer one.
     pub(super) carry: Carry<C>,
+    /// A table of `String` keys: its tables of texts too long for its own slots and short
+    /// enough for theirs (`texts.rs`), made with the first such key.
+    pub(super) texts: OnceLock<Box<Texts<H, C>>>,
 }
 
 impl<K: Send + Sync, H, C: TableCell> std::fmt::Debug for WordTable<K, H, C> {
@@ -452,7 +457,13 @@ impl<K: Send + Sync, H, C: TableCell> WordTable<K, H, C> {
             drain_step: DRAIN_STEP,
             yield_after_fetch: ModelSwitch::OFF,
             carry: |_, _, _| {},
+            texts: OnceLock::new(),
         }
+    }
+
+    /// The live keys of this table's shards (not its wider tables').
+    pub(super) fn own_len(&self) -> usize {
+        self.shards.iter().map(|shard| shard.lock().live).sum()
     }
 
     /// The shard's current table (under its lock): off the fast path.

@@ -646,7 +646,7 @@ pub(super) fn find_text<K, C: TableCell>(
 }
 
 /// `text` as a `K` (which is `String`), for a caller's own `Borrow` type to compare with.
-fn owned_string<K>(text: &str) -> K {
+pub(super) fn owned_string<K>(text: &str) -> K {
     assert!(inline_strings::<K>());
     let owned = String::from(text);
     // SAFETY: `K` is `String` (asserted), so this moves a `String` into a `String`.
