@@ -41,7 +41,7 @@ use std::time::Duration;
 use governor::clock::{Clock as GovernorClock, QuantaClock as GovernorQuantaClock};
 use governor::RateLimiter;
 use tollgate::clock::{Clock, CoarseClock, QuantaClock};
-use tollgate::{Limiter, TextKey};
+use tollgate::Limiter;
 
 // The traffic rows (the `tollgate-traffic` dev crate, `benches/traffic/`).
 use tollgate_traffic as regime;
@@ -270,7 +270,7 @@ fn keyed_row(row: &Row, rounds: Rounds, retain: bool) -> Vec<Slices> {
         KeyType::U64 => on_clock::<u64>(row, rounds, retain),
         KeyType::Ip => on_clock::<IpAddr>(row, rounds, retain),
         KeyType::String => on_clock::<String>(row, rounds, retain),
-        KeyType::Text => on_clock::<TextKey>(row, rounds, retain),
+        KeyType::Uuid => on_clock::<String>(row, rounds, retain),
     }
 }
 
@@ -308,13 +308,14 @@ fn on_source<K: TrafficKey, C: Clock, G: GovernorClock + Send + Sync + 'static>(
     clock: impl Fn() -> C + Copy,
     governor_clock: impl Fn() -> G + Copy,
 ) -> Vec<Slices> {
+    let kind = row.key_type;
     if row.regime == Regime::Flood {
         let none = || -> &'static [K] { Vec::new().leak() };
         timed(
             row,
             rounds,
             retain,
-            Flood::<K>::new,
+            move || Flood::<K>::new(kind),
             none,
             clock,
             governor_clock,
@@ -325,8 +326,8 @@ fn on_source<K: TrafficKey, C: Clock, G: GovernorClock + Send + Sync + 'static>(
             row,
             rounds,
             retain,
-            move || regime::shared::<K>(n, distribution),
-            move || &regime::shared::<K>(n, distribution).keys[..],
+            move || regime::shared::<K>(kind, n, distribution),
+            move || &regime::shared::<K>(kind, n, distribution).keys[..],
             clock,
             governor_clock,
         )
@@ -388,7 +389,7 @@ fn timed<K: TrafficKey, S: Source<K>, C: Clock, G: GovernorClock + Send + Sync +
 fn direct_row(rounds: Rounds) -> Vec<Slices> {
     let rate = regime::DIRECT;
     // The direct checks ignore the key; a flood source only paces the loop.
-    let source = Flood::<u64>::new();
+    let source = Flood::<u64>::new(KeyType::U64);
     let tollgate = Limiter::with_clock(rate.gcra(), QuantaClock::new()).expect("fits");
     let governor = RateLimiter::direct(subjects::governor_quota(rate));
     let mut runs = [Slices::default(), Slices::default()];

@@ -11,13 +11,14 @@
 //!
 //! `rss` measures what users pay for: resident memory (Linux: `VmRSS` and `VmHWM` of
 //! `/proc/self/status`), for tollgate's GCRA and governor side by side, with `u64`, `IpAddr` (half
-//! v4, half v6) and `String` keys (IP-like text, about 17 bytes, looked up by `&str`), at 100k
-//! to 8M keys (or the counts given after `rss`). Each measurement runs in a fresh process (a
-//! freed table may stay resident, so processes are never shared): the keys are made first, then
-//! each is checked once under a quota that keeps every state live; the growth in RSS over the
-//! keys held is shown right after the inserts, settled (after two more checks of every key,
-//! once the growth spread over later calls has run), and at its peak (the high-water mark: a
-//! growth step's old and new tables alive together, tables built ahead).
+//! v4, half v6) and `String` keys (IP-like text, about 17 bytes, and UUIDs, 36 bytes, looked up
+//! by `&str`), at 100k to 8M keys (or the counts given after `rss`). Each measurement runs in a
+//! fresh process (a freed table may stay resident, so processes are never shared): the keys
+//! are made first, then each is checked once under a quota that keeps every state live; the
+//! growth in RSS over the keys held is shown right after the inserts, settled (after two more
+//! checks of every key, once the growth spread over later calls has run), and at its peak
+//! (the high-water mark: a growth step's old and new tables alive together, tables built
+//! ahead).
 //!
 //! Both maps grow by steps (tollgate's shard tables by about 1.3x, governor's hashbrown tables
 //! by 2x), so bytes per key at one key count depends on where it falls in each one's step: the
@@ -39,9 +40,7 @@ use std::time::Duration;
 
 use stats_alloc::{StatsAlloc, INSTRUMENTED_SYSTEM};
 use tollgate::Algorithm;
-use tollgate::{
-    FixedWindow, Gcra, KeyedLimiter, LeakyQueue, Quota, SlidingLog, SlidingWindow, TextKey,
-};
+use tollgate::{FixedWindow, Gcra, KeyedLimiter, LeakyQueue, Quota, SlidingLog, SlidingWindow};
 
 /// `stats_alloc`'s counting wrapper of the system allocator (no unsafe code of ours).
 #[global_allocator]
@@ -150,9 +149,8 @@ fn governor_row(keys: &[u64]) -> Row {
 }
 
 /// Text keys: every key's address as text (three in four IPv4, one in four IPv6 in
-/// 2001:db8::/32), kept as `String` or as `TextKey` by tollgate, as `String` by governor. The
-/// texts to look up are made before measuring; a `String` key's heap block is counted, a
-/// `TextKey` of these texts has none (every one fits inline).
+/// 2001:db8::/32), kept as `String` by both. The texts to look up are made before measuring;
+/// a `String` key's heap block is counted (tollgate keeps these texts inline: none).
 fn text_rows(keys: &[u64], quota: Quota) -> Vec<Row> {
     let texts: Vec<String> = keys
         .iter()
@@ -181,19 +179,6 @@ fn text_rows(keys: &[u64], quota: Quota) -> Vec<Row> {
             },
             |limiter, text| {
                 black_box(limiter.check(text.as_str()).expect("no key bound"));
-            },
-            |limiter| limiter.len(),
-        ),
-        measure(
-            "tollgate gcra, TextKey keys (IP text)",
-            &texts,
-            || KeyedLimiter::<TextKey, Gcra>::new(rule()),
-            |limiter, text| {
-                let decision = limiter.check(&TextKey::new(text)).expect("no key bound");
-                assert!(decision.allowed());
-            },
-            |limiter, text| {
-                black_box(limiter.check(&TextKey::new(text)).expect("no key bound"));
             },
             |limiter| limiter.len(),
         ),
@@ -313,8 +298,8 @@ fn rss_one(subject: &str, key_type: &str, n: usize) {
                 |l| l.len(),
             )
         }
-        ("tollgate", "string") => {
-            let texts = text_keys(&raw);
+        ("tollgate", "string" | "uuid") => {
+            let texts = texts_of(key_type, &raw);
             run(
                 &texts,
                 || KeyedLimiter::<String, Gcra>::new(Gcra::new(ten).expect("valid")),
@@ -322,8 +307,8 @@ fn rss_one(subject: &str, key_type: &str, n: usize) {
                 |l| l.len(),
             )
         }
-        ("governor", "string") => {
-            let texts = text_keys(&raw);
+        ("governor", "string" | "uuid") => {
+            let texts = texts_of(key_type, &raw);
             run(
                 &texts,
                 || governor::RateLimiter::<String, _, _>::keyed(governor_quota),
@@ -360,6 +345,32 @@ fn text_keys(raw: &[u64]) -> Vec<String> {
         .collect()
 }
 
+/// UUID text keys, 36 bytes (`8-4-4-4-12` hex digits), distinct: the key's 64 bits, a
+/// version nibble and 60 bits of their mix.
+fn uuid_keys(raw: &[u64]) -> Vec<String> {
+    raw.iter()
+        .map(|&key| {
+            let mix = key.wrapping_mul(0x9E37_79B9_7F4A_7C15).rotate_left(29);
+            format!(
+                "{:08x}-{:04x}-4{:03x}-{:04x}-{:012x}",
+                key >> 32,
+                (key >> 16) & 0xffff,
+                (key >> 4) & 0xfff,
+                0x8000 | (key & 0xf) << 10 | (mix >> 54),
+                mix & 0xffff_ffff_ffff,
+            )
+        })
+        .collect()
+}
+
+/// The text keys of `key_type`: `string` (IP-like, [`text_keys`]) or `uuid` ([`uuid_keys`]).
+fn texts_of(key_type: &str, raw: &[u64]) -> Vec<String> {
+    match key_type {
+        "uuid" => uuid_keys(raw),
+        _ => text_keys(raw),
+    }
+}
+
 /// The RSS table: every size, key type and subject in a fresh process of this example.
 fn rss(sizes: &[usize]) {
     let exe = std::env::current_exe().expect("this example's path");
@@ -368,7 +379,7 @@ fn rss(sizes: &[usize]) {
     println!("| keys | key | after the inserts | settled | peak |");
     println!("|---|---|---|---|---|");
     for &n in sizes {
-        for key_type in ["u64", "ip", "string"] {
+        for key_type in ["u64", "ip", "string", "uuid"] {
             let mut cells = [String::new(), String::new(), String::new()];
             let mut per_key = Vec::new();
             for subject in ["tollgate", "governor"] {
@@ -396,12 +407,11 @@ fn rss(sizes: &[usize]) {
             for (i, cell) in cells.iter_mut().enumerate() {
                 *cell = format!("{:.0} / {:.0}", per_key[0][i], per_key[1][i]);
             }
-            let key = if key_type == "ip" {
-                "IpAddr"
-            } else if key_type == "string" {
-                "String"
-            } else {
-                "u64"
+            let key = match key_type {
+                "ip" => "IpAddr",
+                "string" => "String",
+                "uuid" => "String (UUID)",
+                _ => "u64",
             };
             println!(
                 "| {n} | {key} | {} | {} | {} |",

@@ -23,7 +23,7 @@ use clap::builder::{PossibleValuesParser, TypedValueParser};
 use clap::{Parser, ValueEnum};
 use tollgate::clock::{Clock, CoarseClock, QuantaClock};
 use tollgate::replay::parse_duration;
-use tollgate::{Gcra, KeyedLimiter, TextKey};
+use tollgate::{Gcra, KeyedLimiter};
 use tollgate_traffic::{self as regime, KeyType, Regime, Source, TrafficKey};
 
 #[derive(Parser)]
@@ -43,7 +43,7 @@ struct Args {
     #[arg(long)]
     latency: bool,
     /// u64, ip (IpAddr, 3 in 4 IPv4, 1 in 4 IPv6), string (the same addresses as text, looked
-    /// up by &str) or text (the same texts as `TextKey`, inline).
+    /// up by &str) or uuid (`String` keys of 36 bytes, UUID texts).
     #[arg(long, value_parser = key_type_parser(), default_value = "u64")]
     key_type: KeyType,
     /// Distinct keys (below 2^32; ignored by the flood).
@@ -137,15 +137,15 @@ fn run(args: &Args) -> Result<(), Fatal> {
         KeyType::U64 => with_keys::<u64>(args, &row),
         KeyType::Ip => with_keys::<IpAddr>(args, &row),
         KeyType::String => with_keys::<String>(args, &row),
-        KeyType::Text => with_keys::<TextKey>(args, &row),
+        KeyType::Uuid => with_keys::<String>(args, &row),
     }
 }
 
 fn with_keys<K: TrafficKey>(args: &Args, row: &regime::Row) -> Result<(), Fatal> {
     if row.regime == Regime::Flood {
-        with_clock(args, row, regime::Flood::<K>::new, &[])
+        with_clock(args, row, || regime::Flood::<K>::new(row.key_type), &[])
     } else {
-        let sequence = regime::Sequence::<K>::new(row.keys, row.distribution);
+        let sequence = regime::Sequence::<K>::new(row.key_type, row.keys, row.distribution);
         with_clock(args, row, || &sequence, &sequence.keys)
     }
 }

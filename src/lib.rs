@@ -313,7 +313,6 @@ pub mod replay;
 pub(crate) mod state;
 pub mod store;
 mod sync;
-mod text_key;
 #[cfg(feature = "tower")]
 pub mod tower;
 #[cfg(feature = "tokio")]
@@ -334,4 +333,3 @@ pub use limiter::{
 };
 pub use multi::MultiLimiter;
 pub use quota::{Quota, QuotaError};
-pub use text_key::TextKey;

@@ -9,7 +9,7 @@ use std::time::Duration;
 use tollgate::clock::ManualClock;
 use tollgate::{
     Algorithm, FixedWindow, Gcra, KeyedLimiter, LeakyQueue, LimitError, OverflowPolicy, Quota,
-    SlidingLog, SlidingWindow, TextKey,
+    SlidingLog, SlidingWindow,
 };
 
 const MS: u64 = 1_000_000;
@@ -280,31 +280,36 @@ fn string_keys_are_looked_up_by_str() {
     assert!(!bytes.check(&vec![b'k']).unwrap().allowed());
 }
 
-/// `TextKey` keys decide exactly as `String` keys of the same texts, through table growth,
-/// with texts inline and on the heap.
+/// `String` keys of every length (inline in the table's own slots, in its tables of wider
+/// slots, on the heap) decide exactly as `u64` keys standing for the same clients, through
+/// table growth.
 #[test]
-fn text_keys_decide_as_string_keys() {
+fn text_keys_of_every_length_decide_as_u64_keys() {
     let rule = || Gcra::new(Quota::per_second(3).unwrap()).unwrap();
     let (strings, clock) = keyed::<String, _>(rule());
-    let texts = KeyedLimiter::<TextKey, _, _>::with_clock(rule(), clock.clone()).unwrap();
-    // Short texts (addresses) and long ones (tokens past the inline capacity).
-    let text = |i: u64| match i % 3 {
+    let ids = KeyedLimiter::<u64, _, _>::with_clock(rule(), clock.clone()).unwrap();
+    // Addresses (up to 23 bytes, or IPv6 texts of more), UUIDs (36), tokens (48) and long
+    // tokens (past 71 bytes: on the heap).
+    let text = |i: u64| match i % 5 {
         0 => format!("10.{}.{}.{}", i >> 16 & 255, i >> 8 & 255, i & 255),
-        1 => format!("2001:db8::{i:x}"),
-        _ => format!("token-{i:040}"),
+        1 => format!("2001:db8:85a3:8d3:1319:8a2e:{:x}:{:x}", i >> 16, i & 0xffff),
+        2 => format!("67e55044-10b1-426f-9247-{i:012x}"),
+        3 => format!("token-{i:042}"),
+        _ => format!("token-{i:080}"),
     };
     let mut state = 0x5EED_u64;
     for step in 0..40_000u64 {
         state = state
             .wrapping_mul(6_364_136_223_846_793_005)
             .wrapping_add(1_442_695_040_888_963_407);
-        let key = text((state >> 33) % 5_000);
+        let id = (state >> 33) % 5_000;
+        let key = text(id);
         clock.set(step * 50_000);
-        let want = strings.check(key.as_str());
-        let got = texts.check(&TextKey::from(key.as_str()));
+        let want = ids.check(&id);
+        let got = strings.check(key.as_str());
         assert_eq!(got, want, "step {step}, key {key}");
     }
-    assert_eq!(texts.len(), strings.len());
+    assert_eq!(strings.len(), ids.len());
 }
 
 #[test]

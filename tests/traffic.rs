@@ -8,7 +8,7 @@ use std::net::IpAddr;
 use std::time::Duration;
 
 use tollgate::clock::{Clock, QuantaClock};
-use tollgate::{Gcra, KeyedLimiter, TextKey};
+use tollgate::{Gcra, KeyedLimiter};
 use tollgate_traffic::{
     self as regime, ClockKind, Distribution, Flood, KeyType, Regime, Row, Sequence, Source,
     TrafficKey, BASE,
@@ -36,8 +36,8 @@ fn key_types_parse_by_name_and_an_unknown_one_names_the_valid_values() {
     for k in KeyType::ALL {
         assert_eq!(k.as_str().parse::<KeyType>(), Ok(k));
     }
-    let e = "uuid".parse::<KeyType>().unwrap_err();
-    assert!(e.contains("uuid"), "{e}");
+    let e = "guid".parse::<KeyType>().unwrap_err();
+    assert!(e.contains("guid"), "{e}");
     for k in KeyType::ALL {
         assert!(e.contains(k.as_str()), "{e}");
     }
@@ -79,22 +79,42 @@ fn row_ids_name_every_axis_and_the_matrix_has_each_once() {
 #[test]
 fn keys_are_distinct_and_the_text_keys_are_the_addresses_as_text() {
     let n = 10_000u64;
-    let u64s: HashSet<u64> = (0..n).map(u64::nth).collect();
-    let ips: HashSet<IpAddr> = (0..n).map(IpAddr::nth).collect();
+    let u64s: HashSet<u64> = (0..n).map(|i| u64::nth(KeyType::U64, i)).collect();
+    let ips: HashSet<IpAddr> = (0..n).map(|i| IpAddr::nth(KeyType::Ip, i)).collect();
     assert_eq!((u64s.len(), ips.len()), (n as usize, n as usize));
     let v6 = ips.iter().filter(|ip| ip.is_ipv6()).count();
     assert_eq!(v6, n as usize / 4, "one in four IPv6");
     for i in 0..100 {
-        let ip = IpAddr::nth(i);
-        assert_eq!(String::nth(i), ip.to_string());
-        assert_eq!(TextKey::nth(i), TextKey::from(ip.to_string()));
-        assert_eq!(String::nth(i).lookup(), ip.to_string().as_str());
+        let ip = IpAddr::nth(KeyType::Ip, i);
+        assert_eq!(String::nth(KeyType::String, i), ip.to_string());
+        assert_eq!(
+            String::nth(KeyType::String, i).lookup(),
+            ip.to_string().as_str()
+        );
+    }
+    // The UUID texts: 36 bytes, version 4, the variant's bits, distinct.
+    let uuids: HashSet<String> = (0..n).map(|i| String::nth(KeyType::Uuid, i)).collect();
+    assert_eq!(uuids.len(), n as usize);
+    for uuid in &uuids {
+        let groups: Vec<&str> = uuid.split('-').collect();
+        assert_eq!(
+            groups.iter().map(|g| g.len()).collect::<Vec<_>>(),
+            [8, 4, 4, 4, 12]
+        );
+        assert!(
+            groups[2].starts_with('4') && "89ab".contains(&groups[3][..1]),
+            "{uuid}"
+        );
+        assert!(
+            uuid.bytes().all(|b| b == b'-' || b.is_ascii_hexdigit()),
+            "{uuid}"
+        );
     }
 }
 
 #[test]
 fn a_sequence_draws_from_its_keys_and_zipf_favours_the_first() {
-    let sequence = Sequence::<u64>::new(100, Distribution::Uniform);
+    let sequence = Sequence::<u64>::new(KeyType::U64, 100, Distribution::Uniform);
     assert_eq!(sequence.keys.len(), 100);
     let keys: HashSet<u64> = sequence.keys.iter().copied().collect();
     let first = sequence.advance(1_000);
@@ -127,15 +147,18 @@ fn a_sequence_draws_from_its_keys_and_zipf_favours_the_first() {
     );
 
     // One shared set per key type, size and distribution.
-    let a = regime::shared::<u64>(100, Distribution::Uniform);
-    let b = regime::shared::<u64>(100, Distribution::Uniform);
+    let a = regime::shared::<u64>(KeyType::U64, 100, Distribution::Uniform);
+    let b = regime::shared::<u64>(KeyType::U64, 100, Distribution::Uniform);
     assert!(std::ptr::eq(a, b));
     assert_eq!(a.keys, sequence.keys);
 
     // A flood's keys are new: position i is key i.
-    let flood = Flood::<u64>::new();
+    let flood = Flood::<u64>::new(KeyType::U64);
     let at = flood.advance(3);
-    assert_eq!(flood.visit(at + 2, |k| *k), u64::nth(at as u64 + 2));
+    assert_eq!(
+        flood.visit(at + 2, |k| *k),
+        u64::nth(KeyType::U64, at as u64 + 2)
+    );
 }
 
 /// A fresh tollgate limiter for `row`, every key primed as the regime says (what the example
@@ -161,7 +184,7 @@ fn a_tiny_row_runs_to_completion_with_sensible_numbers() {
         keys: 1_000,
         ..BASE
     };
-    let sequence = Sequence::<u64>::new(row.keys, row.distribution);
+    let sequence = Sequence::<u64>::new(row.key_type, row.keys, row.distribution);
 
     // Throughput: every check counted, and as many allowed as a returning row allows.
     let limiter = limiter(&row, &sequence.keys);
@@ -223,7 +246,7 @@ fn deny_and_flood_rows_allow_what_their_regimes_say() {
         keys: 1_000,
         ..BASE
     };
-    let sequence = Sequence::<String>::new(row.keys, row.distribution);
+    let sequence = Sequence::<String>::new(row.key_type, row.keys, row.distribution);
     let limiter = limiter(&row, &sequence.keys);
     let tails = regime::run_timed(1, 5_000, &sequence, |key| check(&limiter, key));
     assert_eq!(tails.checks(), 5_000);
@@ -238,9 +261,12 @@ fn deny_and_flood_rows_allow_what_their_regimes_say() {
         ..BASE
     };
     let limiter = self::limiter::<IpAddr>(&row, &[]);
-    let tails = regime::run_timed(row.threads, 5_000, &Flood::<IpAddr>::new(), |key| {
-        check(&limiter, key)
-    });
+    let tails = regime::run_timed(
+        row.threads,
+        5_000,
+        &Flood::<IpAddr>::new(KeyType::Ip),
+        |key| check(&limiter, key),
+    );
     assert_eq!(tails.checks(), 5_000);
     assert_eq!(tails.allowed, 5_000);
     assert_eq!(limiter.len(), 5_000, "every key new");

@@ -34,7 +34,7 @@ use crossbeam_utils::CachePadded;
 use governor::clock::{Clock as GovernorClock, QuantaClock as GovernorQuantaClock};
 use governor::RateLimiter;
 use tollgate::clock::{Clock, CoarseClock, QuantaClock};
-use tollgate::{Limiter, TextKey};
+use tollgate::Limiter;
 
 use crate::common;
 use crate::regime::{self, ClockKind, Flood, KeyType, Regime, Row, Source, TrafficKey};
@@ -54,7 +54,7 @@ pub fn bench_all(c: &mut Criterion) {
             }
             KeyType::Ip => keyed::<IpAddr>(&mut group, &row),
             KeyType::String => keyed::<String>(&mut group, &row),
-            KeyType::Text => keyed::<TextKey>(&mut group, &row),
+            KeyType::Uuid => keyed::<String>(&mut group, &row),
         }
     }
     direct(&mut group);
@@ -82,14 +82,16 @@ fn limiters<K: TrafficKey, C: Clock, G: GovernorClock + Send + Sync + 'static>(
     if row.regime == Regime::Flood {
         // Nothing to prime: an empty `Vec` leaks no allocation.
         let none = || -> &'static [K] { Vec::new().leak() };
-        subjects_of::<K, _, _, _>(group, row, Flood::<K>::new, none, clock, governor_clock);
+        let kind = row.key_type;
+        let flood = move || Flood::<K>::new(kind);
+        subjects_of::<K, _, _, _>(group, row, flood, none, clock, governor_clock);
     } else {
-        let (n, distribution) = (row.keys, row.distribution);
+        let (kind, n, distribution) = (row.key_type, row.keys, row.distribution);
         subjects_of::<K, _, _, _>(
             group,
             row,
-            move || regime::shared::<K>(n, distribution),
-            move || &regime::shared::<K>(n, distribution).keys[..],
+            move || regime::shared::<K>(kind, n, distribution),
+            move || &regime::shared::<K>(kind, n, distribution).keys[..],
             clock,
             governor_clock,
         );
@@ -158,8 +160,11 @@ fn floor(group: &mut BenchmarkGroup<'_, WallTime>, row: &Row) {
         group,
         row,
         "floor",
-        move || regime::shared::<u64>(n, distribution),
-        || common::floor_map_from(&regime::shared::<u64>(n, distribution).keys, now() + primed),
+        move || regime::shared::<u64>(KeyType::U64, n, distribution),
+        || {
+            let keys = &regime::shared::<u64>(KeyType::U64, n, distribution).keys;
+            common::floor_map_from(keys, now() + primed)
+        },
         |map, key| {
             map.get(key)
                 .is_some_and(|cell| common::floor_step(cell, now, t, span))

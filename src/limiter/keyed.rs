@@ -41,16 +41,19 @@ pub(super) mod builder;
 /// ```
 ///
 /// # Text keys
-/// A `String` key of up to 23 bytes (any IPv4 address as text, most names and ids) is kept
-/// inline in the table's slot: looked up by `&str`, a check reads no memory but the table's,
-/// and the key holds no heap block. A longer `String` keeps its bytes on the heap, where a
-/// check reads them to compare the key: a second cache miss per check once the keys outgrow
-/// the caches. [`TextKey`](crate::TextKey) holds text of up to 38 bytes inline (IPv6
-/// addresses, longer tokens), in a slot 16 bytes larger:
+/// A `String` key of up to 71 bytes (IP addresses as text, names, UUIDs, most API keys and
+/// tokens) is kept inline in the table: looked up by `&str`, a check reads no memory but the
+/// table's, and the key holds no heap block. Texts of up to 23 bytes sit in the table's own
+/// 32-byte slots, 24 to 39 bytes and 40 to 71 in two tables of 48- and 80-byte slots, made with
+/// the first key of their lengths. A longer `String` keeps its bytes on the heap, where a check
+/// reads them to compare the key: a second cache miss per check once the keys outgrow the
+/// caches.
 /// ```
-/// use tollgate::{Gcra, KeyedLimiter, Quota, TextKey};
-/// let limiter = KeyedLimiter::<TextKey, _>::new(Gcra::new(Quota::per_second(1)?)?);
-/// assert!(limiter.check(&TextKey::new("203.0.113.7")).unwrap().allowed());
+/// use tollgate::{Gcra, KeyedLimiter, Quota};
+/// let limiter: KeyedLimiter<String, Gcra> = KeyedLimiter::new(Gcra::new(Quota::per_second(1)?)?);
+/// let request_id = "67e55044-10b1-426f-9247-bb680e5fe0c8"; // 36 bytes: inline too
+/// assert!(limiter.check(request_id).unwrap().allowed());
+/// assert!(!limiter.check(request_id).unwrap().allowed());
 /// # Ok::<(), tollgate::QuotaError>(())
 /// ```
 ///

@@ -24,7 +24,7 @@ use std::sync::{Barrier, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use hdrhistogram::Histogram;
-use tollgate::{Gcra, Quota, TextKey};
+use tollgate::{Gcra, Quota};
 
 // ---------------------------------------------------------------------------------------------
 // Regimes and their quotas
@@ -229,20 +229,20 @@ pub enum KeyType {
     /// `String`: the same addresses as text ("203.0.113.7", "2001:db8::…"), looked up by
     /// `&str` in tollgate (governor takes `&String`).
     String,
-    /// `tollgate::TextKey`: the same texts, held inline (every one of them fits), for both
-    /// libraries, looked up by `&TextKey`.
-    Text,
+    /// `String` again, of 36 bytes: UUID texts ([`uuid_text`]), the length of API keys and
+    /// request IDs, past what a `String`'s own 24 bytes hold.
+    Uuid,
 }
 
 impl KeyType {
-    pub const ALL: [KeyType; 4] = [KeyType::U64, KeyType::Ip, KeyType::String, KeyType::Text];
+    pub const ALL: [KeyType; 4] = [KeyType::U64, KeyType::Ip, KeyType::String, KeyType::Uuid];
 
     pub fn as_str(self) -> &'static str {
         match self {
             KeyType::U64 => "u64",
             KeyType::Ip => "ip",
             KeyType::String => "string",
-            KeyType::Text => "text",
+            KeyType::Uuid => "uuid",
         }
     }
 }
@@ -253,7 +253,7 @@ impl FromStr for KeyType {
         KeyType::ALL
             .into_iter()
             .find(|k| k.as_str() == text)
-            .ok_or_else(|| format!("unknown key type {text:?} (u64, ip, string, text)"))
+            .ok_or_else(|| format!("unknown key type {text:?} (u64, ip, string, uuid)"))
     }
 }
 
@@ -325,8 +325,8 @@ impl Row {
 
 /// The rows of the `traffic` matrix (and of the latency bench), without the direct row: one
 /// axis at a time around [`BASE`], then the rows of the benchmark tables, two more that a
-/// second machine reported (warm `String`, Zipf with two threads), the text-key rows, and
-/// the millions of keys (2M, 4M, 8M).
+/// second machine reported (warm `String`, Zipf with two threads), the UUID rows, and the
+/// millions of keys (2M, 4M, 8M).
 pub fn matrix() -> Vec<Row> {
     use Regime::*;
     let k1 = 1_000;
@@ -358,10 +358,13 @@ pub fn matrix() -> Vec<Row> {
         BASE.with(|r| {
             (r.regime, r.keys, r.distribution, r.threads) = (Api, m1, Distribution::ZIPF1, 2)
         }),
-        // The `String` rows again with the texts inline (`TextKey`, both libraries).
-        BASE.with(|r| r.key_type = KeyType::Text),
-        BASE.with(|r| (r.regime, r.key_type) = (Api, KeyType::Text)),
-        BASE.with(|r| (r.regime, r.key_type) = (Warm, KeyType::Text)),
+        // `String` keys of 36 bytes (UUIDs), at 100k and 1M.
+        BASE.with(|r| r.key_type = KeyType::Uuid),
+        BASE.with(|r| (r.regime, r.key_type) = (Api, KeyType::Uuid)),
+        BASE.with(|r| (r.regime, r.key_type) = (Warm, KeyType::Uuid)),
+        BASE.with(|r| (r.keys, r.key_type) = (m1, KeyType::Uuid)),
+        BASE.with(|r| (r.regime, r.keys, r.key_type) = (Api, m1, KeyType::Uuid)),
+        BASE.with(|r| (r.regime, r.keys, r.key_type) = (Warm, m1, KeyType::Uuid)),
     ];
     // Millions of clients, past the default `evict_above` (2^21 keys) and past L3: returning,
     // API-quota and warm traffic at 2M, 4M and 8M keys, one and two threads.
@@ -398,11 +401,12 @@ fn mix32(mut z: u32) -> u32 {
 }
 
 /// A key type of the matrix. `nth` is injective: key `i` of a set, or the `i`-th key of a
-/// flood, distinct for every `i` (below 2^32 for `IpAddr` and `String`).
+/// flood, distinct for every `i` (below 2^32 for `IpAddr` and IP texts). `kind` is the row's
+/// key type, which only `String` reads (IP or UUID texts).
 pub trait TrafficKey: Clone + Hash + Eq + Send + Sync + Borrow<Self::Lookup> + 'static {
     /// What tollgate is asked with: the key itself, or `str` for `String`.
     type Lookup: Hash + Eq + ToOwned<Owned = Self> + ?Sized;
-    fn nth(i: u64) -> Self;
+    fn nth(kind: KeyType, i: u64) -> Self;
     fn lookup(&self) -> &Self::Lookup;
 }
 
@@ -412,7 +416,7 @@ const PHI: u64 = 0x9E37_79B9_7F4A_7C15;
 impl TrafficKey for u64 {
     type Lookup = u64;
     #[inline(always)]
-    fn nth(i: u64) -> u64 {
+    fn nth(_: KeyType, i: u64) -> u64 {
         mix64(i.wrapping_mul(PHI))
     }
     #[inline(always)]
@@ -426,7 +430,7 @@ impl TrafficKey for IpAddr {
     /// Keys `i ≡ 3 (mod 4)` are IPv6 in 2001:db8::/32 with 64 mixed low bits; the others IPv4,
     /// a bijective mix of `i`'s low 32 bits (any address, reserved ranges included).
     #[inline(always)]
-    fn nth(i: u64) -> IpAddr {
+    fn nth(_: KeyType, i: u64) -> IpAddr {
         if i % 4 == 3 {
             let low = mix64(i.wrapping_mul(PHI));
             IpAddr::V6(Ipv6Addr::from((0x2001_0db8_u128 << 96) | u128::from(low)))
@@ -442,9 +446,12 @@ impl TrafficKey for IpAddr {
 
 impl TrafficKey for String {
     type Lookup = str;
-    /// The text of `IpAddr::nth(i)`.
-    fn nth(i: u64) -> String {
-        IpAddr::nth(i).to_string()
+    /// The text of `IpAddr::nth(i)`, or a UUID's ([`uuid_text`]) in a `uuid` row.
+    fn nth(kind: KeyType, i: u64) -> String {
+        match kind {
+            KeyType::Uuid => uuid_text(i),
+            _ => IpAddr::nth(kind, i).to_string(),
+        }
     }
     #[inline(always)]
     fn lookup(&self) -> &str {
@@ -452,16 +459,19 @@ impl TrafficKey for String {
     }
 }
 
-impl TrafficKey for TextKey {
-    type Lookup = TextKey;
-    /// The text of `IpAddr::nth(i)`, inline (at most 29 bytes).
-    fn nth(i: u64) -> TextKey {
-        TextKey::from(IpAddr::nth(i).to_string())
-    }
-    #[inline(always)]
-    fn lookup(&self) -> &TextKey {
-        self
-    }
+/// Key `i` as a version-4 UUID's text, 36 bytes (`8-4-4-4-12` hex digits): the 64 bits of
+/// `u64::nth(i)` (a bijection, so distinct for every `i`) and 58 of their own mix.
+pub fn uuid_text(i: u64) -> String {
+    let a = mix64(i.wrapping_mul(PHI));
+    let b = mix64(a ^ PHI);
+    format!(
+        "{:08x}-{:04x}-4{:03x}-{:04x}-{:012x}",
+        a >> 32,
+        (a >> 16) & 0xffff,
+        (a >> 4) & 0xfff,
+        0x8000 | (a & 0xf) << 10 | (b >> 54),
+        b & 0xffff_ffff_ffff,
+    )
 }
 
 /// A deterministic splitmix64 stream.
@@ -525,8 +535,8 @@ pub struct Sequence<K> {
 }
 
 impl<K: TrafficKey> Sequence<K> {
-    pub fn new(n: usize, distribution: Distribution) -> Sequence<K> {
-        let keys: Vec<K> = (0..n as u64).map(K::nth).collect();
+    pub fn new(kind: KeyType, n: usize, distribution: Distribution) -> Sequence<K> {
+        let keys: Vec<K> = (0..n as u64).map(|i| K::nth(kind, i)).collect();
         let len = (4 * n).next_power_of_two().max(1 << 16);
         let seq = draw_indices(n, distribution, len)
             .into_iter()
@@ -580,18 +590,28 @@ impl<K, T: Source<K>> Source<K> for &T {
 
 /// One [`Sequence`] per key type, size and distribution for the whole process, built on first
 /// use (a filtered bench run builds only the sets its rows need) and never freed.
-pub fn shared<K: TrafficKey>(n: usize, distribution: Distribution) -> &'static Sequence<K> {
-    type Set = (TypeId, usize, String, &'static (dyn Any + Send + Sync));
+pub fn shared<K: TrafficKey>(
+    kind: KeyType,
+    n: usize,
+    distribution: Distribution,
+) -> &'static Sequence<K> {
+    type Set = (
+        TypeId,
+        KeyType,
+        usize,
+        String,
+        &'static (dyn Any + Send + Sync),
+    );
     static SETS: Mutex<Vec<Set>> = Mutex::new(Vec::new());
     let mut sets = SETS.lock().expect("no panic while building a key set");
     let (ty, label) = (TypeId::of::<K>(), distribution.label());
     let found = sets
         .iter()
-        .find(|(t, size, d, _)| *t == ty && *size == n && *d == label)
-        .map(|(_, _, _, set)| *set);
+        .find(|(t, k, size, d, _)| *t == ty && *k == kind && *size == n && *d == label)
+        .map(|(.., set)| *set);
     let set = found.unwrap_or_else(|| {
-        let set: &'static Sequence<K> = Box::leak(Box::new(Sequence::new(n, distribution)));
-        sets.push((ty, n, label, set));
+        let set: &'static Sequence<K> = Box::leak(Box::new(Sequence::new(kind, n, distribution)));
+        sets.push((ty, kind, n, label, set));
         set
     });
     set.downcast_ref().expect("the set of this key type")
@@ -602,22 +622,19 @@ pub fn shared<K: TrafficKey>(n: usize, distribution: Distribution) -> &'static S
 /// which the flood's times then include). One `Flood` per limiter, so that each limiter of a
 /// row sees the same keys from the first.
 pub struct Flood<K> {
+    kind: KeyType,
     next: AtomicUsize,
     _keys: PhantomData<fn() -> K>,
 }
 
 impl<K> Flood<K> {
-    pub fn new() -> Flood<K> {
+    /// A flood of keys of the row's type `kind` (see [`TrafficKey::nth`]).
+    pub fn new(kind: KeyType) -> Flood<K> {
         Flood {
+            kind,
             next: AtomicUsize::new(0),
             _keys: PhantomData,
         }
-    }
-}
-
-impl<K> Default for Flood<K> {
-    fn default() -> Self {
-        Flood::new()
     }
 }
 
@@ -629,7 +646,7 @@ impl<K: TrafficKey> Source<K> for Flood<K> {
 
     #[inline(always)]
     fn visit<R>(&self, i: usize, f: impl FnOnce(&K) -> R) -> R {
-        f(&K::nth(i as u64))
+        f(&K::nth(self.kind, i as u64))
     }
 }
 
@@ -823,7 +840,7 @@ pub fn run_timed<K, S: Source<K>>(
 
 /// The timer's own cost: the median of 2^20 timed empty checks.
 pub fn timer_overhead() -> u64 {
-    let source = Flood::<u64>::new();
+    let source = Flood::<u64>::new(KeyType::U64);
     run_timed(1, 1 << 20, &source, |key| black_box(*key) != 0).quantile(0.5)
 }
 

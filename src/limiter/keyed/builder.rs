@@ -97,7 +97,10 @@ impl<K, A: Algorithm, C: Clock> KeyedLimiterBuilder<K, A, C> {
     /// always find their slot. Above it, a full shard table evicts keys that are fresh and
     /// were not used since it last filled, so that a flood of unique keys holds about `keys`
     /// keys (plus those still holding state). A soft bound, per shard; [`max_keys`] is the
-    /// hard one. The dashmap store ignores it.
+    /// hard one. The dashmap store ignores it. With `String` keys it holds in each of the
+    /// three tables texts are kept in by length (up to 23 bytes and over 71, 24 to 39, 40 to
+    /// 71: see [`KeyedLimiter`]'s "Text keys"), so a flood of keys of every length may hold up
+    /// to three times `keys`.
     ///
     /// Unset, the bound starts at [`DEFAULT_EVICT_ABOVE`](crate::store::DEFAULT_EVICT_ABOVE)
     /// (2^21) and follows a larger working set of clients that come back: a shard whose
