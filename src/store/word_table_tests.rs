@@ -1740,14 +1740,15 @@ fn string_keys_of_every_class_are_evicted_at_the_bound_and_swept() {
         );
     }
     let (mid, long) = store.wider_texts();
-    assert!(store.len() < keys as usize / 4, "{} keys held", store.len());
-    assert!(
-        mid > 0 && long > 0 && mid < keys as usize / 20,
-        "{mid}, {long}"
-    );
+    assert!(mid > 0 && long > 0, "{mid}, {long}");
+    // (Miri's few keys fill no table past its smallest size: nothing to evict yet.)
+    if !cfg!(miri) {
+        assert!(store.len() < keys as usize / 4, "{} keys held", store.len());
+        assert!(mid < keys as usize / 20, "{mid}");
+    }
     store.audit();
     // The hand evicts the fresh keys of every table (a step may find none where it looks).
-    for _ in 0..10_000 {
+    for _ in 0..if cfg!(miri) { 100 } else { 10_000 } {
         store.evict_some(&EVICT_ZERO, 64);
     }
     assert_eq!(store.len(), (0..keys).step_by(97).count());
