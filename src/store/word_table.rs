@@ -95,6 +95,12 @@
 //! left by an explicit sweep, [`StoreProtocol::retain`], which also reclaims tombstones once they
 //! outnumber the live keys).
 //!
+//! # Text keys
+//! A table of `String` keys keeps texts of up to 23 bytes inline in its own slots
+//! (`text.rs`), texts of 24 to 71 bytes in two word tables of wider slots that it makes with
+//! their first key (`texts.rs`), and longer ones as `String`s. Each of the three is a word
+//! table as above, with its own shards, drains and share of `evict_above`.
+//!
 //! # Caveats
 //! - A thread that stops calling keeps the tables it cached alive until it calls again (an
 //!   exited thread's cache passes to the next thread that gets its id): at most one replaced
@@ -280,7 +286,8 @@ where
     fn retain(&self, mut keep: impl FnMut(&C) -> bool) -> usize {
         let own = self.sweep_all(&mut keep);
         own + self.texts.get().map_or(0, |texts| {
-            // Their sweeps, not `retain`: a wider table's `retain` would be another type's.
+            // Their sweeps, not their `retain`, which would hand `&mut &mut keep` on to tables
+            // of their own: a closure type without end.
             texts.mid.sweep_all(&mut keep) + texts.long.sweep_all(&mut keep)
         })
     }
