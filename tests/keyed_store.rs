@@ -281,35 +281,56 @@ fn string_keys_are_looked_up_by_str() {
 }
 
 /// `String` keys of every length (inline in the table's own slots, in its tables of wider
-/// slots, on the heap) decide exactly as `u64` keys standing for the same clients, through
-/// table growth.
+/// slots, on the heap) decide exactly as `u64` keys standing for the same clients, with every
+/// algorithm (a word cell or a log's ring in each table), through table growth, with peeks and
+/// refunds between the checks.
 #[test]
 fn text_keys_of_every_length_decide_as_u64_keys() {
-    let rule = || Gcra::new(Quota::per_second(3).unwrap()).unwrap();
-    let (strings, clock) = keyed::<String, _>(rule());
-    let ids = KeyedLimiter::<u64, _, _>::with_clock(rule(), clock.clone()).unwrap();
-    // Addresses (up to 23 bytes, or IPv6 texts of more), UUIDs (36), tokens (48) and long
-    // tokens (past 71 bytes: on the heap).
-    let text = |i: u64| match i % 5 {
-        0 => format!("10.{}.{}.{}", i >> 16 & 255, i >> 8 & 255, i & 255),
-        1 => format!("2001:db8:85a3:8d3:1319:8a2e:{:x}:{:x}", i >> 16, i & 0xffff),
-        2 => format!("67e55044-10b1-426f-9247-{i:012x}"),
-        3 => format!("token-{i:042}"),
-        _ => format!("token-{i:080}"),
-    };
-    let mut state = 0x5EED_u64;
-    for step in 0..40_000u64 {
-        state = state
-            .wrapping_mul(6_364_136_223_846_793_005)
-            .wrapping_add(1_442_695_040_888_963_407);
-        let id = (state >> 33) % 5_000;
-        let key = text(id);
-        clock.set(step * 50_000);
-        let want = ids.check(&id);
-        let got = strings.check(key.as_str());
-        assert_eq!(got, want, "step {step}, key {key}");
+    fn run<A: Algorithm>(rule: A) {
+        let (strings, clock) = keyed::<String, _>(rule);
+        let ids = KeyedLimiter::<u64, _, _>::with_clock(rule, clock.clone()).unwrap();
+        // Addresses (up to 23 bytes, or IPv6 texts of more), UUIDs (36), tokens (48) and long
+        // tokens (past 71 bytes: on the heap).
+        let text = |i: u64| match i % 5 {
+            0 => format!("10.{}.{}.{}", i >> 16 & 255, i >> 8 & 255, i & 255),
+            1 => format!("2001:db8:85a3:8d3:1319:8a2e:{:x}:{:x}", i >> 16, i & 0xffff),
+            2 => format!("67e55044-10b1-426f-9247-{i:012x}"),
+            3 => format!("token-{i:042}"),
+            _ => format!("token-{i:080}"),
+        };
+        let mut state = 0x5EED_u64;
+        for step in 0..20_000u64 {
+            state = state
+                .wrapping_mul(6_364_136_223_846_793_005)
+                .wrapping_add(1_442_695_040_888_963_407);
+            let id = (state >> 33) % 5_000;
+            let key = text(id);
+            clock.set(step * 50_000);
+            match state >> 60 {
+                0 => assert_eq!(
+                    strings.peek(key.as_str(), 1),
+                    ids.peek(&id, 1),
+                    "step {step}"
+                ),
+                1 => {
+                    strings.refund(key.as_str(), 1);
+                    ids.refund(&id, 1);
+                }
+                _ => assert_eq!(
+                    strings.check(key.as_str()),
+                    ids.check(&id),
+                    "step {step}, key {key}"
+                ),
+            }
+        }
+        assert_eq!(strings.len(), ids.len());
     }
-    assert_eq!(strings.len(), ids.len());
+    let quota = Quota::per_second(3).unwrap();
+    run(Gcra::new(quota).unwrap());
+    run(LeakyQueue::new(quota).unwrap());
+    run(FixedWindow::new(quota).unwrap());
+    run(SlidingWindow::new(quota).unwrap());
+    run(SlidingLog::new(quota).unwrap());
 }
 
 #[test]
