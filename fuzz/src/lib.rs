@@ -496,12 +496,22 @@ fn exercise<A: Algorithm>(rule: Result<A, tollgate::QuotaError>, c: &Constructio
     let clock = ManualClock::new();
     let limiter = KeyedLimiter::<u8, A, ManualClock>::with_clock(rule, clock.clone())
         .expect("the manual clock resolves 1 ns");
+    // The same clients as `String` keys of each length a table keeps apart (inline in its own
+    // slots, in each wider table, on the heap): every answer the same as the `u8` keys'.
+    let texts = KeyedLimiter::<String, A, ManualClock>::with_clock(rule, clock.clone())
+        .expect("the manual clock resolves 1 ns");
+    let text = |key: u8| format!("{key}").repeat([10, 36, 60, 90][usize::from(key)]);
     let capacity = rule.capacity();
     let mut admitted_at_end = 0u64;
     for (i, &(t, cost)) in c.probes.iter().take(64).enumerate() {
         clock.set(t);
-        let key = (i % 3) as u8;
-        match limiter.check_n(&key, cost) {
+        let key = (i % 4) as u8;
+        let (as_u8, as_text) = (
+            limiter.check_n(&key, cost),
+            texts.check_n(text(key).as_str(), cost),
+        );
+        assert_eq!(as_u8, as_text, "a text key decided otherwise");
+        match as_u8 {
             Ok(d) => {
                 let _ = (d.remaining(), d.retry_after(), d.reset_after(), d.delay());
                 if d.allowed() && t == u64::MAX {
@@ -513,8 +523,12 @@ fn exercise<A: Algorithm>(rule: Result<A, tollgate::QuotaError>, c: &Constructio
             }
             Err(e) => panic!("unexpected {e:?}"),
         }
-        let _ = limiter.peek(&key, cost);
+        assert_eq!(
+            limiter.peek(&key, cost),
+            texts.peek(text(key).as_str(), cost)
+        );
         limiter.refund(&key, cost);
+        texts.refund(text(key).as_str(), cost);
     }
     let _ = admitted_at_end;
 }
