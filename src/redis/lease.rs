@@ -163,7 +163,8 @@ impl<C: RedisConnection> RedisLimiter<C> {
             }
         };
         let runtime = tokio::runtime::Handle::try_current().map_err(|_| LeaseError::NoRuntime)?;
-        let guard = self.clone().guarded(handling).await;
+        // One breaker for every key: a handover empties the node's leases as a whole.
+        let guard = self.clone().guarded_whole(handling).await;
         let terms = Terms {
             max_lease: config.max_lease_for(rule.capacity()),
             rule,

@@ -199,6 +199,12 @@ impl RedisCluster {
     /// Starts the cluster and waits until every node reports `cluster_state:ok`; `None` (with a
     /// message) if `redis-server` or `redis-cli` is missing, as for [`RedisServer::start`].
     pub fn start(masters: usize) -> Option<RedisCluster> {
+        RedisCluster::start_with(masters, &[])
+    }
+
+    /// [`RedisCluster::start`] with extra arguments for every node (e.g.
+    /// `["--cluster-require-full-coverage", "no"]`).
+    pub fn start_with(masters: usize, extra: &[&str]) -> Option<RedisCluster> {
         if !installed() || !cli_installed() {
             assert!(
                 std::env::var_os("CI").is_none(),
@@ -211,17 +217,16 @@ impl RedisCluster {
         }
         let nodes: Vec<RedisServer> = (0..masters)
             .map(|_| {
-                RedisServer::start_with(
-                    &[
-                        "--cluster-enabled",
-                        "yes",
-                        "--cluster-config-file",
-                        "nodes.conf",
-                        "--cluster-node-timeout",
-                        "5000",
-                    ],
-                    free_cluster_port,
-                )
+                let mut args = vec![
+                    "--cluster-enabled",
+                    "yes",
+                    "--cluster-config-file",
+                    "nodes.conf",
+                    "--cluster-node-timeout",
+                    "5000",
+                ];
+                args.extend_from_slice(extra);
+                RedisServer::start_with(&args, free_cluster_port)
             })
             .collect();
         let addresses: Vec<String> = nodes
