@@ -6,8 +6,9 @@
 //! or pile up (see "The breaker" on [`FailureHandling`]), the breaker opens and every check is
 //! decided by the policy at once, without touching the network, until background probes find
 //! Redis taking writes again (a `SET` of a key of the limiter's own), a few in a row; then the
-//! breaker closes by itself. Fatal errors (a foreign value in a key, a bad reply) are returned
-//! as they are: no policy can fix them.
+//! breaker closes by itself. On a Cluster there is a breaker per slot owner (`owners.rs`).
+//! Fatal errors (a foreign value in a key, a bad reply) are returned as they are: no policy
+//! can fix them.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};

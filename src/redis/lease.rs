@@ -30,7 +30,8 @@
 //! documented on [`LeasedLimiter`].
 //!
 //! # Failures
-//! The leased tier shares the exact tier's circuit breaker and [`FailurePolicy`]: transient
+//! The leased tier shares the exact tier's circuit breaker and [`FailurePolicy`] (one breaker
+//! per limiter, on a Cluster too: a handover is the node's as a whole): transient
 //! failures of refills (and of heartbeats) count toward opening it (see "The breaker" on
 //! [`FailureHandling`](super::FailureHandling)); until it opens, a lease whose refill failed
 //! backs off a probe interval, and what it cannot serve of its key is decided by the policy

@@ -159,6 +159,22 @@ pub enum HandlingError {
 /// its policy rather than flapping. [`GuardedLimiter::breaker`](super::GuardedLimiter::breaker)
 /// reports the breaker's [`BreakerState`].
 ///
+/// # On a Cluster
+/// A guarded limiter on a Redis Cluster keeps a breaker per slot owner (each master, named
+/// by its node id in `CLUSTER SLOTS`, read at start, when a breaker opens or closes or a call
+/// meets a topology error, at most every 2 s, and every 30 s anyway): a master that fails or
+/// fails over opens its own breaker, and only the keys of its slots go to the policy, while
+/// the other masters' keys stay global. Each owner's probe writes on one of that owner's
+/// slots. [`GuardedLimiter::mode`](super::GuardedLimiter::mode) is `Global` only while every
+/// owner's breaker is closed and [`GuardedLimiter::breaker`](super::GuardedLimiter::breaker)
+/// is the least recovered one's; [`GuardedLimiter::mode_of`](super::GuardedLimiter::mode_of)
+/// tells a key's. The heartbeat and reconciliation go by the breaker of the heartbeat key's
+/// owner, and reconciliation runs once no owner's breaker is open. With Redis's default
+/// `cluster-require-full-coverage yes`, a master that is down past `cluster-node-timeout`
+/// with no replica to take its slots stops the whole Cluster (`CLUSTERDOWN` from every
+/// master), and every owner's breaker opens. The leased tier keeps one breaker per limiter,
+/// on a Cluster too.
+///
 /// # On a slow Redis, with the defaults
 /// - **Exact tier** ([`RedisLimiter`](super::RedisLimiter), no breaker): a check whose call does
 ///   not answer within the timeout (50 ms) fails with [`TierError::Timeout`](super::TierError).
