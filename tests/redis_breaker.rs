@@ -23,6 +23,13 @@ use tollgate::Quota;
 
 const TIMEOUT: Duration = Duration::from_millis(50);
 
+/// One test at a time: each stops servers under load, and another's Cluster of up to six
+/// nodes would load the machine under its timings.
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 /// Checks from `tasks` tasks until `stop`; the longest check, and whether any check saw the
 /// limiter degraded or the breaker other than closed.
 struct Load {
@@ -109,6 +116,7 @@ async fn until(
 /// until three probes a quarter of the probe interval apart were answered, then is `Global`.
 #[test]
 fn a_60_ms_stop_leaves_the_breaker_closed_and_a_2_s_stop_opens_it_until_the_half_open_probes() {
+    let _serial = serial();
     let Some(server) = RedisServer::start() else {
         return;
     };
@@ -204,6 +212,14 @@ fn a_60_ms_stop_leaves_the_breaker_closed_and_a_2_s_stop_opens_it_until_the_half
     });
 }
 
+async fn connect_cluster(urls: &[&str]) -> redis::cluster_async::ClusterConnection {
+    redis::cluster::ClusterClient::new(urls.to_vec())
+        .expect("a cluster client")
+        .get_async_connection()
+        .await
+        .expect("connects to the cluster")
+}
+
 /// The port of the Cluster master serving each of `keys` (as state keys), asked of the Cluster.
 async fn owners_of(raw: &redis::cluster_async::ClusterConnection, keys: &[Vec<u8>]) -> Vec<u16> {
     let mut raw = raw.clone();
@@ -248,6 +264,7 @@ async fn owners_of(raw: &redis::cluster_async::ClusterConnection, keys: &[Vec<u8
 /// the other masters serve past the node timeout too; deadlines only catch a hang.
 #[test]
 fn a_stopped_cluster_master_degrades_only_the_keys_of_its_slots() {
+    let _serial = serial();
     let Some(cluster) = RedisCluster::start_with(3, &["--cluster-require-full-coverage", "no"])
     else {
         return;
@@ -266,7 +283,8 @@ fn a_stopped_cluster_master_degrades_only_the_keys_of_its_slots() {
         let policy = FailurePolicy::FailClosed;
         let exact = RedisLimiter::builder(rule)
             .prefix("owners")
-            .timeout(Duration::from_millis(100))
+            // Generous: a check of a healthy master must not time out on a loaded machine.
+            .timeout(Duration::from_millis(250))
             .connect_cluster(&urls)
             .await
             .expect("connects");
@@ -367,6 +385,134 @@ fn a_stopped_cluster_master_degrades_only_the_keys_of_its_slots() {
         eprintln!(
             "{} keys on the stopped master, {} on the others: degraded alone {degraded_after:?} \
              after SIGSTOP, {rounds} rounds; global {global_after:?} after SIGCONT",
+            down.len(),
+            up.len()
+        );
+    });
+}
+
+/// A real failover: 3 masters with a replica each, one master stopped (`SIGSTOP`) past the
+/// node timeout (1 s here), its replica promoted. The stopped master's keys go to the policy,
+/// then back to `Global` on the promoted replica while the old master is still stopped; the
+/// other masters' keys stay global and exact throughout. Deadlines only catch a hang.
+#[test]
+fn a_failed_over_cluster_master_brings_its_keys_back_on_the_promoted_replica() {
+    let _serial = serial();
+    let Some(cluster) = RedisCluster::start_replicated(
+        3,
+        1,
+        &[
+            "--cluster-node-timeout",
+            "1000",
+            "--cluster-require-full-coverage",
+            "no",
+            // Promote the replica however long its link was down (the test's machine may
+            // be slow to start the nodes).
+            "--cluster-replica-validity-factor",
+            "0",
+        ],
+    ) else {
+        return;
+    };
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("a tokio runtime");
+    let urls = cluster.urls();
+    let urls: Vec<&str> = urls.iter().map(String::as_str).collect();
+    runtime.block_on(async {
+        // A unit comes back every 173 s: none during the test, so each count left is exact.
+        const L: u64 = 10_000;
+        let period = Duration::from_secs(86_400 * 20);
+        let rule = RedisRule::gcra(Quota::new(L, period).unwrap()).unwrap();
+        let policy = FailurePolicy::FailClosed;
+        let exact = RedisLimiter::builder(rule)
+            .prefix("failover")
+            .timeout(Duration::from_millis(250))
+            // The builder's own connection, which the limiter replaces once the slots moved
+            // (the Cluster client would keep calling the stopped master: see `owners.rs`).
+            .connect_cluster_lazy(&urls)
+            .expect("built");
+        let raw = connect_cluster(&urls).await;
+        let keys: Vec<String> = (0..48).map(|i| format!("user:{i}")).collect();
+        let state_keys: Vec<Vec<u8>> = keys.iter().map(|k| exact.redis_key(k)).collect();
+        let ports = owners_of(&raw, &state_keys).await;
+        let stopped_port = ports[0];
+        let (down, up): (Vec<_>, Vec<_>) = keys
+            .iter()
+            .zip(&ports)
+            .partition(|(_, port)| **port == stopped_port);
+        let down: Vec<&String> = down.into_iter().map(|(k, _)| k).collect();
+        let up: Vec<&String> = up.into_iter().map(|(k, _)| k).collect();
+        assert!(!down.is_empty() && up.len() >= 8, "keys on every master");
+        let limiter = exact.guarded(FailureHandling::new(policy)).await;
+        let mut checks = std::collections::HashMap::new();
+        for key in &keys {
+            assert!(limiter.check(key).await.unwrap().allowed());
+            checks.insert(key.clone(), 1u64);
+        }
+        let node = cluster
+            .nodes()
+            .iter()
+            .find(|n| n.port() == stopped_port)
+            .expect("a node of the cluster");
+        tokio::task::block_in_place(|| node.signal("STOP"));
+        let stopped = Instant::now();
+        let mut degraded = false;
+        let mut rounds = 0;
+        // Until the stopped master's keys were degraded and are global again.
+        loop {
+            assert!(
+                stopped.elapsed() < Duration::from_secs(60),
+                "the stopped master's keys not global again on its replica (degraded before: \
+                 {degraded}): {:?}",
+                down.iter().map(|k| limiter.mode_of(k)).collect::<Vec<_>>()
+            );
+            rounds += 1;
+            for key in &up {
+                let decision = limiter.check(key).await.unwrap();
+                let n = checks.get_mut(*key).unwrap();
+                *n += 1;
+                assert!(
+                    decision.allowed(),
+                    "{key}: decided by Redis, not FailClosed"
+                );
+                assert_eq!(decision.remaining(), L - *n, "{key}: Redis's exact count");
+            }
+            let mut global = true;
+            for key in &down {
+                let decision = limiter.check(key).await.unwrap();
+                if limiter.mode_of(key) != GuardMode::Global {
+                    degraded = true;
+                    global = false;
+                } else {
+                    global &= decision.allowed();
+                }
+            }
+            if degraded && global {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let back_after = stopped.elapsed();
+        tokio::task::block_in_place(|| node.signal("CONT"));
+        let resumed = Instant::now();
+        while limiter.mode() != GuardMode::Global {
+            assert!(
+                resumed.elapsed() < Duration::from_secs(30),
+                "not global after the old master resumed: breaker {:?}",
+                limiter.breaker()
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        for key in &keys {
+            assert!(limiter.check(key).await.unwrap().allowed(), "{key}");
+            assert_eq!(limiter.mode_of(key), GuardMode::Global, "{key}");
+        }
+        eprintln!(
+            "failover: {} keys on the stopped master back to Global on its replica \
+             {back_after:?} after SIGSTOP ({rounds} rounds), the other {} exact throughout",
             down.len(),
             up.len()
         );

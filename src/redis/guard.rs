@@ -793,6 +793,10 @@ impl<C: RedisConnection> Shared<C> {
         let Breakers::Owners(owners) = &self.breakers else {
             return;
         };
+        if owners.map().any_open() {
+            // A master that fails may be failing over: its slots may move any time.
+            owners.ask_refresh();
+        }
         if !owners.due(Instant::now()) {
             return;
         }
@@ -807,15 +811,37 @@ impl<C: RedisConnection> Shared<C> {
         };
         match ranges {
             Ok(ranges) => {
-                let masters = ranges.len();
-                if owners.install(ranges, |key| self.exact.redis_key(key)) {
-                    tracing::debug!(ranges = masters, "read the Cluster's slot map");
+                let count = ranges.len();
+                let installed = owners.install(ranges, |key| self.exact.redis_key(key));
+                if installed.changed {
+                    tracing::debug!(ranges = count, "read the Cluster's slot map");
+                }
+                if installed.failed_over {
+                    tracing::info!("a failed Cluster master's slots are served by another");
                 }
             }
             Err(error) => {
                 tracing::debug!(%error, "could not read the Cluster's slot map");
                 owners.ask_refresh();
             }
+        }
+    }
+
+    /// After a failover, replaces the connection once a new one answers on a master that
+    /// took slots over. The Cluster client refreshes its slots on a redirect or a dropped
+    /// connection, not on a timeout: a master that hangs with its connection open would keep
+    /// its failed-over slots' calls for good. A new connection reads the slots afresh (if the
+    /// builder made it); the old one serves the other masters' keys meanwhile.
+    async fn follow_failover(&self) {
+        let Breakers::Owners(owners) = &self.breakers else {
+            return;
+        };
+        let Some(at) = owners.failed_over() else {
+            return;
+        };
+        let why = "a failed master's slots are served by another";
+        if self.exact.replace_when_warm(at.as_deref(), why).await {
+            owners.replaced();
         }
     }
 
@@ -931,6 +957,7 @@ async fn watch<C: RedisConnection>(shared: Weak<Shared<C>>) {
         let interval = s.handling.probe_interval;
         s.tick();
         s.refresh_owners().await;
+        s.follow_failover().await;
         // The probe is a write, what checks need: a server that answers but cannot take
         // writes (a demoted master, out of memory) keeps the breaker open. On a Cluster, each
         // open owner's probe writes on one of its own slots.

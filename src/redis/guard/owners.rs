@@ -2,9 +2,12 @@
 //! slots to the failure policy, while the keys of the other masters stay global.
 //!
 //! The slot map is read from `CLUSTER SLOTS` by the guarded limiter's background task: at
-//! start, when a breaker opens or closes, or when a call meets a topology error (`MOVED`,
-//! `ASK`, `CLUSTERDOWN`, a node the client lost), at most every [`Owners::MIN_REFRESH`], and
-//! every [`Owners::MAX_AGE`] anyway. Each master is named by its node id (its address if the
+//! start, when a breaker opens or closes, while one is open (its master may be failing over),
+//! or when a call meets a topology error (`MOVED`, `ASK`, `CLUSTERDOWN`, a node the client
+//! lost), at most every [`Owners::MIN_REFRESH`], and every [`Owners::MAX_AGE`] anyway. When the
+//! slots of a master whose breaker is open move to another, the failover is followed: the
+//! Cluster client refreshes its own slots only on a redirect or a dropped connection, so the
+//! limiter replaces its connection with a new one once that answers (see `follow_failover`). Each master is named by its node id (its address if the
 //! reply has none); a breaker follows its master's name from one map to the next, so a map
 //! that did not move keeps every breaker where it was. Until a map is read, and for a slot
 //! that no master serves, keys share the breaker of the unknown owner.
@@ -229,6 +232,9 @@ pub(super) struct Owners {
     stale: AtomicBool,
     /// When the map was last asked of the Cluster.
     asked: parking_lot::Mutex<Option<Instant>>,
+    /// A failover was seen and the connection not replaced since: the probe key of a master
+    /// that took slots over, for the new connection to answer first.
+    failed_over: parking_lot::Mutex<Option<Option<Box<[u8]>>>>,
 }
 
 impl Owners {
@@ -243,7 +249,18 @@ impl Owners {
             settings,
             stale: AtomicBool::new(true),
             asked: parking_lot::Mutex::new(None),
+            failed_over: parking_lot::Mutex::new(None),
         }
+    }
+
+    /// Whether a failover wants the connection replaced, and the key to probe it on.
+    pub fn failed_over(&self) -> Option<Option<Box<[u8]>>> {
+        self.failed_over.lock().clone()
+    }
+
+    /// The connection was replaced after a failover.
+    pub fn replaced(&self) {
+        *self.failed_over.lock() = None;
     }
 
     /// The current map.
@@ -282,16 +299,38 @@ impl Owners {
         due
     }
 
-    /// Installs the map `ranges` give, unless it is the one in force; whether it changed.
-    pub fn install(&self, ranges: Vec<Range>, state_key: impl Fn(&[u8]) -> Vec<u8>) -> bool {
+    /// Installs the map `ranges` give, unless it is the one in force.
+    pub fn install(&self, ranges: Vec<Range>, state_key: impl Fn(&[u8]) -> Vec<u8>) -> Installed {
         let current = self.map();
         if current.ranges == ranges {
-            return false;
+            return Installed::default();
         }
+        // Slots of a master whose breaker is open now served by another: a failover.
+        let moved = ranges.iter().find_map(|range| {
+            let slot = Slot::new(range.first)?;
+            let was = current.owner_of(slot);
+            (&*was.name != UNKNOWN && was.name != range.master && was.breaker.is_open())
+                .then_some(slot)
+        });
         let next = Arc::new(current.remap(ranges, state_key, self.settings));
+        if let Some(slot) = moved {
+            *self.failed_over.lock() = Some(next.owner_of(slot).probe.clone());
+        }
         *self.map.write() = next;
-        true
+        Installed {
+            changed: true,
+            failed_over: moved.is_some(),
+        }
     }
+}
+
+/// What installing a map did.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Installed {
+    /// The map differs from the one before.
+    pub changed: bool,
+    /// Slots of a master whose breaker was open are served by another master now.
+    pub failed_over: bool,
 }
 
 #[cfg(test)]
@@ -357,8 +396,11 @@ mod tests {
         );
         assert_eq!((ranges[2].first, ranges[2].last), (10923, 16383));
         let owners = Owners::new(settings());
-        assert!(owners.install(ranges.clone(), state_key));
-        assert!(!owners.install(ranges, state_key), "the same map again");
+        assert!(owners.install(ranges.clone(), state_key).changed);
+        assert!(
+            !owners.install(ranges, state_key).changed,
+            "the same map again"
+        );
         let map = owners.map();
         assert_eq!(map.owners.len(), 4, "three masters and the unknown owner");
         // `foo` hashes to slot 12182, `bar` to 5061 (CLUSTER KEYSLOT).
@@ -423,12 +465,32 @@ mod tests {
         // The masters move: 0-5460's master is replaced, the others keep their breakers.
         let mut moved = parse_slots(&recorded()).unwrap();
         moved[0].master = "d00d".into();
-        assert!(owners.install(moved, state_key));
+        let installed = owners.install(moved.clone(), state_key);
+        assert!(
+            installed.changed && !installed.failed_over,
+            "bar's master was closed"
+        );
         assert!(owners.breaker_of(Slot::for_key("foo")).is_open(), "kept");
         assert!(
             !Arc::ptr_eq(&owners.breaker_of(Slot::for_key("bar")), &bar),
             "a new master"
         );
+        // Then foo's slots move away from its open breaker: a failover, to a closed breaker.
+        moved[2].master = "f00d".into();
+        let installed = owners.install(moved, state_key);
+        assert!(installed.changed && installed.failed_over);
+        assert!(!owners.breaker_of(Slot::for_key("foo")).is_open());
+        // The new connection is to answer first on the master that took the slots over.
+        let at = owners
+            .failed_over()
+            .expect("a failover to follow")
+            .expect("a probe key");
+        assert_eq!(
+            &*owners.map().owner_of(Slot::for_key(state_key(&at))).name,
+            "f00d"
+        );
+        owners.replaced();
+        assert!(owners.failed_over().is_none());
         assert!(foo.probe_answered(2), "one half-open success closes it");
         let phases = owners
             .map()
