@@ -205,9 +205,15 @@ impl Map {
         self.owners.iter().any(|o| o.breaker.is_open())
     }
 
-    /// Whether any master's breaker is closed.
+    /// Whether any master's breaker is closed (the unknown owner's counts only while no map
+    /// is known: once one is, it serves no master's slots).
     pub fn any_closed(&self) -> bool {
-        self.owners.iter().any(|o| !o.breaker.is_open())
+        let serving = if self.slots.is_empty() {
+            &self.owners[..1]
+        } else {
+            &self.owners[1..]
+        };
+        serving.iter().any(|o| !o.breaker.is_open())
     }
 }
 
@@ -460,6 +466,18 @@ mod tests {
         let map = owners.map();
         assert!(map.any_open() && map.any_closed());
         assert!(!bar.is_open(), "another master's keys stay global");
+        for owner in &map.owners[1..] {
+            owner.breaker.force_open();
+        }
+        assert!(
+            !map.any_closed(),
+            "every master open; the unknown owner serves none"
+        );
+        assert!(!map.owners[0].breaker.is_open());
+        for owner in &map.owners[1..] {
+            while !owner.breaker.probe_answered(2) {}
+        }
+        assert!(foo.failed(1));
         let phases = map.owners.iter().map(|o| o.breaker.phase());
         assert_eq!(least_recovered(phases), Phase::Open);
         // The masters move: 0-5460's master is replaced, the others keep their breakers.
