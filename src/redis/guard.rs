@@ -472,8 +472,9 @@ impl<C: RedisConnection> GuardedLimiter<C> {
         }
     }
 
-    /// Whether the breaker is open (the policy decides). One `Relaxed` load: a check that reads
-    /// it a moment late decides one more request the old way (see `Shared::open`).
+    /// Whether the breaker is open (the policy decides; on a Cluster, any owner's: the leased
+    /// tier's guard has one breaker). `Relaxed` loads: a check that reads it a moment late
+    /// decides one more request the old way (see `Breaker`).
     #[inline]
     pub(crate) fn is_open(&self) -> bool {
         self.shared.breakers.any_open()
