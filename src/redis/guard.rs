@@ -132,17 +132,7 @@ impl<C: RedisConnection> RedisLimiter<C> {
     /// # }
     /// ```
     pub async fn guarded(self, handling: FailureHandling) -> GuardedLimiter<C> {
-        self.guarded_as(handling, C::CLUSTERED).await
-    }
-
-    /// [`guarded`](Self::guarded) with one breaker for every key, on a Cluster too (the leased
-    /// tier, whose handover is the limiter's as a whole).
-    pub(crate) async fn guarded_whole(self, handling: FailureHandling) -> GuardedLimiter<C> {
-        self.guarded_as(handling, false).await
-    }
-
-    async fn guarded_as(self, handling: FailureHandling, per_owner: bool) -> GuardedLimiter<C> {
-        let shared = self.guard_state(handling, per_owner);
+        let shared = self.guard_state(handling, C::CLUSTERED);
         // A limiter that never connected is trusted only once Redis answers a probe.
         if shared.exact.is_lazy() && shared.exact.probe(None).await.is_err() {
             shared.start_degraded();
@@ -434,9 +424,18 @@ impl<C: RedisConnection> GuardedLimiter<C> {
         self.shared.failed(error, Some(key));
     }
 
-    /// A call that Redis answered: ends a run of failures.
-    pub(crate) fn answered(&self) {
-        self.shared.home().answered(|| self.shared.now());
+    /// A call about `key` that Redis answered: ends a run of failures of its breaker.
+    pub(crate) fn answered(&self, key: &[u8]) {
+        self.shared.breaker_of(key).answered(|| self.shared.now());
+    }
+
+    /// The breaker deciding `key`: on a Cluster, its slot owner's (see [`Gate`]); `None` on a
+    /// single server, whose one breaker [`is_open`](Self::is_open) reads.
+    pub(crate) fn gate_of(&self, key: &[u8]) -> Option<Gate> {
+        match self.shared.breaker_of(key) {
+            Of::One(_) => None,
+            Of::Owner(breaker) => Some(Gate(breaker)),
+        }
     }
 
     /// The failure policy's decision, without touching the network.
@@ -511,6 +510,25 @@ impl<C: RedisConnection> GuardedLimiter<C> {
     /// The probe interval (the `retry_after` of a policy denial).
     pub(crate) fn probe_interval(&self) -> Duration {
         self.shared.handling.probe_interval
+    }
+}
+
+/// One Cluster slot owner's breaker, as the leased tier keeps a route per breaker: the same
+/// gate while the owner keeps its name in the slot map.
+#[derive(Clone)]
+pub(crate) struct Gate(Arc<Breaker>);
+
+impl Gate {
+    /// Whether the policy decides this owner's keys. One `Relaxed` load (see `Breaker`).
+    #[inline]
+    pub(crate) fn is_open(&self) -> bool {
+        self.0.is_open()
+    }
+
+    /// Whether both are the same owner's breaker.
+    #[inline]
+    pub(crate) fn same(&self, other: &Gate) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
     }
 }
 

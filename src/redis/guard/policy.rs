@@ -180,8 +180,9 @@ pub enum HandlingError {
 /// owner, and reconciliation runs once no owner's breaker is open. With Redis's default
 /// `cluster-require-full-coverage yes`, a master that is down past `cluster-node-timeout`
 /// with no replica to take its slots stops the whole Cluster (`CLUSTERDOWN` from every
-/// master), and every owner's breaker opens. The leased tier keeps one breaker per limiter,
-/// on a Cluster too.
+/// master), and every owner's breaker opens. A leased limiter on a Cluster has the same
+/// breakers, and a route and handover per owner: a master's failure hands over only the
+/// leases of its keys, and the other keys keep theirs (`tests/redis_leased.rs`).
 ///
 /// # On a slow Redis, with the defaults
 /// - **Exact tier** ([`RedisLimiter`](super::RedisLimiter), no breaker): a check whose call does
