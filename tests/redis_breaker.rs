@@ -518,3 +518,76 @@ fn a_failed_over_cluster_master_brings_its_keys_back_on_the_promoted_replica() {
         );
     });
 }
+
+/// The fleet is counted on every Cluster master: two `Local` nodes on a 3-master Cluster,
+/// the master of `<prefix>:<algorithm>:nodes` (where heartbeats always went) stopped, then one
+/// node leaves: the other counts one, on the masters that answer. (A node started while a
+/// master is stopped is not tried: the Cluster client's first connection stalls on it.)
+/// Deadlines only catch a hang.
+#[test]
+fn the_fleet_is_counted_on_the_masters_that_answer() {
+    let _serial = serial();
+    let Some(cluster) = RedisCluster::start_with(3, &["--cluster-require-full-coverage", "no"])
+    else {
+        return;
+    };
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("a tokio runtime");
+    let urls = cluster.urls();
+    let urls: Vec<&str> = urls.iter().map(String::as_str).collect();
+    runtime.block_on(async {
+        let rule = RedisRule::gcra(Quota::per_second(1_000).unwrap()).unwrap();
+        let handling = FailureHandling::new(FailurePolicy::Local)
+            .heartbeat_interval(Duration::from_millis(250));
+        let node = || async {
+            RedisLimiter::builder(rule)
+                .prefix("fleet")
+                .timeout(Duration::from_millis(250))
+                .connect_cluster(&urls)
+                .await
+                .expect("connects")
+                .guarded(handling)
+                .await
+        };
+        let (a, b) = (node().await, node().await);
+        let started = Instant::now();
+        while a.live_nodes() != 2 || b.live_nodes() != 2 {
+            assert!(
+                started.elapsed() < Duration::from_secs(20),
+                "two nodes counted"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        // `<prefix>:<algorithm>:{x}` → `<prefix>:<algorithm>:nodes`, the first heartbeat key.
+        let mut home = a.exact().redis_key("x");
+        home.truncate(home.len() - 3);
+        home.extend_from_slice(b"nodes");
+        let raw = a.exact().connection();
+        let port = owners_of(&raw, &[home]).await[0];
+        let stopped = cluster
+            .nodes()
+            .iter()
+            .find(|n| n.port() == port)
+            .expect("a node of the cluster");
+        tokio::task::block_in_place(|| stopped.signal("STOP"));
+        b.leave().await;
+        drop(b);
+        let left = Instant::now();
+        while a.live_nodes() != 1 {
+            assert!(
+                left.elapsed() < Duration::from_secs(20),
+                "one node counted while the first heartbeat key's master is stopped: {}",
+                a.live_nodes()
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        eprintln!(
+            "one node counted {:?} after the other left, the first heartbeat key's master stopped",
+            left.elapsed()
+        );
+        tokio::task::block_in_place(|| stopped.signal("CONT"));
+    });
+}

@@ -411,7 +411,9 @@ impl<C: RedisConnection> GuardedLimiter<C> {
     /// ```
     pub async fn leave(&self) {
         if self.shared.local.is_some() {
-            let _ = self.shared.heartbeat(false).await;
+            for (key, _) in self.shared.heartbeat_keys() {
+                let _ = self.shared.heartbeat(&key, false).await;
+            }
         }
     }
 }
@@ -539,6 +541,14 @@ enum Breakers {
 }
 
 impl Breakers {
+    /// Whether some master's breaker is closed (on a single server, the one).
+    fn any_closed(&self) -> bool {
+        match self {
+            Breakers::One(breaker) => !breaker.is_open(),
+            Breakers::Owners(owners) => owners.map().any_closed(),
+        }
+    }
+
     /// Whether the policy decides any key (a breaker is open or half-open).
     fn any_open(&self) -> bool {
         match self {
@@ -788,22 +798,52 @@ impl<C: RedisConnection> Shared<C> {
 
     /// Renews the heartbeat and rescales the local share; a transient failure opens the
     /// breaker (an outage is noticed without traffic).
+    ///
+    /// On a Cluster the node beats on every master whose breaker is closed (see
+    /// `heartbeat_keys`) and counts the most live nodes any of them saw: a master that fails
+    /// leaves the fleet counted on the others.
     async fn beat(&self) {
-        match self.heartbeat(true).await {
-            Ok(nodes) => {
-                // Relaxed: a mode flag (see `start_degraded`); the fleet is counted now.
-                self.uncounted.store(false, Ordering::Relaxed);
-                let nodes = nodes.max(1);
-                if self.live_nodes.swap(nodes, Ordering::Relaxed) != nodes {
-                    tracing::debug!(nodes, "live nodes changed");
-                    if let Some(local) = &self.local {
-                        local.rescale(&self.exact.rule(), nodes);
-                    }
+        let mut counted = None;
+        for (key, breaker) in self.heartbeat_keys() {
+            if breaker.is_open() {
+                continue;
+            }
+            match self.heartbeat(&key, true).await {
+                Ok(nodes) => counted = counted.max(Some(nodes)),
+                Err(error) if error.is_transient() => self.failed_on(&breaker, &error, None),
+                Err(error) => tracing::warn!(%error, "heartbeat failed"),
+            }
+        }
+        let Some(nodes) = counted else {
+            return;
+        };
+        // Relaxed: a mode flag (see `start_degraded`); the fleet is counted now.
+        self.uncounted.store(false, Ordering::Relaxed);
+        let nodes = nodes.max(1);
+        if self.live_nodes.swap(nodes, Ordering::Relaxed) != nodes {
+            tracing::debug!(nodes, "live nodes changed");
+            if let Some(local) = &self.local {
+                local.rescale(&self.exact.rule(), nodes);
+            }
+        }
+    }
+
+    /// The heartbeat keys and the breakers of their masters: `<prefix>:<algorithm>:nodes`
+    /// (every node, of every version, beats there), and on a Cluster one more per master, on
+    /// its probe key's slot (`<probe key's state key>:nodes`): every node with the same slot
+    /// map names the same keys.
+    fn heartbeat_keys(&self) -> Vec<(Vec<u8>, Of<'_>)> {
+        let mut keys = vec![(self.heartbeat_key.clone(), self.home())];
+        if let Breakers::Owners(owners) = &self.breakers {
+            for owner in owners.map().owners.iter().skip(1) {
+                if let Some(probe) = &owner.probe {
+                    let mut key = self.exact.redis_key(probe);
+                    key.extend_from_slice(b":nodes");
+                    keys.push((key, Of::Owner(Arc::clone(&owner.breaker))));
                 }
             }
-            Err(error) if error.is_transient() => self.failed(&error, None),
-            Err(error) => tracing::warn!(%error, "heartbeat failed"),
         }
+        keys
     }
 
     /// Reads the Cluster's slot map when it is due (see `owners.rs`), within the timeout; a
@@ -897,12 +937,12 @@ impl<C: RedisConnection> Shared<C> {
         }
     }
 
-    async fn heartbeat(&self, beat: bool) -> Result<u64, TierError> {
+    async fn heartbeat(&self, key: &[u8], beat: bool) -> Result<u64, TierError> {
         let expiry_ms = u64::try_from(self.handling.heartbeat_interval.as_millis() * 3)
             .unwrap_or(u64::MAX)
             .min(1 << 52);
         let mut call = ScriptCall::new(&scripts().heartbeat);
-        call.key(&self.heartbeat_key[..])
+        call.key(key)
             .arg(&self.node_id)
             .arg(expiry_ms)
             .arg(if beat { "1" } else { "0" });
@@ -1008,7 +1048,8 @@ async fn watch<C: RedisConnection>(shared: Weak<Shared<C>>) {
         if !s.breakers.any_open() {
             s.reconcile().await;
         }
-        if s.local.is_some() && !s.home().is_open() && Instant::now() >= next_beat {
+        // On a Cluster, while any master answers (`beat` skips the others).
+        if s.local.is_some() && s.breakers.any_closed() && Instant::now() >= next_beat {
             s.beat().await;
             next_beat = Instant::now() + s.handling.heartbeat_interval;
         }

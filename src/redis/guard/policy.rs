@@ -176,8 +176,10 @@ pub enum HandlingError {
 /// `tests/redis_breaker.rs`. [`GuardedLimiter::mode`](super::GuardedLimiter::mode) is `Global` only while every
 /// owner's breaker is closed and [`GuardedLimiter::breaker`](super::GuardedLimiter::breaker)
 /// is the least recovered one's; [`GuardedLimiter::mode_of`](super::GuardedLimiter::mode_of)
-/// tells a key's. The heartbeat and reconciliation go by the breaker of the heartbeat key's
-/// owner, and reconciliation runs once no owner's breaker is open. With Redis's default
+/// tells a key's. A `Local` node beats on every master whose breaker is closed
+/// (`<prefix>:<algorithm>:nodes`, where every node beats, and one key on each master's
+/// slots) and counts the most live nodes any of them saw, so the fleet is counted while a
+/// master is down. Reconciliation runs once no owner's breaker is open. With Redis's default
 /// `cluster-require-full-coverage yes`, a master that is down past `cluster-node-timeout`
 /// with no replica to take its slots stops the whole Cluster (`CLUSTERDOWN` from every
 /// master), and every owner's breaker opens. A leased limiter on a Cluster has the same
