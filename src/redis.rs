@@ -11,8 +11,8 @@
 //! | tier | on a deploy | on a failover | on a slow Redis |
 //! |---|---|---|---|
 //! | exact ([`RedisLimiter`]) | exact from the first check; [`connect`](RedisLimiterBuilder::connect) fails if Redis is down at boot, [`connect_lazy`](RedisLimiterBuilder::connect_lazy) starts and returns transient errors until it answers | each call fails after its 50 ms timeout (a transient [`TierError`]: your policy); a demoted master answering `READONLY` gets a new connection at once (a Cluster client follows its slots) | a call slower than 50 ms is a transient error, the others are exact |
-//! | guarded ([`GuardedLimiter`]) | exact from the first check; down at boot (`connect_lazy`), the [`FailurePolicy`] decides from the first check (`Local`: the share of [`assumed_nodes`](FailureHandling::assumed_nodes), denied if none told) and it is global within a second of Redis answering | the breaker opens about 300 ms after the fault, then the policy decides at once; probes every 200 ms (jittered) replace a dead connection after two failures (then after 4, 8, … up to 32 while Redis stays down); three answered probes close it | a check that times out is decided by the policy alone; a stall under about 300 ms never opens the breaker |
-//! | leased ([`LeasedLimiter`]) | a key this node holds no lease of: `check` denies until its grant lands (1 ms `retry_after`), [`check_waiting`](LeasedLimiter::check_waiting) and the tower layer wait for it (at most twice the timeout) | as guarded once the breaker opens; `Local` starts each key from what the node knew of it (its lease, its last grant), `FailClosed` spends the leases first | `check` never waits; a key whose refill timed out is decided by the policy until a refill succeeds |
+//! | guarded ([`GuardedLimiter`]) | exact from the first check; down at boot (`connect_lazy`), the [`FailurePolicy`] decides from the first check (`Local`: the share of [`assumed_nodes`](FailureHandling::assumed_nodes), denied if none told) and it is global within a second of Redis answering | the breaker opens about 300 ms after the fault, then the policy decides at once; probes every 200 ms (jittered) replace a dead connection after two failures (then after 4, 8, … up to 32 while Redis stays down); three answered probes close it; on a Cluster, a breaker per master: the other masters' keys stay global | a check that times out is decided by the policy alone; a stall under about 300 ms never opens the breaker |
+//! | leased ([`LeasedLimiter`]) | a key this node holds no lease of: `check` denies until its grant lands (1 ms `retry_after`), [`check_waiting`](LeasedLimiter::check_waiting) and the tower layer wait for it (at most twice the timeout) | as guarded once the breaker opens (on a Cluster, only the failed master's keys leave their leases); `Local` starts each key from what the node knew of it (its lease, its last grant), `FailClosed` spends the leases first | `check` never waits; a key whose refill timed out is decided by the policy until a refill succeeds |
 //!
 //! ## The exact tier: [`RedisLimiter`]
 //! Every check is one atomic Lua script on the server (one round trip, `EVALSHA`, reloaded on
@@ -99,7 +99,11 @@
 //! 200 ms, jittered); an answered probe makes the breaker half-open, and three in a row close
 //! it. The defaults and their reasons, what each tier does on a slow Redis and the bound on
 //! timed-out checks counted twice are on [`FailureHandling`]. The [`GuardMode`] and the
-//! [`BreakerState`] can be read at any time and every change is logged with `tracing`.
+//! [`BreakerState`] can be read at any time and every change is logged with `tracing`. On a
+//! Cluster there is a breaker per slot owner (master): one master's failover sends only its
+//! slots' keys to the policy; [`GuardedLimiter::mode`] is `Global` while every master's
+//! breaker is closed, [`GuardedLimiter::mode_of`] tells a key's (see "On a Cluster" on
+//! [`FailureHandling`]).
 //! Measured in the tests against a server killed with `kill -9` or frozen with `SIGSTOP`: the
 //! p99 check latency during the outage stays within the timeout + 5 ms, and global mode is
 //! back well within 2 s of the restart; a server frozen for 60 ms leaves the node global

@@ -1,6 +1,7 @@
 //! The guarded limiter's breaker with its defaults against a real `redis-server` this test
 //! stops (`SIGSTOP`) under load: a short stall leaves it closed, a long stop opens it, and it
-//! closes only after the half-open run of probes.
+//! closes only after the half-open run of probes. On a Cluster, a breaker per slot owner:
+//! one master stopped sends only its own slots' keys to the failure policy.
 //!
 //! Run with `cargo test --features redis,tokio --test redis_breaker`.
 
@@ -13,7 +14,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use redis_server::RedisServer;
+use redis_server::{RedisCluster, RedisServer};
 use tollgate::redis::{
     BreakerState, FailureHandling, FailurePolicy, GuardMode, GuardedLimiter, RedisLimiter,
     RedisRule,
@@ -21,6 +22,13 @@ use tollgate::redis::{
 use tollgate::Quota;
 
 const TIMEOUT: Duration = Duration::from_millis(50);
+
+/// One test at a time: each stops servers under load, and another's Cluster of up to six
+/// nodes would load the machine under its timings.
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
 
 /// Checks from `tasks` tasks until `stop`; the longest check, and whether any check saw the
 /// limiter degraded or the breaker other than closed.
@@ -108,6 +116,7 @@ async fn until(
 /// until three probes a quarter of the probe interval apart were answered, then is `Global`.
 #[test]
 fn a_60_ms_stop_leaves_the_breaker_closed_and_a_2_s_stop_opens_it_until_the_half_open_probes() {
+    let _serial = serial();
     let Some(server) = RedisServer::start() else {
         return;
     };
@@ -200,5 +209,385 @@ fn a_60_ms_stop_leaves_the_breaker_closed_and_a_2_s_stop_opens_it_until_the_half
         assert_eq!(limiter.mode(), GuardMode::Global);
         assert!(limiter.check("after").await.unwrap().allowed());
         load.finish().await;
+    });
+}
+
+async fn connect_cluster(urls: &[&str]) -> redis::cluster_async::ClusterConnection {
+    redis::cluster::ClusterClient::new(urls.to_vec())
+        .expect("a cluster client")
+        .get_async_connection()
+        .await
+        .expect("connects to the cluster")
+}
+
+/// The port of the Cluster master serving each of `keys` (as state keys), asked of the Cluster.
+async fn owners_of(raw: &redis::cluster_async::ClusterConnection, keys: &[Vec<u8>]) -> Vec<u16> {
+    let mut raw = raw.clone();
+    let ranges: Vec<Vec<redis::Value>> = redis::cmd("CLUSTER")
+        .arg("SLOTS")
+        .query_async(&mut raw)
+        .await
+        .expect("CLUSTER SLOTS");
+    // Each range: first slot, last slot, then the master as [host, port, id, …].
+    let ranges: Vec<(u16, u16, u16)> = ranges
+        .iter()
+        .map(|range| {
+            let lo: u16 = redis::from_redis_value(range[0].clone()).unwrap();
+            let hi: u16 = redis::from_redis_value(range[1].clone()).unwrap();
+            let master: Vec<redis::Value> = redis::from_redis_value(range[2].clone()).unwrap();
+            let port: u16 = redis::from_redis_value(master[1].clone()).unwrap();
+            (lo, hi, port)
+        })
+        .collect();
+    let mut ports = Vec::new();
+    for key in keys {
+        let slot: u16 = redis::cmd("CLUSTER")
+            .arg("KEYSLOT")
+            .arg(key)
+            .query_async(&mut raw)
+            .await
+            .expect("CLUSTER KEYSLOT");
+        let port = ranges
+            .iter()
+            .find(|(lo, hi, _)| (*lo..=*hi).contains(&slot))
+            .map(|r| r.2)
+            .expect("a master serves every slot");
+        ports.push(port);
+    }
+    ports
+}
+
+/// On a 3-master Cluster, one master stopped (`SIGSTOP`): the keys of the other masters' slots
+/// stay `Global`, decided by Redis (admitted, with the exact count left, where the
+/// `FailClosed` policy would deny), while the stopped master's keys are denied by the policy;
+/// after `SIGCONT` its keys are global again. The Cluster does not require full coverage, so
+/// the other masters serve past the node timeout too; deadlines only catch a hang.
+#[test]
+fn a_stopped_cluster_master_degrades_only_the_keys_of_its_slots() {
+    let _serial = serial();
+    let Some(cluster) = RedisCluster::start_with(3, &["--cluster-require-full-coverage", "no"])
+    else {
+        return;
+    };
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("a tokio runtime");
+    let urls = cluster.urls();
+    let urls: Vec<&str> = urls.iter().map(String::as_str).collect();
+    runtime.block_on(async {
+        const L: u64 = 100;
+        // 100 a day: no unit comes back during the test, so each count left is exact.
+        let rule = RedisRule::gcra(Quota::new(L, Duration::from_secs(86_400)).unwrap()).unwrap();
+        let policy = FailurePolicy::FailClosed;
+        let exact = RedisLimiter::builder(rule)
+            .prefix("owners")
+            // Generous: a check of a healthy master must not time out on a loaded machine.
+            .timeout(Duration::from_millis(250))
+            .connect_cluster(&urls)
+            .await
+            .expect("connects");
+        let raw = exact.connection();
+        let keys: Vec<String> = (0..48).map(|i| format!("user:{i}")).collect();
+        let state_keys: Vec<Vec<u8>> = keys.iter().map(|k| exact.redis_key(k)).collect();
+        let ports = owners_of(&raw, &state_keys).await;
+        let stopped_port = cluster.nodes()[1].port();
+        let (down, up): (Vec<_>, Vec<_>) = keys
+            .iter()
+            .zip(&ports)
+            .partition(|(_, port)| **port == stopped_port);
+        let down: Vec<&String> = down.into_iter().map(|(k, _)| k).collect();
+        let up: Vec<&String> = up.into_iter().map(|(k, _)| k).collect();
+        assert!(!down.is_empty() && up.len() >= 8, "keys on every master");
+        let limiter = exact.guarded(FailureHandling::new(policy)).await;
+        let mut checks = std::collections::HashMap::new();
+        for key in &keys {
+            let decision = limiter.check(key).await.unwrap();
+            assert!(decision.allowed());
+            assert_eq!(decision.remaining(), L - 1);
+            checks.insert(key.clone(), 1u64);
+        }
+        assert_eq!(limiter.mode(), GuardMode::Global);
+
+        let node = &cluster.nodes()[1];
+        tokio::task::block_in_place(|| node.signal("STOP"));
+        let stopped = Instant::now();
+        // Until the stopped master's keys are degraded and no other key is (a check of a
+        // key of the stopped master fails after the timeout and opens its owner's breaker).
+        loop {
+            assert!(
+                stopped.elapsed() < Duration::from_secs(30),
+                "degraded: {:?}; up keys' modes {:?}",
+                down.iter().map(|k| limiter.mode_of(k)).collect::<Vec<_>>(),
+                up.iter().map(|k| limiter.mode_of(k)).collect::<Vec<_>>()
+            );
+            for key in &down {
+                assert!(!limiter.check(key).await.unwrap().allowed(), "FailClosed");
+            }
+            let down_degraded = down
+                .iter()
+                .all(|k| limiter.mode_of(k) == GuardMode::Degraded(policy));
+            let up_global = up.iter().all(|k| limiter.mode_of(k) == GuardMode::Global);
+            if down_degraded && up_global {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let degraded_after = stopped.elapsed();
+        assert_eq!(limiter.mode(), GuardMode::Degraded(policy), "some keys are");
+        assert_eq!(limiter.breaker(), BreakerState::Open);
+        // Several rounds, across the Cluster's node timeout (5 s) for the last ones.
+        let mut rounds = 0;
+        while rounds < 3 || stopped.elapsed() < Duration::from_secs(6) {
+            rounds += 1;
+            for key in &up {
+                let decision = limiter.check(key).await.unwrap();
+                let n = checks.get_mut(*key).unwrap();
+                *n += 1;
+                assert!(
+                    decision.allowed(),
+                    "{key}: decided by Redis, not FailClosed"
+                );
+                assert_eq!(decision.remaining(), L - *n, "{key}: Redis's exact count");
+                assert_eq!(limiter.mode_of(key), GuardMode::Global, "{key}");
+            }
+            for key in &down {
+                let decision = limiter.check(key).await.unwrap();
+                assert!(!decision.allowed(), "{key}: by the policy");
+                assert_eq!(limiter.mode_of(key), GuardMode::Degraded(policy), "{key}");
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+
+        tokio::task::block_in_place(|| node.signal("CONT"));
+        let resumed = Instant::now();
+        while limiter.mode() != GuardMode::Global {
+            assert!(
+                resumed.elapsed() < Duration::from_secs(30),
+                "not global after SIGCONT: breaker {:?}",
+                limiter.breaker()
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let global_after = resumed.elapsed();
+        for key in &down {
+            assert!(
+                limiter.check(key).await.unwrap().allowed(),
+                "{key}: Redis again"
+            );
+            assert_eq!(limiter.mode_of(key), GuardMode::Global);
+        }
+        for key in &up {
+            let decision = limiter.check(key).await.unwrap();
+            assert_eq!(decision.remaining(), L - checks[*key] - 1, "{key}");
+        }
+        eprintln!(
+            "{} keys on the stopped master, {} on the others: degraded alone {degraded_after:?} \
+             after SIGSTOP, {rounds} rounds; global {global_after:?} after SIGCONT",
+            down.len(),
+            up.len()
+        );
+    });
+}
+
+/// A real failover: 3 masters with a replica each, one master stopped (`SIGSTOP`) past the
+/// node timeout (1 s here), its replica promoted. The stopped master's keys go to the policy,
+/// then back to `Global` on the promoted replica while the old master is still stopped; the
+/// other masters' keys stay global and exact throughout. Deadlines only catch a hang.
+#[test]
+fn a_failed_over_cluster_master_brings_its_keys_back_on_the_promoted_replica() {
+    let _serial = serial();
+    let Some(cluster) = RedisCluster::start_replicated(
+        3,
+        1,
+        &[
+            "--cluster-node-timeout",
+            "1000",
+            "--cluster-require-full-coverage",
+            "no",
+            // Promote the replica however long its link was down (the test's machine may
+            // be slow to start the nodes).
+            "--cluster-replica-validity-factor",
+            "0",
+        ],
+    ) else {
+        return;
+    };
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("a tokio runtime");
+    let urls = cluster.urls();
+    let urls: Vec<&str> = urls.iter().map(String::as_str).collect();
+    runtime.block_on(async {
+        // A unit comes back every 173 s: none during the test, so each count left is exact.
+        const L: u64 = 10_000;
+        let period = Duration::from_secs(86_400 * 20);
+        let rule = RedisRule::gcra(Quota::new(L, period).unwrap()).unwrap();
+        let policy = FailurePolicy::FailClosed;
+        let exact = RedisLimiter::builder(rule)
+            .prefix("failover")
+            .timeout(Duration::from_millis(250))
+            // The builder's own connection, which the limiter replaces once the slots moved
+            // (the Cluster client would keep calling the stopped master: see `owners.rs`).
+            .connect_cluster_lazy(&urls)
+            .expect("built");
+        let raw = connect_cluster(&urls).await;
+        let keys: Vec<String> = (0..48).map(|i| format!("user:{i}")).collect();
+        let state_keys: Vec<Vec<u8>> = keys.iter().map(|k| exact.redis_key(k)).collect();
+        let ports = owners_of(&raw, &state_keys).await;
+        let stopped_port = ports[0];
+        let (down, up): (Vec<_>, Vec<_>) = keys
+            .iter()
+            .zip(&ports)
+            .partition(|(_, port)| **port == stopped_port);
+        let down: Vec<&String> = down.into_iter().map(|(k, _)| k).collect();
+        let up: Vec<&String> = up.into_iter().map(|(k, _)| k).collect();
+        assert!(!down.is_empty() && up.len() >= 8, "keys on every master");
+        let limiter = exact.guarded(FailureHandling::new(policy)).await;
+        let mut checks = std::collections::HashMap::new();
+        for key in &keys {
+            assert!(limiter.check(key).await.unwrap().allowed());
+            checks.insert(key.clone(), 1u64);
+        }
+        let node = cluster
+            .nodes()
+            .iter()
+            .find(|n| n.port() == stopped_port)
+            .expect("a node of the cluster");
+        tokio::task::block_in_place(|| node.signal("STOP"));
+        let stopped = Instant::now();
+        let mut degraded = false;
+        let mut rounds = 0;
+        // Until the stopped master's keys were degraded and are global again.
+        loop {
+            assert!(
+                stopped.elapsed() < Duration::from_secs(60),
+                "the stopped master's keys not global again on its replica (degraded before: \
+                 {degraded}): {:?}",
+                down.iter().map(|k| limiter.mode_of(k)).collect::<Vec<_>>()
+            );
+            rounds += 1;
+            for key in &up {
+                let decision = limiter.check(key).await.unwrap();
+                let n = checks.get_mut(*key).unwrap();
+                *n += 1;
+                assert!(
+                    decision.allowed(),
+                    "{key}: decided by Redis, not FailClosed"
+                );
+                assert_eq!(decision.remaining(), L - *n, "{key}: Redis's exact count");
+            }
+            let mut global = true;
+            for key in &down {
+                let decision = limiter.check(key).await.unwrap();
+                if limiter.mode_of(key) != GuardMode::Global {
+                    degraded = true;
+                    global = false;
+                } else {
+                    global &= decision.allowed();
+                }
+            }
+            if degraded && global {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let back_after = stopped.elapsed();
+        tokio::task::block_in_place(|| node.signal("CONT"));
+        let resumed = Instant::now();
+        while limiter.mode() != GuardMode::Global {
+            assert!(
+                resumed.elapsed() < Duration::from_secs(30),
+                "not global after the old master resumed: breaker {:?}",
+                limiter.breaker()
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        for key in &keys {
+            assert!(limiter.check(key).await.unwrap().allowed(), "{key}");
+            assert_eq!(limiter.mode_of(key), GuardMode::Global, "{key}");
+        }
+        eprintln!(
+            "failover: {} keys on the stopped master back to Global on its replica \
+             {back_after:?} after SIGSTOP ({rounds} rounds), the other {} exact throughout",
+            down.len(),
+            up.len()
+        );
+    });
+}
+
+/// The fleet is counted on every Cluster master: two `Local` nodes on a 3-master Cluster,
+/// the master of `<prefix>:<algorithm>:nodes` (where heartbeats always went) stopped, then one
+/// node leaves: the other counts one, on the masters that answer. (A node started while a
+/// master is stopped is not tried: the Cluster client's first connection stalls on it.)
+/// Deadlines only catch a hang.
+#[test]
+fn the_fleet_is_counted_on_the_masters_that_answer() {
+    let _serial = serial();
+    let Some(cluster) = RedisCluster::start_with(3, &["--cluster-require-full-coverage", "no"])
+    else {
+        return;
+    };
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("a tokio runtime");
+    let urls = cluster.urls();
+    let urls: Vec<&str> = urls.iter().map(String::as_str).collect();
+    runtime.block_on(async {
+        let rule = RedisRule::gcra(Quota::per_second(1_000).unwrap()).unwrap();
+        let handling = FailureHandling::new(FailurePolicy::Local)
+            .heartbeat_interval(Duration::from_millis(250));
+        let node = || async {
+            RedisLimiter::builder(rule)
+                .prefix("fleet")
+                .timeout(Duration::from_millis(250))
+                .connect_cluster(&urls)
+                .await
+                .expect("connects")
+                .guarded(handling)
+                .await
+        };
+        let (a, b) = (node().await, node().await);
+        let started = Instant::now();
+        while a.live_nodes() != 2 || b.live_nodes() != 2 {
+            assert!(
+                started.elapsed() < Duration::from_secs(20),
+                "two nodes counted"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        // `<prefix>:<algorithm>:{x}` → `<prefix>:<algorithm>:nodes`, the first heartbeat key.
+        let mut home = a.exact().redis_key("x");
+        home.truncate(home.len() - 3);
+        home.extend_from_slice(b"nodes");
+        let raw = a.exact().connection();
+        let port = owners_of(&raw, &[home]).await[0];
+        let stopped = cluster
+            .nodes()
+            .iter()
+            .find(|n| n.port() == port)
+            .expect("a node of the cluster");
+        tokio::task::block_in_place(|| stopped.signal("STOP"));
+        b.leave().await;
+        drop(b);
+        let left = Instant::now();
+        while a.live_nodes() != 1 {
+            assert!(
+                left.elapsed() < Duration::from_secs(20),
+                "one node counted while the first heartbeat key's master is stopped: {}",
+                a.live_nodes()
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        eprintln!(
+            "one node counted {:?} after the other left, the first heartbeat key's master stopped",
+            left.elapsed()
+        );
+        tokio::task::block_in_place(|| stopped.signal("CONT"));
     });
 }

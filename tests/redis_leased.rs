@@ -1726,3 +1726,156 @@ fn a_spent_key_farms_no_first_touch_allowance_across_idle_periods() {
         assert_eq!(stats.overdrawn, total, "{name}");
     }
 }
+
+/// The port of the Cluster master serving each of `keys` (as state keys), asked of the Cluster.
+async fn masters_of(raw: &redis::cluster_async::ClusterConnection, keys: &[Vec<u8>]) -> Vec<u16> {
+    let mut raw = raw.clone();
+    let ranges: Vec<Vec<redis::Value>> = redis::cmd("CLUSTER")
+        .arg("SLOTS")
+        .query_async(&mut raw)
+        .await
+        .expect("CLUSTER SLOTS");
+    // Each range: first slot, last slot, then the master as [host, port, id, …].
+    let ranges: Vec<(u16, u16, u16)> = ranges
+        .iter()
+        .map(|range| {
+            let lo: u16 = redis::from_redis_value(range[0].clone()).unwrap();
+            let hi: u16 = redis::from_redis_value(range[1].clone()).unwrap();
+            let master: Vec<redis::Value> = redis::from_redis_value(range[2].clone()).unwrap();
+            let port: u16 = redis::from_redis_value(master[1].clone()).unwrap();
+            (lo, hi, port)
+        })
+        .collect();
+    let mut ports = Vec::new();
+    for key in keys {
+        let slot: u16 = redis::cmd("CLUSTER")
+            .arg("KEYSLOT")
+            .arg(key)
+            .query_async(&mut raw)
+            .await
+            .expect("CLUSTER KEYSLOT");
+        let port = ranges
+            .iter()
+            .find(|(lo, hi, _)| (*lo..=*hi).contains(&slot))
+            .map(|r| r.2)
+            .expect("a master serves every slot");
+        ports.push(port);
+    }
+    ports
+}
+
+/// On a 3-master Cluster, one master stopped (`SIGSTOP`): a leased node hands over to its
+/// `Local` policy only the leases of that master's keys (emptied); the other masters' keys
+/// keep their leases and stay `Global`. After `SIGCONT` the stopped master's keys are global
+/// again. The Cluster does not require full coverage, so the other masters serve past the
+/// node timeout; deadlines only catch a hang.
+#[test]
+fn a_stopped_cluster_master_hands_over_only_the_leases_of_its_keys() {
+    let _serial = serial();
+    let Some(cluster) =
+        redis_server::RedisCluster::start_with(3, &["--cluster-require-full-coverage", "no"])
+    else {
+        return;
+    };
+    let urls = cluster.urls();
+    let urls: Vec<&str> = urls.iter().map(String::as_str).collect();
+    runtime(2).block_on(async {
+        let rule =
+            RedisRule::gcra(Quota::new(1_000_000, Duration::from_secs(86_400)).unwrap()).unwrap();
+        let policy = FailurePolicy::Local;
+        let exact = RedisLimiter::builder(rule)
+            .prefix("lease-owners")
+            .timeout(Duration::from_millis(250))
+            .connect_cluster(&urls)
+            .await
+            .expect("connects");
+        let raw = exact.connection();
+        let keys: Vec<String> = (0..48).map(|i| format!("user:{i}")).collect();
+        let state_keys: Vec<Vec<u8>> = keys.iter().map(|k| exact.redis_key(k)).collect();
+        let ports = masters_of(&raw, &state_keys).await;
+        let stopped_port = cluster.nodes()[1].port();
+        let (down, up): (Vec<_>, Vec<_>) = keys
+            .iter()
+            .zip(&ports)
+            .partition(|(_, port)| **port == stopped_port);
+        let down: Vec<&String> = down.into_iter().map(|(k, _)| k).collect();
+        let up: Vec<&String> = up.into_iter().map(|(k, _)| k).collect();
+        assert!(!down.is_empty() && up.len() >= 8, "keys on every master");
+        let leased = exact
+            .leased(
+                LeaseConfig::new(),
+                FailureHandling::new(policy).assumed_nodes(1),
+            )
+            .await
+            .expect("a leasable rule");
+        for key in &keys {
+            leased.prefetch(key).await.unwrap();
+            assert!(leased.held(key) > 0, "{key}: a lease");
+        }
+        assert_eq!(leased.mode(), GuardMode::Global);
+
+        let node = &cluster.nodes()[1];
+        tokio::task::block_in_place(|| node.signal("STOP"));
+        let stopped = Instant::now();
+        // The stopped master's keys spend their leases and ask for refills, which time out
+        // and open its breaker; the other keys are checked too, from their leases.
+        loop {
+            assert!(
+                stopped.elapsed() < Duration::from_secs(30),
+                "the stopped master's keys not degraded: {:?}",
+                down.iter().map(|k| leased.mode_of(k)).collect::<Vec<_>>()
+            );
+            for key in &down {
+                for _ in 0..200 {
+                    leased.check(key).unwrap();
+                }
+            }
+            for key in &up {
+                assert!(leased.check(key).unwrap().allowed(), "{key}");
+            }
+            let all_down = down
+                .iter()
+                .all(|k| leased.mode_of(k) == GuardMode::Degraded(policy));
+            if all_down {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        // One more check each: the first after the opening hands the leases over.
+        for key in &down {
+            leased.check(key).unwrap();
+        }
+        let degraded_after = stopped.elapsed();
+        assert_eq!(leased.mode(), GuardMode::Degraded(policy));
+        for key in &down {
+            assert_eq!(leased.held(key), 0, "{key}: handed over to the policy");
+        }
+        for key in &up {
+            assert_eq!(leased.mode_of(key), GuardMode::Global, "{key}");
+            assert!(leased.held(key) > 0, "{key}: its lease is kept");
+            assert!(leased.check(key).unwrap().allowed(), "{key}");
+        }
+
+        tokio::task::block_in_place(|| node.signal("CONT"));
+        let resumed = Instant::now();
+        while leased.mode() != GuardMode::Global {
+            assert!(
+                resumed.elapsed() < Duration::from_secs(30),
+                "not global after SIGCONT: breaker {:?}",
+                leased.breaker()
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let global_after = resumed.elapsed();
+        for key in &down {
+            assert!(leased.check_waiting(key).await.unwrap().allowed(), "{key}");
+            assert_eq!(leased.mode_of(key), GuardMode::Global, "{key}");
+        }
+        eprintln!(
+            "{} keys on the stopped master handed over {degraded_after:?} after SIGSTOP, {} \
+             kept their leases; global {global_after:?} after SIGCONT",
+            down.len(),
+            up.len()
+        );
+    });
+}

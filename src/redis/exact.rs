@@ -285,6 +285,8 @@ struct Heal<C> {
     /// Whether `current` holds a replacement (then it, not `first`, is the connection).
     replaced: AtomicBool,
     current: parking_lot::RwLock<Option<C>>,
+    /// A replacement made but not in use until it answers (see `replace_when_warm`).
+    warming: parking_lot::Mutex<Option<C>>,
     make: MakeConnection<C>,
 }
 
@@ -447,6 +449,11 @@ impl<C: RedisConnection> RedisLimiter<C> {
     /// fails it; a Cluster node other than the slot's master plays no part. (A lost script
     /// cache needs no probe: a check loads the script again.)
     pub(crate) async fn probe(&self, at: Option<&[u8]>) -> Result<(), TierError> {
+        self.probe_on(self.conn.get(), at).await
+    }
+
+    /// [`probe`](Self::probe) over `conn`.
+    async fn probe_on(&self, mut conn: C, at: Option<&[u8]>) -> Result<(), TierError> {
         let mut key = match at {
             // The key's hash tag picks the slot; the suffix keeps it apart from the state.
             Some(key) if !key.is_empty() => self.redis_key(key),
@@ -460,7 +467,6 @@ impl<C: RedisConnection> RedisLimiter<C> {
             }
         };
         key.extend_from_slice(b":probe");
-        let mut conn = self.conn.get();
         let mut set = redis::cmd("SET");
         set.arg(key).arg(1).arg("PX").arg(10_000);
         let write = set.query_async::<()>(&mut conn);
@@ -478,6 +484,39 @@ impl<C: RedisConnection> RedisLimiter<C> {
             }
             Ok(result) => result.map_err(|e| self.failure(e)),
         }
+    }
+
+    /// Replaces the connection with a fresh one once that one answers a probe of `at`, if the
+    /// builder made it; whether it did. Until then calls stay on the current connection, which
+    /// still serves them where it can (other Cluster masters); the fresh one is kept, and
+    /// connecting, across calls.
+    pub(crate) async fn replace_when_warm(&self, at: Option<&[u8]>, why: &str) -> bool {
+        let Some(heal) = &self.conn.heal else {
+            return false;
+        };
+        let fresh = {
+            let mut warming = heal.warming.lock();
+            match &*warming {
+                Some(conn) => conn.clone(),
+                None => match (heal.make)() {
+                    Ok(conn) => warming.insert(conn).clone(),
+                    Err(error) => {
+                        tracing::warn!(%error, why, "could not make a new Redis connection");
+                        return false;
+                    }
+                },
+            }
+        };
+        if let Err(error) = self.probe_on(fresh.clone(), at).await {
+            tracing::debug!(%error, why, "the new Redis connection does not answer yet");
+            return false;
+        }
+        *heal.warming.lock() = None;
+        *heal.current.write() = Some(fresh);
+        // Release: see `Conn::get`.
+        heal.replaced.store(true, Ordering::Release);
+        tracing::info!(why, "replaced the Redis connection with a new one");
+        true
     }
 
     /// Replaces the connection with a fresh one to the same server, if the builder made it

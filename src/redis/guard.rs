@@ -6,14 +6,16 @@
 //! or pile up (see "The breaker" on [`FailureHandling`]), the breaker opens and every check is
 //! decided by the policy at once, without touching the network, until background probes find
 //! Redis taking writes again (a `SET` of a key of the limiter's own), a few in a row; then the
-//! breaker closes by itself. Fatal errors (a foreign value in a key, a bad reply) are returned
-//! as they are: no policy can fix them.
+//! breaker closes by itself. On a Cluster there is a breaker per slot owner (`owners.rs`).
+//! Fatal errors (a foreign value in a key, a bad reply) are returned as they are: no policy
+//! can fix them.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use redis::aio::ConnectionManager;
+use redis::cluster_routing::Slot;
 
 use super::error::TierError;
 use super::exact::{RedisConnection, RedisLimiter, UnitOp, Units};
@@ -22,11 +24,13 @@ use crate::decision::{Decision, Remaining};
 
 mod breaker;
 mod local;
+mod owners;
 mod policy;
 mod reconcile;
 
 use breaker::{Breaker, Phase};
 use local::Local;
+use owners::{key_slot, least_recovered, parse_slots, Owners};
 
 pub use self::policy::{BreakerState, FailureHandling, FailurePolicy, GuardMode, HandlingError};
 
@@ -79,8 +83,12 @@ impl<C: RedisConnection> std::fmt::Debug for GuardedLimiter<C> {
 struct Shared<C> {
     exact: RedisLimiter<C>,
     handling: FailureHandling,
-    /// Closed: Redis decides; open or half-open: the failure policy does.
-    breaker: Breaker,
+    /// Closed: Redis decides; open or half-open: the failure policy does. One per Cluster
+    /// slot owner for a guarded limiter on a Cluster.
+    breakers: Breakers,
+    /// The slot of the heartbeat key: failures of calls about no key (heartbeats,
+    /// reconciliation) count on its owner's breaker.
+    home: Slot,
     /// The breaker's time scale: ns since this instant.
     epoch: Instant,
     live_nodes: AtomicU64,
@@ -124,7 +132,7 @@ impl<C: RedisConnection> RedisLimiter<C> {
     /// # }
     /// ```
     pub async fn guarded(self, handling: FailureHandling) -> GuardedLimiter<C> {
-        let shared = self.guard_state(handling);
+        let shared = self.guard_state(handling, C::CLUSTERED);
         // A limiter that never connected is trusted only once Redis answers a probe.
         if shared.exact.is_lazy() && shared.exact.probe(None).await.is_err() {
             shared.start_degraded();
@@ -154,7 +162,7 @@ impl<C: RedisConnection> RedisLimiter<C> {
         handling: FailureHandling,
         runtime: &tokio::runtime::Handle,
     ) -> GuardedLimiter<C> {
-        let shared = self.guard_state(handling);
+        let shared = self.guard_state(handling, C::CLUSTERED);
         if shared.exact.is_lazy() {
             // Not known to answer: the task's first probe closes the breaker if it does.
             shared.start_degraded();
@@ -167,7 +175,8 @@ impl<C: RedisConnection> RedisLimiter<C> {
     }
 
     /// What a guarded limiter shares with its background task.
-    fn guard_state(self, handling: FailureHandling) -> Arc<Shared<C>> {
+    /// `per_owner`: a breaker per Cluster slot owner (see `owners.rs`), else one.
+    fn guard_state(self, handling: FailureHandling, per_owner: bool) -> Arc<Shared<C>> {
         let rule = self.rule();
         let local = (handling.policy == FailurePolicy::Local)
             .then(|| Local::new(&rule, handling.assumed_nodes))
@@ -184,10 +193,16 @@ impl<C: RedisConnection> RedisLimiter<C> {
         let nanos = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| d.as_nanos());
+        let breakers = if per_owner {
+            Breakers::Owners(Owners::new(handling.breaker_settings()))
+        } else {
+            Breakers::One(Breaker::new(handling.breaker_settings()))
+        };
         Arc::new(Shared {
             exact: self,
             handling,
-            breaker: Breaker::new(handling.breaker_settings()),
+            breakers,
+            home: Slot::for_key(&heartbeat_key),
             epoch: Instant::now(),
             live_nodes: AtomicU64::new(handling.assumed_nodes),
             local,
@@ -235,10 +250,11 @@ impl<C: RedisConnection> GuardedLimiter<C> {
     pub async fn check_n(&self, key: impl AsRef<[u8]>, cost: u64) -> Result<Decision, TierError> {
         let key = key.as_ref();
         let shared = &self.shared;
-        if !shared.breaker.is_open() {
+        let breaker = shared.breaker_of(key);
+        if !breaker.is_open() {
             match shared.exact.check_n(key, cost).await {
                 Ok(decision) => {
-                    shared.breaker.answered(|| shared.now());
+                    breaker.answered(|| shared.now());
                     if let Some(local) = &shared.local {
                         // The share follows the global state this reply saw: an outage starts
                         // each key from there, not from a full bucket.
@@ -249,7 +265,7 @@ impl<C: RedisConnection> GuardedLimiter<C> {
                     }
                     return Ok(decision);
                 }
-                Err(error) if error.is_transient() => shared.failed(&error, Some(key)),
+                Err(error) if error.is_transient() => shared.failed_on(&breaker, &error, Some(key)),
                 Err(error) => return Err(error),
             }
         }
@@ -257,6 +273,10 @@ impl<C: RedisConnection> GuardedLimiter<C> {
     }
 
     /// The current mode.
+    ///
+    /// On a Cluster (a breaker per slot owner) this is `Global` while every owner's breaker is
+    /// closed, and `Degraded` while any is open or half-open, though the keys of the other
+    /// owners are still decided by Redis: [`mode_of`](Self::mode_of) tells a key's.
     ///
     /// # Examples
     /// ```no_run
@@ -268,8 +288,29 @@ impl<C: RedisConnection> GuardedLimiter<C> {
     /// # }
     /// ```
     pub fn mode(&self) -> GuardMode {
-        // One Relaxed load (see `Breaker`): open and half-open both mean the policy decides.
-        if self.shared.breaker.is_open() {
+        // Relaxed loads (see `Breaker`): open and half-open both mean the policy decides.
+        if self.shared.breakers.any_open() {
+            GuardMode::Degraded(self.shared.handling.policy)
+        } else {
+            GuardMode::Global
+        }
+    }
+
+    /// The mode `key`'s checks are decided in: on a Cluster, its slot owner's breaker's; on a
+    /// single server, [`mode`](Self::mode).
+    ///
+    /// # Examples
+    /// ```no_run
+    /// # use tollgate::redis::{GuardedLimiter, GuardMode};
+    /// # fn demo(limiter: GuardedLimiter) {
+    /// if limiter.mode_of("alice") == GuardMode::Global {
+    ///     // alice's master answers, whatever the other masters do
+    /// }
+    /// # }
+    /// ```
+    pub fn mode_of(&self, key: impl AsRef<[u8]>) -> GuardMode {
+        // One Relaxed load (see `Breaker`).
+        if self.shared.breaker_of(key.as_ref()).is_open() {
             GuardMode::Degraded(self.shared.handling.policy)
         } else {
             GuardMode::Global
@@ -277,7 +318,8 @@ impl<C: RedisConnection> GuardedLimiter<C> {
     }
 
     /// Where the circuit breaker is: [`BreakerState::HalfOpen`] while Redis answers probes
-    /// but not yet enough in a row to close it (the mode is still degraded).
+    /// but not yet enough in a row to close it (the mode is still degraded). On a Cluster, the
+    /// least recovered of the slot owners' breakers: open if any is, else half-open if any is.
     ///
     /// # Examples
     /// ```no_run
@@ -288,7 +330,7 @@ impl<C: RedisConnection> GuardedLimiter<C> {
     /// # }
     /// ```
     pub fn breaker(&self) -> BreakerState {
-        match self.shared.breaker.phase() {
+        match self.shared.breakers.phase() {
             Phase::Closed => BreakerState::Closed,
             Phase::Open => BreakerState::Open,
             Phase::HalfOpen { .. } => BreakerState::HalfOpen,
@@ -369,7 +411,9 @@ impl<C: RedisConnection> GuardedLimiter<C> {
     /// ```
     pub async fn leave(&self) {
         if self.shared.local.is_some() {
-            let _ = self.shared.heartbeat(false).await;
+            for (key, _) in self.shared.heartbeat_keys() {
+                let _ = self.shared.heartbeat(&key, false).await;
+            }
         }
     }
 }
@@ -382,9 +426,18 @@ impl<C: RedisConnection> GuardedLimiter<C> {
         self.shared.failed(error, Some(key));
     }
 
-    /// A call that Redis answered: ends a run of failures.
-    pub(crate) fn answered(&self) {
-        self.shared.breaker.answered(|| self.shared.now());
+    /// A call about `key` that Redis answered: ends a run of failures of its breaker.
+    pub(crate) fn answered(&self, key: &[u8]) {
+        self.shared.breaker_of(key).answered(|| self.shared.now());
+    }
+
+    /// The breaker deciding `key`: on a Cluster, its slot owner's (see [`Gate`]); `None` on a
+    /// single server, whose one breaker [`is_open`](Self::is_open) reads.
+    pub(crate) fn gate_of(&self, key: &[u8]) -> Option<Gate> {
+        match self.shared.breaker_of(key) {
+            Of::One(_) => None,
+            Of::Owner(breaker) => Some(Gate(breaker)),
+        }
     }
 
     /// The failure policy's decision, without touching the network.
@@ -420,11 +473,12 @@ impl<C: RedisConnection> GuardedLimiter<C> {
         }
     }
 
-    /// Whether the breaker is open (the policy decides). One `Relaxed` load: a check that reads
-    /// it a moment late decides one more request the old way (see `Shared::open`).
+    /// Whether the breaker is open (the policy decides; on a Cluster, any owner's: the leased
+    /// tier's guard has one breaker). `Relaxed` loads: a check that reads it a moment late
+    /// decides one more request the old way (see `Breaker`).
     #[inline]
     pub(crate) fn is_open(&self) -> bool {
-        self.shared.breaker.is_open()
+        self.shared.breakers.any_open()
     }
 
     /// Whether a leased node keeps spending what its leases hold while the breaker is open
@@ -461,12 +515,141 @@ impl<C: RedisConnection> GuardedLimiter<C> {
     }
 }
 
+/// One Cluster slot owner's breaker, as the leased tier keeps a route per breaker: the same
+/// gate while the owner keeps its name in the slot map.
+#[derive(Clone)]
+pub(crate) struct Gate(Arc<Breaker>);
+
+impl Gate {
+    /// Whether the policy decides this owner's keys. One `Relaxed` load (see `Breaker`).
+    #[inline]
+    pub(crate) fn is_open(&self) -> bool {
+        self.0.is_open()
+    }
+
+    /// Whether both are the same owner's breaker.
+    #[inline]
+    pub(crate) fn same(&self, other: &Gate) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
+}
+
+/// A guarded limiter's breakers: one, or one per Cluster slot owner.
+enum Breakers {
+    One(Breaker),
+    Owners(Owners),
+}
+
+impl Breakers {
+    /// Whether some master's breaker is closed (on a single server, the one).
+    fn any_closed(&self) -> bool {
+        match self {
+            Breakers::One(breaker) => !breaker.is_open(),
+            Breakers::Owners(owners) => owners.map().any_closed(),
+        }
+    }
+
+    /// Whether the policy decides any key (a breaker is open or half-open).
+    fn any_open(&self) -> bool {
+        match self {
+            Breakers::One(breaker) => breaker.is_open(),
+            Breakers::Owners(owners) => owners.map().any_open(),
+        }
+    }
+
+    /// The least recovered breaker's phase.
+    fn phase(&self) -> Phase {
+        match self {
+            Breakers::One(breaker) => breaker.phase(),
+            Breakers::Owners(owners) => {
+                least_recovered(owners.map().owners.iter().map(|o| o.breaker.phase()))
+            }
+        }
+    }
+
+    /// The phase that sets the background task's pace: half-open if any breaker is (its
+    /// probes come faster), else the least recovered.
+    fn pace(&self) -> Phase {
+        match self {
+            Breakers::One(breaker) => breaker.phase(),
+            Breakers::Owners(owners) => {
+                let phases: Vec<Phase> = owners
+                    .map()
+                    .owners
+                    .iter()
+                    .map(|o| o.breaker.phase())
+                    .collect();
+                phases
+                    .iter()
+                    .copied()
+                    .find(|p| matches!(p, Phase::HalfOpen { .. }))
+                    .unwrap_or_else(|| least_recovered(phases))
+            }
+        }
+    }
+}
+
+/// The breaker a call goes by: the limiter's one, or its key's slot owner's.
+enum Of<'a> {
+    One(&'a Breaker),
+    Owner(Arc<Breaker>),
+}
+
+impl std::ops::Deref for Of<'_> {
+    type Target = Breaker;
+
+    fn deref(&self) -> &Breaker {
+        match self {
+            Of::One(breaker) => breaker,
+            Of::Owner(breaker) => breaker,
+        }
+    }
+}
+
 impl<C: RedisConnection> Shared<C> {
+    /// The breaker of `key`'s checks.
+    #[inline]
+    fn breaker_of(&self, key: &[u8]) -> Of<'_> {
+        match &self.breakers {
+            Breakers::One(breaker) => Of::One(breaker),
+            Breakers::Owners(owners) => {
+                let slot = key_slot(key, |key| self.exact.redis_key(key));
+                Of::Owner(owners.breaker_of(slot))
+            }
+        }
+    }
+
+    /// The breaker of calls about no user key (heartbeats, reconciliation): the heartbeat
+    /// key's slot owner's.
+    fn home(&self) -> Of<'_> {
+        match &self.breakers {
+            Breakers::One(breaker) => Of::One(breaker),
+            Breakers::Owners(owners) => Of::Owner(owners.breaker_of(self.home)),
+        }
+    }
+
     fn failed(&self, error: &TierError, key: Option<&[u8]>) {
+        let breaker = match key {
+            Some(key) => self.breaker_of(key),
+            None => self.home(),
+        };
+        self.failed_on(&breaker, error, key);
+    }
+
+    /// A transient failure of a call about `key` (if any), counted on `breaker`.
+    fn failed_on(&self, breaker: &Breaker, error: &TierError, key: Option<&[u8]>) {
         if let Some(key) = key {
             *self.probe_at.lock() = Some(key.into());
         }
-        if self.breaker.failed(self.now()) {
+        let topology = matches!(error, TierError::Unavailable { source }
+            if source.is_cluster_error() || source.kind() == redis::ErrorKind::ClusterConnectionNotFound);
+        let opened = breaker.failed(self.now());
+        if let Breakers::Owners(owners) = &self.breakers {
+            if opened || topology {
+                owners.ask_refresh();
+            }
+        }
+        if opened {
             tracing::warn!(
                 policy = ?self.handling.policy,
                 %error,
@@ -484,7 +667,16 @@ impl<C: RedisConnection> Shared<C> {
             // Relaxed: a mode flag that publishes no data (as the breaker's).
             self.uncounted.store(true, Ordering::Relaxed);
         }
-        self.breaker.force_open();
+        match &self.breakers {
+            Breakers::One(breaker) => {
+                breaker.force_open();
+            }
+            Breakers::Owners(owners) => {
+                for owner in &owners.map().owners {
+                    owner.breaker.force_open();
+                }
+            }
+        }
         tracing::warn!(
             policy = ?self.handling.policy,
             uncounted = self.uncounted.load(Ordering::Relaxed),
@@ -497,9 +689,12 @@ impl<C: RedisConnection> Shared<C> {
         u64::try_from(self.epoch.elapsed().as_nanos()).unwrap_or(u64::MAX)
     }
 
-    /// A probe that Redis answered; whether it closed the breaker.
-    fn recovered(&self) -> bool {
-        let closed = self.breaker.probe_answered(self.now());
+    /// A probe that Redis answered; whether it closed `breaker`.
+    fn recovered(&self, breaker: &Breaker) -> bool {
+        let closed = breaker.probe_answered(self.now());
+        if let (Breakers::Owners(owners), true) = (&self.breakers, closed) {
+            owners.ask_refresh();
+        }
         if closed {
             tracing::info!("Redis answers again: rate limits are global again");
         } else {
@@ -588,7 +783,7 @@ impl<C: RedisConnection> Shared<C> {
         let before = ledger.charged();
         match ledger.settle(&self.exact).await {
             Ok(()) => {
-                self.breaker.answered(|| self.now());
+                self.home().answered(|| self.now());
                 tracing::info!(
                     units = ledger.charged() - before,
                     "charged the units admitted during the outage to Redis"
@@ -603,30 +798,151 @@ impl<C: RedisConnection> Shared<C> {
 
     /// Renews the heartbeat and rescales the local share; a transient failure opens the
     /// breaker (an outage is noticed without traffic).
+    ///
+    /// On a Cluster the node beats on every master whose breaker is closed (see
+    /// `heartbeat_keys`) and counts the most live nodes any of them saw: a master that fails
+    /// leaves the fleet counted on the others.
     async fn beat(&self) {
-        match self.heartbeat(true).await {
-            Ok(nodes) => {
-                // Relaxed: a mode flag (see `start_degraded`); the fleet is counted now.
-                self.uncounted.store(false, Ordering::Relaxed);
-                let nodes = nodes.max(1);
-                if self.live_nodes.swap(nodes, Ordering::Relaxed) != nodes {
-                    tracing::debug!(nodes, "live nodes changed");
-                    if let Some(local) = &self.local {
-                        local.rescale(&self.exact.rule(), nodes);
-                    }
-                }
+        let mut counted = None;
+        for (key, breaker) in self.heartbeat_keys() {
+            if breaker.is_open() {
+                continue;
             }
-            Err(error) if error.is_transient() => self.failed(&error, None),
-            Err(error) => tracing::warn!(%error, "heartbeat failed"),
+            match self.heartbeat(&key, true).await {
+                Ok(nodes) => counted = counted.max(Some(nodes)),
+                Err(error) if error.is_transient() => self.failed_on(&breaker, &error, None),
+                Err(error) => tracing::warn!(%error, "heartbeat failed"),
+            }
+        }
+        let Some(nodes) = counted else {
+            return;
+        };
+        // Relaxed: a mode flag (see `start_degraded`); the fleet is counted now.
+        self.uncounted.store(false, Ordering::Relaxed);
+        let nodes = nodes.max(1);
+        if self.live_nodes.swap(nodes, Ordering::Relaxed) != nodes {
+            tracing::debug!(nodes, "live nodes changed");
+            if let Some(local) = &self.local {
+                local.rescale(&self.exact.rule(), nodes);
+            }
         }
     }
 
-    async fn heartbeat(&self, beat: bool) -> Result<u64, TierError> {
+    /// The heartbeat keys and the breakers of their masters: `<prefix>:<algorithm>:nodes`
+    /// (every node, of every version, beats there), and on a Cluster one more per master, on
+    /// its probe key's slot (`<probe key's state key>:nodes`): every node with the same slot
+    /// map names the same keys.
+    fn heartbeat_keys(&self) -> Vec<(Vec<u8>, Of<'_>)> {
+        let mut keys = vec![(self.heartbeat_key.clone(), self.home())];
+        if let Breakers::Owners(owners) = &self.breakers {
+            for owner in owners.map().owners.iter().skip(1) {
+                if let Some(probe) = &owner.probe {
+                    let mut key = self.exact.redis_key(probe);
+                    key.extend_from_slice(b":nodes");
+                    keys.push((key, Of::Owner(Arc::clone(&owner.breaker))));
+                }
+            }
+        }
+        keys
+    }
+
+    /// Reads the Cluster's slot map when it is due (see `owners.rs`), within the timeout; a
+    /// failed read is tried again at the next allowed time.
+    async fn refresh_owners(&self) {
+        let Breakers::Owners(owners) = &self.breakers else {
+            return;
+        };
+        if owners.map().any_open() {
+            // A master that fails may be failing over: its slots may move any time.
+            owners.ask_refresh();
+        }
+        if !owners.due(Instant::now()) {
+            return;
+        }
+        let mut conn = self.exact.connection();
+        let mut slots = redis::cmd("CLUSTER");
+        slots.arg("SLOTS");
+        let read = slots.query_async::<redis::Value>(&mut conn);
+        let ranges = match tokio::time::timeout(self.exact.timeout(), read).await {
+            Ok(Ok(reply)) => parse_slots(&reply),
+            Ok(Err(error)) => Err(error.to_string()),
+            Err(_) => Err("timed out".to_owned()),
+        };
+        match ranges {
+            Ok(ranges) => {
+                let count = ranges.len();
+                let installed = owners.install(ranges, |key| self.exact.redis_key(key));
+                if installed.changed {
+                    tracing::debug!(ranges = count, "read the Cluster's slot map");
+                }
+                if installed.failed_over {
+                    tracing::info!("a failed Cluster master's slots are served by another");
+                }
+            }
+            Err(error) => {
+                tracing::debug!(%error, "could not read the Cluster's slot map");
+                owners.ask_refresh();
+            }
+        }
+    }
+
+    /// After a failover, replaces the connection once a new one answers on a master that
+    /// took slots over. The Cluster client refreshes its slots on a redirect or a dropped
+    /// connection, not on a timeout: a master that hangs with its connection open would keep
+    /// its failed-over slots' calls for good. A new connection reads the slots afresh (if the
+    /// builder made it); the old one serves the other masters' keys meanwhile.
+    async fn follow_failover(&self) {
+        let Breakers::Owners(owners) = &self.breakers else {
+            return;
+        };
+        let Some(at) = owners.failed_over() else {
+            return;
+        };
+        let why = "a failed master's slots are served by another";
+        if self.exact.replace_when_warm(at.as_deref(), why).await {
+            owners.replaced();
+        }
+    }
+
+    /// The breakers to probe now, each with the key its probe writes next to.
+    fn open_breakers(&self) -> Vec<(Of<'_>, Option<Box<[u8]>>)> {
+        match &self.breakers {
+            Breakers::One(breaker) if breaker.is_open() => {
+                vec![(Of::One(breaker), self.probe_at.lock().clone())]
+            }
+            Breakers::One(_) => Vec::new(),
+            Breakers::Owners(owners) => owners
+                .map()
+                .owners
+                .iter()
+                .filter(|o| o.breaker.is_open())
+                .map(|o| {
+                    // The unknown owner writes next to the last key that failed.
+                    let at = o.probe.clone().or_else(|| self.probe_at.lock().clone());
+                    (Of::Owner(Arc::clone(&o.breaker)), at)
+                })
+                .collect(),
+        }
+    }
+
+    fn tick(&self) {
+        let now = self.now();
+        match &self.breakers {
+            Breakers::One(breaker) => breaker.tick(now),
+            Breakers::Owners(owners) => {
+                for owner in &owners.map().owners {
+                    owner.breaker.tick(now);
+                }
+            }
+        }
+    }
+
+    async fn heartbeat(&self, key: &[u8], beat: bool) -> Result<u64, TierError> {
         let expiry_ms = u64::try_from(self.handling.heartbeat_interval.as_millis() * 3)
             .unwrap_or(u64::MAX)
             .min(1 << 52);
         let mut call = ScriptCall::new(&scripts().heartbeat);
-        call.key(&self.heartbeat_key[..])
+        call.key(key)
             .arg(&self.node_id)
             .arg(expiry_ms)
             .arg(if beat { "1" } else { "0" });
@@ -698,36 +1014,46 @@ async fn watch<C: RedisConnection>(shared: Weak<Shared<C>>) {
             return;
         };
         let interval = s.handling.probe_interval;
-        s.breaker.tick(s.now());
-        if s.breaker.is_open() {
-            // The probe is a write, what checks need: a server that answers but cannot take
-            // writes (a demoted master, out of memory) keeps the breaker open.
-            let at = s.probe_at.lock().clone();
+        s.tick();
+        s.refresh_owners().await;
+        s.follow_failover().await;
+        // The probe is a write, what checks need: a server that answers but cannot take
+        // writes (a demoted master, out of memory) keeps the breaker open. On a Cluster, each
+        // open owner's probe writes on one of its own slots.
+        let mut probes_failed = false;
+        for (breaker, at) in s.open_breakers() {
             match s.exact.probe(at.as_deref()).await {
                 Ok(()) => {
-                    replacements.answered();
-                    if s.recovered() {
+                    if s.recovered(&breaker) {
                         next_beat = Instant::now();
                     }
                 }
                 Err(error) => {
                     tracing::debug!(%error, "probe failed");
-                    s.breaker.probe_failed();
-                    if replacements.failed() {
-                        s.exact.replace_connection("probes failed in a row");
-                    }
+                    breaker.probe_failed();
+                    probes_failed = true;
                 }
             }
         }
-        // A late read of the breaker charges one probe later.
-        if !s.breaker.is_open() {
+        if !probes_failed {
+            replacements.answered();
+        } else if !matches!(&s.breakers, Breakers::Owners(o) if o.map().any_closed())
+            && replacements.failed()
+        {
+            // On a Cluster only while no master answers: one that does shows the connection
+            // works, and the Cluster client reconnects to each node by itself.
+            s.exact.replace_connection("probes failed in a row");
+        }
+        // A late read of the breakers charges one probe later.
+        if !s.breakers.any_open() {
             s.reconcile().await;
         }
-        if s.local.is_some() && !s.breaker.is_open() && Instant::now() >= next_beat {
+        // On a Cluster, while any master answers (`beat` skips the others).
+        if s.local.is_some() && s.breakers.any_closed() && Instant::now() >= next_beat {
             s.beat().await;
             next_beat = Instant::now() + s.handling.heartbeat_interval;
         }
-        let wait = match s.breaker.phase() {
+        let wait = match s.breakers.pace() {
             Phase::Closed => interval,
             Phase::HalfOpen { .. } => interval / 4,
             Phase::Open => jitter.spread(interval),

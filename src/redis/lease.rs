@@ -30,13 +30,16 @@
 //! documented on [`LeasedLimiter`].
 //!
 //! # Failures
-//! The leased tier shares the exact tier's circuit breaker and [`FailurePolicy`]: transient
+//! The leased tier shares the exact tier's circuit breaker and [`FailurePolicy`] (on a
+//! Cluster, a breaker per slot owner, and the handover below per owner: only the leases of
+//! the failed master's keys are handed over, the others are kept and used): transient
 //! failures of refills (and of heartbeats) count toward opening it (see "The breaker" on
 //! [`FailureHandling`](super::FailureHandling)); until it opens, a lease whose refill failed
 //! backs off a probe interval, and what it cannot serve of its key is decided by the policy
 //! (as a guarded check whose call failed), until one of its refills succeeds.
 //! - `Local` and `FailOpen`: the first check that sees the breaker open hands every lease over
-//!   to the policy, once per outage. With `Local`, each key's in-process share
+//!   to the policy (on a Cluster, every lease of that breaker's master's keys), once per
+//!   outage. With `Local`, each key's in-process share
 //!   (`L ÷ live nodes`) starts from the units its lease held plus this node's part of what the
 //!   global state could still grant at its last grant, not from a full bucket (with
 //!   `FailOpen` the leases keep their units, until they expire). From then on every check
@@ -55,6 +58,7 @@ mod first_touch;
 mod grant;
 mod refill;
 mod route;
+mod routes;
 mod scheduler;
 mod sweep;
 mod takeover;
@@ -73,6 +77,7 @@ use self::cell::Lease;
 use self::config::Terms;
 use self::grant::accrued;
 use self::route::Way;
+use self::routes::RouteOf;
 use self::scheduler::{Node, Tasks};
 use self::word::{units_of, MS};
 use super::error::TierError;
@@ -245,16 +250,17 @@ impl<C: RedisConnection> LeasedLimiter<C> {
         let node = &self.node;
         // Degraded: straight to the policy, which holds what the leases held (no lease, no
         // clock read of ours, no lock, no task). Only the breaker's probe looks for Redis.
-        let way = node.route.way();
-        let open = node.guard.is_open();
+        let route = node.routes.of(&node.guard, key);
+        let way = route.way();
+        let open = route.open(&node.guard);
         match (way, open) {
             (Way::Policy, true) => return node.guard.fallback(key, cost),
             (Way::Leases, false) => {}
             // Fail closed: what the leases hold is still spent, then the policy denies.
             (Way::Leases, true) if node.guard.spends_leases_first() => {}
             _ => {
-                reroute(node, way, open);
-                if node.route.way().to_policy(node.guard.is_open()) {
+                reroute(node, &route, way, open);
+                if route.way().to_policy(route.open(&node.guard)) {
                     return node.guard.fallback(key, cost);
                 }
             }
@@ -292,7 +298,7 @@ impl<C: RedisConnection> LeasedLimiter<C> {
             .entry(key.into())
             .or_insert_with(|| {
                 created = true;
-                let allowance = if node.guard.mode() == GuardMode::Global {
+                let allowance = if !route.open(&node.guard) {
                     let capacity = node.terms.rule.capacity();
                     let nodes = node.guard.live_nodes();
                     node.terms.config.first_touch_for(capacity, nodes)
@@ -378,11 +384,12 @@ impl<C: RedisConnection> LeasedLimiter<C> {
         }
         let node = &self.node;
         let timeout = node.exact.timeout();
-        if node.route.way() == Way::Handing {
+        let route = node.routes.of(&node.guard, key);
+        if route.way() == Way::Handing {
             // The breaker opened and another check is handing the leases over: the policy
             // decides once it holds this key's state (a pass over the leases, in memory).
             let until = tokio::time::Instant::now() + timeout;
-            while node.route.way() == Way::Handing && tokio::time::Instant::now() < until {
+            while route.way() == Way::Handing && tokio::time::Instant::now() < until {
                 tokio::time::sleep(Duration::from_millis(1)).await;
             }
             return self.check_n(key, cost);
@@ -480,6 +487,9 @@ impl<C: RedisConnection> LeasedLimiter<C> {
 /// # Inspection
 impl<C: RedisConnection> LeasedLimiter<C> {
     /// Whether Redis answers (`Global`) or the failure policy decides (the breaker is open).
+    /// On a Cluster, `Global` while every slot owner's breaker is closed (as
+    /// [`GuardedLimiter::mode`](super::GuardedLimiter::mode)); [`mode_of`](Self::mode_of)
+    /// tells a key's.
     ///
     /// # Examples
     /// ```no_run
@@ -492,6 +502,23 @@ impl<C: RedisConnection> LeasedLimiter<C> {
     /// ```
     pub fn mode(&self) -> GuardMode {
         self.node.guard.mode()
+    }
+
+    /// The mode `key`'s checks are decided in: on a Cluster, its slot owner's breaker's (a
+    /// master that fails hands over only its own keys' leases); on a single server,
+    /// [`mode`](Self::mode).
+    ///
+    /// # Examples
+    /// ```no_run
+    /// # use tollgate::redis::{LeasedLimiter, GuardMode};
+    /// # fn demo(limiter: LeasedLimiter) {
+    /// if limiter.mode_of("alice") == GuardMode::Global {
+    ///     // alice's lease is in use: her master answers
+    /// }
+    /// # }
+    /// ```
+    pub fn mode_of(&self, key: impl AsRef<[u8]>) -> GuardMode {
+        self.node.guard.mode_of(key)
     }
 
     /// Where the circuit breaker is (see [`GuardedLimiter::breaker`](super::GuardedLimiter::breaker)).
@@ -696,7 +723,7 @@ fn short<C: RedisConnection>(
     if let Some(error) = lease.fatal() {
         return Err(error);
     }
-    if node.guard.is_open() {
+    if node.routes.of(&node.guard, key).open(&node.guard) {
         // No refill: only the breaker's probe looks for Redis.
         if node.guard.spends_leases_first() {
             return node.guard.fallback(key, cost);
@@ -738,8 +765,9 @@ fn waits_for<C: RedisConnection>(node: &Node<C>, lease: &Lease) -> bool {
     let now = node.clock.now();
     // Relaxed: a self-contained hint (see `short`).
     let spent = lease.retry_at.load(Ordering::Relaxed) > now;
-    !node.guard.is_open()
-        && node.route.way() == Way::Leases
+    let route = node.routes.of(&node.guard, &lease.key);
+    !route.open(&node.guard)
+        && route.way() == Way::Leases
         && !spent
         && lease.fatal().is_none()
         && lease.bg.lock().not_before <= now
@@ -750,11 +778,11 @@ fn waits_for<C: RedisConnection>(node: &Node<C>, lease: &Lease) -> bool {
 /// next checks ask for grants again).
 #[cold]
 #[inline(never)]
-fn reroute<C: RedisConnection>(node: &Node<C>, way: Way, open: bool) {
+fn reroute<C: RedisConnection>(node: &Node<C>, route: &RouteOf<'_>, way: Way, open: bool) {
     match (way, open) {
-        (Way::Leases, true) => node.hand_over(),
+        (Way::Leases, true) => node.hand_over(route),
         (Way::Policy, false) => {
-            node.route.back();
+            route.route().back();
         }
         _ => {}
     }

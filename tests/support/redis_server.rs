@@ -199,6 +199,22 @@ impl RedisCluster {
     /// Starts the cluster and waits until every node reports `cluster_state:ok`; `None` (with a
     /// message) if `redis-server` or `redis-cli` is missing, as for [`RedisServer::start`].
     pub fn start(masters: usize) -> Option<RedisCluster> {
+        RedisCluster::start_with(masters, &[])
+    }
+
+    /// [`RedisCluster::start`] with extra arguments for every node (e.g.
+    /// `["--cluster-require-full-coverage", "no"]`).
+    pub fn start_with(masters: usize, extra: &[&str]) -> Option<RedisCluster> {
+        RedisCluster::start_replicated(masters, 0, extra)
+    }
+
+    /// [`RedisCluster::start_with`] with `replicas` replicas of each master (the nodes are
+    /// `masters × (1 + replicas)`; which are masters, `CLUSTER SLOTS` tells).
+    pub fn start_replicated(
+        masters: usize,
+        replicas: usize,
+        extra: &[&str],
+    ) -> Option<RedisCluster> {
         if !installed() || !cli_installed() {
             assert!(
                 std::env::var_os("CI").is_none(),
@@ -209,19 +225,18 @@ impl RedisCluster {
             );
             return None;
         }
-        let nodes: Vec<RedisServer> = (0..masters)
+        let nodes: Vec<RedisServer> = (0..masters * (1 + replicas))
             .map(|_| {
-                RedisServer::start_with(
-                    &[
-                        "--cluster-enabled",
-                        "yes",
-                        "--cluster-config-file",
-                        "nodes.conf",
-                        "--cluster-node-timeout",
-                        "5000",
-                    ],
-                    free_cluster_port,
-                )
+                let mut args = vec![
+                    "--cluster-enabled",
+                    "yes",
+                    "--cluster-config-file",
+                    "nodes.conf",
+                    "--cluster-node-timeout",
+                    "5000",
+                ];
+                args.extend_from_slice(extra);
+                RedisServer::start_with(&args, free_cluster_port)
             })
             .collect();
         let addresses: Vec<String> = nodes
@@ -232,7 +247,7 @@ impl RedisCluster {
             .arg("--cluster")
             .arg("create")
             .args(&addresses)
-            .args(["--cluster-replicas", "0", "--cluster-yes"])
+            .args(["--cluster-replicas", &replicas.to_string(), "--cluster-yes"])
             .stdin(Stdio::null())
             .output()
             .expect("redis-cli runs");
@@ -248,6 +263,15 @@ impl RedisCluster {
             assert!(
                 Instant::now() < deadline,
                 "the cluster did not reach cluster_state:ok"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        // A replica that has not synchronised yet cannot be promoted.
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !cluster.nodes.iter().all(|n| replica_in_sync(n.port)) {
+            assert!(
+                Instant::now() < deadline,
+                "the replicas did not synchronise with their masters"
             );
             std::thread::sleep(Duration::from_millis(50));
         }
@@ -298,6 +322,25 @@ fn cluster_ok(port: u16) -> bool {
         .stdin(Stdio::null())
         .output()
         .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).contains("cluster_state:ok"))
+}
+
+/// Whether the node on `port` is a master, or a replica whose link to its master is up.
+fn replica_in_sync(port: u16) -> bool {
+    Command::new("redis-cli")
+        .args([
+            "-h",
+            "127.0.0.1",
+            "-p",
+            &port.to_string(),
+            "info",
+            "replication",
+        ])
+        .stdin(Stdio::null())
+        .output()
+        .is_ok_and(|o| {
+            let info = String::from_utf8_lossy(&o.stdout);
+            info.contains("role:master") || info.contains("master_link_status:up")
+        })
 }
 
 fn installed() -> bool {

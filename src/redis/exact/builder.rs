@@ -260,7 +260,11 @@ impl RedisLimiterBuilder {
     /// of its nodes (the client discovers the others and follows slot migrations). Batches
     /// are split per slot. Scripts are not loaded here: the first call that finds its node
     /// without one loads it there (an `EVAL` on the key's slot), so a node that does not
-    /// answer keeps no other from being used, at start or after a failover.
+    /// answer keeps no other from being used, at start or after a failover. A guarded limiter
+    /// cannot replace this connection: after a master that hangs with its connection open is
+    /// failed over, its slots' calls keep going to it until the kernel drops the connection
+    /// ([`connect_cluster_lazy`](Self::connect_cluster_lazy)'s is replaced; see "On a
+    /// Cluster" on [`FailureHandling`](crate::redis::FailureHandling)).
     ///
     /// # Errors
     /// As for [`RedisLimiterBuilder::connect`].
@@ -398,6 +402,7 @@ impl RedisLimiterBuilder {
             Arc::new(Heal {
                 replaced: AtomicBool::new(false),
                 current: parking_lot::RwLock::new(None),
+                warming: parking_lot::Mutex::new(None),
                 make,
             })
         });

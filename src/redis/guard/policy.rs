@@ -159,6 +159,33 @@ pub enum HandlingError {
 /// its policy rather than flapping. [`GuardedLimiter::breaker`](super::GuardedLimiter::breaker)
 /// reports the breaker's [`BreakerState`].
 ///
+/// # On a Cluster
+/// A guarded limiter on a Redis Cluster keeps a breaker per slot owner (each master, named
+/// by its node id in `CLUSTER SLOTS`, read at start, when a breaker opens or closes, while one
+/// is open, or when a call meets a topology error, at most every 2 s, and every 30 s anyway):
+/// a master that fails or fails over opens its own breaker, and only the keys of its slots go
+/// to the policy, while the other masters' keys stay global. Each owner's probe writes on one
+/// of that owner's slots. Once the map shows an open master's slots served by another (its
+/// replica promoted), the keys follow them there, on a breaker of the new master's; and since
+/// the Cluster client re-reads its slots only on a redirect or a dropped connection, not on a
+/// timeout, the limiter replaces its connection with a new one as soon as that one answers on
+/// the new master (the builder's own connections only: with
+/// [`connect_cluster`](crate::redis::RedisLimiterBuilder::connect_cluster)'s, the keys of a master
+/// that hangs with its connection open stay on the policy until the kernel drops it). Tested
+/// with one of three masters stopped, and with one failed over to its replica:
+/// `tests/redis_breaker.rs`. [`GuardedLimiter::mode`](super::GuardedLimiter::mode) is `Global` only while every
+/// owner's breaker is closed and [`GuardedLimiter::breaker`](super::GuardedLimiter::breaker)
+/// is the least recovered one's; [`GuardedLimiter::mode_of`](super::GuardedLimiter::mode_of)
+/// tells a key's. A `Local` node beats on every master whose breaker is closed
+/// (`<prefix>:<algorithm>:nodes`, where every node beats, and one key on each master's
+/// slots) and counts the most live nodes any of them saw, so the fleet is counted while a
+/// master is down. Reconciliation runs once no owner's breaker is open. With Redis's default
+/// `cluster-require-full-coverage yes`, a master that is down past `cluster-node-timeout`
+/// with no replica to take its slots stops the whole Cluster (`CLUSTERDOWN` from every
+/// master), and every owner's breaker opens. A leased limiter on a Cluster has the same
+/// breakers, and a route and handover per owner: a master's failure hands over only the
+/// leases of its keys, and the other keys keep theirs (`tests/redis_leased.rs`).
+///
 /// # On a slow Redis, with the defaults
 /// - **Exact tier** ([`RedisLimiter`](super::RedisLimiter), no breaker): a check whose call does
 ///   not answer within the timeout (50 ms) fails with [`TierError::Timeout`](super::TierError).

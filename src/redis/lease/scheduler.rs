@@ -13,7 +13,7 @@ use super::cell::Lease;
 use super::config::{Counters, Terms};
 use super::first_touch::{first_lease, void_provisional, Owed};
 use super::grant::{install, prepare};
-use super::route::Route;
+use super::routes::Routes;
 use super::sweep::{period, visit, Swept};
 use super::takeover::seen_left;
 use super::word::{now_ms, units_of, usable};
@@ -35,8 +35,9 @@ pub(super) struct Node<C: RedisConnection> {
     pub clock: QuantaClock,
     runtime: tokio::runtime::Handle,
     pub stats: Counters,
-    /// Where checks go: leases, or the failure policy (see `route.rs`).
-    pub route: Route,
+    /// Where checks go: leases, or the failure policy (see `route.rs`); on a Cluster, per
+    /// slot owner (`routes.rs`).
+    pub routes: Routes,
     /// Refills asked for and not yet sent; the refill task takes them all at once.
     queue: Mutex<Vec<Queued>>,
     wake: tokio::sync::Notify,
@@ -80,7 +81,7 @@ impl<C: RedisConnection> Node<C> {
             clock: QuantaClock::new(),
             runtime,
             stats: Counters::default(),
-            route: Route::default(),
+            routes: Routes::new(C::CLUSTERED),
             queue: Mutex::new(Vec::new()),
             wake: tokio::sync::Notify::new(),
         });
@@ -127,10 +128,11 @@ impl<C: RedisConnection> Node<C> {
     /// `max_batch` keys) and installs the grants. While the breaker is open, no request is
     /// sent: the policy decides, and the next check after recovery asks again.
     async fn refill_batch(&self, batch: Vec<Queued>) {
-        let global = self.guard.mode() == GuardMode::Global;
         let mut asks = Vec::with_capacity(batch.len());
         let mut done = Vec::with_capacity(batch.len());
         for Queued { lease, at } in batch {
+            // On a Cluster, whether the key's own master answers.
+            let global = self.guard.mode_of(&lease.key) == GuardMode::Global;
             if global && !self.retired(&lease) {
                 if let Some(ask) = prepare(&self.terms, &lease, at) {
                     asks.push((lease, at, ask));
@@ -169,7 +171,7 @@ impl<C: RedisConnection> Node<C> {
                 Counters::add(&self.stats.round_trips, calls);
                 for ((charge, lease), result) in charges.iter().zip(&charged).zip(results) {
                     match result {
-                        Ok(_) => self.guard.answered(),
+                        Ok(_) => self.guard.answered(&lease.key),
                         Err(error) if error.is_transient() => {
                             // Sent again (the same charge, the same token) after the outage,
                             // if reconciliation is on: it may have run.
@@ -234,7 +236,7 @@ impl<C: RedisConnection> Node<C> {
     ) -> Option<(UnitOp, u64)> {
         match result {
             Ok(reply) => {
-                self.guard.answered();
+                self.guard.answered(&lease.key);
                 lease.set_fatal(None);
                 lease.set_unreachable(false);
                 let now = self.clock.now();
@@ -312,7 +314,7 @@ impl<C: RedisConnection> Node<C> {
         for (result, lease) in results.into_iter().zip(leases) {
             match result {
                 Ok(reply) => {
-                    self.guard.answered();
+                    self.guard.answered(&lease.key);
                     Counters::add(&self.stats.returned, reply.units);
                 }
                 // The units stay counted: under-admission, never over-admission.
