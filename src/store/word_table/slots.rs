@@ -658,6 +658,27 @@ pub(super) fn owned_string<K>(text: &str) -> K {
     }
 }
 
+/// A cache line's bytes.
+const LINE: usize = 64;
+
+/// Starts loading the cache line of `value`'s last byte (see `TableCell::touch`).
+#[inline(always)]
+fn touch_end<T>(value: &T) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: the intrinsic needs SSE, part of every x86_64 CPU (a baseline target feature); a
+    // prefetch reads no memory and never faults, and the address is inside `value`.
+    #[allow(unsafe_code)]
+    unsafe {
+        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+        let last = std::ptr::from_ref(value)
+            .cast::<i8>()
+            .add(std::mem::size_of::<T>() - 1);
+        _mm_prefetch::<_MM_HINT_T0>(last);
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = value;
+}
+
 /// The probe of [`find`]: the slots whose tag is `tag` until `is_key` says one holds the key,
 /// else the first empty slot.
 #[inline(always)]
@@ -675,6 +696,12 @@ fn probe<K, C: TableCell>(
     // point per lookup that decides nothing.
     if !MODEL_CHECKED {
         table.slots[i].state.touch();
+        // A slot that may cross a cache line (one 48-byte slot in two does, an 80-byte one
+        // always) has its last line loaded too: its key's end, compared once the tags match,
+        // would otherwise be a second miss after theirs.
+        if LINE % std::mem::size_of::<Slot<K, C>>() != 0 {
+            touch_end(&table.slots[i]);
+        }
     }
     // A table is never full, so a probe ends within a round of it: every group once, its first
     // twice, at most 8 candidate slots each. Checked in debug builds, where a broken probe then

@@ -1,10 +1,10 @@
-//! `String` keys of [`MID_FROM`] to [`LONG`] bytes kept inline too, in word tables of wider
+//! `String` keys of 24 to 71 bytes kept inline too, in word tables of wider
 //! slots: API keys, UUIDs and tokens are compared in the slot a lookup already reads, not
 //! through a pointer to heap text (a second cache miss at a million keys).
 //!
 //! A table's slot size is its key type's, and stable Rust cannot give `String` a wider one, so
 //! a table of `String` keys keeps, beside its own table (texts of up to 23 bytes inline,
-//! `text.rs`; texts over [`LONG`] bytes on the heap), two tables keyed by fixed inline texts,
+//! `text.rs`; texts of 72 bytes or more on the heap), two tables keyed by fixed inline texts,
 //! [`InlineText`]`<`[`MID`]`>` (a 48-byte slot of a word cell) and `InlineText<`[`LONG`]`>`
 //! (80 bytes), made with its first key of their lengths. The class is a function of the text's
 //! length, so a lookup by `&str` or `&String` goes to exactly one table, and two texts are
@@ -23,40 +23,41 @@ use super::shards::WordTable;
 use super::slots::owned_string;
 use super::text::{inline_strings, query_text, INLINE};
 
-/// The longest text of the middle class (24 to 39 bytes): 40 bytes with its length, a
-/// 48-byte slot beside a one-word cell.
-pub(super) const MID: usize = 39;
-/// The longest text kept inline (40 to 71 bytes): 72 bytes with its length, an 80-byte slot.
-pub(super) const LONG: usize = 71;
+/// The bytes of a middle-class text (24 to 39 bytes) with its length: a 48-byte slot beside a
+/// one-word cell.
+pub(super) const MID: usize = 40;
+/// The bytes of a long-class text (40 to 71 bytes) with its length: an 80-byte slot.
+pub(super) const LONG: usize = 72;
 /// The shortest text of the middle class: one more than the table's own slot holds.
 pub(super) const MID_FROM: usize = INLINE + 1;
 /// The shortest text of the long class.
-const LONG_FROM: usize = MID + 1;
+const LONG_FROM: usize = MID;
 
-/// A text of up to `N` bytes, inline: its bytes, zero after the text, and its length.
-#[derive(Clone, Copy, PartialEq, Eq)]
+/// A text of up to `N − 1` bytes, inline: its bytes, zeros, and its length in the last byte.
+/// `N` is a multiple of 8, so that two are compared a word at a time (a `memcmp` call, as
+/// arrays of bytes compared, was a sixth of a check's time).
+#[derive(Clone, Copy)]
 pub(crate) struct InlineText<const N: usize> {
-    /// The text's bytes, then zeros (so that equal texts are equal arrays).
     bytes: [u8; N],
-    len: u8,
 }
 
 impl<const N: usize> InlineText<N> {
-    /// `text`, which fits (`text.len() <= N`, and `N` < 256).
+    const WHOLE_WORDS: () = assert!(N % 8 == 0 && N <= 256);
+
+    /// `text`, which fits (`text.len() < N`).
     #[inline]
     fn new(text: &str) -> Self {
-        debug_assert!(text.len() <= N && N < 256);
+        let () = Self::WHOLE_WORDS;
+        debug_assert!(text.len() < N);
         let mut bytes = [0; N];
         bytes[..text.len()].copy_from_slice(text.as_bytes());
-        InlineText {
-            bytes,
-            len: text.len() as u8,
-        }
+        bytes[N - 1] = text.len() as u8;
+        InlineText { bytes }
     }
 
     #[inline]
     fn as_str(&self) -> &str {
-        let bytes = &self.bytes[..usize::from(self.len)];
+        let bytes = &self.bytes[..usize::from(self.bytes[N - 1])];
         // SAFETY: `new`, the only constructor, copied these bytes from a `str`: valid UTF-8.
         #[allow(unsafe_code)]
         unsafe {
@@ -64,6 +65,19 @@ impl<const N: usize> InlineText<N> {
         }
     }
 }
+
+/// Equal texts are equal arrays (zeros after the text, the length last): compared as words,
+/// with no branch but the last.
+impl<const N: usize> PartialEq for InlineText<N> {
+    #[inline]
+    fn eq(&self, other: &Self) -> bool {
+        let word = |bytes: &[u8]| u64::from_ne_bytes(bytes.try_into().expect("8 bytes"));
+        let pairs = self.bytes.chunks_exact(8).zip(other.bytes.chunks_exact(8));
+        pairs.fold(0, |differ, (a, b)| differ | (word(a) ^ word(b))) == 0
+    }
+}
+
+impl<const N: usize> Eq for InlineText<N> {}
 
 /// Hashed as its `str` is, so that a caller's `Borrow` type, which hashes as the `String`
 /// (the `Borrow` contract), finds it.
@@ -98,8 +112,8 @@ pub(super) fn class<K, Q: ?Sized>(key: &Q) -> Class {
     }
     match query_text(key) {
         Some(text) => match text.len() {
-            MID_FROM..=MID => Class::Mid(InlineText::new(text)),
-            LONG_FROM..=LONG => Class::Long(InlineText::new(text)),
+            MID_FROM..MID => Class::Mid(InlineText::new(text)),
+            LONG_FROM..LONG => Class::Long(InlineText::new(text)),
             _ => Class::Own,
         },
         None => Class::Unknown,
