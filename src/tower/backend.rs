@@ -435,7 +435,9 @@ pub trait CheckBackend: Send + Sync + 'static {
     }
 
     /// Whether the backend is degraded (a Redis limiter deciding by its failure policy while
-    /// Redis is unreachable), if it can be; `None` for a backend that has no such mode.
+    /// Redis is unreachable; on a Cluster, while any master's breaker is open, though the
+    /// other masters' keys are still decided by Redis), if it can be; `None` for a backend
+    /// that has no such mode.
     ///
     /// # Examples
     /// ```
