@@ -14,7 +14,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use redis_server::{RedisCluster, RedisServer};
+use redis_server::{connect_cluster, masters_of, split_by_master, RedisCluster, RedisServer};
 use tollgate::redis::{
     BreakerState, FailureHandling, FailurePolicy, GuardMode, GuardedLimiter, RedisLimiter,
     RedisRule,
@@ -120,11 +120,7 @@ fn a_60_ms_stop_leaves_the_breaker_closed_and_a_2_s_stop_opens_it_until_the_half
     let Some(server) = RedisServer::start() else {
         return;
     };
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("a tokio runtime");
+    let runtime = redis_server::runtime(2);
     runtime.block_on(async {
         let rule = RedisRule::gcra(Quota::per_second(1_000_000).unwrap()).unwrap();
         let handling = FailureHandling::new(FailurePolicy::Local);
@@ -212,51 +208,6 @@ fn a_60_ms_stop_leaves_the_breaker_closed_and_a_2_s_stop_opens_it_until_the_half
     });
 }
 
-async fn connect_cluster(urls: &[&str]) -> redis::cluster_async::ClusterConnection {
-    redis::cluster::ClusterClient::new(urls.to_vec())
-        .expect("a cluster client")
-        .get_async_connection()
-        .await
-        .expect("connects to the cluster")
-}
-
-/// The port of the Cluster master serving each of `keys` (as state keys), asked of the Cluster.
-async fn owners_of(raw: &redis::cluster_async::ClusterConnection, keys: &[Vec<u8>]) -> Vec<u16> {
-    let mut raw = raw.clone();
-    let ranges: Vec<Vec<redis::Value>> = redis::cmd("CLUSTER")
-        .arg("SLOTS")
-        .query_async(&mut raw)
-        .await
-        .expect("CLUSTER SLOTS");
-    // Each range: first slot, last slot, then the master as [host, port, id, …].
-    let ranges: Vec<(u16, u16, u16)> = ranges
-        .iter()
-        .map(|range| {
-            let lo: u16 = redis::from_redis_value(range[0].clone()).unwrap();
-            let hi: u16 = redis::from_redis_value(range[1].clone()).unwrap();
-            let master: Vec<redis::Value> = redis::from_redis_value(range[2].clone()).unwrap();
-            let port: u16 = redis::from_redis_value(master[1].clone()).unwrap();
-            (lo, hi, port)
-        })
-        .collect();
-    let mut ports = Vec::new();
-    for key in keys {
-        let slot: u16 = redis::cmd("CLUSTER")
-            .arg("KEYSLOT")
-            .arg(key)
-            .query_async(&mut raw)
-            .await
-            .expect("CLUSTER KEYSLOT");
-        let port = ranges
-            .iter()
-            .find(|(lo, hi, _)| (*lo..=*hi).contains(&slot))
-            .map(|r| r.2)
-            .expect("a master serves every slot");
-        ports.push(port);
-    }
-    ports
-}
-
 /// On a 3-master Cluster, one master stopped (`SIGSTOP`): the keys of the other masters' slots
 /// stay `Global`, decided by Redis (admitted, with the exact count left, where the
 /// `FailClosed` policy would deny), while the stopped master's keys are denied by the policy;
@@ -269,11 +220,7 @@ fn a_stopped_cluster_master_degrades_only_the_keys_of_its_slots() {
     else {
         return;
     };
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("a tokio runtime");
+    let runtime = redis_server::runtime(2);
     let urls = cluster.urls();
     let urls: Vec<&str> = urls.iter().map(String::as_str).collect();
     runtime.block_on(async {
@@ -290,16 +237,8 @@ fn a_stopped_cluster_master_degrades_only_the_keys_of_its_slots() {
             .expect("connects");
         let raw = exact.connection();
         let keys: Vec<String> = (0..48).map(|i| format!("user:{i}")).collect();
-        let state_keys: Vec<Vec<u8>> = keys.iter().map(|k| exact.redis_key(k)).collect();
-        let ports = owners_of(&raw, &state_keys).await;
         let stopped_port = cluster.nodes()[1].port();
-        let (down, up): (Vec<_>, Vec<_>) = keys
-            .iter()
-            .zip(&ports)
-            .partition(|(_, port)| **port == stopped_port);
-        let down: Vec<&String> = down.into_iter().map(|(k, _)| k).collect();
-        let up: Vec<&String> = up.into_iter().map(|(k, _)| k).collect();
-        assert!(!down.is_empty() && up.len() >= 8, "keys on every master");
+        let (down, up) = split_by_master(&raw, &keys, |k| exact.redis_key(k), stopped_port).await;
         let limiter = exact.guarded(FailureHandling::new(policy)).await;
         let mut checks = std::collections::HashMap::new();
         for key in &keys {
@@ -343,7 +282,7 @@ fn a_stopped_cluster_master_degrades_only_the_keys_of_its_slots() {
             rounds += 1;
             for key in &up {
                 let decision = limiter.check(key).await.unwrap();
-                let n = checks.get_mut(*key).unwrap();
+                let n = checks.get_mut(key).unwrap();
                 *n += 1;
                 assert!(
                     decision.allowed(),
@@ -380,7 +319,7 @@ fn a_stopped_cluster_master_degrades_only_the_keys_of_its_slots() {
         }
         for key in &up {
             let decision = limiter.check(key).await.unwrap();
-            assert_eq!(decision.remaining(), L - checks[*key] - 1, "{key}");
+            assert_eq!(decision.remaining(), L - checks[key] - 1, "{key}");
         }
         eprintln!(
             "{} keys on the stopped master, {} on the others: degraded alone {degraded_after:?} \
@@ -414,11 +353,7 @@ fn a_failed_over_cluster_master_brings_its_keys_back_on_the_promoted_replica() {
     ) else {
         return;
     };
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("a tokio runtime");
+    let runtime = redis_server::runtime(2);
     let urls = cluster.urls();
     let urls: Vec<&str> = urls.iter().map(String::as_str).collect();
     runtime.block_on(async {
@@ -434,18 +369,10 @@ fn a_failed_over_cluster_master_brings_its_keys_back_on_the_promoted_replica() {
             // (the Cluster client would keep calling the stopped master: see `owners.rs`).
             .connect_cluster_lazy(&urls)
             .expect("built");
-        let raw = connect_cluster(&urls).await;
+        let raw = connect_cluster(&cluster.urls()).await;
         let keys: Vec<String> = (0..48).map(|i| format!("user:{i}")).collect();
-        let state_keys: Vec<Vec<u8>> = keys.iter().map(|k| exact.redis_key(k)).collect();
-        let ports = owners_of(&raw, &state_keys).await;
-        let stopped_port = ports[0];
-        let (down, up): (Vec<_>, Vec<_>) = keys
-            .iter()
-            .zip(&ports)
-            .partition(|(_, port)| **port == stopped_port);
-        let down: Vec<&String> = down.into_iter().map(|(k, _)| k).collect();
-        let up: Vec<&String> = up.into_iter().map(|(k, _)| k).collect();
-        assert!(!down.is_empty() && up.len() >= 8, "keys on every master");
+        let stopped_port = masters_of(&raw, &[exact.redis_key(&keys[0])]).await[0];
+        let (down, up) = split_by_master(&raw, &keys, |k| exact.redis_key(k), stopped_port).await;
         let limiter = exact.guarded(FailureHandling::new(policy)).await;
         let mut checks = std::collections::HashMap::new();
         for key in &keys {
@@ -472,7 +399,7 @@ fn a_failed_over_cluster_master_brings_its_keys_back_on_the_promoted_replica() {
             rounds += 1;
             for key in &up {
                 let decision = limiter.check(key).await.unwrap();
-                let n = checks.get_mut(*key).unwrap();
+                let n = checks.get_mut(key).unwrap();
                 *n += 1;
                 assert!(
                     decision.allowed(),
@@ -531,11 +458,7 @@ fn the_fleet_is_counted_on_the_masters_that_answer() {
     else {
         return;
     };
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("a tokio runtime");
+    let runtime = redis_server::runtime(2);
     let urls = cluster.urls();
     let urls: Vec<&str> = urls.iter().map(String::as_str).collect();
     runtime.block_on(async {
@@ -566,7 +489,7 @@ fn the_fleet_is_counted_on_the_masters_that_answer() {
         home.truncate(home.len() - 3);
         home.extend_from_slice(b"nodes");
         let raw = a.exact().connection();
-        let port = owners_of(&raw, &[home]).await[0];
+        let port = masters_of(&raw, &[home]).await[0];
         let stopped = cluster
             .nodes()
             .iter()

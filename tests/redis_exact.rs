@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestCaseError, TestRunner};
 use redis::aio::ConnectionManager;
-use redis_server::{RedisCluster, RedisServer};
+use redis_server::{connect_cluster, master_of, RedisCluster, RedisServer};
 use tollgate::clock::ManualClock;
 use tollgate::redis::{
     replay, replay_trace, RedisConnection, RedisLimiter, RedisRule, ReplayError, TierError,
@@ -56,15 +56,6 @@ fn runtime() -> tokio::runtime::Runtime {
 async fn connect(server: &RedisServer) -> ConnectionManager {
     let client = redis::Client::open(server.url()).expect("a valid URL");
     ConnectionManager::new(client).await.expect("connects")
-}
-
-/// A connection to the Cluster whose nodes are at `urls`.
-async fn connect_cluster(urls: &[String]) -> redis::cluster_async::ClusterConnection {
-    redis::cluster::ClusterClient::new(urls.to_vec())
-        .expect("valid URLs")
-        .get_async_connection()
-        .await
-        .expect("connects")
 }
 
 /// A limiter with a prefix no other limiter of the process uses (fresh state), and a generous
@@ -815,11 +806,7 @@ fn coalesced_checks_keep_their_arrival_order_across_threads() {
     let Some(server) = RedisServer::start() else {
         return;
     };
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(4)
-        .enable_all()
-        .build()
-        .expect("a tokio runtime");
+    let rt = redis_server::runtime(4);
     let conn = rt.block_on(connect(&server));
     let burst = 1_000_000;
     let quota = Quota::per_second(1).unwrap().with_burst(burst).unwrap();
@@ -1553,11 +1540,7 @@ fn hammer_instance(
             t.await.unwrap();
         }
     }
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
+    let rt = redis_server::runtime(2);
     rt.block_on(async {
         let builder = RedisLimiter::builder(RedisRule::named(name, quota).unwrap())
             .prefix("hammer")
@@ -1849,11 +1832,7 @@ fn callers_that_give_up_harm_no_other_check() {
     let Some(server) = RedisServer::start() else {
         return;
     };
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("a tokio runtime");
+    let rt = redis_server::runtime(2);
     rt.block_on(async {
         const KEYS: usize = 16;
         let limit = 1u64 << 30;
@@ -2031,49 +2010,20 @@ fn the_probe_tests_the_slot_that_failed() {
             .prefix("probe")
             .timeout(Duration::from_millis(100))
             .build(conn.clone());
-        // The port of the master that serves `key`'s slot.
-        let owner = |key: Vec<u8>| {
-            let mut raw = raw.clone();
-            async move {
-                let slot: u16 = redis::cmd("CLUSTER")
-                    .arg("KEYSLOT")
-                    .arg(key)
-                    .query_async(&mut raw)
-                    .await
-                    .unwrap();
-                let ranges: Vec<Vec<redis::Value>> = redis::cmd("CLUSTER")
-                    .arg("SLOTS")
-                    .query_async(&mut raw)
-                    .await
-                    .unwrap();
-                // Each range: first slot, last slot, then the master as [host, port, id, …].
-                ranges
-                    .into_iter()
-                    .find_map(|range| {
-                        let lo: u16 = redis::from_redis_value(range[0].clone()).unwrap();
-                        let hi: u16 = redis::from_redis_value(range[1].clone()).unwrap();
-                        let master: Vec<redis::Value> =
-                            redis::from_redis_value(range[2].clone()).unwrap();
-                        let port: u16 = redis::from_redis_value(master[1].clone()).unwrap();
-                        (lo..=hi).contains(&slot).then_some(port)
-                    })
-                    .expect("a master serves every slot")
-            }
-        };
         // `<prefix>:<algorithm>:{x}` → the limiter's own probe key, `<prefix>:<algorithm>:probe`.
         let mut own = exact.redis_key("x");
         own.truncate(own.len() - 3);
         own.extend_from_slice(b"probe");
-        let own_master = owner(own).await;
+        let own_master = master_of(&raw, &own).await;
         let mut i = 0;
         let key = loop {
             let key = format!("user:{i}");
-            if owner(exact.redis_key(&key)).await != own_master {
+            if master_of(&raw, &exact.redis_key(&key)).await != own_master {
                 break key;
             }
             i += 1;
         };
-        let stopped = owner(exact.redis_key(&key)).await;
+        let stopped = master_of(&raw, &exact.redis_key(&key)).await;
         let node = cluster
             .nodes()
             .iter()
@@ -2116,33 +2066,6 @@ fn the_probe_tests_the_slot_that_failed() {
     });
 }
 
-/// The port of the Cluster master that serves `key`'s slot.
-async fn slot_owner(raw: &redis::cluster_async::ClusterConnection, key: &[u8]) -> u16 {
-    let mut raw = raw.clone();
-    let slot: u16 = redis::cmd("CLUSTER")
-        .arg("KEYSLOT")
-        .arg(key)
-        .query_async(&mut raw)
-        .await
-        .unwrap();
-    let ranges: Vec<Vec<redis::Value>> = redis::cmd("CLUSTER")
-        .arg("SLOTS")
-        .query_async(&mut raw)
-        .await
-        .unwrap();
-    // Each range: first slot, last slot, then the master as [host, port, id, …].
-    ranges
-        .into_iter()
-        .find_map(|range| {
-            let lo: u16 = redis::from_redis_value(range[0].clone()).unwrap();
-            let hi: u16 = redis::from_redis_value(range[1].clone()).unwrap();
-            let master: Vec<redis::Value> = redis::from_redis_value(range[2].clone()).unwrap();
-            let port: u16 = redis::from_redis_value(master[1].clone()).unwrap();
-            (lo..=hi).contains(&slot).then_some(port)
-        })
-        .expect("a master serves every slot")
-}
-
 /// A Cluster node that lost its scripts (`SCRIPT FLUSH` there, as a restart or a promoted
 /// replica would) gets the script again from the first check of a key of its slots, on that
 /// node alone: another node stopped (`SIGSTOP`) does not keep the check from being decided,
@@ -2164,7 +2087,7 @@ fn a_lost_script_is_reloaded_on_its_node_while_another_node_is_stopped() {
             .expect("connects");
         let key = "user:1";
         assert!(limiter.check(key).await.unwrap().allowed());
-        let flushed = slot_owner(&raw, &limiter.redis_key(key)).await;
+        let flushed = master_of(&raw, &limiter.redis_key(key)).await;
         let nodes = cluster.nodes();
         let node = |port: u16| nodes.iter().find(|n| n.port() == port).unwrap();
         let stopped = nodes.iter().find(|n| n.port() != flushed).unwrap();
@@ -2198,7 +2121,7 @@ fn a_lost_script_is_reloaded_on_its_node_while_another_node_is_stopped() {
         let decision = started_check.unwrap().expect("its check loads the script");
         assert!(decision.allowed(), "{decision:?}");
         let started_key = started.redis_key(key);
-        assert_eq!(slot_owner(&raw, &started_key).await, flushed);
+        assert_eq!(master_of(&raw, &started_key).await, flushed);
     });
 }
 
@@ -2223,7 +2146,7 @@ fn a_plain_connection_to_a_cluster_node_is_a_configuration_error() {
         let mut i = 0;
         let key = loop {
             let key = format!("user:{i}");
-            if slot_owner(&raw, &plain.redis_key(&key)).await != node.port() {
+            if master_of(&raw, &plain.redis_key(&key)).await != node.port() {
                 break key;
             }
             i += 1;

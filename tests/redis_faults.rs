@@ -15,7 +15,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use redis_server::RedisServer;
+use redis_server::{runtime, RedisServer};
 use tollgate::redis::{
     FailureHandling, FailurePolicy, GuardMode, GuardedLimiter, RedisLimiter, RedisRule, TierError,
 };
@@ -29,14 +29,6 @@ const OPEN_AFTER: Duration = Duration::from_millis(250);
 fn serial() -> std::sync::MutexGuard<'static, ()> {
     static SERIAL: Mutex<()> = Mutex::new(());
     SERIAL.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("a tokio runtime")
 }
 
 async fn guarded(
@@ -234,7 +226,7 @@ fn kill_9_then_restart_under_load_with_the_local_policy() {
     let Some(mut server) = RedisServer::start() else {
         return;
     };
-    runtime().block_on(async {
+    runtime(2).block_on(async {
         let rule = RedisRule::fixed_window(Quota::per_second(1_000_000).unwrap()).unwrap();
         let handling = FailureHandling::new(FailurePolicy::Local)
             .probe_interval(Duration::from_millis(100))
@@ -296,7 +288,7 @@ fn sigstop_then_sigcont_under_load_with_fail_closed() {
     let Some(server) = RedisServer::start() else {
         return;
     };
-    runtime().block_on(async {
+    runtime(2).block_on(async {
         let rule = RedisRule::gcra(Quota::per_second(1_000_000).unwrap()).unwrap();
         let handling = FailureHandling::new(FailurePolicy::FailClosed)
             .probe_interval(Duration::from_millis(100));
@@ -333,7 +325,7 @@ fn fail_open_allows_and_fatal_errors_pass_through() {
     let Some(server) = RedisServer::start() else {
         return;
     };
-    runtime().block_on(async {
+    runtime(2).block_on(async {
         let rule = RedisRule::sliding_log(Quota::per_minute(2).unwrap()).unwrap();
         let handling = FailureHandling::new(FailurePolicy::FailOpen)
             .failure_threshold(1)
@@ -385,7 +377,7 @@ fn local_policy_gives_each_live_node_its_share() {
     let Some(server) = RedisServer::start() else {
         return;
     };
-    runtime().block_on(async {
+    runtime(2).block_on(async {
         let rule = RedisRule::fixed_window(Quota::per_hour(10).unwrap()).unwrap();
         // Heartbeats expire after three intervals: long enough here that a beat delayed by a
         // loaded machine does not make a live node look gone.
@@ -467,7 +459,7 @@ fn units_admitted_locally_during_an_outage_are_charged_after_the_restart() {
     let Some(mut server) = RedisServer::start() else {
         return;
     };
-    runtime().block_on(async {
+    runtime(2).block_on(async {
         let quota = Quota::per_hour(100).unwrap();
         for rule in [
             RedisRule::fixed_window(quota).unwrap(),
@@ -533,7 +525,7 @@ fn a_charge_is_never_denied_and_may_pass_the_limit() {
     let Some(server) = RedisServer::start() else {
         return;
     };
-    runtime().block_on(async {
+    runtime(2).block_on(async {
         let quota = Quota::per_hour(5).unwrap();
         for rule in [
             RedisRule::fixed_window(quota).unwrap(),
@@ -630,7 +622,7 @@ fn charge_tokens_live_no_longer_than_the_charge_could_count() {
     let Some(mut server) = RedisServer::start() else {
         return;
     };
-    runtime().block_on(async {
+    runtime(2).block_on(async {
         let hour = Quota::per_hour(100).unwrap();
         let second = Quota::per_second(5).unwrap();
         let h = Duration::from_secs(3_600);
@@ -719,7 +711,7 @@ fn a_sliding_log_charge_lands_where_its_units_were_admitted() {
     let Some(mut server) = RedisServer::start() else {
         return;
     };
-    runtime().block_on(async {
+    runtime(2).block_on(async {
         let window = Duration::from_secs(4);
         let rule = RedisRule::sliding_log(Quota::new(4, window).unwrap()).unwrap();
         // All the outage's admissions in one window of the node's (which the old ledger
@@ -796,7 +788,7 @@ fn a_fail_open_gcra_charge_owes_at_most_the_burst() {
     let Some(server) = RedisServer::start() else {
         return;
     };
-    runtime().block_on(async {
+    runtime(2).block_on(async {
         // 10 a minute: T = 6 s, B·T = 60 s.
         let rule = RedisRule::gcra(Quota::per_minute(10).unwrap()).unwrap();
         let handling = FailureHandling::new(FailurePolicy::FailOpen)
@@ -862,7 +854,7 @@ fn a_leased_takeover_starts_from_what_the_node_knew_and_charges_each_unit_once()
     let Some(mut server) = RedisServer::start() else {
         return;
     };
-    let rt = runtime();
+    let rt = runtime(2);
     // Per day: nothing refills during the test, so every count below is exact.
     let rule = RedisRule::gcra(Quota::new(1_000, Duration::from_secs(86_400)).unwrap()).unwrap();
     let handling = FailureHandling::new(FailurePolicy::Local)
@@ -956,7 +948,7 @@ fn takeover_under_load(signal: &str, heal: &str, (rule, limit, window): Limit) {
         .assumed_nodes(NODES as u64)
         .reconcile(true);
     let config = LeaseConfig::new();
-    let runtimes: Vec<_> = (0..NODES).map(|_| runtime()).collect();
+    let runtimes: Vec<_> = (0..NODES).map(|_| runtime(2)).collect();
     let nodes: Vec<LeasedLimiter> = runtimes
         .iter()
         .map(|rt| rt.block_on(leased_local(&server, rule, config, handling)))
@@ -1147,7 +1139,7 @@ fn guarded_takeover_under_load(signal: &str, heal: &str, (rule, limit, window): 
     let handling = FailureHandling::new(FailurePolicy::Local)
         .probe_interval(Duration::from_millis(100))
         .heartbeat_interval(Duration::from_millis(250));
-    let runtimes: Vec<_> = (0..NODES).map(|_| runtime()).collect();
+    let runtimes: Vec<_> = (0..NODES).map(|_| runtime(2)).collect();
     let nodes: Vec<GuardedLimiter> = runtimes
         .iter()
         .map(|rt| rt.block_on(guarded(&server, rule, handling)))
@@ -1300,7 +1292,7 @@ fn degraded_guarded_checks_are_ready_at_once() {
     let Some(server) = RedisServer::start() else {
         return;
     };
-    runtime().block_on(async {
+    runtime(2).block_on(async {
         let quota = Quota::per_second(1_000).unwrap();
         let rule = RedisRule::gcra(quota).unwrap();
         let handling = FailureHandling::new(FailurePolicy::Local)
@@ -1345,7 +1337,7 @@ fn degraded_leased_checks_ask_nothing_of_redis() {
     let Some(server) = RedisServer::start() else {
         return;
     };
-    let rt = runtime();
+    let rt = runtime(2);
     let quota = Quota::per_second(1_000).unwrap();
     let rule = RedisRule::gcra(quota).unwrap();
     let handling = FailureHandling::new(FailurePolicy::Local)
@@ -1394,7 +1386,7 @@ fn a_guarded_takeover_starts_from_the_last_reply() {
     let Some(server) = RedisServer::start() else {
         return;
     };
-    runtime().block_on(async {
+    runtime(2).block_on(async {
         // Per day: nothing refills during the test, so every count is exact.
         let rule =
             RedisRule::gcra(Quota::new(1_000, Duration::from_secs(86_400)).unwrap()).unwrap();
@@ -1463,7 +1455,7 @@ fn a_redis_that_cannot_write_for_now_is_a_transient_failure() {
     let Some(server) = RedisServer::start_with_args(&["--enable-protected-configs", "yes"]) else {
         return;
     };
-    runtime().block_on(async {
+    runtime(2).block_on(async {
         let client = redis::Client::open(server.url()).expect("a valid URL");
         let mut admin = client
             .get_multiplexed_async_connection()
@@ -1526,7 +1518,7 @@ fn a_server_that_answers_but_cannot_write_keeps_the_breaker_open() {
     let (Some(server), Some(master)) = (RedisServer::start(), RedisServer::start()) else {
         return;
     };
-    runtime().block_on(async {
+    runtime(2).block_on(async {
         let client = redis::Client::open(server.url()).expect("a valid URL");
         let mut admin = client
             .get_multiplexed_async_connection()
@@ -1578,7 +1570,7 @@ fn nodes_with_different_heartbeat_intervals_count_each_other() {
     let Some(server) = RedisServer::start() else {
         return;
     };
-    runtime().block_on(async {
+    runtime(2).block_on(async {
         let rule = RedisRule::gcra(Quota::per_second(1_000).unwrap()).unwrap();
         let node = |ms| {
             let handling = FailureHandling::new(FailurePolicy::Local)
@@ -1613,7 +1605,7 @@ fn charges_that_timed_out_but_ran_are_not_charged_twice() {
     let Some(server) = RedisServer::start() else {
         return;
     };
-    runtime().block_on(async {
+    runtime(2).block_on(async {
         const KEYS: u64 = 20_000;
         // Per day: a charge sent again seconds later still owes its whole unit (what the
         // bucket refilled since it was formed is not charged).
@@ -2121,7 +2113,7 @@ fn a_node_started_while_redis_is_down_serves_its_share_then_goes_global() {
         return;
     };
     server.signal("KILL");
-    let rt = runtime();
+    let rt = runtime(2);
     let url = server.url();
     let rule = RedisRule::gcra(Quota::new(100, Duration::from_secs(86_400)).unwrap()).unwrap();
     let handling = FailureHandling::new(FailurePolicy::Local)
@@ -2206,7 +2198,7 @@ fn a_node_started_while_the_cluster_is_down_serves_its_share_then_goes_global() 
     let Some(cluster) = redis_server::RedisCluster::start(3) else {
         return;
     };
-    let rt = runtime();
+    let rt = runtime(2);
     let urls = cluster.urls();
     let urls: Vec<&str> = urls.iter().map(String::as_str).collect();
     let rule = RedisRule::gcra(Quota::new(100, Duration::from_secs(86_400)).unwrap()).unwrap();

@@ -17,7 +17,7 @@ use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use redis_server::RedisServer;
+use redis_server::{runtime, RedisServer};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tollgate::redis::{
@@ -144,14 +144,6 @@ async fn black_hole_and_heal(
     assert!(relay.accepted() > before, "a new connection was made");
 }
 
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("a tokio runtime")
-}
-
 /// A guarded node under load whose connection is black-holed: the breaker opens, and the
 /// probes replace the connection, so the node is `Global` again within seconds (the kernel
 /// would keep the old socket for minutes: the relay acknowledges every byte).
@@ -160,7 +152,7 @@ fn a_guarded_node_whose_connection_is_black_holed_is_global_again_within_seconds
     let Some(server) = RedisServer::start() else {
         return;
     };
-    runtime().block_on(async {
+    runtime(2).block_on(async {
         let relay = Relay::start(server.port()).await;
         let rule = RedisRule::gcra(Quota::per_second(1_000_000).unwrap()).unwrap();
         let limiter = RedisLimiter::builder(rule)
@@ -211,7 +203,7 @@ fn a_leased_node_whose_connection_is_black_holed_is_global_again_within_seconds(
     let Some(server) = RedisServer::start() else {
         return;
     };
-    runtime().block_on(async {
+    runtime(2).block_on(async {
         let relay = Relay::start(server.port()).await;
         let rule = RedisRule::gcra(Quota::per_second(1_000_000).unwrap()).unwrap();
         let limiter = RedisLimiter::builder(rule)
@@ -254,7 +246,7 @@ fn a_guarded_node_on_a_demoted_master_is_global_again_on_the_new_one() {
     let Some(new) = RedisServer::start() else {
         return;
     };
-    runtime().block_on(async {
+    runtime(2).block_on(async {
         let relay = Relay::start(old.port()).await;
         let rule = RedisRule::gcra(Quota::per_second(1_000_000).unwrap()).unwrap();
         let limiter = RedisLimiter::builder(rule)

@@ -17,7 +17,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Barrier, Mutex, MutexGuard};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use redis_server::RedisServer;
+use redis_server::{runtime, split_by_master, RedisServer};
 use tollgate::redis::{
     FailureHandling, FailurePolicy, GuardMode, LeaseConfig, LeaseError, LeasedLimiter,
     RedisLimiter, RedisRule,
@@ -30,14 +30,6 @@ const SEC: u64 = 1_000_000_000;
 fn serial() -> MutexGuard<'static, ()> {
     static SERIAL: Mutex<()> = Mutex::new(());
     SERIAL.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-fn runtime(workers: usize) -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(workers)
-        .enable_all()
-        .build()
-        .expect("a tokio runtime")
 }
 
 /// What most tests start with: the turn to run, a server of their own, a runtime with
@@ -1727,43 +1719,6 @@ fn a_spent_key_farms_no_first_touch_allowance_across_idle_periods() {
     }
 }
 
-/// The port of the Cluster master serving each of `keys` (as state keys), asked of the Cluster.
-async fn masters_of(raw: &redis::cluster_async::ClusterConnection, keys: &[Vec<u8>]) -> Vec<u16> {
-    let mut raw = raw.clone();
-    let ranges: Vec<Vec<redis::Value>> = redis::cmd("CLUSTER")
-        .arg("SLOTS")
-        .query_async(&mut raw)
-        .await
-        .expect("CLUSTER SLOTS");
-    // Each range: first slot, last slot, then the master as [host, port, id, …].
-    let ranges: Vec<(u16, u16, u16)> = ranges
-        .iter()
-        .map(|range| {
-            let lo: u16 = redis::from_redis_value(range[0].clone()).unwrap();
-            let hi: u16 = redis::from_redis_value(range[1].clone()).unwrap();
-            let master: Vec<redis::Value> = redis::from_redis_value(range[2].clone()).unwrap();
-            let port: u16 = redis::from_redis_value(master[1].clone()).unwrap();
-            (lo, hi, port)
-        })
-        .collect();
-    let mut ports = Vec::new();
-    for key in keys {
-        let slot: u16 = redis::cmd("CLUSTER")
-            .arg("KEYSLOT")
-            .arg(key)
-            .query_async(&mut raw)
-            .await
-            .expect("CLUSTER KEYSLOT");
-        let port = ranges
-            .iter()
-            .find(|(lo, hi, _)| (*lo..=*hi).contains(&slot))
-            .map(|r| r.2)
-            .expect("a master serves every slot");
-        ports.push(port);
-    }
-    ports
-}
-
 /// On a 3-master Cluster, one master stopped (`SIGSTOP`): a leased node hands over to its
 /// `Local` policy only the leases of that master's keys (emptied); the other masters' keys
 /// keep their leases and stay `Global`. After `SIGCONT` the stopped master's keys are global
@@ -1791,16 +1746,8 @@ fn a_stopped_cluster_master_hands_over_only_the_leases_of_its_keys() {
             .expect("connects");
         let raw = exact.connection();
         let keys: Vec<String> = (0..48).map(|i| format!("user:{i}")).collect();
-        let state_keys: Vec<Vec<u8>> = keys.iter().map(|k| exact.redis_key(k)).collect();
-        let ports = masters_of(&raw, &state_keys).await;
         let stopped_port = cluster.nodes()[1].port();
-        let (down, up): (Vec<_>, Vec<_>) = keys
-            .iter()
-            .zip(&ports)
-            .partition(|(_, port)| **port == stopped_port);
-        let down: Vec<&String> = down.into_iter().map(|(k, _)| k).collect();
-        let up: Vec<&String> = up.into_iter().map(|(k, _)| k).collect();
-        assert!(!down.is_empty() && up.len() >= 8, "keys on every master");
+        let (down, up) = split_by_master(&raw, &keys, |k| exact.redis_key(k), stopped_port).await;
         let leased = exact
             .leased(
                 LeaseConfig::new(),

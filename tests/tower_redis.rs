@@ -21,7 +21,7 @@ use bytes::Bytes;
 use http::{Request, StatusCode};
 use http_body_util::{BodyExt, Full};
 use redis::aio::ConnectionManager;
-use redis_server::RedisServer;
+use redis_server::{runtime, RedisServer};
 use tollgate::redis::{FailureHandling, FailurePolicy, LeaseConfig, RedisLimiter, RedisRule};
 use tollgate::tower::{
     redis_key, CheckBackend, HeaderStyle, Key, Policy, QuotaInfo, RateLimitLayer, RedisBackend,
@@ -95,20 +95,12 @@ fn prefix() -> String {
     format!("tower{}", N.fetch_add(1, Ordering::Relaxed))
 }
 
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("a runtime")
-}
-
 #[test]
 fn two_servers_share_one_exact_global_limit() {
     let Some(server) = RedisServer::start() else {
         return;
     };
-    runtime().block_on(async {
+    runtime(2).block_on(async {
         // 5 an hour per client IP: nothing refills during the test.
         let quota = Quota::per_hour(5).unwrap();
         let prefix = prefix();
@@ -145,7 +137,7 @@ fn a_backend_shows_its_rules_quotas() {
     let Some(server) = RedisServer::start() else {
         return;
     };
-    runtime().block_on(async {
+    runtime(2).block_on(async {
         let fast = Quota::per_second(10).unwrap().with_burst(20).unwrap();
         let exact = node(&server, fast, &prefix()).await;
         let hourly = RedisRule::sliding_window(Quota::per_hour(1000).unwrap()).unwrap();
@@ -175,7 +167,7 @@ fn guarded_and_leased_nodes_hold_the_limit_too() {
     let Some(server) = RedisServer::start() else {
         return;
     };
-    runtime().block_on(async {
+    runtime(2).block_on(async {
         let quota = Quota::per_hour(6).unwrap();
         let prefix = prefix();
         let handling = || FailureHandling::new(FailurePolicy::FailClosed);
@@ -236,7 +228,7 @@ fn a_leased_node_serves_a_keys_first_request_and_prefetches_by_the_layers_key() 
     let Some(server) = RedisServer::start() else {
         return;
     };
-    runtime().block_on(async {
+    runtime(2).block_on(async {
         let quota = Quota::per_hour(100).unwrap();
         let handling = FailureHandling::new(FailurePolicy::Local).assumed_nodes(2);
         let leased = node(&server, quota, &prefix())
@@ -286,7 +278,7 @@ fn a_configured_layer_goes_global_with_one_closure() {
     let Some(server) = RedisServer::start() else {
         return;
     };
-    runtime().block_on(async {
+    runtime(2).block_on(async {
         // Two policies on the same client keys: each keeps its own state on Redis. The
         // sliding window shows the configured algorithm reaches Redis too.
         let text = "headers = \"legacy\"\n\
@@ -357,7 +349,7 @@ fn a_configured_global_policy_is_guarded_from_the_file() {
             .build()
             .expect("a valid layer")
     };
-    runtime().block_on(async {
+    runtime(2).block_on(async {
         let redis = redis::Client::open(server.url()).expect("a valid URL");
         let conn = ConnectionManager::new(redis).await.expect("connects");
         let guarded = serve_layer(layer(conn.clone(), "on_redis_failure = \"fail-closed\"")).await;
@@ -377,7 +369,7 @@ fn a_configured_global_policy_is_guarded_from_the_file() {
     });
     // Outside a runtime, and on several quotas: refused with a message.
     let redis = redis::Client::open(server.url()).expect("a valid URL");
-    let conn = runtime()
+    let conn = runtime(2)
         .block_on(ConnectionManager::new(redis))
         .expect("connects");
     let config: LayerConfig =
@@ -388,7 +380,7 @@ fn a_configured_global_policy_is_guarded_from_the_file() {
         "[[policy]]\nname = \"g\"\nquota = [\"1/1s\", \"9/1m\"]\non_redis_failure = \"local\"",
     )
     .expect("parses");
-    let e = runtime()
+    let e = runtime(2)
         .block_on(async { config.builder_with(|p| p.redis(conn.clone())).map(|_| ()) })
         .unwrap_err();
     assert!(e.to_string().contains("single-quota"), "{e}");
