@@ -687,23 +687,28 @@ impl<C> RedisLimiter<C> {
     /// # }
     /// ```
     pub fn redis_key(&self, key: impl AsRef<[u8]>) -> Vec<u8> {
-        let key = key.as_ref();
-        let segment = self.rule.key_segment().as_bytes();
-        let mut out = Vec::with_capacity(self.prefix.len() + segment.len() + key.len() + 4);
-        out.extend_from_slice(&self.prefix);
-        out.push(b':');
-        out.extend_from_slice(segment);
-        out.extend_from_slice(b":{");
-        for &b in key {
-            match b {
-                b'}' => out.extend_from_slice(b"%7D"),
-                b'%' => out.extend_from_slice(b"%25"),
-                _ => out.push(b),
-            }
-        }
-        out.push(b'}');
-        out
+        state_key(&self.prefix, self.rule.key_segment(), key.as_ref())
     }
+}
+
+/// `<prefix>:<segment>:{<key>}`, the key's `}` and `%` escaped (`%7D`, `%25`) so that a
+/// client's bytes can neither close the hash tag early (and pick another Cluster slot) nor
+/// make two keys one.
+pub(crate) fn state_key(prefix: &[u8], segment: &str, key: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(prefix.len() + segment.len() + key.len() + 4);
+    out.extend_from_slice(prefix);
+    out.push(b':');
+    out.extend_from_slice(segment.as_bytes());
+    out.extend_from_slice(b":{");
+    for &b in key {
+        match b {
+            b'}' => out.extend_from_slice(b"%7D"),
+            b'%' => out.extend_from_slice(b"%25"),
+            _ => out.push(b),
+        }
+    }
+    out.push(b'}');
+    out
 }
 
 #[cfg(test)]

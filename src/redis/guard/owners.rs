@@ -380,16 +380,7 @@ mod tests {
     }
 
     fn state_key(key: &[u8]) -> Vec<u8> {
-        let mut out = b"tollgate:gcra:{".to_vec();
-        for &b in key {
-            match b {
-                b'}' => out.extend_from_slice(b"%7D"),
-                b'%' => out.extend_from_slice(b"%25"),
-                _ => out.push(b),
-            }
-        }
-        out.push(b'}');
-        out
+        crate::redis::exact::state_key(b"tollgate", "gcra", key)
     }
 
     #[test]
