@@ -226,13 +226,15 @@ where
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
+        // A caller's own `Borrow` type: its class from the `String` it makes, which the own
+        // table then keeps if the key is new.
+        let mut owned = None;
         let class = match texts::class::<K, Q>(key) {
-            // A caller's own `Borrow` type: its text, from the `String` it makes.
-            Class::Unknown => texts::class::<K, K>(&key.to_owned()),
+            Class::Unknown => texts::class::<K, K>(owned.insert(key.to_owned())),
             class => class,
         };
         match class {
-            Class::Own | Class::Unknown => self.inserted(key, era, f, evictor, done),
+            Class::Own | Class::Unknown => self.inserted(key, owned, era, f, evictor, done),
             Class::Mid(text) => self.texts().mid.with_inserted(&text, era, f, evictor, done),
             Class::Long(text) => self
                 .texts()
@@ -400,10 +402,12 @@ where
         table
     }
 
-    /// [`StoreProtocol::with_inserted`] in this table.
+    /// [`StoreProtocol::with_inserted`] in this table; `owned` is `key`'s clone if the caller
+    /// made one already.
     fn inserted<Q, R>(
         &self,
         key: &Q,
+        owned: Option<K>,
         era: u64,
         f: impl FnOnce(&C) -> R,
         evictor: &impl Evictor<C>,
@@ -440,7 +444,10 @@ where
             }
             Err(_) => {
                 // The key's clone first: if it panics, the shard is as it was.
-                let owned = text::NewKey::of(key);
+                let owned = match owned {
+                    Some(owned) => text::NewKey::Key(owned),
+                    None => text::NewKey::of(key),
+                };
                 if over_full(shard.used + 1, shard.table.len()) {
                     // The table is full: it is replaced, and the old one drained from now on,
                     // a few slots per call. Above the shard's share of `evict_above`, keys

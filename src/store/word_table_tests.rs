@@ -1766,9 +1766,11 @@ fn string_keys_of_every_class_are_evicted_at_the_bound_and_swept() {
 /// A caller's own type that a `String` borrows as: its text is not known to the table, which
 /// looks in every class (and makes a `String` to compare an inline key with); keys inserted
 /// through it are kept inline when they fit, in the table of their class, and found by `&str`
-/// after.
+/// after. Each new key costs one `to_owned`.
 #[test]
 fn string_keys_looked_up_through_a_callers_own_borrow_type() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    static OWNED: AtomicUsize = AtomicUsize::new(0);
     #[derive(PartialEq, Eq, Hash)]
     #[repr(transparent)]
     struct Name(String);
@@ -1784,6 +1786,7 @@ fn string_keys_looked_up_through_a_callers_own_borrow_type() {
     impl ToOwned for Name {
         type Owned = String;
         fn to_owned(&self) -> String {
+            OWNED.fetch_add(1, Ordering::Relaxed);
             self.0.clone()
         }
     }
@@ -1792,6 +1795,7 @@ fn string_keys_looked_up_through_a_callers_own_borrow_type() {
     for i in 0..50 {
         inserting(&store, &Name(text(i)), |c| add(c, i + 1), &KEEP_ALL);
     }
+    assert_eq!(OWNED.load(Ordering::Relaxed), 50, "one String a new key");
     for i in 0..50 {
         assert_eq!(
             store.with_existing(&Name(text(i)), 0, |c| add(c, 0)),

@@ -48,7 +48,10 @@ impl<const N: usize> InlineText<N> {
     #[inline]
     fn new(text: &str) -> Self {
         let () = Self::WHOLE_WORDS;
-        debug_assert!(text.len() < N);
+        assert!(
+            text.len() < N,
+            "an inline text is shorter than its {N} bytes"
+        );
         let mut bytes = [0; N];
         bytes[..text.len()].copy_from_slice(text.as_bytes());
         bytes[N - 1] = text.len() as u8;
