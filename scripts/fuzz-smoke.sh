@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# Runs every fuzz target for a short, fixed time (FUZZ_SECONDS, default 8) on stable Rust
+# Runs every fuzz target for a short, fixed time (FUZZ_SECONDS, default 5) on stable Rust
 # (`--sanitizer none`), installing cargo-fuzz if it is missing. Long runs:
 #   cargo fuzz run -s none -O -a TARGET -- -max_total_time=600
 set -euo pipefail
 cd "$(dirname "$0")/.."
-seconds="${FUZZ_SECONDS:-8}"
+seconds="${FUZZ_SECONDS:-5}"
 command -v cargo-fuzz >/dev/null 2>&1 || cargo install cargo-fuzz --locked
 cargo fuzz build -s none -O -a
 for target in $(cargo fuzz list); do

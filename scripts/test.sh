@@ -52,13 +52,30 @@ cargo test --release --test key_drop
 if [ "${FAST:-0}" != 1 ]; then
   step "public API: unchanged from tests/public-api.txt (bash scripts/public-api.sh --bless after a deliberate change)"
   bash scripts/public-api.sh
-  step "Miri: the word table's unsafe slot keys (written, read, moved, dropped once, also when a key's code panics; String keys inline) and its mapped tables"
-  cargo +nightly miri test --lib -- keys_are_written_read_moved_and_dropped_once \
-    keys_that_panic_are_never_dropped_twice_nor_lost a_large_region_is_mapped_zeroed \
-    a_mapped_table_is_written_moved_and_freed string_keys word_table::text \
-    keys_of_every_size_and_cell_are_dropped_once_on_every_path
-  step "Miri, Tree Borrows, leaks not checked (crossbeam-epoch is not Stacked Borrows clean, its maintainers run Miri under Tree Borrows; its global collector may still hold deferred frees and exited threads' records when the process ends): the sliding log's cell, its heap rings replaced and freed by epoch"
-  MIRIFLAGS="-Zmiri-tree-borrows -Zmiri-ignore-leaks" cargo +nightly miri test --lib -- state::log
+  step "Miri, two runs at once (one a core): the word table's unsafe slot keys (written, read, moved, dropped once, also when a key's code panics; String keys inline) and its mapped tables; then, under Tree Borrows, leaks not checked, the sliding log's cell, its heap rings replaced and freed by epoch"
+  # Tree Borrows: crossbeam-epoch is not Stacked Borrows clean, and its maintainers run Miri
+  # under Tree Borrows; its global collector may still hold deferred frees and exited threads'
+  # records when the process ends. Miri interprets on one thread, so two runs take both cores.
+  cargo +nightly miri test --lib --no-run
+  miri_logs="$(mktemp -d)"
+  ( cargo +nightly miri test --lib -- keys_are_written_read_moved_and_dropped_once \
+      keys_that_panic_are_never_dropped_twice_nor_lost a_large_region_is_mapped_zeroed \
+      a_mapped_table_is_written_moved_and_freed &&
+    MIRIFLAGS="-Zmiri-tree-borrows -Zmiri-ignore-leaks" cargo +nightly miri test --lib -- state::log
+  ) >"$miri_logs/slots" 2>&1 &
+  slots=$!
+  cargo +nightly miri test --lib -- string_keys word_table::text \
+    keys_of_every_size_and_cell_are_dropped_once_on_every_path >"$miri_logs/keys" 2>&1 &
+  keys=$!
+  slots_rc=0 keys_rc=0
+  wait "$slots" || slots_rc=$?
+  wait "$keys" || keys_rc=$?
+  cat "$miri_logs/slots" "$miri_logs/keys"
+  rm -rf "$miri_logs"
+  if [ "$slots_rc" != 0 ] || [ "$keys_rc" != 0 ]; then
+    echo "Miri failed (exit codes $slots_rc, $keys_rc: output above)" >&2
+    exit 1
+  fi
   if [ -d loom-tests ]; then
     step "loom models (bounded preemption)"
     LOOM_MAX_PREEMPTIONS="${LOOM_MAX_PREEMPTIONS:-2}" \
