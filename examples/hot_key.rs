@@ -10,11 +10,13 @@
 //! it, not the log. `>1 µs/s` counts the checks over 1 µs per second of the round.
 //!
 //! ```text
-//! cargo run --release --example hot_key [-- THREADS [CHECKS [ROUNDS]]]
+//! cargo run --release --example hot_key [-- THREADS [CHECKS [ROUNDS [LIMIT]]]]
 //! ```
 //!
 //! `CHECKS` is the checks per limiter and round, across all threads (default 16M); rounds
-//! alternate GCRA and the log (default 5).
+//! alternate GCRA and the log (default 5). The quota is `LIMIT` per `LIMIT` ms (default 100,
+//! so 1,000 a second whatever the limit): a log of up to 6 entries is kept in its cell, a
+//! longer one in a ring on the heap, which each check reads under an epoch pin.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
@@ -124,9 +126,13 @@ fn main() {
     let threads = arg(1, 16).max(1) as usize;
     let checks = arg(2, 16_000_000).max(1);
     let rounds = arg(3, 5).max(1) as usize;
-    let quota = Quota::new(100, Duration::from_millis(100)).expect("a valid quota");
+    let limit = arg(4, 100).max(1);
+    let Ok(quota) = Quota::new(limit, Duration::from_millis(limit)) else {
+        eprintln!("hot_key: no quota of {limit} per {limit} ms");
+        std::process::exit(2)
+    };
     let source = OneKey(AtomicUsize::new(0));
-    println!("{threads} threads on one key, 100 per 100 ms, {checks} checks a round");
+    println!("{threads} threads on one key, {limit} per {limit} ms, {checks} checks a round");
     let (mut gcra, mut log, mut spun) = (Vec::new(), Vec::new(), Vec::new());
     let clock = quanta::Clock::new();
     let print = |label: String, row: &[f64; 7]| {
