@@ -7,6 +7,8 @@
 
 #![cfg(feature = "redis")]
 
+#[path = "support/redis_client.rs"]
+mod redis_client;
 #[path = "support/redis_server.rs"]
 mod redis_server;
 
@@ -14,7 +16,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use redis_server::{connect_cluster, masters_of, split_by_master, RedisCluster, RedisServer};
+use redis_client::{connect_cluster, masters_of, split_by_master};
+use redis_server::{RedisCluster, RedisServer};
 use tollgate::redis::{
     BreakerState, FailureHandling, FailurePolicy, GuardMode, GuardedLimiter, RedisLimiter,
     RedisRule,
@@ -120,7 +123,7 @@ fn a_60_ms_stop_leaves_the_breaker_closed_and_a_2_s_stop_opens_it_until_the_half
     let Some(server) = RedisServer::start() else {
         return;
     };
-    let runtime = redis_server::runtime(2);
+    let runtime = redis_client::runtime(2);
     runtime.block_on(async {
         let rule = RedisRule::gcra(Quota::per_second(1_000_000).unwrap()).unwrap();
         let handling = FailureHandling::new(FailurePolicy::Local);
@@ -220,7 +223,7 @@ fn a_stopped_cluster_master_degrades_only_the_keys_of_its_slots() {
     else {
         return;
     };
-    let runtime = redis_server::runtime(2);
+    let runtime = redis_client::runtime(2);
     let urls = cluster.urls();
     let urls: Vec<&str> = urls.iter().map(String::as_str).collect();
     runtime.block_on(async {
@@ -353,7 +356,7 @@ fn a_failed_over_cluster_master_brings_its_keys_back_on_the_promoted_replica() {
     ) else {
         return;
     };
-    let runtime = redis_server::runtime(2);
+    let runtime = redis_client::runtime(2);
     let urls = cluster.urls();
     let urls: Vec<&str> = urls.iter().map(String::as_str).collect();
     runtime.block_on(async {
@@ -458,7 +461,7 @@ fn the_fleet_is_counted_on_the_masters_that_answer() {
     else {
         return;
     };
-    let runtime = redis_server::runtime(2);
+    let runtime = redis_client::runtime(2);
     let urls = cluster.urls();
     let urls: Vec<&str> = urls.iter().map(String::as_str).collect();
     runtime.block_on(async {

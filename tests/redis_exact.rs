@@ -8,6 +8,8 @@
 
 #![cfg(feature = "redis")]
 
+#[path = "support/redis_client.rs"]
+mod redis_client;
 #[path = "support/redis_server.rs"]
 mod redis_server;
 
@@ -20,7 +22,8 @@ use std::time::{Duration, Instant};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestCaseError, TestRunner};
 use redis::aio::ConnectionManager;
-use redis_server::{connect_cluster, master_of, RedisCluster, RedisServer};
+use redis_client::{connect_cluster, master_of};
+use redis_server::{RedisCluster, RedisServer};
 use tollgate::clock::ManualClock;
 use tollgate::redis::{
     replay, replay_trace, RedisConnection, RedisLimiter, RedisRule, ReplayError, TierError,
@@ -806,7 +809,7 @@ fn coalesced_checks_keep_their_arrival_order_across_threads() {
     let Some(server) = RedisServer::start() else {
         return;
     };
-    let rt = redis_server::runtime(4);
+    let rt = redis_client::runtime(4);
     let conn = rt.block_on(connect(&server));
     let burst = 1_000_000;
     let quota = Quota::per_second(1).unwrap().with_burst(burst).unwrap();
@@ -1540,7 +1543,7 @@ fn hammer_instance(
             t.await.unwrap();
         }
     }
-    let rt = redis_server::runtime(2);
+    let rt = redis_client::runtime(2);
     rt.block_on(async {
         let builder = RedisLimiter::builder(RedisRule::named(name, quota).unwrap())
             .prefix("hammer")
@@ -1832,7 +1835,7 @@ fn callers_that_give_up_harm_no_other_check() {
     let Some(server) = RedisServer::start() else {
         return;
     };
-    let rt = redis_server::runtime(2);
+    let rt = redis_client::runtime(2);
     rt.block_on(async {
         const KEYS: usize = 16;
         let limit = 1u64 << 30;

@@ -8,6 +8,8 @@
 
 #![cfg(feature = "redis")]
 
+#[path = "support/redis_client.rs"]
+mod redis_client;
 #[path = "support/redis_server.rs"]
 mod redis_server;
 
@@ -15,7 +17,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use redis_server::{runtime, RedisServer};
+use redis_client::runtime;
+use redis_server::RedisServer;
 use tollgate::redis::{
     FailureHandling, FailurePolicy, GuardMode, GuardedLimiter, RedisLimiter, RedisRule, TierError,
 };

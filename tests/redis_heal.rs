@@ -10,6 +10,8 @@
 
 #![cfg(feature = "redis")]
 
+#[path = "support/redis_client.rs"]
+mod redis_client;
 #[path = "support/redis_server.rs"]
 mod redis_server;
 
@@ -17,7 +19,8 @@ use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use redis_server::{runtime, RedisServer};
+use redis_client::runtime;
+use redis_server::RedisServer;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tollgate::redis::{

@@ -9,6 +9,8 @@
 
 #![cfg(feature = "redis")]
 
+#[path = "support/redis_client.rs"]
+mod redis_client;
 #[path = "support/redis_server.rs"]
 mod redis_server;
 
@@ -17,7 +19,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Barrier, Mutex, MutexGuard};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use redis_server::{runtime, split_by_master, RedisServer};
+use redis_client::{runtime, split_by_master};
+use redis_server::RedisServer;
 use tollgate::redis::{
     FailureHandling, FailurePolicy, GuardMode, LeaseConfig, LeaseError, LeasedLimiter,
     RedisLimiter, RedisRule,

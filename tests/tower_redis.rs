@@ -6,6 +6,8 @@
 
 #![cfg(all(feature = "axum", feature = "redis"))]
 
+#[path = "support/redis_client.rs"]
+mod redis_client;
 #[path = "support/redis_server.rs"]
 mod redis_server;
 #[path = "support/tower.rs"]
@@ -21,7 +23,8 @@ use bytes::Bytes;
 use http::{Request, StatusCode};
 use http_body_util::{BodyExt, Full};
 use redis::aio::ConnectionManager;
-use redis_server::{runtime, RedisServer};
+use redis_client::runtime;
+use redis_server::RedisServer;
 use tollgate::redis::{FailureHandling, FailurePolicy, LeaseConfig, RedisLimiter, RedisRule};
 use tollgate::tower::{
     redis_key, CheckBackend, HeaderStyle, Key, Policy, QuotaInfo, RateLimitLayer, RedisBackend,
