@@ -10,21 +10,21 @@
 //!
 //! `PROPTEST_CASES` raises the case count for a longer run.
 
-#[path = "support/reference.rs"]
+#[path = "../tests/support/reference.rs"]
 #[allow(dead_code)]
 mod reference;
 
 use std::collections::HashMap;
 use std::time::Duration;
 
-use proptest::prelude::*;
-use tollgate::algorithm::sliding_log::Ring;
-use tollgate::algorithm::WordRule;
-use tollgate::clock::ManualClock;
-use tollgate::{
+use crate::algorithm::sliding_log::Ring;
+use crate::algorithm::WordRule;
+use crate::clock::ManualClock;
+use crate::{
     Algorithm, Decision, FixedWindow, Gcra, KeyedLimiter, LeakyQueue, LimitError, Limiter, Quota,
     QuotaError, SlidingLog, SlidingWindow,
 };
+use proptest::prelude::*;
 
 use reference::{Algo, Model, Monotonic, Outcome, RefError};
 

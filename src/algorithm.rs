@@ -6,15 +6,19 @@
 //! states and run the compare-and-swap loops, which is what makes the rules testable, fuzzable and
 //! model-checkable on their own.
 //!
+//! The rules' packed states are the crate's own (they change with its storage); a limiter on a
+//! [`ManualClock`](crate::clock::ManualClock) runs a rule on chosen times:
+//!
 //! ```
-//! use tollgate::{algorithm::WordRule, FixedWindow, Quota};
-//! // A rule on its own: no limiter, no atomics, no clock; times are plain nanoseconds.
-//! let rule = FixedWindow::new(Quota::per_second(2)?)?;
-//! let (d1, s) = rule.decide(0, 0, 1);
-//! let (d2, s) = rule.decide(s, 100, 1);
-//! let (d3, _) = rule.decide(s, 200, 1);
+//! use tollgate::{clock::ManualClock, FixedWindow, Limiter, Quota};
+//! let clock = ManualClock::new();
+//! let limiter = Limiter::with_clock(FixedWindow::new(Quota::per_second(2)?)?, clock.clone())?;
+//! let d1 = limiter.check();
+//! clock.advance(std::time::Duration::from_nanos(100));
+//! let d2 = limiter.check();
+//! let d3 = limiter.check();
 //! assert_eq!([d1.allowed(), d2.allowed(), d3.allowed()], [true, true, false]);
-//! # Ok::<(), tollgate::QuotaError>(())
+//! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
 // Explicit paths: `loom-tests` includes this file with `#[path]`, which makes rustc look for
@@ -45,7 +49,13 @@ pub use self::gcra::Gcra;
 pub(crate) use self::in_flight::Concurrency;
 pub use self::leaky_queue::LeakyQueue;
 pub use self::name::AlgorithmName;
-pub use self::rule::{Rule, WordRule};
+pub use self::rule::Rule;
+// The one-word rules' pure functions: crate-private (their packed states are the stores'),
+// public to the fuzz targets only, which call them on arbitrary states.
+#[cfg(fuzzing)]
+pub use self::rule::WordRule;
+#[cfg(not(fuzzing))]
+pub(crate) use self::rule::WordRule;
 pub(crate) use self::rule::{Words, WORDS};
 pub use self::sliding_log::SlidingLog;
 pub use self::sliding_window::SlidingWindow;

@@ -302,6 +302,10 @@ pub mod docs {
     #[doc = include_str!("../docs/design.md")]
     pub mod design {}
 }
+// The pure rules and the stored limiters against SPEC's reference model, on random traces
+// (a unit test: the pure rules' packed states are crate-private).
+#[cfg(test)]
+mod against_reference_tests;
 mod decision;
 pub mod limiter;
 mod multi;

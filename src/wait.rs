@@ -31,7 +31,7 @@
 //! - **GCRA** ([`Gcra`](crate::Gcra), the token and leaky buckets) and the **leaky queue**
 //!   ([`LeakyQueue`](crate::LeakyQueue)): the call reserves its slot once and sleeps until it.
 //!   GCRA's reservation takes the units even when a check would refuse them now
-//!   (`TAT := max(TAT, t) + c·T`, [`WordRule::reserve`](crate::algorithm::WordRule::reserve))
+//!   (`TAT := max(TAT, t) + c·T`)
 //!   and is due when a check would have admitted them; the queue's is its own (decision rules
 //!   §3). Waiters are served in the order they reserved, with no re-check and no thundering
 //!   herd, and each is charged once. Dropping the future before its slot gives the slot back (a

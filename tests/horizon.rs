@@ -96,17 +96,6 @@ fn a_fresh_key_just_below_the_index_range_starts_in_its_own_window() {
     assert_eq!(d.reset_after_nanos(), MS + MS / 2);
 }
 
-#[test]
-fn a_rule_on_its_own_reads_indices_relative_to_the_reading() {
-    use tollgate::algorithm::WordRule;
-    let rule = sliding(1);
-    let (_, state) = rule.decide(0, 0, 1);
-    assert!(!rule.decide(state, MS / 2, 1).0.allowed());
-    assert!(rule.decide(state, 2 * MS, 1).0.allowed());
-    // Up to 2^23 − 16 windows later the state still reads as old (documented limit).
-    assert!(rule.decide(state, ((1 << 23) - 17) * MS, 1).0.allowed());
-}
-
 /// Two threads check one key while a third moves the clock by about 2^21 windows (a
 /// re-anchoring every other round: the period is 2^22 − 2) between rounds: every round is a new window far from the last, so
 /// exactly `L` checks are admitted in each, never more, with the sweep and the rebase racing

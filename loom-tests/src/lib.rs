@@ -21,6 +21,8 @@ pub use sync::{keep_per_thread_values, locks_survive_panics};
 
 #[path = "../../src/algorithm.rs"]
 pub mod algorithm;
+/// The one-word rules' pure functions (crate-private in the library), for the models.
+pub use algorithm::rule::WordRule;
 /// The guarded limiter's circuit breaker (`src/redis/guard/breaker.rs`): opened by a run of
 /// transient failures, closed by a probe Redis answers, each move reported once.
 #[path = "../../src/redis/guard/breaker.rs"]

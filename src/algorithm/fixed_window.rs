@@ -26,8 +26,8 @@ const MAX_LIMIT: u64 = COUNT_MASK - 1;
 /// bits 23..0   n, units admitted in that window (n ≤ L ≤ 2^24 − 2)
 /// ```
 /// In a limiter, stored indices are exact however long a key sits idle (the limiter re-anchors
-/// them every 2^39 − 2 windows, see `Windowed`); the rule on its own ([`WordRule::decide`]) reads
-/// a state more than 2^40 − 16 windows old as a recent one.
+/// them every 2^39 − 2 windows, see `Windowed`); the packed state alone would read one more than
+/// 2^40 − 16 windows old as a recent one.
 ///
 /// # Examples
 /// ```

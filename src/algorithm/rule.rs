@@ -105,84 +105,21 @@ pub type Words = [u64; WORDS];
 
 /// A rule whose whole per-key state is one `u64` (0 = a fresh key): the pure decision
 /// function, usable on its own (tests, simulations, a store of your own).
-///
-/// # Examples
-/// ```
-/// use tollgate::{algorithm::WordRule, FixedWindow, Quota};
-/// let rule = FixedWindow::new(Quota::per_second(1)?)?;
-/// let (first, state) = rule.decide(0, 0, 1);
-/// assert!(first.allowed());
-/// assert!(!rule.decide(state, 10, 1).0.allowed());
-/// # Ok::<(), tollgate::QuotaError>(())
-/// ```
 pub trait WordRule: Copy {
     /// (decision, next state). The next state equals `state` when denied or `cost == 0`. A cost
     /// above the rule's capacity is denied with `retry_after` = `u64::MAX` ns (never), the state
     /// unchanged (limiters refuse such a cost with [`crate::LimitError::CapacityExceeded`] instead).
-    ///
-    /// # Examples
-    /// ```
-    /// use tollgate::{algorithm::WordRule, Gcra, Quota};
-    /// let rule = Gcra::new(Quota::per_second(2)?)?; // T = 500 ms, burst 2
-    /// let (d, state) = rule.decide(0, 0, 2);
-    /// assert!(d.allowed());
-    /// // Denied: the state is unchanged, and the next unit is due in T.
-    /// let (d, after) = rule.decide(state, 0, 1);
-    /// assert_eq!((d.allowed(), after), (false, state));
-    /// assert_eq!(d.retry_after().as_millis(), 500);
-    /// // Above the capacity: denied for ever, not an error at this level.
-    /// assert_eq!(rule.decide(0, 0, 3).0.retry_after().as_nanos(), u64::MAX as u128);
-    /// # Ok::<(), tollgate::QuotaError>(())
-    /// ```
     fn decide(&self, state: u64, now: Nanos, cost: u64) -> (Decision, u64);
     /// The state after giving back `cost` units at `now`.
-    ///
-    /// # Examples
-    /// ```
-    /// use tollgate::{algorithm::WordRule, FixedWindow, Quota};
-    /// let rule = FixedWindow::new(Quota::per_second(1)?)?;
-    /// let (_, spent) = rule.decide(0, 0, 1);
-    /// assert!(!rule.decide(spent, 10, 1).0.allowed());
-    /// // The request failed downstream: give its unit back, and the next one is admitted.
-    /// let state = rule.refunded(spent, 10, 1);
-    /// assert!(rule.decide(state, 10, 1).0.allowed());
-    /// # Ok::<(), tollgate::QuotaError>(())
-    /// ```
     fn refunded(&self, state: u64, now: Nanos, cost: u64) -> u64;
     /// (decision, next state) of a reservation of `cost` units at `now`: by default the same
     /// as [`WordRule::decide`]. GCRA takes the units even when it would refuse them now
     /// (`TAT := max(TAT, t) + c·T`) and admits them with a delay, the instant its check would:
     /// waiters that reserve are served in the order they reserved, each charged once.
-    ///
-    /// # Examples
-    /// ```
-    /// use tollgate::{algorithm::WordRule, Gcra, Quota};
-    /// let rule = Gcra::new(Quota::per_second(2)?)?; // T = 500 ms, burst 2
-    /// let (_, spent) = rule.decide(0, 0, 2);
-    /// // A check now is refused; a reservation is admitted, due in 500 ms, and the next one
-    /// // queues behind it.
-    /// assert!(!rule.decide(spent, 0, 1).0.allowed());
-    /// let (d, first) = rule.reserve(spent, 0, 1);
-    /// assert_eq!((d.allowed(), d.delay().as_millis()), (true, 500));
-    /// let (d, _) = rule.reserve(first, 0, 1);
-    /// assert_eq!(d.delay().as_millis(), 1000);
-    /// # Ok::<(), tollgate::QuotaError>(())
-    /// ```
     fn reserve(&self, state: u64, now: Nanos, cost: u64) -> (Decision, u64) {
         self.decide(state, now, cost)
     }
     /// Whether `state` behaves as a fresh key at `now`.
-    ///
-    /// # Examples
-    /// ```
-    /// use tollgate::{algorithm::WordRule, Gcra, Quota};
-    /// let rule = Gcra::new(Quota::per_second(2)?)?; // T = 500 ms
-    /// let (_, state) = rule.decide(0, 0, 1);
-    /// assert!(!rule.is_fresh(state, 0));
-    /// // One unit refills in T: the key is then as good as new, and a store may forget it.
-    /// assert!(rule.is_fresh(state, 500_000_000));
-    /// # Ok::<(), tollgate::QuotaError>(())
-    /// ```
     fn is_fresh(&self, state: u64, now: Nanos) -> bool;
 }
 
@@ -241,6 +178,30 @@ pub(crate) fn window_of(interval: u64, limit: u64) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::window_of;
+
+    /// The pure rules, given a cost above their capacity (which limiters refuse before deciding):
+    /// a denial that changes nothing and never comes due, for any state and any cost.
+    #[test]
+    fn pure_rules_deny_costs_above_capacity_without_overflow() {
+        use super::WordRule;
+        use crate::{FixedWindow, Gcra, LeakyQueue, Quota, SlidingWindow};
+        fn check<R: WordRule>(rule: R, capacity: u64) {
+            let (_, state) = rule.decide(0, 1_000, 1);
+            for cost in [capacity + 1, u64::MAX / 2, u64::MAX - 1, u64::MAX] {
+                for now in [0, 1_000, u64::MAX / 2, u64::MAX] {
+                    let (decision, next) = rule.decide(state, now, cost);
+                    assert!(!decision.allowed(), "cost {cost} at {now}");
+                    assert_eq!(decision.retry_after_nanos(), u64::MAX);
+                    assert_eq!(next, state, "nothing changes");
+                }
+            }
+        }
+        let quota = Quota::per_second(10).unwrap();
+        check(Gcra::new(quota).unwrap(), 10);
+        check(LeakyQueue::new(quota).unwrap(), 10);
+        check(FixedWindow::new(quota).unwrap(), 10);
+        check(SlidingWindow::new(quota).unwrap(), 10);
+    }
 
     #[test]
     fn windows_are_recovered_from_rounded_intervals() {

@@ -11,10 +11,13 @@ use crate::clock::Nanos;
 use crate::decision::{Decision, Remaining};
 use crate::quota::{Quota, QuotaError};
 
+// The log as a plain ring, the reference the lock-free cell (`state::log`) is tested against.
+#[cfg(test)]
 #[path = "sliding_log/ring.rs"]
 mod ring;
 
-pub use self::ring::Ring;
+#[cfg(test)]
+pub(crate) use self::ring::Ring;
 #[cfg(test)]
 use self::ring::INLINE;
 
@@ -53,7 +56,7 @@ const MAX_WINDOW_TICKS: u64 = (1 << 31) - 2;
 /// 48-byte cell, where up to 6 slots live in the cell itself, so a short log needs no
 /// allocation and no second memory access; a longer log moves to a heap ring that grows by
 /// doubling up to `L` slots, and moves back into the cell once it is down to 3 entries. The
-/// pure rule also runs on a [`Ring`] (this module's reference, with 7 slots inline). A slot
+/// rule's tests also run it on a plain ring, the reference the cell is checked against. A slot
 /// holds its entry's time in *ticks* modulo 2^31; the tick is the finest of 1,
 /// 2, …, 64 ns, 1 µs, 10 µs, … that keeps `W` under 2^31 ticks (1 ns for `W` up to 2.1 s, 64 ns
 /// up to 137 s, 1 µs up to 35 min, 1 ms up to 24.8 days). An entry's time is rounded *up* to its
@@ -214,6 +217,7 @@ impl SlidingLog {
         }
     }
 
+    #[cfg(test)]
     /// Drops expired entries and brings the ring to this rule's tick.
     #[inline]
     fn prune(&self, ring: &mut Ring, now: Nanos) {
@@ -237,26 +241,11 @@ impl SlidingLog {
         u64::try_from(end.saturating_sub(now as u128)).unwrap_or(u64::MAX)
     }
 
+    #[cfg(test)]
     /// Decides `cost ≤ L` at `now`, appending the entries when `commit` and allowed: the pure
     /// rule over one key's ring (the limiter runs it under the key's lock).
-    ///
-    /// # Examples
-    /// ```
-    /// use tollgate::{algorithm::sliding_log::Ring, Quota, SlidingLog};
-    /// const MS: u64 = 1_000_000;
-    /// let rule = SlidingLog::new(Quota::per_second(2)?)?;
-    /// let mut ring = Ring::default();
-    /// assert!(rule.decide(&mut ring, 0, 1, true).allowed());
-    /// assert!(rule.decide(&mut ring, 400 * MS, 1, true).allowed());
-    /// // Two in the last second: denied until the entry at 0 leaves the window, at 1 s.
-    /// let d = rule.decide(&mut ring, 600 * MS, 1, true);
-    /// assert!(!d.allowed());
-    /// assert_eq!(d.retry_after().as_millis(), 400);
-    /// assert!(rule.decide(&mut ring, 1_000 * MS, 1, true).allowed());
-    /// # Ok::<(), tollgate::QuotaError>(())
-    /// ```
     #[inline]
-    pub fn decide(&self, ring: &mut Ring, now: Nanos, cost: u64, commit: bool) -> Decision {
+    pub(crate) fn decide(&self, ring: &mut Ring, now: Nanos, cost: u64, commit: bool) -> Decision {
         self.prune(ring, now);
         let count = ring.len() as u64;
         let allowed = count + cost <= self.limit;
@@ -367,42 +356,18 @@ impl SlidingLog {
         TICKS.get(usize::from(code).checked_sub(1)?).copied()
     }
 
+    #[cfg(test)]
     /// Removes up to `cost` of the newest live entries.
-    ///
-    /// # Examples
-    /// ```
-    /// use tollgate::{algorithm::sliding_log::Ring, Quota, SlidingLog};
-    /// let rule = SlidingLog::new(Quota::per_second(2)?)?;
-    /// let mut ring = Ring::default();
-    /// rule.decide(&mut ring, 0, 2, true);
-    /// assert!(!rule.decide(&mut ring, 0, 1, false).allowed());
-    /// // Give one unit back: the newest entry goes, and one more fits.
-    /// rule.refund(&mut ring, 0, 1);
-    /// assert_eq!(ring.len(), 1);
-    /// assert!(rule.decide(&mut ring, 0, 1, false).allowed());
-    /// # Ok::<(), tollgate::QuotaError>(())
-    /// ```
-    pub fn refund(&self, ring: &mut Ring, now: Nanos, cost: u64) {
+    pub(crate) fn refund(&self, ring: &mut Ring, now: Nanos, cost: u64) {
         self.prune(ring, now);
         for _ in 0..cost.min(ring.len() as u64) {
             ring.pop_back();
         }
     }
 
+    #[cfg(test)]
     /// Whether no entry counts at `now`.
-    ///
-    /// # Examples
-    /// ```
-    /// use tollgate::{algorithm::sliding_log::Ring, Quota, SlidingLog};
-    /// let rule = SlidingLog::new(Quota::per_second(2)?)?;
-    /// let mut ring = Ring::default();
-    /// rule.decide(&mut ring, 0, 1, true);
-    /// assert!(!rule.is_empty_at(&mut ring, 999_999_999));
-    /// // The entry at 0 stops counting at W = 1 s: the key can be forgotten.
-    /// assert!(rule.is_empty_at(&mut ring, 1_000_000_000));
-    /// # Ok::<(), tollgate::QuotaError>(())
-    /// ```
-    pub fn is_empty_at(&self, ring: &mut Ring, now: Nanos) -> bool {
+    pub(crate) fn is_empty_at(&self, ring: &mut Ring, now: Nanos) -> bool {
         self.prune(ring, now);
         ring.is_empty()
     }

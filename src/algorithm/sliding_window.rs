@@ -35,9 +35,8 @@ const MAX_LIMIT: u64 = COUNT_MASK;
 ///              keyed stores use it for their marks)
 /// ```
 /// In a limiter, stored indices are exact however long a key sits idle (the limiter re-anchors
-/// them every 2^22 − 2 windows, 70 min at W = 1 ms, see `Windowed`); the rule on its own
-/// ([`WordRule::decide`]) reads a state more than 2^23 − 16 windows old (2.3 h at W = 1 ms) as
-/// a recent one.
+/// them every 2^22 − 2 windows, 70 min at W = 1 ms, see `Windowed`); the packed state alone
+/// would read one more than 2^23 − 16 windows old (2.3 h at W = 1 ms) as a recent one.
 ///
 /// # Examples
 /// ```
@@ -274,6 +273,19 @@ fn pack(index: u64, prev: u64, cur: u64) -> u64 {
 mod tests {
     use super::*;
     use std::time::Duration;
+
+    /// The packed window index is read relative to the reading's own window.
+    #[test]
+    fn a_rule_on_its_own_reads_indices_relative_to_the_reading() {
+        use crate::algorithm::WordRule;
+        const MS: u64 = 1_000_000;
+        let rule = SlidingWindow::new(Quota::new(1, Duration::from_millis(1)).unwrap()).unwrap();
+        let (_, state) = rule.decide(0, 0, 1);
+        assert!(!rule.decide(state, MS / 2, 1).0.allowed());
+        assert!(rule.decide(state, 2 * MS, 1).0.allowed());
+        // Up to 2^23 − 16 windows later the state still reads as old (documented limit).
+        assert!(rule.decide(state, ((1 << 23) - 17) * MS, 1).0.allowed());
+    }
 
     const MS: u64 = 1_000_000;
 

@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use loom::sync::{Arc, RwLock};
 use loom::thread;
-use tollgate_loom_tests::algorithm::WordRule;
+use tollgate_loom_tests::WordRule;
 use tollgate_loom_tests::clock::Nanos;
 use tollgate_loom_tests::state::{AtomicWord, Retired};
 use tollgate_loom_tests::store::{

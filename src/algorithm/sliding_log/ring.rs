@@ -31,21 +31,8 @@ enum Slots {
 ///
 /// 40 bytes: a slot holds the low half of its entry's time, and the ring keeps only the high
 /// half of the newest entry's (all the entries lie within 2^31 ticks of it).
-///
-/// # Examples
-/// ```
-/// use tollgate::{algorithm::sliding_log::Ring, Quota, SlidingLog};
-/// // A log decided by the pure rule, from one thread (a limiter keeps a lock-free cell per key
-/// // instead, which decides the same).
-/// let rule = SlidingLog::new(Quota::per_second(3)?)?;
-/// let mut ring = Ring::default();
-/// assert!(rule.decide(&mut ring, 0, 3, true).allowed());
-/// assert!(!rule.decide(&mut ring, 0, 1, true).allowed());
-/// assert_eq!(ring.len(), 3);
-/// # Ok::<(), tollgate::QuotaError>(())
-/// ```
 #[derive(Debug)]
-pub struct Ring {
+pub(crate) struct Ring {
     /// The high half of the newest entry's time in ticks; the low half is the newest slot.
     newest_high: u32,
     /// The tick the slots are counted in, in ns (at most 1 s); 0 until the first entry.
@@ -260,53 +247,16 @@ impl Ring {
     }
 
     /// The number of entries; for tests and memory accounting.
-    ///
-    /// # Examples
-    /// ```
-    /// use tollgate::{algorithm::sliding_log::Ring, Quota, SlidingLog};
-    /// let rule = SlidingLog::new(Quota::per_second(100)?)?;
-    /// let mut ring = Ring::default();
-    /// rule.decide(&mut ring, 0, 3, true);
-    /// // One entry per admitted unit still in the window.
-    /// assert_eq!(ring.len(), 3);
-    /// # Ok::<(), tollgate::QuotaError>(())
-    /// ```
     pub fn len(&self) -> usize {
         self.head_len().1 as usize
     }
 
     /// Whether the log holds no entry.
-    ///
-    /// # Examples
-    /// ```
-    /// use tollgate::{algorithm::sliding_log::Ring, Quota, SlidingLog};
-    /// let rule = SlidingLog::new(Quota::per_second(100)?)?;
-    /// let mut ring = Ring::default();
-    /// assert!(ring.is_empty());
-    /// // A decision that does not commit leaves no entry.
-    /// assert!(rule.decide(&mut ring, 0, 1, false).allowed());
-    /// assert!(ring.is_empty());
-    /// # Ok::<(), tollgate::QuotaError>(())
-    /// ```
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
 
     /// Bytes of slot storage on the heap (0 while the log fits in its state).
-    ///
-    /// # Examples
-    /// ```
-    /// use tollgate::{algorithm::sliding_log::Ring, Quota, SlidingLog};
-    /// let rule = SlidingLog::new(Quota::per_second(100)?)?;
-    /// let mut ring = Ring::default();
-    /// // Seven entries fit in the state itself: no heap.
-    /// rule.decide(&mut ring, 0, 7, true);
-    /// assert_eq!(ring.slot_bytes(), 0);
-    /// // An eighth moves the log to a heap ring of 4-byte slots.
-    /// rule.decide(&mut ring, 0, 1, true);
-    /// assert!(ring.slot_bytes() >= 8 * 4);
-    /// # Ok::<(), tollgate::QuotaError>(())
-    /// ```
     pub fn slot_bytes(&self) -> usize {
         match &self.slots {
             Slots::Inline { .. } => 0,
