@@ -15,12 +15,12 @@ use std::time::Duration;
 
 use loom::sync::{Arc, RwLock};
 use loom::thread;
-use tollgate_loom_tests::WordRule;
 use tollgate_loom_tests::clock::Nanos;
 use tollgate_loom_tests::state::{AtomicWord, Retired};
 use tollgate_loom_tests::store::{
     word_table, Check, Evictor, Inserted, KeyTable, OverflowPolicy, StoreProtocol, WordTable,
 };
+use tollgate_loom_tests::WordRule;
 use tollgate_loom_tests::{Decision, Gcra, LimitError, Quota, Stored};
 
 use crate::{explore, explore_reaching, At, MS};

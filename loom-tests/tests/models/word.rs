@@ -7,9 +7,9 @@ use std::time::Duration;
 use loom::sync::atomic::{AtomicU64, Ordering};
 use loom::sync::Arc;
 use loom::thread;
-use tollgate_loom_tests::WordRule;
 use tollgate_loom_tests::clock::Nanos;
 use tollgate_loom_tests::state::AtomicWord;
+use tollgate_loom_tests::WordRule;
 use tollgate_loom_tests::{Decision, FixedWindow, Gcra, LeakyQueue, Quota, SlidingWindow, Stored};
 
 use crate::{explore, MS};
