@@ -418,28 +418,26 @@ fn run_pure<P: Pure>(
 }
 
 fn check_pure(p: Params, start: u64, ops: &[Op]) -> Result<(), TestCaseError> {
-    let q = p.quota();
+    fn word<R: Algorithm + WordRule>(
+        new: fn(Quota) -> Result<R, QuotaError>,
+        q: Quota,
+        algo: Algo,
+        start: u64,
+        ops: &[Op],
+    ) -> Result<(), TestCaseError> {
+        let r = new(q).unwrap();
+        run_pure(&Word(r, r.capacity()), algo, start, ops, 1)
+    }
+    let (q, algo) = (p.quota(), p.algo(1));
     match p.kind {
-        Kind::Gcra => {
-            let r = Gcra::new(q).unwrap();
-            run_pure(&Word(r, r.capacity()), p.algo(1), start, ops, 1)
-        }
-        Kind::LeakyQueue => {
-            let r = LeakyQueue::new(q).unwrap();
-            run_pure(&Word(r, r.capacity()), p.algo(1), start, ops, 1)
-        }
-        Kind::FixedWindow => {
-            let r = FixedWindow::new(q).unwrap();
-            run_pure(&Word(r, r.capacity()), p.algo(1), start, ops, 1)
-        }
-        Kind::SlidingWindow => {
-            let r = SlidingWindow::new(q).unwrap();
-            run_pure(&Word(r, r.capacity()), p.algo(1), start, ops, 1)
-        }
+        Kind::Gcra => word(Gcra::new, q, algo, start, ops),
+        Kind::LeakyQueue => word(LeakyQueue::new, q, algo, start, ops),
+        Kind::FixedWindow => word(FixedWindow::new, q, algo, start, ops),
+        Kind::SlidingWindow => word(SlidingWindow::new, q, algo, start, ops),
         Kind::SlidingLog => {
             let r = SlidingLog::new(q).unwrap();
             // Times on the tick: the log is the SPEC's exact log.
-            run_pure(&r, p.algo(1), start, ops, r.tick_nanos())
+            run_pure(&r, algo, start, ops, r.tick_nanos())
         }
     }
 }

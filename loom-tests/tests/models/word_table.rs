@@ -20,6 +20,11 @@ use tollgate_loom_tests::{Gcra, Quota, Stored};
 
 use crate::{explore_reaching, same_shard_keys, At, Copies, Hasher, MS};
 
+/// The start of the String models' long keys: over 71 bytes, so they stay on the heap in the
+/// table's own slots (a text of 24 to 71 bytes goes to a wider table, made in a `OnceLock`
+/// loom does not see).
+const LONG_TEXT: &str = "a-client-name-longer-than-the-71-bytes-that-a-string-table-keeps-inline-";
+
 pub(crate) const NOW: Nanos = 5 * MS;
 
 /// GCRA's marks (`TAT_MARKS` in `src/store/stored.rs`): a mismatch would show as lost admissions.
@@ -421,10 +426,7 @@ fn keys_with_drop_glue_move_and_drop_once_racing_an_admission() {
 #[test]
 fn string_keys_inline_and_on_the_heap_move_racing_an_admission() {
     let short = same_shard_texts("c-", 3);
-    let long = same_shard_texts(
-        "a-client-name-longer-than-the-71-bytes-that-a-string-table-keeps-inline-",
-        3,
-    );
+    let long = same_shard_texts(LONG_TEXT, 3);
     let keys: Vec<String> = short
         .into_iter()
         .zip(long)
@@ -507,14 +509,7 @@ where
 #[test]
 fn a_string_key_is_read_only_once_published() {
     let mut short = same_shard_texts("c-", 2);
-    let keys = [
-        short.remove(1),
-        same_shard_texts(
-            "a-client-name-longer-than-the-71-bytes-that-a-string-table-keeps-inline-",
-            1,
-        )
-        .remove(0),
-    ];
+    let keys = [short.remove(1), same_shard_texts(LONG_TEXT, 1).remove(0)];
     let first = short.remove(0);
     explore_reaching(
         "word table: String key published vs lock-free lookup",
