@@ -277,9 +277,10 @@ impl<T> UnsafeCell<T> {
     }
 }
 
-/// How long a shard's lock is waited for by spinning before the thread sleeps on it: a few
-/// times the longest hold (a drain step, a page of a table built ahead: 2-3 µs), and under
-/// the wake-up a sleeper pays on a VM (tens of µs). parking_lot alone spins for a few µs.
+/// How long a lock is waited for by spinning before the thread sleeps on it: a few times the
+/// longest hold, a word table shard's (a drain step, a page of a table built ahead: 2-3 µs;
+/// the crate's other locks are held for less), and under the wake-up a sleeper pays on a VM
+/// (tens of µs). parking_lot alone spins for a few µs.
 const SPIN_FOR: std::time::Duration = std::time::Duration::from_micros(20);
 
 /// A mutex whose `lock` never fails (parking_lot does not poison).
