@@ -3,7 +3,7 @@
 //! The format (the `tollgate replay` trace format): one request a line,
 //! `t_ms[+duration_ms],key[,cost[,method,path]]`; `t_ms` a non-negative integer of
 //! milliseconds, non-decreasing; `duration_ms`, how long the request ran, read only by an
-//! in-flight replay ([`InFlightReplayer`]); cost defaults to 1 (`tollgate replay --config`: to the policy's cost), and
+//! in-flight replay (`tollgate replay --in-flight`); cost defaults to 1 (`tollgate replay --config`: to the policy's cost), and
 //! may be left empty before a method and path; the method is an HTTP method token and the path
 //! starts with `/` (the rest of the line: it may hold commas). Blank lines and lines starting
 //! with `#` are skipped. The origin is `t = 0` of the trace; no wall clock.
@@ -32,11 +32,9 @@
 use std::fmt;
 use std::time::Duration;
 
-mod in_flight;
 mod trace;
 
-pub use self::in_flight::{HeldUntil, InFlightReplayer};
-pub use self::trace::{parse_line, Request, TraceCost, TraceError, TraceReader};
+pub use self::trace::{Request, TraceCost, TraceError, TraceReader};
 
 use crate::clock::ManualClock;
 use crate::limiter::any::AnyKeyed;
@@ -80,15 +78,8 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
 }
 
 /// Nanoseconds printed as milliseconds, exactly: `1500000` as `1.5`, `1` as `0.000001`.
-///
-/// # Examples
-/// ```
-/// use tollgate::replay::Millis;
-/// assert_eq!(Millis(250_000_000).to_string(), "250");
-/// assert_eq!(Millis(1_500_000).to_string(), "1.5");
-/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Millis(pub u64);
+struct Millis(u64);
 
 impl fmt::Display for Millis {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -241,13 +232,16 @@ impl Replayer {
     /// ```
     /// use std::time::Duration;
     /// use tollgate::AlgorithmName;
-    /// use tollgate::replay::{parse_line, TraceOutcome, Replayer};
+    /// use tollgate::replay::{TraceOutcome, TraceReader, Replayer};
     /// let mut replayer = Replayer::new(AlgorithmName::Gcra, 1, Duration::from_secs(1), None)?;
-    /// let first = parse_line("0,k", 1)?.unwrap();
-    /// assert_eq!(replayer.decide(&first), TraceOutcome::Allow { delay_nanos: None });
-    /// assert_eq!(replayer.decide(&parse_line("999,k", 2)?.unwrap()), TraceOutcome::Deny);
+    /// let mut reader = TraceReader::new("0,k\n999,k\n1000,k\n".as_bytes());
+    /// let mut outcomes = Vec::new();
+    /// while let Some(request) = reader.next_request() {
+    ///     outcomes.push(replayer.decide(&request?));
+    /// }
+    /// let allow = TraceOutcome::Allow { delay_nanos: None };
     /// // The trace's time, not the wall clock: a second later in the trace, admitted again.
-    /// assert!(replayer.decide(&parse_line("1000,k", 3)?.unwrap()).is_allow());
+    /// assert_eq!(outcomes, [allow, TraceOutcome::Deny, allow]);
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn decide(&mut self, request: &Request) -> TraceOutcome {
@@ -270,6 +264,7 @@ impl Replayer {
 
 #[cfg(test)]
 mod tests {
+    use super::trace::parse_line;
     use super::*;
 
     #[test]

@@ -443,6 +443,8 @@ fn away_from_a_window_end(window: Duration, margin: Duration) {
 }
 
 /// Waits for the charges of a recovery to land: global mode, and nothing left to reconcile.
+/// `within` is a deadline against a recovery that never comes, tens of probe intervals long,
+/// not a claim on speed.
 async fn wait_reconciled(limiter: &GuardedLimiter, within: Duration) {
     let started = Instant::now();
     while limiter.mode() != GuardMode::Global || limiter.unreconciled() > 0 {

@@ -25,6 +25,15 @@ impl Format {
     }
 }
 
+/// Nanoseconds as milliseconds, exactly, as the library's replay prints a delay: `1500000` as
+/// `1.5`, `1` as `0.000001`.
+pub(crate) fn exact_millis(ns: u64) -> String {
+    match (ns / 1_000_000, ns % 1_000_000) {
+        (ms, 0) => ms.to_string(),
+        (ms, rest) => format!("{ms}.{}", format!("{rest:06}").trim_end_matches('0')),
+    }
+}
+
 pub(crate) fn parse_algorithm(text: &str) -> Result<AlgorithmName, String> {
     text.parse()
 }
@@ -48,5 +57,16 @@ pub(crate) struct Fatal(pub(crate) String);
 impl<E: std::fmt::Display> From<E> for Fatal {
     fn from(e: E) -> Self {
         Fatal(e.to_string())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn delays_print_as_exact_milliseconds() {
+        assert_eq!(super::exact_millis(250_000_000), "250");
+        assert_eq!(super::exact_millis(1_500_000), "1.5");
+        assert_eq!(super::exact_millis(1), "0.000001");
+        assert_eq!(super::exact_millis(0), "0");
     }
 }

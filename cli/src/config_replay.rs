@@ -27,13 +27,14 @@ use std::time::Duration;
 
 use http::{HeaderName, HeaderValue};
 use tokio::sync::mpsc;
-use tollgate::replay::{HeldUntil, Millis, Request as Line, TraceCost, TraceReader};
+use tollgate::replay::{Request as Line, TraceCost, TraceReader};
 use tollgate::tower::config::LayerConfig;
 use tollgate::tower::{Evaluation, Key, Outcome};
 use tollgate::wait::TokioClock;
 use tollgate::OwnedInFlightPermit;
 
-use crate::common::{Fatal, Format};
+use crate::common::{exact_millis, Fatal, Format};
+use crate::in_flight::HeldUntil;
 
 /// What the run reads and prints.
 pub(crate) struct Options<'a> {
@@ -302,7 +303,7 @@ impl<'a> Printer<'a> {
             }
             if e.outcome == Outcome::Delayed {
                 let waited = u64::try_from(e.waited.as_nanos()).unwrap_or(u64::MAX);
-                write!(out, " {}", Millis(waited))?;
+                write!(out, " {}", exact_millis(waited))?;
             }
             return writeln!(out);
         }

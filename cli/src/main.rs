@@ -25,17 +25,17 @@ use std::time::Duration;
 
 mod common;
 mod config_replay;
+mod in_flight;
 mod plot;
 mod report;
 
 use clap::{Args, Parser, Subcommand};
 use common::{parse_algorithm, Fatal, Format};
+use in_flight::InFlightReplayer;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use plot::{Chart, Timeline};
 use report::{Report, Setting};
-use tollgate::replay::{
-    parse_duration, InFlightReplayer, Replayer, Request, TraceOutcome, TraceReader,
-};
+use tollgate::replay::{parse_duration, Replayer, Request, TraceOutcome, TraceReader};
 use tollgate::AlgorithmName;
 
 #[derive(Parser)]

@@ -457,14 +457,7 @@ impl<C: RedisConnection> RedisLimiter<C> {
         let mut key = match at {
             // The key's hash tag picks the slot; the suffix keeps it apart from the state.
             Some(key) if !key.is_empty() => self.redis_key(key),
-            _ => {
-                let segment = self.rule.key_segment().as_bytes();
-                let mut key = Vec::with_capacity(self.prefix.len() + segment.len() + 8);
-                key.extend_from_slice(&self.prefix);
-                key.push(b':');
-                key.extend_from_slice(segment);
-                key
-            }
+            _ => key_head(&self.prefix, self.rule.key_segment(), b":probe".len()),
         };
         key.extend_from_slice(b":probe");
         let mut set = redis::cmd("SET");
@@ -695,10 +688,7 @@ impl<C> RedisLimiter<C> {
 /// client's bytes can neither close the hash tag early (and pick another Cluster slot) nor
 /// make two keys one.
 pub(crate) fn state_key(prefix: &[u8], segment: &str, key: &[u8]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(prefix.len() + segment.len() + key.len() + 4);
-    out.extend_from_slice(prefix);
-    out.push(b':');
-    out.extend_from_slice(segment.as_bytes());
+    let mut out = key_head(prefix, segment, key.len() + 3);
     out.extend_from_slice(b":{");
     for &b in key {
         match b {
@@ -708,6 +698,15 @@ pub(crate) fn state_key(prefix: &[u8], segment: &str, key: &[u8]) -> Vec<u8> {
         }
     }
     out.push(b'}');
+    out
+}
+
+/// `<prefix>:<segment>`, the head of every key a rule writes, with room for `more` bytes after.
+fn key_head(prefix: &[u8], segment: &str, more: usize) -> Vec<u8> {
+    let mut out = Vec::with_capacity(prefix.len() + 1 + segment.len() + more);
+    out.extend_from_slice(prefix);
+    out.push(b':');
+    out.extend_from_slice(segment.as_bytes());
     out
 }
 

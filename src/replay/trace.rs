@@ -8,11 +8,11 @@ use std::io::BufRead;
 ///
 /// # Examples
 /// ```
-/// use tollgate::replay::{parse_line, TraceCost};
-/// assert_eq!(parse_line("10,alice,3", 1)?.unwrap().cost, Some(TraceCost::Units(3)));
+/// use tollgate::replay::{TraceCost, TraceReader};
+/// let mut reader = TraceReader::new("10,alice,3\n10,alice,99999999999999999999999\n".as_bytes());
+/// assert_eq!(reader.next_request().unwrap()?.cost, Some(TraceCost::Units(3)));
 /// // Too many digits for u64: kept (and decided as an error) rather than refused as a bad line.
-/// let huge = parse_line("10,alice,99999999999999999999999", 1)?.unwrap();
-/// assert_eq!(huge.cost, Some(TraceCost::Unbounded));
+/// assert_eq!(reader.next_request().unwrap()?.cost, Some(TraceCost::Unbounded));
 /// # Ok::<(), tollgate::replay::TraceError>(())
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -27,16 +27,18 @@ pub enum TraceCost {
 ///
 /// # Examples
 /// ```
-/// use tollgate::replay::{parse_line, TraceCost, Request};
-/// let request = parse_line("1500,alice", 7)?.unwrap();
-/// let expected = Request { line: 7, t_ms: 1500, duration_ms: None, key: "alice", cost: None, method: None, path: None };
+/// use tollgate::replay::{TraceCost, TraceReader, Request};
+/// let trace = "1500,alice\n1500,203.0.113.7,,POST,/api/export?fields=a,b\n1500+250,alice\n";
+/// let mut reader = TraceReader::new(trace.as_bytes());
+/// let request = reader.next_request().unwrap()?;
+/// let expected = Request { line: 1, t_ms: 1500, duration_ms: None, key: "alice", cost: None, method: None, path: None };
 /// assert_eq!(request, expected);
 /// assert_eq!(request.units(), TraceCost::Units(1));
 /// // With a method and a path (for `tollgate replay --config`), the cost may be left empty.
-/// let routed = parse_line("1500,203.0.113.7,,POST,/api/export?fields=a,b", 8)?.unwrap();
+/// let routed = reader.next_request().unwrap()?;
 /// assert_eq!((routed.cost, routed.method, routed.path), (None, Some("POST"), Some("/api/export?fields=a,b")));
 /// // With how long it ran (for `tollgate replay --in-flight`): started at 1500 ms, took 250 ms.
-/// assert_eq!(parse_line("1500+250,alice", 9)?.unwrap().duration_ms, Some(250));
+/// assert_eq!(reader.next_request().unwrap()?.duration_ms, Some(250));
 /// # Ok::<(), tollgate::replay::TraceError>(())
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -94,16 +96,7 @@ impl fmt::Display for TraceError {
 impl std::error::Error for TraceError {}
 
 /// Parses one line. `Ok(None)` for a blank line or a comment.
-///
-/// # Examples
-/// ```
-/// use tollgate::replay::{parse_line, TraceCost};
-/// let r = parse_line("1500,alice,3", 1).unwrap().unwrap();
-/// assert_eq!((r.t_ms, r.key, r.units()), (1500, "alice", TraceCost::Units(3)));
-/// assert_eq!(parse_line("# comment", 2), Ok(None));
-/// assert!(parse_line("soon,alice", 3).is_err());
-/// ```
-pub fn parse_line(line: &str, number: usize) -> Result<Option<Request<'_>>, TraceError> {
+pub(crate) fn parse_line(line: &str, number: usize) -> Result<Option<Request<'_>>, TraceError> {
     let line = line.strip_suffix('\r').unwrap_or(line);
     if line.trim().is_empty() || line.starts_with('#') {
         return Ok(None);
