@@ -56,8 +56,7 @@
 //!   Cluster slot on a Cluster; the calls are pipelined).
 //! - **Several limits** on a key (10 a second and 1,000 an hour): [`RedisLimiter::with_rules`]
 //!   gives a [`RedisMultiLimiter`], which decides them all in one script call, all or nothing.
-//! - **Time injection**, for tests and replay only: [`RedisLimiter::check_n_at`],
-//!   [`RedisLimiter::check_batch_at`]; [`replay_trace`] decides a trace for
+//! - **Trace replay** in the trace's own time: [`replay_trace`] decides a trace for
 //!   `tollgate replay --redis URL` with the very [`TraceOutcome`](crate::replay::TraceOutcome)s the
 //!   in-process replay prints, and [`replay`] returns full decisions.
 //! - **Errors** ([`TierError`]) are classified as transient (timeout, refused or dropped connection,
@@ -193,6 +192,8 @@
 
 mod error;
 mod exact;
+#[cfg(test)]
+mod exact_tests;
 mod guard;
 mod lease;
 mod replay;
@@ -202,8 +203,8 @@ mod scripts;
 pub use self::error::{ErrorClass, TierError};
 pub use self::exact::{
     LazyClusterConnection, RedisConnection, RedisLimiter, RedisLimiterBuilder, RedisMultiLimiter,
-    DEFAULT_CONNECT_TIMEOUT, DEFAULT_INJECTED_MIN_TTL, DEFAULT_MAX_BATCH, DEFAULT_TIMEOUT,
-    TCP_KEEPALIVE_IDLE, TCP_KEEPALIVE_INTERVAL, TCP_KEEPALIVE_RETRIES, TCP_USER_TIMEOUT,
+    DEFAULT_CONNECT_TIMEOUT, DEFAULT_MAX_BATCH, DEFAULT_TIMEOUT, TCP_KEEPALIVE_IDLE,
+    TCP_KEEPALIVE_INTERVAL, TCP_KEEPALIVE_RETRIES, TCP_USER_TIMEOUT,
 };
 pub use self::guard::{
     BreakerState, FailureHandling, FailurePolicy, GuardMode, GuardedLimiter, HandlingError,

@@ -71,17 +71,11 @@ pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
 /// ```
 pub const DEFAULT_MAX_BATCH: usize = 256;
 
-/// The default TTL floor for keys written with an injected time (see
-/// [`RedisLimiterBuilder::injected_min_ttl`]).
-///
-/// # Examples
-/// ```
-/// use std::time::Duration;
-/// use tollgate::redis::DEFAULT_INJECTED_MIN_TTL;
-/// // A replay with injected times keeps its keys for at least an hour.
-/// assert_eq!(DEFAULT_INJECTED_MIN_TTL, Duration::from_secs(3600));
-/// ```
-pub const DEFAULT_INJECTED_MIN_TTL: Duration = Duration::from_secs(3600);
+/// The shortest TTL given to a key written with an injected time. The server cannot see an
+/// injected clock, so the TTL it computes from one could expire a key while the injected time
+/// has not yet caught up (a replay running slower than its trace); this floor keeps state for
+/// the duration of a test or replay. Live checks are unaffected.
+const INJECTED_MIN_TTL: Duration = Duration::from_secs(3600);
 
 /// How long a connection made by [`RedisLimiterBuilder`] stays idle before TCP keepalive
 /// probes start (10 s): a peer that vanished without a word (a host gone, a firewall that
@@ -237,7 +231,6 @@ impl RedisLimiter {
             timeout: DEFAULT_TIMEOUT,
             connect_timeout: DEFAULT_CONNECT_TIMEOUT,
             max_batch: DEFAULT_MAX_BATCH,
-            injected_min_ttl: DEFAULT_INJECTED_MIN_TTL,
             coalesce: true,
         }
     }
@@ -530,32 +523,19 @@ impl<C: RedisConnection> RedisLimiter<C> {
     }
 }
 
-/// # Injected time (tests and trace replay only)
-///
-/// These take the time of each request as nanoseconds since the Unix epoch instead of reading
-/// the server's clock. Windows are aligned to that epoch, so a trace whose times start at 0 is
-/// decided exactly as `tollgate replay` decides it in-process. Do not mix injected and live
-/// checks on one key: a state records the newest time it has seen, and an injected time far
-/// from the server's would hold it there. Use a [prefix](RedisLimiterBuilder::prefix) of
-/// their own.
+/// Injected time, for trace replay and the tests: these take the time of each request as
+/// nanoseconds since the Unix epoch instead of reading the server's clock. Windows are aligned
+/// to that epoch, so a trace whose times start at 0 is decided exactly as `tollgate replay`
+/// decides it in-process. Injected and live checks must not meet on one key (a state records
+/// the newest time it has seen, and an injected time far from the server's would hold it
+/// there): replay runs under a prefix of its own.
 impl<C: RedisConnection> RedisLimiter<C> {
     /// [`RedisLimiter::check_n`] at the injected time `at_nanos`.
     ///
     /// # Errors
     /// As for [`RedisLimiter::check_n`].
-    ///
-    /// # Examples
-    /// ```no_run
-    /// # use tollgate::redis::RedisLimiter;
-    /// # async fn demo(limiter: RedisLimiter) -> Result<(), tollgate::redis::TierError> {
-    /// // GCRA, 1 per second: the second request 10 ms later waits 990 ms.
-    /// const MS: u64 = 1_000_000;
-    /// assert!(limiter.check_n_at("k", 1, 0).await?.allowed());
-    /// let d = limiter.check_n_at("k", 1, 10 * MS).await?;
-    /// assert_eq!(d.retry_after_nanos(), 990 * MS);
-    /// # Ok(()) }
-    /// ```
-    pub async fn check_n_at(
+    #[cfg(test)]
+    pub(crate) async fn check_n_at(
         &self,
         key: impl AsRef<[u8]>,
         cost: u64,
@@ -568,15 +548,8 @@ impl<C: RedisConnection> RedisLimiter<C> {
     ///
     /// # Errors
     /// As for [`RedisLimiter::check_n`].
-    ///
-    /// # Examples
-    /// ```no_run
-    /// # use tollgate::redis::RedisLimiter;
-    /// # async fn demo(limiter: RedisLimiter) -> Result<(), tollgate::redis::TierError> {
-    /// let would = limiter.peek_at("k", 1, 1_700_000_000_000_000_000).await?;
-    /// # Ok(()) }
-    /// ```
-    pub async fn peek_at(
+    #[cfg(test)]
+    pub(crate) async fn peek_at(
         &self,
         key: impl AsRef<[u8]>,
         cost: u64,
@@ -587,18 +560,7 @@ impl<C: RedisConnection> RedisLimiter<C> {
 
     /// [`RedisLimiter::check_batch`] with an injected time per request: `(key, cost,
     /// at_nanos)`.
-    ///
-    /// # Examples
-    /// ```no_run
-    /// # use tollgate::redis::RedisLimiter;
-    /// # async fn demo(limiter: RedisLimiter) {
-    /// const MS: u64 = 1_000_000;
-    /// let results = limiter
-    ///     .check_batch_at([("alice", 1, 0), ("alice", 1, 250 * MS), ("bob", 2, 250 * MS)])
-    ///     .await;
-    /// # }
-    /// ```
-    pub async fn check_batch_at<I, K>(&self, requests: I) -> Vec<Result<Decision, TierError>>
+    pub(crate) async fn check_batch_at<I, K>(&self, requests: I) -> Vec<Result<Decision, TierError>>
     where
         I: IntoIterator<Item = (K, u64, u64)>,
         K: AsRef<[u8]>,

@@ -24,7 +24,6 @@ pub struct RedisLimiterBuilder {
     pub(super) timeout: Duration,
     pub(super) connect_timeout: Duration,
     pub(super) max_batch: usize,
-    pub(super) injected_min_ttl: Duration,
     pub(super) coalesce: bool,
 }
 
@@ -110,29 +109,6 @@ impl RedisLimiterBuilder {
     /// ```
     pub fn max_batch(mut self, max_batch: usize) -> Self {
         self.max_batch = max_batch.max(1);
-        self
-    }
-
-    /// The shortest TTL given to a key written with an injected time (default 1 h). The
-    /// server cannot see an injected clock, so the TTL it computes from one could expire a key
-    /// while the injected time has not yet caught up (a replay running slower than its trace);
-    /// this floor keeps state for the duration of a test or replay. Live checks are unaffected.
-    ///
-    /// # Examples
-    /// ```no_run
-    /// use std::time::Duration;
-    /// use tollgate::{Quota, redis::{RedisLimiter, RedisRule}};
-    /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
-    /// let rule = RedisRule::gcra(Quota::per_second(10)?)?;
-    /// // A replay of a day-long trace at reduced speed: keep keys for a day.
-    /// let limiter = RedisLimiter::builder(rule)
-    ///     .injected_min_ttl(Duration::from_secs(86_400))
-    ///     .connect("redis://127.0.0.1/")
-    ///     .await?;
-    /// # Ok(()) }
-    /// ```
-    pub fn injected_min_ttl(mut self, ttl: Duration) -> Self {
-        self.injected_min_ttl = ttl;
         self
     }
 
@@ -397,7 +373,7 @@ impl RedisLimiterBuilder {
         conn: C,
         remake: Option<MakeConnection<C>>,
     ) -> RedisLimiter<C> {
-        let ms = u64::try_from(self.injected_min_ttl.as_millis()).unwrap_or(u64::MAX);
+        let ms = u64::try_from(INJECTED_MIN_TTL.as_millis()).unwrap_or(u64::MAX);
         let heal = remake.map(|make| {
             Arc::new(Heal {
                 replaced: AtomicBool::new(false),

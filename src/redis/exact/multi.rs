@@ -185,20 +185,10 @@ impl<C: RedisConnection> RedisMultiLimiter<C> {
             .map(|(decision, _)| decision)
     }
 
-    /// [`RedisMultiLimiter::check_n`] at the injected time `at_nanos` (tests and trace replay
-    /// only; see [`RedisLimiter::check_n_at`]).
-    ///
-    /// # Errors
-    /// As for [`RedisMultiLimiter::check_n`].
-    ///
-    /// # Examples
-    /// ```no_run
-    /// # use tollgate::redis::RedisMultiLimiter;
-    /// # async fn demo(limiter: RedisMultiLimiter) -> Result<(), tollgate::redis::TierError> {
-    /// let d = limiter.check_n_at("k", 1, 1_700_000_000_000_000_000).await?;
-    /// # Ok(()) }
-    /// ```
-    pub async fn check_n_at(
+    /// [`RedisMultiLimiter::check_n`] at the injected time `at_nanos` (see
+    /// [`RedisLimiter::check_n_at`]).
+    #[cfg(test)]
+    pub(crate) async fn check_n_at(
         &self,
         key: impl AsRef<[u8]>,
         cost: u64,

@@ -3,14 +3,13 @@
 //! `KeyedLimiter` (time injected on both sides), typed errors, TTLs, timeouts, replay, and a
 //! global-limit test with four limiters hammering one key.
 //!
-//! Run with `cargo test --features redis --test redis_exact`. Without `redis-server` installed
+//! A unit test, for the injected-time checks are the crate's own: run with
+//! `cargo test --features redis --lib redis::exact_tests`. Without `redis-server` installed
 //! the tests print SKIPPED and pass (outside CI; under CI they fail).
 
-#![cfg(feature = "redis")]
-
-#[path = "support/redis_client.rs"]
+#[path = "../../tests/support/redis_client.rs"]
 mod redis_client;
-#[path = "support/redis_server.rs"]
+#[path = "../../tests/support/redis_server.rs"]
 mod redis_server;
 
 use std::future::Future;
@@ -19,21 +18,21 @@ use std::sync::Arc;
 use std::task::Poll;
 use std::time::{Duration, Instant};
 
+use crate::clock::ManualClock;
+use crate::redis::{
+    replay, replay_trace, RedisConnection, RedisLimiter, RedisRule, ReplayError, TierError,
+};
+use crate::replay::{Replayer, TraceReader};
+use crate::AlgorithmName;
+use crate::{
+    Decision, FixedWindow, Gcra, KeyedLimiter, LeakyQueue, MultiLimiter, Quota, SlidingLog,
+    SlidingWindow,
+};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestCaseError, TestRunner};
 use redis::aio::ConnectionManager;
 use redis_client::{connect_cluster, master_of};
 use redis_server::{RedisCluster, RedisServer};
-use tollgate::clock::ManualClock;
-use tollgate::redis::{
-    replay, replay_trace, RedisConnection, RedisLimiter, RedisRule, ReplayError, TierError,
-};
-use tollgate::replay::{Replayer, TraceReader};
-use tollgate::AlgorithmName;
-use tollgate::{
-    Decision, FixedWindow, Gcra, KeyedLimiter, LeakyQueue, MultiLimiter, Quota, SlidingLog,
-    SlidingWindow,
-};
 
 const MS: u64 = 1_000_000;
 const SEC: u64 = 1_000_000_000;
@@ -86,7 +85,7 @@ fn figures(d: &Decision) -> Figures {
     )
 }
 
-fn from_redis(r: Result<Decision, TierError>) -> Result<Figures, tollgate::LimitError> {
+fn from_redis(r: Result<Decision, TierError>) -> Result<Figures, crate::LimitError> {
     match r {
         Ok(d) => Ok(figures(&d)),
         Err(e) => Err(e
@@ -139,7 +138,7 @@ impl Reference {
         }
     }
 
-    fn decide(&self, key: &str, cost: u64, peek: bool) -> Result<Figures, tollgate::LimitError> {
+    fn decide(&self, key: &str, cost: u64, peek: bool) -> Result<Figures, crate::LimitError> {
         let decision =
             with_reference!(self, l => if peek { l.peek(key, cost) } else { l.check_n(key, cost) });
         decision.map(|d| figures(&d))
@@ -164,8 +163,8 @@ async fn both<C: RedisConnection>(
     trace: &[Request],
     batched: bool,
 ) -> (
-    Vec<Result<Figures, tollgate::LimitError>>,
-    Vec<Result<Figures, tollgate::LimitError>>,
+    Vec<Result<Figures, crate::LimitError>>,
+    Vec<Result<Figures, crate::LimitError>>,
 ) {
     let clock = ManualClock::new();
     let reference = Reference::new(name, quota, &clock);
@@ -198,8 +197,8 @@ async fn both<C: RedisConnection>(
 
 /// Asserts that both sides agree on every request, naming the first difference.
 fn assert_same(
-    expected: &[Result<Figures, tollgate::LimitError>],
-    actual: &[Result<Figures, tollgate::LimitError>],
+    expected: &[Result<Figures, crate::LimitError>],
+    actual: &[Result<Figures, crate::LimitError>],
     trace: &[Request],
     what: &str,
 ) {
@@ -232,7 +231,7 @@ fn at(times_ms: &[u64], key: &'static str) -> Vec<Request> {
         .collect()
 }
 
-fn allowed(outcomes: &[Result<Figures, tollgate::LimitError>]) -> Vec<bool> {
+fn allowed(outcomes: &[Result<Figures, crate::LimitError>]) -> Vec<bool> {
     outcomes.iter().map(|o| matches!(o, Ok(f) if f.0)).collect()
 }
 
@@ -467,7 +466,7 @@ enum MultiReference {
 
 impl MultiReference {
     fn new(name: &str, quotas: &[Quota], clock: &ManualClock) -> MultiReference {
-        fn of<A: tollgate::Algorithm>(
+        fn of<A: crate::Algorithm>(
             quotas: &[Quota],
             rule: impl Fn(Quota) -> A,
             clock: &ManualClock,
@@ -492,7 +491,7 @@ impl MultiReference {
         }
     }
 
-    fn decide(&self, key: &str, cost: u64) -> Result<Figures, tollgate::LimitError> {
+    fn decide(&self, key: &str, cost: u64) -> Result<Figures, crate::LimitError> {
         let decision = match self {
             MultiReference::Gcra(l) => l.check_n(key, cost),
             MultiReference::Queue(l) => l.check_n(key, cost),
@@ -783,7 +782,7 @@ fn coalesced_checks_of_one_key_keep_their_arrival_order() {
 /// Awaits one-key checks spawned in arrival order on a bucket of `burst` that never empties:
 /// the i-th must see `burst − 1 − i` remaining (the server decided it i-th).
 async fn in_arrival_order(
-    tasks: Vec<tokio::task::JoinHandle<Result<Decision, tollgate::redis::TierError>>>,
+    tasks: Vec<tokio::task::JoinHandle<Result<Decision, crate::redis::TierError>>>,
     burst: u64,
     round: usize,
 ) {
@@ -1181,12 +1180,12 @@ fn capacity_errors_send_nothing() {
             let e = l.check_n("k", 11).await.unwrap_err();
             assert_eq!(
                 e.as_capacity_exceeded(),
-                Some(tollgate::LimitError::CapacityExceeded {
+                Some(crate::LimitError::CapacityExceeded {
                     cost: 11,
                     capacity: 10
                 })
             );
-            assert_eq!(e.class(), tollgate::redis::ErrorClass::Request);
+            assert_eq!(e.class(), crate::redis::ErrorClass::Request);
         }
         let mut raw = conn.clone();
         let keys: usize = redis::cmd("DBSIZE").query_async(&mut raw).await.unwrap();
@@ -1831,7 +1830,7 @@ fn a_log_cleans_expired_entries_a_bounded_number_per_call() {
 /// charged at least its answered checks and at most those and its given-up ones.
 #[test]
 fn callers_that_give_up_harm_no_other_check() {
-    use tollgate::redis::{FailureHandling, FailurePolicy, GuardMode};
+    use crate::redis::{FailureHandling, FailurePolicy, GuardMode};
     let Some(server) = RedisServer::start() else {
         return;
     };
@@ -2000,7 +1999,7 @@ fn a_state_ahead_of_the_server_clock_keeps_its_whole_ttl() {
 /// probe key answers; once it resumes, the breaker closes.
 #[test]
 fn the_probe_tests_the_slot_that_failed() {
-    use tollgate::redis::{FailureHandling, FailurePolicy, GuardMode};
+    use crate::redis::{FailureHandling, FailurePolicy, GuardMode};
     let Some(cluster) = RedisCluster::start(3) else {
         return;
     };
