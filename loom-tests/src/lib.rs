@@ -166,6 +166,7 @@ pub mod store {
     //! count, `max_keys`, overflow, eviction) written against it, and the lock-free word table
     //! over loom's atomics, mutex, `Arc` and per-thread values.
 
+    pub(crate) use crate::cell;
     pub use crate::cell::TableCell;
     pub use crate::dashmap_store::DashMapStore;
     pub use crate::keyed_store::{Carry, Evictor, Inserted, KeyedStore, StoreProtocol};
@@ -174,7 +175,7 @@ pub mod store {
     pub use crate::table::{Check, KeyTable, OverflowPolicy, Reserve};
     pub use crate::word_table::WordTable;
 
-    /// A word table whose drains visit `slots` slots a call (16 in the library): a model's
+    /// A word table whose drains visit `slots` slots a call (`DRAIN_STEP` in the library): a model's
     /// 8-slot tables then drain over several calls.
     pub fn with_drain_step<K, H>(mut store: WordTable<K, H>, slots: usize) -> WordTable<K, H>
     where

@@ -6,9 +6,25 @@
 //! its header (a tombstone) or frozen and then marked (a move). The table's protocol (module
 //! docs of `word_table.rs`) is the same for both.
 
-use super::word_table::ZeroedIsFresh;
 use crate::state::{AtomicWord, LogCell, LogState, Retired};
 use crate::sync::MODEL_CHECKED;
+
+/// A promise that a value whose bytes are all zero is a valid value of some type, and the very
+/// value a new table starts with (see [`TableCell::ZEROED`]).
+#[derive(Debug, Clone, Copy)]
+pub struct ZeroedIsFresh(());
+
+impl ZeroedIsFresh {
+    /// The promise.
+    ///
+    /// # Safety
+    /// All-zero bytes are a valid value of the type it is given for, the value a new table's
+    /// slot (or tag) starts with, and the type has no drop glue.
+    #[allow(unsafe_code)]
+    pub(crate) const unsafe fn promise() -> Self {
+        ZeroedIsFresh(())
+    }
+}
 
 /// A per-key cell of [`WordTable`](crate::store::WordTable). A decision on the cell returns
 /// `None` when it finds the cell retired (`Stored::acquire_live`), so that the table looks

@@ -140,7 +140,6 @@ mod text;
 mod texts;
 
 use self::lookup::{ALONE, UPKEEP};
-pub(crate) use self::region::ZeroedIsFresh;
 #[cfg(test)]
 pub(super) use self::region::HEAP_ONLY;
 pub use self::shards::WordTable;

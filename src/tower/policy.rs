@@ -11,7 +11,7 @@ use super::cost::Cost;
 use super::key::{Key, KeySource};
 use super::path::PathMatch;
 use super::tiers::Tiers;
-use crate::limiter::{Algorithm, InFlight, OwnedInFlightPermit};
+use crate::limiter::{Algorithm, InFlight};
 use crate::{Gcra, KeyedLimiter, Quota, QuotaError};
 
 /// What a policy does with a request its limit refuses.
@@ -409,28 +409,6 @@ impl Policy {
         self.in_flight
             .as_ref()
             .and_then(|(_, limit)| limit.as_ref())
-    }
-
-    /// The request's place under the policy's in-flight bound, for `key`: `Ok(None)` without a
-    /// bound, or for a shadow policy over it (counted, let through); `Err(())` when it is
-    /// refused (counted as `Outcome::InFlight`).
-    pub(crate) fn take_place(&self, key: &Key) -> Result<Option<OwnedInFlightPermit<Key>>, ()> {
-        let Some(limit) = self.in_flight_limit() else {
-            return Ok(None);
-        };
-        match limit.try_acquire_owned(self.in_flight_key.as_ref().unwrap_or(key)) {
-            Ok(Some(place)) => Ok(Some(place)),
-            // No key bound, a cost of 1: an error cannot happen; refused either way.
-            Ok(None) | Err(_) => {
-                super::stats::record(self, super::outcome::Outcome::InFlight);
-                // A shadow policy counts the refusal and lets the request through.
-                if self.mode == Mode::Shadow {
-                    Ok(None)
-                } else {
-                    Err(())
-                }
-            }
-        }
     }
 
     /// Why the policy's in-flight settings are refused, if they are.

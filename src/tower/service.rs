@@ -394,7 +394,7 @@ impl Shared {
         let policy = &self.policies[index];
         // The request's place under the policy's in-flight bound, taken before the rate is
         // charged (a request refused here costs nothing) and given back if the rate refuses.
-        let Ok(place) = policy.take_place(&key) else {
+        let Ok(place) = take_place(policy, &key) else {
             let detail = format!(
                 "Rate limit \"{}\": this client has as many requests in flight as it may.",
                 policy.name()
@@ -582,7 +582,7 @@ impl RateLimitLayer {
         };
         let cost = cost.unwrap_or(policy_cost);
         let policy = &shared.policies[index];
-        let Ok(place) = policy.take_place(&key) else {
+        let Ok(place) = take_place(policy, &key) else {
             let mut refused = unchecked(Some(index), Outcome::InFlight, false);
             refused.key = Some(key);
             refused.cost = cost;
@@ -632,6 +632,28 @@ impl<S> Layer<S> for RateLimitLayer {
         RateLimit {
             inner,
             shared: Arc::clone(&self.shared),
+        }
+    }
+}
+
+/// The request's place under the policy's in-flight bound, for `key`: `Ok(None)` without a
+/// bound, or for a shadow policy over it (counted, let through); `Err(())` when it is
+/// refused (counted as `Outcome::InFlight`).
+fn take_place(policy: &Policy, key: &Key) -> Result<Option<OwnedInFlightPermit<Key>>, ()> {
+    let Some(limit) = policy.in_flight_limit() else {
+        return Ok(None);
+    };
+    match limit.try_acquire_owned(policy.in_flight_key.as_ref().unwrap_or(key)) {
+        Ok(Some(place)) => Ok(Some(place)),
+        // No key bound, a cost of 1: an error cannot happen; refused either way.
+        Ok(None) | Err(_) => {
+            stats::record(policy, Outcome::InFlight);
+            // A shadow policy counts the refusal and lets the request through.
+            if policy.mode == Mode::Shadow {
+                Ok(None)
+            } else {
+                Err(())
+            }
         }
     }
 }

@@ -261,6 +261,25 @@ pub(super) fn accrued(interval: u64, since: Nanos, now: Nanos) -> u64 {
     now.saturating_sub(since) / interval.max(1)
 }
 
+/// What the global state could still grant at `now`, as `lease`'s last grant saw it.
+pub(super) fn seen_left(terms: &Terms, lease: &Lease, now: Nanos, window_over: Nanos) -> u64 {
+    let capacity = terms.rule.capacity();
+    // Relaxed, both: hints written by one grant's install (see `LeasedLimiter::check_n`).
+    let view_left = lease.hot.view_left.load(Ordering::Relaxed);
+    let view_at = lease.hot.view_at.load(Ordering::Relaxed);
+    if view_at == 0 {
+        // No grant yet: the node knows nothing of the key.
+        return capacity;
+    }
+    match terms.algo {
+        Algo::Gcra { interval, .. } => view_left
+            .saturating_add(accrued(interval, view_at, now))
+            .min(capacity),
+        Algo::Fixed { .. } | Algo::Sliding { .. } if now < window_over => view_left,
+        Algo::Fixed { .. } | Algo::Sliding { .. } => capacity,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -685,5 +704,38 @@ mod tests {
         assert_eq!(view(&sliding, &reply(250 * MS, 1, 998), 0).0, 2);
         assert_eq!(accrued(MS, 10 * MS, 15 * MS + 1), 5);
         assert_eq!(accrued(MS, 15 * MS, 10 * MS), 0);
+    }
+
+    /// What the policy starts a key from when Redis fails: what the last grant's reply left,
+    /// plus for GCRA the units that accrued since (at most the capacity); for a window, its
+    /// figure while the window lasts, then the capacity; the capacity for a key never granted.
+    #[test]
+    fn the_policy_starts_from_what_the_last_grant_left() {
+        for (rule, windowed) in [
+            (RedisRule::gcra as fn(Quota) -> _, false),
+            (RedisRule::fixed_window, true),
+            (RedisRule::sliding_window, true),
+        ] {
+            let terms = Terms::thousand_a_second(rule);
+            let lease = Lease::new(b"k");
+            assert_eq!(
+                seen_left(&terms, &lease, 5 * MS, u64::MAX),
+                1_000,
+                "never granted"
+            );
+            lease.hot.view_left.store(100, Ordering::Relaxed);
+            lease.hot.view_at.store(10 * MS, Ordering::Relaxed);
+            let (soon, later) = (
+                seen_left(&terms, &lease, 15 * MS + 1, 20 * MS),
+                seen_left(&terms, &lease, 20 * MS, 20 * MS),
+            );
+            if windowed {
+                assert_eq!((soon, later), (100, 1_000), "the window is over at 20 ms");
+            } else {
+                assert_eq!((soon, later), (105, 110), "1 unit a ms");
+                let much_later = seen_left(&terms, &lease, 10_000 * MS, 0);
+                assert_eq!(much_later, 1_000, "at most the capacity");
+            }
+        }
     }
 }

@@ -12,28 +12,15 @@
 use std::ops::{Deref, DerefMut};
 use std::ptr::NonNull;
 
+use crate::store::cell::ZeroedIsFresh;
 use crate::sync::MODEL_CHECKED;
+
+/// The smallest page size in use, in bytes: what a table's pages are touched apart by.
+pub(super) const PAGE: usize = 4096;
 
 /// Regions of at least this many bytes are mapped (one page of 4 KiB on most systems; with
 /// larger pages a small mapped table holds a whole page once touched).
-pub(super) const MAP_FROM: usize = 4096;
-
-/// A promise that a value whose bytes are all zero is a valid value of some type, and the very
-/// value a new table starts with (see [`TableCell::ZEROED`](super::super::cell::TableCell)).
-#[derive(Debug, Clone, Copy)]
-pub struct ZeroedIsFresh(());
-
-impl ZeroedIsFresh {
-    /// The promise.
-    ///
-    /// # Safety
-    /// All-zero bytes are a valid value of the type it is given for, the value a new table's
-    /// slot (or tag) starts with, and the type has no drop glue.
-    #[allow(unsafe_code)]
-    pub(crate) const unsafe fn promise() -> Self {
-        ZeroedIsFresh(())
-    }
-}
+pub(super) const MAP_FROM: usize = PAGE;
 
 #[cfg(test)]
 thread_local! {

@@ -6,7 +6,7 @@ use std::hash::{BuildHasher, Hash};
 
 use super::super::cell::TableCell;
 use super::super::keyed_store::Carry;
-use super::region::Region;
+use super::region::{Region, PAGE};
 use super::returns::Returns;
 use super::slots::*;
 use super::texts::Texts;
@@ -70,9 +70,6 @@ pub(super) const fn build_step<K, C: TableCell>() -> usize {
 pub(super) const fn build_from<K, C: TableCell>(next: usize) -> usize {
     (next + next / 8).div_ceil(build_step::<K, C>())
 }
-
-/// Bytes written apart to touch every page once (the smallest page size in use).
-pub(super) const PAGE: usize = 4096;
 
 /// Tables up to this many slots are allocated when needed (64 KiB of `u64` slots: a few µs).
 /// (Lower under Miri and in the loom models, so that their tests reach tables built a step at a
@@ -498,7 +495,8 @@ impl<K: Send + Sync, H, C: TableCell> WordTable<K, H, C> {
 
 #[cfg(test)]
 mod tests {
-    use super::{build_from, build_step, PAGE};
+    use super::super::region::PAGE;
+    use super::{build_from, build_step};
     use crate::state::{AtomicWord, LogCell};
 
     /// A build step is a page of slots, so that a call touches at most one page of a mapped

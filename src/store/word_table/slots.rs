@@ -7,8 +7,9 @@ use std::mem::MaybeUninit;
 use std::ops::Range;
 
 use super::super::cell::TableCell;
-use super::region::{Region, ZeroedIsFresh};
+use super::region::Region;
 use super::text::{fits, inline_strings, query_text, Held, NewKey, INLINE, INLINE_BIT};
+use crate::store::cell::ZeroedIsFresh;
 use crate::sync::{Arc, AtomicU64, Ordering, UnsafeCell, MODEL_CHECKED};
 
 /// Shards: inserts, evictions and rebuilds of different shards never wait for each other.
@@ -752,7 +753,7 @@ fn probe<K, C: TableCell>(
 /// Linux on x86_64 (its prefetch; procfs), outside Miri (no procfs).
 #[cfg(all(test, target_arch = "x86_64", target_os = "linux", not(miri)))]
 mod tests {
-    use super::super::shards::PAGE;
+    use super::super::region::PAGE;
     use super::{find, new_table};
     use crate::state::AtomicWord;
 
