@@ -8,12 +8,11 @@ use std::borrow::Borrow;
 use std::fmt;
 use std::hash::Hash;
 
+use crate::algorithm::{AlgorithmName, FixedWindow, Gcra, LeakyQueue, SlidingLog, SlidingWindow};
 use crate::clock::Clock;
 use crate::decision::{Decision, LimitError};
 use crate::limiter::KeyedLimiter;
-use crate::{
-    AlgorithmName, FixedWindow, Gcra, LeakyQueue, Quota, QuotaError, SlidingLog, SlidingWindow,
-};
+use crate::quota::{Quota, QuotaError};
 
 /// One keyed limiter per algorithm that decides differently (the token bucket and the leaky
 /// bucket as a meter are GCRA).

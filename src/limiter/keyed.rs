@@ -520,9 +520,10 @@ where
 #[cfg(test)]
 mod count_tests {
     use super::*;
+    use crate::algorithm::Gcra;
     use crate::clock::ManualClock;
+    use crate::quota::Quota;
     use crate::store::StoreProtocol;
-    use crate::{Gcra, Quota};
     use std::time::Duration;
 
     /// A clock of a given resolution (ns), frozen at 1 s.
@@ -543,7 +544,8 @@ mod count_tests {
     /// any.
     #[test]
     fn a_clock_too_coarse_for_the_period_is_refused() {
-        use crate::{FixedWindow, QuotaError};
+        use crate::algorithm::FixedWindow;
+        use crate::quota::QuotaError;
         let every = |ms| Gcra::new(Quota::new(1, Duration::from_millis(ms)).unwrap()).unwrap();
         let built = |ms, clock| KeyedLimiter::<u64, _, _>::with_clock(every(ms), clock);
         assert!(built(10, Ticks(1_000_000)).is_ok());
@@ -682,9 +684,10 @@ mod count_tests {
     /// a run of tombstones (the hand's own), or to tables of shards holding no live key.
     #[test]
     fn the_bound_makes_room_from_a_shard_being_drained() {
+        use crate::algorithm::{LeakyQueue, SlidingWindow};
+        use crate::limiter::OverflowPolicy;
         use crate::store::word_table::WordTable;
         use crate::store::{TAT_MARKS, WINDOW_MARKS};
-        use crate::{LeakyQueue, OverflowPolicy, SlidingWindow};
         use foldhash::fast::SeedableRandomState;
         use foldhash::SharedSeed;
         use std::time::Duration;

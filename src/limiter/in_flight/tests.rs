@@ -82,8 +82,8 @@ fn a_release_is_not_lost_to_another_keys_drop_panicking_as_a_table_is_freed() {
 /// limiter's units given back are not lost either.
 #[test]
 fn a_refund_is_not_lost_to_another_keys_drop_panicking_as_a_table_is_freed() {
-    let rule = crate::Gcra::new(crate::Quota::per_hour(10).unwrap()).unwrap();
-    let table = KeyTable::new(crate::Gcra::new_store::<Key>(), None);
+    let rule = crate::algorithm::Gcra::new(crate::quota::Quota::per_hour(10).unwrap()).unwrap();
+    let table = KeyTable::new(crate::algorithm::Gcra::new_store::<Key>(), None);
     let now = || 1_000_000_000;
     let check = |key: &Key, cost| {
         table
