@@ -3,10 +3,10 @@
 //! The format (the `tollgate replay` trace format): one request a line,
 //! `t_ms[+duration_ms],key[,cost[,method,path]]`; `t_ms` a non-negative integer of
 //! milliseconds, non-decreasing; `duration_ms`, how long the request ran, read only by an
-//! in-flight replay (`tollgate replay --in-flight`); cost defaults to 1 (`tollgate replay --config`: to the policy's cost), and
-//! may be left empty before a method and path; the method is an HTTP method token and the path
-//! starts with `/` (the rest of the line: it may hold commas). Blank lines and lines starting
-//! with `#` are skipped. The origin is `t = 0` of the trace; no wall clock.
+//! in-flight replay (`tollgate replay --in-flight`); cost defaults to 1 (under
+//! `tollgate replay --config`: to the policy's cost), and may be left empty before a method
+//! and path; the method is an HTTP method token and the path starts with `/` (the rest of the
+//! line: it may hold commas). Blank lines and lines starting with `#` are skipped. The origin is `t = 0` of the trace; no wall clock.
 //!
 //! Everything here streams: a [`Replayer`] holds one keyed limiter whose idle keys are evicted
 //! as it goes, so a trace of millions of lines runs in memory proportional to the keys that

@@ -175,8 +175,8 @@ pub mod store {
     pub use crate::table::{Check, KeyTable, OverflowPolicy, Reserve};
     pub use crate::word_table::WordTable;
 
-    /// A word table whose drains visit `slots` slots a call (`DRAIN_STEP` in the library): a model's
-    /// 8-slot tables then drain over several calls.
+    /// A word table whose drains visit `slots` slots a call (`DRAIN_STEP` in the library): a
+    /// model's 8-slot tables then drain over several calls.
     pub fn with_drain_step<K, H>(mut store: WordTable<K, H>, slots: usize) -> WordTable<K, H>
     where
         K: Clone + std::hash::Hash + Eq + Send + Sync,

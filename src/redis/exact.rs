@@ -74,8 +74,9 @@ pub const DEFAULT_MAX_BATCH: usize = 256;
 /// The shortest TTL given to a key written with an injected time. The server cannot see an
 /// injected clock, so the TTL it computes from one could expire a key while the injected time
 /// has not yet caught up (a replay running slower than its trace); this floor keeps state for
-/// the duration of a test or replay. Live checks are unaffected.
-const INJECTED_MIN_TTL: Duration = Duration::from_secs(3600);
+/// the duration of a test or replay (an hour, in ms: a plain integer for the script). Live
+/// checks are unaffected.
+const INJECTED_MIN_TTL_MS: u64 = 3_600_000;
 
 /// How long a connection made by [`RedisLimiterBuilder`] stays idle before TCP keepalive
 /// probes start (10 s): a peer that vanished without a word (a host gone, a firewall that
@@ -187,7 +188,6 @@ pub struct RedisLimiter<C = ConnectionManager> {
     prefix: Arc<[u8]>,
     timeout: Duration,
     max_batch: usize,
-    injected_min_ttl_ms: u64,
     /// Concurrent counting checks of one slot share a call (`None`: one call per check).
     lanes: Option<Arc<Lanes>>,
     /// Built without a first connection ([`RedisLimiterBuilder::connect_lazy`]): a guarded

@@ -373,7 +373,6 @@ impl RedisLimiterBuilder {
         conn: C,
         remake: Option<MakeConnection<C>>,
     ) -> RedisLimiter<C> {
-        let ms = u64::try_from(INJECTED_MIN_TTL.as_millis()).unwrap_or(u64::MAX);
         let heal = remake.map(|make| {
             Arc::new(Heal {
                 replaced: AtomicBool::new(false),
@@ -388,8 +387,6 @@ impl RedisLimiterBuilder {
             prefix: self.prefix.into(),
             timeout: self.timeout,
             max_batch: self.max_batch,
-            // The script adds it to nothing, but keep it a plain integer below 2^53.
-            injected_min_ttl_ms: ms.min(1 << 52),
             lanes: None,
             lazy: false,
         };

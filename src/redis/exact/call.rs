@@ -162,11 +162,7 @@ impl<C: RedisConnection> RedisLimiter<C> {
         let injected = chunk.iter().any(|&i| items[i].at.is_some());
         let [first, second] = rule.script_params();
         invocation
-            .arg(if injected {
-                self.injected_min_ttl_ms
-            } else {
-                0
-            })
+            .arg(if injected { INJECTED_MIN_TTL_MS } else { 0 })
             .arg(if commit { "1" } else { "0" })
             .arg(first)
             .arg(second);

@@ -230,7 +230,7 @@ impl<C: RedisConnection> RedisMultiLimiter<C> {
         let limiter = &self.limiter;
         let mut invocation = ScriptCall::new(self.rules[0].script());
         let min_ttl = if at.is_some() {
-            limiter.injected_min_ttl_ms
+            super::INJECTED_MIN_TTL_MS
         } else {
             0
         };

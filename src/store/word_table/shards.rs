@@ -495,8 +495,7 @@ impl<K: Send + Sync, H, C: TableCell> WordTable<K, H, C> {
 
 #[cfg(test)]
 mod tests {
-    use super::super::region::PAGE;
-    use super::{build_from, build_step};
+    use super::{build_from, build_step, PAGE};
     use crate::state::{AtomicWord, LogCell};
 
     /// A build step is a page of slots, so that a call touches at most one page of a mapped
